@@ -1,0 +1,1 @@
+"""statebackend: durable keyed state for stream processing jobs."""

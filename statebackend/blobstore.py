@@ -1,0 +1,239 @@
+"""The blob store contract and the URL registry that opens one.
+
+A blob store is remote (or remote-like) object storage addressed by ``/``-separated names relative to its root.
+Every implementation behaves the same way, proven by one contract suite (``tests/contract/blobstore_contract.py``):
+
+- ``put`` replaces atomically: a reader sees the old blob or the new one, never a part. With ``create_only=True``
+  it raises :class:`AlreadyExistsError` when the name is taken (S3 412, Azure 409, ``O_EXCL``) and writes nothing.
+- ``get`` of an absent name raises :class:`NotFoundError`. A byte range ``[start, end)`` is clamped to the blob.
+- ``delete`` is idempotent: an absent name is success.
+- ``list(prefix)`` yields the names under ``prefix`` (plain string prefix), sorted.
+- ``head`` gives size and metadata, or :class:`NotFoundError`.
+- names that are empty, absolute, contain ``..`` or ``.`` segments, empty segments or NUL are rejected with
+  :class:`ConfigError` before anything is sent, so no name escapes the root.
+
+Implementations are thread-safe: the commit pool calls one store from many threads.
+Scheme registry (fsspec style): short scheme -> dotted path, imported lazily, with an install hint.
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import os
+import re
+import shutil
+import tempfile
+import types
+from collections.abc import Iterator, Mapping
+from typing import Any, BinaryIO
+from urllib.parse import urlsplit
+
+import attrs
+
+from statebackend.errors import ConfigError, NotFoundError
+
+__all__ = [
+    "BlobInfo",
+    "BlobStore",
+    "check_blob_name",
+    "open_blob_store",
+    "register_blob_store",
+    "known_blob_store_schemes",
+]
+
+_COPY_BUFFER = 4 * 1024 * 1024
+
+
+@attrs.frozen
+class BlobInfo:
+    """What ``head`` tells about a blob."""
+
+    name: str
+    size: int
+    metadata: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: types.MappingProxyType(dict(m)))
+
+
+_BAD_SEGMENTS = {"", ".", ".."}
+
+
+def check_blob_name(name: str) -> str:
+    """Return ``name`` if it is a safe relative blob name, else raise :class:`ConfigError`."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"blob name must be a non-empty string, got {name!r}")
+    if "\x00" in name or "\\" in name or name.startswith("/"):
+        raise ConfigError(f"blob name {name!r} must be relative, '/'-separated, without NUL or backslash")
+    if any(segment in _BAD_SEGMENTS for segment in name.split("/")):
+        raise ConfigError(f"blob name {name!r} has an empty, '.' or '..' segment; it could escape the store root")
+    return name
+
+
+class BlobStore(abc.ABC):
+    """Remote object storage for backups and checkpoints. See the module docstring for the contract."""
+
+    #: the URL this store was opened from, e.g. ``file:///var/state`` (never holds a credential)
+    url: str = ""
+    #: whether ``put(..., metadata=...)`` and :meth:`set_metadata` keep user metadata
+    supports_metadata: bool = True
+
+    # -- the abstract core ------------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        """Write ``data`` under ``name`` atomically. ``create_only`` -> :class:`AlreadyExistsError` if taken."""
+
+    @abc.abstractmethod
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        """Read the blob, or bytes ``[start, end)`` of it. Absent -> :class:`NotFoundError`."""
+
+    @abc.abstractmethod
+    def delete(self, name: str) -> None:
+        """Delete the blob; an absent blob is success (idempotent)."""
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield the names that start with ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    def head(self, name: str) -> BlobInfo:
+        """Size and metadata of the blob. Absent -> :class:`NotFoundError`."""
+
+    # -- concrete defaults, overridden where a service does better --------------------------------------------
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        """Replace the blob's user metadata (used for the expiry / remove-expiry of garbage collection)."""
+        data = self.get(name)
+        self.put(name, data, metadata=metadata)
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.head(name)
+        except NotFoundError:
+            return False
+        return True
+
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Upload a local file. Services override this to upload large files in parallel parts."""
+        with open(path, "rb") as f:
+            self.put(name, f.read(), create_only=create_only, metadata=metadata)
+
+    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        """Download the blob to ``path`` atomically (temp file, fsync, rename). Returns the byte count."""
+        target = os.fspath(path)
+        directory = os.path.dirname(target) or "."
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".download-")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                size = self.get_into(name, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            with _suppress_oserror():
+                os.unlink(tmp)
+            raise
+        return size
+
+    def get_into(self, name: str, out: BinaryIO) -> int:
+        """Write the blob's bytes into an open binary file. Returns the byte count."""
+        data = self.get(name)
+        out.write(data)
+        return len(data)
+
+    def iter_bytes(self, name: str, chunk_size: int = _COPY_BUFFER) -> Iterator[bytes]:
+        """Stream the blob in chunks of at most ``chunk_size`` bytes (ranged reads)."""
+        size = self.head(name).size
+        offset = 0
+        while offset < size:
+            chunk = self.get(name, start=offset, end=min(size, offset + chunk_size))
+            if not chunk:
+                break
+            offset += len(chunk)
+            yield chunk
+
+    def delete_many(self, names: list[str]) -> None:
+        for name in names:
+            self.delete(name)
+
+    def describe(self) -> str:
+        """How this store names itself in error messages."""
+        return f"{type(self).__name__}({self.url})"
+
+    def close(self) -> None:  # noqa: B027 - a store without handles has nothing to close
+        """Release network clients and file handles."""
+
+    def __enter__(self) -> BlobStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class _suppress_oserror:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+        return exc_type is not None and issubclass(exc_type, OSError)
+
+
+# -- registry -------------------------------------------------------------------------------------------------
+
+_SCHEMES: dict[str, tuple[str, str | None]] = {
+    "file": ("statebackend.blobstores.file:FileBlobStore", None),
+    "memory": ("statebackend.blobstores.memory:MemoryBlobStore", None),
+    "az": ("statebackend.blobstores.azure:AzureBlobStore", "pip install 'statebackend[azure]'"),
+    "s3": ("statebackend.blobstores.s3:S3BlobStore", "pip install 'statebackend[s3]'"),
+}
+
+_SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]*$")
+
+
+def register_blob_store(scheme: str, target: str, install_hint: str | None = None, *, replace: bool = False) -> None:
+    """Register ``scheme`` -> ``"package.module:Class"``; the class needs ``from_url(url, options)``."""
+    if not _SCHEME_RE.match(scheme):
+        raise ConfigError(f"blob store scheme {scheme!r} is not a valid URL scheme")
+    if scheme in _SCHEMES and not replace:
+        raise ConfigError(f"blob store scheme {scheme!r} is already registered to {_SCHEMES[scheme][0]}")
+    _SCHEMES[scheme] = (target, install_hint)
+
+
+def known_blob_store_schemes() -> Mapping[str, str]:
+    """Read-only view: scheme -> dotted path."""
+    return types.MappingProxyType({k: v[0] for k, v in _SCHEMES.items()})
+
+
+def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobStore:
+    """Open the blob store for ``url`` (``file:///dir``, ``memory://name``, ``az://container/prefix``,
+    ``s3://bucket/prefix``). ``options`` are the ``blob.store.*`` settings other than the URL."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError("blob.store.url is missing: set it, e.g. blob.store.url=file:///var/lib/statebackend")
+    scheme = urlsplit(url).scheme
+    if scheme not in _SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
+        raise ConfigError(f"blob.store.url {url!r} has an unknown scheme {scheme!r}; known: {known}")
+    target, hint = _SCHEMES[scheme]
+    module_name, _, class_name = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        advice = f"; install it with: {hint}" if hint else ""
+        raise ConfigError(f"blob store {scheme}:// needs a package that is not installed ({exc}){advice}") from exc
+    cls = getattr(module, class_name)
+    return cls.from_url(url, dict(options or {}))
+
+
+def copy_stream(source: BinaryIO, target: BinaryIO) -> int:
+    """Copy an open binary stream into another; returns the byte count."""
+    before = target.tell() if target.seekable() else 0
+    shutil.copyfileobj(source, target, _COPY_BUFFER)
+    return (target.tell() - before) if target.seekable() else 0

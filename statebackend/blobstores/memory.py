@@ -1,0 +1,88 @@
+"""An in-memory blob store: the fake for unit tests. It passes the same contract suite as the real stores.
+
+``memory://name`` opens a process-wide named bucket, so two opens of one URL share blobs (as two clients of one
+service would); ``MemoryBlobStore()`` is a private one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
+
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.errors import AlreadyExistsError, NotFoundError
+
+__all__ = ["MemoryBlobStore"]
+
+
+class MemoryBlobStore(BlobStore):
+    """Blobs in a dict guarded by a lock. Thread-safe; not durable across processes."""
+
+    _named: ClassVar[dict[str, tuple[dict[str, tuple[bytes, dict[str, str]]], threading.Lock]]] = {}
+    _named_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is None:
+            self._blobs: dict[str, tuple[bytes, dict[str, str]]] = {}
+            self._lock = threading.Lock()
+            self.url = "memory://"
+        else:
+            with MemoryBlobStore._named_lock:
+                blobs, lock = MemoryBlobStore._named.setdefault(name, ({}, threading.Lock()))
+            self._blobs, self._lock = blobs, lock
+            self.url = f"memory://{name}"
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, Any]) -> MemoryBlobStore:
+        parts = urlsplit(url)
+        name = (parts.netloc + parts.path).strip("/")
+        return cls(name or "default")
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        check_blob_name(name)
+        payload = bytes(data)
+        with self._lock:
+            if create_only and name in self._blobs:
+                raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
+            self._blobs[name] = (payload, dict(metadata or {}))
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        check_blob_name(name)
+        with self._lock:
+            try:
+                data, _ = self._blobs[name]
+            except KeyError:
+                raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
+        return data[start or 0 : end]
+
+    def delete(self, name: str) -> None:
+        check_blob_name(name)
+        with self._lock:
+            self._blobs.pop(name, None)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        with self._lock:
+            names = sorted(n for n in self._blobs if n.startswith(prefix))
+        yield from names
+
+    def head(self, name: str) -> BlobInfo:
+        check_blob_name(name)
+        with self._lock:
+            try:
+                data, metadata = self._blobs[name]
+            except KeyError:
+                raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
+        return BlobInfo(name=name, size=len(data), metadata=metadata)
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        check_blob_name(name)
+        with self._lock:
+            try:
+                data, _ = self._blobs[name]
+            except KeyError:
+                raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
+            self._blobs[name] = (data, dict(metadata))

@@ -1,0 +1,132 @@
+"""The state backend contracts (DESIGN section 4, after Samza SEP-28).
+
+A state backend is a :class:`StateBackendFactory` that gives, for one task, a :class:`TaskBackupManager`, a
+:class:`TaskRestoreManager` and a :class:`StateBackendAdmin`. The :class:`~statebackend.commit.TaskCommitManager`
+drives the backup managers; :class:`~statebackend.task.TaskStorage` drives the restore managers.
+
+One deliberate difference from SEP-28: ``snapshot`` receives the change sets the commit's flush produced
+(``{store: ChangeSet}``). Every backend of a store in a dual commit sees the same immutable change set, and a
+backend that does not need it (blob-snapshot) ignores it. See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from checkpoint import CheckpointId, CheckpointV2
+    from statebackend.blobstore import BlobStore
+    from statebackend.config import Settings
+    from statebackend.metrics import Metrics
+    from statebackend.store import ChangeSet, LocalStore
+
+__all__ = [
+    "BackendContext",
+    "TaskBackupManager",
+    "TaskRestoreManager",
+    "StateBackendAdmin",
+    "StateBackendFactory",
+    "StoreMarkers",
+]
+
+#: store name -> marker (a backend's string that locates the store's state for one checkpoint)
+StoreMarkers = dict[str, str]
+
+
+@attrs.frozen
+class BackendContext:
+    """Everything a backend gets for one task. Built by the framework; backends never build it themselves."""
+
+    #: canonical factory name, as written into checkpoints (``changelog``, ``blobsnapshot``, or a dotted path)
+    factory_name: str
+    job_name: str
+    task_name: str
+    #: the stores of this task that this backend backs up or restores, by store name
+    stores: Mapping[str, LocalStore]
+    blob_store: BlobStore
+    settings: Settings
+    #: the bounded pool shared by the tasks of the process; uploads and cleanups run here
+    executor: Executor
+    metrics: Metrics
+    #: this backend's own ``<factory>.*`` settings, already validated by the factory's ``options`` schema
+    options: Mapping[str, Any] = attrs.field(factory=dict)
+
+    def blob_prefix(self, store_name: str) -> str:
+        """Where this backend keeps one store's blobs: ``<job>/<task>/<store>/<factory>/``."""
+        return f"{self.job_name}/{self.task_name}/{store_name}/{self.factory_name}/"
+
+
+class TaskBackupManager(abc.ABC):
+    """Backs up a task's stores at every commit."""
+
+    @abc.abstractmethod
+    def init(self, checkpoint: CheckpointV2 | None) -> None:
+        """Called once, after restore, with the checkpoint the stores were restored to (``None``: fresh)."""
+
+    @abc.abstractmethod
+    def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
+        """Prepare the upload of this commit. Runs on the task's thread, exclusive with processing, and MUST cost
+        O(change since the last commit), never O(state). Returns preliminary markers for ``upload``."""
+
+    @abc.abstractmethod
+    def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
+        """Make the snapshot durable. Runs on the commit pool, concurrent with processing. The future's markers
+        are written into the checkpoint; everything they reference MUST be durable when it resolves."""
+
+    @abc.abstractmethod
+    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
+        """Delete what no retained checkpoint needs any more. Idempotent; called only after ``checkpoint_id`` is
+        durable."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (background threads, open read transactions)."""
+
+
+class TaskRestoreManager(abc.ABC):
+    """Rebuilds a task's stores to exactly one checkpoint's state."""
+
+    @abc.abstractmethod
+    def init(self, checkpoint: CheckpointV2 | None) -> None:
+        """The checkpoint to restore to (``None``: no durable checkpoint yet, the stores start empty)."""
+
+    @abc.abstractmethod
+    def restore(self) -> None:
+        """Rebuild every store to exactly the checkpoint's state, reusing local data that already is that state.
+        Interruptible between steps; never waits on futures it queued on the shared commit pool."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources."""
+
+
+class StateBackendAdmin(abc.ABC):
+    """Creates and validates what a backend needs on the blob store."""
+
+    @abc.abstractmethod
+    def create_resources(self) -> None:
+        """Create what is missing (container, bucket, root directory)."""
+
+    @abc.abstractmethod
+    def validate_resources(self) -> None:
+        """Raise :class:`~statebackend.errors.StorageError` or :class:`~statebackend.errors.ConfigError` saying
+        what to fix when the container/bucket is missing, credentials fail or the endpoint is unreachable."""
+
+
+class StateBackendFactory(abc.ABC):
+    """Entry point of a state backend; registered by short name, dotted path or entry point."""
+
+    #: keys this backend accepts under ``<factory-name>.`` with their defaults and parsers; see config.OptionSpec
+    options: Mapping[str, Any] = {}
+
+    @abc.abstractmethod
+    def backup_manager(self, context: BackendContext) -> TaskBackupManager: ...
+
+    @abc.abstractmethod
+    def restore_manager(self, context: BackendContext) -> TaskRestoreManager: ...
+
+    @abc.abstractmethod
+    def admin(self, context: BackendContext) -> StateBackendAdmin: ...

@@ -1,0 +1,79 @@
+"""The one error tree of statebackend.
+
+::
+
+    StateBackendError
+    ├── ConfigError (ValueError)                 a key or value is wrong; the message names the key
+    ├── NotFoundError (FileNotFoundError)        a blob, checkpoint or store is absent
+    ├── AlreadyExistsError (FileExistsError)     a create-only write found the name taken
+    ├── StorageError                             the blob store failed; says which store and how to fix it
+    │   └── TransientStorageError                throttling, 5xx, resets, timeouts: worth a retry
+    ├── CorruptDataError                         a blob or file failed its checksum or is cut short
+    ├── IncompatibleFormatError                  a format version this release cannot read
+    ├── StoreLockedError                         another process holds the local store
+    └── CommitError                              a commit failed (wraps the cause) or timed out
+        └── CommitTimeoutError (TimeoutError)
+
+SDK exceptions are translated at the blob store boundary (``raise X from exc``); none reaches a caller raw.
+Each error also inherits the matching builtin so callers can catch either.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "StateBackendError",
+    "ConfigError",
+    "NotFoundError",
+    "AlreadyExistsError",
+    "StorageError",
+    "TransientStorageError",
+    "CorruptDataError",
+    "IncompatibleFormatError",
+    "StoreLockedError",
+    "CommitError",
+    "CommitTimeoutError",
+]
+
+
+class StateBackendError(Exception):
+    """Root of every error statebackend raises."""
+
+
+class ConfigError(StateBackendError, ValueError):
+    """A configuration key or value is wrong. The message names the key and what is allowed."""
+
+
+class NotFoundError(StateBackendError, FileNotFoundError):
+    """A blob, checkpoint or store does not exist."""
+
+
+class AlreadyExistsError(StateBackendError, FileExistsError):
+    """A create-only write found the name already taken (S3 412, Azure 409, O_EXCL on a file)."""
+
+
+class StorageError(StateBackendError, OSError):
+    """The blob store failed in a way a retry will not fix (permissions, missing container, bad endpoint)."""
+
+
+class TransientStorageError(StorageError):
+    """The blob store failed in a way a retry may fix: throttling, 5xx, connection resets, timeouts."""
+
+
+class CorruptDataError(StateBackendError):
+    """A blob or local file failed its checksum, has a bad magic number, or is cut short. Never loaded."""
+
+
+class IncompatibleFormatError(StateBackendError):
+    """A format version (checkpoint, delta file, index blob) that this release cannot read."""
+
+
+class StoreLockedError(StateBackendError, BlockingIOError):
+    """Another process (or another open handle in this one) holds the local store."""
+
+
+class CommitError(StateBackendError):
+    """A commit failed; ``__cause__`` holds what failed."""
+
+
+class CommitTimeoutError(CommitError, TimeoutError):
+    """A commit blocked on the previous upload for longer than ``task.commit.timeout.ms``."""
