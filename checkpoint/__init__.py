@@ -1,0 +1,35 @@
+"""Checkpoints: ids, CheckpointV1 / CheckpointV2 values, their JSON serde, the checkpoint log on a blob store, and
+the local checkpoint file in each store dir (DESIGN section 7; formats in docs/formats-checkpoint.md)."""
+
+from __future__ import annotations
+
+from checkpoint.checkpoint import CheckpointV1, CheckpointV2, FrozenMap
+from checkpoint.id import NANOS_PER_MILLI, CheckpointId, CheckpointIdGenerator
+from checkpoint.local import (
+    LOCAL_CHECKPOINT_FILE,
+    read_local_checkpoint,
+    remove_local_checkpoint,
+    write_local_checkpoint,
+)
+from checkpoint.log import MAX_SEQ, CheckpointLog, LogEntry
+from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, decode_checkpoint, encode_checkpoint
+
+__all__ = [
+    "CheckpointId",
+    "CheckpointIdGenerator",
+    "CheckpointLog",
+    "CheckpointV1",
+    "CheckpointV2",
+    "FrozenMap",
+    "LOCAL_CHECKPOINT_FILE",
+    "LogEntry",
+    "MAX_SEQ",
+    "NANOS_PER_MILLI",
+    "READABLE_VERSIONS",
+    "WRITABLE_VERSIONS",
+    "decode_checkpoint",
+    "encode_checkpoint",
+    "read_local_checkpoint",
+    "remove_local_checkpoint",
+    "write_local_checkpoint",
+]
