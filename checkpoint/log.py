@@ -68,6 +68,11 @@ def _versions(what: str, allowed: tuple[int, ...]) -> Callable[[object, attrs.At
     return check
 
 
+def _as_tuple(value: object) -> object:
+    # Lists from parsed config become tuples; anything else is left for the validator to reject with a clear message.
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
 def _name_segment(instance: object, attribute: attrs.Attribute[str], value: str) -> None:
     if not isinstance(value, str) or not value or "/" in value or value in (".", "..") or "\x00" in value:
         raise ConfigError(
@@ -88,10 +93,10 @@ class CheckpointLog:
     job_name: str = attrs.field(validator=_name_segment)
     task_name: str = attrs.field(validator=_name_segment)
     write_versions: tuple[int, ...] = attrs.field(
-        default=(2,), converter=tuple, validator=_versions("task.checkpoint.write.versions", WRITABLE_VERSIONS)
+        default=(2,), converter=_as_tuple, validator=_versions("task.checkpoint.write.versions", WRITABLE_VERSIONS)
     )
     read_versions: tuple[int, ...] = attrs.field(
-        default=(2, 1), converter=tuple, validator=_versions("task.checkpoint.read.versions", READABLE_VERSIONS)
+        default=(2, 1), converter=_as_tuple, validator=_versions("task.checkpoint.read.versions", READABLE_VERSIONS)
     )
     retained: int = attrs.field(default=10, validator=_positive)
 
@@ -202,9 +207,7 @@ class CheckpointLog:
         for seq in deleted:
             self.blob_store.delete_many([self.blob_name(seq, version) for version in sorted(listing[seq])])
         if deleted:
-            log.info(
-                "checkpoint log %s: deleted %d old checkpoints (%d..%d)", self.prefix, len(deleted), deleted[0], deleted[-1]
-            )
+            log.info("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted)
         return deleted
 
     # -- helpers ------------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def decode_checkpoint(data: bytes, *, source: str = "<bytes>") -> CheckpointV1 |
             f"checkpoint {source}: 'state_checkpoint_markers' must be an object factory -> {{store: marker}}, "
             f"got {raw_markers!r}"
         )
-    markers = {factory: _string_map(raw_markers, factory, source, "state_checkpoint_markers") for factory in raw_markers}
+    markers = {name: _string_map(raw_markers, name, source, "state_checkpoint_markers") for name in raw_markers}
     return CheckpointV2(checkpoint_id, offsets, markers)
 
 
