@@ -1,0 +1,167 @@
+"""Serdes: how typed keys and values become the bytes the local store keeps.
+
+A ``Serde`` has a ``name`` (the value of ``stores.<name>.key.serde`` / ``stores.<name>.msg.serde``), ``to_bytes`` and
+``from_bytes``; ``from_bytes(to_bytes(x)) == x`` for every accepted ``x``. The built-in ones:
+
+- ``bytes``: identity (``bytes`` only).
+- ``string``: UTF-8 (``str`` only). Byte order equals code point order and prefixes stay prefixes.
+- ``integer``: signed 64-bit big-endian with the sign bit flipped, so byte order equals numeric order and range
+  scans over integer keys work.
+- ``json``: compact, sorted keys, UTF-8, so equal values give equal bytes (keys must be deterministic).
+- ``pickle``: opt-in only: never a default, used only when named explicitly, because unpickling runs code and pickled
+  bytes are not stable across Python versions. Only for state this job alone writes.
+
+Wrong Python types raise ``TypeError`` (nothing is written); bytes that cannot be decoded raise ``CorruptDataError``.
+``prefix_preserving`` says whether ``to_bytes(p)`` being a prefix of ``to_bytes(k)`` follows from ``p`` being a prefix
+of ``k``; typed prefix iteration needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+import attrs
+
+from statebackend.errors import ConfigError, CorruptDataError, StateBackendError
+
+__all__ = [
+    "Serde",
+    "BytesSerde",
+    "StringSerde",
+    "IntegerSerde",
+    "JsonSerde",
+    "PickleSerde",
+    "SERDE_NAMES",
+    "get_serde",
+]
+
+
+@runtime_checkable
+class Serde(Protocol):
+    """Turns objects into bytes and back. ``from_bytes(to_bytes(x)) == x``."""
+
+    name: str
+
+    def to_bytes(self, obj: Any) -> bytes: ...
+
+    def from_bytes(self, data: bytes) -> Any: ...
+
+
+@attrs.frozen
+class BytesSerde:
+    """Identity: the store's own bytes."""
+
+    name: ClassVar[str] = "bytes"
+    prefix_preserving: ClassVar[bool] = True
+
+    def to_bytes(self, obj: Any) -> bytes:
+        if not isinstance(obj, bytes):
+            raise TypeError(f"bytes serde takes bytes, got {type(obj).__name__}")
+        return obj
+
+    def from_bytes(self, data: bytes) -> bytes:
+        return bytes(data)
+
+
+@attrs.frozen
+class StringSerde:
+    """UTF-8 text."""
+
+    name: ClassVar[str] = "string"
+    prefix_preserving: ClassVar[bool] = True
+
+    def to_bytes(self, obj: Any) -> bytes:
+        if not isinstance(obj, str):
+            raise TypeError(f"string serde takes str, got {type(obj).__name__}")
+        # surrogatepass would let lone surrogates in; strict keeps the stored bytes valid UTF-8 for every reader.
+        return obj.encode("utf-8")
+
+    def from_bytes(self, data: bytes) -> str:
+        try:
+            return bytes(data).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CorruptDataError(f"string serde: stored bytes are not valid UTF-8 ({exc})") from exc
+
+
+_INT64 = struct.Struct(">Q")
+_SIGN_BIT = 1 << 63
+
+
+@attrs.frozen
+class IntegerSerde:
+    """Signed 64-bit integers, 8 bytes big-endian with the sign bit flipped: byte order == numeric order."""
+
+    name: ClassVar[str] = "integer"
+    prefix_preserving: ClassVar[bool] = False
+
+    def to_bytes(self, obj: Any) -> bytes:
+        # bool is an int subclass; accepting it would make True and 1 the same key silently.
+        if not isinstance(obj, int) or isinstance(obj, bool):
+            raise TypeError(f"integer serde takes int, got {type(obj).__name__}")
+        if not -_SIGN_BIT <= obj < _SIGN_BIT:
+            raise StateBackendError(
+                f"integer serde: {obj} is outside the signed 64-bit range [-2**63, 2**63); "
+                "use the json or string serde for larger numbers"
+            )
+        return _INT64.pack(obj + _SIGN_BIT)
+
+    def from_bytes(self, data: bytes) -> int:
+        if len(data) != 8:
+            raise CorruptDataError(f"integer serde: expected 8 bytes, got {len(data)}")
+        return int(_INT64.unpack(data)[0]) - _SIGN_BIT
+
+
+@attrs.frozen
+class JsonSerde:
+    """JSON, compact with sorted keys so equal values give equal bytes."""
+
+    name: ClassVar[str] = "json"
+    prefix_preserving: ClassVar[bool] = False
+
+    def to_bytes(self, obj: Any) -> bytes:
+        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+            "utf-8"
+        )
+
+    def from_bytes(self, data: bytes) -> Any:
+        try:
+            return json.loads(bytes(data).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptDataError(f"json serde: stored bytes are not valid JSON ({exc})") from exc
+
+
+@attrs.frozen
+class PickleSerde:
+    """Pickle (protocol 5). Opt-in only: unpickling runs code; use for state only this job writes."""
+
+    name: ClassVar[str] = "pickle"
+    prefix_preserving: ClassVar[bool] = False
+
+    def to_bytes(self, obj: Any) -> bytes:
+        return pickle.dumps(obj, protocol=5)
+
+    def from_bytes(self, data: bytes) -> Any:
+        try:
+            return pickle.loads(data)
+        except Exception as exc:  # pickle raises many types for bad input; all mean the same to the caller
+            raise CorruptDataError(f"pickle serde: stored bytes do not unpickle ({exc!r})") from exc
+
+
+_SERDES: dict[str, Serde] = {
+    s.name: s for s in (BytesSerde(), StringSerde(), IntegerSerde(), JsonSerde(), PickleSerde())
+}
+
+SERDE_NAMES: tuple[str, ...] = tuple(_SERDES)
+
+
+def get_serde(name: str) -> Serde:
+    """The serde called ``name`` (one of ``SERDE_NAMES``); ``ConfigError`` listing the allowed names otherwise."""
+    try:
+        return _SERDES[name]
+    except (KeyError, TypeError):
+        raise ConfigError(
+            f"unknown serde {name!r}; allowed: {', '.join(SERDE_NAMES)} (pickle only when named explicitly)"
+        ) from None

@@ -1,0 +1,244 @@
+"""LocalStore on LMDB: the contract suite plus what is specific to this implementation (spill runs, the lock file,
+threads, the store dir layout)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from statebackend.errors import StateBackendError, StoreLockedError
+from statebackend.store import LocalStore, LocalVersion
+from tests.contract.store_contract import LocalStoreContract, v
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class TestLocalStore(LocalStoreContract):
+    pass
+
+
+def spill_files(store: LocalStore) -> list[Path]:
+    return sorted((store.path / "spill").iterdir())
+
+
+def test_spill_keeps_batch_within_one_record_of_the_bound_and_marks_store_dirty(tmp_path: Path) -> None:
+    bound = 100
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=bound) as store:
+        store.put(b"a", b"1")
+        store.flush(v(1)).close()
+        assert store.version == v(1)
+        largest_record = 0
+        for i in range(500):
+            key, value = b"key%04d" % (i % 300), b"x" * (i % 17)
+            largest_record = max(largest_record, len(key) + len(value))
+            store.put(key, value)
+            assert store.pending_bytes <= bound  # a spill happens as soon as the bound is crossed
+        assert store.pending_runs > 0 and len(spill_files(store)) == store.pending_runs
+        assert store.version is None  # LMDB holds data ahead of any checkpoint
+        with store.flush(v(2)) as changes:
+            assert changes.spill_runs > 0
+            assert len(changes) == 300
+            assert [k for k, _ in changes] == sorted(b"key%04d" % i for i in range(300))
+        assert store.version == v(2)
+        assert store.count() == 301
+
+
+def test_batch_exceeds_bound_by_at_most_one_record_before_it_spills(tmp_path: Path) -> None:
+    """The check runs after every write, so the batch never grows past bound + one record."""
+    bound = 50
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=bound) as store:
+        seen_max = 0
+        runs_before = 0
+        for i in range(200):
+            before = store.pending_bytes
+            store.put(b"k%03d" % i, b"v" * 10)
+            if store.pending_runs == runs_before:
+                seen_max = max(seen_max, store.pending_bytes)
+            else:
+                runs_before = store.pending_runs
+                assert before <= bound and before + 14 > bound
+        assert seen_max <= bound
+        assert runs_before >= 200 * 14 // (bound + 14)
+
+
+def test_change_set_close_deletes_its_spill_runs_and_next_open_cleans_stale_ones(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=10) as store:
+        store.put_all((b"k%d" % i, b"value") for i in range(20))
+        changes = store.flush(v(1))
+        assert len(spill_files(store)) == changes.spill_runs > 0
+        changes.close()
+        assert spill_files(store) == []
+        store.put_all((b"k%d" % i, b"other") for i in range(20))
+        assert spill_files(store)
+    (tmp_path / "s" / "CHECKPOINT-V2").write_text("someone else's")
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        assert spill_files(store) == []
+        assert store.version is None  # the spilled writes reached LMDB but no flush claimed them
+    assert (tmp_path / "s" / "CHECKPOINT-V2").read_text() == "someone else's"
+
+
+def test_change_sets_of_consecutive_flushes_are_independent(tmp_path: Path) -> None:
+    """A change set still being uploaded keeps its runs while the next flush spills and flushes."""
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=10) as store:
+        store.put_all((b"a%d" % i, b"1") for i in range(10))
+        first = store.flush(v(1))
+        store.put_all((b"b%d" % i, b"2") for i in range(10))
+        second = store.flush(v(2))
+        second.close()
+        assert [k for k, _ in first] == sorted(b"a%d" % i for i in range(10))
+        first.close()
+
+
+def test_store_layout_on_disk(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.put(b"a", b"1")
+        store.flush(v(1)).close()
+        assert (tmp_path / "s" / "data" / "data.mdb").is_file()
+        assert (tmp_path / "s" / "LOCK").read_text().strip() == str(os.getpid())
+        assert (tmp_path / "s" / "spill").is_dir()
+        assert store.path == tmp_path / "s" and store.name == "s"
+
+
+def test_second_open_in_same_process_raises_store_locked(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="counts"):
+        with pytest.raises(StoreLockedError) as info:
+            LocalStore.open(tmp_path / "s", name="counts")
+        message = str(info.value)
+        assert "counts" in message and str(tmp_path / "s") in message and str(os.getpid()) in message
+        assert "\n" not in message
+    with LocalStore.open(tmp_path / "s", name="counts") as store:  # released on close
+        assert store.count() == 0
+
+
+def test_open_from_another_process_gets_the_lock_error(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from statebackend.store import LocalStore\n"
+        "from statebackend.errors import StoreLockedError\n"
+        "try:\n"
+        "    LocalStore.open(sys.argv[1], name='counts')\n"
+        "except StoreLockedError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(3)\n"
+    )
+    with LocalStore.open(tmp_path / "s", name="counts"):
+        result = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "s")],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        )
+    assert result.returncode == 3, result.stderr
+    assert f"locked by pid {os.getpid()}" in result.stdout and str(tmp_path / "s") in result.stdout
+
+
+def test_read_view_in_another_thread_stays_consistent_while_task_writes_and_flushes(tmp_path: Path) -> None:
+    keys = [b"k%03d" % i for i in range(200)]
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=512) as store:
+        store.put_all((k, b"gen1") for k in keys)
+        store.flush(v(1)).close()
+        view = store.read_view()
+        half_read = threading.Event()
+        writes_done = threading.Event()
+        result: dict[str, object] = {}
+
+        def reader() -> None:
+            try:
+                it = view.items()
+                first = [next(it) for _ in range(100)]
+                half_read.set()
+                assert writes_done.wait(30)
+                rest = list(it)
+                result["records"] = first + rest
+                result["version"] = view.version
+                result["count"] = view.count
+            except BaseException as exc:  # surfaced by the assertion below
+                result["error"] = exc
+                half_read.set()
+            finally:
+                view.close()
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        assert half_read.wait(30)
+        for gen in range(2, 6):
+            store.put_all((k, b"gen%d" % gen) for k in keys)  # spills too (tiny bound)
+            store.delete_all(keys[::3])
+            store.flush(v(gen)).close()
+        writes_done.set()
+        thread.join(30)
+        assert "error" not in result, result.get("error")
+        assert result["records"] == [(k, b"gen1") for k in keys]
+        assert result["version"] == v(1) and result["count"] == 200
+        assert store.version == v(5) and store.count() == 200 - len(keys[::3])
+
+
+def test_replace_contents_discards_spill_runs(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=10) as store:
+        store.put_all((b"k%d" % i, b"v") for i in range(20))
+        assert store.pending_runs > 0
+        store.replace_contents([(b"a", b"1")], v(3))
+        assert store.pending_runs == 0 and spill_files(store) == []
+        with store.flush(v(4)) as changes:
+            assert list(changes) == []
+        assert list(store.items()) == [(b"a", b"1")]
+
+
+def test_open_repairs_an_environment_swap_interrupted_between_renames(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.put(b"a", b"1")
+        store.flush(v(1)).close()
+    os.rename(tmp_path / "s" / "data", tmp_path / "s" / "data.old")  # the crash left only the old data aside
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        assert list(store.items()) == [(b"a", b"1")] and store.version == v(1)
+
+
+def test_copy_environment_excludes_unflushed_writes_and_is_a_valid_lmdb_env(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.put(b"a", b"1")
+        store.flush(v(1)).close()
+        store.put(b"b", b"2")
+        assert store.copy_environment(tmp_path / "copy") == v(1)
+    env = lmdb.open(str(tmp_path / "copy"), readonly=True, lock=False, max_dbs=2)
+    try:
+        with env.begin() as txn:
+            data = env.open_db(b"data", txn=txn, create=False)
+            assert list(txn.cursor(db=data)) == [(b"a", b"1")]
+    finally:
+        env.close()
+
+
+def test_closed_store_raises_on_use(tmp_path: Path) -> None:
+    store = LocalStore.open(tmp_path / "s", name="s")
+    store.close()
+    store.close()
+    with pytest.raises(StateBackendError, match="closed"):
+        store.put(b"a", b"1")
+
+
+def test_local_version_new_has_fresh_tokens() -> None:
+    a, b = LocalVersion.new("1-2"), LocalVersion.new("1-2")
+    assert a.checkpoint_id == "1-2" and a.token != b.token and len(a.token) == 16
+    assert LocalVersion.from_bytes(a.to_bytes()) == a
+
+
+def test_full_lmdb_map_raises_storage_error_naming_map_size_and_keeps_flushed_data(tmp_path: Path) -> None:
+    from statebackend.errors import StorageError
+
+    with LocalStore.open(tmp_path / "s", name="s", map_size=1 << 18) as store:
+        store.put(b"a", b"1")
+        store.flush(v(1)).close()
+        store.put_all((b"k%04d" % i, b"x" * 1000) for i in range(1000))
+        with pytest.raises(StorageError, match="map_size"):
+            store.flush(v(2))
+        assert store.version == v(1)
+        with store.read_view() as view:
+            assert list(view.items()) == [(b"a", b"1")]
