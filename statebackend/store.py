@@ -416,6 +416,7 @@ class LocalStore:
 
     def get(self, key: bytes) -> bytes | None:
         """The value of ``key`` (the batch first, then LMDB), or ``None``."""
+        self._check_open()
         self._check_key(key)
         value = self._batch.get(key)
         if value is not None:

@@ -222,6 +222,8 @@ def test_closed_store_raises_on_use(tmp_path: Path) -> None:
     store.close()
     with pytest.raises(StateBackendError, match="closed"):
         store.put(b"a", b"1")
+    with pytest.raises(StateBackendError, match="closed"):
+        store.get(b"a")
 
 
 def test_local_version_new_has_fresh_tokens() -> None:
