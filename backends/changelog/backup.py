@@ -1,0 +1,330 @@
+"""Backup side of the changelog-delta backend (DESIGN section 8, seeds 000 and 001).
+
+Per commit and store, ``snapshot()`` (sync, O(1) besides bookkeeping) appends a step to the store's recipe and
+``upload()`` (async) encodes the commit's change set into one delta file and uploads it create-only. Every
+``snapshot.interval.commits`` commits or ``snapshot.interval.bytes`` delta bytes, a background job materializes a
+snapshot of a committed version from an LMDB read transaction (processing goes on meanwhile); the next commit after
+it is durable starts its recipe from that snapshot, which lets older deltas go.
+
+Failure handling: a delta whose upload failed stays staged on local disk and is uploaded again by the next commit,
+whose recipe still lists it. If a delta could not even be encoded, the chain is broken and the next commit re-bases
+on a fresh snapshot of its own version. Retention: ``cleanup`` keeps the blobs that the last
+``task.checkpoint.retained`` durable checkpoints need and deletes what only older ones needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import attrs
+
+from backends.changelog.format import FileHeader, write_file
+from backends.changelog.marker import Recipe, Step
+from checkpoint import CheckpointId, CheckpointV2
+from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
+from statebackend.errors import AlreadyExistsError, StateBackendError
+from statebackend.store import ChangeSet, LocalStore, ReadView
+
+__all__ = ["ChangelogBackupManager", "delta_name", "snapshot_name"]
+
+log = logging.getLogger(__name__)
+
+STAGING_DIR = "changelog-staging"
+
+_maintenance_lock = threading.Lock()
+_maintenance: list[ThreadPoolExecutor] = []
+
+
+def maintenance_pool() -> ThreadPoolExecutor:
+    """The process-wide maintenance thread for background snapshots (kept apart from the commit pool so a long
+    snapshot never delays a commit)."""
+    with _maintenance_lock:
+        if not _maintenance:
+            _maintenance.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="statebackend-maintenance"))
+        return _maintenance[0]
+
+
+def delta_name(prefix: str, seq: int, token: str) -> str:
+    return f"{prefix}delta/{seq:012d}-{token}.delta"
+
+
+def snapshot_name(prefix: str, seq: int, token: str) -> str:
+    return f"{prefix}snapshot/{seq:012d}-{token}.snap"
+
+
+@attrs.define
+class _Lineage:
+    """The backup state of one store."""
+
+    name: str
+    store: LocalStore
+    prefix: str
+    staging: Path
+    seq: int = 0
+    base: Step | None = None
+    deltas: list[Step] = attrs.field(factory=list)
+    uploaded: set[str] = attrs.field(factory=set)
+    #: change sets of this commit, by delta name, until upload() encodes them
+    to_encode: dict[str, ChangeSet] = attrs.field(factory=dict)
+    #: a read view to re-base on at this commit (chain broken or first backup of restored state)
+    rebase_view: ReadView | None = None
+    commits_since_snapshot: int = 0
+    bytes_since_snapshot: int = 0
+    background: Future[Step] | None = None
+    retained: deque[Recipe] = attrs.field(factory=deque)
+    lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def recipe(self) -> Recipe:
+        return Recipe(snapshot=self.base, deltas=tuple(self.deltas))
+
+
+@attrs.define
+class ChangelogBackupManager(TaskBackupManager):
+    context: BackendContext
+    snapshot_interval_commits: int
+    snapshot_interval_bytes: int
+    compression: str
+    compression_level: int
+    retained: int
+    _lineages: dict[str, _Lineage] = attrs.field(init=False, factory=dict)
+    _closed: bool = attrs.field(init=False, default=False)
+
+    def init(self, checkpoint: CheckpointV2 | None) -> None:
+        markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
+        for name, store in self.context.stores.items():
+            staging = Path(store.path) / STAGING_DIR
+            staging.mkdir(exist_ok=True)
+            for stale in staging.iterdir():  # left by a crashed process: its commits never became durable
+                stale.unlink(missing_ok=True)
+            lineage = _Lineage(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
+            recipe = Recipe.decode(markers[name], source=f"store {name}") if name in markers else None
+            head = recipe.head if recipe is not None else None
+            if recipe is not None and head is not None and head.version == store.version:
+                lineage.seq, lineage.base, lineage.deltas = recipe.seq, recipe.snapshot, list(recipe.deltas)
+                lineage.uploaded.update(recipe.blob_names())
+                lineage.retained.append(recipe)
+                lineage.commits_since_snapshot = len(recipe.deltas)
+            elif store.version is None and store.count() == 0:
+                lineage.seq = recipe.seq if recipe is not None else 0  # an empty store: the chain starts empty
+            else:
+                # Restored by another backend (migration) or the marker is for other data: start a new chain from
+                # a snapshot of the state as it is at the first commit.
+                lineage.seq = recipe.seq if recipe is not None else 0
+                lineage.base = None
+                lineage.deltas = []
+                lineage.rebase_view = None
+                lineage.commits_since_snapshot = -1  # forces a re-base at the first commit
+            self._lineages[name] = lineage
+
+    def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
+        markers: StoreMarkers = {}
+        for name, lineage in self._lineages.items():
+            change = changes[name]
+            with lineage.lock:
+                self._adopt_background_snapshot(lineage)
+                lineage.seq += 1
+                version = change.version
+                if lineage.commits_since_snapshot < 0:
+                    # re-base: the recipe is one snapshot of this very version, written by upload()
+                    lineage.rebase_view = lineage.store.read_view()
+                    step = Step(lineage.seq, version.checkpoint_id, version.token,
+                                snapshot_name(lineage.prefix, lineage.seq, version.token))
+                    lineage.base, lineage.deltas = step, []
+                    lineage.commits_since_snapshot = 0
+                    lineage.bytes_since_snapshot = 0
+                else:
+                    name_or_none = delta_name(lineage.prefix, lineage.seq, version.token) if len(change) else None
+                    step = Step(lineage.seq, version.checkpoint_id, version.token, name_or_none)
+                    lineage.deltas.append(step)
+                    if name_or_none is not None:
+                        lineage.to_encode[name_or_none] = change
+                    lineage.commits_since_snapshot += 1
+                    lineage.bytes_since_snapshot += change.raw_bytes
+                    self._maybe_start_background_snapshot(lineage)
+                markers[name] = lineage.recipe().encode()
+        return markers
+
+    def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
+        futures = {name: self.context.executor.submit(self._upload_store, self._lineages[name], marker)
+                   for name, marker in markers.items()}
+        result: Future[StoreMarkers] = Future()
+
+        def gather(_: Future) -> None:
+            if all(f.done() for f in futures.values()) and not result.done():
+                errors = [f.exception() for f in futures.values() if f.exception() is not None]
+                try:
+                    if errors:
+                        result.set_exception(errors[0])
+                    else:
+                        result.set_result({name: f.result() for name, f in futures.items()})
+                except Exception:  # noqa: BLE001 - another callback resolved it first
+                    return
+
+        for future in futures.values():
+            future.add_done_callback(gather)
+        if not futures:
+            result.set_result({})
+        return result
+
+    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
+        return self.context.executor.submit(self._cleanup, markers)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for lineage in self._lineages.values():
+            background = lineage.background
+            if background is not None:
+                try:
+                    background.exception()  # the read view must not outlive the store
+                except BaseException:  # noqa: BLE001 - a cancelled job
+                    pass
+            if lineage.rebase_view is not None:
+                lineage.rebase_view.close()
+                lineage.rebase_view = None
+
+    # -- upload -------------------------------------------------------------------------------------------------
+
+    def _upload_store(self, lineage: _Lineage, marker: str) -> str:
+        recipe = Recipe.decode(marker, source=f"store {lineage.name}")
+        blob_store = self.context.blob_store
+        metrics = self.context.metrics
+        with lineage.lock:
+            view, lineage.rebase_view = lineage.rebase_view, None
+            to_encode = dict(lineage.to_encode)
+            lineage.to_encode.clear()
+        try:
+            if view is not None and recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded:
+                step = recipe.snapshot
+                assert step.name is not None
+                self._write_and_upload(lineage, step, "snapshot", view.items(), step.name)
+                with lineage.lock:
+                    lineage.uploaded.add(step.name)
+            for step in recipe.deltas:
+                if step.name is None or step.name in lineage.uploaded:
+                    continue
+                staged = lineage.staging / Path(step.name).name
+                change = to_encode.pop(step.name, None)
+                if change is not None:
+                    self._write_and_upload(lineage, step, "delta", iter(change), step.name)
+                elif staged.exists():  # a previous commit's delta whose upload failed: upload it now
+                    self._put_staged(staged, step.name)
+                    metrics.increment("changelog.delta.reuploads")
+                else:
+                    raise StateBackendError(
+                        f"store {lineage.name}: delta {step.name} is neither uploaded nor staged; the next commit "
+                        f"re-bases on a fresh snapshot"
+                    )
+                with lineage.lock:
+                    lineage.uploaded.add(step.name)
+        except BaseException:
+            with lineage.lock:
+                missing = [s for s in recipe.deltas if s.name is not None and s.name not in lineage.uploaded
+                           and not (lineage.staging / Path(s.name).name).exists()]
+                if missing or (recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded
+                               and view is not None):
+                    lineage.commits_since_snapshot = -1  # chain cannot be completed: re-base next commit
+            raise
+        finally:
+            if view is not None:
+                view.close()
+        return marker
+
+    def _write_and_upload(self, lineage: _Lineage, step: Step, kind: str, records: object, name: str) -> None:
+        header = FileHeader(
+            kind=kind,
+            job=self.context.job_name,
+            task=self.context.task_name,
+            store=lineage.name,
+            checkpoint_id=step.checkpoint_id,
+            token=step.token,
+            seq=step.seq,
+            base_seq=step.seq - 1 if kind == "delta" else step.seq,
+        )
+        staged = lineage.staging / Path(name).name
+        with open(staged, "wb") as out:
+            stats = write_file(out, header, records, compression=self.compression, level=self.compression_level)
+        self._put_staged(staged, name)
+        metrics = self.context.metrics
+        metrics.increment(f"changelog.{kind}.uploads")
+        metrics.increment("commit.bytes.uploaded", stats.file_bytes)
+        metrics.increment("commit.files.uploaded")
+        metrics.record(f"changelog.{kind}.bytes", stats.file_bytes)
+
+    def _put_staged(self, staged: Path, name: str) -> None:
+        try:
+            self.context.blob_store.put_file(name, staged, create_only=True)
+        except AlreadyExistsError:
+            # names carry the flush's unique token: only an earlier try of this very upload can have written it
+            # (a retry after a timeout whose first attempt had landed); the content is the same bytes.
+            pass
+        staged.unlink(missing_ok=True)
+
+    # -- background snapshots ----------------------------------------------------------------------------------
+
+    def _maybe_start_background_snapshot(self, lineage: _Lineage) -> None:
+        due = (lineage.commits_since_snapshot >= self.snapshot_interval_commits
+               or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes)
+        if not due or lineage.background is not None or self._closed:
+            return
+        view = lineage.store.read_view()  # O(1): an LMDB read transaction on the version just flushed
+        step = lineage.deltas[-1]
+        name = snapshot_name(lineage.prefix, step.seq, step.token)
+        lineage.background = maintenance_pool().submit(self._background_snapshot, lineage, view, step, name)
+
+    def _background_snapshot(self, lineage: _Lineage, view: ReadView, step: Step, name: str) -> Step:
+        try:
+            self._write_and_upload(lineage, step, "snapshot", view.items(), name)
+        finally:
+            view.close()
+        with lineage.lock:
+            lineage.uploaded.add(name)
+        return Step(step.seq, step.checkpoint_id, step.token, name)
+
+    def _adopt_background_snapshot(self, lineage: _Lineage) -> None:
+        background = lineage.background
+        if background is None or not background.done():
+            return
+        lineage.background = None
+        exc = background.exception()
+        if exc is not None:
+            self.context.metrics.increment("changelog.snapshot.failures")
+            log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc)
+            return
+        snapshot = background.result()
+        if lineage.base is not None and snapshot.seq <= lineage.base.seq:
+            return
+        if not any(d.seq == snapshot.seq and d.token == snapshot.token for d in lineage.deltas):
+            return  # the chain was re-based meanwhile; this snapshot belongs to an abandoned one
+        lineage.base = snapshot
+        lineage.deltas = [d for d in lineage.deltas if d.seq > snapshot.seq]
+        lineage.commits_since_snapshot = len(lineage.deltas)
+        lineage.bytes_since_snapshot = 0
+        self.context.metrics.increment("changelog.snapshot.adopted")
+
+    # -- retention ----------------------------------------------------------------------------------------------
+
+    def _cleanup(self, markers: StoreMarkers) -> None:
+        for name, marker in markers.items():
+            lineage = self._lineages[name]
+            recipe = Recipe.decode(marker, source=f"store {name}")
+            with lineage.lock:
+                lineage.retained.append(recipe)
+                dropped: list[Recipe] = []
+                while len(lineage.retained) > max(1, self.retained):
+                    dropped.append(lineage.retained.popleft())
+                keep = {n for r in lineage.retained for n in r.blob_names()}
+                keep.update(lineage.recipe().blob_names())
+                garbage = sorted({n for r in dropped for n in r.blob_names()} - keep)
+            for blob in garbage:
+                self.context.blob_store.delete(blob)
+                with lineage.lock:
+                    lineage.uploaded.discard(blob)
+            if garbage:
+                self.context.metrics.increment("changelog.blobs.deleted", len(garbage))

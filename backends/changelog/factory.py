@@ -1,0 +1,47 @@
+"""Factory of the changelog-delta backend (short name ``changelog``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from backends.changelog.admin import ChangelogAdmin
+from backends.changelog.backup import ChangelogBackupManager
+from backends.changelog.restore import ChangelogRestoreManager
+from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_int
+from statebackend.contracts import BackendContext, StateBackendFactory
+
+__all__ = ["ChangelogStateBackendFactory"]
+
+
+class ChangelogStateBackendFactory(StateBackendFactory):
+    """Per-commit delta files plus background materialized snapshots."""
+
+    options: Mapping[str, Any] = {
+        "snapshot.interval.commits": OptionSpec(
+            parse_int(min=1), 20, "take a background snapshot after this many commits since the last one"),
+        "snapshot.interval.bytes": OptionSpec(
+            parse_bytes(), 64 << 20, "... or after this many bytes of change since the last one"),
+        "compression": OptionSpec(parse_choice("zstd", "none"), "zstd", "compression of delta and snapshot files"),
+        "compression.level": OptionSpec(parse_int(min=1, max=22), 3, "zstd level (1 fastest .. 22 smallest)"),
+        "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel downloads per restore"),
+    }
+
+    def backup_manager(self, context: BackendContext) -> ChangelogBackupManager:
+        options = context.options
+        return ChangelogBackupManager(
+            context=context,
+            snapshot_interval_commits=options["snapshot.interval.commits"],
+            snapshot_interval_bytes=options["snapshot.interval.bytes"],
+            compression=options["compression"],
+            compression_level=options["compression.level"],
+            retained=context.settings.checkpoint_retained,
+        )
+
+    def restore_manager(self, context: BackendContext) -> ChangelogRestoreManager:
+        return ChangelogRestoreManager(
+            context=context, download_concurrency=context.options["restore.download.concurrency"]
+        )
+
+    def admin(self, context: BackendContext) -> ChangelogAdmin:
+        return ChangelogAdmin(context=context)

@@ -1,0 +1,322 @@
+"""TaskCommitManager: makes a task's state and its input position durable together (DESIGN section 6).
+
+One commit, in this order:
+
+1. If the previous commit's async part failed, raise that failure now (``CommitError`` from it), or count it and go
+   on while fewer than ``task.commit.async.failures.tolerated`` failures ran in a row.
+2. If the previous async part is still running: when it started less than ``task.commit.max.delay.ms`` ago, **skip**
+   this commit (the changes stay in the write batch and ride with the next); otherwise **block** until it ends, at
+   most ``task.commit.timeout.ms``, then fail with :class:`CommitTimeoutError`.
+3. Sync part, on the caller's thread: flush every store (one LMDB transaction each), a new checkpoint id, every
+   backup manager's ``snapshot()``.
+4. Async part, on the bounded pool shared by the tasks of the process: every backend's ``upload()`` in parallel;
+   then the CheckpointV2 is written to the checkpoint log with a create-only write (the commit point: first writer
+   of a sequence number wins, so a competing attempt of the same task is detected); then ``CHECKPOINT-V2`` in each
+   store dir; then ``cleanup()`` and checkpoint-log retention.
+
+The async part never waits on a pool future from inside the pool: the steps are chained with callbacks, so a pool
+of any size cannot deadlock however many tasks commit at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
+
+import attrs
+
+from checkpoint import CheckpointId, CheckpointIdGenerator, CheckpointLog, CheckpointV2, write_local_checkpoint
+from statebackend.contracts import StoreMarkers, TaskBackupManager
+from statebackend.errors import AlreadyExistsError, CommitError, CommitTimeoutError
+from statebackend.metrics import Metrics
+from statebackend.store import ChangeSet, LocalStore, LocalVersion
+
+__all__ = ["TaskCommitManager", "PendingCommit", "BackupBinding", "shared_commit_pool"]
+
+log = logging.getLogger(__name__)
+
+_pool_lock = threading.Lock()
+_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def shared_commit_pool(size: int) -> ThreadPoolExecutor:
+    """The process-wide commit pool of the given size (one per size, created on first use)."""
+    with _pool_lock:
+        pool = _pools.get(size)
+        if pool is None:
+            pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="statebackend-commit")
+            _pools[size] = pool
+        return pool
+
+
+@attrs.frozen
+class BackupBinding:
+    """One backend's backup manager and the stores it backs up."""
+
+    factory_name: str
+    manager: TaskBackupManager
+    store_names: tuple[str, ...]
+
+
+@attrs.define
+class PendingCommit:
+    """A commit whose sync part is done. ``result()`` waits until its checkpoint is durable."""
+
+    checkpoint_id: CheckpointId
+    seq: int
+    future: Future[CheckpointV2]
+    started: float
+
+    def result(self, timeout: float | None = None) -> CheckpointV2:
+        """The durable checkpoint; raises :class:`CommitError` when the async part failed."""
+        try:
+            return self.future.result(timeout)
+        except FutureTimeoutError as exc:
+            raise CommitTimeoutError(f"commit {self.checkpoint_id} was not durable within {timeout} s") from exc
+
+    def done(self) -> bool:
+        return self.future.done()
+
+
+@attrs.define
+class TaskCommitManager:
+    """Runs the commit protocol for one task. Call :meth:`commit` from the task's thread only."""
+
+    task_name: str
+    stores: Mapping[str, LocalStore]
+    backups: Sequence[BackupBinding]
+    checkpoint_log: CheckpointLog
+    executor: Executor
+    metrics: Metrics
+    max_delay_ms: int
+    timeout_ms: int
+    async_failures_tolerated: int = 0
+    #: the sequence number the next checkpoint takes in the checkpoint log
+    next_seq: int = 1
+    id_generator: CheckpointIdGenerator = attrs.field(factory=CheckpointIdGenerator)
+    clock: Callable[[], float] = time.monotonic
+    last_checkpoint: CheckpointV2 | None = None
+
+    _inflight: PendingCommit | None = attrs.field(init=False, default=None)
+    _failure: BaseException | None = attrs.field(init=False, default=None)
+    _failures_in_a_row: int = attrs.field(init=False, default=0)
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+
+    def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
+        """Commit the task's state with ``input_offsets``. Returns the pending commit, or ``None`` when skipped
+        because the previous upload is still within ``task.commit.max.delay.ms``."""
+        self._raise_previous_failure()
+        inflight = self._inflight
+        if inflight is not None and not inflight.done():
+            waited_ms = (self.clock() - inflight.started) * 1000.0
+            if waited_ms < self.max_delay_ms:
+                self.metrics.increment("commit.skips")
+                log.debug("task %s: skip commit, upload of %s running for %.0f ms", self.task_name,
+                          inflight.checkpoint_id, waited_ms)
+                return None
+            self.metrics.increment("commit.blocks")
+            block_start = self.clock()
+            try:
+                inflight.future.exception(timeout=self.timeout_ms / 1000.0)
+            except FutureTimeoutError:
+                self.metrics.increment("commit.timeouts")
+                raise CommitTimeoutError(
+                    f"task {self.task_name}: the upload of checkpoint {inflight.checkpoint_id} ran longer than "
+                    f"task.commit.timeout.ms={self.timeout_ms}; check the blob store's health or raise the timeout"
+                ) from None
+            finally:
+                self.metrics.record("commit.block.ms", (self.clock() - block_start) * 1000.0)
+            self._raise_previous_failure()
+        return self._commit_now(dict(input_offsets))
+
+    def wait(self, timeout: float | None = None) -> CheckpointV2 | None:
+        """Wait for the commit in flight (if any) to be durable; raise its failure. Returns its checkpoint."""
+        inflight = self._inflight
+        if inflight is None:
+            return self.last_checkpoint
+        try:
+            inflight.future.exception(timeout)
+        except FutureTimeoutError:
+            raise CommitTimeoutError(f"commit {inflight.checkpoint_id} was not durable within {timeout} s") from None
+        self._raise_previous_failure()
+        return self.last_checkpoint
+
+    def close(self) -> None:
+        """Wait for the commit in flight so no upload outlives the task; failures are logged, not raised."""
+        inflight = self._inflight
+        if inflight is not None:
+            try:
+                inflight.future.exception(self.timeout_ms / 1000.0)
+            except FutureTimeoutError:
+                log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id)
+
+    # -- internals ---------------------------------------------------------------------------------------------
+
+    def _raise_previous_failure(self) -> None:
+        with self._lock:
+            failure, self._failure = self._failure, None
+        if failure is None:
+            return
+        self._failures_in_a_row += 1
+        if self._failures_in_a_row <= self.async_failures_tolerated:
+            log.warning("task %s: async commit failure %d tolerated: %s", self.task_name, self._failures_in_a_row,
+                        failure)
+            return
+        if isinstance(failure, CommitError):
+            raise failure
+        raise CommitError(f"task {self.task_name}: the previous commit failed: {failure}") from failure
+
+    def _commit_now(self, input_offsets: dict[str, str]) -> PendingCommit:
+        started = self.clock()
+        checkpoint_id = self.id_generator.next()
+        version = LocalVersion(checkpoint_id=str(checkpoint_id), token=secrets.token_hex(8))
+        changes: dict[str, ChangeSet] = {name: store.flush(version) for name, store in self.stores.items()}
+        preliminary: dict[str, StoreMarkers] = {}
+        try:
+            for binding in self.backups:
+                preliminary[binding.factory_name] = binding.manager.snapshot(
+                    checkpoint_id, {name: changes[name] for name in binding.store_names}
+                )
+        except BaseException:
+            _close_all(changes)
+            for store in self.stores.values():
+                store.mark_dirty()
+            raise
+        sync_ms = (self.clock() - started) * 1000.0
+        self.metrics.record("commit.sync.ms", sync_ms)
+        self.metrics.increment("commit.count")
+
+        seq = self.next_seq
+        result: Future[CheckpointV2] = Future()
+        pending = PendingCommit(checkpoint_id=checkpoint_id, seq=seq, future=result, started=started)
+        self._inflight = pending
+        self._start_async(pending, input_offsets, preliminary, changes)
+        return pending
+
+    def _start_async(
+        self,
+        pending: PendingCommit,
+        input_offsets: dict[str, str],
+        preliminary: dict[str, StoreMarkers],
+        changes: dict[str, ChangeSet],
+    ) -> None:
+        uploads: dict[str, Future[StoreMarkers]] = {}
+        try:
+            for binding in self.backups:
+                uploads[binding.factory_name] = binding.manager.upload(
+                    pending.checkpoint_id, preliminary[binding.factory_name]
+                )
+        except BaseException as exc:  # an upload that fails to even start fails this commit, not the task
+            _close_all(changes)
+            self._fail(pending, exc)
+            return
+
+        def after_uploads() -> None:
+            _close_all(changes)
+            errors = [f.exception() for f in uploads.values() if f.exception() is not None]
+            if errors:
+                self._fail(pending, errors[0])
+                return
+            try:
+                self.executor.submit(self._write_checkpoint, pending, input_offsets,
+                                     {name: f.result() for name, f in uploads.items()})
+            except BaseException as exc:  # pool shut down
+                self._fail(pending, exc)
+
+        _when_all(list(uploads.values()), after_uploads)
+
+    def _write_checkpoint(
+        self, pending: PendingCommit, input_offsets: dict[str, str], markers: dict[str, StoreMarkers]
+    ) -> None:
+        try:
+            checkpoint = CheckpointV2(
+                checkpoint_id=pending.checkpoint_id,
+                input_offsets=input_offsets,
+                state_checkpoint_markers=markers,
+            )
+            try:
+                self.checkpoint_log.write(pending.seq, checkpoint)
+            except AlreadyExistsError as exc:
+                for store in self.stores.values():
+                    store.mark_dirty()
+                self.metrics.increment("commit.conflicts")
+                raise CommitError(
+                    f"task {self.task_name}: checkpoint #{pending.seq} was already committed by another attempt of "
+                    f"this task; this attempt's state is discarded and must be restored before it goes on"
+                ) from exc
+            for store in self.stores.values():
+                write_local_checkpoint(store.path, checkpoint)
+        except BaseException as exc:
+            self._fail(pending, exc)
+            return
+        self.next_seq = pending.seq + 1
+        self.last_checkpoint = checkpoint
+        self._failures_in_a_row = 0
+        total_ms = (self.clock() - pending.started) * 1000.0
+        self.metrics.record("commit.total.ms", total_ms)
+        pending.future.set_result(checkpoint)
+        self._cleanup(pending.checkpoint_id, markers)
+
+    def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers]) -> None:
+        def report(future: Future[None]) -> None:
+            exc = future.exception()
+            if exc is not None:
+                self.metrics.increment("commit.cleanup.failures")
+                log.warning("task %s: cleanup after checkpoint %s failed (retried at the next commit): %s",
+                            self.task_name, checkpoint_id, exc)
+
+        for binding in self.backups:
+            try:
+                binding.manager.cleanup(checkpoint_id, markers[binding.factory_name]).add_done_callback(report)
+            except BaseException as exc:
+                self.metrics.increment("commit.cleanup.failures")
+                log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc)
+        try:
+            self.executor.submit(self.checkpoint_log.retain).add_done_callback(report)
+        except RuntimeError:
+            pass  # pool shut down: retention runs at the next commit
+
+    def _fail(self, pending: PendingCommit, exc: BaseException) -> None:
+        self.metrics.increment("commit.failures")
+        log.warning("task %s: commit %s failed: %s", self.task_name, pending.checkpoint_id, exc)
+        if not isinstance(exc, CommitError):
+            wrapped = CommitError(f"task {self.task_name}: commit {pending.checkpoint_id} failed: {exc}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        with self._lock:
+            self._failure = exc
+        pending.future.set_exception(exc)
+
+
+def _close_all(changes: Mapping[str, ChangeSet]) -> None:
+    for change in changes.values():
+        change.close()
+
+
+def _when_all(futures: list[Future], then: Callable[[], None]) -> None:
+    """Call ``then`` once every future is done, from the thread that finished the last one."""
+    if not futures:
+        then()
+        return
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            then()
+
+    for future in futures:
+        future.add_done_callback(one_done)
+
+
+def default_pool_size() -> int:
+    return min(32, 4 * (os.cpu_count() or 1))
