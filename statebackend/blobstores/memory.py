@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
-from statebackend.errors import AlreadyExistsError, NotFoundError
+from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 
 __all__ = ["MemoryBlobStore"]
 
@@ -52,6 +52,9 @@ class MemoryBlobStore(BlobStore):
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         check_blob_name(name)
+        # a negative bound would slice from the end here but means nothing to a service's byte range
+        if (start is not None and start < 0) or (end is not None and end < 0):
+            raise ConfigError(f"byte range [{start}, {end}) must not be negative")
         with self._lock:
             try:
                 data, _ = self._blobs[name]

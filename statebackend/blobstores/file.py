@@ -1,0 +1,570 @@
+"""The ``file://`` blob store: a local (or shared, mounted) directory, one file per blob.
+
+Layout under the root::
+
+    <name>                                      the blob's bytes, exactly; ``a/b/c`` is the file ``a/b/c``
+    <dir>/.statebackend~tmp.<random>            a write in progress (or left by a crash); never listed
+    .statebackend~meta/<hh>/<sha256(name)>.<inode>.json   user metadata of the blob whose file has that inode
+
+How the contract of :mod:`statebackend.blobstore` is met:
+
+- ``put`` writes a temp file in the target directory, fsyncs it, then ``os.replace`` s it onto the name, and fsyncs
+  the directory: a reader sees the old file or the new one, never a part.
+- ``create_only`` hard-links the finished temp file to the name: ``link`` fails with ``EEXIST`` atomically, so the
+  check and the write are one step (create-only *and* atomic content, which ``O_EXCL`` alone cannot give).
+- Metadata is keyed by the blob file's inode and written (and fsynced) before the blob is linked in, so a blob and
+  its metadata appear together, also across a crash; replacing a blob orphans the old inode's metadata, which is
+  then removed. ``set_metadata`` rewrites only the small metadata file.
+- Names are checked with :func:`check_blob_name`; names with a segment that starts with ``.statebackend~`` are
+  reserved for the files above and rejected, so ``list`` can skip them without hiding a blob. Symlinks inside the
+  root that point outside it are out of scope: the operator owns the directory.
+- Limitation of a directory tree: a blob ``a`` and a blob ``a/b`` cannot both exist; writing the second raises
+  :class:`StorageError` saying so (object stores allow it; the backends never need it).
+- Thread-safe and multi-process-safe without locks: every visible change is one ``rename``/``link``/``unlink``.
+- Every ``OSError`` other than not-found is translated to :class:`StorageError` naming the path and the store.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO
+from urllib.parse import unquote, urlsplit
+
+import attrs
+
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
+
+__all__ = ["FileBlobStore", "RESERVED_PREFIX"]
+
+#: segment prefix reserved for the store's own temp and metadata files; never a blob name, never listed
+RESERVED_PREFIX = ".statebackend~"
+_TEMP_PREFIX = RESERVED_PREFIX + "tmp."
+_META_DIR = RESERVED_PREFIX + "meta"
+_COPY_BUFFER = 1024 * 1024
+# a concurrent delete may prune the directory a put just created; the put then recreates it and tries again
+_MAX_DIRECTORY_RACES = 100
+_NOT_FOUND_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+def _absolute_path(root: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.fspath(root))
+
+
+@attrs.define(eq=False)
+class FileBlobStore(BlobStore):
+    """Blobs as files under ``root``. With ``create=False`` a missing root is an error instead of being made.
+
+    No I/O happens here; the root is checked (or created) on first use.
+    """
+
+    root: str = attrs.field(converter=_absolute_path)
+    create: bool = attrs.field(default=True, kw_only=True)
+    url: str = attrs.field(init=False)
+    _root_ready: bool = attrs.field(init=False, default=False, repr=False)
+    _root_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock, repr=False)
+
+    @url.default
+    def _url_from_root(self) -> str:
+        return "file://" + self.root.replace(os.sep, "/")
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, Any]) -> FileBlobStore:
+        """Open ``file:///absolute/path``. Option ``create`` (default true): make the root if it is missing."""
+        parts = urlsplit(url)
+        if parts.scheme != "file":
+            raise ConfigError(f"blob.store.url {url!r} is not a file:// URL")
+        if parts.netloc not in ("", "localhost"):
+            raise ConfigError(
+                f"blob.store.url {url!r} names host {parts.netloc!r}; a file:// URL needs an absolute path, "
+                f"e.g. file:///var/lib/statebackend (three slashes)"
+            )
+        path = unquote(parts.path)
+        if not path or not os.path.isabs(path):
+            raise ConfigError(
+                f"blob.store.url {url!r} has no absolute path; use e.g. file:///var/lib/statebackend (three slashes)"
+            )
+        return cls(path, create=_parse_bool("blob.store.create", options.get("create", True)))
+
+    # -- the contract ---------------------------------------------------------------------------------------------
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        view = memoryview(data)
+
+        def write(out: BinaryIO) -> None:
+            out.write(view)
+
+        self._write(name, write, create_only=create_only, metadata=metadata)
+
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        """Copy a local file in, streaming (never the whole file in memory)."""
+        check_blob_name(name)
+        source_path = os.fspath(path)
+        try:
+            source = open(source_path, "rb")  # noqa: SIM115 - closed below; opened first so a bad path writes nothing
+        except FileNotFoundError as exc:
+            raise NotFoundError(f"local file {source_path!r} to upload as blob {name!r} does not exist") from exc
+        except OSError as exc:
+            raise StorageError(f"cannot read local file {source_path!r} to upload as blob {name!r}: {exc}") from exc
+        with source:
+
+            def write(out: BinaryIO) -> None:
+                shutil.copyfileobj(source, out, _COPY_BUFFER)
+
+            self._write(name, write, create_only=create_only, metadata=metadata)
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        with self._open_blob(name) as f:
+            size = os.fstat(f.fileno()).st_size
+            first, last = _clamp_range(size, start, end)
+            if first >= last:
+                return b""
+            f.seek(first)
+            return f.read(last - first)
+
+    def get_into(self, name: str, out: BinaryIO) -> int:
+        """Stream the blob into ``out`` (one open file, so one consistent version even if replaced meanwhile)."""
+        with self._open_blob(name) as f:
+            return _copy(f, out)
+
+    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        """Copy the blob to ``path`` atomically: the blob is opened first, so an absent blob leaves ``path`` as it
+        was; the copy goes to a temp file next to ``path`` that is fsynced and renamed over it."""
+        target = _absolute_path(path)
+        directory = os.path.dirname(target)
+        with self._open_blob(name) as source:
+            temp = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
+            try:
+                with open(temp, "xb") as out:
+                    size = _copy(source, out)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temp, target)
+                _fsync_directory(directory)
+            except BaseException as exc:
+                _unlink_quietly(temp)
+                if isinstance(exc, OSError):
+                    raise StorageError(
+                        f"cannot write blob {name!r} of {self.describe()} to local file {target!r}: {exc}; "
+                        f"check that the directory exists and is writable"
+                    ) from exc
+                raise
+        return size
+
+    def iter_bytes(self, name: str, chunk_size: int = _COPY_BUFFER) -> Iterator[bytes]:
+        """Stream the blob from one open file (one consistent version even if replaced meanwhile)."""
+        if chunk_size <= 0:
+            raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
+        with self._open_blob(name) as f:
+            while chunk := f.read(chunk_size):
+                yield chunk
+
+    def delete(self, name: str) -> None:
+        path = self._blob_path(name)
+        try:
+            info = os.lstat(path)
+        except OSError as exc:
+            if exc.errno in _NOT_FOUND_ERRNOS:
+                return
+            raise self._storage_error("inspect", path, exc) from exc
+        if stat.S_ISDIR(info.st_mode):
+            return  # a directory of other blobs, not a blob of this name
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return  # a concurrent delete won; still success
+        except OSError as exc:
+            raise self._storage_error("delete", path, exc) from exc
+        self._remove_metadata(name, info.st_ino)
+        directory = os.path.dirname(path)
+        self._fsync_directory(directory)
+        self._prune_empty_directories(directory)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Yield blob names starting with ``prefix``, sorted; only directories that can match are read."""
+        root = self._ready_root()
+        directory, slash, partial = prefix.rpartition("/")
+        if "\x00" in partial or "\\" in partial:
+            return  # no valid name contains these
+        if slash:
+            try:
+                check_blob_name(directory)
+            except ConfigError:
+                return  # no valid name lies under it
+            if _is_reserved(directory):
+                return
+        base = os.path.join(root, *directory.split("/")) if directory else root
+        yield from self._walk(base, directory + "/" if directory else "", partial)
+
+    def head(self, name: str) -> BlobInfo:
+        path = self._blob_path(name)
+        # metadata is found by inode; if the blob was replaced between the two stats, read again
+        for _ in range(_MAX_DIRECTORY_RACES):
+            before = self._stat_blob(name, path)
+            metadata = self._read_metadata(name, before.st_ino)
+            after = self._stat_blob(name, path)
+            if _same_file(before, after):
+                return BlobInfo(name=name, size=after.st_size, metadata=metadata)
+        raise StorageError(f"blob {name!r} in {self.describe()} kept changing while being read; try again")
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        """Replace the blob's metadata without rewriting its bytes (one atomic rename of the metadata file)."""
+        path = self._blob_path(name)
+        checked = _check_metadata(metadata)
+        info = self._stat_blob(name, path)
+        if checked:
+            self._write_metadata(name, info.st_ino, checked)
+        else:
+            self._remove_metadata(name, info.st_ino)
+
+    def exists(self, name: str) -> bool:
+        path = self._blob_path(name)
+        try:
+            self._stat_blob(name, path)
+        except NotFoundError:
+            return False
+        return True
+
+    def create_root(self) -> None:
+        """Make the root directory (and its parents); success if it exists. For ``create_resources``."""
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as exc:
+            raise self._storage_error("create the root directory", self.root, exc) from exc
+        self._root_ready = True
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _ready_root(self) -> str:
+        if self._root_ready:
+            return self.root
+        with self._root_lock:
+            if self._root_ready:
+                return self.root
+            if self.create:
+                self.create_root()
+            elif not os.path.isdir(self.root):
+                raise StorageError(
+                    f"the root directory {self.root!r} of {self.describe()} does not exist; create it, or open the "
+                    f"store with create=True (blob.store.create=true) or run the backend's create_resources"
+                )
+            self._root_ready = True
+        return self.root
+
+    def _blob_path(self, name: str) -> str:
+        check_blob_name(name)
+        if _is_reserved(name):
+            raise ConfigError(
+                f"blob name {name!r} has a segment starting with {RESERVED_PREFIX!r}, which the file:// blob store "
+                f"reserves for its temp and metadata files; choose another name"
+            )
+        return os.path.join(self._ready_root(), *name.split("/"))
+
+    def _write(
+        self,
+        name: str,
+        write: Callable[[BinaryIO], None],
+        *,
+        create_only: bool,
+        metadata: Mapping[str, str] | None,
+    ) -> None:
+        path = self._blob_path(name)
+        checked = _check_metadata(metadata)
+        directory = os.path.dirname(path)
+        fd, temp = self._create_temp(name, directory)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                write(out)
+                out.flush()
+                os.fsync(out.fileno())
+                inode = os.fstat(out.fileno()).st_ino
+            # the metadata must be durable before the blob is visible, so they appear together
+            if checked:
+                self._write_metadata(name, inode, checked)
+            else:
+                self._remove_metadata(name, inode)  # a stale file left by an earlier blob whose inode was reused
+            if create_only:
+                self._link_new(name, temp, path, inode)
+                _unlink_quietly(temp)
+            else:
+                old_inode = self._current_inode(path)
+                self._replace(name, temp, path)
+                if old_inode is not None:
+                    self._remove_metadata(name, old_inode)
+            self._fsync_directory(directory)
+        except BaseException as exc:
+            _unlink_quietly(temp)
+            if isinstance(exc, OSError) and not isinstance(exc, (StorageError, AlreadyExistsError, NotFoundError)):
+                raise self._storage_error("write", temp, exc) from exc
+            raise
+
+    def _create_temp(self, name: str, directory: str) -> tuple[int, str]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+        for _ in range(_MAX_DIRECTORY_RACES):
+            self._make_directories(name, directory)
+            temp = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
+            try:
+                return os.open(temp, flags, 0o666), temp  # 0o666 & ~umask, like any file the user writes
+            except FileNotFoundError:
+                continue  # a concurrent delete pruned the directory we just made
+            except OSError as exc:
+                raise self._storage_error("create a temp file", temp, exc) from exc
+        raise StorageError(f"directory {directory!r} of {self.describe()} kept disappearing while writing {name!r}")
+
+    def _make_directories(self, name: str, directory: str) -> None:
+        missing: list[str] = []
+        current = directory
+        while current != self.root and not os.path.isdir(current):
+            missing.append(current)
+            current = os.path.dirname(current)
+        for made in reversed(missing):
+            try:
+                os.mkdir(made)
+            except FileNotFoundError:
+                return  # a concurrent delete pruned a parent; creating the temp file fails and the caller retries
+            except FileExistsError:
+                if not os.path.isdir(made):
+                    raise StorageError(
+                        f"cannot write blob {name!r} in {self.describe()}: {made!r} is a blob, and the file:// store "
+                        f"cannot hold a blob and names under it ('a' and 'a/b') at once"
+                    ) from None
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOTDIR:
+                    raise StorageError(
+                        f"cannot write blob {name!r} in {self.describe()}: a parent of {made!r} is a blob, and the "
+                        f"file:// store cannot hold a blob and names under it ('a' and 'a/b') at once"
+                    ) from exc
+                raise self._storage_error("create directory", made, exc) from exc
+            self._fsync_directory(os.path.dirname(made))
+
+    def _link_new(self, name: str, temp: str, path: str, inode: int) -> None:
+        try:
+            os.link(temp, path)
+        except FileExistsError:
+            self._remove_metadata(name, inode)
+            if os.path.isdir(path):
+                raise self._name_is_directory(name) from None
+            raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}") from None
+        except OSError as exc:
+            self._remove_metadata(name, inode)
+            if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise StorageError(
+                    f"create-only write of blob {name!r} in {self.describe()} needs hard links, which the filesystem "
+                    f"of {path!r} refused ({exc.strerror}); put the store on a local POSIX filesystem"
+                ) from exc
+            raise self._storage_error("create", path, exc) from exc
+
+    def _replace(self, name: str, temp: str, path: str) -> None:
+        try:
+            os.replace(temp, path)
+        except IsADirectoryError:
+            raise self._name_is_directory(name) from None
+        except OSError as exc:
+            raise self._storage_error("replace", path, exc) from exc
+
+    def _name_is_directory(self, name: str) -> StorageError:
+        return StorageError(
+            f"cannot write blob {name!r} in {self.describe()}: blobs named {name + '/'!r}... exist, and the file:// "
+            f"store cannot hold a blob and names under it ('a' and 'a/b') at once"
+        )
+
+    def _current_inode(self, path: str) -> int | None:
+        try:
+            return os.lstat(path).st_ino
+        except OSError:
+            return None  # absent, or the replace will report the problem
+
+    def _stat_blob(self, name: str, path: str) -> os.stat_result:
+        try:
+            info = os.stat(path)
+        except OSError as exc:
+            if exc.errno in _NOT_FOUND_ERRNOS:
+                raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
+            raise self._storage_error("inspect", path, exc) from exc
+        if not stat.S_ISREG(info.st_mode):
+            raise NotFoundError(f"blob {name!r} not found in {self.describe()} (it is a directory of other blobs)")
+        return info
+
+    def _open_blob(self, name: str) -> BinaryIO:
+        path = self._blob_path(name)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+        except OSError as exc:
+            if exc.errno in _NOT_FOUND_ERRNOS:
+                raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
+            raise self._storage_error("read", path, exc) from exc
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            f.close()
+            raise NotFoundError(f"blob {name!r} not found in {self.describe()} (it is a directory of other blobs)")
+        return f
+
+    def _metadata_path(self, name: str, inode: int) -> str:
+        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+        return os.path.join(self.root, _META_DIR, digest[:2], f"{digest}.{inode}.json")
+
+    def _read_metadata(self, name: str, inode: int) -> dict[str, str]:
+        path = self._metadata_path(name, inode)
+        try:
+            with open(path, "rb") as f:
+                document = json.loads(f.read())
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise self._storage_error("read metadata", path, exc) from exc
+        except ValueError as exc:
+            raise StorageError(f"metadata file {path!r} of blob {name!r} in {self.describe()} is not JSON") from exc
+        return dict(document["metadata"])
+
+    def _write_metadata(self, name: str, inode: int, metadata: dict[str, str]) -> None:
+        path = self._metadata_path(name, inode)
+        directory = os.path.dirname(path)
+        temp = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
+        body = json.dumps({"name": name, "metadata": metadata}, sort_keys=True).encode("utf-8", "surrogatepass")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(temp, "xb") as out:
+                out.write(body)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, path)
+        except OSError as exc:
+            _unlink_quietly(temp)
+            raise self._storage_error("write metadata", path, exc) from exc
+        self._fsync_directory(directory)
+
+    def _remove_metadata(self, name: str, inode: int) -> None:
+        path = self._metadata_path(name, inode)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._storage_error("delete metadata", path, exc) from exc
+
+    def _prune_empty_directories(self, directory: str) -> None:
+        # best effort: a directory that is not empty (or already gone) stops the climb
+        while directory != self.root and directory.startswith(self.root):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                return
+            directory = os.path.dirname(directory)
+
+    def _walk(self, directory: str, name_prefix: str, partial: str) -> Iterator[str]:
+        try:
+            with os.scandir(directory) as it:
+                entries = [e for e in it if e.name.startswith(partial) and not e.name.startswith(RESERVED_PREFIX)]
+        except (FileNotFoundError, NotADirectoryError):
+            return  # nothing there, or removed by a concurrent delete
+        except OSError as exc:
+            raise self._storage_error("list", directory, exc) from exc
+        # a directory sorts as "name/" so that the depth-first walk yields names in plain string order
+        keyed: list[tuple[str, os.DirEntry[str], bool]] = []
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+                is_file = not is_dir and entry.is_file()
+            except OSError:
+                continue
+            if is_dir:
+                keyed.append((entry.name + "/", entry, True))
+            elif is_file:
+                keyed.append((entry.name, entry, False))
+        keyed.sort(key=lambda item: item[0])
+        for _, entry, is_dir in keyed:
+            if is_dir:
+                yield from self._walk(entry.path, name_prefix + entry.name + "/", "")
+            else:
+                yield name_prefix + entry.name
+
+    def _fsync_directory(self, directory: str) -> None:
+        try:
+            _fsync_directory(directory)
+        except OSError as exc:
+            raise self._storage_error("sync directory", directory, exc) from exc
+
+    def _storage_error(self, action: str, path: str, exc: OSError) -> StorageError:
+        reason = exc.strerror or str(exc)
+        return StorageError(
+            f"cannot {action} {path!r} in {self.describe()}: {reason}; check that the directory exists and is writable"
+        )
+
+
+def _fsync_directory(directory: str) -> None:
+    if os.name == "nt":  # directories cannot be opened for fsync there; renames are durable by other means
+        return
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _copy(source: BinaryIO, target: BinaryIO) -> int:
+    total = 0
+    while chunk := source.read(_COPY_BUFFER):
+        target.write(chunk)
+        total += len(chunk)
+    return total
+
+
+def _clamp_range(size: int, start: int | None, end: int | None) -> tuple[int, int]:
+    if (start is not None and start < 0) or (end is not None and end < 0):
+        raise ConfigError(f"byte range [{start}, {end}) must not be negative")
+    first = 0 if start is None else min(start, size)
+    last = size if end is None else min(end, size)
+    return first, max(first, last)
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
+def _is_reserved(name: str) -> bool:
+    return any(segment.startswith(RESERVED_PREFIX) for segment in name.split("/"))
+
+
+def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    if not metadata:
+        return {}
+    checked: dict[str, str] = {}
+    for key, value in metadata.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise ConfigError(f"blob metadata must map non-empty strings to strings, got {key!r}: {value!r}")
+        checked[key] = value
+    return checked
+
+
+def _parse_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ConfigError(f"{key} must be true or false, got {value!r}")

@@ -1,0 +1,586 @@
+"""The one blob store contract suite (zarr-python's ``StoreTests`` pattern).
+
+Every implementation subclasses :class:`BlobStoreContract` in its own test module and provides:
+
+- a ``store`` fixture giving an empty store (function scope; override it with your own fixtures, e.g. a server
+  started once per session and a fresh container, bucket or prefix per test);
+- optionally :meth:`BlobStoreContract.raw_get`, which reads a blob *bypassing the store under test* (the file on
+  disk, the dict, a plain SDK client), so the store is checked against the storage and not only against itself.
+
+Only the public :class:`BlobStore` API and ``raw_get`` are used here; nothing assumes a local filesystem. Metadata keys
+are lowercase identifiers and values short ASCII, which every service (S3, Azure) keeps as given. Class attributes
+let slow services shrink the sizes and example counts.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
+
+__all__ = ["BlobStoreContract", "BAD_NAMES"]
+
+#: names that must be rejected with ConfigError before anything is written
+BAD_NAMES = [
+    "",
+    "/abs",
+    "/",
+    "..",
+    "../escape",
+    "a/../../escape",
+    "a/..",
+    ".",
+    "./a",
+    "a/./b",
+    "a//b",
+    "a/",
+    "a\x00b",
+    "a\\..\\b",
+]
+
+_BINARY = bytes(range(256)) * 3
+
+
+def _payload(size: int, seed: int = 0) -> bytes:
+    """Deterministic, non-repeating-looking bytes (so a misplaced range is caught)."""
+    block = bytes((i * 131 + seed * 7 + (i >> 8)) & 0xFF for i in range(65536))
+    return (block * (size // len(block) + 1))[:size]
+
+
+class BlobStoreContract:
+    """Behaviour every :class:`BlobStore` implementation has. Subclass it and provide the ``store`` fixture."""
+
+    #: size of the "large" blob and file round trips; larger than one copy buffer so streaming loops run
+    large_size: int = 5 * 1024 * 1024 + 123
+    #: threads racing in the concurrency tests
+    threads: int = 8
+    #: Hypothesis examples and steps for the state machine
+    state_machine_examples: int = 25
+    state_machine_steps: int = 25
+
+    @pytest.fixture
+    def store(self) -> Iterator[BlobStore]:
+        raise NotImplementedError("a BlobStoreContract subclass must provide the `store` fixture")
+
+    def raw_get(self, store: BlobStore, name: str) -> bytes | None:
+        """The blob's bytes read without the store under test, or None if absent. Override it; this fallback
+        only asks the store itself."""
+        try:
+            return store.get(name)
+        except NotFoundError:
+            return None
+
+    # -- put / get ----------------------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize("data", [b"", b"x", _BINARY, b"\x00" * 1000], ids=["empty", "one", "binary", "nuls"])
+    def test_put_then_get_returns_the_same_bytes(self, store: BlobStore, data: bytes) -> None:
+        store.put("blob", data)
+        assert store.get("blob") == data
+        assert self.raw_get(store, "blob") == data
+
+    def test_put_then_get_of_a_large_blob_returns_the_same_bytes(self, store: BlobStore) -> None:
+        data = _payload(self.large_size)
+        store.put("dir/large", data)
+        assert store.get("dir/large") == data
+        assert self.raw_get(store, "dir/large") == data
+
+    def test_put_accepts_bytearray_and_memoryview(self, store: BlobStore) -> None:
+        store.put("from-bytearray", bytearray(b"abc"))
+        store.put("from-memoryview", memoryview(b"defgh")[1:4])
+        assert store.get("from-bytearray") == b"abc"
+        assert store.get("from-memoryview") == b"efg"
+
+    def test_put_overwrites_an_existing_blob(self, store: BlobStore) -> None:
+        store.put("blob", b"first version, longer")
+        store.put("blob", b"second")
+        assert store.get("blob") == b"second"
+        assert self.raw_get(store, "blob") == b"second"
+        assert list(store.list()) == ["blob"]
+
+    def test_create_only_writes_a_new_name(self, store: BlobStore) -> None:
+        store.put("new", b"data", create_only=True)
+        assert store.get("new") == b"data"
+        assert self.raw_get(store, "new") == b"data"
+
+    def test_create_only_on_a_taken_name_raises_and_keeps_the_old_blob(self, store: BlobStore) -> None:
+        store.put("taken", b"old", metadata={"owner": "first"})
+        with pytest.raises(AlreadyExistsError) as caught:
+            store.put("taken", b"new", create_only=True, metadata={"owner": "second"})
+        assert isinstance(caught.value, FileExistsError)
+        assert "taken" in str(caught.value)
+        assert store.get("taken") == b"old"
+        assert self.raw_get(store, "taken") == b"old"
+        assert dict(store.head("taken").metadata) == {"owner": "first"}
+        assert list(store.list()) == ["taken"]
+
+    def test_create_only_after_delete_succeeds(self, store: BlobStore) -> None:
+        store.put("reused", b"one", create_only=True)
+        store.delete("reused")
+        store.put("reused", b"two", create_only=True)
+        assert store.get("reused") == b"two"
+
+    def test_get_of_an_absent_blob_raises_not_found(self, store: BlobStore) -> None:
+        store.put("present", b"x")
+        with pytest.raises(NotFoundError) as caught:
+            store.get("absent")
+        assert isinstance(caught.value, FileNotFoundError)
+        assert "absent" in str(caught.value)
+
+    def test_get_of_a_prefix_of_existing_names_raises_not_found(self, store: BlobStore) -> None:
+        store.put("dir/child", b"x")
+        with pytest.raises(NotFoundError):
+            store.get("dir")
+        with pytest.raises(NotFoundError):
+            store.head("dir")
+        assert not store.exists("dir")
+
+    # -- ranged reads -------------------------------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        ("start", "end", "expected"),
+        [
+            (None, None, b"0123456789"),
+            (3, None, b"3456789"),
+            (None, 4, b"0123"),
+            (2, 5, b"234"),
+            (0, 10, b"0123456789"),
+            (7, 100, b"789"),
+            (10, None, b""),
+            (25, 30, b""),
+            (4, 4, b""),
+            (6, 2, b""),
+            (None, 0, b""),
+        ],
+    )
+    def test_ranged_get_returns_the_clamped_slice(
+        self, store: BlobStore, start: int | None, end: int | None, expected: bytes
+    ) -> None:
+        store.put("digits", b"0123456789")
+        assert store.get("digits", start=start, end=end) == expected
+
+    def test_ranged_get_of_an_empty_blob_is_empty(self, store: BlobStore) -> None:
+        store.put("empty", b"")
+        assert store.get("empty", start=0, end=10) == b""
+
+    def test_ranged_get_of_a_large_blob_returns_the_slice(self, store: BlobStore) -> None:
+        data = _payload(self.large_size, seed=3)
+        store.put("large", data)
+        start, end = 1024 * 1024 - 5, 3 * 1024 * 1024 + 17
+        assert store.get("large", start=start, end=end) == data[start:end]
+
+    @pytest.mark.parametrize(("start", "end"), [(-1, None), (None, -1), (-5, -1)])
+    def test_negative_range_is_rejected(self, store: BlobStore, start: int | None, end: int | None) -> None:
+        store.put("digits", b"0123456789")
+        with pytest.raises(ConfigError):
+            store.get("digits", start=start, end=end)
+
+    def test_ranged_get_of_an_absent_blob_raises_not_found(self, store: BlobStore) -> None:
+        with pytest.raises(NotFoundError):
+            store.get("absent", start=1, end=2)
+
+    # -- head, metadata, exists ---------------------------------------------------------------------------------
+
+    def test_head_gives_size_and_metadata(self, store: BlobStore) -> None:
+        store.put("blob", b"12345", metadata={"kind": "delta", "expiry": "1700000000"})
+        info = store.head("blob")
+        assert isinstance(info, BlobInfo)
+        assert info.name == "blob"
+        assert info.size == 5
+        assert dict(info.metadata) == {"kind": "delta", "expiry": "1700000000"}
+
+    def test_head_of_a_blob_without_metadata_has_empty_metadata(self, store: BlobStore) -> None:
+        store.put("plain", b"")
+        info = store.head("plain")
+        assert info.size == 0
+        assert dict(info.metadata) == {}
+
+    def test_head_of_an_absent_blob_raises_not_found(self, store: BlobStore) -> None:
+        with pytest.raises(NotFoundError):
+            store.head("absent")
+
+    def test_overwrite_replaces_the_metadata_too(self, store: BlobStore) -> None:
+        store.put("blob", b"one", metadata={"kind": "old"})
+        store.put("blob", b"two")
+        assert dict(store.head("blob").metadata) == {}
+        store.put("blob", b"three", metadata={"kind": "new"})
+        assert dict(store.head("blob").metadata) == {"kind": "new"}
+
+    def test_set_metadata_replaces_metadata_and_keeps_the_bytes(self, store: BlobStore) -> None:
+        store.put("blob", b"payload", metadata={"kind": "delta", "expiry": "1"})
+        store.set_metadata("blob", {"kind": "delta"})
+        assert dict(store.head("blob").metadata) == {"kind": "delta"}
+        store.set_metadata("blob", {"expiry": "2"})
+        assert dict(store.head("blob").metadata) == {"expiry": "2"}
+        assert store.get("blob") == b"payload"
+        assert self.raw_get(store, "blob") == b"payload"
+        assert store.head("blob").size == 7
+
+    def test_set_metadata_to_empty_clears_it(self, store: BlobStore) -> None:
+        store.put("blob", b"payload", metadata={"expiry": "1"})
+        store.set_metadata("blob", {})
+        assert dict(store.head("blob").metadata) == {}
+        assert store.get("blob") == b"payload"
+
+    def test_set_metadata_of_an_absent_blob_raises_not_found(self, store: BlobStore) -> None:
+        with pytest.raises(NotFoundError):
+            store.set_metadata("absent", {"expiry": "1"})
+        assert list(store.list()) == []
+
+    def test_exists_tells_present_from_absent(self, store: BlobStore) -> None:
+        store.put("present", b"x")
+        assert store.exists("present")
+        assert not store.exists("absent")
+
+    # -- delete -------------------------------------------------------------------------------------------------
+
+    def test_delete_then_get_raises_not_found(self, store: BlobStore) -> None:
+        store.put("dir/blob", b"x", metadata={"kind": "delta"})
+        store.delete("dir/blob")
+        with pytest.raises(NotFoundError):
+            store.get("dir/blob")
+        with pytest.raises(NotFoundError):
+            store.head("dir/blob")
+        assert self.raw_get(store, "dir/blob") is None
+        assert list(store.list()) == []
+
+    def test_delete_of_an_absent_blob_is_success(self, store: BlobStore) -> None:
+        store.delete("absent")
+        store.delete("never/was/here")
+        store.put("blob", b"x")
+        store.delete("blob")
+        store.delete("blob")
+        assert list(store.list()) == []
+
+    def test_delete_leaves_names_sharing_a_prefix(self, store: BlobStore) -> None:
+        for name in ["a", "ab", "b/a", "b/ab"]:
+            store.put(name, name.encode())
+        store.delete("a")
+        store.delete("b/a")
+        assert list(store.list()) == ["ab", "b/ab"]
+        assert store.get("b/ab") == b"b/ab"
+
+    def test_delete_of_a_prefix_of_existing_names_deletes_nothing(self, store: BlobStore) -> None:
+        store.put("dir/child", b"x")
+        store.delete("dir")
+        assert store.get("dir/child") == b"x"
+
+    def test_delete_many_deletes_each_and_tolerates_absent(self, store: BlobStore) -> None:
+        for name in ["x/1", "x/2", "x/3"]:
+            store.put(name, b"x")
+        store.delete_many(["x/1", "x/3", "x/absent"])
+        assert list(store.list()) == ["x/2"]
+
+    # -- list ---------------------------------------------------------------------------------------------------
+
+    def test_list_of_an_empty_store_is_empty(self, store: BlobStore) -> None:
+        assert list(store.list()) == []
+        assert list(store.list("any/prefix")) == []
+
+    def test_list_yields_every_name_sorted(self, store: BlobStore) -> None:
+        names = ["b", "a/z", "a.b", "a-b", "a0", "a/b/c", "c/d/e/f", "A", "a/b.c", "a/b-c"]
+        for name in names:
+            store.put(name, b"")
+        assert list(store.list()) == sorted(names)
+
+    def test_list_filters_by_prefix_and_sorts(self, store: BlobStore) -> None:
+        names = ["job/1/idx", "job/1/delta/0002", "job/1/delta/0001", "job/2/idx", "jobs", "other"]
+        for name in names:
+            store.put(name, b"x")
+        assert list(store.list("job/1/")) == ["job/1/delta/0001", "job/1/delta/0002", "job/1/idx"]
+        assert list(store.list("job/1/delta/")) == ["job/1/delta/0001", "job/1/delta/0002"]
+        assert list(store.list("job")) == sorted(names[:5])
+        assert list(store.list("job/")) == sorted(names[:4])
+        assert list(store.list("other")) == ["other"]
+        assert list(store.list("nothing")) == []
+
+    def test_list_prefix_may_end_inside_a_segment(self, store: BlobStore) -> None:
+        for name in ["a/bc/x", "a/b/y", "a/bd", "a/c", "ab"]:
+            store.put(name, b"x")
+        assert list(store.list("a/b")) == ["a/b/y", "a/bc/x", "a/bd"]
+        assert list(store.list("a/bc/")) == ["a/bc/x"]
+        assert list(store.list("a/bc/x")) == ["a/bc/x"]
+        assert list(store.list("a/bc/xy")) == []
+
+    def test_list_with_a_prefix_no_name_can_have_is_empty(self, store: BlobStore) -> None:
+        store.put("a/b", b"x")
+        for prefix in ["/a", "a//", "../", "a/../", "./a"]:
+            assert list(store.list(prefix)) == [], prefix
+
+    # -- names that could escape the root ----------------------------------------------------------------------
+
+    @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
+    def test_bad_names_are_rejected_and_nothing_is_written(
+        self, store: BlobStore, name: str, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        local = tmp_path_factory.mktemp("local") / "file"
+        local.write_bytes(b"data")
+        attempts = [
+            lambda: store.put(name, b"data"),
+            lambda: store.put(name, b"data", create_only=True),
+            lambda: store.put_file(name, local),
+            lambda: store.get(name),
+            lambda: store.head(name),
+            lambda: store.delete(name),
+            lambda: store.set_metadata(name, {"kind": "x"}),
+            lambda: store.get_file(name, local.parent / "out"),
+        ]
+        for attempt in attempts:
+            with pytest.raises(ConfigError):
+                attempt()
+        assert list(store.list()) == []
+        assert not (local.parent / "out").exists()
+
+    # -- files and streams --------------------------------------------------------------------------------------
+
+    def test_put_file_then_get_file_round_trips_a_large_file(
+        self, store: BlobStore, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        local = tmp_path_factory.mktemp("local")
+        data = _payload(self.large_size, seed=5)
+        (local / "source").write_bytes(data)
+        store.put_file("files/large", local / "source", metadata={"kind": "snapshot"})
+        assert self.raw_get(store, "files/large") == data
+        assert store.head("files/large").size == len(data)
+        assert dict(store.head("files/large").metadata) == {"kind": "snapshot"}
+        assert store.get_file("files/large", local / "target") == len(data)
+        assert (local / "target").read_bytes() == data
+        assert sorted(os.listdir(local)) == ["source", "target"]
+
+    def test_put_file_create_only_on_a_taken_name_raises_and_keeps_the_old_blob(
+        self, store: BlobStore, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        local = tmp_path_factory.mktemp("local") / "source"
+        local.write_bytes(b"new")
+        store.put("taken", b"old")
+        with pytest.raises(AlreadyExistsError):
+            store.put_file("taken", local, create_only=True)
+        assert store.get("taken") == b"old"
+
+    def test_get_file_replaces_an_existing_target(
+        self, store: BlobStore, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        target = tmp_path_factory.mktemp("local") / "target"
+        target.write_bytes(b"previous content that is longer")
+        store.put("blob", b"fresh")
+        assert store.get_file("blob", target) == 5
+        assert target.read_bytes() == b"fresh"
+
+    def test_get_file_of_an_absent_blob_leaves_the_target_untouched(
+        self, store: BlobStore, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        local = tmp_path_factory.mktemp("local")
+        (local / "target").write_bytes(b"keep me")
+        with pytest.raises(NotFoundError):
+            store.get_file("absent", local / "target")
+        assert (local / "target").read_bytes() == b"keep me"
+        assert os.listdir(local) == ["target"]
+
+    def test_get_into_writes_the_bytes_to_a_stream(self, store: BlobStore) -> None:
+        data = _payload(100_000, seed=9)
+        store.put("blob", data)
+        out = io.BytesIO()
+        assert store.get_into("blob", out) == len(data)
+        assert out.getvalue() == data
+        with pytest.raises(NotFoundError):
+            store.get_into("absent", io.BytesIO())
+
+    def test_iter_bytes_streams_the_blob_in_bounded_chunks(self, store: BlobStore) -> None:
+        data = _payload(10_000, seed=11)
+        store.put("blob", data)
+        chunks = list(store.iter_bytes("blob", chunk_size=4096))
+        assert b"".join(chunks) == data
+        assert all(0 < len(chunk) <= 4096 for chunk in chunks)
+        assert len(chunks) == 3
+
+    def test_iter_bytes_of_an_empty_blob_yields_nothing(self, store: BlobStore) -> None:
+        store.put("empty", b"")
+        assert b"".join(store.iter_bytes("empty")) == b""
+
+    def test_iter_bytes_of_an_absent_blob_raises_not_found(self, store: BlobStore) -> None:
+        with pytest.raises(NotFoundError):
+            list(store.iter_bytes("absent"))
+
+    # -- concurrency --------------------------------------------------------------------------------------------
+
+    def test_concurrent_create_only_on_one_name_has_exactly_one_winner(self, store: BlobStore) -> None:
+        start = threading.Barrier(self.threads)
+
+        def attempt(i: int) -> bool:
+            start.wait()
+            try:
+                store.put("contended", f"writer {i}".encode(), create_only=True)
+            except AlreadyExistsError:
+                return False
+            return True
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            won = list(pool.map(attempt, range(self.threads)))
+        assert won.count(True) == 1
+        winner = won.index(True)
+        assert store.get("contended") == f"writer {winner}".encode()
+        assert self.raw_get(store, "contended") == f"writer {winner}".encode()
+        assert list(store.list()) == ["contended"]
+
+    def test_concurrent_puts_of_different_names_all_land(self, store: BlobStore) -> None:
+        start = threading.Barrier(self.threads)
+        per_thread = 10
+
+        def write(i: int) -> None:
+            start.wait()
+            for j in range(per_thread):
+                store.put(f"t{i}/shared/{j:02d}", f"{i}-{j}".encode())
+
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(write, range(self.threads)))
+        expected = sorted(f"t{i}/shared/{j:02d}" for i in range(self.threads) for j in range(per_thread))
+        assert list(store.list()) == expected
+        assert store.get("t3/shared/07") == b"3-7"
+
+    def test_readers_see_a_whole_version_while_writers_overwrite(self, store: BlobStore) -> None:
+        versions = [_payload(200_000, seed=i) for i in range(4)]
+        store.put("hot", versions[0])
+        start = threading.Barrier(len(versions) + 2)
+        torn: list[int] = []
+
+        def write(i: int) -> None:
+            start.wait()
+            for _ in range(5):
+                store.put("hot", versions[i])
+
+        def read() -> None:
+            start.wait()
+            for _ in range(20):
+                data = store.get("hot")
+                if data not in versions:
+                    torn.append(len(data))
+
+        with ThreadPoolExecutor(len(versions) + 2) as pool:
+            futures = [pool.submit(write, i) for i in range(len(versions))]
+            futures += [pool.submit(read) for _ in range(2)]
+            for future in futures:
+                future.result()
+        assert torn == []
+        assert store.get("hot") in versions
+
+    def test_concurrent_deletes_and_puts_of_siblings_lose_nothing(self, store: BlobStore) -> None:
+        """Deleting the last blob of a directory while a sibling is written into it keeps the sibling."""
+        start = threading.Barrier(2)
+        rounds = 30
+
+        def churn() -> None:
+            start.wait()
+            for i in range(rounds):
+                store.put(f"d{i}/gone", b"x")
+                store.delete(f"d{i}/gone")
+
+        def write() -> None:
+            start.wait()
+            for i in range(rounds):
+                store.put(f"d{i}/kept", b"y")
+
+        with ThreadPoolExecutor(2) as pool:
+            for future in [pool.submit(churn), pool.submit(write)]:
+                future.result()
+        assert list(store.list()) == sorted(f"d{i}/kept" for i in range(rounds))
+
+    # -- against a dict model -----------------------------------------------------------------------------------
+
+    def test_store_behaves_like_a_dict(self, store: BlobStore) -> None:
+        machine = type("Machine", (_BlobStoreMachine,), {"store": store, "contract": self})
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=self.state_machine_examples,
+                stateful_step_count=self.state_machine_steps,
+                deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+            ),
+        )
+
+
+# no name is a directory of another ("a" and "a/b"), which a file:// store cannot hold at once
+_NAMES = st.sampled_from(["a", "b", "ab", "c/x", "c/y", "c/xy", "d/e/f", "d/e/g", "d/h"])
+_PREFIXES = st.sampled_from(["", "a", "c", "c/", "c/x", "d/e", "d/e/", "z"])
+_DATA = st.binary(max_size=64)
+_METADATA = st.dictionaries(st.sampled_from(["kind", "expiry"]), st.sampled_from(["1", "delta", "17000"]), max_size=2)
+
+
+class _BlobStoreMachine(RuleBasedStateMachine):
+    """Runs random operations on the store and on a dict; they must agree. ``store`` and ``contract`` are set by the
+    test; each example starts by emptying the store through its own API."""
+
+    store: BlobStore
+    contract: BlobStoreContract
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in list(self.store.list()):
+            self.store.delete(name)
+        self.model: dict[str, tuple[bytes, dict[str, str]]] = {}
+
+    @rule(name=_NAMES, data=_DATA, metadata=_METADATA)
+    def put(self, name: str, data: bytes, metadata: dict[str, str]) -> None:
+        self.store.put(name, data, metadata=metadata)
+        self.model[name] = (data, metadata)
+
+    @rule(name=_NAMES, data=_DATA)
+    def put_create_only(self, name: str, data: bytes) -> None:
+        try:
+            self.store.put(name, data, create_only=True)
+        except AlreadyExistsError:
+            assert name in self.model
+        else:
+            assert name not in self.model
+            self.model[name] = (data, {})
+
+    @rule(name=_NAMES)
+    def delete(self, name: str) -> None:
+        self.store.delete(name)
+        self.model.pop(name, None)
+
+    @rule(name=_NAMES, metadata=_METADATA)
+    def set_metadata(self, name: str, metadata: dict[str, str]) -> None:
+        try:
+            self.store.set_metadata(name, metadata)
+        except NotFoundError:
+            assert name not in self.model
+        else:
+            self.model[name] = (self.model[name][0], metadata)
+
+    @rule(name=_NAMES)
+    def get(self, name: str) -> None:
+        try:
+            data = self.store.get(name)
+        except NotFoundError:
+            assert name not in self.model
+        else:
+            assert data == self.model[name][0]
+            assert self.contract.raw_get(self.store, name) == data
+
+    @rule(name=_NAMES)
+    def head(self, name: str) -> None:
+        try:
+            info = self.store.head(name)
+        except NotFoundError:
+            assert name not in self.model
+        else:
+            data, metadata = self.model[name]
+            assert (info.size, dict(info.metadata)) == (len(data), metadata)
+
+    @rule(prefix=_PREFIXES)
+    def list_prefix(self, prefix: str) -> None:
+        assert list(self.store.list(prefix)) == sorted(n for n in self.model if n.startswith(prefix))
+
+    @invariant()
+    def names_agree(self) -> None:
+        assert list(self.store.list()) == sorted(self.model)

@@ -1,0 +1,181 @@
+"""The file:// blob store passes the blob store contract, checked against the files on disk, plus what only a
+directory has: temp files, the metadata sidecar, the root, a blob and a directory of the same name."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from statebackend.blobstore import BlobStore
+from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
+from statebackend.errors import ConfigError, NotFoundError, StorageError
+from tests.contract.blobstore_contract import BAD_NAMES, BlobStoreContract
+
+
+class TestFileBlobStore(BlobStoreContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[BlobStore]:
+        with FileBlobStore(tmp_path / "root") as store:
+            yield store
+
+    def raw_get(self, store: BlobStore, name: str) -> bytes | None:
+        assert isinstance(store, FileBlobStore)
+        path = Path(store.root, *name.split("/"))
+        return path.read_bytes() if path.is_file() else None
+
+
+def _files_under(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+
+
+def test_blob_is_a_plain_file_under_the_root(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    store.put("a/b/c", b"bytes", metadata={"kind": "delta"})
+    assert (tmp_path / "a" / "b" / "c").read_bytes() == b"bytes"
+    assert [p for p in _files_under(tmp_path) if not p.startswith(RESERVED_PREFIX)] == ["a/b/c"]
+
+
+def test_a_stray_temp_file_left_by_a_crash_is_never_listed_or_read(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    store.put("dir/real", b"x")
+    (tmp_path / "dir" / f"{RESERVED_PREFIX}tmp.deadbeef").write_bytes(b"half written")
+    (tmp_path / f"{RESERVED_PREFIX}tmp.cafe").write_bytes(b"half written")
+    (tmp_path / "crashed").mkdir()
+    (tmp_path / "crashed" / f"{RESERVED_PREFIX}tmp.0123").write_bytes(b"half")
+    assert list(store.list()) == ["dir/real"]
+    assert list(store.list("dir/")) == ["dir/real"]
+    assert list(store.list("dir/" + RESERVED_PREFIX)) == []
+    store.delete("dir/real")
+    assert list(store.list()) == []
+
+
+def test_metadata_files_are_never_listed(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    store.put("x", b"1", metadata={"kind": "delta"})
+    assert (tmp_path / f"{RESERVED_PREFIX}meta").is_dir()
+    assert list(store.list()) == ["x"]
+    assert list(store.list(".")) == []
+
+
+def test_delete_removes_the_metadata_file_and_empty_directories(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    store.put("deep/er/blob", b"1", metadata={"kind": "delta"})
+    store.put("deep/keep", b"2")
+    store.delete("deep/er/blob")
+    assert _files_under(tmp_path) == ["deep/keep"]
+    assert not (tmp_path / "deep" / "er").exists()
+
+
+def test_overwrite_leaves_no_orphan_metadata_or_temp_files(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    for i in range(5):
+        store.put("blob", str(i).encode(), metadata={"version": str(i)})
+    meta_files = [p for p in _files_under(tmp_path) if p.startswith(RESERVED_PREFIX)]
+    assert len(meta_files) == 1
+    assert dict(store.head("blob").metadata) == {"version": "4"}
+    assert [p for p in _files_under(tmp_path) if not p.startswith(RESERVED_PREFIX)] == ["blob"]
+
+
+def test_metadata_of_a_replaced_file_does_not_leak_to_the_new_blob(tmp_path: Path) -> None:
+    """Metadata follows the file: a blob swapped in behind the store's back has none of the old metadata."""
+    store = FileBlobStore(tmp_path)
+    store.put("blob", b"old", metadata={"kind": "old"})
+    replacement = tmp_path / "replacement"
+    replacement.write_bytes(b"new")
+    os.replace(replacement, tmp_path / "blob")
+    assert dict(store.head("blob").metadata) == {}
+    assert store.get("blob") == b"new"
+
+
+def test_reserved_names_are_rejected(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    for name in [f"{RESERVED_PREFIX}meta/x", f"a/{RESERVED_PREFIX}tmp.1", RESERVED_PREFIX]:
+        with pytest.raises(ConfigError, match="reserves"):
+            store.put(name, b"x")
+    assert _files_under(tmp_path) == []
+
+
+@pytest.mark.parametrize("name", [n for n in BAD_NAMES if n], ids=repr)
+def test_bad_names_write_nothing_anywhere_near_the_root(tmp_path: Path, name: str) -> None:
+    root = tmp_path / "inside" / "root"
+    store = FileBlobStore(root)
+    with pytest.raises(ConfigError):
+        store.put(name, b"escaped")
+    assert _files_under(tmp_path) == []
+    assert not root.exists()
+
+
+def test_missing_root_without_create_raises_storage_error_saying_how_to_fix(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "missing", create=False)
+    for attempt in [lambda: store.put("x", b"1"), lambda: list(store.list()), lambda: store.get("x")]:
+        with pytest.raises(StorageError, match="does not exist; create it"):
+            attempt()
+    assert not (tmp_path / "missing").exists()
+
+
+def test_missing_root_is_created_on_first_use_by_default(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "made" / "here")
+    assert not (tmp_path / "made").exists()  # no I/O when constructed
+    store.put("x", b"1")
+    assert (tmp_path / "made" / "here" / "x").read_bytes() == b"1"
+
+
+def test_create_root_makes_the_directory_for_a_store_opened_without_create(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "later", create=False)
+    store.create_root()
+    store.create_root()
+    store.put("x", b"1")
+    assert store.get("x") == b"1"
+
+
+def test_unwritable_root_raises_storage_error_naming_the_path(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "blocker").write_bytes(b"a file where a directory should be")
+    store = FileBlobStore(root / "blocker" / "inner")
+    with pytest.raises(StorageError, match="blocker"):
+        store.put("x", b"1")
+
+
+def test_a_blob_and_names_under_it_cannot_coexist(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    store.put("a", b"file")
+    with pytest.raises(StorageError, match="cannot hold a blob and names under it"):
+        store.put("a/b", b"child")
+    store.put("c/d", b"child")
+    with pytest.raises(StorageError, match="cannot hold a blob and names under it"):
+        store.put("c", b"file")
+    with pytest.raises(StorageError, match="cannot hold a blob and names under it"):
+        store.put("c", b"file", create_only=True)
+    assert list(store.list()) == ["a", "c/d"]
+    assert store.get("a") == b"file"
+    assert [p for p in os.listdir(tmp_path) if p.startswith(RESERVED_PREFIX + "tmp")] == []
+
+
+def test_put_file_of_a_missing_local_file_raises_not_found_and_writes_nothing(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path / "root")
+    with pytest.raises(NotFoundError, match="local file"):
+        store.put_file("x", tmp_path / "no-such-file")
+    assert list(store.list()) == []
+
+
+def test_from_url_opens_an_absolute_path(tmp_path: Path) -> None:
+    store = FileBlobStore.from_url(f"file://{tmp_path}/blobs", {})
+    assert store.root == str(tmp_path / "blobs")
+    assert store.url == f"file://{tmp_path}/blobs"
+    assert store.create is True
+    assert FileBlobStore.from_url(f"file://localhost{tmp_path}", {"create": "false"}).create is False
+
+
+@pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file://", "file:"])
+def test_from_url_without_an_absolute_path_is_a_config_error(url: str) -> None:
+    with pytest.raises(ConfigError, match="file:///"):
+        FileBlobStore.from_url(url, {})
+
+
+def test_from_url_with_a_bad_create_option_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="blob.store.create"):
+        FileBlobStore.from_url(f"file://{tmp_path}", {"create": "maybe"})
