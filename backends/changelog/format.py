@@ -1,0 +1,604 @@
+"""The self-describing file format of the changelog-delta backend: per-commit DELTA files and SNAPSHOT files.
+
+Contract:
+
+- A file is ``header | body | footer`` (byte layout and the reasons for it: docs/formats-changelog.md). The header
+  carries the magic, the format version, the kind, the compression and the lineage (:class:`FileHeader`) under its
+  own CRC-32, so :func:`read_header` can trust the first bytes alone. The body holds the records in strictly
+  increasing key order, as one zstd stream when compressed. The fixed-size footer holds the record count, the body's
+  byte length and a BLAKE2b-128 digest of everything before the digest, then an end marker.
+- :func:`write_file` streams: memory stays bounded whatever the record count, and ``out`` is never seeked. When the
+  input is bad (keys not strictly increasing, a delete in a snapshot) it raises :class:`StateBackendError` before the
+  footer is written, so what was written is never a valid file; the caller deletes it.
+- :func:`verify` checks a whole file in memory; :func:`iter_records` reads records in key order. For a ``bytes``
+  source it verifies the whole file before yielding the first record, so a corrupt delta is never applied. For a
+  stream source (a big snapshot read from disk) it verifies while yielding and raises :class:`CorruptDataError` at
+  the end at the latest: the caller must apply the records inside one transaction that aborts on the error (the local
+  store's ``replace_contents`` does).
+- Every failure to read is a :class:`CorruptDataError` that names the blob and says what is wrong, or an
+  :class:`IncompatibleFormatError` for a format version newer than this release reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import struct
+import zlib
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import Any, BinaryIO
+
+import attrs
+import zstandard
+
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
+
+__all__ = [
+    "MAGIC",
+    "MAGIC_END",
+    "FORMAT_VERSION",
+    "SUPPORTED_FORMAT_VERSIONS",
+    "KIND_DELTA",
+    "KIND_SNAPSHOT",
+    "COMPRESSIONS",
+    "HEADER_PREFIX_SIZE",
+    "FOOTER_SIZE",
+    "MAX_HEADER_METADATA_BYTES",
+    "Record",
+    "FileHeader",
+    "FileStats",
+    "RecordReader",
+    "write_file",
+    "encode",
+    "read_header",
+    "header_size",
+    "verify",
+    "iter_records",
+]
+
+MAGIC = b"SBCHLOG\x00"
+MAGIC_END = b"SBCHEND\x00"
+#: the version this release writes
+FORMAT_VERSION = 1
+#: every version this release reads; a stored sample of each lives in tests/data/changelog/
+SUPPORTED_FORMAT_VERSIONS = (1,)
+
+KIND_DELTA = "delta"
+KIND_SNAPSHOT = "snapshot"
+_KIND_CODES = {KIND_DELTA: 1, KIND_SNAPSHOT: 2}
+_KIND_NAMES = {code: kind for kind, code in _KIND_CODES.items()}
+
+_COMPRESSION_CODES = {"none": 0, "zstd": 1}
+_COMPRESSION_NAMES = {code: name for name, code in _COMPRESSION_CODES.items()}
+COMPRESSIONS = tuple(_COMPRESSION_CODES)
+
+_OP_PUT = 1
+_OP_DELETE = 2
+
+# Little-endian throughout: native on every machine this runs on, and what zstd and LMDB use.
+#: magic, format version u16, kind u8, compression u8, header metadata length u32
+_PREFIX = struct.Struct("<8sHBBI")
+HEADER_PREFIX_SIZE = _PREFIX.size  # 16
+_MAGIC_AND_VERSION = struct.Struct("<8sH")
+_CRC32 = struct.Struct("<I")
+#: record count u64, body byte length u64 (both under the digest), digest 16 bytes, end magic
+_FOOTER = struct.Struct("<QQ16s8s")
+FOOTER_SIZE = _FOOTER.size  # 40
+_FOOTER_COVERED = 16  # count and body length are hashed too; only the digest itself and the end magic are not
+_DIGEST_SIZE = 16
+#: the header metadata is a few hundred bytes; the cap keeps a corrupt length from allocating gigabytes
+MAX_HEADER_METADATA_BYTES = 64 * 1024
+
+#: record prefix: op u8, key length u32, value length u32 (0 for a delete), then key, then value
+_RECORD_PREFIX = struct.Struct("<BII")
+_RECORD_PREFIX_SIZE = _RECORD_PREFIX.size  # 9
+_pack_record_prefix = _RECORD_PREFIX.pack
+_unpack_record_prefix = _RECORD_PREFIX.unpack_from
+
+#: the writer joins records into blocks of about this many bytes before compressing; the reader decompresses and
+#: reads the stream in blocks of this size: large enough to amortize per-call costs, small enough to stay in cache
+_BLOCK_BYTES = 1 << 20
+#: records up to this size are packed by one cached struct call; bigger ones skip the extra copy
+_PACK_WHOLE_MAX = 4096
+_PACK_CACHE_MAX = 1024
+
+#: (key, value); value is None for a delete
+Record = tuple[bytes, "bytes | None"]
+
+
+def _check_kind(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if value not in _KIND_CODES:
+        raise StateBackendError(f"FileHeader.kind must be one of {sorted(_KIND_CODES)}, got {value!r}")
+
+
+@attrs.frozen
+class FileHeader:
+    """The lineage a delta or snapshot file carries in its header.
+
+    A delta at ``seq`` applies on version ``base_seq = seq - 1`` (version 0 is the empty store, so the first delta
+    has seq 1); a snapshot is version ``seq`` itself (``base_seq == seq``).
+    """
+
+    kind: str = attrs.field(validator=_check_kind)
+    job: str = attrs.field(validator=attrs.validators.instance_of(str))
+    task: str = attrs.field(validator=attrs.validators.instance_of(str))
+    store: str = attrs.field(validator=attrs.validators.instance_of(str))
+    checkpoint_id: str = attrs.field(validator=attrs.validators.instance_of(str))
+    token: str = attrs.field(validator=attrs.validators.instance_of(str))
+    seq: int = attrs.field(validator=attrs.validators.instance_of(int))
+    base_seq: int = attrs.field(validator=attrs.validators.instance_of(int))
+    format_version: int = attrs.field(default=FORMAT_VERSION, validator=attrs.validators.instance_of(int))
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind == KIND_DELTA and (self.seq < 1 or self.base_seq != self.seq - 1):
+            raise StateBackendError(
+                f"a delta needs seq >= 1 and base_seq == seq - 1 (the version it applies on), "
+                f"got seq={self.seq} base_seq={self.base_seq}"
+            )
+        if self.kind == KIND_SNAPSHOT and (self.seq < 0 or self.base_seq != self.seq):
+            raise StateBackendError(
+                f"a snapshot needs seq >= 0 and base_seq == seq, got seq={self.seq} base_seq={self.base_seq}"
+            )
+
+
+@attrs.frozen
+class FileStats:
+    """What :func:`write_file` wrote: records, their key+value bytes, and the file's size in bytes."""
+
+    record_count: int
+    raw_bytes: int
+    file_bytes: int
+
+
+@attrs.define
+class RecordReader:
+    """Records of one file in key order, as ``(key, value)`` with ``value`` None for a delete.
+
+    Iterating hands out the underlying generator itself, so a ``for`` loop pays no per-record method call.
+    Single pass: a second iteration continues where the first stopped.
+    """
+
+    header: FileHeader
+    _records: Iterator[Record]
+
+    def __iter__(self) -> Iterator[Record]:
+        return self._records
+
+    def __next__(self) -> Record:
+        return next(self._records)
+
+
+# ---------------------------------------------------------------------------------------------------------- writing
+
+
+def write_file(
+    out: BinaryIO,
+    header: FileHeader,
+    records: Iterable[tuple[bytes, bytes | None]],
+    *,
+    compression: str = "zstd",
+    level: int = 3,
+) -> FileStats:
+    """Write one file to ``out`` (never seeked) and return what was written.
+
+    ``records`` are ``(key, value)`` in strictly increasing key order; ``value`` None is a delete (deltas only).
+    Memory stays bounded by one block whatever the record count.
+    """
+    if compression not in _COMPRESSION_CODES:
+        raise StateBackendError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
+    if header.format_version != FORMAT_VERSION:
+        raise StateBackendError(
+            f"this release writes format version {FORMAT_VERSION} only, the header asks for {header.format_version}"
+        )
+    allow_delete = header.kind == KIND_DELTA
+    hasher = hashlib.blake2b(digest_size=_DIGEST_SIZE)
+    written = 0
+
+    def emit(data: bytes) -> None:
+        nonlocal written
+        if data:
+            out.write(data)
+            hasher.update(data)
+            written += len(data)
+
+    metadata = _encode_metadata(header)
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, _KIND_CODES[header.kind], _COMPRESSION_CODES[compression],
+                          len(metadata))
+    header_bytes = prefix + metadata
+    emit(header_bytes + _CRC32.pack(zlib.crc32(header_bytes)))
+    header_end = written
+
+    compress: Callable[[bytes], bytes] | None = None
+    finish: Callable[[], bytes] | None = None
+    if compression == "zstd":
+        compressor = zstandard.ZstdCompressor(level=level).compressobj()
+        compress = compressor.compress
+        finish = compressor.flush
+
+    count = 0
+    body_raw = 0  # uncompressed body bytes
+    parts: list[bytes] = []
+    append = parts.append
+    extend = parts.extend
+    block = 0
+    prev = b""
+    pack_cache: dict[tuple[int, int], Callable[..., bytes]] = {}
+    for key, value in records:
+        # prev starts as b"": only an empty first key compares <= it, and count is 0 then
+        if key <= prev and count:
+            raise StateBackendError(
+                f"records must be in strictly increasing key order: record {count} has key {key[:64]!r} "
+                f"after {prev[:64]!r}; nothing valid was written, delete the output"
+            )
+        klen = len(key)
+        if value is None:
+            if not allow_delete:
+                raise StateBackendError(
+                    f"a snapshot holds puts only, record {count} (key {key[:64]!r}) is a delete; "
+                    "nothing valid was written, delete the output"
+                )
+            extend((_pack_record_prefix(_OP_DELETE, klen, 0), key))
+            block += _RECORD_PREFIX_SIZE + klen
+        else:
+            vlen = len(value)
+            pack = pack_cache.get((klen, vlen))
+            if pack is not None:
+                append(pack(_OP_PUT, klen, vlen, key, value))
+            elif klen + vlen <= _PACK_WHOLE_MAX and len(pack_cache) < _PACK_CACHE_MAX:
+                # one struct call per record instead of three list items: records of a store mostly share sizes
+                pack = pack_cache[(klen, vlen)] = struct.Struct(f"<BII{klen}s{vlen}s").pack
+                append(pack(_OP_PUT, klen, vlen, key, value))
+            else:
+                extend((_pack_record_prefix(_OP_PUT, klen, vlen), key, value))
+            block += _RECORD_PREFIX_SIZE + klen + vlen
+        prev = key
+        count += 1
+        if block >= _BLOCK_BYTES:
+            data = b"".join(parts)
+            parts.clear()
+            body_raw += block
+            block = 0
+            emit(compress(data) if compress is not None else data)
+    if parts:
+        data = b"".join(parts)
+        body_raw += block
+        emit(compress(data) if compress is not None else data)
+    if finish is not None:
+        emit(finish())
+
+    covered = _FOOTER.pack(count, written - header_end, b"", b"")[:_FOOTER_COVERED]
+    hasher.update(covered)
+    footer = covered + hasher.digest() + MAGIC_END
+    out.write(footer)
+    written += len(footer)
+    return FileStats(record_count=count, raw_bytes=body_raw - _RECORD_PREFIX_SIZE * count, file_bytes=written)
+
+
+def encode(header: FileHeader, records: Iterable[tuple[bytes, bytes | None]], **kwargs: Any) -> bytes:
+    """The whole file as bytes; keyword arguments as for :func:`write_file`."""
+    out = io.BytesIO()
+    write_file(out, header, records, **kwargs)
+    return out.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------------------- reading
+
+
+def header_size(prefix: bytes, *, name: str) -> int:
+    """How many leading bytes of a file :func:`read_header` needs, from its first HEADER_PREFIX_SIZE bytes."""
+    _, _, _, metadata_length = _parse_prefix(prefix, name=name)
+    return HEADER_PREFIX_SIZE + metadata_length + _CRC32.size
+
+
+def read_header(data: bytes, *, name: str) -> FileHeader:
+    """The header of the file whose first bytes are ``data`` (the whole file, or at least its header)."""
+    header, _, _ = _parse_header(data, name=name)
+    return header
+
+
+def verify(data: bytes, *, name: str) -> FileHeader:
+    """Check a whole file: magic, version, header CRC, lengths, digest, every record and the record count."""
+    header, compression, header_end, body_end, count = _open_bytes(data, name=name, check_digest=True)
+    records = _parse_records(_body_blocks(data, header_end, body_end, compression, name=name), name=name,
+                             allow_delete=header.kind == KIND_DELTA, emit=False)
+    found = _drain(records)
+    _check_count(found, count, name=name)
+    return header
+
+
+def iter_records(source: bytes | BinaryIO, *, name: str, verified: bool = False) -> RecordReader:
+    """The records of a file in key order, from bytes or from a binary stream (read from its current position).
+
+    ``bytes``: unless ``verified`` (the caller already ran :func:`verify` on these bytes), the whole file is verified
+    before the first record is yielded. Stream: read in blocks, with the digest, key order and record count checked
+    while yielding; a failure raises :class:`CorruptDataError` at the latest at the end, after records were yielded,
+    so apply them inside one transaction that aborts on the error.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+        if not verified:
+            verify(data, name=name)
+        header, compression, header_end, body_end, count = _open_bytes(data, name=name, check_digest=False)
+        blocks = _body_blocks(data, header_end, body_end, compression, name=name)
+        return RecordReader(header, _counted(_parse_records(blocks, name=name,
+                                                            allow_delete=header.kind == KIND_DELTA), count, name))
+    return _open_stream(source, name=name)
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+
+
+def _encode_metadata(header: FileHeader) -> bytes:
+    return json.dumps(attrs.asdict(header), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+
+
+def _parse_prefix(data: bytes, *, name: str) -> tuple[int, int, int, int]:
+    """(version, kind code, compression code, metadata length) from the fixed prefix, checked."""
+    if len(data) < _MAGIC_AND_VERSION.size:
+        if not MAGIC.startswith(bytes(data[: len(MAGIC)])):
+            raise CorruptDataError(f"{name}: not a changelog file (bad magic {bytes(data[:8])!r}, want {MAGIC!r})")
+        raise CorruptDataError(f"{name}: truncated at byte {len(data)}: the file header needs "
+                               f"{HEADER_PREFIX_SIZE} bytes at least")
+    magic, version = _MAGIC_AND_VERSION.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptDataError(f"{name}: not a changelog file (bad magic {magic!r}, want {MAGIC!r})")
+    # The version is read before anything else so a newer file is reported as such, whatever its layout.
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        if version > max(SUPPORTED_FORMAT_VERSIONS):
+            raise IncompatibleFormatError(
+                f"{name}: changelog format version {version} is newer than this release reads "
+                f"(supported: {list(SUPPORTED_FORMAT_VERSIONS)}); upgrade statebackend to read it"
+            )
+        raise CorruptDataError(f"{name}: changelog format version {version} was never written "
+                               f"(supported: {list(SUPPORTED_FORMAT_VERSIONS)})")
+    if len(data) < HEADER_PREFIX_SIZE:
+        raise CorruptDataError(f"{name}: truncated at byte {len(data)}: the file header needs "
+                               f"{HEADER_PREFIX_SIZE} bytes at least")
+    _, _, kind_code, compression_code, metadata_length = _PREFIX.unpack_from(data)
+    if metadata_length > MAX_HEADER_METADATA_BYTES:
+        raise CorruptDataError(f"{name}: header metadata length {metadata_length} exceeds "
+                               f"{MAX_HEADER_METADATA_BYTES}; the header is corrupt")
+    return version, kind_code, compression_code, metadata_length
+
+
+def _parse_header(data: bytes, *, name: str) -> tuple[FileHeader, str, int]:
+    """(header, compression name, header end offset) from the first bytes of a file."""
+    version, kind_code, compression_code, metadata_length = _parse_prefix(data, name=name)
+    metadata_end = HEADER_PREFIX_SIZE + metadata_length
+    header_end = metadata_end + _CRC32.size
+    if len(data) < header_end:
+        raise CorruptDataError(f"{name}: truncated at byte {len(data)}: the file header needs {header_end} bytes")
+    (stored_crc,) = _CRC32.unpack_from(data, metadata_end)
+    if zlib.crc32(data[:metadata_end]) != stored_crc:
+        raise CorruptDataError(f"{name}: header checksum mismatch (CRC-32 over bytes 0..{metadata_end}); "
+                               "the header is corrupt")
+    kind = _KIND_NAMES.get(kind_code)
+    compression = _COMPRESSION_NAMES.get(compression_code)
+    if kind is None or compression is None:
+        raise CorruptDataError(f"{name}: unknown kind code {kind_code} or compression code {compression_code}")
+    try:
+        fields = json.loads(bytes(data[HEADER_PREFIX_SIZE:metadata_end]))
+        header = FileHeader(**fields)
+    except (ValueError, TypeError, StateBackendError) as exc:
+        raise CorruptDataError(f"{name}: header metadata is not a valid FileHeader: {exc}") from exc
+    if header.kind != kind or header.format_version != version:
+        raise CorruptDataError(f"{name}: header metadata ({header.kind}, version {header.format_version}) "
+                               f"contradicts the fixed header ({kind}, version {version})")
+    return header, compression, header_end
+
+
+def _open_bytes(data: bytes, *, name: str, check_digest: bool) -> tuple[FileHeader, str, int, int, int]:
+    """Check the frame of a whole file: (header, compression, header end, body end, footer's record count)."""
+    header, compression, header_end = _parse_header(data, name=name)
+    size = len(data)
+    if size < header_end + FOOTER_SIZE:
+        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
+                               f"footer (header ends at byte {header_end})")
+    body_end = size - FOOTER_SIZE
+    count, body_length, digest, magic_end = _FOOTER.unpack_from(data, body_end)
+    if magic_end != MAGIC_END:
+        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
+                               f"not completely written (truncated at byte {size}?)")
+    if body_length != body_end - header_end:
+        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the file holds "
+                               f"{body_end - header_end}; the file is truncated or corrupt")
+    if check_digest:
+        hasher = hashlib.blake2b(memoryview(data)[: body_end + _FOOTER_COVERED], digest_size=_DIGEST_SIZE)
+        if hasher.digest() != digest:
+            raise CorruptDataError(f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{body_end}); "
+                                   "the file is corrupt")
+    return header, compression, header_end, body_end, count
+
+
+def _body_blocks(data: bytes, start: int, end: int, compression: str, *, name: str) -> Iterator[bytes]:
+    """The uncompressed body of an in-memory file, in blocks."""
+    if compression == "none":
+        if end > start:
+            yield data[start:end]
+        return
+    # read_across_frames: bytes after the first frame are decoded (and then fail) rather than silently ignored
+    reader = zstandard.ZstdDecompressor().stream_reader(memoryview(data)[start:end], read_size=_BLOCK_BYTES,
+                                                        read_across_frames=True)
+    yield from _decompressed_blocks(reader, name=name)
+
+
+def _decompressed_blocks(reader: Any, *, name: str) -> Iterator[bytes]:
+    try:
+        while True:
+            block = reader.read(_BLOCK_BYTES)
+            if not block:
+                return
+            yield block
+    except zstandard.ZstdError as exc:
+        raise CorruptDataError(f"{name}: the compressed body does not decompress: {exc}") from exc
+
+
+def _parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
+                   emit: bool = True) -> Generator[Record, None, int]:
+    """Records from uncompressed body blocks (a record may straddle blocks); returns the count when done.
+
+    ``emit=False`` checks every record without yielding any (what verify needs): about a third cheaper.
+    """
+    unpack = _unpack_record_prefix
+    prefix_size = _RECORD_PREFIX_SIZE
+    count = 0
+    prev = b""
+    base = 0  # body offset of buf[0], for messages
+    tail = b""  # the unread end of the previous block
+    big: bytearray | None = None  # collects a record much larger than a block, copying each byte once
+    need = 0
+    for chunk in blocks:
+        if big is not None:
+            big += chunk
+            if len(big) < need:
+                continue
+            buf = bytes(big)
+            big = None
+        elif tail:
+            buf = tail + chunk
+        else:
+            buf = chunk
+        pos = 0
+        end = len(buf)
+        while pos + prefix_size <= end:
+            op, klen, vlen = unpack(buf, pos)
+            key_start = pos + prefix_size
+            value_start = key_start + klen
+            record_end = value_start + vlen
+            if record_end > end:
+                break
+            key = buf[key_start:value_start]
+            # prev starts as b"": only an empty first key compares <= it, and count is 0 then
+            if key <= prev and count:
+                raise CorruptDataError(f"{name}: record {count} at body byte {base + pos} has key {key[:64]!r}, "
+                                       f"not after {prev[:64]!r}; keys must strictly increase")
+            if op == _OP_PUT:
+                if emit:
+                    yield key, buf[value_start:record_end]
+            elif op == _OP_DELETE and allow_delete and vlen == 0:
+                if emit:
+                    yield key, None
+            else:
+                raise CorruptDataError(f"{name}: record {count} at body byte {base + pos} has op {op} and value "
+                                       f"length {vlen}, not a valid {'delta' if allow_delete else 'snapshot'} record")
+            prev = key
+            pos = record_end
+            count += 1
+        base += pos
+        tail = buf[pos:]
+        if len(tail) >= prefix_size:
+            _, klen, vlen = unpack(tail, 0)
+            need = prefix_size + klen + vlen
+            if need > 2 * _BLOCK_BYTES:
+                big = bytearray(tail)
+                tail = b""
+    left = len(big) if big is not None else len(tail)
+    if left:
+        raise CorruptDataError(f"{name}: the body ends inside record {count} at body byte {base} "
+                               f"({left} bytes left over); the file is truncated or corrupt")
+    return count
+
+
+def _counted(records: Generator[Record, None, int], expected: int, name: str) -> Iterator[Record]:
+    found = yield from records
+    _check_count(found, expected, name=name)
+
+
+def _check_count(found: int, expected: int, *, name: str) -> None:
+    if found != expected:
+        raise CorruptDataError(f"{name}: record count mismatch: the footer says {expected}, the body holds {found}")
+
+
+def _drain(records: Generator[Record, None, int]) -> int:
+    while True:
+        try:
+            next(records)
+        except StopIteration as stop:
+            return int(stop.value)
+
+
+def _read_exact(source: BinaryIO, size: int, have: bytes, *, name: str) -> bytes:
+    """``have`` extended to ``size`` bytes from ``source``; a short read is a truncation."""
+    parts = [have]
+    length = len(have)
+    while length < size:
+        chunk = source.read(size - length)
+        if not chunk:
+            raise CorruptDataError(f"{name}: truncated at byte {length}: the file header needs {size} bytes")
+        parts.append(chunk)
+        length += len(chunk)
+    return b"".join(parts)
+
+
+@attrs.define
+class _StreamBody:
+    """A file-like view of a stream's body: hashes what it hands out and holds back the last FOOTER_SIZE bytes.
+
+    The body's length is in the footer at the end, so without seeking the only way to know where the body stops is
+    to keep the last FOOTER_SIZE bytes read back until the stream ends; they are then the footer.
+    """
+
+    source: BinaryIO
+    hasher: Any
+    held: bytes = b""
+    body_bytes: int = 0
+
+    def read(self, size: int = -1) -> bytes:
+        want = _BLOCK_BYTES if size is None or size < 0 else max(size, 1)
+        while True:
+            chunk = self.source.read(want)
+            if not chunk:
+                return b""
+            data = self.held + chunk if self.held else chunk
+            if len(data) <= FOOTER_SIZE:
+                self.held = data
+                continue
+            self.held = data[-FOOTER_SIZE:]
+            out = data[:-FOOTER_SIZE]
+            self.hasher.update(out)
+            self.body_bytes += len(out)
+            return out
+
+    def readable(self) -> bool:
+        return True
+
+
+def _open_stream(source: BinaryIO, *, name: str) -> RecordReader:
+    head = _read_exact(source, HEADER_PREFIX_SIZE, b"", name=name)
+    _, _, _, metadata_length = _parse_prefix(head, name=name)
+    head = _read_exact(source, HEADER_PREFIX_SIZE + metadata_length + _CRC32.size, head, name=name)
+    header, compression, header_end = _parse_header(head, name=name)
+    hasher = hashlib.blake2b(head, digest_size=_DIGEST_SIZE)
+    body = _StreamBody(source, hasher)
+    return RecordReader(header, _stream_records(body, header, compression, header_end, name=name))
+
+
+def _stream_records(body: _StreamBody, header: FileHeader, compression: str, header_end: int,
+                    *, name: str) -> Iterator[Record]:
+    if compression == "zstd":
+        reader: Any = zstandard.ZstdDecompressor().stream_reader(body, read_size=_BLOCK_BYTES,
+                                                                 read_across_frames=True, closefd=False)
+        blocks: Iterator[bytes] = _decompressed_blocks(reader, name=name)
+    else:
+        blocks = iter(lambda: body.read(_BLOCK_BYTES), b"")
+    found = yield from _parse_records(blocks, name=name, allow_delete=header.kind == KIND_DELTA)
+    # Drain what the decompressor left unread (nothing, for a file write_file wrote) so the footer is what is held.
+    while body.read(_BLOCK_BYTES):
+        pass
+    size = header_end + body.body_bytes + len(body.held)
+    if len(body.held) < FOOTER_SIZE:
+        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
+                               "footer")
+    count, body_length, digest, magic_end = _FOOTER.unpack(body.held)
+    if magic_end != MAGIC_END:
+        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
+                               f"not completely written (truncated at byte {size}?)")
+    if body_length != body.body_bytes:
+        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the file holds "
+                               f"{body.body_bytes}; the file is truncated or corrupt")
+    body.hasher.update(body.held[:_FOOTER_COVERED])
+    if body.hasher.digest() != digest:
+        raise CorruptDataError(f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{size - FOOTER_SIZE}); "
+                               "the file is corrupt")
+    _check_count(found, count, name=name)

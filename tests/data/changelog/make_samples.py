@@ -1,0 +1,68 @@
+"""Write the stored sample files of the changelog format, once per format version.
+
+Run from the repository root: ``python -m tests.data.changelog.make_samples`` (or as a script). Existing samples are
+never overwritten: they are the record of what an older release wrote, and tests/test_changelog_format.py checks that
+this release still reads them. When FORMAT_VERSION changes, run this again to add the new version's samples.
+expected-v<N>.json holds, per sample, the header fields and the records (hex; null for a delete).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import attrs
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
+
+from backends.changelog.format import FORMAT_VERSION, FileHeader, encode  # noqa: E402
+
+DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
+    (b"", b"the empty key sorts first"),
+    (b"apple", b"1"),
+    (b"apple\x00", None),
+    (b"banana", b""),
+    (b"cherry", b"x" * 5000),  # bigger than the writer's packed-struct path
+    (b"gone", None),
+    (b"\xff\xfe", bytes(range(256))),
+]
+SNAPSHOT_RECORDS: list[tuple[bytes, bytes | None]] = [(b"key-%04d" % i, b"value-%d" % (i * i)) for i in range(300)]
+
+
+def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], str]]:
+    delta = FileHeader(kind="delta", job="sample-job", task="task-0", store="counts",
+                       checkpoint_id="1700000000000-123456", token="tok-1", seq=7, base_seq=6)
+    snapshot = FileHeader(kind="snapshot", job="sample-job", task="task-0", store="counts",
+                          checkpoint_id="1700000000000-123456", token="tok-1", seq=7, base_seq=7)
+    return {
+        "delta-none": (delta, DELTA_RECORDS, "none"),
+        "delta-zstd": (delta, DELTA_RECORDS, "zstd"),
+        "snapshot-none": (snapshot, SNAPSHOT_RECORDS, "none"),
+        "snapshot-zstd": (snapshot, SNAPSHOT_RECORDS, "zstd"),
+        "delta-empty-zstd": (delta, [], "zstd"),
+    }
+
+
+def main() -> None:
+    version = FORMAT_VERSION
+    expected_path = HERE / f"expected-v{version}.json"
+    expected = json.loads(expected_path.read_text()) if expected_path.exists() else {}
+    for label, (header, records, compression) in samples().items():
+        path = HERE / f"v{version}-{label}.sbchlog"
+        if path.exists():
+            print(f"kept {path.name}")
+            continue
+        path.write_bytes(encode(header, records, compression=compression))
+        expected[path.name] = {
+            "header": attrs.asdict(header),
+            "compression": compression,
+            "records": [[key.hex(), None if value is None else value.hex()] for key, value in records],
+        }
+        print(f"wrote {path.name}")
+    expected_path.write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
