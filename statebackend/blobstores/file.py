@@ -252,6 +252,16 @@ class FileBlobStore(BlobStore):
             raise self._storage_error("create the root directory", self.root, exc) from exc
         self._root_ready = True
 
+    def create_resources(self) -> None:
+        """What a backend admin's ``create_resources`` asks of a blob store: the root directory."""
+        self.create_root()
+
+    def validate(self) -> None:
+        """The root must be a writable directory (or creatable when the store creates it)."""
+        self._ready_root()
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StorageError(f"the root directory {self.root!r} of {self.describe()} is not writable by this user")
+
     # -- helpers ------------------------------------------------------------------------------------------------
 
     def _ready_root(self) -> str:
@@ -265,7 +275,7 @@ class FileBlobStore(BlobStore):
             elif not os.path.isdir(self.root):
                 raise StorageError(
                     f"the root directory {self.root!r} of {self.describe()} does not exist; create it, or open the "
-                    f"store with create=True (blob.store.create=true) or run the backend's create_resources"
+                    f"store with create=True, or run the backend's create_resources"
                 )
             self._root_ready = True
         return self.root
