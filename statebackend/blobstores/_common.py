@@ -1,0 +1,120 @@
+"""Helpers shared by the remote blob stores (azure, s3): the per-process part pool, part ranges, ordered parallel
+downloads, comparing a stored blob with a local file, keeping secrets out of messages, and the known option keys."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, BinaryIO, TypeVar
+
+from statebackend.errors import ConfigError
+
+T = TypeVar("T")
+
+#: every ``blob.store.*`` option (without the prefix) the azure and s3 stores read
+KNOWN_OPTIONS = frozenset(
+    {
+        "url",
+        "connection.string",
+        "account.url",
+        "credential",
+        "endpoint.url",
+        "region",
+        "profile",
+        "max.concurrency",
+        "request.timeout.ms",
+        "retry.max.attempts",
+        "retry.base.delay.ms",
+        "retry.max.delay.ms",
+        "hedge.after.ms",
+        "hedge.max",
+        "part.size.bytes",
+        "create.if.missing",
+    }
+)
+
+MIN_PART_SIZE = 5 << 20  # S3's smallest part; Azure blocks may be smaller but one rule keeps both simple
+
+_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """A misspelled key must not silently fall back to a default (DESIGN section 11)."""
+    unknown = sorted(set(options) - KNOWN_OPTIONS)
+    if unknown:
+        known = ", ".join(f"blob.store.{k}" for k in sorted(KNOWN_OPTIONS - {"url"}))
+        raise ConfigError(f"unknown blob store option(s) {', '.join('blob.store.' + k for k in unknown)}; known: {known}")
+
+
+def part_pool(max_concurrency: int) -> concurrent.futures.ThreadPoolExecutor:
+    """The process-wide pool for parts of large transfers, one per size: it bounds the parallel part requests of
+    every store in the process that uses the same ``max.concurrency``. Part tasks never wait on this pool."""
+    with _pools_lock:
+        pool = _pools.get(max_concurrency)
+        if pool is None:
+            pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="blob-part")
+            _pools[max_concurrency] = pool
+        return pool
+
+
+def part_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
+    """``[start, end)`` ranges covering ``size`` bytes in parts of ``part_size`` (the last may be shorter)."""
+    return [(start, min(size, start + part_size)) for start in range(0, size, part_size)]
+
+
+def ordered_parallel(
+    pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]], window: int
+) -> Iterator[T]:
+    """Run ``tasks`` on ``pool`` with at most ``window`` in flight; yield results in task order (bounded memory)."""
+    pending: list[concurrent.futures.Future[T]] = []
+    iterator = iter(tasks)
+    try:
+        for task in iterator:
+            pending.append(pool.submit(task))
+            if len(pending) >= window:
+                yield pending.pop(0).result()
+        while pending:
+            yield pending.pop(0).result()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def run_parallel(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]]) -> list[T]:
+    """Run all ``tasks`` and return their results in order; the first failure is raised after all have ended."""
+    futures = [pool.submit(task) for task in tasks]
+    concurrent.futures.wait(futures)
+    return [future.result() for future in futures]
+
+
+def write_ranges(
+    out: BinaryIO, read_range: Callable[[int, int], bytes], size: int, part_size: int, pool: concurrent.futures.Executor,
+    window: int,
+) -> int:
+    """Download ``size`` bytes in parallel ranged reads and write them to ``out`` in order. Returns the count."""
+    written = 0
+    tasks = [lambda s=s, e=e: read_range(s, e) for s, e in part_ranges(size, part_size)]
+    for chunk in ordered_parallel(pool, tasks, window):
+        out.write(chunk)
+        written += len(chunk)
+    return written
+
+
+def file_equals(chunks: Iterator[bytes], path: str | os.PathLike[str]) -> bool:
+    """Whether the byte stream ``chunks`` equals the file at ``path``, compared as it streams."""
+    with open(path, "rb") as f:
+        for chunk in chunks:
+            if f.read(len(chunk)) != chunk:
+                return False
+        return f.read(1) == b""
+
+
+def redact(text: str, secrets: Iterable[str | None]) -> str:
+    """``text`` with every secret (account key, connection string, SAS token) replaced by ``***``."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text

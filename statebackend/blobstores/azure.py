@@ -1,0 +1,413 @@
+"""``az://container/prefix``: Azure Blob Storage through azure-storage-blob (tested against Azurite).
+
+Contract (the BlobStore contract of statebackend.blobstore, plus):
+
+- Blob names live under ``prefix/`` inside ``container``; the store never reads or writes outside it.
+- ``put(create_only=True)`` sends ``If-None-Match: *``; the service's 409 ``BlobAlreadyExists`` becomes
+  :class:`AlreadyExistsError`. Large files are staged as blocks in parallel and committed with one
+  ``Put Block List`` carrying the same condition, so a create-only large upload is atomic and create-only too.
+- An absent blob is :class:`NotFoundError`; a missing container, a refused credential or a bad request is
+  :class:`StorageError` saying what to fix; throttling (429, 503), other 5xx, resets and timeouts are
+  :class:`TransientStorageError`. No SDK exception reaches a caller.
+- The SDK's own retries are off: :class:`~statebackend.resilience.ResilientBlobStore` (which ``from_url`` returns)
+  does retries, hedging and timeouts, per block for large transfers.
+- Credentials (connection string, account key, SAS) are never logged, never in ``repr`` and never in a message.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, BinaryIO, TypeVar
+from urllib.parse import urlsplit
+
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.blobstores._common import (
+    MIN_PART_SIZE,
+    check_options,
+    file_equals,
+    part_pool,
+    part_ranges,
+    redact,
+    run_parallel,
+    write_ranges,
+)
+from statebackend.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    NotFoundError,
+    StorageError,
+    TransientStorageError,
+)
+from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
+
+try:
+    from azure.core import MatchConditions
+    from azure.core import exceptions as azure_errors
+    from azure.storage.blob import BlobServiceClient
+except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
+    raise ImportError("az:// needs azure-storage-blob: pip install 'statebackend[azure]'") from exc
+
+__all__ = ["AzureBlobStore"]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+
+
+class AzureBlobStore(BlobStore):
+    """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
+
+    def __init__(
+        self,
+        service: BlobServiceClient,
+        container: str,
+        prefix: str = "",
+        *,
+        url: str,
+        part_size: int = 8 << 20,
+        max_concurrency: int = 8,
+        create_if_missing: bool = False,
+        secrets: tuple[str, ...] = (),
+    ) -> None:
+        if not container:
+            raise ConfigError(f"blob.store.url {url!r} names no container: use az://<container>/<prefix>")
+        self.url = url
+        self.container = container
+        self.prefix = prefix.strip("/")
+        self.part_size = max(part_size, 1)
+        self.max_concurrency = max_concurrency
+        self.create_if_missing = create_if_missing
+        self._service = service
+        self._container_client = service.get_container_client(container)
+        self._secrets = secrets
+        self._resilience: Resilience | None = None
+        self._created_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, Any]) -> ResilientBlobStore:
+        """Open ``az://container/prefix`` wrapped in :class:`ResilientBlobStore`.
+
+        Credentials, first found wins: ``connection.string``; ``account.url`` with ``credential`` (account key or
+        SAS) or, without one, azure-identity's DefaultAzureCredential when installed; the
+        ``AZURE_STORAGE_CONNECTION_STRING`` environment variable.
+        """
+        return ResilientBlobStore.wrap(cls.open_inner(url, options), options)
+
+    @classmethod
+    def open_inner(cls, url: str, options: Mapping[str, Any]) -> AzureBlobStore:
+        """The store without the resilience wrapper (tests, benchmarks)."""
+        check_options(options)
+        parts = urlsplit(url)
+        if parts.scheme != "az":
+            raise ConfigError(f"blob.store.url {url!r} is not an az:// URL")
+        container, prefix = parts.netloc, parts.path.strip("/")
+        timeout_s = option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000
+        max_concurrency = option_int(options, "max.concurrency", 8, minimum=1)
+        part_size = option_int(options, "part.size.bytes", 8 << 20, minimum=1)
+        client_kwargs: dict[str, Any] = {
+            "retry_total": 0,  # ResilientBlobStore retries; two retry layers would multiply attempts
+            "connection_timeout": timeout_s,
+            "read_timeout": timeout_s,
+            "max_single_put_size": 256 << 20,
+            "max_single_get_size": 256 << 20,
+        }
+        connection_string = option_str(options, "connection.string")
+        account_url = option_str(options, "account.url")
+        credential = option_str(options, "credential")
+        secrets = tuple(s for s in (connection_string, credential) if s)
+        try:
+            if connection_string:
+                service = BlobServiceClient.from_connection_string(connection_string, **client_kwargs)
+                secrets += _connection_string_secrets(connection_string)
+            elif account_url:
+                service = BlobServiceClient(account_url, credential=credential or _default_credential(), **client_kwargs)
+            elif os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
+                env_string = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+                secrets += (env_string, *_connection_string_secrets(env_string))
+                service = BlobServiceClient.from_connection_string(env_string, **client_kwargs)
+            else:
+                raise ConfigError(
+                    f"no Azure credentials for {url}: set blob.store.connection.string, or blob.store.account.url "
+                    "(with blob.store.credential or azure-identity installed), or AZURE_STORAGE_CONNECTION_STRING"
+                )
+        except ValueError as exc:
+            if isinstance(exc, ConfigError):
+                raise
+            # the SDK's message may quote the string it could not parse: keep only the exception type
+            raise ConfigError(
+                f"the Azure connection settings for {url} are malformed ({type(exc).__name__}); check "
+                "blob.store.connection.string / blob.store.account.url / AZURE_STORAGE_CONNECTION_STRING"
+            ) from None
+        return cls(
+            service,
+            container,
+            prefix,
+            url=url,
+            part_size=part_size,
+            max_concurrency=max_concurrency,
+            create_if_missing=option_bool(options, "create.if.missing", False),
+            secrets=secrets,
+        )
+
+    def __repr__(self) -> str:
+        return f"AzureBlobStore(url={self.url!r}, account={self._service.account_name!r})"
+
+    def describe(self) -> str:
+        return f"Azure blob store {self.url} (account {self._service.account_name})"
+
+    def use_resilience(self, resilience: Resilience) -> None:
+        """Retry and hedge each request of a large transfer on its own (called by ResilientBlobStore)."""
+        self._resilience = resilience
+
+    # -- the core -----------------------------------------------------------------------------------------------
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        blob = self._blob(name)
+        with self._errors(name, create_only=create_only):
+            self._with_container(
+                lambda: blob.upload_blob(
+                    bytes(data), overwrite=not create_only, metadata=dict(metadata or {}) or None, max_concurrency=1
+                )
+            )
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        blob = self._blob(name)
+        _check_range(start, end)
+        offset = start or 0
+        if end is not None and end <= offset:
+            self.head(name)  # an empty range of an absent blob is still NotFoundError
+            return b""
+        length = None if end is None else end - offset
+        with self._errors(name):
+            try:
+                return blob.download_blob(
+                    offset=offset if (offset or length is not None) else None, length=length, max_concurrency=1
+                ).readall()
+            except azure_errors.HttpResponseError as exc:
+                if exc.status_code == 416:  # start beyond the end: the range is clamped to nothing
+                    return b""
+                raise
+
+    def delete(self, name: str) -> None:
+        blob = self._blob(name)
+        with self._errors(name):
+            try:
+                blob.delete_blob()
+            except azure_errors.ResourceNotFoundError as exc:
+                if _code(exc) == "ContainerNotFound":
+                    raise
+                # an absent blob is success
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        root = self._root()
+        with self._errors(prefix or "(all)"):
+            names = sorted(
+                item.name[len(root) :] for item in self._container_client.list_blobs(name_starts_with=root + prefix)
+            )
+        yield from names
+
+    def head(self, name: str) -> BlobInfo:
+        blob = self._blob(name)
+        with self._errors(name):
+            props = blob.get_blob_properties()
+        return BlobInfo(name=name, size=int(props.size), metadata=dict(props.metadata or {}))
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        blob = self._blob(name)
+        with self._errors(name):
+            blob.set_blob_metadata(dict(metadata))
+
+    # -- large transfers: parallel blocks and ranges --------------------------------------------------------------
+
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        check_blob_name(name)
+        size = os.path.getsize(path)
+        if size <= self.part_size:
+            with open(path, "rb") as f:
+                data = f.read()
+            own = (lambda: self.get(name) == data) if create_only else None
+            self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
+            return
+        part_size = max(self.part_size, MIN_PART_SIZE)
+        blob = self._blob(name)
+        upload_id = uuid.uuid4().hex  # block ids unique per upload: concurrent uploads of one name never mix
+        ranges = part_ranges(size, part_size)
+        block_ids = [base64.b64encode(f"{upload_id}-{i:06d}".encode()).decode() for i in range(len(ranges))]
+
+        def stage(index: int) -> None:
+            start, end = ranges[index]
+            with open(path, "rb") as f:
+                f.seek(start)
+                chunk = f.read(end - start)
+            with self._errors(name):
+                self._with_container(lambda: blob.stage_block(block_ids[index], chunk))
+
+        run_parallel(
+            part_pool(self.max_concurrency),
+            [lambda i=i: self._request("stage_block", lambda: stage(i), True) for i in range(len(ranges))],
+        )
+
+        def commit() -> None:
+            with self._errors(name, create_only=create_only):
+                blob.commit_block_list(
+                    block_ids,
+                    metadata=dict(metadata or {}) or None,
+                    match_condition=MatchConditions.IfMissing if create_only else None,
+                )
+
+        own = (lambda: self.head(name).size == size and file_equals(self.iter_bytes(name), path)) if create_only else None
+        self._request("commit_block_list", commit, True, own)
+
+    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        return super().get_file(name, path)  # temp file + fsync + rename around get_into
+
+    def get_into(self, name: str, out: BinaryIO) -> int:
+        size = self._request("head", lambda: self.head(name), True).size
+        if size <= self.part_size:
+            data = self._request("get", lambda: self.get(name), True)
+            out.write(data)
+            return len(data)
+        return write_ranges(
+            out,
+            lambda s, e: self._request("get_range", lambda: self.get(name, start=s, end=e), True),
+            size,
+            self.part_size,
+            part_pool(self.max_concurrency),
+            self.max_concurrency,
+        )
+
+    # -- administration ---------------------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise one :class:`StorageError` saying what to fix when the container is missing, the credential is
+        refused or the endpoint cannot be reached."""
+        try:
+            with self._errors("(container)"):
+                self._container_client.get_container_properties()
+        except TransientStorageError as exc:
+            raise StorageError(
+                f"cannot reach {self.describe()} at {self._service.url}: check the endpoint in "
+                "blob.store.connection.string / blob.store.account.url and that the service is up"
+            ) from exc
+
+    def create_resources(self) -> None:
+        """Create the container if it does not exist (idempotent)."""
+        with self._errors("(container)"):
+            try:
+                self._container_client.create_container()
+            except azure_errors.ResourceExistsError:
+                pass
+
+    def close(self) -> None:
+        self._service.close()
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _root(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def _blob(self, name: str) -> Any:
+        check_blob_name(name)
+        return self._container_client.get_blob_client(self._root() + name)
+
+    def _request(
+        self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None
+    ) -> T:
+        if self._resilience is None:
+            return attempt()
+        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
+
+    def _with_container(self, write: Callable[[], T]) -> T:
+        """Run a write; with ``create.if.missing`` a missing container is created once and the write redone."""
+        try:
+            return write()
+        except azure_errors.ResourceNotFoundError as exc:
+            if not (self.create_if_missing and _code(exc) == "ContainerNotFound"):
+                raise
+        with self._created_lock:
+            self.create_resources()
+        return write()
+
+    @contextmanager
+    def _errors(self, name: str, *, create_only: bool = False) -> Iterator[None]:
+        """Translate SDK exceptions at the boundary; messages never carry a credential."""
+        try:
+            yield
+        except azure_errors.AzureError as exc:
+            raise self._translate(exc, name, create_only) from exc
+        except OSError as exc:  # a socket error the SDK did not wrap
+            raise TransientStorageError(f"network error on {name!r} in {self.describe()}: {exc}") from exc
+
+    def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
+        where = self.describe()
+        code = _code(exc)
+        status = getattr(exc, "status_code", None)
+        if isinstance(exc, azure_errors.ResourceExistsError) and (create_only or code == "BlobAlreadyExists"):
+            return AlreadyExistsError(f"blob {name!r} already exists in {where}")
+        if isinstance(exc, azure_errors.ResourceNotFoundError):
+            if code == "ContainerNotFound":
+                return StorageError(
+                    f"container {self.container!r} does not exist in {where}: create it or set "
+                    "blob.store.create.if.missing=true"
+                )
+            return NotFoundError(f"blob {name!r} not found in {where}")
+        if isinstance(exc, azure_errors.ClientAuthenticationError) or status == 403:
+            return StorageError(
+                f"{where} refused the credential ({code or status}): check the account key / SAS in "
+                "blob.store.connection.string or blob.store.credential (or AZURE_STORAGE_CONNECTION_STRING)"
+            )
+        if isinstance(exc, (azure_errors.ServiceRequestError, azure_errors.ServiceResponseError)):
+            return TransientStorageError(f"network error on {name!r} in {where}: {self._safe(exc)}")
+        if status in _TRANSIENT_STATUS or (status is not None and status >= 500):
+            return TransientStorageError(f"{where} answered {status} {code or ''} on {name!r}; worth a retry")
+        if isinstance(exc, azure_errors.HttpResponseError):
+            return StorageError(f"{where} answered {status} {code or ''} on {name!r}: {self._safe(exc)}")
+        return TransientStorageError(f"{type(exc).__name__} on {name!r} in {where}: {self._safe(exc)}")
+
+    def _safe(self, exc: Exception) -> str:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return redact(text, self._secrets)
+
+
+def _check_range(start: int | None, end: int | None) -> None:
+    if (start is not None and start < 0) or (end is not None and end < 0):
+        raise ConfigError(f"byte range [{start}, {end}) must not be negative")
+
+
+def _code(exc: Exception) -> str:
+    code = getattr(exc, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
+def _connection_string_secrets(connection_string: str) -> tuple[str, ...]:
+    """The parts of a connection string that are secrets (AccountKey, SharedAccessSignature)."""
+    secrets = []
+    for part in connection_string.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() in {"accountkey", "sharedaccesssignature"} and value:
+            secrets.append(value)
+    return tuple(secrets)
+
+
+def _default_credential() -> Any:
+    try:
+        from azure.identity import DefaultAzureCredential  # noqa: PLC0415 - optional dependency
+    except ImportError:
+        return None  # anonymous (public container) or a SAS already in account.url
+    return DefaultAzureCredential()

@@ -1,0 +1,436 @@
+"""``s3://bucket/prefix``: Amazon S3 and S3-compatible servers through boto3 (tested against moto's server).
+
+Contract (the BlobStore contract of statebackend.blobstore, plus):
+
+- Blob names live under ``prefix/`` inside ``bucket``; the store never reads or writes outside it.
+- ``put(create_only=True)`` sends ``If-None-Match: *``; the answer 412 ``PreconditionFailed`` (or 409
+  ``ConditionalRequestConflict``, a concurrent conditional write that won) becomes :class:`AlreadyExistsError`.
+  Large files go up as a multipart upload of parallel parts whose ``CompleteMultipartUpload`` carries the same
+  condition (supported by S3 since 2024 and by moto), so a large create-only upload is atomic and create-only too;
+  a failed multipart upload is aborted.
+- An absent blob is :class:`NotFoundError`; a missing bucket, refused credentials or a bad request is
+  :class:`StorageError` saying what to fix; throttling (429, 503 SlowDown), other 5xx, resets and timeouts are
+  :class:`TransientStorageError`. No SDK exception reaches a caller. ``head`` of a name in a missing bucket is
+  :class:`NotFoundError` (S3 answers both with a bare 404); :meth:`validate` tells them apart.
+- botocore's own retries are off: :class:`~statebackend.resilience.ResilientBlobStore` (which ``from_url``
+  returns) does retries, hedging and timeouts, per part for large transfers.
+- S3 lower-cases user metadata keys. Credentials come from boto3's default chain and are never logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, BinaryIO, TypeVar
+from urllib.parse import urlsplit
+
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.blobstores._common import (
+    MIN_PART_SIZE,
+    check_options,
+    file_equals,
+    part_pool,
+    part_ranges,
+    redact,
+    run_parallel,
+    write_ranges,
+)
+from statebackend.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    NotFoundError,
+    StorageError,
+    TransientStorageError,
+)
+from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
+
+try:
+    import boto3
+    import botocore.config
+    import botocore.exceptions as boto_errors
+except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
+    raise ImportError("s3:// needs boto3: pip install 'statebackend[s3]'") from exc
+
+__all__ = ["S3BlobStore"]
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_TRANSIENT_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
+    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "BandwidthLimitExceeded",
+}  # fmt: skip
+_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+_AUTH_CODES = {
+    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+    "AuthorizationHeaderMalformed", "403",
+}  # fmt: skip
+_TRANSIENT_BOTO = (
+    boto_errors.ConnectionError,  # connect/read timeouts, refused, closed connections
+    boto_errors.HTTPClientError,
+    boto_errors.IncompleteReadError,
+    boto_errors.ResponseStreamingError,
+)
+
+
+class S3BlobStore(BlobStore):
+    """One bucket (and an optional prefix) of an S3 endpoint. Thread-safe (boto3 clients are)."""
+
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        prefix: str = "",
+        *,
+        url: str,
+        part_size: int = 8 << 20,
+        max_concurrency: int = 8,
+        create_if_missing: bool = False,
+    ) -> None:
+        if not bucket:
+            raise ConfigError(f"blob.store.url {url!r} names no bucket: use s3://<bucket>/<prefix>")
+        self.url = url
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.part_size = max(part_size, MIN_PART_SIZE)
+        self.max_concurrency = max_concurrency
+        self.create_if_missing = create_if_missing
+        self._client = client
+        self._resilience: Resilience | None = None
+        self._created_lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, Any]) -> ResilientBlobStore:
+        """Open ``s3://bucket/prefix`` wrapped in :class:`ResilientBlobStore`.
+
+        Credentials and endpoint come from boto3's default chain (``AWS_ACCESS_KEY_ID``..., ``AWS_PROFILE`` or
+        ``blob.store.profile``, shared config files, instance roles; ``AWS_ENDPOINT_URL``), with
+        ``blob.store.endpoint.url`` and ``blob.store.region`` taking precedence.
+        """
+        return ResilientBlobStore.wrap(cls.open_inner(url, options), options)
+
+    @classmethod
+    def open_inner(cls, url: str, options: Mapping[str, Any]) -> S3BlobStore:
+        """The store without the resilience wrapper (tests, benchmarks)."""
+        check_options(options)
+        parts = urlsplit(url)
+        if parts.scheme != "s3":
+            raise ConfigError(f"blob.store.url {url!r} is not an s3:// URL")
+        timeout_s = option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000
+        max_concurrency = option_int(options, "max.concurrency", 8, minimum=1)
+        endpoint = option_str(options, "endpoint.url")
+        config = botocore.config.Config(
+            retries={"total_max_attempts": 1, "mode": "standard"},  # ResilientBlobStore retries
+            connect_timeout=timeout_s,
+            read_timeout=timeout_s,
+            # room for every part request plus its hedges, so a hedge never waits for a pooled connection
+            max_pool_connections=max(10, 3 * max_concurrency),
+            s3={"addressing_style": "path"} if endpoint or os.environ.get("AWS_ENDPOINT_URL") else {},
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        try:
+            session = boto3.session.Session(
+                profile_name=option_str(options, "profile"), region_name=option_str(options, "region")
+            )
+            client = session.client("s3", endpoint_url=endpoint, config=config)
+        except boto_errors.ProfileNotFound as exc:
+            raise ConfigError(f"blob.store.profile: AWS profile {exc.kwargs.get('profile')!r} not found") from exc
+        except (boto_errors.BotoCoreError, ValueError) as exc:
+            raise ConfigError(f"cannot configure the S3 client for {url}: {type(exc).__name__}: {exc}") from exc
+        return cls(
+            client,
+            parts.netloc,
+            parts.path.strip("/"),
+            url=url,
+            part_size=option_int(options, "part.size.bytes", 8 << 20, minimum=1),
+            max_concurrency=max_concurrency,
+            create_if_missing=option_bool(options, "create.if.missing", False),
+        )
+
+    def __repr__(self) -> str:
+        return f"S3BlobStore(url={self.url!r}, endpoint={self._client.meta.endpoint_url!r})"
+
+    def describe(self) -> str:
+        return f"S3 blob store {self.url} (endpoint {self._client.meta.endpoint_url})"
+
+    def use_resilience(self, resilience: Resilience) -> None:
+        """Retry and hedge each request of a large transfer on its own (called by ResilientBlobStore)."""
+        self._resilience = resilience
+
+    # -- the core -----------------------------------------------------------------------------------------------
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(name), "Body": bytes(data)}
+        if metadata:
+            kwargs["Metadata"] = dict(metadata)
+        if create_only:
+            kwargs["IfNoneMatch"] = "*"
+        with self._errors(name, create_only=create_only):
+            self._with_bucket(lambda: self._client.put_object(**kwargs))
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        key = self._key(name)
+        if (start is not None and start < 0) or (end is not None and end < 0):
+            raise ConfigError(f"byte range [{start}, {end}) must not be negative")
+        offset = start or 0
+        if end is not None and end <= offset:
+            self.head(name)  # an empty range of an absent blob is still NotFoundError
+            return b""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if offset or end is not None:
+            kwargs["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
+        with self._errors(name):
+            try:
+                response = self._client.get_object(**kwargs)
+            except boto_errors.ClientError as exc:
+                if _code(exc) == "InvalidRange":  # start beyond the end: the range is clamped to nothing
+                    return b""
+                raise
+            return bytes(response["Body"].read())
+
+    def delete(self, name: str) -> None:
+        with self._errors(name):
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(name))  # absent: S3 answers 204 too
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        root = self._root()
+        names: list[str] = []
+        with self._errors(prefix or "(all)"):
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
+                names.extend(item["Key"][len(root) :] for item in page.get("Contents", ()))
+        yield from sorted(names)
+
+    def head(self, name: str) -> BlobInfo:
+        with self._errors(name):
+            response = self._client.head_object(Bucket=self.bucket, Key=self._key(name))
+        return BlobInfo(name=name, size=int(response["ContentLength"]), metadata=dict(response.get("Metadata") or {}))
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        key = self._key(name)
+        with self._errors(name):
+            self._client.copy_object(
+                Bucket=self.bucket,
+                Key=key,
+                CopySource={"Bucket": self.bucket, "Key": key},
+                Metadata=dict(metadata),
+                MetadataDirective="REPLACE",
+            )
+
+    # -- large transfers: multipart upload and parallel ranged reads ----------------------------------------------
+
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        check_blob_name(name)
+        size = os.path.getsize(path)
+        if size <= self.part_size:
+            with open(path, "rb") as f:
+                data = f.read()
+            own = (lambda: self.get(name) == data) if create_only else None
+            self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
+            return
+        key = self._key(name)
+        create_kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if metadata:
+            create_kwargs["Metadata"] = dict(metadata)
+
+        def create() -> str:
+            with self._errors(name):
+                return str(self._with_bucket(lambda: self._client.create_multipart_upload(**create_kwargs))["UploadId"])
+
+        upload_id = self._request("create_multipart_upload", create, False)
+        ranges = part_ranges(size, self.part_size)
+
+        def upload(index: int) -> dict[str, Any]:
+            start, end = ranges[index]
+            with open(path, "rb") as f:
+                f.seek(start)
+                chunk = f.read(end - start)
+            with self._errors(name):
+                response = self._client.upload_part(
+                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=index + 1, Body=chunk
+                )
+            return {"PartNumber": index + 1, "ETag": response["ETag"]}
+
+        try:
+            uploaded = run_parallel(
+                part_pool(self.max_concurrency),
+                [lambda i=i: self._request("upload_part", lambda: upload(i), True) for i in range(len(ranges))],
+            )
+
+            def complete() -> None:
+                kwargs: dict[str, Any] = {
+                    "Bucket": self.bucket,
+                    "Key": key,
+                    "UploadId": upload_id,
+                    "MultipartUpload": {"Parts": uploaded},
+                }
+                if create_only:
+                    kwargs["IfNoneMatch"] = "*"
+                with self._errors(name, create_only=create_only):
+                    self._client.complete_multipart_upload(**kwargs)
+
+            own = (
+                (lambda: self.head(name).size == size and file_equals(self.iter_bytes(name), path))
+                if create_only
+                else None
+            )
+            self._request("complete_multipart_upload", complete, False, own)
+        except BaseException:
+            self._abort(name, key, upload_id)
+            raise
+
+    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        return super().get_file(name, path)  # temp file + fsync + rename around get_into
+
+    def get_into(self, name: str, out: BinaryIO) -> int:
+        size = self._request("head", lambda: self.head(name), True).size
+        if size <= self.part_size:
+            data = self._request("get", lambda: self.get(name), True)
+            out.write(data)
+            return len(data)
+        return write_ranges(
+            out,
+            lambda s, e: self._request("get_range", lambda: self.get(name, start=s, end=e), True),
+            size,
+            self.part_size,
+            part_pool(self.max_concurrency),
+            self.max_concurrency,
+        )
+
+    # -- administration ---------------------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise one :class:`StorageError` saying what to fix when the bucket is missing, the credentials are
+        refused or the endpoint cannot be reached."""
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except boto_errors.ClientError as exc:
+            code = _code(exc)
+            if code in {"404", "NoSuchBucket", "NotFound"}:
+                raise StorageError(self._missing_bucket_message()) from exc
+            raise self._translate(exc, "(bucket)", False) from exc
+        except boto_errors.NoCredentialsError as exc:
+            raise self._translate(exc, "(bucket)", False) from exc
+        except _TRANSIENT_BOTO as exc:
+            raise StorageError(
+                f"cannot reach {self.describe()}: check blob.store.endpoint.url (or AWS_ENDPOINT_URL) "
+                "and that the service is up"
+            ) from exc
+
+    def create_resources(self) -> None:
+        """Create the bucket if it does not exist (idempotent)."""
+        with self._errors("(bucket)"):
+            try:
+                kwargs: dict[str, Any] = {"Bucket": self.bucket}
+                region = self._client.meta.region_name
+                if region and region != "us-east-1":
+                    kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+                self._client.create_bucket(**kwargs)
+            except boto_errors.ClientError as exc:
+                if _code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                    raise
+
+    def close(self) -> None:
+        self._client.close()
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _root(self) -> str:
+        return f"{self.prefix}/" if self.prefix else ""
+
+    def _key(self, name: str) -> str:
+        return self._root() + check_blob_name(name)
+
+    def _request(
+        self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None
+    ) -> T:
+        if self._resilience is None:
+            return attempt()
+        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
+
+    def _with_bucket(self, write: Callable[[], T]) -> T:
+        """Run a write; with ``create.if.missing`` a missing bucket is created once and the write redone."""
+        try:
+            return write()
+        except boto_errors.ClientError as exc:
+            if not (self.create_if_missing and _code(exc) == "NoSuchBucket"):
+                raise
+        with self._created_lock:
+            self.create_resources()
+        return write()
+
+    def _abort(self, name: str, key: str, upload_id: str) -> None:
+        try:
+            self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception:  # noqa: BLE001 - the upload's own error matters; a leftover upload only costs storage
+            _log.warning("could not abort the multipart upload of %r in %s", name, self.describe(), exc_info=True)
+
+    def _missing_bucket_message(self) -> str:
+        return (
+            f"bucket {self.bucket!r} does not exist at {self._client.meta.endpoint_url}: create it or set "
+            "blob.store.create.if.missing=true"
+        )
+
+    @contextmanager
+    def _errors(self, name: str, *, create_only: bool = False) -> Iterator[None]:
+        """Translate SDK exceptions at the boundary; messages never carry a credential."""
+        try:
+            yield
+        except (boto_errors.BotoCoreError, boto_errors.ClientError) as exc:
+            raise self._translate(exc, name, create_only) from exc
+        except OSError as exc:  # a socket error while reading a body that botocore did not wrap
+            raise TransientStorageError(f"network error on {name!r} in {self.describe()}: {exc}") from exc
+
+    def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
+        where = self.describe()
+        if isinstance(exc, boto_errors.NoCredentialsError):
+            return StorageError(
+                f"no AWS credentials for {where}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or "
+                "blob.store.profile, or run where an instance role is available"
+            )
+        if isinstance(exc, _TRANSIENT_BOTO):
+            return TransientStorageError(f"network error on {name!r} in {where}: {type(exc).__name__}")
+        if not isinstance(exc, boto_errors.ClientError):
+            return StorageError(f"{type(exc).__name__} on {name!r} in {where}: {self._safe(exc)}")
+        code = _code(exc)
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        if create_only and (code in {"PreconditionFailed", "ConditionalRequestConflict"} or status in {409, 412}):
+            return AlreadyExistsError(f"blob {name!r} already exists in {where}")
+        if code == "NoSuchBucket":
+            return StorageError(self._missing_bucket_message())
+        if code in _NOT_FOUND_CODES or status == 404:
+            return NotFoundError(f"blob {name!r} not found in {where}")
+        if code in _AUTH_CODES or status == 403:
+            return StorageError(
+                f"{where} refused the credentials ({code}): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
+                "AWS_PROFILE or blob.store.profile, and the bucket policy"
+            )
+        if code in _TRANSIENT_CODES or status in {408, 429} or status >= 500:
+            return TransientStorageError(f"{where} answered {status} {code} on {name!r}; worth a retry")
+        return StorageError(f"{where} answered {status} {code} on {name!r}: {self._safe(exc)}")
+
+    def _safe(self, exc: Exception) -> str:
+        try:
+            credentials = self._client._request_signer._credentials  # noqa: SLF001 - to redact, never to show
+            secrets = (credentials.secret_key, credentials.token) if credentials is not None else ()
+        except AttributeError:
+            secrets = ()
+        return redact(str(exc), secrets)
+
+
+def _code(exc: Exception) -> str:
+    response = getattr(exc, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))

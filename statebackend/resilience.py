@@ -1,0 +1,460 @@
+"""Retries, hedged requests and per-request timeouts for any :class:`~statebackend.blobstore.BlobStore`.
+
+Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
+
+- Only :class:`TransientStorageError` is retried, up to ``max_attempts`` attempts per request, after a delay drawn
+  with *full jitter* from ``[0, min(max_delay, base_delay * 2**retry)]``. Every other error is raised at once.
+- An attempt that runs longer than ``request_timeout_s`` is abandoned (its thread finishes on its own, bounded by the
+  SDK's socket timeouts) and counts as a transient failure; a late success from it is still accepted.
+- Hedging (``hedge_after_s > 0``) applies to reads and idempotent writes: while the newest attempt has run longer
+  than ``hedge_after_s``, one more attempt is started in parallel, at most ``max_hedges`` per request. The first
+  success wins; the other attempts' results are discarded.
+- A create-only put that gets :class:`AlreadyExistsError` after more than one of its own attempts was started (a
+  hedge, or a retry after a timeout or a dropped response) may be seeing its own earlier write. It reads the blob
+  back and counts as success only if the stored bytes (and metadata, where kept) equal what it wrote; otherwise the
+  error stands. Equal bytes from another writer are indistinguishable from ours and harmless: names in this project
+  are deterministic or content-addressed, so the same name with the same bytes is the same blob.
+- Hedged or retried *overwrites* may land late (an abandoned attempt can reach the server after the call returned):
+  safe because this project never rewrites a name with different bytes; see docs/blobstores.md.
+
+Stores that issue several requests per operation (multipart uploads, ranged downloads) implement
+``use_resilience(resilience)``; the wrapper then hands them its :class:`Resilience` so each request is retried and
+hedged on its own instead of the whole operation.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, BinaryIO, TypeVar
+
+import attrs
+
+from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.errors import AlreadyExistsError, ConfigError, TransientStorageError
+from statebackend.metrics import Metrics
+
+__all__ = [
+    "Resilience",
+    "ResilienceSettings",
+    "ResilientBlobStore",
+    "option_bool",
+    "option_int",
+    "option_str",
+]
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: metric names (counters and samples in :class:`~statebackend.metrics.Metrics`)
+METRIC_ATTEMPTS = "blob_store.attempts_per_request"
+METRIC_RETRIES = "blob_store.retries"
+METRIC_HEDGES = "blob_store.hedges"
+METRIC_TIMEOUTS = "blob_store.attempt_timeouts"
+METRIC_LATENCY = "blob_store.latency_s"
+METRIC_FAILURES = "blob_store.failed_requests"
+
+
+@attrs.frozen
+class ResilienceSettings:
+    """The retry, timeout and hedging settings (``blob.store.retry.*``, ``request.timeout.ms``, ``hedge.after.ms``)."""
+
+    max_attempts: int = attrs.field(default=5, validator=attrs.validators.ge(1))
+    base_delay_s: float = attrs.field(default=0.1, validator=attrs.validators.ge(0))
+    max_delay_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
+    request_timeout_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    hedge_after_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
+    max_hedges: int = attrs.field(default=2, validator=attrs.validators.ge(0))
+    max_threads: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> ResilienceSettings:
+        """Read the ``blob.store.*`` options (without the prefix); a bad value is a :class:`ConfigError`."""
+        return cls(
+            max_attempts=option_int(options, "retry.max.attempts", 5, minimum=1),
+            base_delay_s=option_int(options, "retry.base.delay.ms", 100, minimum=0) / 1000,
+            max_delay_s=option_int(options, "retry.max.delay.ms", 5000, minimum=0) / 1000,
+            request_timeout_s=option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000,
+            hedge_after_s=option_int(options, "hedge.after.ms", 0, minimum=0) / 1000,
+            max_hedges=option_int(options, "hedge.max", 2, minimum=0),
+            max_threads=max(8, 4 * option_int(options, "max.concurrency", 8, minimum=1)),
+        )
+
+
+@attrs.define
+class Resilience:
+    """Runs one logical request as attempts on worker threads: timeouts, retries with full jitter, hedges.
+
+    ``clock`` and ``sleep`` are injectable (tests); ``rng`` draws the jitter.
+    """
+
+    settings: ResilienceSettings = attrs.field(factory=ResilienceSettings)
+    metrics: Metrics | None = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    rng: random.Random = attrs.field(factory=random.Random)
+    _executor: concurrent.futures.ThreadPoolExecutor | None = attrs.field(init=False, default=None)
+    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+
+    def backoff_s(self, retry: int) -> float:
+        """Full jitter: uniform in ``[0, min(max_delay, base_delay * 2**retry)]`` (``retry`` counts from 0)."""
+        cap = min(self.settings.max_delay_s, self.settings.base_delay_s * (2**retry))
+        return self.rng.uniform(0, cap)
+
+    def call(
+        self,
+        operation: str,
+        attempt: Callable[[], T],
+        *,
+        hedge: bool = False,
+        is_own_write: Callable[[], bool] | None = None,
+    ) -> T:
+        """Run ``attempt()`` until it succeeds, fails for good, or runs out of attempts.
+
+        ``hedge``: the operation is a read or an idempotent write, so parallel attempts are allowed.
+        ``is_own_write``: for create-only writes; called when :class:`AlreadyExistsError` follows more than one
+        attempt of ours, returns whether the stored blob is exactly what we wrote (then the call succeeds).
+        """
+        settings = self.settings
+        started = self.clock()
+        results: queue.Queue[tuple[int, bool, Any]] = queue.Queue()
+        attempt_started: dict[int, float] = {}  # attempt number -> when it began running
+        in_flight: set[int] = set()
+        timed_out: set[int] = set()
+        launched = 0
+        hedges = 0
+        retries = 0
+        last_error: BaseException | None = None
+
+        def launch() -> None:
+            nonlocal launched
+            launched += 1
+            number = launched
+            in_flight.add(number)
+            attempt_started[number] = self.clock()  # queueing time counts: a full pool is a slow request too
+
+            def run() -> None:
+                try:
+                    results.put((number, True, attempt()))
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+                    results.put((number, False, exc))
+
+            self._pool().submit(run)
+
+        def finish(outcome: str) -> None:
+            if self.metrics is not None:
+                self.metrics.record(METRIC_ATTEMPTS, launched)
+                self.metrics.record(METRIC_LATENCY, self.clock() - started)
+                self.metrics.record(f"{METRIC_LATENCY}.{operation}", self.clock() - started)
+                if outcome != "ok":
+                    self.metrics.increment(METRIC_FAILURES)
+
+        def hedge_allowed() -> bool:
+            return (
+                hedge
+                and settings.hedge_after_s > 0
+                and hedges < settings.max_hedges
+                and launched < settings.max_attempts + settings.max_hedges
+            )
+
+        launch()
+        while True:
+            active = in_flight - timed_out
+            item: tuple[int, bool, Any] | None = None
+            if active:
+                deadline = min(attempt_started[n] + settings.request_timeout_s for n in active)
+                if hedge_allowed():
+                    deadline = min(deadline, attempt_started[max(active)] + settings.hedge_after_s)
+                try:
+                    item = results.get(timeout=max(0.0, deadline - self.clock()))
+                except queue.Empty:
+                    item = None
+            if item is None:
+                now = self.clock()
+                for number in active:
+                    if now - attempt_started[number] >= settings.request_timeout_s:
+                        timed_out.add(number)
+                        self._count(METRIC_TIMEOUTS)
+                        last_error = TransientStorageError(
+                            f"{operation} attempt {number} got no answer within "
+                            f"{settings.request_timeout_s:.3g}s (blob.store.request.timeout.ms)"
+                        )
+                active = in_flight - timed_out
+                if active and hedge_allowed() and now - attempt_started[max(active)] >= settings.hedge_after_s:
+                    hedges += 1
+                    self._count(METRIC_HEDGES)
+                    launch()
+                    continue
+                if active:
+                    continue
+                # every attempt timed out: retry below (their late answers are still taken)
+            else:
+                number, ok, value = item
+                in_flight.discard(number)
+                if ok:
+                    finish("ok")
+                    return value  # type: ignore[no-any-return]
+                if (
+                    isinstance(value, AlreadyExistsError)
+                    and is_own_write is not None
+                    and launched > 1
+                    and self._stored_is_ours(is_own_write)
+                ):
+                    finish("ok")
+                    return None  # type: ignore[return-value]
+                if not isinstance(value, TransientStorageError):
+                    finish("error")
+                    raise value
+                last_error = value
+                if in_flight - timed_out:
+                    continue  # a parallel attempt is still running: let it answer before retrying
+            if launched - hedges >= settings.max_attempts:
+                finish("error")
+                assert last_error is not None
+                raise last_error
+            delay = self.backoff_s(retries)
+            retries += 1
+            self._count(METRIC_RETRIES)
+            _log.debug("retrying %s in %.3fs after: %s", operation, delay, last_error)
+            self.sleep(delay)
+            # an abandoned attempt may have answered meanwhile: take its success, forget its failure
+            while True:
+                try:
+                    number, ok, value = results.get_nowait()
+                except queue.Empty:
+                    break
+                in_flight.discard(number)
+                if ok:
+                    finish("ok")
+                    return value  # type: ignore[no-any-return]
+            launch()
+
+    def _stored_is_ours(self, is_own_write: Callable[[], bool]) -> bool:
+        try:
+            return is_own_write()
+        except Exception:  # noqa: BLE001 - a failed check means we cannot claim the blob
+            _log.debug("could not read back a create-only blob to compare", exc_info=True)
+            return False
+
+    def _count(self, name: str) -> None:
+        if self.metrics is not None:
+            self.metrics.increment(name)
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=self.settings.max_threads, thread_name_prefix="blob-attempt"
+                )
+            return self._executor
+
+    def close(self) -> None:
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            # abandoned attempts finish on their own (SDK timeouts bound them); do not block the caller on them
+            executor.shutdown(wait=False, cancel_futures=True)
+
+
+class ResilientBlobStore(BlobStore):
+    """Wraps any :class:`BlobStore` with retries, hedged requests and per-request timeouts (module docstring)."""
+
+    def __init__(
+        self,
+        inner: BlobStore,
+        *,
+        max_attempts: int = 5,
+        base_delay_s: float = 0.1,
+        max_delay_s: float = 5.0,
+        request_timeout_s: float = 30.0,
+        hedge_after_s: float = 0.0,
+        max_hedges: int = 2,
+        max_threads: int = 64,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+    ) -> None:
+        settings = ResilienceSettings(
+            max_attempts=max_attempts,
+            base_delay_s=base_delay_s,
+            max_delay_s=max_delay_s,
+            request_timeout_s=request_timeout_s,
+            hedge_after_s=hedge_after_s,
+            max_hedges=max_hedges,
+            max_threads=max_threads,
+        )
+        self.inner = inner
+        self.resilience = Resilience(
+            settings=settings, metrics=metrics, clock=clock, sleep=sleep, rng=rng or random.Random()
+        )
+        self.supports_metadata = inner.supports_metadata
+        use = getattr(inner, "use_resilience", None)
+        self._inner_handles_parts = callable(use)
+        if callable(use):
+            use(self.resilience)
+
+    @classmethod
+    def wrap(
+        cls, inner: BlobStore, options: Mapping[str, Any], *, metrics: Metrics | None = None
+    ) -> ResilientBlobStore:
+        """Wrap ``inner`` with the settings read from the ``blob.store.*`` options."""
+        s = ResilienceSettings.from_options(options)
+        return cls(
+            inner,
+            max_attempts=s.max_attempts,
+            base_delay_s=s.base_delay_s,
+            max_delay_s=s.max_delay_s,
+            request_timeout_s=s.request_timeout_s,
+            hedge_after_s=s.hedge_after_s,
+            max_hedges=s.max_hedges,
+            max_threads=s.max_threads,
+            metrics=metrics,
+        )
+
+    @property  # type: ignore[override]
+    def url(self) -> str:
+        return self.inner.url
+
+    @property
+    def metrics(self) -> Metrics | None:
+        return self.resilience.metrics
+
+    @metrics.setter
+    def metrics(self, value: Metrics | None) -> None:
+        self.resilience.metrics = value
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def __repr__(self) -> str:
+        return f"ResilientBlobStore({self.inner!r})"
+
+    # -- the core, each one request ---------------------------------------------------------------------------
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        payload = bytes(data)
+
+        def is_own_write() -> bool:
+            if self.inner.get(name) != payload:
+                return False
+            if metadata and self.inner.supports_metadata:
+                return dict(self.inner.head(name).metadata) == dict(metadata)
+            return True
+
+        self.resilience.call(
+            "put",
+            lambda: self.inner.put(name, payload, create_only=create_only, metadata=metadata),
+            hedge=True,
+            is_own_write=is_own_write if create_only else None,
+        )
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        return self.resilience.call("get", lambda: self.inner.get(name, start=start, end=end), hedge=True)
+
+    def delete(self, name: str) -> None:
+        self.resilience.call("delete", lambda: self.inner.delete(name), hedge=True)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        yield from self.resilience.call("list", lambda: list(self.inner.list(prefix)), hedge=True)
+
+    def head(self, name: str) -> BlobInfo:
+        return self.resilience.call("head", lambda: self.inner.head(name), hedge=True)
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        self.resilience.call("set_metadata", lambda: self.inner.set_metadata(name, metadata), hedge=True)
+
+    # -- whole-object transfers: per request inside the inner store when it can, else whole -------------------
+
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
+        if self._inner_handles_parts:
+            self.inner.put_file(name, path, create_only=create_only, metadata=metadata)
+            return
+        with open(path, "rb") as f:
+            self.put(name, f.read(), create_only=create_only, metadata=metadata)
+
+    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
+        if self._inner_handles_parts:
+            return self.inner.get_file(name, path)
+        return super().get_file(name, path)
+
+    def get_into(self, name: str, out: BinaryIO) -> int:
+        if self._inner_handles_parts:
+            return self.inner.get_into(name, out)
+        return super().get_into(name, out)
+
+    # -- administration: no retries, so a misconfiguration is reported at once -------------------------------
+
+    def validate(self) -> None:
+        """Check the store is usable (container/bucket exists, credentials work); delegates to the inner store."""
+        validate = getattr(self.inner, "validate", None)
+        if callable(validate):
+            validate()
+
+    def create_resources(self) -> None:
+        """Create the container/bucket when missing; delegates to the inner store."""
+        create = getattr(self.inner, "create_resources", None)
+        if callable(create):
+            create()
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            self.resilience.close()
+
+
+# -- option parsing shared by the blob stores -------------------------------------------------------------------
+
+
+def option_int(options: Mapping[str, Any], key: str, default: int, *, minimum: int | None = None) -> int:
+    """An integer option (int or decimal string); ``ConfigError`` naming ``blob.store.<key>`` otherwise."""
+    raw = options.get(key, default)
+    if raw is None:
+        return default
+    try:
+        value = int(raw) if not isinstance(raw, bool) else None
+    except (TypeError, ValueError):
+        value = None
+    if value is None:
+        raise ConfigError(f"blob.store.{key}={raw!r} is not an integer")
+    if minimum is not None and value < minimum:
+        raise ConfigError(f"blob.store.{key}={value} must be at least {minimum}")
+    return value
+
+
+def option_bool(options: Mapping[str, Any], key: str, default: bool) -> bool:
+    raw = options.get(key, default)
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in {"true", "1", "yes"}:
+        return True
+    if text in {"false", "0", "no"}:
+        return False
+    raise ConfigError(f"blob.store.{key}={raw!r} must be true or false")
+
+
+def option_str(options: Mapping[str, Any], key: str) -> str | None:
+    raw = options.get(key)
+    if raw is None or raw == "":
+        return None
+    if not isinstance(raw, str):
+        raise ConfigError(f"blob.store.{key} must be a string")
+    return raw
