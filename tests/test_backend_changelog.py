@@ -1,0 +1,115 @@
+"""The changelog-delta backend: the backend contract suite, plus what only this backend does (background snapshots,
+catch-up by deltas, re-upload of a failed delta, retention of deltas)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import CommitError, ConfigError
+from statebackend.task import TaskStorage
+from tests.blobstore_faults import ControlledBlobStore
+from tests.contract.backend_contract import BackendContract, contents, write_round
+
+
+class TestChangelogBackend(BackendContract):
+    backup_factories: ClassVar[str] = "changelog"
+    extra_config: ClassVar[dict[str, Any]] = {"changelog.snapshot.interval.commits": 3}
+
+
+def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
+    return TestChangelogBackend().make_config(tmp_path, **extra)
+
+
+def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(12):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+        assert task.metrics.counter("changelog.snapshot.adopted") >= 2
+        assert task.metrics.counter("changelog.blobs.deleted") > 0
+    deltas = list(blobs.list("job/task-0/counts/changelog/delta/"))
+    assert len(deltas) < 12
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+        assert task.metrics.counter("restore.deltas.replayed") < 12
+
+
+def test_older_local_copy_catches_up_by_applying_only_missing_deltas(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(3):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+    shutil.copytree(tmp_path / "local", tmp_path / "older")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(3, 7):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+    shutil.rmtree(tmp_path / "local")
+    shutil.move(tmp_path / "older", tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+        assert task.metrics.counter("restore.stores.caught.up") == 1
+        assert task.metrics.counter("restore.deltas.replayed") == 4
+
+
+def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path) -> None:
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        blobs.fail, blobs.failures_left = (lambda name: name.endswith(".delta")), 1
+        write_round(task, 1, model)
+        failed = task.commit({"input": "1"})
+        assert failed is not None
+        with pytest.raises(CommitError):
+            failed.result(timeout=30)
+        with pytest.raises(CommitError):
+            task.commit({"input": "1b"})
+        write_round(task, 2, model)
+        task.commit_durably({"input": "2"})
+        assert task.metrics.counter("changelog.delta.reuploads") == 1
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+
+
+def test_bytes_uploaded_follow_the_change_not_the_state(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000})
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        store = task.store("counts")
+        store.put_all((f"key-{i:07d}".encode(), b"x" * 20) for i in range(50_000))
+        task.commit_durably({"input": "load"})
+        before = task.metrics.counter("commit.bytes.uploaded")
+        for i in range(0, 50_000, 500):
+            store.put(f"key-{i:07d}".encode(), b"y" * 20)
+        task.commit_durably({"input": "small"})
+        small = task.metrics.counter("commit.bytes.uploaded") - before
+    assert 0 < small < before / 20
+
+
+def test_unknown_backend_name_lists_known_ones(tmp_path: Path) -> None:
+    config = config_for(tmp_path, **{"stores.counts.backup.factories": "changelgo"})
+    with pytest.raises(ConfigError, match="changelog"):
+        TaskStorage.open(config, "task-0")
+
+
+def test_missing_blob_store_url_says_what_to_set(tmp_path: Path) -> None:
+    config = config_for(tmp_path)
+    del config["blob.store.url"]
+    with pytest.raises(ConfigError, match="blob.store.url"):
+        TaskStorage.open(config, "task-0")
