@@ -1,0 +1,89 @@
+"""Helpers shared by the benchmarks: percentiles, a plain-text table printer, machine facts and the result file.
+
+Contract: nothing here times anything; :func:`machine_info` reads only local facts (CPU count, memory, load
+average, versions) so a result file says what it ran on; :func:`write_result` writes one JSON file under
+``bench/results/`` named after the benchmark and the UTC time, and returns its path.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from statebackend.metrics import percentile
+
+__all__ = ["percentile", "p50_p95", "format_table", "machine_info", "write_result", "RESULTS_DIR"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def p50_p95(samples: Sequence[float]) -> tuple[float, float]:
+    """Nearest-rank p50 and p95 (the same definition as :class:`statebackend.metrics.Metrics`)."""
+    values = list(samples)
+    return percentile(values, 0.50), percentile(values, 0.95)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-markdown table (also readable as plain text): numbers right-aligned, floats with 1 decimal."""
+
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:,.1f}"
+        if isinstance(value, int):
+            return f"{value:,}"
+        return str(value)
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+    numeric = [bool(rows) and all(isinstance(r[i], (int, float)) for r in rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        return "| " + " | ".join(parts) + " |"
+
+    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in zip(widths, numeric)) + "|"
+    return "\n".join([line(headers), rule, *(line(r) for r in cells)])
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU count, memory, load average, OS, Python and the versions of the libraries that matter for timing."""
+    memory_gib = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for row in meminfo:
+                if row.startswith("MemTotal:"):
+                    memory_gib = round(int(row.split()[1]) / (1 << 20), 1)
+                    break
+    except OSError:
+        pass
+    versions = {}
+    for package in ("lmdb", "zstandard", "attrs"):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "python_implementation": platform.python_implementation(),
+        "libraries": versions,
+    }
+
+
+def write_result(benchmark: str, result: Mapping[str, Any]) -> Path:
+    """Write ``result`` as ``bench/results/<benchmark>-<UTC time>.json``; returns the path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = RESULTS_DIR / f"{benchmark}-{stamp}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    return path
