@@ -58,6 +58,7 @@ class TaskStorage:
     restored: CheckpointV2 | None
     _owns_blob_store: bool = False
     _closed: bool = attrs.field(init=False, default=False)
+    _last_commit: float = attrs.field(init=False, factory=time.monotonic)
 
     @classmethod
     def open(
@@ -172,6 +173,16 @@ class TaskStorage:
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit every store with ``input_offsets`` (see :class:`TaskCommitManager`)."""
         return self.commit_manager.commit(input_offsets)
+
+    def commit_if_due(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
+        """Commit when ``task.commit.ms`` has passed since the last commit (for record-at-a-time loops)."""
+        now = time.monotonic()
+        if (now - self._last_commit) * 1000.0 < self.settings.commit_ms:
+            return None
+        pending = self.commit(input_offsets)
+        if pending is not None:
+            self._last_commit = now
+        return pending
 
     def commit_durably(self, input_offsets: Mapping[str, str], timeout: float | None = None) -> CheckpointV2:
         """Commit and wait until the checkpoint is durable, blocking on a previous upload if one runs."""

@@ -113,3 +113,15 @@ def test_missing_blob_store_url_says_what_to_set(tmp_path: Path) -> None:
     del config["blob.store.url"]
     with pytest.raises(ConfigError, match="blob.store.url"):
         TaskStorage.open(config, "task-0")
+
+
+def test_commit_if_due_follows_task_commit_ms(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    with TaskStorage.open(config_for(tmp_path, **{"task.commit.ms": 3_600_000}), "task-0", blob_store=blobs) as task:
+        task.store("counts").put(b"k", b"v")
+        assert task.commit_if_due({"input": "1"}) is None
+        assert task.metrics.counter("commit.count") == 0
+    with TaskStorage.open(config_for(tmp_path, **{"task.commit.ms": 0}), "task-0", blob_store=blobs) as task:
+        task.store("counts").put(b"k", b"v")
+        pending = task.commit_if_due({"input": "1"})
+        assert pending is not None and pending.result(timeout=30).input_offsets == {"input": "1"}
