@@ -32,6 +32,7 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 import attrs
 
 from checkpoint import CheckpointId, CheckpointIdGenerator, CheckpointLog, CheckpointV2, write_local_checkpoint
+from statebackend._crashpoints import crashpoint
 from statebackend.contracts import StoreMarkers, TaskBackupManager
 from statebackend.errors import AlreadyExistsError, CommitError, CommitTimeoutError
 from statebackend.metrics import Metrics
@@ -177,6 +178,7 @@ class TaskCommitManager:
         checkpoint_id = self.id_generator.next()
         version = LocalVersion(checkpoint_id=str(checkpoint_id), token=secrets.token_hex(8))
         changes: dict[str, ChangeSet] = {name: store.flush(version) for name, store in self.stores.items()}
+        crashpoint("commit.after_flush")
         preliminary: dict[str, StoreMarkers] = {}
         try:
             for binding in self.backups:
@@ -188,6 +190,7 @@ class TaskCommitManager:
             for store in self.stores.values():
                 store.mark_dirty()
             raise
+        crashpoint("commit.after_snapshot")
         sync_ms = (self.clock() - started) * 1000.0
         self.metrics.record("commit.sync.ms", sync_ms)
         self.metrics.increment("commit.count")
@@ -240,6 +243,7 @@ class TaskCommitManager:
                 input_offsets=input_offsets,
                 state_checkpoint_markers=markers,
             )
+            crashpoint("commit.before_checkpoint_write")
             try:
                 self.checkpoint_log.write(pending.seq, checkpoint)
             except AlreadyExistsError as exc:
@@ -250,6 +254,7 @@ class TaskCommitManager:
                     f"task {self.task_name}: checkpoint #{pending.seq} was already committed by another attempt of "
                     f"this task; this attempt's state is discarded and must be restored before it goes on"
                 ) from exc
+            crashpoint("commit.after_checkpoint_write")
             for store in self.stores.values():
                 write_local_checkpoint(store.path, checkpoint)
         except BaseException as exc:

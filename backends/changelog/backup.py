@@ -26,6 +26,7 @@ import attrs
 from backends.changelog.format import FileHeader, write_file
 from backends.changelog.marker import Recipe, Step
 from checkpoint import CheckpointId, CheckpointV2
+from statebackend._crashpoints import crashpoint
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.errors import AlreadyExistsError, StateBackendError
 from statebackend.store import ChangeSet, LocalStore, ReadView
@@ -281,6 +282,7 @@ class ChangelogBackupManager(TaskBackupManager):
     def _background_snapshot(self, lineage: _Lineage, view: ReadView, step: Step, name: str) -> Step:
         try:
             self._write_and_upload(lineage, step, "snapshot", view.items(), name)
+            crashpoint("changelog.background_snapshot.uploaded")
         finally:
             view.close()
         with lineage.lock:
@@ -298,6 +300,8 @@ class ChangelogBackupManager(TaskBackupManager):
             log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc)
             return
         snapshot = background.result()
+        if lineage.commits_since_snapshot < 0:
+            return  # the chain broke after this snapshot started: the pending re-base replaces it (keep the flag)
         if lineage.base is not None and snapshot.seq <= lineage.base.seq:
             return
         if not any(d.seq == snapshot.seq and d.token == snapshot.token for d in lineage.deltas):
@@ -324,6 +328,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 garbage = sorted({n for r in dropped for n in r.blob_names()} - keep)
             for blob in garbage:
                 self.context.blob_store.delete(blob)
+                crashpoint("changelog.cleanup.deleted")
                 with lineage.lock:
                     lineage.uploaded.discard(blob)
             if garbage:
