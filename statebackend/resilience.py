@@ -345,10 +345,11 @@ class ResilientBlobStore(BlobStore):
         payload = bytes(data)
 
         def is_own_write() -> bool:
-            if self.inner.get(name) != payload:
+            # read back through the retries: the check itself may meet the same flaky network
+            if self.get(name) != payload:
                 return False
             if metadata and self.inner.supports_metadata:
-                return dict(self.inner.head(name).metadata) == dict(metadata)
+                return dict(self.head(name).metadata) == dict(metadata)
             return True
 
         self.resilience.call(

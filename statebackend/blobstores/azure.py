@@ -241,7 +241,7 @@ class AzureBlobStore(BlobStore):
         if size <= self.part_size:
             with open(path, "rb") as f:
                 data = f.read()
-            own = (lambda: self.get(name) == data) if create_only else None
+            own = (lambda: self._request("get", lambda: self.get(name), True) == data) if create_only else None
             self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
             return
         part_size = max(self.part_size, MIN_PART_SIZE)
@@ -271,7 +271,7 @@ class AzureBlobStore(BlobStore):
                     match_condition=MatchConditions.IfMissing if create_only else None,
                 )
 
-        own = (lambda: self.head(name).size == size and file_equals(self.iter_bytes(name), path)) if create_only else None
+        own = (lambda: self._stored_equals_file(name, size, path)) if create_only else None
         self._request("commit_block_list", commit, True, own)
 
     def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
@@ -318,6 +318,16 @@ class AzureBlobStore(BlobStore):
         self._service.close()
 
     # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _stored_equals_file(self, name: str, size: int, path: str | os.PathLike[str]) -> bool:
+        """Whether the stored blob is byte for byte the local file (read back in parts, each retried)."""
+        if self._request("head", lambda: self.head(name), True).size != size:
+            return False
+        chunks = (
+            self._request("get_range", lambda s=s, e=e: self.get(name, start=s, end=e), True)
+            for s, e in part_ranges(size, self.part_size)
+        )
+        return file_equals(chunks, path)
 
     def _root(self) -> str:
         return f"{self.prefix}/" if self.prefix else ""

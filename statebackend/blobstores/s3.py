@@ -238,7 +238,7 @@ class S3BlobStore(BlobStore):
         if size <= self.part_size:
             with open(path, "rb") as f:
                 data = f.read()
-            own = (lambda: self.get(name) == data) if create_only else None
+            own = (lambda: self._request("get", lambda: self.get(name), True) == data) if create_only else None
             self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
             return
         key = self._key(name)
@@ -283,7 +283,7 @@ class S3BlobStore(BlobStore):
                     self._client.complete_multipart_upload(**kwargs)
 
             own = (
-                (lambda: self.head(name).size == size and file_equals(self.iter_bytes(name), path))
+                (lambda: self._stored_equals_file(name, size, path))
                 if create_only
                 else None
             )
@@ -347,6 +347,16 @@ class S3BlobStore(BlobStore):
         self._client.close()
 
     # -- helpers ----------------------------------------------------------------------------------------------
+
+    def _stored_equals_file(self, name: str, size: int, path: str | os.PathLike[str]) -> bool:
+        """Whether the stored blob is byte for byte the local file (read back in parts, each retried)."""
+        if self._request("head", lambda: self.head(name), True).size != size:
+            return False
+        chunks = (
+            self._request("get_range", lambda s=s, e=e: self.get(name, start=s, end=e), True)
+            for s, e in part_ranges(size, self.part_size)
+        )
+        return file_equals(chunks, path)
 
     def _root(self) -> str:
         return f"{self.prefix}/" if self.prefix else ""

@@ -1,0 +1,241 @@
+"""ResilientBlobStore: retries with full jitter on transient errors only, per-request timeouts, hedged requests,
+create-only writes that meet their own earlier attempt; and, against the real servers behind a fault-injecting
+proxy, exact content under 10% injected failures and a lower tail with hedging under 10% slow requests."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import AlreadyExistsError, NotFoundError, StorageError, TransientStorageError
+from statebackend.metrics import Metrics
+from statebackend.resilience import (
+    METRIC_ATTEMPTS,
+    METRIC_HEDGES,
+    METRIC_RETRIES,
+    METRIC_TIMEOUTS,
+    ResilientBlobStore,
+)
+from tests.faults import FaultProxy, ScriptedBlobStore
+from tests.servers import ServerProcess, azurite_connection_string
+
+
+@pytest.fixture
+def scripted() -> ScriptedBlobStore:
+    return ScriptedBlobStore(MemoryBlobStore())
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """Set at teardown so no attempt a test held back outlives it."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _resilient(inner: BlobStore, **kwargs: object) -> tuple[ResilientBlobStore, list[float], Metrics]:
+    sleeps: list[float] = []
+    metrics = Metrics()
+    defaults: dict[str, object] = {"base_delay_s": 0.1, "max_delay_s": 0.4, "metrics": metrics}
+    store = ResilientBlobStore(inner, sleep=sleeps.append, **{**defaults, **kwargs})  # type: ignore[arg-type]
+    return store, sleeps, metrics
+
+
+def test_transient_errors_are_retried_with_full_jitter_until_success(scripted: ScriptedBlobStore) -> None:
+    failures = iter([TransientStorageError("503"), TransientStorageError("reset"), TransientStorageError("503")])
+
+    def before(operation: str, name: str) -> None:
+        if operation == "put":
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+
+    scripted.before = before
+    store, sleeps, metrics = _resilient(scripted, max_attempts=5)
+    store.put("blob", b"data")
+    assert scripted.calls["put"] == 4
+    assert store.get("blob") == b"data"
+    assert len(sleeps) == 3
+    assert all(0 <= delay <= cap for delay, cap in zip(sleeps, [0.1, 0.2, 0.4], strict=True))
+    assert metrics.counter(METRIC_RETRIES) == 3
+    assert metrics.samples(METRIC_ATTEMPTS)[0] == 4
+
+
+def test_retries_stop_at_max_attempts_and_raise_the_last_error(scripted: ScriptedBlobStore) -> None:
+    def before(operation: str, name: str) -> None:
+        raise TransientStorageError(f"throttled {operation}")
+
+    scripted.before = before
+    store, sleeps, _ = _resilient(scripted, max_attempts=3, max_delay_s=0.15)
+    with pytest.raises(TransientStorageError, match="throttled get"):
+        store.get("blob")
+    assert scripted.calls["get"] == 3
+    assert len(sleeps) == 2 and max(sleeps) <= 0.15
+
+
+@pytest.mark.parametrize("error", [NotFoundError("absent"), StorageError("403"), AlreadyExistsError("taken")])
+def test_errors_that_are_not_transient_are_not_retried(scripted: ScriptedBlobStore, error: Exception) -> None:
+    def before(operation: str, name: str) -> None:
+        raise error
+
+    scripted.before = before
+    store, sleeps, _ = _resilient(scripted, max_attempts=5)
+    with pytest.raises(type(error)):
+        store.get("blob")
+    assert scripted.calls["get"] == 1
+    assert sleeps == []
+
+
+def test_an_attempt_that_overruns_the_request_timeout_is_retried(
+    scripted: ScriptedBlobStore, release: threading.Event
+) -> None:
+    scripted.inner.put("blob", b"data")
+    first = threading.Event()
+
+    def before(operation: str, name: str) -> None:
+        if not first.is_set():
+            first.set()
+            release.wait(30)  # a request that never answers (until teardown)
+
+    scripted.before = before
+    store, sleeps, metrics = _resilient(scripted, request_timeout_s=0.05)
+    assert store.get("blob") == b"data"
+    assert scripted.calls["get"] == 2
+    assert metrics.counter(METRIC_TIMEOUTS) == 1
+    assert len(sleeps) == 1
+
+
+def test_a_slow_read_is_hedged_and_the_first_answer_wins(
+    scripted: ScriptedBlobStore, release: threading.Event
+) -> None:
+    scripted.inner.put("blob", b"data")
+    calls = iter(range(100))
+
+    def before(operation: str, name: str) -> None:
+        if next(calls) == 0:
+            release.wait(30)  # the first attempt is stuck; only a hedge can answer
+
+    scripted.before = before
+    store, sleeps, metrics = _resilient(scripted, hedge_after_s=0.02, request_timeout_s=60)
+    assert store.get("blob") == b"data"
+    assert metrics.counter(METRIC_HEDGES) == 1
+    assert sleeps == []  # a hedge is not a retry
+
+
+def test_create_only_hedge_that_meets_its_own_write_succeeds(
+    scripted: ScriptedBlobStore, release: threading.Event
+) -> None:
+    """The first attempt writes and then its answer is slow; the hedge sees the name taken with our bytes."""
+    written = threading.Event()
+
+    def after_put(name: str) -> None:
+        if not written.is_set():
+            written.set()
+            release.wait(30)
+
+    def before(operation: str, name: str) -> None:
+        if operation == "put" and scripted.calls["put"] == 2:
+            written.wait(30)  # the hedge runs after the first attempt's write landed
+
+    scripted.after_put = after_put
+    scripted.before = before
+    store, _, metrics = _resilient(scripted, hedge_after_s=0.02, request_timeout_s=60)
+    store.put("blob", b"ours", create_only=True, metadata={"kind": "delta"})
+    assert scripted.inner.get("blob") == b"ours"
+    assert metrics.counter(METRIC_HEDGES) == 1
+
+
+def test_create_only_retry_that_finds_other_bytes_raises_already_exists(scripted: ScriptedBlobStore) -> None:
+    """A dropped answer, then a retry that finds the name taken by someone else's bytes: not ours, so an error."""
+    attempts = iter(range(100))
+
+    def before(operation: str, name: str) -> None:
+        if operation == "put" and next(attempts) == 0:
+            scripted.inner.put("blob", b"theirs")
+            raise TransientStorageError("connection reset")
+
+    scripted.before = before
+    store, _, _ = _resilient(scripted)
+    with pytest.raises(AlreadyExistsError):
+        store.put("blob", b"ours", create_only=True)
+    assert scripted.inner.get("blob") == b"theirs"
+
+
+def test_create_only_on_a_taken_name_without_a_second_attempt_is_refused(scripted: ScriptedBlobStore) -> None:
+    scripted.inner.put("blob", b"ours")
+    store, _, _ = _resilient(scripted)
+    with pytest.raises(AlreadyExistsError):
+        store.put("blob", b"ours", create_only=True)  # even equal bytes: nothing says we wrote them
+
+
+# -- against the real servers, through the fault-injecting proxy ------------------------------------------------
+
+
+def _open_through(kind: str, server: ServerProcess, proxy: FaultProxy, **options: object) -> BlobStore:
+    base: dict[str, object] = {
+        "create.if.missing": True,
+        "retry.base.delay.ms": 5,
+        "retry.max.delay.ms": 50,
+        "retry.max.attempts": 8,
+        "request.timeout.ms": 5000,
+        **options,
+    }
+    if kind == "s3":
+        return open_blob_store(f"s3://t-{uuid.uuid4().hex[:16]}/p", {**base, "endpoint.url": proxy.endpoint})
+    return open_blob_store(
+        f"az://t{uuid.uuid4().hex[:16]}/p", {**base, "connection.string": azurite_connection_string(proxy.port)}
+    )
+
+
+@pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), pytest.param("azure", marks=pytest.mark.azure)])
+def server(request: pytest.FixtureRequest) -> tuple[str, ServerProcess]:
+    fixture = "s3_server" if request.param == "s3" else "azurite"
+    return request.param, request.getfixturevalue(fixture)
+
+
+def test_puts_and_gets_survive_ten_percent_injected_failures_with_exact_content(
+    server: tuple[str, ServerProcess],
+) -> None:
+    kind, process = server
+    with FaultProxy(process.host, process.port, failure_rate=0.10, seed=7) as proxy:
+        store = _open_through(kind, process, proxy)
+        store.create_resources()  # type: ignore[attr-defined]
+        metrics = Metrics()
+        store.metrics = metrics  # type: ignore[attr-defined]
+        expected = {f"blob/{i:03d}": f"payload {i} ".encode() * (i + 1) for i in range(100)}
+        for i, (name, data) in enumerate(expected.items()):
+            store.put(name, data, create_only=i % 2 == 0)
+        for name, data in expected.items():
+            assert store.get(name) == data
+        assert sorted(store.list("blob/")) == sorted(expected)
+        store.close()
+    assert proxy.stats["reset_before"] > 0 and proxy.stats["reset_after"] > 0
+    assert metrics.counter(METRIC_RETRIES) > 0
+
+
+def test_hedging_cuts_the_tail_under_ten_percent_slow_requests(server: tuple[str, ServerProcess]) -> None:
+    kind, process = server
+    delay_s = 1.0
+    worst: dict[bool, float] = {}
+    for hedged in (False, True):
+        with FaultProxy(process.host, process.port, delay_rate=0.10, delay_s=delay_s, seed=11) as proxy:
+            options = {"hedge.after.ms": 100, "hedge.max": 3} if hedged else {}
+            store = _open_through(kind, process, proxy, **options)
+            store.create_resources()  # type: ignore[attr-defined]
+            store.put("blob", b"x" * 1000)
+            latencies = []
+            for _ in range(30):
+                started = time.perf_counter()
+                assert store.get("blob") == b"x" * 1000
+                latencies.append(time.perf_counter() - started)
+            worst[hedged] = max(latencies)
+            store.close()
+        assert proxy.stats["delay"] > 0
+    assert worst[False] >= delay_s  # the slow requests were really slow without hedging
+    assert worst[True] < 0.6 * worst[False]
