@@ -1,0 +1,6 @@
+"""blob-snapshot: whole LMDB environment snapshots in content-addressed chunks plus an index blob (DESIGN section 8,
+seed 002).
+
+Mirrors the contracts: backup.py (TaskBackupManager), restore.py (TaskRestoreManager), admin.py (StateBackendAdmin),
+factory.py (StateBackendFactory), format.py (blob names and the index blob written into checkpoints as the marker).
+"""

@@ -1,0 +1,575 @@
+"""Backup side of the blob-snapshot backend (DESIGN section 8, seed 002).
+
+Per commit and store:
+
+- ``snapshot()`` (task thread, O(1)): opens an LMDB read transaction on the version the commit just flushed and
+  names the index this commit will write. The change set is not needed: the whole environment is the snapshot.
+- ``upload()`` (commit pool): copies that read view into a staging dir (a compacted LMDB copy, consistent while
+  processing goes on), cuts each file into fixed-size chunks named by their blake2b-256, uploads on a private
+  bounded pool only the chunks the blob store lacks (an in-memory set of known chunks, seeded from the restored
+  index; ``head()`` for the rest; create-only writes, where "already exists" means present), then writes the index
+  create-only. The marker is the index's name.
+- ``cleanup()`` (commit pool, after the checkpoint is durable): removes the expiry of the index and of its chunks
+  (seed 002's remove-TTL), then deletes the indexes that fell out of the last ``task.checkpoint.retained`` and the
+  chunks only they referenced. Idempotent; an absent blob is success.
+
+Garbage of failed or abandoned uploads (chunks with no index, indexes with no checkpoint) is removed by a
+mark-and-sweep (:meth:`BlobSnapshotBackupManager.sweep`, at init and every ``gc.interval.commits`` cleanups): the
+mark is every index a checkpoint in the checkpoint log names plus the ones this manager holds; the sweep deletes
+unreferenced blobs older than the grace period (``created-at`` metadata), already expired (``expires-at``), or made
+durable once and since dropped. Where the blob store keeps no metadata, age is the time a sweep first saw the blob.
+
+Why fixed-size chunks: a compacted LMDB copy is a sequence of 4 KiB pages in tree order, so an update in place
+changes only the chunks holding the touched pages, and a measured single insert mid-file changed 2 of 22 chunks;
+content-defined chunking in pure Python would cost more CPU per byte than it saves here (docs/formats-blobsnapshot.md).
+
+Uploads, cleanups and sweeps of a store are serialized by a per-store lock, so a sweep never deletes a chunk that an
+upload has just decided to reuse. ``snapshot()`` takes only a short lock, never that one.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+
+import attrs
+
+from backends.blobsnapshot.format import (
+    ChunkRef,
+    FileEntry,
+    SnapshotIndex,
+    chunk_hash,
+    chunk_name,
+    chunks_prefix,
+    index_prefix,
+    new_hasher,
+    parse_index_name,
+)
+from backends.blobsnapshot.format import index_name as make_index_name
+from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
+from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
+from statebackend.errors import (
+    AlreadyExistsError,
+    CorruptDataError,
+    IncompatibleFormatError,
+    NotFoundError,
+    StateBackendError,
+)
+from statebackend.store import LocalStore, ReadView
+
+__all__ = ["BlobSnapshotBackupManager", "SweepReport", "read_index", "STAGING_DIR"]
+
+log = logging.getLogger(__name__)
+
+STAGING_DIR = "blobsnapshot-staging"
+#: metadata keys on chunks and indexes (seconds since the epoch, as decimal strings)
+CREATED_AT = "created-at"
+EXPIRES_AT = "expires-at"
+DURABLE_AT = "durable-at"
+
+
+def read_index(blob_store: object, name: str, *, store: str) -> SnapshotIndex:
+    """Read and verify index blob ``name``; :class:`NotFoundError` / :class:`CorruptDataError` name it."""
+    try:
+        data = blob_store.get(name)  # type: ignore[attr-defined]
+    except NotFoundError as exc:
+        raise NotFoundError(
+            f"store {store}: index blob {name} is missing from {blob_store.describe()}; the checkpoint "  # type: ignore[attr-defined]
+            f"cannot be restored from blobsnapshot: restore an older checkpoint or from another backend's marker"
+        ) from exc
+    return SnapshotIndex.decode(data, name=name)
+
+
+@attrs.frozen
+class SweepReport:
+    """What one mark-and-sweep deleted (and whether it had to skip chunks because a live index was unreadable)."""
+
+    indexes_deleted: int = 0
+    chunks_deleted: int = 0
+    chunks_skipped: bool = False
+
+
+@attrs.define
+class _StoreState:
+    """The backup state of one store."""
+
+    name: str
+    store: LocalStore
+    prefix: str
+    staging: Path
+    seq: int = 0
+    #: chunk hashes known to be in the blob store
+    known: set[str] = attrs.field(factory=set)
+    #: chunk hashes whose expiry was removed (referenced by a durable index)
+    durable_chunks: set[str] = attrs.field(factory=set)
+    #: the last index written: the base of the next index's added/removed lists
+    previous: SnapshotIndex | None = None
+    previous_name: str | None = None
+    #: read views taken by snapshot(), by marker, until upload() copies them
+    views: dict[str, ReadView] = attrs.field(factory=dict)
+    #: indexes written whose checkpoint is not (yet) known durable
+    pending: dict[str, SnapshotIndex] = attrs.field(factory=dict)
+    #: durable indexes, oldest first, at most ``retained``
+    retained: deque[tuple[str, SnapshotIndex]] = attrs.field(factory=deque)
+    cleanups: int = 0
+    last_durable_seq: int = 0
+    #: first time a sweep saw a blob, for blob stores without metadata
+    first_seen: dict[str, float] = attrs.field(factory=dict)
+    #: guards the quick fields above (seq, views); held only briefly
+    state_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: serializes upload, cleanup and sweep of this store
+    io_lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def live_indexes(self, *, suspect_pending: bool = True) -> dict[str, SnapshotIndex]:
+        """Indexes this manager must keep. ``suspect_pending=False`` leaves out the pending ones older than the
+        newest durable one: their commit failed, or their cleanup is late (then the checkpoint log names them)."""
+        live = dict(self.retained)
+        live.update((name, index) for name, index in self.pending.items()
+                    if suspect_pending or index.seq > self.last_durable_seq)
+        if self.previous is not None and self.previous_name is not None:
+            live[self.previous_name] = self.previous
+        return live
+
+
+@attrs.define
+class BlobSnapshotBackupManager(TaskBackupManager):
+    context: BackendContext
+    chunk_size: int
+    upload_concurrency: int
+    retained: int
+    grace_period_ms: int
+    ttl_ms: int
+    gc_interval_commits: int
+    gc_on_init: bool = True
+    #: wall clock (seconds since the epoch) for blob ages; tests may replace it
+    clock: Callable[[], float] = time.time
+    _states: dict[str, _StoreState] = attrs.field(init=False, factory=dict)
+    _pool: ThreadPoolExecutor | None = attrs.field(init=False, default=None)
+    _pool_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _init_sweep: Future[SweepReport] | None = attrs.field(init=False, default=None)
+    _closed: bool = attrs.field(init=False, default=False)
+
+    # -- contract -----------------------------------------------------------------------------------------------
+
+    def init(self, checkpoint: CheckpointV2 | None) -> None:
+        markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
+        for name, store in self.context.stores.items():
+            staging = Path(store.path) / STAGING_DIR
+            shutil.rmtree(staging, ignore_errors=True)  # copies of a crashed process: never referenced
+            staging.mkdir()
+            state = _StoreState(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
+            marker = markers.get(name)
+            if marker is not None:
+                parsed = parse_index_name(marker)
+                state.seq = parsed[0] if parsed is not None else 0
+                self._adopt_restored_index(state, marker)
+            self._states[name] = state
+        if self.gc_on_init and self._states:
+            self._init_sweep = self.context.executor.submit(self.sweep)
+
+    def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, object]) -> StoreMarkers:
+        markers: StoreMarkers = {}
+        for name, state in self._states.items():
+            view = state.store.read_view()  # O(1): a read transaction on the version just flushed
+            version = view.version
+            if version is None:
+                view.close()
+                raise StateBackendError(
+                    f"store {name}: blobsnapshot found no flushed version to snapshot; snapshot() must run right "
+                    f"after the commit's flush"
+                )
+            with state.state_lock:
+                state.seq += 1
+                marker = make_index_name(state.prefix, state.seq, version.token)
+                state.views[marker] = view
+            markers[name] = marker
+        return markers
+
+    def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
+        futures = {name: self.context.executor.submit(self._upload_store, self._states[name], marker)
+                   for name, marker in markers.items()}
+        return _gather(futures)
+
+    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
+        return self.context.executor.submit(self._cleanup, dict(markers))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._init_sweep is not None:
+            try:
+                self._init_sweep.exception()
+            except BaseException:  # noqa: BLE001 - a cancelled sweep
+                pass
+        for state in self._states.values():
+            with state.state_lock:
+                views, state.views = list(state.views.values()), {}
+            for view in views:
+                view.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    # -- garbage collection -------------------------------------------------------------------------------------
+
+    def sweep(self, now: float | None = None) -> SweepReport:
+        """Mark-and-sweep every store's blobs (see the module docstring). Safe to call at any time."""
+        total = SweepReport()
+        for state in self._states.values():
+            with state.io_lock:
+                report = self._sweep_store(state, self.clock() if now is None else now)
+            total = SweepReport(
+                total.indexes_deleted + report.indexes_deleted,
+                total.chunks_deleted + report.chunks_deleted,
+                total.chunks_skipped or report.chunks_skipped,
+            )
+        return total
+
+    # -- init ---------------------------------------------------------------------------------------------------
+
+    def _adopt_restored_index(self, state: _StoreState, marker: str) -> None:
+        try:
+            index = read_index(self.context.blob_store, marker, store=state.name)
+        except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
+            # The store was restored some other way (fallback) or the index is gone: start over, upload in full.
+            log.warning("store %s: cannot read the checkpoint's blobsnapshot index (%s); the next snapshot uploads "
+                        "every chunk the blob store lacks", state.name, exc)
+            return
+        state.previous, state.previous_name = index, marker
+        state.known = index.chunk_hashes()
+        state.retained.append((marker, index))
+        # A crash between the checkpoint write and cleanup leaves the expiry on a durable index: remove it now.
+        if self.context.blob_store.supports_metadata:
+            try:
+                metadata = self.context.blob_store.head(marker).metadata
+            except NotFoundError:
+                metadata = {}
+            if EXPIRES_AT in metadata:
+                self._make_durable(state, marker, index)
+            else:
+                state.durable_chunks = set(state.known)
+
+    # -- upload -------------------------------------------------------------------------------------------------
+
+    def _upload_store(self, state: _StoreState, marker: str) -> str:
+        with state.state_lock:
+            view = state.views.pop(marker, None)
+            parsed = parse_index_name(marker)
+            stale = [m for m in state.views if (parse_index_name(m) or (0, ""))[0] < (parsed or (0, ""))[0]]
+            stale_views = [state.views.pop(m) for m in stale]
+        for old in stale_views:  # snapshots whose upload never started (their commit failed before upload)
+            old.close()
+        if view is None:
+            raise StateBackendError(f"store {state.name}: no snapshot was taken for {marker}; call snapshot() first")
+        version = view.version
+        assert version is not None and parsed is not None
+        staging = state.staging / Path(marker).stem
+        try:
+            shutil.rmtree(staging, ignore_errors=True)
+            view.copy_to(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        finally:
+            view.close()
+        try:
+            with state.io_lock:
+                files = [self._upload_file(state, path) for path in sorted(staging.iterdir()) if path.is_file()]
+                index = SnapshotIndex.build(
+                    job=self.context.job_name,
+                    task=self.context.task_name,
+                    store=state.name,
+                    version=version,
+                    seq=parsed[0],
+                    chunk_size=self.chunk_size,
+                    files=files,
+                    previous=state.previous,
+                    previous_name=state.previous_name,
+                )
+                self._put_index(marker, index)
+                state.known.update(index.chunk_hashes())
+                state.previous, state.previous_name = index, marker
+                state.pending[marker] = index
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return marker
+
+    def _upload_file(self, state: _StoreState, path: Path) -> FileEntry:
+        pool = self._private_pool()
+        metrics = self.context.metrics
+        file_hasher = new_hasher()
+        chunks: list[ChunkRef] = []
+        size = 0
+        reused = 0
+        seen: set[str] = set()
+        inflight: set[Future[int]] = set()
+        window = 2 * self.upload_concurrency  # bounds memory: at most this many chunks held at once
+        uploaded = 0
+        try:
+            with open(path, "rb") as source:
+                while True:
+                    data = source.read(self.chunk_size)
+                    if not data:
+                        break
+                    file_hasher.update(data)
+                    digest = chunk_hash(data)
+                    chunks.append(ChunkRef(digest, len(data)))
+                    size += len(data)
+                    if digest in state.known or digest in seen:
+                        reused += len(data)
+                        continue
+                    seen.add(digest)
+                    while len(inflight) >= window:
+                        done, inflight = _wait_some(inflight)
+                        uploaded += sum(f.result() for f in done)
+                    inflight.add(pool.submit(self._put_chunk, state, digest, data))
+            done, _ = wait(inflight)
+            inflight = set()
+            uploaded += sum(f.result() for f in done)
+        finally:
+            for future in inflight:
+                future.cancel()
+        # chunks found present by head() (or by a lost create-only race) count as reused too
+        not_written = size - uploaded - reused
+        metrics.increment("commit.bytes.reused", reused + not_written)
+        metrics.increment("blobsnapshot.chunks.total", len(chunks))
+        return FileEntry(name=path.name, size=size, hash=file_hasher.hexdigest(), chunks=tuple(chunks))
+
+    def _put_chunk(self, state: _StoreState, digest: str, data: bytes) -> int:
+        """Upload one chunk unless present; returns the bytes written."""
+        blob_store = self.context.blob_store
+        name = chunk_name(state.prefix, digest)
+        if blob_store.exists(name):
+            self.context.metrics.increment("blobsnapshot.chunks.reused")
+            return 0
+        try:
+            blob_store.put(name, data, create_only=True, metadata=self._new_metadata())
+        except AlreadyExistsError:
+            self.context.metrics.increment("blobsnapshot.chunks.reused")
+            return 0  # same name, same content: someone (an earlier try) wrote it first
+        metrics = self.context.metrics
+        metrics.increment("blobsnapshot.chunks.uploaded")
+        metrics.increment("commit.bytes.uploaded", len(data))
+        metrics.increment("commit.files.uploaded")
+        return len(data)
+
+    def _put_index(self, marker: str, index: SnapshotIndex) -> None:
+        data = index.encode()
+        blob_store = self.context.blob_store
+        try:
+            blob_store.put(marker, data, create_only=True, metadata=self._new_metadata())
+        except AlreadyExistsError:
+            # the name carries the flush's random token: only an earlier try of this very upload can have written it
+            try:
+                existing = blob_store.get(marker)
+            except NotFoundError:
+                existing = None
+            if existing != data:
+                raise StateBackendError(
+                    f"index blob {marker} already exists with other content in {blob_store.describe()}; another "
+                    f"attempt of task {self.context.task_name} wrote it: restore from the latest checkpoint"
+                ) from None
+        metrics = self.context.metrics
+        metrics.increment("commit.bytes.uploaded", len(data))
+        metrics.increment("commit.files.uploaded")
+        metrics.increment("blobsnapshot.indexes.uploaded")
+
+    def _new_metadata(self) -> dict[str, str] | None:
+        if not self.context.blob_store.supports_metadata:
+            return None
+        now = self.clock()
+        return {CREATED_AT: f"{now:.3f}", EXPIRES_AT: f"{now + self.ttl_ms / 1000.0:.3f}"}
+
+    def _private_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.upload_concurrency, thread_name_prefix="blobsnapshot-upload")
+            return self._pool
+
+    # -- cleanup ------------------------------------------------------------------------------------------------
+
+    def _cleanup(self, markers: dict[str, str]) -> None:
+        for name, marker in markers.items():
+            state = self._states[name]
+            with state.io_lock:
+                self._cleanup_store(state, marker)
+                state.cleanups += 1
+                if self.gc_interval_commits and state.cleanups % self.gc_interval_commits == 0:
+                    self._sweep_store(state, self.clock())
+
+    def _cleanup_store(self, state: _StoreState, marker: str) -> None:
+        retained = dict(state.retained)
+        index = state.pending.pop(marker, None) or retained.get(marker)
+        if index is None:
+            try:
+                index = read_index(self.context.blob_store, marker, store=state.name)
+            except NotFoundError:
+                # a late cleanup of a checkpoint that already fell out of retention: nothing left to do
+                log.debug("store %s: cleanup of %s found it gone already", state.name, marker)
+                return
+        self._make_durable(state, marker, index)
+        state.last_durable_seq = max(state.last_durable_seq, index.seq)
+        if marker not in retained:
+            state.retained.append((marker, index))
+            # cleanups may finish out of order on a pool: keep the window ordered by seq, newest last
+            state.retained = deque(sorted(state.retained, key=lambda item: item[1].seq))
+        dropped: list[tuple[str, SnapshotIndex]] = []
+        while len(state.retained) > max(1, self.retained):
+            dropped.append(state.retained.popleft())
+        if not dropped:
+            return
+        live = state.live_indexes()
+        keep = {digest for live_index in live.values() for digest in live_index.chunk_hashes()}
+        garbage = sorted({digest for _, i in dropped for digest in i.chunk_hashes()} - keep)
+        blob_store = self.context.blob_store
+        for digest in garbage:
+            blob_store.delete(chunk_name(state.prefix, digest))
+            state.known.discard(digest)
+            state.durable_chunks.discard(digest)
+        for name, _ in dropped:
+            if name not in live:
+                blob_store.delete(name)
+        self.context.metrics.increment("blobsnapshot.chunks.deleted", len(garbage))
+        self.context.metrics.increment("blobsnapshot.indexes.deleted", len(dropped))
+
+    def _make_durable(self, state: _StoreState, marker: str, index: SnapshotIndex) -> None:
+        """Seed 002's remove-TTL: a durable checkpoint's index and chunks never expire."""
+        blob_store = self.context.blob_store
+        if not blob_store.supports_metadata:
+            return
+        durable = {DURABLE_AT: f"{self.clock():.3f}"}
+        for digest in sorted(index.chunk_hashes() - state.durable_chunks):
+            try:
+                blob_store.set_metadata(chunk_name(state.prefix, digest), durable)
+            except NotFoundError:
+                self.context.metrics.increment("blobsnapshot.chunks.missing")
+                log.error("store %s: chunk %s of durable index %s is missing; that checkpoint cannot be restored "
+                          "from blobsnapshot", state.name, chunk_name(state.prefix, digest), marker)
+                continue
+            state.durable_chunks.add(digest)
+            self.context.metrics.increment("blobsnapshot.ttl.removed")
+        try:
+            blob_store.set_metadata(marker, durable)
+        except NotFoundError:
+            log.error("store %s: durable index %s is missing", state.name, marker)
+
+    # -- mark and sweep -----------------------------------------------------------------------------------------
+
+    def _sweep_store(self, state: _StoreState, now: float) -> SweepReport:
+        blob_store = self.context.blob_store
+        live: dict[str, SnapshotIndex | None] = dict(state.live_indexes(suspect_pending=False))
+        for marker in self._markers_in_checkpoint_log(state.name):
+            live.setdefault(marker, state.pending.get(marker))
+        referenced: set[str] = set()
+        complete = True
+        for marker, index in list(live.items()):
+            if index is None:
+                try:
+                    index = read_index(blob_store, marker, store=state.name)
+                except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
+                    complete = False  # its chunks are unknown: deleting "unreferenced" chunks could hurt it
+                    log.warning("store %s: sweep cannot read live index %s (%s); chunks are left alone",
+                                state.name, marker, exc)
+                    continue
+            referenced |= index.chunk_hashes()
+        indexes_deleted = 0
+        for name in list(blob_store.list(index_prefix(state.prefix))):
+            if name not in live and self._old_enough(state, name, now):
+                blob_store.delete(name)
+                state.pending.pop(name, None)
+                indexes_deleted += 1
+        chunks_deleted = 0
+        if complete:
+            for name in list(blob_store.list(chunks_prefix(state.prefix))):
+                digest = name.rsplit("/", 1)[-1]
+                if digest not in referenced and self._old_enough(state, name, now):
+                    blob_store.delete(name)
+                    state.known.discard(digest)
+                    state.durable_chunks.discard(digest)
+                    state.first_seen.pop(name, None)
+                    chunks_deleted += 1
+        metrics = self.context.metrics
+        metrics.increment("blobsnapshot.sweeps")
+        metrics.increment("blobsnapshot.sweep.chunks.deleted", chunks_deleted)
+        metrics.increment("blobsnapshot.sweep.indexes.deleted", indexes_deleted)
+        if chunks_deleted or indexes_deleted:
+            log.info("store %s: sweep deleted %d unreferenced chunks and %d indexes", state.name, chunks_deleted,
+                     indexes_deleted)
+        return SweepReport(indexes_deleted, chunks_deleted, not complete)
+
+    def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
+        """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""
+        settings = self.context.settings
+        checkpoint_log = CheckpointLog(
+            self.context.blob_store,
+            self.context.job_name,
+            self.context.task_name,
+            read_versions=settings.checkpoint_read_versions,
+            retained=settings.checkpoint_retained,
+        )
+        names = set()
+        for entry in checkpoint_log.entries():
+            if isinstance(entry.checkpoint, CheckpointV2):
+                marker = entry.checkpoint.markers_for(self.context.factory_name).get(store_name)
+                if marker is not None:
+                    names.add(marker)
+        return names
+
+    def _old_enough(self, state: _StoreState, name: str, now: float) -> bool:
+        """Whether an unreferenced blob may go: past its grace period, expired, or durable once and since dropped."""
+        grace = self.grace_period_ms / 1000.0
+        blob_store = self.context.blob_store
+        if not blob_store.supports_metadata:
+            return now - state.first_seen.setdefault(name, now) >= grace
+        try:
+            metadata = blob_store.head(name).metadata
+        except NotFoundError:
+            return False
+        try:
+            if EXPIRES_AT in metadata and float(metadata[EXPIRES_AT]) <= now:
+                return True
+            if CREATED_AT in metadata:
+                return now - float(metadata[CREATED_AT]) >= grace
+        except ValueError:
+            log.warning("blob %s has unreadable age metadata %r; treating it as new", name, dict(metadata))
+            return False
+        # no age: its expiry was removed when a durable checkpoint used it, and no retained one does any more
+        return DURABLE_AT in metadata or not metadata
+
+
+def _wait_some(futures: set[Future[int]]) -> tuple[set[Future[int]], set[Future[int]]]:
+    done, not_done = wait(futures, return_when=FIRST_COMPLETED)
+    return done, not_done
+
+
+def _gather(futures: Mapping[str, Future[str]]) -> Future[StoreMarkers]:
+    """One future for a dict of futures (resolved by callbacks: nobody waits on a pool thread)."""
+    result: Future[StoreMarkers] = Future()
+    if not futures:
+        result.set_result({})
+        return result
+    lock = threading.Lock()
+    remaining = [len(futures)]
+
+    def one_done(_: Future[str]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        errors = [f.exception() for f in futures.values() if f.exception() is not None]
+        if errors:
+            result.set_exception(errors[0])
+        else:
+            result.set_result({name: f.result() for name, f in futures.items()})
+
+    for future in futures.values():
+        future.add_done_callback(one_done)
+    return result
