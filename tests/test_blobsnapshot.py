@@ -7,6 +7,7 @@ import json
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
@@ -18,8 +19,19 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.task import TaskStorage
 from tests.blobstore_faults import ControlledBlobStore
+from tests.contract.backend_contract import BackendContract
 
 PREFIX = "job/task-0/counts/blobsnapshot/"
+
+
+class TestBlobSnapshotBackend(BackendContract):
+    """The backup/restore contract suite, unchanged, against this backend (with its sweep at init on)."""
+
+    backup_factories: ClassVar[str] = "blobsnapshot"
+    extra_config: ClassVar[dict[str, Any]] = {
+        "stores.counts.restore.factory": "blobsnapshot",
+        "blobsnapshot.chunk.size": "64KiB",
+    }
 
 
 def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
