@@ -1,0 +1,269 @@
+"""End to end on real local Spark: after the query, the state equals a batch computation over all the input.
+
+Most tests call the ``foreachBatch`` callable directly with a static DataFrame per batch id: that is exactly what
+Spark does with each micro-batch, and it lets a test replay a batch, fail a task or wipe the local state at a chosen
+point. One test runs a real streaming query over files, stopped and restarted from its Spark checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.spark_fixtures import spark  # noqa: F401
+
+from statebackend.spark import StatefulForeachBatch, read_state
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+NUM_TASKS = 3
+OUTPUT = "word string, count long"
+
+
+# -- job functions (module level: they are pickled by reference and imported on the executors) -----------------
+
+
+def count_rows(stores: Any, rows: Any) -> list[tuple[str, int]]:
+    """Word count, one row at a time; outputs each word's new total."""
+    counts = stores["counts"]
+    totals: dict[str, int] = {}
+    for row in rows:
+        total = (counts.get(row.word) or 0) + 1
+        counts.put(row.word, total)
+        totals[row.word] = total
+    return sorted(totals.items())
+
+
+def count_arrow(stores: Any, batches: Any) -> Any:
+    import pyarrow as pa
+
+    counts = stores["counts"]
+    received = list(batches)
+    words: list[str] = []
+    totals: list[int] = []
+    if received:
+        table = pa.Table.from_batches(received)
+        grouped = table.group_by("word").aggregate([("word", "count")])
+        for word, n in zip(grouped.column("word").to_pylist(), grouped.column("word_count").to_pylist()):
+            total = (counts.get(word) or 0) + n
+            counts.put(word, total)
+            words.append(word)
+            totals.append(total)
+    return pa.table({"word": pa.array(words, pa.string()), "count": pa.array(totals, pa.int64())})
+
+
+def count_pandas(stores: Any, frame: Any) -> Any:
+    import pandas as pd
+
+    counts = stores["counts"]
+    words: list[str] = []
+    totals: list[int] = []
+    for word, n in frame["word"].value_counts().items():
+        total = (counts.get(word) or 0) + int(n)
+        counts.put(word, total)
+        words.append(word)
+        totals.append(total)
+    return pd.DataFrame({"word": pd.Series(words, dtype=object), "count": pd.Series(totals, dtype="int64")})
+
+
+COUNTERS = {"rows": count_rows, "arrow": count_arrow, "pandas": count_pandas}
+
+
+class FailOnceAfterWriting:
+    """Writes the batch, then raises on the first attempt of (batch, task) that sees the marker absent."""
+
+    def __init__(self, marker: Path, batch_id: int, task_index: int) -> None:
+        self.marker = str(marker)
+        self.batch_id = batch_id
+        self.task_index = task_index
+
+    def __call__(self, stores: Any, rows: Any) -> list[tuple[str, int]]:
+        output = count_rows(stores, rows)
+        if stores.batch_id == self.batch_id and stores.task_index == self.task_index and _first_time(self.marker):
+            raise RuntimeError("injected failure before the commit")
+        return output
+
+
+class FailOnceAfterCommit:
+    """Counts normally, but the task's output fails to serialize once, i.e. after the task committed its state."""
+
+    def __init__(self, marker: Path, batch_id: int, task_index: int) -> None:
+        self.marker = str(marker)
+        self.batch_id = batch_id
+        self.task_index = task_index
+
+    def __call__(self, stores: Any, rows: Any) -> list[Any]:
+        output: list[Any] = list(count_rows(stores, rows))
+        if stores.batch_id == self.batch_id and stores.task_index == self.task_index:
+            output.append(_ExplodesOnce(self.marker))
+        return output
+
+
+class _ExplodesOnce:
+    """An output row that cannot be pickled the first time: the task fails after its commit was durable."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> Any:
+        if _first_time(self.marker):
+            raise RuntimeError("injected failure after the commit")
+        return (tuple, (("sentinel", -1),))
+
+
+def _first_time(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+# -- helpers ------------------------------------------------------------------------------------------------------
+
+
+def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
+    config: dict[str, object] = {
+        "job.name": "wordcount",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": f"file://{tmp_path / 'blobs'}",
+        "blob.store.create.if.missing": "true",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+        "changelog.snapshot.interval.commits": 2,
+    }
+    config.update(extra)
+    return config
+
+
+def batch_words(batch_id: int) -> list[str]:
+    """Deterministic input of a batch: a few words that repeat across batches, and some new ones."""
+    return [f"w{(batch_id * 7 + i * i) % 23}" for i in range(40)] + [f"new{batch_id}-{i}" for i in range(3)]
+
+
+def run_batch(spark: Any, job: StatefulForeachBatch, batch_id: int) -> list[tuple[str, int]]:
+    frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
+    output = job(frame, batch_id)
+    return sorted((row.word, row["count"]) for row in output.collect())
+
+
+def state_of(spark: Any, config: dict[str, object], checkpoint: str | int = "latest") -> dict[str, int]:
+    rows = read_state(spark, config, "counts", num_tasks=NUM_TASKS, checkpoint=checkpoint).collect()
+    keys = [row.key for row in rows]
+    assert len(keys) == len(set(keys)), "a key lives in exactly one task"
+    return {row.key: row.value for row in rows}
+
+
+def batch_count(spark: Any, batch_ids: list[int]) -> dict[str, int]:
+    """The reference: a plain Spark batch groupBy-count over the input of the given batches."""
+    words = [(w,) for b in batch_ids for w in batch_words(b)]
+    frame = spark.createDataFrame(words, "word string").groupBy("word").count()
+    return {row.word: row["count"] for row in frame.collect()}
+
+
+# -- tests --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
+def test_normal_run_state_and_output_equal_a_batch_count(spark: Any, tmp_path: Path, mode: str) -> None:
+    config = make_config(tmp_path)
+    job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema=OUTPUT, mode=mode)
+    for batch_id in range(3):
+        output = run_batch(spark, job, batch_id)
+        totals = batch_count(spark, list(range(batch_id + 1)))
+        assert output == sorted((w, totals[w]) for w in set(batch_words(batch_id)))
+    assert state_of(spark, config) == batch_count(spark, [0, 1, 2])
+    assert state_of(spark, config, checkpoint=1) == batch_count(spark, [0, 1])
+    assert all(stats.committed_seq == 3 and stats.base_seq == 2 for stats in job.last_batch_stats)
+
+
+def test_replayed_batch_is_applied_once(spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema=OUTPUT)
+    for batch_id in range(3):
+        first_output = run_batch(spark, job, batch_id)
+    replayed_output = run_batch(spark, job, 2)  # Spark re-runs its last batch after a driver crash
+    assert replayed_output == first_output
+    assert {s.base_seq for s in job.last_batch_stats} == {2} and {s.committed_seq for s in job.last_batch_stats} == {4}
+    shutil.rmtree(tmp_path / "local")
+    assert run_batch(spark, job, 2) == first_output  # replayed again, now from the blob store alone
+    run_batch(spark, job, 3)
+    assert state_of(spark, config) == batch_count(spark, [0, 1, 2, 3])
+
+
+def test_task_attempt_failing_before_its_commit_is_retried_and_applied_once(spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    fail = FailOnceAfterWriting(tmp_path / "marker", batch_id=1, task_index=1)
+    job = StatefulForeachBatch(fail, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    for batch_id in range(3):
+        run_batch(spark, job, batch_id)
+    assert (tmp_path / "marker").exists()
+    retried = [s for s in job.history if s.batch_id == 1 and s.task_index == 1]
+    assert [s.attempt for s in retried] == [1]
+    assert state_of(spark, config) == batch_count(spark, [0, 1, 2])
+
+
+def test_task_failing_after_its_commit_is_redone_from_the_previous_checkpoint(spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    fail = FailOnceAfterCommit(tmp_path / "marker", batch_id=1, task_index=0)
+    job = StatefulForeachBatch(fail, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    run_batch(spark, job, 0)
+    output = run_batch(spark, job, 1)
+    assert ("sentinel", -1) in output
+    retried = next(s for s in job.last_batch_stats if s.task_index == 0)
+    # the failed attempt committed #2; the retry restored #1 (batch 0) and committed the redo as #3
+    assert (retried.attempt, retried.base_seq, retried.committed_seq) == (1, 1, 3)
+    run_batch(spark, job, 2)
+    assert state_of(spark, config) == batch_count(spark, [0, 1, 2])
+
+
+def test_local_state_wiped_between_batches_is_restored_from_the_blob_store(spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema=OUTPUT)
+    for batch_id in range(5):
+        if batch_id in (2, 4):
+            shutil.rmtree(tmp_path / "local")
+        run_batch(spark, job, batch_id)
+    assert state_of(spark, config) == batch_count(spark, list(range(5)))
+
+
+def test_streaming_query_over_files_stopped_and_restarted_from_its_checkpoint(spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    source = tmp_path / "input"
+    source.mkdir()
+    outputs: list[tuple[int, int]] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        outputs.append((batch_id, frame.count()))
+
+    def write_file(batch: int) -> None:
+        (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
+
+    def run_query() -> StatefulForeachBatch:
+        job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                                   output_schema=OUTPUT, sink=sink)
+        stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
+        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(120)
+        assert query.exception() is None
+        return job
+
+    for batch in range(3):
+        write_file(batch)
+    first = run_query()
+    for batch in range(3, 5):
+        write_file(batch)
+    second = run_query()
+    assert sorted({s.batch_id for s in first.history}) == [0, 1, 2]
+    assert sorted({s.batch_id for s in second.history}) == [3, 4]  # resumed from Spark's checkpoint, nothing redone
+    assert [b for b, _ in outputs] == [0, 1, 2, 3, 4]
+    assert state_of(spark, config) == batch_count(spark, list(range(5)))
