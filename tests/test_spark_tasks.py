@@ -1,0 +1,157 @@
+"""The executor side of the Spark driver, run in this process without a SparkSession: which checkpoint a task
+restores, what it refuses, and two attempts of one task at once (one commit wins, the batch is applied once)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import Row
+
+from statebackend.errors import CommitError, ConfigError, StateBackendError
+from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, _TaskRunner
+from statebackend.task import TaskStorage
+from tests.test_spark import count_rows, make_config
+
+NUM_TASKS = 2
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+
+    def add(self, items: list[Any]) -> None:
+        self.items.extend(items)
+
+
+def runner(config: dict[str, object], batch_id: int, fn: Any = count_rows, **extra: Any) -> _TaskRunner:
+    options: dict[str, Any] = {"num_tasks": NUM_TASKS, "on_replay": "redo"}
+    options.update(extra)
+    return _TaskRunner(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), stats=_Stats(), **options)
+
+
+def rows(*words: str) -> list[Row]:
+    return [Row(word=w) for w in words]
+
+
+def run(config: dict[str, object], batch_id: int, *words: str, **extra: Any) -> list[Any]:
+    return list(runner(config, batch_id, **extra).run_rows(0, iter(rows(*words))))
+
+
+def task_state(config: dict[str, object]) -> tuple[dict[str, int], int]:
+    with TaskStorage.open(config, "task-0") as task:
+        assert task.restored is not None
+        return dict(task.store("counts").items()), task.commit_manager.next_seq - 1
+
+
+class WaitForEachOther:
+    """Counts, then waits until the other attempt has counted too, so both commit the same batch at once."""
+
+    def __init__(self, barrier: threading.Barrier) -> None:
+        self.barrier = barrier
+
+    def __call__(self, stores: Any, input_rows: Any) -> list[tuple[str, int]]:
+        output = count_rows(stores, input_rows)
+        self.barrier.wait(timeout=30)
+        return output
+
+
+def test_two_attempts_at_once_one_commit_wins_and_a_retry_redoes_the_batch_once(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run(config, 0, "a", "b")
+    fn = WaitForEachOther(threading.Barrier(2))
+    results: list[Any] = []
+
+    def attempt() -> None:
+        try:
+            results.append(list(runner(config, 1, fn).run_rows(0, iter(rows("a", "c")))))
+        except CommitError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=attempt) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    conflicts = [r for r in results if isinstance(r, CommitError)]
+    assert len(results) == 2 and len(conflicts) == 1
+    assert "already committed by another attempt" in str(conflicts[0])
+    assert [r for r in results if not isinstance(r, CommitError)] == [[("a", 2), ("c", 1)]]
+    assert task_state(config) == ({"a": 2, "b": 1, "c": 1}, 2)
+    assert list((tmp_path / "local" / ATTEMPTS_DIR).iterdir()) == []  # the private copy is gone
+    # Spark retries the losing attempt: it restores batch 0's checkpoint and redoes batch 1, never applying it twice
+    assert run(config, 1, "a", "c") == [("a", 2), ("c", 1)]
+    assert task_state(config) == ({"a": 2, "b": 1, "c": 1}, 3)
+
+
+def test_next_batch_after_a_replay_builds_on_the_redo(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run(config, 0, "a")
+    run(config, 1, "a", "b")
+    assert run(config, 1, "a", "b") == [("a", 2), ("b", 1)]
+    assert run(config, 2, "b") == [("b", 2)]
+    assert task_state(config) == ({"a": 2, "b": 2}, 4)
+
+
+def test_batch_older_than_the_newest_committed_one_is_refused(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    for batch_id in range(3):
+        run(config, batch_id, "a")
+    with pytest.raises(StateBackendError, match="checkpoint location was reset"):
+        run(config, 1, "a")
+    assert task_state(config) == ({"a": 3}, 3)
+
+
+def test_changing_the_number_of_tasks_is_refused(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run(config, 0, "a")
+    with pytest.raises(ConfigError, match="num_tasks=2"):
+        run(config, 1, "a", num_tasks=3)
+
+
+def test_replay_whose_base_was_deleted_by_retention_is_refused(tmp_path: Path) -> None:
+    config = make_config(tmp_path, **{"task.checkpoint.retained": 2})
+    run(config, 0, "a")
+    run(config, 1, "a")
+    run(config, 1, "a")  # the redo of batch 1 is #3; retention keeps #2 and #3, both batch 1
+    with pytest.raises(StateBackendError, match="task.checkpoint.retained"):
+        run(config, 1, "a")
+
+
+def test_on_replay_skip_leaves_a_committed_batch_alone(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run(config, 0, "a")
+    assert run(config, 0, "a", on_replay="skip") == []
+    assert task_state(config) == ({"a": 1}, 1)
+
+
+def test_first_batch_replayed_starts_from_empty_state(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run(config, 0, "a")
+    assert run(config, 0, "a") == [("a", 1)]
+    assert task_state(config) == ({"a": 1}, 2)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "columns"}, "mode 'columns' is not one of rows, arrow, pandas"),
+        ({"mode": "arrow"}, "needs output_schema"),
+        ({"num_tasks": 0}, "num_tasks must be a positive int"),
+        ({"key_columns": []}, "at least one key column"),
+        ({"on_replay": "ignore"}, "on_replay 'ignore'"),
+    ],
+)
+def test_wrong_arguments_are_refused_on_the_driver(tmp_path: Path, options: dict[str, Any], message: str) -> None:
+    arguments: dict[str, Any] = {"key_columns": ["word"], "num_tasks": 2, "config": make_config(tmp_path)}
+    arguments.update(options)
+    with pytest.raises(ConfigError, match=message):
+        StatefulForeachBatch(count_rows, **arguments)
+
+
+def test_misspelled_config_key_is_refused_on_the_driver(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="tsak.commit.ms"):
+        StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=2,
+                             config=make_config(tmp_path, **{"tsak.commit.ms": 5}))
