@@ -454,12 +454,21 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 log.error("store %s: chunk %s of durable index %s is missing; that checkpoint cannot be restored "
                           "from blobsnapshot", state.name, chunk_name(state.prefix, digest), marker)
                 continue
+            except StateBackendError as exc:
+                # not fatal to retention: the chunk stays out of durable_chunks and the next index using it retries
+                self.context.metrics.increment("blobsnapshot.ttl.failures")
+                log.warning("store %s: could not remove the expiry of chunk %s: %s", state.name,
+                            chunk_name(state.prefix, digest), exc)
+                continue
             state.durable_chunks.add(digest)
             self.context.metrics.increment("blobsnapshot.ttl.removed")
         try:
             blob_store.set_metadata(marker, durable)
         except NotFoundError:
             log.error("store %s: durable index %s is missing", state.name, marker)
+        except StateBackendError as exc:
+            self.context.metrics.increment("blobsnapshot.ttl.failures")
+            log.warning("store %s: could not remove the expiry of index %s: %s", state.name, marker, exc)
 
     # -- mark and sweep -----------------------------------------------------------------------------------------
 
