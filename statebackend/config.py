@@ -752,6 +752,7 @@ BLOB_STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "hedge.after.ms": OptionSpec(
         parse_duration_ms(min=0), 0, "start a second attempt when the first is slower than this (0: off)"
     ),
+    "hedge.max": OptionSpec(parse_int(min=1, max=8), 2, "most hedged attempts started for one request"),
     "part.size.bytes": OptionSpec(parse_bytes(min=1), "8MiB", "part size of parallel uploads and downloads"),
     "create.if.missing": OptionSpec(parse_bool(), False, "create the container, bucket or directory when missing"),
 }

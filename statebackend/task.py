@@ -32,6 +32,7 @@ from statebackend.contracts import BackendContext
 from statebackend.errors import ConfigError, StateBackendError
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
+from statebackend.resources import create_blob_store_resources
 from statebackend.serdes import get_serde
 from statebackend.store import LocalStore
 
@@ -78,6 +79,8 @@ class TaskStorage:
         metrics = metrics or Metrics()
         owns = blob_store is None
         blob_store = blob_store or open_blob_store(settings.blob_store_url, settings.blob_store_options)
+        if owns and settings.blob_store_options.get("create.if.missing"):
+            create_blob_store_resources(blob_store)  # before the first read: listing a missing bucket fails
         executor = executor or shared_commit_pool(settings.commit_pool_size)
         stores: dict[str, LocalStore] = {}
         try:

@@ -51,3 +51,51 @@ class TestChangelogOnS3Server(BackendContract):
     def blobs(self, s3_server: ServerProcess) -> Iterator[BlobStore]:
         with s3_blobs(s3_server.endpoint) as store:
             yield store
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_s3_store_is_opened_from_config_keys_alone(s3_server: ServerProcess, tmp_path: "Path") -> None:
+    """blob.store.* keys reach the S3 store through Settings: a task commits and restores with no store object."""
+    from statebackend.task import TaskStorage
+
+    config = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": f"s3://t-{uuid.uuid4().hex[:20]}/state",
+        "blob.store.endpoint.url": s3_server.endpoint,
+        "blob.store.create.if.missing": "true",
+        "blob.store.hedge.after.ms": "2000",
+        "stores.counts.backup.factories": "changelog",
+    }
+    with TaskStorage.open(config, "task-0") as task:
+        task.store("counts").put(b"k", b"v")
+        task.commit_durably({"input": "1"})
+    import shutil
+
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0") as task:
+        assert dict(task.store("counts").items()) == {b"k": b"v"}
+
+
+@pytest.mark.azure
+@pytest.mark.slow
+def test_azure_store_is_opened_from_config_keys_alone(azurite_connection: str, tmp_path: "Path") -> None:
+    from statebackend.task import TaskStorage
+
+    config = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": f"az://t{uuid.uuid4().hex[:20]}/state",
+        "blob.store.connection.string": azurite_connection,
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": "changelog",
+    }
+    with TaskStorage.open(config, "task-0") as task:
+        task.store("counts").put(b"k", b"v")
+        task.commit_durably({"input": "1"})
+    import shutil
+
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0") as task:
+        assert dict(task.store("counts").items()) == {b"k": b"v"}

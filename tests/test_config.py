@@ -117,6 +117,7 @@ def test_blob_store_options_have_their_defaults_and_leave_out_unset_credentials(
         "retry.base.delay.ms": 100,
         "retry.max.delay.ms": 5000,
         "hedge.after.ms": 0,
+        "hedge.max": 2,
         "part.size.bytes": 8 * 1024 * 1024,
         "create.if.missing": False,
     }
