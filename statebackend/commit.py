@@ -26,7 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
 
 import attrs
@@ -108,6 +108,7 @@ class TaskCommitManager:
     _failure: BaseException | None = attrs.field(init=False, default=None)
     _failures_in_a_row: int = attrs.field(init=False, default=0)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _cleanups: list[Future[None]] = attrs.field(init=False, factory=list)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit the task's state with ``input_offsets``. Returns the pending commit, or ``None`` when skipped
@@ -149,13 +150,19 @@ class TaskCommitManager:
         return self.last_checkpoint
 
     def close(self) -> None:
-        """Wait for the commit in flight so no upload outlives the task; failures are logged, not raised."""
+        """Wait for the commit in flight and its cleanups so no upload outlives the task; failures are logged, not
+        raised."""
         inflight = self._inflight
         if inflight is not None:
             try:
                 inflight.future.exception(self.timeout_ms / 1000.0)
             except FutureTimeoutError:
                 log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id)
+        with self._lock:
+            cleanups, self._cleanups = self._cleanups, []
+        done, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
+        if not_done:
+            log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done))
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -278,7 +285,10 @@ class TaskCommitManager:
 
         for binding in self.backups:
             try:
-                binding.manager.cleanup(checkpoint_id, markers[binding.factory_name]).add_done_callback(report)
+                future = binding.manager.cleanup(checkpoint_id, markers[binding.factory_name])
+                with self._lock:
+                    self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
+                future.add_done_callback(report)
             except BaseException as exc:
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc)

@@ -78,6 +78,8 @@ class _Lineage:
     bytes_since_snapshot: int = 0
     background: Future[Step] | None = None
     retained: deque[Recipe] = attrs.field(factory=deque)
+    #: blobs no retained checkpoint needs that are not deleted yet
+    garbage: set[str] = attrs.field(factory=set)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def recipe(self) -> Recipe:
@@ -325,9 +327,14 @@ class ChangelogBackupManager(TaskBackupManager):
                     dropped.append(lineage.retained.popleft())
                 keep = {n for r in lineage.retained for n in r.blob_names()}
                 keep.update(lineage.recipe().blob_names())
-                garbage = sorted({n for r in dropped for n in r.blob_names()} - keep)
+                # garbage a failed cleanup left behind is tried again here (delete is idempotent)
+                lineage.garbage.update(n for r in dropped for n in r.blob_names())
+                lineage.garbage.difference_update(keep)
+                garbage = sorted(lineage.garbage)
             for blob in garbage:
                 self.context.blob_store.delete(blob)
+                with lineage.lock:
+                    lineage.garbage.discard(blob)
                 crashpoint("changelog.cleanup.deleted")
                 with lineage.lock:
                     lineage.uploaded.discard(blob)
