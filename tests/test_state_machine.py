@@ -103,9 +103,11 @@ class TaskLifecycle(RuleBasedStateMachine):
         self.current.pop(key, None)
 
     @precondition(lambda self: self.task is not None)
-    @rule()
-    def commit(self) -> None:
+    @rule(finish_background_snapshots_first=st.booleans())
+    def commit(self, finish_background_snapshots_first: bool = False) -> None:
         assert self.task is not None
+        if finish_background_snapshots_first:
+            self._finish_background_snapshots(self.task)
         self.offset += 1
         checkpoint = self.task.commit_durably({"input": str(self.offset)}, timeout=30)
         assert checkpoint.input_offsets == {"input": str(self.offset)}
@@ -118,10 +120,15 @@ class TaskLifecycle(RuleBasedStateMachine):
             assert self._restore_elsewhere() == self.durable
 
     @precondition(lambda self: self.task is not None)
-    @rule(key=KEYS, value=VALUES)
-    def commit_with_failed_upload(self, key: bytes, value: bytes) -> None:
-        """A commit whose delta (or re-base snapshot) upload fails once: it fails, the durable state stays where it
-        was, the failure surfaces once to the task, and the task goes on."""
+    @rule(key=KEYS, value=VALUES, times=st.integers(min_value=1, max_value=3))
+    def commit_with_failed_upload(self, key: bytes, value: bytes, times: int) -> None:
+        """``times`` commits in a row, each with one upload failing (the second one fails re-uploading the first one's
+        staged delta, so its own change set is never staged and the chain breaks): each fails, the durable state
+        stays where it was, the failure surfaces once to the task, and the task goes on."""
+        for _ in range(times):
+            self._commit_with_failed_upload(key, value)
+
+    def _commit_with_failed_upload(self, key: bytes, value: bytes) -> None:
         assert self.task is not None
         self.put(key, value)  # a non-empty change, so the commit has a blob to upload
         self.offset += 1

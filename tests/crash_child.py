@@ -1,0 +1,151 @@
+"""The process tests/test_crash.py kills: a task that restores, then writes deterministic data over several durable
+commits on a ``file://`` blob store.
+
+Usage (from the repository root)::
+
+    python -m tests.crash_child <workdir> <report.json> <commits>
+
+It opens ``task-0`` under ``<workdir>`` (local state in ``local/``, blobs in ``blobs/``), which restores the newest
+durable checkpoint; writes what it restored to ``<report.json>``; then runs ``<commits>`` more commits, number
+``n = restored + 1, ...``, each applying :func:`operations` ``(n)`` and committing durably with input offsets
+``{"input": str(n)}``; after each it appends ``n`` to ``<workdir>/durable.log`` (unbuffered, so the line survives a
+SIGKILL). With ``STATEBACKEND_CRASH_AT`` set it dies at that crash point (see statebackend/_crashpoints.py).
+
+The data is a function of the commit number alone, so the state of checkpoint ``n`` is :func:`expected_state` ``(n)``
+whatever happened to the process that wrote it.
+
+Crash points of this module (the blob store's side of an upload, which belongs to no other module): before every
+write, a :class:`CrashingFileBlobStore` writes the first half of the blob as a temp file where the real store would
+put its own, then calls ``crashpoint("blobstore.put.<kind>")`` with kind ``delta``, ``snapshot`` (a re-base, on a
+commit thread), ``background_snapshot`` (on the maintenance thread) or ``checkpoint``; a process killed there leaves
+the torn temp file behind, as a real crash mid-write would. Surviving, it removes the temp and does the real write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+
+from statebackend._crashpoints import crashpoint
+from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
+from statebackend.task import TaskStorage
+
+TASK = "task-0"
+STORE = "counts"
+KEY_SPACE = 400
+OPERATIONS_PER_COMMIT = 80
+
+
+def config(workdir: Path) -> dict[str, object]:
+    return {
+        "job.name": "job",
+        "state.local.dir": str(workdir / "local"),
+        "blob.store.url": f"file://{workdir / 'blobs'}",
+        "stores.counts.backup.factories": "changelog",
+        # ~4 KiB of writes per commit against a 2 KiB batch: every commit merges a spill run, and a crash between
+        # a spill and the next flush leaves LMDB ahead of every checkpoint
+        "stores.counts.write.batch.max.bytes": 2048,
+        "stores.counts.lmdb.map.size": "64MiB",
+        "changelog.snapshot.interval.commits": 3,
+        "task.checkpoint.retained": 2,
+    }
+
+
+def operations(n: int) -> list[tuple[bytes, bytes | None]]:
+    """The writes of commit ``n``: (key, value) puts and (key, None) deletes, distinct keys."""
+    result: list[tuple[bytes, bytes | None]] = []
+    for i in range(OPERATIONS_PER_COMMIT):
+        key = f"key{(i * 37 + n * 101) % KEY_SPACE:05d}".encode()  # 37 is prime to 400: no key twice per commit
+        result.append((key, None) if (i * 3 + n) % 7 == 0 else (key, f"value-{n}-{i}".encode() * 3))
+    return result
+
+
+def expected_state(n: int) -> dict[bytes, bytes]:
+    """The store's contents at checkpoint ``n`` (0: no checkpoint, empty)."""
+    state: dict[bytes, bytes] = {}
+    for commit in range(1, n + 1):
+        for key, value in operations(commit):
+            if value is None:
+                state.pop(key, None)
+            else:
+                state[key] = value
+    return state
+
+
+def blobs_dir(workdir: Path) -> Path:
+    return workdir / "blobs"
+
+
+class CrashingFileBlobStore(FileBlobStore):
+    """A ``file://`` store that can die in the middle of a write, leaving half the blob in a temp file."""
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        self._maybe_crash_midway(name, data)
+        super().put(name, data, create_only=create_only, metadata=metadata)
+
+    def put_file(self, name: str, path: str | os.PathLike[str], *, create_only: bool = False,
+                 metadata: Mapping[str, str] | None = None) -> None:
+        self._maybe_crash_midway(name, Path(path).read_bytes())
+        super().put_file(name, path, create_only=create_only, metadata=metadata)
+
+    def _maybe_crash_midway(self, name: str, data: bytes) -> None:
+        directory = Path(self.root) / os.path.dirname(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        temp = directory / f"{RESERVED_PREFIX}tmp.{secrets.token_hex(8)}"
+        with open(temp, "wb") as out:
+            out.write(data[: len(data) // 2])
+            out.flush()
+            os.fsync(out.fileno())
+        crashpoint(f"blobstore.put.{_kind(name)}")
+        temp.unlink()
+
+
+def _kind(name: str) -> str:
+    if name.endswith(".delta"):
+        return "delta"
+    if name.endswith(".snap"):
+        on_maintenance = threading.current_thread().name.startswith("statebackend-maintenance")
+        return "background_snapshot" if on_maintenance else "snapshot"
+    if "/checkpoints/" in name:
+        return "checkpoint"
+    return "other"
+
+
+def run(workdir: Path, report: Path, commits: int) -> None:
+    blob_store = CrashingFileBlobStore(str(blobs_dir(workdir)))
+    with TaskStorage.open(config(workdir), TASK, blob_store=blob_store) as task:
+        store = task.store(STORE)
+        restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
+        contents = {key.hex(): value.hex() for key, value in store.items()}
+        report.write_text(json.dumps({"restored": restored, "contents": contents}))
+        durable_log = os.open(workdir / "durable.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            for n in range(restored + 1, restored + commits + 1):
+                for key, value in operations(n):
+                    if value is None:
+                        store.delete(key)
+                    else:
+                        store.put(key, value)
+                checkpoint = task.commit_durably({"input": str(n)}, timeout=60)
+                assert checkpoint.input_offsets == {"input": str(n)}
+                os.write(durable_log, f"{n}\n".encode())
+        finally:
+            os.close(durable_log)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    run(Path(argv[1]), Path(argv[2]), int(argv[3]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
