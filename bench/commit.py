@@ -293,6 +293,7 @@ def run_size(keys: int, updates_settings: list[int], commits: int, workdir_root:
                 snaps_before, snap_bytes_before = snapshot_stats(tasks)
                 samples = run_commits(tasks, rounds, offset)
                 offset += commits
+                drain_maintenance()  # a snapshot started by this setting's commits belongs to it
                 snaps_after, snap_bytes_after = snapshot_stats(tasks)
                 snaps, snap_bytes = snaps_after - snaps_before, snap_bytes_after - snap_bytes_before
                 phase = summarize_commits(updates, samples, int(snap_bytes), snaps)
