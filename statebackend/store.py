@@ -9,7 +9,7 @@ Contract (DESIGN.md section 5):
   keys. An iteration works on a snapshot (an LMDB read transaction plus a sorted copy of the batch in its range), so
   writing while iterating is safe and not seen by that iteration.
 - ``flush(version)`` applies the batch in ONE LMDB write transaction that also records ``version`` in the meta db,
-  syncs, and returns the ``ChangeSet``: every key written since the previous flush, sorted, one record per key.
+  and returns the ``ChangeSet``: every key written since the previous flush, sorted, one record per key.
 - Bounded memory: when the batch holds more than ``max_batch_bytes`` it spills: it is written, sorted, as a spill run
   under ``path/"spill"``, applied to LMDB in one transaction that also clears the meta version (the data is now ahead
   of every checkpoint: "dirty", ``version is None``), and cleared. The next flush's change set is the k-way merge of
@@ -25,9 +25,14 @@ Contract (DESIGN.md section 5):
   leaves the previous contents (LMDB transactions are atomic).
 - A store dir is held by one opener at a time: ``flock`` on ``path/"LOCK"`` (the holder's pid written in it). A second
   opener, in another process or in this one, gets ``StoreLockedError``.
-- Durability: the environment is opened with LMDB's default sync and metasync. Write transactions happen only at
-  flush, spill, restore and mark_dirty (never per write), so syncing each costs little, and unlike ``sync=False`` a
-  machine crash can never tear the file.
+- Durability: none is needed locally (the blob store holds the durable state), so write transactions do not
+  fsync: a flush costs page writes into the OS cache, not a disk round trip per commit. A killed *process* loses
+  nothing that LMDB committed (the OS cache survives it), so its data stays consistent. A *machine* crash could tear
+  an unsynced LMDB file, so that case is detected instead: while the store is open, ``path/"UNSYNCED"`` holds the
+  kernel's boot id; a clean ``close()`` syncs the environment and removes it. An open that finds the file written
+  under another boot id (the machine went down with the store open) deletes the LMDB environment and starts empty,
+  and restore rebuilds it from the blob store. Where no boot id is available, any leftover file counts as a machine
+  crash (a full restore after every unclean stop: safe, slower).
 
 Layout of the store dir ``path``: ``data/`` the LMDB environment (named dbs ``data`` and ``meta``), ``LOCK``,
 ``spill/`` spill runs. Other files (e.g. ``CHECKPOINT-V2``) belong to others and are left alone.
@@ -367,6 +372,7 @@ class LocalStore:
         lock_fd = _acquire_lock(store_dir, name)
         try:
             _recover_swap(store_dir)
+            _guard_unsynced(store_dir, name)
             spill = store_dir / SPILL_DIR
             # Spill runs only matter until the flush that reads them; any left here are from a process that died
             # (the lock proves no one else uses them).
@@ -396,7 +402,9 @@ class LocalStore:
         self._closed = True
         self._discard_pending()
         try:
+            self._env.sync(True)
             self._env.close()
+            _clear_unsynced(self.path)
         finally:
             _release_lock(self._lock_fd)
 
@@ -528,7 +536,6 @@ class LocalStore:
         with self._write_txn("flush") as txn:
             _apply_records(txn, self._data_db, final)
             txn.put(_VERSION_KEY, version.to_bytes(), db=self._meta_db)
-        self._sync()
         runs = self._runs
         self._runs = []
         self._run_prefix = secrets.token_hex(6)
@@ -542,29 +549,23 @@ class LocalStore:
         and spill runs. Returns the number of records loaded."""
         self._check_open()
         self._discard_pending()
-        loaded = 0
-
-        def checked() -> Iterator[tuple[bytes, bytes]]:
-            nonlocal loaded
-            previous = b""
-            for key, value in items:
-                self._check_key(key)
-                if not isinstance(value, bytes):
-                    raise TypeError(f"store {self.name!r}: value must be bytes, got {type(value).__name__}")
-                if key <= previous:
-                    raise StateBackendError(
-                        f"store {self.name!r}: replace_contents needs keys strictly ascending, got {key[:64]!r} "
-                        f"after {previous[:64]!r}; nothing was changed"
-                    )
-                previous = key
-                loaded += 1
-                yield key, value
-
+        # LMDB checks the order itself: in append mode a key not after the previous one is refused (not added), so
+        # the records go straight from the iterator into putmulti with no per-record Python check in between
         with self._write_txn("replace_contents") as txn:
             txn.drop(self._data_db, delete=False)
-            txn.cursor(db=self._data_db).putmulti(checked(), append=True)
+            try:
+                consumed, loaded = txn.cursor(db=self._data_db).putmulti(items, append=True)
+            except lmdb.BadValsizeError as exc:
+                raise StateBackendError(
+                    f"store {self.name!r}: replace_contents got a key of 0 or more than {self._max_key_size} bytes "
+                    f"(LMDB's limit); nothing was changed"
+                ) from exc
+            if loaded != consumed:
+                raise StateBackendError(
+                    f"store {self.name!r}: replace_contents needs keys strictly ascending (record {loaded + 1} of "
+                    f"{consumed} was not after its predecessor); nothing was changed"
+                )
             _set_version(txn, self._meta_db, version)
-        self._sync()
         return loaded
 
     def apply_changes(self, records: Iterable[tuple[bytes, bytes | None]], version: LocalVersion) -> int:
@@ -576,11 +577,15 @@ class LocalStore:
                 f"store {self.name!r}: apply_changes needs no unflushed writes; flush or discard them first"
             )
         applied = 0
+        max_key = self._max_key_size
         with self._write_txn("apply_changes") as txn:
             cursor = txn.cursor(db=self._data_db)
+            put, set_key, delete = cursor.put, cursor.set_key, cursor.delete
             previous = b""
+            # the checks are inlined: this loop runs once per restored record
             for key, value in records:
-                self._check_key(key)
+                if type(key) is not bytes or not 0 < len(key) <= max_key:
+                    self._check_key(key)
                 if key <= previous:
                     raise StateBackendError(
                         f"store {self.name!r}: apply_changes needs keys strictly ascending, got {key[:64]!r} "
@@ -588,15 +593,14 @@ class LocalStore:
                     )
                 previous = key
                 if value is None:
-                    if cursor.set_key(key):
-                        cursor.delete()
-                elif isinstance(value, bytes):
-                    cursor.put(key, value)
+                    if set_key(key):
+                        delete()
+                elif type(value) is bytes:
+                    put(key, value)
                 else:
                     raise TypeError(f"store {self.name!r}: value must be bytes or None, got {type(value).__name__}")
                 applied += 1
             _set_version(txn, self._meta_db, version)
-        self._sync()
         return applied
 
     def mark_dirty(self) -> None:
@@ -604,7 +608,6 @@ class LocalStore:
         self._check_open()
         with self._write_txn("mark_dirty") as txn:
             txn.delete(_VERSION_KEY, db=self._meta_db)
-        self._sync()
 
     def discard_pending(self) -> None:
         """Drop the write batch. Spill runs already reached LMDB; they are dropped too and the store is marked dirty."""
@@ -742,8 +745,6 @@ class LocalStore:
         except lmdb.Error as exc:
             raise StorageError(f"store {self.name!r} at {self.path}: {what} failed in LMDB: {exc}") from exc
 
-    def _sync(self) -> None:
-        self._env.sync(True)
 
 
 @attrs.define
@@ -880,6 +881,8 @@ def _open_env(directory: Path, map_size: int, *, create: bool = True) -> tuple[l
             readahead=False,
             create=create,
             max_spare_txns=4,
+            sync=False,  # see "Durability" in the module docstring
+            metasync=False,
         )
     except lmdb.Error as exc:
         raise StorageError(f"cannot open the LMDB environment in {directory}: {exc}") from exc
@@ -892,6 +895,46 @@ def _open_env(directory: Path, map_size: int, *, create: bool = True) -> tuple[l
             f"the LMDB environment in {directory} lacks the 'data' and 'meta' dbs of a statebackend store: {exc}"
         ) from exc
     return env, data_db, meta_db
+
+
+UNSYNCED_FILE = "UNSYNCED"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _boot_id() -> str:
+    try:
+        return _BOOT_ID.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _guard_unsynced(store_dir: Path, name: str) -> None:
+    """Drop the LMDB environment if the machine crashed while it was open; then mark it open under this boot."""
+    marker = store_dir / UNSYNCED_FILE
+    boot = _boot_id()
+    try:
+        recorded = marker.read_text().strip()
+    except FileNotFoundError:
+        recorded = None
+    if recorded is not None and (not boot or recorded != boot):
+        log.warning("store %s at %s: the machine stopped while the store was open (unsynced LMDB writes may be "
+                     "torn); discarding local data, restore rebuilds it from the blob store", name, store_dir)
+        shutil.rmtree(store_dir / DATA_DIR, ignore_errors=True)
+    tmp = store_dir / (UNSYNCED_FILE + ".tmp")
+    with open(tmp, "w") as out:
+        out.write(boot + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, marker)
+    _fsync_dir(store_dir)
+
+
+def _clear_unsynced(store_dir: Path) -> None:
+    try:
+        (store_dir / UNSYNCED_FILE).unlink()
+    except FileNotFoundError:
+        return
+    _fsync_dir(store_dir)
 
 
 def _acquire_lock(store_dir: Path, name: str) -> int:

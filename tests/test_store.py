@@ -244,3 +244,29 @@ def test_full_lmdb_map_raises_storage_error_naming_map_size_and_keeps_flushed_da
         assert store.version == v(1)
         with store.read_view() as view:
             assert list(view.items()) == [(b"a", b"1")]
+
+
+def test_store_open_under_another_boot_id_discards_unsynced_local_data(tmp_path: Path) -> None:
+    """A killed process leaves consistent LMDB data that is kept; a machine crash (UNSYNCED left under another boot
+    id) may have torn the unsynced file, so the data is dropped and restore rebuilds it."""
+    from statebackend.store import UNSYNCED_FILE
+
+    child = (
+        "import os, signal, sys\n"
+        "from statebackend.store import LocalStore, LocalVersion\n"
+        "store = LocalStore.open(sys.argv[1], name='s')\n"
+        "store.put(b'k', b'v')\n"
+        "store.flush(LocalVersion('1-1', 'aa'))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    store_dir = tmp_path / "s"
+    subprocess.run([sys.executable, "-c", child, str(store_dir)], cwd=Path(__file__).parent.parent, check=False)
+    assert (store_dir / UNSYNCED_FILE).exists()
+    with LocalStore.open(store_dir, name="s") as same_boot:
+        assert same_boot.get(b"k") == b"v" and same_boot.version == LocalVersion("1-1", "aa")
+    assert not (store_dir / UNSYNCED_FILE).exists()
+    subprocess.run([sys.executable, "-c", child, str(store_dir)], cwd=Path(__file__).parent.parent, check=False)
+    (store_dir / UNSYNCED_FILE).write_text("another-boot-id\n")
+    with LocalStore.open(store_dir, name="s") as after_machine_crash:
+        assert after_machine_crash.get(b"k") is None
+        assert after_machine_crash.version is None and after_machine_crash.count() == 0

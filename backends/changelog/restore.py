@@ -25,7 +25,7 @@ from pathlib import Path
 
 import attrs
 
-from backends.changelog.format import FileHeader, iter_records
+from backends.changelog.format import FileHeader, check_digest, iter_records
 from backends.changelog.marker import Recipe, Step
 from checkpoint import CheckpointV2
 from statebackend.contracts import BackendContext, TaskRestoreManager
@@ -91,6 +91,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
             step.name: pool.submit(self.context.blob_store.get, step.name) for step in to_apply
             if step.name is not None and step is not recipe.snapshot
         }
+        first_delta = recipe.deltas[0] if recipe.deltas else None
         try:
             if start_index is None:
                 metrics.increment("restore.stores.full")
@@ -106,9 +107,15 @@ class ChangelogRestoreManager(TaskRestoreManager):
                     continue
                 data = downloads[step.name].result()
                 metrics.increment("restore.bytes", len(data))
-                reader = iter_records(data, name=step.name)  # verifies the whole blob before yielding
-                _check_lineage(reader.header, step, name, self.context, kind="delta")
-                store.apply_changes(reader, step.version)
+                # digest first; records, order and count are checked while they are applied, inside one LMDB
+                # transaction that aborts on any failure: a bad delta is never applied, and is parsed only once
+                _check_lineage(check_digest(data, name=step.name), step, name, self.context, kind="delta")
+                reader = iter_records(data, name=step.name, verified=True)
+                if start_index is None and step is first_delta and recipe.snapshot is None:
+                    # the first delta on the empty store: a bulk load in append mode (its deletes are no-ops)
+                    store.replace_contents(_puts_only(reader), step.version)
+                else:
+                    store.apply_changes(reader, step.version)
                 metrics.increment("restore.deltas.replayed")
         finally:
             for future in downloads.values():
@@ -126,18 +133,17 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 reader = iter_records(source, name=snapshot.name)
                 _check_lineage(reader.header, snapshot, name, self.context, kind="snapshot")
                 # streamed inside one transaction: a failed checksum at the end aborts it, nothing is loaded
-                store.replace_contents(_values_only(reader, snapshot.name), snapshot.version)
+                store.replace_contents(reader, snapshot.version)  # the reader refuses deletes in a snapshot
 
     def _check_interrupt(self, name: str) -> None:
         if self._interrupted.is_set():
             raise RestoreInterrupted(f"restore of store {name} interrupted; the next restore continues from here")
 
 
-def _values_only(reader: object, blob: str) -> object:
+def _puts_only(reader: object) -> object:
     for key, value in reader:  # type: ignore[attr-defined]
-        if value is None:
-            raise CorruptDataError(f"snapshot {blob} holds a delete record")
-        yield key, value
+        if value is not None:
+            yield key, value
 
 
 def _check_lineage(header: FileHeader, step: Step, store: str, context: BackendContext, *, kind: str) -> None:
