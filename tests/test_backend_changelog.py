@@ -125,3 +125,55 @@ def test_commit_if_due_follows_task_commit_ms(tmp_path: Path) -> None:
         task.store("counts").put(b"k", b"v")
         pending = task.commit_if_due({"input": "1"})
         assert pending is not None and pending.result(timeout=30).input_offsets == {"input": "1"}
+
+
+def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkpoint_restorable(
+    tmp_path: Path,
+) -> None:
+    """Orphans of commits that never became durable, and files only an earlier process's checkpoints needed, are
+    swept; every checkpoint still in the log restores exactly afterwards."""
+    from checkpoint import CheckpointLog
+    from backends.changelog.marker import Recipe
+
+    inner = MemoryBlobStore()
+    blobs = ControlledBlobStore(inner)
+    config = config_for(tmp_path, **{"changelog.gc.interval.commits": 2, "task.checkpoint.retained": 3})
+    model: dict[bytes, bytes] = {}
+    models: dict[str, dict[bytes, bytes]] = {}
+    round_no = 0
+    for restart in range(4):
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            for _ in range(3):
+                write_round(task, round_no, model)
+                task.commit_durably({"input": str(round_no)})
+                models[str(round_no)] = dict(model)
+                round_no += 1
+            # a commit whose delta lands but whose checkpoint never does: its delta is an orphan
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
+            write_round(task, 99, {})
+            failed = task.commit({"input": "lost"})
+            assert failed is not None
+            with pytest.raises(CommitError):
+                failed.result(timeout=30)
+        shutil.rmtree(tmp_path / "local")  # the lost commit's local state must not come back
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for _ in range(4):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+            models[str(round_no)] = dict(model)
+            round_no += 1
+        assert task.metrics.counter("changelog.sweep.deleted") > 0
+        task.commit_manager.wait()
+    # what the last process left (e.g. a background snapshot it never adopted) goes at the next sweep
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        task.commit_manager.backups[0].manager.sweep()  # type: ignore[attr-defined]
+    entries = CheckpointLog(inner, "job", "task-0").entries()
+    referenced = {n for e in entries for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).blob_names()}
+    stored = set(inner.list("job/task-0/counts/changelog/"))
+    newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).seq for e in entries)
+    unreferenced_old = {n for n in stored - referenced if int(n.rsplit("/", 1)[-1].split("-")[0]) <= newest}
+    assert unreferenced_old == set()
+    for entry in entries:
+        shutil.rmtree(tmp_path / "local", ignore_errors=True)
+        with TaskStorage.open(config, "task-0", blob_store=inner, checkpoint=entry) as task:
+            assert contents(task) == models[entry.checkpoint.input_offsets["input"]]

@@ -6,6 +6,14 @@ Per commit and store, ``snapshot()`` (sync, O(1) besides bookkeeping) appends a 
 snapshot of a committed version from an LMDB read transaction (processing goes on meanwhile); the next commit after
 it is durable starts its recipe from that snapshot, which lets older deltas go.
 
+Garbage that retention cannot see (deltas of commits that died before their checkpoint write, snapshots never
+adopted, files only checkpoints of an earlier process needed) is removed by a mark-and-sweep every
+``gc.interval.commits`` commits: the mark is every blob named by a changelog marker of a checkpoint in the checkpoint
+log plus this manager's own chain; the sweep deletes unmarked blobs whose sequence number is at or below the newest
+checkpoint's. A blob above it may belong to an upload in flight (this one's or a competing attempt's) and is left;
+one below it can be needed by no checkpoint that may still be written, because the checkpoint log is a linear
+sequence with create-only writes.
+
 Failure handling: a delta whose upload failed stays staged on local disk and is uploaded again by the next commit,
 whose recipe still lists it. If a delta could not even be encoded, the chain is broken and the next commit re-bases
 on a fresh snapshot of its own version. Retention: ``cleanup`` keeps the blobs that the last
@@ -25,7 +33,7 @@ import attrs
 
 from backends.changelog.format import FileHeader, write_file
 from backends.changelog.marker import Recipe, Step
-from checkpoint import CheckpointId, CheckpointV2
+from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 from statebackend._crashpoints import crashpoint
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.errors import AlreadyExistsError, StateBackendError
@@ -48,6 +56,13 @@ def maintenance_pool() -> ThreadPoolExecutor:
         if not _maintenance:
             _maintenance.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="statebackend-maintenance"))
         return _maintenance[0]
+
+
+def _seq_of(blob: str) -> int | None:
+    """The sequence number in a delta or snapshot name (``.../<seq:012d>-<token>.<ext>``), or None."""
+    stem = blob.rsplit("/", 1)[-1]
+    digits, sep, _ = stem.partition("-")
+    return int(digits) if sep and digits.isdigit() else None
 
 
 def delta_name(prefix: str, seq: int, token: str) -> str:
@@ -77,6 +92,8 @@ class _Lineage:
     commits_since_snapshot: int = 0
     bytes_since_snapshot: int = 0
     background: Future[Step] | None = None
+    #: the blob the running background snapshot writes (never swept while it runs)
+    background_name: str | None = None
     retained: deque[Recipe] = attrs.field(factory=deque)
     #: blobs no retained checkpoint needs that are not deleted yet
     garbage: set[str] = attrs.field(factory=set)
@@ -94,6 +111,7 @@ class ChangelogBackupManager(TaskBackupManager):
     compression: str
     compression_level: int
     retained: int
+    gc_interval_commits: int = 20
     _lineages: dict[str, _Lineage] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
 
@@ -176,6 +194,47 @@ class ChangelogBackupManager(TaskBackupManager):
 
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
         return self.context.executor.submit(self._cleanup, markers)
+
+    def sweep(self) -> int:
+        """Mark-and-sweep every store's blobs (see the module docstring). Returns the number of blobs deleted."""
+        marked: dict[str, set[str]] = {name: set() for name in self._lineages}
+        newest_seq: dict[str, int] = {name: 0 for name in self._lineages}
+        for entry in self._checkpoint_log().entries():
+            if not isinstance(entry.checkpoint, CheckpointV2):
+                continue
+            for name, marker in entry.checkpoint.markers_for(self.context.factory_name).items():
+                if name in marked:
+                    recipe = Recipe.decode(marker, source=f"store {name} in checkpoint #{entry.seq}")
+                    marked[name].update(recipe.blob_names())
+                    newest_seq[name] = max(newest_seq[name], recipe.seq)
+        deleted = 0
+        for name, lineage in self._lineages.items():
+            with lineage.lock:
+                marked[name].update(lineage.recipe().blob_names())
+                marked[name].update(n for r in lineage.retained for n in r.blob_names())
+                if lineage.background_name is not None:
+                    marked[name].add(lineage.background_name)
+                limit = newest_seq[name]
+            for kind in ("delta/", "snapshot/"):
+                for blob in list(self.context.blob_store.list(lineage.prefix + kind)):
+                    seq = _seq_of(blob)
+                    if blob in marked[name] or seq is None or seq > limit:
+                        continue
+                    with lineage.lock:  # checked again: a snapshot may have been adopted or started meanwhile
+                        if blob in lineage.recipe().blob_names() or blob == lineage.background_name:
+                            continue
+                    self.context.blob_store.delete(blob)
+                    deleted += 1
+        self.context.metrics.increment("changelog.sweeps")
+        if deleted:
+            self.context.metrics.increment("changelog.sweep.deleted", deleted)
+            log.info("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted)
+        return deleted
+
+    def _checkpoint_log(self) -> CheckpointLog:
+        settings = self.context.settings
+        return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
+                             read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
 
     def close(self) -> None:
         if self._closed:
@@ -279,6 +338,7 @@ class ChangelogBackupManager(TaskBackupManager):
         view = lineage.store.read_view()  # O(1): an LMDB read transaction on the version just flushed
         step = lineage.deltas[-1]
         name = snapshot_name(lineage.prefix, step.seq, step.token)
+        lineage.background_name = name
         lineage.background = maintenance_pool().submit(self._background_snapshot, lineage, view, step, name)
 
     def _background_snapshot(self, lineage: _Lineage, view: ReadView, step: Step, name: str) -> Step:
@@ -296,6 +356,7 @@ class ChangelogBackupManager(TaskBackupManager):
         if background is None or not background.done():
             return
         lineage.background = None
+        lineage.background_name = None  # adopted below (then in the recipe) or dropped (then garbage)
         exc = background.exception()
         if exc is not None:
             self.context.metrics.increment("changelog.snapshot.failures")
@@ -340,3 +401,6 @@ class ChangelogBackupManager(TaskBackupManager):
                     lineage.uploaded.discard(blob)
             if garbage:
                 self.context.metrics.increment("changelog.blobs.deleted", len(garbage))
+        heads = [Recipe.decode(marker, source=f"store {name}").seq for name, marker in markers.items()]
+        if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
+            self.sweep()

@@ -25,6 +25,8 @@ class ChangelogStateBackendFactory(StateBackendFactory):
         "compression": OptionSpec(parse_choice("zstd", "none"), "zstd", "compression of delta and snapshot files"),
         "compression.level": OptionSpec(parse_int(min=1, max=22), 3, "zstd level (1 fastest .. 22 smallest)"),
         "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel downloads per restore"),
+        "gc.interval.commits": OptionSpec(
+            parse_int(min=0), 20, "mark-and-sweep unreferenced blobs every this many commits (0: never)"),
     }
 
     def backup_manager(self, context: BackendContext) -> ChangelogBackupManager:
@@ -36,6 +38,7 @@ class ChangelogStateBackendFactory(StateBackendFactory):
             compression=options["compression"],
             compression_level=options["compression.level"],
             retained=context.settings.checkpoint_retained,
+            gc_interval_commits=options["gc.interval.commits"],
         )
 
     def restore_manager(self, context: BackendContext) -> ChangelogRestoreManager:
