@@ -184,7 +184,7 @@ class StatefulForeachBatch:
             stats=accumulator,
         )
         partitioned = batch_df.repartition(self.num_tasks, *self.key_columns)
-        schema = _as_struct(self.output_schema)
+        schema = self.output_schema  # a StructType or a DDL string: Spark accepts either
         if self.mode == "rows":
             rdd = partitioned.rdd.mapPartitionsWithIndex(runner.run_rows)
             rdd.persist(StorageLevel.MEMORY_AND_DISK)
@@ -525,12 +525,6 @@ def _size(output: Any) -> int:
     if hasattr(output, "shape"):
         return int(output.shape[0])
     return 1
-
-
-def _as_struct(schema: StructType | str | None) -> Any:
-    if schema is None or isinstance(schema, StructType):
-        return schema
-    return schema  # a DDL string: Spark parses it (createDataFrame, mapInArrow and mapInPandas all accept one)
 
 
 def _rows_frame(spark: SparkSession, rdd: Any, schema: Any) -> DataFrame:
