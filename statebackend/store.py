@@ -8,8 +8,13 @@ Contract (DESIGN.md section 5):
   ``get``/``contains`` look in the batch first, iterations merge the batch and LMDB in key order and tombstones hide
   keys. An iteration works on a snapshot (an LMDB read transaction plus a sorted copy of the batch in its range), so
   writing while iterating is safe and not seen by that iteration.
-- ``flush(version)`` applies the batch in ONE LMDB write transaction that also records ``version`` in the meta db,
-  and returns the ``ChangeSet``: every key written since the previous flush, sorted, one record per key.
+- ``flush(version)`` freezes the batch and returns the ``ChangeSet``: every key written since the previous flush,
+  sorted, one record per key. It costs the sort of the change and nothing that grows with the state: the frozen
+  batch is applied to LMDB (in ONE write transaction that also records ``version`` in the meta db) by a background
+  applier thread, while reads keep seeing it as an overlay between the new batch and LMDB. Whatever must see LMDB at
+  a version waits for that apply: ``version``, ``read_view()``, spills, restores, ``close()``; a backend that wants
+  a snapshot of exactly the flushed version without waiting on the task thread asks the change set
+  (``ChangeSet.read_view()``: a future read view, opened right after the apply commits).
 - Bounded memory: when the batch holds more than ``max_batch_bytes`` it spills: it is written, sorted, as a spill run
   under ``path/"spill"``, applied to LMDB in one transaction that also clears the meta version (the data is now ahead
   of every checkpoint: "dirty", ``version is None``), and cleared. The next flush's change set is the k-way merge of
@@ -53,8 +58,10 @@ import os
 import secrets
 import shutil
 import struct
+import threading
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
@@ -134,15 +141,21 @@ class ChangeSet:
     happens when the change set is garbage collected. Iterating after close raises ``StateBackendError``.
     """
 
-    __slots__ = ("version", "raw_bytes", "_runs", "_final", "_length", "_closed", "_finalizer", "__weakref__")
+    __slots__ = ("version", "raw_bytes", "_runs", "_final", "_length", "_closed", "_finalizer", "_view_source",
+                 "__weakref__")
 
     version: LocalVersion
     raw_bytes: int
 
     def __init__(
-        self, version: LocalVersion, runs: list[Path], final: list[tuple[bytes, bytes | None]]
+        self,
+        version: LocalVersion,
+        runs: list[Path],
+        final: list[tuple[bytes, bytes | None]],
+        view_source: Callable[[], Future[ReadView]] | None = None,
     ) -> None:
         self.version = version
+        self._view_source = view_source
         self._runs = tuple(runs)
         self._final = final
         self._closed = False
@@ -166,6 +179,14 @@ class ChangeSet:
 
     def __repr__(self) -> str:
         return f"ChangeSet(version={self.version!r}, records={self._length}, raw_bytes={self.raw_bytes})"
+
+    def read_view(self) -> Future[ReadView]:
+        """A future read view of the store at exactly this change set's version, opened right after the flush's
+        background apply commits (or now, when it already has). Ask during the sync part of the commit that flushed
+        it, before the task writes again; the caller closes the view."""
+        if self._view_source is None:
+            raise StateBackendError(f"change set of {self.version} has no store to open a read view on")
+        return self._view_source()
 
     @property
     def spill_runs(self) -> int:
@@ -334,6 +355,34 @@ def _lmdb_range(cursor: lmdb.Cursor, start: bytes | None, end: bytes | None) -> 
 # The store
 
 
+@attrs.define(eq=False)
+class _Pending:
+    """A flushed batch on its way into LMDB.
+
+    Readers take the store's ``_pending`` tuple before they read LMDB; the applier removes an entry only after its
+    transaction committed. So a reader sees the batch either in the overlay or in LMDB (or both, equal), never in
+    neither.
+    """
+
+    version: LocalVersion
+    records: list[tuple[bytes, bytes | None]]
+    index: dict[bytes, Any]
+    applied: bool = False
+    view_requests: list[Future[ReadView]] = attrs.field(factory=list)
+
+
+_applier_lock = threading.Lock()
+_applier_pool: list[ThreadPoolExecutor] = []
+
+
+def _applier() -> ThreadPoolExecutor:
+    """The process-wide threads that apply flushed batches to LMDB (one store's applies are serialized by its lock)."""
+    with _applier_lock:
+        if not _applier_pool:
+            _applier_pool.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="statebackend-apply"))
+        return _applier_pool[0]
+
+
 @attrs.define
 class LocalStore:
     """One named key-value store of a task: LMDB on local disk plus a write batch. See the module docstring."""
@@ -352,6 +401,11 @@ class LocalStore:
     _run_prefix: str = attrs.field(factory=lambda: secrets.token_hex(6), init=False)
     _max_key_size: int = attrs.field(default=MAX_KEY_SIZE, init=False)
     _closed: bool = attrs.field(default=False, init=False)
+    #: flushed batches not yet in LMDB, oldest first; replaced (never mutated) so readers can take it unlocked
+    _pending: tuple[_Pending, ...] = attrs.field(default=(), init=False)
+    #: serializes applies of pending batches with every other LMDB write of this store
+    _apply_lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
+    _apply_error: BaseException | None = attrs.field(default=None, init=False)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
 
@@ -399,7 +453,12 @@ class LocalStore:
         """Close the environment and release the lock. Unflushed writes are dropped (they belong to no commit)."""
         if self._closed:
             return
-        self._closed = True
+        try:
+            self.apply_pending()
+        except StateBackendError as exc:  # the data stays at the previous version; restore will see that
+            log.warning("store %s: closing with a flushed batch that could not be applied: %s", self.name, exc)
+        with self._apply_lock:
+            self._closed = True
         self._discard_pending()
         try:
             self._env.sync(True)
@@ -427,6 +486,11 @@ class LocalStore:
         self._check_open()
         self._check_key(key)
         value = self._batch.get(key)
+        if value is None:
+            for pending in reversed(self._pending):  # taken before LMDB is read: see _Pending
+                value = pending.index.get(key)
+                if value is not None:
+                    break
         if value is not None:
             return None if value is TOMBSTONE else value
         with self._env.begin(db=self._data_db) as txn:
@@ -448,7 +512,7 @@ class LocalStore:
                 raise TypeError(f"store {self.name!r}: range bounds must be bytes or None, got {type(bound).__name__}")
         self._check_open()
         # Snapshot now, not at first next(): later writes must not leak into (or break) this iteration.
-        batch = self._sorted_batch(start, end)
+        batch = self._overlay(start, end)  # before the read transaction: see _Pending
         txn = self._env.begin(db=self._data_db)
         return _merge_batch(_lmdb_range(txn.cursor(), start, end), batch, txn)
 
@@ -458,9 +522,10 @@ class LocalStore:
     def count(self) -> int:
         """Number of keys. O(1) from LMDB's stats; plus an O(batch) adjustment when the batch is not empty."""
         self._check_open()
+        overlay = self._overlay(None, None, as_dict=True)
         with self._env.begin(db=self._data_db) as txn:
             entries: int = txn.stat(self._data_db)["entries"]
-            for key, value in self._batch.items():
+            for key, value in overlay.items():
                 present = txn.get(key) is not None
                 if value is TOMBSTONE:
                     entries -= present
@@ -470,8 +535,10 @@ class LocalStore:
 
     @property
     def version(self) -> LocalVersion | None:
-        """The version of the flushed (LMDB) data: ``None`` when fresh or dirty (after a spill or mark_dirty)."""
+        """The version of the flushed data: ``None`` when fresh or dirty (after a spill or mark_dirty). Waits for a
+        flushed batch still being applied."""
         self._check_open()
+        self.apply_pending()
         with self._env.begin(db=self._meta_db) as txn:
             raw = txn.get(_VERSION_KEY)
         return None if raw is None else LocalVersion.from_bytes(raw)
@@ -487,7 +554,12 @@ class LocalStore:
         return len(self._runs)
 
     def read_view(self) -> ReadView:
-        """A consistent snapshot of the flushed data; see ``ReadView``."""
+        """A consistent snapshot of the flushed data; see ``ReadView``. Waits for a flushed batch still being
+        applied (``ChangeSet.read_view()`` does not block)."""
+        self.apply_pending()
+        return self._open_view()
+
+    def _open_view(self) -> ReadView:
         self._check_open()
         txn = self._env.begin()
         try:
@@ -532,22 +604,78 @@ class LocalStore:
         if not isinstance(version, LocalVersion):
             raise TypeError(f"store {self.name!r}: flush needs a LocalVersion, got {type(version).__name__}")
         self._check_open()
+        self._raise_apply_error()
         final = self._sorted_records()
-        with self._write_txn("flush") as txn:
-            _apply_records(txn, self._data_db, final)
-            txn.put(_VERSION_KEY, version.to_bytes(), db=self._meta_db)
+        pending = _Pending(version=version, records=final, index=self._batch)
+        with self._apply_lock:
+            self._pending = (*self._pending, pending)
         runs = self._runs
         self._runs = []
         self._run_prefix = secrets.token_hex(6)
         self._batch = {}
         self._batch_bytes = 0
-        return ChangeSet(version, runs, final)
+        _applier().submit(self._apply_in_background)
+        return ChangeSet(version, runs, final, view_source=lambda: self._view_at(pending))
+
+    def apply_pending(self) -> None:
+        """Apply every flushed batch not yet in LMDB, in order (normally done by the background applier; calling it
+        waits for that). Raises the error of an apply that failed."""
+        with self._apply_lock:
+            while self._pending and not self._closed:
+                pending = self._pending[0]
+                try:
+                    with self._write_txn("flush") as txn:
+                        _apply_records(txn, self._data_db, pending.records)
+                        txn.put(_VERSION_KEY, pending.version.to_bytes(), db=self._meta_db)
+                except BaseException as exc:
+                    self._apply_error = exc
+                    for request in pending.view_requests:
+                        request.set_exception(exc)
+                    pending.view_requests.clear()
+                    raise
+                for request in pending.view_requests:  # before anything else can write: exactly this version
+                    request.set_result(self._open_view())
+                pending.view_requests.clear()
+                pending.applied = True
+                self._pending = self._pending[1:]
+            self._raise_apply_error()
+
+    def _apply_in_background(self) -> None:
+        try:
+            self.apply_pending()
+        except BaseException as exc:  # kept in _apply_error and raised by the store's next operation
+            log.error("store %s: applying a flushed batch to LMDB failed: %s", self.name, exc)
+
+    def _view_at(self, pending: _Pending) -> Future[ReadView]:
+        future: Future[ReadView] = Future()
+        with self._apply_lock:
+            if not pending.applied:
+                pending.view_requests.append(future)
+                return future
+            # already applied: nothing can have written since only if asked during the sync part; check it
+            view = self._open_view()
+            if view.version != pending.version:
+                view.close()
+                future.set_exception(StateBackendError(
+                    f"store {self.name!r}: a read view of {pending.version} was asked after the store moved on"))
+            else:
+                future.set_result(view)
+        return future
+
+    def _raise_apply_error(self) -> None:
+        error = self._apply_error
+        if error is not None:
+            raise StorageError(
+                f"store {self.name!r} at {self.path}: a flushed batch could not be applied to LMDB ({error}); reopen "
+                f"the store (restore rebuilds it)"
+            ) from error
 
     def replace_contents(self, items: Iterable[tuple[bytes, bytes]], version: LocalVersion | None) -> int:
         """Bulk restore: in ONE write transaction drop all data, load ``items`` (strictly sorted by key) by append
         and set ``version``. An error midway (unsorted input included) leaves the old contents. Discards the batch
         and spill runs. Returns the number of records loaded."""
         self._check_open()
+        self._settle_pending()
         self._discard_pending()
         # LMDB checks the order itself: in append mode a key not after the previous one is refused (not added), so
         # the records go straight from the iterator into putmulti with no per-record Python check in between
@@ -576,6 +704,7 @@ class LocalStore:
             raise StateBackendError(
                 f"store {self.name!r}: apply_changes needs no unflushed writes; flush or discard them first"
             )
+        self.apply_pending()
         applied = 0
         max_key = self._max_key_size
         with self._write_txn("apply_changes") as txn:
@@ -606,6 +735,10 @@ class LocalStore:
     def mark_dirty(self) -> None:
         """Clear the meta version: the data no longer equals a known checkpoint."""
         self._check_open()
+        try:
+            self.apply_pending()
+        except StateBackendError:
+            pass  # the version is cleared below all the same
         with self._write_txn("mark_dirty") as txn:
             txn.delete(_VERSION_KEY, db=self._meta_db)
 
@@ -632,6 +765,7 @@ class LocalStore:
         ``source_dir`` is moved (renamed when on the same file system). Until the swap the old data stays in place;
         a crash between the two renames is repaired by the next ``open``."""
         self._check_open()
+        self._settle_pending()
         source = Path(source_dir)
         if not (source / "data.mdb").is_file():
             raise StateBackendError(f"store {self.name!r}: {source} holds no LMDB environment (no data.mdb)")
@@ -698,16 +832,40 @@ class LocalStore:
     def _sorted_records(self) -> list[tuple[bytes, bytes | None]]:
         return [(k, None if v is TOMBSTONE else v) for k, v in sorted(self._batch.items(), key=_first)]
 
-    def _sorted_batch(self, start: bytes | None, end: bytes | None) -> list[tuple[bytes, Any]]:
-        if not self._batch:
-            return []
-        keys = sorted(
-            k for k in self._batch if (start is None or k >= start) and (end is None or k < end)
-        )
-        batch = self._batch
-        return [(k, batch[k]) for k in keys]
+    def _overlay(self, start: bytes | None, end: bytes | None, *, as_dict: bool = False) -> Any:
+        """What reads see above LMDB in ``[start, end)``: the pending (flushed, not yet applied) batches, oldest
+        first, then the write batch; sorted pairs, or a dict with ``as_dict``."""
+        layers = [*(p.index for p in self._pending), self._batch]
+        merged: dict[bytes, Any] = {}
+        for layer in layers:
+            if start is None and end is None:
+                merged.update(layer)
+            else:
+                merged.update((k, v) for k, v in layer.items()
+                              if (start is None or k >= start) and (end is None or k < end))
+        if as_dict:
+            return merged
+        return sorted(merged.items(), key=_first)
+
+    def _settle_pending(self) -> None:
+        """Before the whole contents are replaced: apply what was flushed (so a failed replace leaves the flushed
+        state), or, when that apply fails, forget it (the replace overwrites it anyway)."""
+        try:
+            self.apply_pending()
+        except StateBackendError:
+            self._drop_pending()
+
+    def _drop_pending(self) -> None:
+        """Forget flushed batches not applied yet."""
+        with self._apply_lock:
+            for pending in self._pending:
+                for request in pending.view_requests:
+                    request.set_exception(StateBackendError(f"store {self.name!r} was replaced"))
+            self._pending = ()
+            self._apply_error = None
 
     def _spill(self) -> None:
+        self.apply_pending()  # order: the flushed batches reach LMDB before this newer data
         records = self._sorted_records()
         run = self.path / SPILL_DIR / f"{self._run_prefix}-{len(self._runs):06d}.run"
         _write_run(run, records)

@@ -112,7 +112,7 @@ class _StoreState:
     previous: SnapshotIndex | None = None
     previous_name: str | None = None
     #: read views taken by snapshot(), by marker, until upload() copies them
-    views: dict[str, ReadView] = attrs.field(factory=dict)
+    views: dict[str, Future[ReadView]] = attrs.field(factory=dict)
     #: indexes written whose checkpoint is not (yet) known durable
     pending: dict[str, SnapshotIndex] = attrs.field(factory=dict)
     #: durable indexes, oldest first, at most ``retained``
@@ -176,14 +176,11 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, object]) -> StoreMarkers:
         markers: StoreMarkers = {}
         for name, state in self._states.items():
-            view = state.store.read_view()  # O(1): a read transaction on the version just flushed
-            version = view.version
-            if version is None:
-                view.close()
-                raise StateBackendError(
-                    f"store {name}: blobsnapshot found no flushed version to snapshot; snapshot() must run right "
-                    f"after the commit's flush"
-                )
+            change = changes[name]
+            version = change.version  # type: ignore[attr-defined]
+            # O(1) and non-blocking: a read transaction on exactly this version, opened by the store's applier as
+            # soon as the flushed batch is in LMDB; upload() waits for it on the commit pool
+            view = change.read_view()  # type: ignore[attr-defined]
             with state.state_lock:
                 state.seq += 1
                 marker = make_index_name(state.prefix, state.seq, version.token)
@@ -212,7 +209,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             with state.state_lock:
                 views, state.views = list(state.views.values()), {}
             for view in views:
-                view.close()
+                _close_when_ready(view)
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
@@ -261,14 +258,15 @@ class BlobSnapshotBackupManager(TaskBackupManager):
 
     def _upload_store(self, state: _StoreState, marker: str) -> str:
         with state.state_lock:
-            view = state.views.pop(marker, None)
+            view_future = state.views.pop(marker, None)
             parsed = parse_index_name(marker)
             stale = [m for m in state.views if (parse_index_name(m) or (0, ""))[0] < (parsed or (0, ""))[0]]
             stale_views = [state.views.pop(m) for m in stale]
         for old in stale_views:  # snapshots whose upload never started (their commit failed before upload)
-            old.close()
-        if view is None:
+            _close_when_ready(old)
+        if view_future is None:
             raise StateBackendError(f"store {state.name}: no snapshot was taken for {marker}; call snapshot() first")
+        view = view_future.result()
         version = view.version
         assert version is not None and parsed is not None
         staging = state.staging / Path(marker).stem
@@ -582,3 +580,13 @@ def _gather(futures: Mapping[str, Future[str]]) -> Future[StoreMarkers]:
     for future in futures.values():
         future.add_done_callback(one_done)
     return result
+
+
+def _close_when_ready(view: Future[ReadView]) -> None:
+    """Close a read view that may not be open yet (its flush still being applied)."""
+
+    def close(done: Future[ReadView]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+
+    view.add_done_callback(close)

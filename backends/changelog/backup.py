@@ -87,8 +87,8 @@ class _Lineage:
     uploaded: set[str] = attrs.field(factory=set)
     #: change sets of this commit, by delta name, until upload() encodes them
     to_encode: dict[str, ChangeSet] = attrs.field(factory=dict)
-    #: a read view to re-base on at this commit (chain broken or first backup of restored state)
-    rebase_view: ReadView | None = None
+    #: a future read view to re-base on at this commit (chain broken or first backup of restored state)
+    rebase_view: Future[ReadView] | None = None
     commits_since_snapshot: int = 0
     bytes_since_snapshot: int = 0
     background: Future[Step] | None = None
@@ -152,7 +152,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 version = change.version
                 if lineage.commits_since_snapshot < 0:
                     # re-base: the recipe is one snapshot of this very version, written by upload()
-                    lineage.rebase_view = lineage.store.read_view()
+                    lineage.rebase_view = change.read_view()  # future: opened once the flush is applied
                     step = Step(lineage.seq, version.checkpoint_id, version.token,
                                 snapshot_name(lineage.prefix, lineage.seq, version.token))
                     lineage.base, lineage.deltas = step, []
@@ -166,7 +166,7 @@ class ChangelogBackupManager(TaskBackupManager):
                         lineage.to_encode[name_or_none] = change
                     lineage.commits_since_snapshot += 1
                     lineage.bytes_since_snapshot += change.raw_bytes
-                    self._maybe_start_background_snapshot(lineage)
+                    self._maybe_start_background_snapshot(lineage, change)
                 markers[name] = lineage.recipe().encode()
         return markers
 
@@ -248,7 +248,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 except BaseException:  # noqa: BLE001 - a cancelled job
                     pass
             if lineage.rebase_view is not None:
-                lineage.rebase_view.close()
+                _close_when_ready(lineage.rebase_view)
                 lineage.rebase_view = None
 
     # -- upload -------------------------------------------------------------------------------------------------
@@ -258,10 +258,13 @@ class ChangelogBackupManager(TaskBackupManager):
         blob_store = self.context.blob_store
         metrics = self.context.metrics
         with lineage.lock:
-            view, lineage.rebase_view = lineage.rebase_view, None
+            view_future, lineage.rebase_view = lineage.rebase_view, None
             to_encode = dict(lineage.to_encode)
             lineage.to_encode.clear()
+        view: ReadView | None = None
         try:
+            if view_future is not None:
+                view = view_future.result()  # waits for the store's applier, never for this pool
             if view is not None and recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded:
                 step = recipe.snapshot
                 assert step.name is not None
@@ -290,7 +293,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 missing = [s for s in recipe.deltas if s.name is not None and s.name not in lineage.uploaded
                            and not (lineage.staging / Path(s.name).name).exists()]
                 if missing or (recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded
-                               and view is not None):
+                               and view_future is not None):
                     lineage.commits_since_snapshot = -1  # chain cannot be completed: re-base next commit
             raise
         finally:
@@ -330,18 +333,19 @@ class ChangelogBackupManager(TaskBackupManager):
 
     # -- background snapshots ----------------------------------------------------------------------------------
 
-    def _maybe_start_background_snapshot(self, lineage: _Lineage) -> None:
+    def _maybe_start_background_snapshot(self, lineage: _Lineage, change: ChangeSet) -> None:
         due = (lineage.commits_since_snapshot >= self.snapshot_interval_commits
                or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes)
         if not due or lineage.background is not None or self._closed:
             return
-        view = lineage.store.read_view()  # O(1): an LMDB read transaction on the version just flushed
+        view = change.read_view()  # a future: an LMDB read transaction on this version, once it is applied
         step = lineage.deltas[-1]
         name = snapshot_name(lineage.prefix, step.seq, step.token)
         lineage.background_name = name
         lineage.background = maintenance_pool().submit(self._background_snapshot, lineage, view, step, name)
 
-    def _background_snapshot(self, lineage: _Lineage, view: ReadView, step: Step, name: str) -> Step:
+    def _background_snapshot(self, lineage: _Lineage, view_future: Future[ReadView], step: Step, name: str) -> Step:
+        view = view_future.result()
         try:
             self._write_and_upload(lineage, step, "snapshot", view.items(), name)
             crashpoint("changelog.background_snapshot.uploaded")
@@ -404,3 +408,13 @@ class ChangelogBackupManager(TaskBackupManager):
         heads = [Recipe.decode(marker, source=f"store {name}").seq for name, marker in markers.items()]
         if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
             self.sweep()
+
+
+def _close_when_ready(view: Future[ReadView]) -> None:
+    """Close a read view that may not be open yet (its flush still being applied)."""
+
+    def close(done: Future[ReadView]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+
+    view.add_done_callback(close)
