@@ -275,3 +275,41 @@ def test_store_open_under_another_boot_id_discards_unsynced_local_data(tmp_path:
     with LocalStore.open(store_dir, name="s") as after_machine_crash:
         assert after_machine_crash.get(b"k") is None
         assert after_machine_crash.version is None and after_machine_crash.count() == 0
+
+
+def test_flushed_batch_is_read_through_the_overlay_until_the_background_apply_lands(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.put(b"a", b"1")
+        store.flush(v(1)).close()
+        store.apply_pending()
+        with store._apply_lock:  # the background applier cannot run while the test holds the lock
+            store.put(b"b", b"2")
+            store.delete(b"a")
+            change = store.flush(v(2))
+            assert store._pending, "the flush must not have reached LMDB yet"
+            assert store.get(b"b") == b"2" and store.get(b"a") is None
+            assert list(store.items()) == [(b"b", b"2")]
+            assert store.count() == 1
+            future = change.read_view()
+            assert not future.done()
+            store.put(b"c", b"3")
+        with future.result(timeout=30) as view:
+            assert view.version == v(2)
+            assert list(view.items()) == [(b"b", b"2")]
+        change.close()
+        assert store.version == v(2)
+        assert list(store.items()) == [(b"b", b"2"), (b"c", b"3")]
+
+
+def test_read_view_of_a_change_set_is_exactly_its_version_even_after_later_flushes(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=64) as store:
+        store.put(b"k1", b"v1")
+        first = store.flush(v(1))
+        future = first.read_view()
+        for i in range(50):  # later writes spill (tiny batch bound) and flush again
+            store.put(b"x%03d" % i, b"y" * 10)
+        store.flush(v(2)).close()
+        with future.result(timeout=30) as view:
+            assert view.version == v(1)
+            assert list(view.items()) == [(b"k1", b"v1")]
+        first.close()
