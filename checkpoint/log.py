@@ -232,6 +232,10 @@ class CheckpointLog:
         listing = self._listing()
         for seq in sorted(listing, reverse=True):
             entry = self._read_entry(seq, listing[seq])
+            if entry is None and set(self.read_versions) & listing[seq]:
+                log.debug("checkpoint log %s: checkpoint %d was deleted by retention while being read", self.prefix,
+                          seq)
+                continue
             if entry is None:
                 log.warning(
                     "checkpoint log %s: checkpoint %d exists only in versions %s, none of read versions %s; "
