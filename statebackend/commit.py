@@ -109,6 +109,7 @@ class TaskCommitManager:
     _failures_in_a_row: int = attrs.field(init=False, default=0)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _cleanups: list[Future[None]] = attrs.field(init=False, factory=list)
+    _conflict: CommitError | None = attrs.field(init=False, default=None)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit the task's state with ``input_offsets``. Returns the pending commit, or ``None`` when skipped
@@ -167,6 +168,8 @@ class TaskCommitManager:
     # -- internals ---------------------------------------------------------------------------------------------
 
     def _raise_previous_failure(self) -> None:
+        if self._conflict is not None:
+            raise self._conflict
         with self._lock:
             failure, self._failure = self._failure, None
         if failure is None:
@@ -194,6 +197,12 @@ class TaskCommitManager:
                 )
         except BaseException:
             _close_all(changes)
+            for binding in self.backups:  # each forgets what its snapshot() prepared for this commit
+                try:
+                    binding.manager.abort(checkpoint_id)
+                except Exception as exc:  # noqa: BLE001 - the snapshot failure is the one to raise
+                    log.warning("task %s: %s abort after a failed snapshot: %s", self.task_name,
+                                binding.factory_name, exc)
             for store in self.stores.values():
                 store.mark_dirty()
             raise
@@ -223,8 +232,11 @@ class TaskCommitManager:
                     pending.checkpoint_id, preliminary[binding.factory_name]
                 )
         except BaseException as exc:  # an upload that fails to even start fails this commit, not the task
-            _close_all(changes)
-            self._fail(pending, exc)
+            def fail_when_started_ones_end() -> None:  # never leave an upload running behind a failed commit
+                _close_all(changes)
+                self._fail(pending, exc)
+
+            _when_all(list(uploads.values()), fail_when_started_ones_end)
             return
 
         def after_uploads() -> None:
@@ -257,23 +269,33 @@ class TaskCommitManager:
                 for store in self.stores.values():
                     store.mark_dirty()
                 self.metrics.increment("commit.conflicts")
-                raise CommitError(
+                conflict = CommitError(
                     f"task {self.task_name}: checkpoint #{pending.seq} was already committed by another attempt of "
-                    f"this task; this attempt's state is discarded and must be restored before it goes on"
-                ) from exc
-            crashpoint("commit.after_checkpoint_write")
-            for store in self.stores.values():
-                write_local_checkpoint(store.path, checkpoint)
+                    f"this task; this attempt's state is discarded: reopen the task (restore) before going on"
+                )
+                conflict.__cause__ = exc
+                self._conflict = conflict  # never tolerated, and every later commit refuses too
+                raise conflict from exc
         except BaseException as exc:
             self._fail(pending, exc)
             return
+        # The checkpoint is durable from here on: whatever fails below is reported, never taken for a failed commit
+        # (that would retry the same, taken, sequence number).
         self.next_seq = pending.seq + 1
         self.last_checkpoint = checkpoint
         self._failures_in_a_row = 0
+        crashpoint("commit.after_checkpoint_write")
+        for store in self.stores.values():
+            try:
+                write_local_checkpoint(store.path, checkpoint)
+            except Exception as exc:  # noqa: BLE001 - only a restore shortcut is lost
+                self.metrics.increment("commit.local.checkpoint.failures")
+                log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
+                            self.task_name, checkpoint.checkpoint_id, store.path, exc)
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
+        self._cleanup(pending.checkpoint_id, markers)  # registered before the result, so close() waits for it
         pending.future.set_result(checkpoint)
-        self._cleanup(pending.checkpoint_id, markers)
 
     def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers]) -> None:
         def report(future: Future[None]) -> None:
@@ -293,9 +315,12 @@ class TaskCommitManager:
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc)
         try:
-            self.executor.submit(self.checkpoint_log.retain).add_done_callback(report)
+            retention = self.executor.submit(self.checkpoint_log.retain)
         except RuntimeError:
-            pass  # pool shut down: retention runs at the next commit
+            return  # pool shut down: retention runs at the next commit
+        with self._lock:
+            self._cleanups.append(retention)
+        retention.add_done_callback(report)
 
     def _fail(self, pending: PendingCommit, exc: BaseException) -> None:
         self.metrics.increment("commit.failures")

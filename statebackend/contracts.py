@@ -83,6 +83,11 @@ class TaskBackupManager(abc.ABC):
         """Delete what no retained checkpoint needs any more. Idempotent; called only after ``checkpoint_id`` is
         durable."""
 
+    def abort(self, checkpoint_id: CheckpointId) -> None:  # noqa: B027 - optional hook
+        """The sync part of commit ``checkpoint_id`` failed after this manager's ``snapshot()`` may have run (another
+        backend's snapshot raised): forget what it prepared, so the next commit starts clean. Its change sets are
+        closed by the framework."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (background threads, open read transactions)."""
 

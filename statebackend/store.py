@@ -455,10 +455,11 @@ class LocalStore:
             return
         try:
             self.apply_pending()
-        except StateBackendError as exc:  # the data stays at the previous version; restore will see that
+        except BaseException as exc:  # noqa: BLE001 - the data stays at the previous version; restore sees that
             log.warning("store %s: closing with a flushed batch that could not be applied: %s", self.name, exc)
         with self._apply_lock:
             self._closed = True
+            self._fail_view_requests(StateBackendError(f"store {self.name!r} was closed"))
         self._discard_pending()
         try:
             self._env.sync(True)
@@ -621,6 +622,7 @@ class LocalStore:
         """Apply every flushed batch not yet in LMDB, in order (normally done by the background applier; calling it
         waits for that). Raises the error of an apply that failed."""
         with self._apply_lock:
+            self._raise_apply_error()
             while self._pending and not self._closed:
                 pending = self._pending[0]
                 try:
@@ -629,16 +631,25 @@ class LocalStore:
                         txn.put(_VERSION_KEY, pending.version.to_bytes(), db=self._meta_db)
                 except BaseException as exc:
                     self._apply_error = exc
-                    for request in pending.view_requests:
-                        request.set_exception(exc)
-                    pending.view_requests.clear()
+                    self._fail_view_requests(exc)  # every waiting batch: none of them can be applied now
                     raise
-                for request in pending.view_requests:  # before anything else can write: exactly this version
-                    request.set_result(self._open_view())
-                pending.view_requests.clear()
+                # bookkeeping first, so a view that fails to open below cannot make the batch apply twice
                 pending.applied = True
                 self._pending = self._pending[1:]
+                requests, pending.view_requests = pending.view_requests, []
+                for request in requests:  # before anything else can write: exactly this version
+                    try:
+                        request.set_result(self._open_view())
+                    except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not lost
+                        request.set_exception(exc)
             self._raise_apply_error()
+
+    def _fail_view_requests(self, exc: BaseException) -> None:
+        for pending in self._pending:
+            requests, pending.view_requests = pending.view_requests, []
+            for request in requests:
+                if not request.done():
+                    request.set_exception(exc)
 
     def _apply_in_background(self) -> None:
         try:
@@ -649,6 +660,11 @@ class LocalStore:
     def _view_at(self, pending: _Pending) -> Future[ReadView]:
         future: Future[ReadView] = Future()
         with self._apply_lock:
+            if self._closed or self._apply_error is not None:
+                future.set_exception(StateBackendError(
+                    f"store {self.name!r}: no read view of {pending.version}: the store is closed or its flushed "
+                    f"batch could not be applied"))
+                return future
             if not pending.applied:
                 pending.view_requests.append(future)
                 return future
@@ -858,9 +874,7 @@ class LocalStore:
     def _drop_pending(self) -> None:
         """Forget flushed batches not applied yet."""
         with self._apply_lock:
-            for pending in self._pending:
-                for request in pending.view_requests:
-                    request.set_exception(StateBackendError(f"store {self.name!r} was replaced"))
+            self._fail_view_requests(StateBackendError(f"store {self.name!r} was replaced"))
             self._pending = ()
             self._apply_error = None
 

@@ -23,6 +23,7 @@ on a fresh snapshot of its own version. Retention: ``cleanup`` keeps the blobs t
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -31,12 +32,12 @@ from pathlib import Path
 
 import attrs
 
-from backends.changelog.format import FileHeader, write_file
+from backends.changelog.format import FileHeader, check_digest, write_file
 from backends.changelog.marker import Recipe, Step
 from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 from statebackend._crashpoints import crashpoint
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
-from statebackend.errors import AlreadyExistsError, StateBackendError
+from statebackend.errors import AlreadyExistsError, CorruptDataError, StateBackendError
 from statebackend.store import ChangeSet, LocalStore, ReadView
 
 __all__ = ["ChangelogBackupManager", "delta_name", "snapshot_name"]
@@ -236,6 +237,18 @@ class ChangelogBackupManager(TaskBackupManager):
         return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
                              read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
 
+    def abort(self, checkpoint_id: CheckpointId) -> None:
+        """Another backend's snapshot failed after ours ran: the change sets we kept for upload are closed, so the
+        chain cannot get this commit's delta. Re-base on a fresh snapshot at the next commit."""
+        for lineage in self._lineages.values():
+            with lineage.lock:
+                if lineage.to_encode or lineage.rebase_view is not None:
+                    lineage.to_encode.clear()
+                    if lineage.rebase_view is not None:
+                        _close_when_ready(lineage.rebase_view)
+                        lineage.rebase_view = None
+                    lineage.commits_since_snapshot = -1
+
     def close(self) -> None:
         if self._closed:
             return
@@ -279,6 +292,11 @@ class ChangelogBackupManager(TaskBackupManager):
                 if change is not None:
                     self._write_and_upload(lineage, step, "delta", iter(change), step.name)
                 elif staged.exists():  # a previous commit's delta whose upload failed: upload it now
+                    try:
+                        check_digest(staged.read_bytes(), name=str(staged))
+                    except CorruptDataError:
+                        staged.unlink(missing_ok=True)  # not staged any more: the failure below re-bases
+                        raise
                     self._put_staged(staged, step.name)
                     metrics.increment("changelog.delta.reuploads")
                 else:
@@ -313,8 +331,17 @@ class ChangelogBackupManager(TaskBackupManager):
             base_seq=step.seq - 1 if kind == "delta" else step.seq,
         )
         staged = lineage.staging / Path(name).name
-        with open(staged, "wb") as out:
-            stats = write_file(out, header, records, compression=self.compression, level=self.compression_level)
+        # written aside and renamed when complete: a staged file is always a whole one (a later commit re-uploads
+        # staged files whose upload failed, and must never send a half-written one)
+        partial = staged.with_name(staged.name + ".partial")
+        try:
+            with open(partial, "wb") as out:
+                stats = write_file(out, header, records, compression=self.compression,
+                                   level=self.compression_level)
+            os.replace(partial, staged)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         self._put_staged(staged, name)
         metrics = self.context.metrics
         metrics.increment(f"changelog.{kind}.uploads")

@@ -1,0 +1,156 @@
+"""Faults inside the commit protocol: each leaves the task able to commit again and the durable state exact."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import backends.changelog.backup as changelog_backup
+import statebackend.commit as commit_module
+from backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import CommitError, StateBackendError, StorageError
+from statebackend.store import LocalStore, LocalVersion
+from statebackend.task import TaskStorage
+from tests.contract.backend_contract import contents, write_round
+
+
+def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
+    config: dict[str, object] = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": f"memory://{uuid.uuid4().hex}",
+        "stores.counts.backup.factories": "changelog",
+        "task.checkpoint.retained": 3,
+    }
+    config.update(extra)
+    return config
+
+
+def test_delta_cut_short_while_staging_is_never_uploaded_as_a_whole_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"task.commit.async.failures.tolerated": 1})
+    real_write_file = changelog_backup.write_file
+    calls = {"n": 0}
+
+    def disk_full_once(out: Any, header: Any, records: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            out.write(b"SBCHLOG\x00 half a file")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write_file(out, header, records, **kwargs)
+
+    monkeypatch.setattr(changelog_backup, "write_file", disk_full_once)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        write_round(task, 1, model)
+        failed = task.commit({"input": "1"})
+        assert failed is not None
+        with pytest.raises(CommitError, match="No space"):
+            failed.result(timeout=30)
+        write_round(task, 2, model)
+        task.commit_durably({"input": "2"})  # tolerated failure: this commit must carry round 1 as well
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+
+
+def test_checkpoint_durable_but_local_file_failing_is_a_success_and_later_commits_go_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blobs = MemoryBlobStore()
+    real = commit_module.write_local_checkpoint
+    calls = {"n": 0}
+
+    def flaky(path: Any, checkpoint: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, checkpoint)
+
+    monkeypatch.setattr(commit_module, "write_local_checkpoint", flaky)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config_for(tmp_path), "task-0", blob_store=blobs) as task:
+        for round_no in range(4):
+            write_round(task, round_no, model)
+            assert task.commit_durably({"input": str(round_no)}).input_offsets == {"input": str(round_no)}
+        assert task.metrics.counter("commit.local.checkpoint.failures") == 1
+        assert task.metrics.counter("commit.conflicts") == 0
+        assert task.checkpoint_log.seqs()[-1] == 4
+
+
+def test_a_conflict_is_never_tolerated_and_every_later_commit_refuses(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config_a = config_for(tmp_path / "a", **{"task.commit.async.failures.tolerated": 10})
+    config_b = dict(config_a, **{"state.local.dir": str(tmp_path / "b")})
+    attempt_a = TaskStorage.open(config_a, "task-0", blob_store=blobs)
+    attempt_b = TaskStorage.open(config_b, "task-0", blob_store=blobs)
+    try:
+        write_round(attempt_a, 0, {})
+        write_round(attempt_b, 1, {})
+        attempt_a.commit_durably({"input": "a"})
+        with pytest.raises(CommitError, match="another attempt"):
+            attempt_b.commit_durably({"input": "b"})
+        for _ in range(2):
+            with pytest.raises(CommitError, match="another attempt"):
+                attempt_b.commit({"input": "b-again"})
+    finally:
+        attempt_a.close()
+        attempt_b.close()
+
+
+def test_snapshot_failing_in_one_backend_of_a_dual_commit_does_not_fail_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"stores.counts.backup.factories": "changelog,blobsnapshot"})
+    real = BlobSnapshotBackupManager.snapshot
+    calls = {"n": 0}
+
+    def fail_once(self: Any, checkpoint_id: Any, changes: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise StateBackendError("injected snapshot failure")
+        return real(self, checkpoint_id, changes)
+
+    monkeypatch.setattr(BlobSnapshotBackupManager, "snapshot", fail_once)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        write_round(task, 1, model)
+        with pytest.raises(StateBackendError, match="injected"):
+            task.commit({"input": "1"})
+        write_round(task, 2, model)
+        task.commit_durably({"input": "2"})
+        write_round(task, 3, model)
+        task.commit_durably({"input": "3"})
+    for restore_factory in ("changelog", "blobsnapshot"):
+        shutil.rmtree(tmp_path / "local")
+        restore_config = dict(config, **{"stores.counts.restore.factory": restore_factory})
+        with TaskStorage.open(restore_config, "task-0", blob_store=blobs) as task:
+            assert contents(task) == model
+
+
+def test_a_failed_apply_fails_every_waiting_read_view_instead_of_hanging(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s", map_size=1 << 18) as store:
+        with store._apply_lock:  # keep the background applier out until both batches wait
+            store.put_all((b"k%04d" % i, b"x" * 1000) for i in range(1000))
+            first = store.flush(LocalVersion("1-1", "aa")).read_view()
+            store.put(b"small", b"1")
+            second = store.flush(LocalVersion("1-2", "bb")).read_view()
+        with pytest.raises(StorageError, match="map"):
+            first.result(timeout=30)
+        with pytest.raises(StorageError):
+            second.result(timeout=30)
+        with pytest.raises(StorageError):
+            store.flush(LocalVersion("1-3", "cc"))
