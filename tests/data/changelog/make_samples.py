@@ -4,6 +4,10 @@ Run from the repository root: ``python -m tests.data.changelog.make_samples`` (o
 never overwritten: they are the record of what an older release wrote, and tests/test_changelog_format.py checks that
 this release still reads them. When FORMAT_VERSION changes, run this again to add the new version's samples.
 expected-v<N>.json holds, per sample, the header fields and the records (hex; null for a delete).
+
+The "blocks" sample is written with a block budget of a few dozen bytes (the writer's own logic, with a smaller
+``_BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format allows any
+block size up to BLOCK_MAX_RECORDS records; readers must not depend on the default.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import attrs
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
 
+from backends.changelog import format as fmt  # noqa: E402
 from backends.changelog.format import FORMAT_VERSION, FileHeader, encode  # noqa: E402
 
 DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
@@ -29,6 +34,12 @@ DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
     (b"\xff\xfe", bytes(range(256))),
 ]
 SNAPSHOT_RECORDS: list[tuple[bytes, bytes | None]] = [(b"key-%04d" % i, b"value-%d" % (i * i)) for i in range(300)]
+#: deletes in runs (records 10-14, 33) and alone, values of varied length, so small blocks come with and without ops
+BLOCKS_RECORDS: list[tuple[bytes, bytes | None]] = [
+    (b"k%03d" % i, None if 10 <= i < 15 or i == 33 else b"v" * (i % 9)) for i in range(40)
+]
+#: block budget (key+value bytes) of the blocks sample
+SMALL_BLOCK_BYTES = 24
 
 
 def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], str]]:
@@ -42,7 +53,20 @@ def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], s
         "snapshot-none": (snapshot, SNAPSHOT_RECORDS, "none"),
         "snapshot-zstd": (snapshot, SNAPSHOT_RECORDS, "zstd"),
         "delta-empty-zstd": (delta, [], "zstd"),
+        "delta-blocks-zstd": (delta, BLOCKS_RECORDS, "zstd"),
     }
+
+
+def encode_sample(label: str, header: FileHeader, records: list[tuple[bytes, bytes | None]],
+                  compression: str) -> bytes:
+    if not label.startswith("delta-blocks"):
+        return encode(header, records, compression=compression)
+    default = fmt._BLOCK_BYTES
+    fmt._BLOCK_BYTES = SMALL_BLOCK_BYTES
+    try:
+        return encode(header, records, compression=compression)
+    finally:
+        fmt._BLOCK_BYTES = default
 
 
 def main() -> None:
@@ -54,7 +78,7 @@ def main() -> None:
         if path.exists():
             print(f"kept {path.name}")
             continue
-        path.write_bytes(encode(header, records, compression=compression))
+        path.write_bytes(encode_sample(label, header, records, compression))
         expected[path.name] = {
             "header": attrs.asdict(header),
             "compression": compression,
