@@ -212,8 +212,9 @@ def write_file(
     """Write one file to ``out`` (never seeked) and return what was written.
 
     ``records`` are ``(key, value)`` in strictly increasing key order; ``value`` None is a delete (deltas only).
-    Memory stays bounded by one block whatever the record count. The body layout is ``header.format_version``'s
-    (:data:`FORMAT_VERSION` unless the caller asks for an older one, e.g. for readers not yet upgraded).
+    Memory stays bounded by about one block (1 MiB) whatever the record count. The body layout is that of
+    ``header.format_version`` (:data:`FORMAT_VERSION` unless the caller asks for an older one, e.g. while readers of
+    an older release must read the files).
     """
     if compression not in _COMPRESSION_CODES:
         raise StateBackendError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
@@ -823,7 +824,7 @@ def _check_count(found: int, expected: int, *, name: str) -> None:
         raise CorruptDataError(f"{name}: record count mismatch: the footer says {expected}, the body holds {found}")
 
 
-def _drain(records: Generator[Record, None, int]) -> int:
+def _drain(records: Generator[Any, None, int]) -> int:
     while True:
         try:
             next(records)
