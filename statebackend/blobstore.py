@@ -37,6 +37,7 @@ __all__ = [
     "BlobInfo",
     "BlobStore",
     "check_blob_name",
+    "check_metadata",
     "open_blob_store",
     "register_blob_store",
     "known_blob_store_schemes",
@@ -66,6 +67,26 @@ def check_blob_name(name: str) -> str:
     if any(segment in _BAD_SEGMENTS for segment in name.split("/")):
         raise ConfigError(f"blob name {name!r} has an empty, '.' or '..' segment; it could escape the store root")
     return name
+
+
+_METADATA_KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+
+def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """Return ``metadata`` as a dict if every key is portable across services (lowercase letter, then lowercase
+    letters, digits or ``_``; at most 63 characters: what S3, Azure and a file all keep as given) and every value a
+    printable ASCII string; else raise :class:`ConfigError` before anything is written."""
+    checked: dict[str, str] = {}
+    for key, value in (metadata or {}).items():
+        if not isinstance(key, str) or not _METADATA_KEY_RE.match(key):
+            raise ConfigError(
+                f"blob metadata key {key!r} is not portable: use a lowercase letter, then lowercase letters, digits "
+                f"or '_' (Azure refuses '-', S3 lowercases keys)"
+            )
+        if not isinstance(value, str) or not value.isascii() or not value.isprintable():
+            raise ConfigError(f"blob metadata value of {key!r} must be a printable ASCII string, got {value!r}")
+        checked[key] = value
+    return checked
 
 
 class BlobStore(abc.ABC):

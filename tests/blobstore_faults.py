@@ -17,6 +17,7 @@ class ControlledBlobStore(BlobStore):
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
         self.url = inner.url
+        self.supports_metadata = inner.supports_metadata
         self.hold: Callable[[str], bool] = lambda name: False
         self.release = threading.Event()
         self.held = threading.Event()  # set when a write starts waiting
@@ -46,6 +47,10 @@ class ControlledBlobStore(BlobStore):
     def put_file(self, name, path, *, create_only=False, metadata=None) -> None:  # type: ignore[no-untyped-def]
         self._before_write(name)
         self.inner.put_file(name, path, create_only=create_only, metadata=metadata)
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        """Metadata updates (expiry removal in cleanup) are not uploads: never held or failed here."""
+        self.inner.set_metadata(name, metadata)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         return self.inner.get(name, start=start, end=end)

@@ -1,6 +1,6 @@
-"""The backend contract suite on real servers: the changelog-delta backend backing up to Azurite and to moto's S3
-server exactly as it does to the in-memory fake (DESIGN section 14; issue 4: "both backends' full backup/restore
-suites pass against Azurite and the S3 server"). The blob-snapshot backend's module adds its own remote classes."""
+"""The backend contract suite on real servers: both backends (changelog-delta, blob-snapshot) backing up to Azurite
+and to moto's S3 server exactly as they do to the in-memory fake (DESIGN section 14; issue 4: "both backends' full
+backup/restore suites pass against Azurite and the S3 server")."""
 
 from __future__ import annotations
 
@@ -52,6 +52,32 @@ class TestChangelogOnS3Server(BackendContract):
         with s3_blobs(s3_server.endpoint) as store:
             yield store
 
+
+_BLOBSNAPSHOT_CONFIG: dict[str, Any] = {"stores.counts.restore.factory": "blobsnapshot", "blobsnapshot.chunk.size": "64KiB"}
+
+
+@pytest.mark.azure
+@pytest.mark.slow
+class TestBlobSnapshotOnAzurite(BackendContract):
+    backup_factories: ClassVar[str] = "blobsnapshot"
+    extra_config: ClassVar[dict[str, Any]] = _BLOBSNAPSHOT_CONFIG
+
+    @pytest.fixture
+    def blobs(self, azurite_connection: str) -> Iterator[BlobStore]:
+        with azure_blobs(azurite_connection) as store:
+            yield store
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+class TestBlobSnapshotOnS3Server(BackendContract):
+    backup_factories: ClassVar[str] = "blobsnapshot"
+    extra_config: ClassVar[dict[str, Any]] = _BLOBSNAPSHOT_CONFIG
+
+    @pytest.fixture
+    def blobs(self, s3_server: ServerProcess) -> Iterator[BlobStore]:
+        with s3_blobs(s3_server.endpoint) as store:
+            yield store
 
 @pytest.mark.s3
 @pytest.mark.slow

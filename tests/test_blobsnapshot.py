@@ -492,7 +492,7 @@ def test_durable_checkpoint_removes_the_expiry_of_its_blobs(tmp_path: Path) -> N
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
     for name in [marker, *chunk_blobs(blobs)]:
         metadata = blobs.head(name).metadata
-        assert "expires-at" not in metadata and "durable-at" in metadata, name
+        assert "expires_at" not in metadata and "durable_at" in metadata, name
 
 
 def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_path: Path) -> None:
@@ -513,7 +513,7 @@ def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_p
         orphans = chunk_blobs(blobs.inner) - _live_chunks(blobs.inner, task)
         assert orphans
         for name in orphans:
-            assert "expires-at" in blobs.head(name).metadata
+            assert "expires_at" in blobs.head(name).metadata
         manager = backup_manager(task)
         assert manager.sweep().chunks_deleted == 0  # within the grace period: could be an upload in progress
         assert chunk_blobs(blobs.inner) >= orphans

@@ -16,7 +16,7 @@ Per commit and store:
 Garbage of failed or abandoned uploads (chunks with no index, indexes with no checkpoint) is removed by a
 mark-and-sweep (:meth:`BlobSnapshotBackupManager.sweep`, at init and every ``gc.interval.commits`` cleanups): the
 mark is every index a checkpoint in the checkpoint log names plus the ones this manager holds; the sweep deletes
-unreferenced blobs older than the grace period (``created-at`` metadata), already expired (``expires-at``), or made
+unreferenced blobs older than the grace period (``created_at`` metadata), already expired (``expires_at``), or made
 durable once and since dropped. Where the blob store keeps no metadata, age is the time a sweep first saw the blob.
 
 Why fixed-size chunks: a compacted LMDB copy is a sequence of 4 KiB pages in tree order, so an update in place
@@ -53,6 +53,7 @@ from backends.blobsnapshot.format import (
 )
 from backends.blobsnapshot.format import index_name as make_index_name
 from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
+from statebackend._crashpoints import crashpoint
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.errors import (
     AlreadyExistsError,
@@ -69,9 +70,9 @@ log = logging.getLogger(__name__)
 
 STAGING_DIR = "blobsnapshot-staging"
 #: metadata keys on chunks and indexes (seconds since the epoch, as decimal strings)
-CREATED_AT = "created-at"
-EXPIRES_AT = "expires-at"
-DURABLE_AT = "durable-at"
+CREATED_AT = "created_at"
+EXPIRES_AT = "expires_at"
+DURABLE_AT = "durable_at"
 
 
 def read_index(blob_store: object, name: str, *, store: str) -> SnapshotIndex:
@@ -278,9 +279,11 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             raise
         finally:
             view.close()
+        crashpoint("blobsnapshot.upload.staged")
         try:
             with state.io_lock:
                 files = [self._upload_file(state, path) for path in sorted(staging.iterdir()) if path.is_file()]
+                crashpoint("blobsnapshot.upload.chunks_uploaded")
                 index = SnapshotIndex.build(
                     job=self.context.job_name,
                     task=self.context.task_name,
@@ -293,6 +296,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     previous_name=state.previous_name,
                 )
                 self._put_index(marker, index)
+                crashpoint("blobsnapshot.upload.index_written")
                 state.known.update(index.chunk_hashes())
                 state.previous, state.previous_name = index, marker
                 state.pending[marker] = index
@@ -353,6 +357,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         except AlreadyExistsError:
             self.context.metrics.increment("blobsnapshot.chunks.reused")
             return 0  # same name, same content: someone (an earlier try) wrote it first
+        crashpoint("blobsnapshot.upload.chunk_uploaded")
         metrics = self.context.metrics
         metrics.increment("blobsnapshot.chunks.uploaded")
         metrics.increment("commit.bytes.uploaded", len(data))
@@ -414,6 +419,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 log.debug("store %s: cleanup of %s found it gone already", state.name, marker)
                 return
         self._make_durable(state, marker, index)
+        crashpoint("blobsnapshot.cleanup.expiry_removed")
         state.last_durable_seq = max(state.last_durable_seq, index.seq)
         if marker not in retained:
             state.retained.append((marker, index))
@@ -430,11 +436,13 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         blob_store = self.context.blob_store
         for digest in garbage:
             blob_store.delete(chunk_name(state.prefix, digest))
+            crashpoint("blobsnapshot.cleanup.deleted")
             state.known.discard(digest)
             state.durable_chunks.discard(digest)
         for name, _ in dropped:
             if name not in live:
                 blob_store.delete(name)
+                crashpoint("blobsnapshot.cleanup.deleted")
         self.context.metrics.increment("blobsnapshot.chunks.deleted", len(garbage))
         self.context.metrics.increment("blobsnapshot.indexes.deleted", len(dropped))
 
@@ -491,6 +499,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         for name in list(blob_store.list(index_prefix(state.prefix))):
             if name not in live and self._old_enough(state, name, now):
                 blob_store.delete(name)
+                crashpoint("blobsnapshot.sweep.deleted")
                 state.pending.pop(name, None)
                 indexes_deleted += 1
         chunks_deleted = 0
@@ -499,6 +508,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 digest = name.rsplit("/", 1)[-1]
                 if digest not in referenced and self._old_enough(state, name, now):
                     blob_store.delete(name)
+                    crashpoint("blobsnapshot.sweep.deleted")
                     state.known.discard(digest)
                     state.durable_chunks.discard(digest)
                     state.first_seen.pop(name, None)

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.blobstores._common import (
     MIN_PART_SIZE,
     check_options,
@@ -175,7 +175,7 @@ class AzureBlobStore(BlobStore):
         with self._errors(name, create_only=create_only):
             self._with_container(
                 lambda: blob.upload_blob(
-                    bytes(data), overwrite=not create_only, metadata=dict(metadata or {}) or None, max_concurrency=1
+                    bytes(data), overwrite=not create_only, metadata=check_metadata(metadata) or None, max_concurrency=1
                 )
             )
 
@@ -224,7 +224,7 @@ class AzureBlobStore(BlobStore):
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         blob = self._blob(name)
         with self._errors(name):
-            blob.set_blob_metadata(dict(metadata))
+            blob.set_blob_metadata(check_metadata(metadata))
 
     # -- large transfers: parallel blocks and ranges --------------------------------------------------------------
 
@@ -267,7 +267,7 @@ class AzureBlobStore(BlobStore):
             with self._errors(name, create_only=create_only):
                 blob.commit_block_list(
                     block_ids,
-                    metadata=dict(metadata or {}) or None,
+                    metadata=check_metadata(metadata) or None,
                     match_condition=MatchConditions.IfMissing if create_only else None,
                 )
 

@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
 
 __all__ = ["FileBlobStore", "RESERVED_PREFIX"]
@@ -562,14 +562,7 @@ def _is_reserved(name: str) -> bool:
 
 
 def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    if not metadata:
-        return {}
-    checked: dict[str, str] = {}
-    for key, value in metadata.items():
-        if not isinstance(key, str) or not key or not isinstance(value, str):
-            raise ConfigError(f"blob metadata must map non-empty strings to strings, got {key!r}: {value!r}")
-        checked[key] = value
-    return checked
+    return check_metadata(metadata)
 
 
 def _parse_bool(key: str, value: object) -> bool:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 
 __all__ = ["MemoryBlobStore"]
@@ -44,11 +44,12 @@ class MemoryBlobStore(BlobStore):
         self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
     ) -> None:
         check_blob_name(name)
+        checked = check_metadata(metadata)
         payload = bytes(data)
         with self._lock:
             if create_only and name in self._blobs:
                 raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
-            self._blobs[name] = (payload, dict(metadata or {}))
+            self._blobs[name] = (payload, checked)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         check_blob_name(name)
@@ -88,4 +89,4 @@ class MemoryBlobStore(BlobStore):
                 data, _ = self._blobs[name]
             except KeyError:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
-            self._blobs[name] = (data, dict(metadata))
+            self._blobs[name] = (data, check_metadata(metadata))

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name
+from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.blobstores._common import (
     MIN_PART_SIZE,
     check_options,
@@ -168,7 +168,7 @@ class S3BlobStore(BlobStore):
     ) -> None:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(name), "Body": bytes(data)}
         if metadata:
-            kwargs["Metadata"] = dict(metadata)
+            kwargs["Metadata"] = check_metadata(metadata)
         if create_only:
             kwargs["IfNoneMatch"] = "*"
         with self._errors(name, create_only=create_only):
@@ -219,7 +219,7 @@ class S3BlobStore(BlobStore):
                 Bucket=self.bucket,
                 Key=key,
                 CopySource={"Bucket": self.bucket, "Key": key},
-                Metadata=dict(metadata),
+                Metadata=check_metadata(metadata),
                 MetadataDirective="REPLACE",
             )
 
@@ -244,7 +244,7 @@ class S3BlobStore(BlobStore):
         key = self._key(name)
         create_kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if metadata:
-            create_kwargs["Metadata"] = dict(metadata)
+            create_kwargs["Metadata"] = check_metadata(metadata)
 
         def create() -> str:
             with self._errors(name):

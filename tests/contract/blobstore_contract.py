@@ -57,7 +57,22 @@ def _payload(size: int, seed: int = 0) -> bytes:
     return (block * (size // len(block) + 1))[:size]
 
 
-class BlobStoreContract:
+class MetadataPortabilityContract:
+    """Mixed into :class:`BlobStoreContract`: metadata keys every service keeps as given, refused uniformly."""
+
+    @pytest.mark.parametrize("key", ["expires-at", "Upper", "1digit", "", "a b", "x" * 64])
+    def test_non_portable_metadata_key_is_refused_before_anything_is_written(self, store: BlobStore, key: str) -> None:
+        with pytest.raises(ConfigError, match="metadata"):
+            store.put("meta/refused", b"data", metadata={key: "v"})
+        assert not store.exists("meta/refused")
+
+    def test_portable_metadata_keys_round_trip(self, store: BlobStore) -> None:
+        metadata = {"expires_at": "1795355737", "created_at": "1", "k9": "printable ascii"}
+        store.put("meta/kept", b"data", metadata=metadata)
+        assert dict(store.head("meta/kept").metadata) == metadata
+
+
+class BlobStoreContract(MetadataPortabilityContract):
     """Behaviour every :class:`BlobStore` implementation has. Subclass it and provide the ``store`` fixture."""
 
     #: size of the "large" blob and file round trips; larger than one copy buffer so streaming loops run
@@ -584,3 +599,4 @@ class _BlobStoreMachine(RuleBasedStateMachine):
     @invariant()
     def names_agree(self) -> None:
         assert list(self.store.list()) == sorted(self.model)
+
