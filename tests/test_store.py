@@ -313,3 +313,14 @@ def test_read_view_of_a_change_set_is_exactly_its_version_even_after_later_flush
             assert view.version == v(1)
             assert list(view.items()) == [(b"k1", b"v1")]
         first.close()
+
+
+def test_apply_changes_with_verified_order_equals_the_checked_path(tmp_path: Path) -> None:
+    records = [(b"a", b"1"), (b"b", None), (b"c", b"3"), (b"d", None), (b"e", b"5")]
+    results = []
+    for verified in (False, True):
+        with LocalStore.open(tmp_path / f"s{verified}", name="s") as store:
+            store.replace_contents([(b"b", b"old"), (b"d", b"old"), (b"z", b"26")], v(1))
+            assert store.apply_changes(iter(records), v(2), verified_order=verified) == len(records)
+            results.append((list(store.items()), store.version))
+    assert results[0] == results[1] == ([(b"a", b"1"), (b"c", b"3"), (b"e", b"5"), (b"z", b"26")], v(2))

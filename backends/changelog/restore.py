@@ -115,7 +115,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
                     # the first delta on the empty store: a bulk load in append mode (its deletes are no-ops)
                     store.replace_contents(_puts_only(reader), step.version)
                 else:
-                    store.apply_changes(reader, step.version)
+                    store.apply_changes(reader, step.version, verified_order=True)  # the reader checks the order
                 metrics.increment("restore.deltas.replayed")
         finally:
             for future in downloads.values():
