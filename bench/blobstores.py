@@ -21,10 +21,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from statebackend.blobstore import BlobStore, open_blob_store  # noqa: E402
-from statebackend.metrics import percentile  # noqa: E402
-from tests.faults import FaultProxy  # noqa: E402
-from tests.servers import azurite_connection_string, start_azurite, start_moto  # noqa: E402
+from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.metrics import percentile
+from tests.faults import FaultProxy
+from tests.servers import azurite_connection_string, start_azurite, start_moto
 
 MiB = 1 << 20
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from statebackend.metrics import percentile
 
-__all__ = ["percentile", "p50_p95", "format_table", "machine_info", "write_result", "RESULTS_DIR"]
+__all__ = ["RESULTS_DIR", "format_table", "machine_info", "p50_p95", "percentile", "write_result"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -83,7 +83,7 @@ def machine_info() -> dict[str, Any]:
 def write_result(benchmark: str, result: Mapping[str, Any]) -> Path:
     """Write ``result`` as ``bench/results/<benchmark>-<UTC time>.json``; returns the path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%SZ")
     path = RESULTS_DIR / f"{benchmark}-{stamp}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     return path

@@ -33,8 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from statebackend.metrics import percentile  # noqa: E402
-from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state  # noqa: E402
+from statebackend.metrics import percentile
+from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
 NUM_TASKS = 4
 
@@ -45,12 +45,12 @@ def count_keys(stores: Any, batches: Any) -> None:
 
     received = list(batches)
     if not received:
-        return None
+        return
     grouped = pa.Table.from_batches(received).group_by("key").aggregate([("key", "count")])
     counts = stores["counts"]
     for key, n in zip(grouped.column("key").to_pylist(), grouped.column("key_count").to_pylist()):
         counts.put(key, (counts.get(key) or 0) + n)
-    return None
+    return
 
 
 def write_input(directory: Path, keys: int, updates: int, batches: int, seed: int = 11) -> int:

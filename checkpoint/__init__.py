@@ -15,18 +15,18 @@ from checkpoint.log import MAX_SEQ, CheckpointLog, LogEntry
 from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, decode_checkpoint, encode_checkpoint
 
 __all__ = [
+    "LOCAL_CHECKPOINT_FILE",
+    "MAX_SEQ",
+    "NANOS_PER_MILLI",
+    "READABLE_VERSIONS",
+    "WRITABLE_VERSIONS",
     "CheckpointId",
     "CheckpointIdGenerator",
     "CheckpointLog",
     "CheckpointV1",
     "CheckpointV2",
     "FrozenMap",
-    "LOCAL_CHECKPOINT_FILE",
     "LogEntry",
-    "MAX_SEQ",
-    "NANOS_PER_MILLI",
-    "READABLE_VERSIONS",
-    "WRITABLE_VERSIONS",
     "decode_checkpoint",
     "encode_checkpoint",
     "read_local_checkpoint",

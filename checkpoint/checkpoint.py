@@ -24,7 +24,7 @@ __all__ = ["CheckpointV1", "CheckpointV2", "FrozenMap"]
 class FrozenMap(Mapping[str, Any]):
     """A read-only, hashable mapping. Equal to any mapping with the same items (a plain dict included)."""
 
-    __slots__ = ("_items", "_hash")
+    __slots__ = ("_hash", "_items")
 
     def __init__(self, items: Mapping[str, Any] | None = None) -> None:
         self._items: dict[str, Any] = dict(items or {})

@@ -21,7 +21,7 @@ import attrs
 
 from statebackend.errors import ConfigError
 
-__all__ = ["CheckpointId", "CheckpointIdGenerator", "NANOS_PER_MILLI"]
+__all__ = ["NANOS_PER_MILLI", "CheckpointId", "CheckpointIdGenerator"]
 
 #: ``nanos`` is the clock's nanoseconds modulo this (Samza: ``System.nanoTime() % 1_000_000``)
 NANOS_PER_MILLI = 1_000_000

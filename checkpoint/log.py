@@ -34,7 +34,7 @@ from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, decode_checkp
 from statebackend.blobstore import BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, CorruptDataError, NotFoundError
 
-__all__ = ["CheckpointLog", "LogEntry", "MAX_SEQ"]
+__all__ = ["MAX_SEQ", "CheckpointLog", "LogEntry"]
 
 log = logging.getLogger(__name__)
 

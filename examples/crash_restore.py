@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from statebackend.task import TaskStorage  # noqa: E402
+from statebackend.task import TaskStorage
 
 EVENTS = 25_000
 COMMIT_EVERY = 1_000

@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import wordcount  # noqa: E402
+import wordcount
 
 if __name__ == "__main__":
     sys.exit(wordcount.main(sys.argv[1:]))

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
 
-from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state  # noqa: E402
+from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
 
 def count_words(stores: Any, batches: Any) -> Any:

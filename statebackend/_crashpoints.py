@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 
-__all__ = ["crashpoint", "ENV_VAR"]
+__all__ = ["ENV_VAR", "crashpoint"]
 
 ENV_VAR = "STATEBACKEND_CRASH_AT"
 

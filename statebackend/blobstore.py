@@ -38,9 +38,9 @@ __all__ = [
     "BlobStore",
     "check_blob_name",
     "check_metadata",
+    "known_blob_store_schemes",
     "open_blob_store",
     "register_blob_store",
-    "known_blob_store_schemes",
 ]
 
 _COPY_BUFFER = 4 * 1024 * 1024
@@ -189,7 +189,7 @@ class BlobStore(abc.ABC):
         """How this store names itself in error messages."""
         return f"{type(self).__name__}({self.url})"
 
-    def close(self) -> None:  # noqa: B027 - a store without handles has nothing to close
+    def close(self) -> None:  # a store without handles has nothing to close
         """Release network clients and file handles."""
 
     def __enter__(self) -> BlobStore:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from statebackend.errors import ConfigError, StateBackendError
 
-__all__ = ["main", "load_properties"]
+__all__ = ["load_properties", "main"]
 
 
 def load_properties(path: str | Path) -> dict[str, str]:

@@ -38,7 +38,7 @@ from statebackend.errors import AlreadyExistsError, CommitError, CommitTimeoutEr
 from statebackend.metrics import Metrics
 from statebackend.store import ChangeSet, LocalStore, LocalVersion
 
-__all__ = ["TaskCommitManager", "PendingCommit", "BackupBinding", "shared_commit_pool"]
+__all__ = ["BackupBinding", "PendingCommit", "TaskCommitManager", "shared_commit_pool"]
 
 log = logging.getLogger(__name__)
 

@@ -39,24 +39,24 @@ from statebackend.errors import ConfigError
 from statebackend.registry import ResolvedFactory, known_factories, resolve_factory
 
 __all__ = [
+    "BLOB_STORE_OPTIONS",
+    "GLOBAL_OPTIONS",
+    "NAME_PATTERN",
+    "SERDES",
+    "STORE_OPTIONS",
     "OptionSpec",
-    "StoreSettings",
-    "Settings",
     "Parser",
-    "parse_int",
+    "Settings",
+    "StoreSettings",
     "parse_bool",
     "parse_bytes",
     "parse_choice",
-    "parse_list",
-    "parse_str",
     "parse_duration_ms",
-    "parse_path",
+    "parse_int",
+    "parse_list",
     "parse_object",
-    "NAME_PATTERN",
-    "SERDES",
-    "GLOBAL_OPTIONS",
-    "BLOB_STORE_OPTIONS",
-    "STORE_OPTIONS",
+    "parse_path",
+    "parse_str",
 ]
 
 _log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class OptionSpec:
 # -- parsers ----------------------------------------------------------------------------------------------------
 
 
-def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # noqa: A002 - the names read best
+def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # shadows min/max: the names read best
     """An integer from an int or a decimal string, within ``[min, max]``."""
     allowed = _range_text("an integer", min, max)
 
@@ -121,7 +121,7 @@ def parse_bool() -> Parser:
     return parse
 
 
-def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:  # noqa: A002
+def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:
     """A byte count from an int or a string: ``"100"``, ``"512KiB"``, ``"64MiB"``, ``"1.5GiB"``, ``"1TiB"`` (binary
     units), ``"10MB"`` (decimal units), case-insensitive, optional space before the unit."""
     allowed = _range_text("a byte count such as 100, 512KiB, 64MiB, 1GiB", min, max)
@@ -141,7 +141,7 @@ def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:  # noqa:
     return parse
 
 
-def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:  # noqa: A002
+def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:
     """A duration in milliseconds from an int (milliseconds) or a string: ``"1500"``, ``"250ms"``, ``"30s"``,
     ``"5m"``/``"5min"``, ``"1h"``."""
     allowed = _range_text("milliseconds, such as 30000, 250ms, 30s, 5min, 1h", min, max)

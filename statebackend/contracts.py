@@ -27,11 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackendContext",
-    "TaskBackupManager",
-    "TaskRestoreManager",
     "StateBackendAdmin",
     "StateBackendFactory",
     "StoreMarkers",
+    "TaskBackupManager",
+    "TaskRestoreManager",
 ]
 
 #: store name -> marker (a backend's string that locates the store's state for one checkpoint)
@@ -83,12 +83,12 @@ class TaskBackupManager(abc.ABC):
         """Delete what no retained checkpoint needs any more. Idempotent; called only after ``checkpoint_id`` is
         durable."""
 
-    def abort(self, checkpoint_id: CheckpointId) -> None:  # noqa: B027 - optional hook
+    def abort(self, checkpoint_id: CheckpointId) -> None:  # optional hook
         """The sync part of commit ``checkpoint_id`` failed after this manager's ``snapshot()`` may have run (another
         backend's snapshot raised): forget what it prepared, so the next commit starts clean. Its change sets are
         closed by the framework."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:  # optional hook
         """Release resources (background threads, open read transactions)."""
 
 
@@ -104,7 +104,7 @@ class TaskRestoreManager(abc.ABC):
         """Rebuild every store to exactly the checkpoint's state, reusing local data that already is that state.
         Interruptible between steps; never waits on futures it queued on the shared commit pool."""
 
-    def close(self) -> None:  # noqa: B027 - optional hook
+    def close(self) -> None:  # optional hook
         """Release resources."""
 
 

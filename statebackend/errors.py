@@ -21,17 +21,17 @@ Each error also inherits the matching builtin so callers can catch either.
 from __future__ import annotations
 
 __all__ = [
-    "StateBackendError",
-    "ConfigError",
-    "NotFoundError",
     "AlreadyExistsError",
-    "StorageError",
-    "TransientStorageError",
-    "CorruptDataError",
-    "IncompatibleFormatError",
-    "StoreLockedError",
     "CommitError",
     "CommitTimeoutError",
+    "ConfigError",
+    "CorruptDataError",
+    "IncompatibleFormatError",
+    "NotFoundError",
+    "StateBackendError",
+    "StorageError",
+    "StoreLockedError",
+    "TransientStorageError",
 ]
 
 

@@ -38,9 +38,9 @@ from statebackend.errors import ConfigError
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ResolvedFactory",
-    "resolve_factory",
-    "register_factory",
     "known_factories",
+    "register_factory",
+    "resolve_factory",
 ]
 
 #: the entry-point group third-party packages declare their factories in

@@ -28,13 +28,13 @@ import attrs
 from statebackend.errors import ConfigError, CorruptDataError, StateBackendError
 
 __all__ = [
-    "Serde",
+    "SERDE_NAMES",
     "BytesSerde",
-    "StringSerde",
     "IntegerSerde",
     "JsonSerde",
     "PickleSerde",
-    "SERDE_NAMES",
+    "Serde",
+    "StringSerde",
     "get_serde",
 ]
 

@@ -64,8 +64,16 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError, StoreLockedError
 from statebackend.task import TaskStorage
 
-__all__ = ["StatefulForeachBatch", "TaskStores", "TaskStats", "read_state", "local_spark_session", "task_name",
-           "BATCH_OFFSET", "TASKS_OFFSET"]
+__all__ = [
+    "BATCH_OFFSET",
+    "TASKS_OFFSET",
+    "StatefulForeachBatch",
+    "TaskStats",
+    "TaskStores",
+    "local_spark_session",
+    "read_state",
+    "task_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +292,7 @@ class _ListParam(AccumulatorParam):  # type: ignore[type-arg]
     def zero(self, value: list[Any]) -> list[Any]:
         return []
 
-    def addInPlace(self, value1: list[Any], value2: list[Any]) -> list[Any]:  # noqa: N802 - pyspark's name
+    def addInPlace(self, value1: list[Any], value2: list[Any]) -> list[Any]:  # pyspark's name
         value1.extend(value2)
         return value1
 

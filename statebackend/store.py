@@ -79,7 +79,7 @@ from statebackend.errors import (
 )
 from statebackend.serdes import Serde
 
-__all__ = ["LocalVersion", "ChangeSet", "ReadView", "LocalStore", "TypedStore", "TOMBSTONE", "MAX_KEY_SIZE"]
+__all__ = ["MAX_KEY_SIZE", "TOMBSTONE", "ChangeSet", "LocalStore", "LocalVersion", "ReadView", "TypedStore"]
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,17 @@ class ChangeSet:
     happens when the change set is garbage collected. Iterating after close raises ``StateBackendError``.
     """
 
-    __slots__ = ("version", "raw_bytes", "_runs", "_final", "_length", "_closed", "_finalizer", "_view_source",
-                 "__weakref__")
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_final",
+        "_finalizer",
+        "_length",
+        "_runs",
+        "_view_source",
+        "raw_bytes",
+        "version",
+    )
 
     version: LocalVersion
     raw_bytes: int

@@ -21,8 +21,8 @@ from pathlib import Path
 import attrs
 
 __all__ = [
-    "AZURITE_ACCOUNT_NAME",
     "AZURITE_ACCOUNT_KEY",
+    "AZURITE_ACCOUNT_NAME",
     "ServerProcess",
     "ServerStartError",
     "azurite_connection_string",

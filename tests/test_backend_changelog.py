@@ -132,8 +132,8 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
 ) -> None:
     """Orphans of commits that never became durable, and files only an earlier process's checkpoints needed, are
     swept; every checkpoint still in the log restores exactly afterwards."""
-    from checkpoint import CheckpointLog
     from backends.changelog.marker import Recipe
+    from checkpoint import CheckpointLog
 
     inner = MemoryBlobStore()
     blobs = ControlledBlobStore(inner)

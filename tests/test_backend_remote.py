@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -81,7 +82,7 @@ class TestBlobSnapshotOnS3Server(BackendContract):
 
 @pytest.mark.s3
 @pytest.mark.slow
-def test_s3_store_is_opened_from_config_keys_alone(s3_server: ServerProcess, tmp_path: "Path") -> None:
+def test_s3_store_is_opened_from_config_keys_alone(s3_server: ServerProcess, tmp_path: Path) -> None:
     """blob.store.* keys reach the S3 store through Settings: a task commits and restores with no store object."""
     from statebackend.task import TaskStorage
 
@@ -106,7 +107,7 @@ def test_s3_store_is_opened_from_config_keys_alone(s3_server: ServerProcess, tmp
 
 @pytest.mark.azure
 @pytest.mark.slow
-def test_azure_store_is_opened_from_config_keys_alone(azurite_connection: str, tmp_path: "Path") -> None:
+def test_azure_store_is_opened_from_config_keys_alone(azurite_connection: str, tmp_path: Path) -> None:
     from statebackend.task import TaskStorage
 
     config = {

@@ -78,7 +78,7 @@ def test_changelog_to_dual_to_blobsnapshot_and_back(tmp_path: Path, caplog: pyte
     blob_only = config_for(tmp_path, url, "blobsnapshot", "blobsnapshot")
 
     # 1. changelog only
-    run_step(changelog_only, blobs, model, range(0, 4), offsets)
+    run_step(changelog_only, blobs, model, range(4), offsets)
     reopen_exact(changelog_only, blobs, model, tmp_path, wipe=True)
 
     # 2. dual commit, restore.factory=blobsnapshot: the checkpoint has no blobsnapshot marker yet -> fallback, logged
@@ -126,7 +126,7 @@ def test_rolling_back_from_dual_to_changelog_loses_nothing(tmp_path: Path) -> No
     url = f"memory://{uuid.uuid4().hex}"
     model: dict[bytes, bytes] = {}
     offsets: list[int] = []
-    run_step(config_for(tmp_path, url, "changelog,blobsnapshot", "changelog"), blobs, model, range(0, 5), offsets)
+    run_step(config_for(tmp_path, url, "changelog,blobsnapshot", "changelog"), blobs, model, range(5), offsets)
     shutil.rmtree(tmp_path / "local")
     changelog_only = config_for(tmp_path, url, "changelog", "changelog")
     run_step(changelog_only, blobs, model, range(5, 8), offsets)

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.spark_fixtures import spark  # noqa: F401
-
 from statebackend.spark import StatefulForeachBatch, read_state
+from tests.spark_fixtures import spark  # noqa: F401
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

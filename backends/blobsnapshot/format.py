@@ -36,18 +36,18 @@ from statebackend.errors import CorruptDataError, IncompatibleFormatError
 from statebackend.store import LocalVersion
 
 __all__ = [
+    "HASH_ALGORITHM",
     "SCHEMA",
     "SCHEMA_VERSION",
-    "HASH_ALGORITHM",
     "ChunkRef",
     "FileEntry",
     "SnapshotIndex",
-    "new_hasher",
     "chunk_hash",
     "chunk_name",
-    "index_name",
     "chunks_prefix",
+    "index_name",
     "index_prefix",
+    "new_hasher",
     "parse_index_name",
 ]
 

@@ -43,27 +43,27 @@ import zstandard
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 
 __all__ = [
-    "MAGIC",
-    "MAGIC_END",
+    "BLOCK_MAX_RECORDS",
+    "COMPRESSIONS",
+    "FOOTER_SIZE",
     "FORMAT_VERSION",
-    "SUPPORTED_FORMAT_VERSIONS",
+    "HEADER_PREFIX_SIZE",
     "KIND_DELTA",
     "KIND_SNAPSHOT",
-    "COMPRESSIONS",
-    "HEADER_PREFIX_SIZE",
-    "FOOTER_SIZE",
+    "MAGIC",
+    "MAGIC_END",
     "MAX_HEADER_METADATA_BYTES",
-    "BLOCK_MAX_RECORDS",
-    "Record",
+    "SUPPORTED_FORMAT_VERSIONS",
     "FileHeader",
     "FileStats",
+    "Record",
     "RecordReader",
-    "write_file",
     "encode",
-    "read_header",
     "header_size",
-    "verify",
     "iter_records",
+    "read_header",
+    "verify",
+    "write_file",
 ]
 
 MAGIC = b"SBCHLOG\x00"

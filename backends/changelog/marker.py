@@ -22,7 +22,7 @@ import attrs
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
 from statebackend.store import LocalVersion
 
-__all__ = ["Step", "Recipe", "MARKER_FORMAT"]
+__all__ = ["MARKER_FORMAT", "Recipe", "Step"]
 
 MARKER_FORMAT = 1
 

@@ -417,7 +417,7 @@ def _connection_string_secrets(connection_string: str) -> tuple[str, ...]:
 
 def _default_credential() -> Any:
     try:
-        from azure.identity import DefaultAzureCredential  # noqa: PLC0415 - optional dependency
+        from azure.identity import DefaultAzureCredential  # optional dependency, imported only when used
     except ImportError:
         return None  # anonymous (public container) or a SAS already in account.url
     return DefaultAzureCredential()

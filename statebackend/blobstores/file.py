@@ -43,7 +43,7 @@ import attrs
 from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
 
-__all__ = ["FileBlobStore", "RESERVED_PREFIX"]
+__all__ = ["RESERVED_PREFIX", "FileBlobStore"]
 
 #: segment prefix reserved for the store's own temp and metadata files; never a blob name, never listed
 RESERVED_PREFIX = ".statebackend~"

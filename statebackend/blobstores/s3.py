@@ -434,7 +434,7 @@ class S3BlobStore(BlobStore):
 
     def _safe(self, exc: Exception) -> str:
         try:
-            credentials = self._client._request_signer._credentials  # noqa: SLF001 - to redact, never to show
+            credentials = self._client._request_signer._credentials  # private: to redact, never to show
             secrets = (credentials.secret_key, credentials.token) if credentials is not None else ()
         except AttributeError:
             secrets = ()

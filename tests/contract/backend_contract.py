@@ -20,11 +20,11 @@ import pytest
 
 from statebackend.blobstore import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.errors import CommitError, CommitTimeoutError, ConfigError, CorruptDataError, NotFoundError
+from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, NotFoundError
 from statebackend.task import TaskStorage
 from tests.blobstore_faults import ControlledBlobStore
 
-__all__ = ["BackendContract", "write_round", "contents"]
+__all__ = ["BackendContract", "contents", "write_round"]
 
 
 def contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:

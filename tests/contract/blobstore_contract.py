@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from statebackend.blobstore import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 
-__all__ = ["BlobStoreContract", "BAD_NAMES"]
+__all__ = ["BAD_NAMES", "BlobStoreContract"]
 
 #: names that must be rejected with ConfigError before anything is written
 BAD_NAMES = [
