@@ -11,14 +11,20 @@ durable checkpoint; writes what it restored to ``<report.json>``; then runs ``<c
 ``{"input": str(n)}``; after each it appends ``n`` to ``<workdir>/durable.log`` (unbuffered, so the line survives a
 SIGKILL). With ``STATEBACKEND_CRASH_AT`` set it dies at that crash point (see statebackend/_crashpoints.py).
 
+Backends: changelog only, unless ``CRASH_CHILD_BACKUP_FACTORIES`` names others (e.g. ``blobsnapshot`` or
+``changelog,blobsnapshot``, see :func:`config`), with ``CRASH_CHILD_RESTORE_FACTORY`` picking the restore backend
+and ``CRASH_CHILD_VALUE_REPEAT`` making values longer (a state of several blobsnapshot chunks). Unset, the child is
+the changelog-only one tests/test_crash.py uses.
+
 The data is a function of the commit number alone, so the state of checkpoint ``n`` is :func:`expected_state` ``(n)``
 whatever happened to the process that wrote it.
 
 Crash points of this module (the blob store's side of an upload, which belongs to no other module): before every
 write, a :class:`CrashingFileBlobStore` writes the first half of the blob as a temp file where the real store would
 put its own, then calls ``crashpoint("blobstore.put.<kind>")`` with kind ``delta``, ``snapshot`` (a re-base, on a
-commit thread), ``background_snapshot`` (on the maintenance thread) or ``checkpoint``; a process killed there leaves
-the torn temp file behind, as a real crash mid-write would. Surviving, it removes the temp and does the real write.
+commit thread), ``background_snapshot`` (on the maintenance thread), ``checkpoint``, or blobsnapshot's ``chunk`` and
+``index``; a process killed there leaves the torn temp file behind, as a real crash mid-write would. Surviving, it
+removes the temp and does the real write.
 """
 
 from __future__ import annotations
@@ -39,10 +45,17 @@ TASK = "task-0"
 STORE = "counts"
 KEY_SPACE = 400
 OPERATIONS_PER_COMMIT = 80
+#: environment variables choosing the backends (tests/test_crash_blobsnapshot.py); unset: changelog only
+BACKUP_FACTORIES_ENV = "CRASH_CHILD_BACKUP_FACTORIES"
+RESTORE_FACTORY_ENV = "CRASH_CHILD_RESTORE_FACTORY"
+VALUE_REPEAT_ENV = "CRASH_CHILD_VALUE_REPEAT"
+DEFAULT_VALUE_REPEAT = 3
 
 
-def config(workdir: Path) -> dict[str, object]:
-    return {
+def config(
+    workdir: Path, backup_factories: str = "changelog", restore_factory: str | None = None
+) -> dict[str, object]:
+    settings: dict[str, object] = {
         "job.name": "job",
         "state.local.dir": str(workdir / "local"),
         "blob.store.url": f"file://{workdir / 'blobs'}",
@@ -54,22 +67,34 @@ def config(workdir: Path) -> dict[str, object]:
         "changelog.snapshot.interval.commits": 3,
         "task.checkpoint.retained": 2,
     }
+    if backup_factories != "changelog":
+        settings["stores.counts.backup.factories"] = backup_factories
+        if "changelog" not in backup_factories.split(","):
+            del settings["changelog.snapshot.interval.commits"]  # config warns about a key of an unused backend
+        # several chunks per snapshot; no grace period and a sweep every 2 commits, so garbage is collected (and a
+        # crash can hit its collection) within a few commits
+        settings["blobsnapshot.chunk.size"] = "64KiB"
+        settings["blobsnapshot.gc.grace.period.ms"] = 0
+        settings["blobsnapshot.gc.interval.commits"] = 2
+    if restore_factory is not None:
+        settings["stores.counts.restore.factory"] = restore_factory
+    return settings
 
 
-def operations(n: int) -> list[tuple[bytes, bytes | None]]:
+def operations(n: int, value_repeat: int = DEFAULT_VALUE_REPEAT) -> list[tuple[bytes, bytes | None]]:
     """The writes of commit ``n``: (key, value) puts and (key, None) deletes, distinct keys."""
     result: list[tuple[bytes, bytes | None]] = []
     for i in range(OPERATIONS_PER_COMMIT):
         key = f"key{(i * 37 + n * 101) % KEY_SPACE:05d}".encode()  # 37 is prime to 400: no key twice per commit
-        result.append((key, None) if (i * 3 + n) % 7 == 0 else (key, f"value-{n}-{i}".encode() * 3))
+        result.append((key, None) if (i * 3 + n) % 7 == 0 else (key, f"value-{n}-{i}".encode() * value_repeat))
     return result
 
 
-def expected_state(n: int) -> dict[bytes, bytes]:
+def expected_state(n: int, value_repeat: int = DEFAULT_VALUE_REPEAT) -> dict[bytes, bytes]:
     """The store's contents at checkpoint ``n`` (0: no checkpoint, empty)."""
     state: dict[bytes, bytes] = {}
     for commit in range(1, n + 1):
-        for key, value in operations(commit):
+        for key, value in operations(commit, value_repeat):
             if value is None:
                 state.pop(key, None)
             else:
@@ -114,12 +139,19 @@ def _kind(name: str) -> str:
         return "background_snapshot" if on_maintenance else "snapshot"
     if "/checkpoints/" in name:
         return "checkpoint"
+    if "/blobsnapshot/chunks/" in name:
+        return "chunk"
+    if "/blobsnapshot/index/" in name:
+        return "index"
     return "other"
 
 
 def run(workdir: Path, report: Path, commits: int) -> None:
     blob_store = CrashingFileBlobStore(str(blobs_dir(workdir)))
-    with TaskStorage.open(config(workdir), TASK, blob_store=blob_store) as task:
+    settings = config(workdir, os.environ.get(BACKUP_FACTORIES_ENV) or "changelog",
+                      os.environ.get(RESTORE_FACTORY_ENV) or None)
+    value_repeat = int(os.environ.get(VALUE_REPEAT_ENV) or DEFAULT_VALUE_REPEAT)
+    with TaskStorage.open(settings, TASK, blob_store=blob_store) as task:
         store = task.store(STORE)
         restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
         contents = {key.hex(): value.hex() for key, value in store.items()}
@@ -127,7 +159,7 @@ def run(workdir: Path, report: Path, commits: int) -> None:
         durable_log = os.open(workdir / "durable.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             for n in range(restored + 1, restored + commits + 1):
-                for key, value in operations(n):
+                for key, value in operations(n, value_repeat):
                     if value is None:
                         store.delete(key)
                     else:

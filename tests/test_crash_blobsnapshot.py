@@ -1,0 +1,292 @@
+"""Crash tests of the blob-snapshot backend: SIGKILL a real process at each step of snapshot, upload, index write,
+cleanup and sweep, restore in fresh processes, and check the state is exactly the last durable checkpoint, with the
+local dir kept and with it wiped; also for dual commit (changelog,blobsnapshot) restoring through either backend.
+
+The killed process is tests/crash_child.py with ``CRASH_CHILD_BACKUP_FACTORIES`` set (values long enough that a
+snapshot is several 64 KiB chunks; no gc grace period and a sweep every 2 commits, so garbage collection runs, and
+can be killed, within a few commits). Where it dies is chosen with ``STATEBACKEND_CRASH_AT``: the one-line
+``crashpoint(...)`` calls in backends/blobsnapshot/backup.py and statebackend/commit.py, and crash_child's blob store
+wrapper for deaths mid-write (``blobstore.put.chunk`` / ``blobstore.put.index`` leave half the blob in a temp file).
+
+Which checkpoint is durable is read from the checkpoint log (the child cannot know whether the write it died in
+landed); the data is a function of the commit number (crash_child.expected_state), so the expected state is exact.
+Per crash point the test checks:
+
+1. the child died by SIGKILL and the durable checkpoint is the one the point implies, including whether the commit
+   in flight landed (against the child's own log of the commits it saw durable);
+2. the local ``CHECKPOINT-V2`` file never claims a checkpoint newer than the durable one;
+3. the newest ``task.checkpoint.retained`` checkpoints in the log still have their index and every chunk it lists
+   (cleanup and sweep never delete what a retained checkpoint needs), after the crash and at the end;
+4. fresh processes with the local dir kept and wiped (a copy taken right after the crash) restore exactly that
+   state and commit twice more;
+5. after (4), a fresh process with the local dir wiped restores the state of the continued commits from the blob
+   store alone, and its start-up sweep leaves only the blobs the checkpoints in the log need (the crash's orphans
+   are collected).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from backends.blobsnapshot.backup import read_index
+from backends.blobsnapshot.format import chunk_name, chunks_prefix, index_prefix
+from checkpoint import CheckpointLog, CheckpointV2, read_local_checkpoint
+from statebackend.blobstores.file import FileBlobStore
+from tests.crash_child import (
+    BACKUP_FACTORIES_ENV,
+    RESTORE_FACTORY_ENV,
+    STORE,
+    TASK,
+    VALUE_REPEAT_ENV,
+    blobs_dir,
+    expected_state,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+COMMITS = 8  # commits the crashing child attempts
+MORE = 2  # commits each restoring child adds
+RETAINED = 2  # task.checkpoint.retained in crash_child.config
+#: ~600-byte values: a compacted copy of the store is ~250 KiB, four 64 KiB chunks
+VALUE_REPEAT = 50
+
+
+@attrs.frozen
+class Durable:
+    """The checkpoint a crash must leave durable: a commit number in [low, high], and whether the commit in flight
+    landed (``True``/``False``; ``None`` for points off the task's thread, whose timing against its commits is not
+    fixed)."""
+
+    low: int
+    high: int
+    in_flight_landed: bool | None
+
+
+def exactly(commit: int, *, landed: bool) -> Durable:
+    return Durable(commit, commit, landed)
+
+
+#: crash point (``<name>[:<nth hit>]``) -> the durable checkpoint it implies
+CRASH_POINTS: dict[str, Durable] = {
+    # commit 4's read view is open, nothing copied nor uploaded
+    "commit.after_snapshot:4": exactly(3, landed=False),
+    # commit 4's compacted copy is in the staging dir (left behind), nothing uploaded
+    "blobsnapshot.upload.staged:4": exactly(3, landed=False),
+    # the first snapshot ever: its first chunk half written as a temp file; and fully written, then death
+    "blobstore.put.chunk:1": exactly(0, landed=False),
+    "blobsnapshot.upload.chunk_uploaded:1": exactly(0, landed=False),
+    # some chunks of a later snapshot uploaded (about four per snapshot: the 10th is in commit 3 or so)
+    "blobsnapshot.upload.chunk_uploaded:10": Durable(1, 4, False),
+    # every chunk of commit 4 uploaded, no index: orphan chunks
+    "blobsnapshot.upload.chunks_uploaded:4": exactly(3, landed=False),
+    # commit 4's index half written as a temp file: not visible
+    "blobstore.put.index:4": exactly(3, landed=False),
+    # commit 4's index written, no checkpoint names it: an orphan index
+    "blobsnapshot.upload.index_written:4": exactly(3, landed=False),
+    # commit 4 durable, but its index and chunks keep their expiry (cleanup never ran)
+    "commit.after_checkpoint_write:4": exactly(4, landed=True),
+    # the first cleanup removed the expiry of commit 1's index and chunks, then death
+    "blobsnapshot.cleanup.expiry_removed:1": Durable(1, 3, None),
+    # retention (cleanup of commit 3 drops commit 1's index) deleted its first chunk, then death
+    "blobsnapshot.cleanup.deleted:1": Durable(3, 5, None),
+}
+
+BLOBSNAPSHOT = "blobsnapshot"
+DUAL = "changelog,blobsnapshot"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("crash_at", list(CRASH_POINTS))
+def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkpoint(
+    work: Path, crash_at: str
+) -> None:
+    durable = _crash(work, crash_at, CRASH_POINTS[crash_at], factories=BLOBSNAPSHOT)
+    _restore_and_go_on(work, durable, factories=BLOBSNAPSHOT)
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_durable_checkpoint(work: Path) -> None:
+    """A first child dies after writing commit 4's index (an orphan index and orphan chunks); the next one restores
+    commit 3 and dies at the first delete of its start-up sweep of that garbage."""
+    _crash(work, "blobsnapshot.upload.index_written:4", exactly(3, landed=False), factories=BLOBSNAPSHOT)
+    sweeping = _child(work / "run", work / "sweeping.json", 0, crash_at="blobsnapshot.sweep.deleted:1",
+                      factories=BLOBSNAPSHOT)
+    assert sweeping.returncode == -signal.SIGKILL, (
+        f"the start-up sweep was to die at its first delete but the child exited with {sweeping.returncode}:\n"
+        f"{sweeping.stderr[-3000:]}"
+    )
+    # (the sweep runs in the background from TaskStorage.open: it may kill the child before its report is written)
+    assert _durable_commit(work / "run") == 3
+    _assert_retained_checkpoints_restorable(work / "run")
+    _restore_and_go_on(work, 3, factories=BLOBSNAPSHOT)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restore_factory", ["blobsnapshot", "changelog"])
+def test_sigkill_mid_blobsnapshot_upload_of_a_dual_commit_restores_exactly_through_either_backend(
+    work: Path, restore_factory: str
+) -> None:
+    """Dual commit: the changelog delta of the commit in flight may be uploaded, its blobsnapshot upload is cut
+    short; no checkpoint names either, and both backends restore exactly the previous one."""
+    durable = _crash(work, "blobsnapshot.upload.chunk_uploaded:10", Durable(1, 4, False), factories=DUAL,
+                     restore_factory=restore_factory)
+    _restore_and_go_on(work, durable, factories=DUAL, restore_factory=restore_factory)
+
+
+# -- steps ------------------------------------------------------------------------------------------------------
+
+
+def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restore_factory: str | None = None) -> int:
+    """Run the crashing child in ``work/run``; check what it left; return the durable commit number."""
+    workdir = work / "run"
+    workdir.mkdir()
+    crashed = _child(workdir, work / "crashing.json", COMMITS, crash_at=crash_at, factories=factories,
+                     restore_factory=restore_factory)
+    assert crashed.returncode == -signal.SIGKILL, (
+        f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    )
+    assert _report(work / "crashing.json")["restored"] == 0
+
+    durable = _durable_commit(workdir)
+    reported = _reported_durable(workdir)
+    assert wanted.low <= durable <= wanted.high, f"{crash_at}: durable commit {durable}"
+    if wanted.in_flight_landed is None:
+        assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
+    else:
+        assert durable == reported + int(wanted.in_flight_landed), (
+            f"{crash_at}: durable commit {durable}, last reported durable {reported}"
+        )
+    local = read_local_checkpoint(workdir / "local" / "job" / TASK / STORE)
+    if local is not None:
+        assert int(local.input_offsets["input"]) <= durable, "CHECKPOINT-V2 claims a checkpoint that is not durable"
+    _assert_retained_checkpoints_restorable(workdir)
+    return durable
+
+
+def _restore_and_go_on(work: Path, durable: int, *, factories: str, restore_factory: str | None = None) -> None:
+    """Restore in fresh processes with ``work/run``'s local dir kept and wiped, commit on, restore once more."""
+    workdir = work / "run"
+    wiped = work / "wiped"
+    shutil.copytree(workdir, wiped)
+    shutil.rmtree(wiped / "local")
+
+    for label, directory in (("kept", workdir), ("wiped", wiped)):
+        resumed = _child(directory, work / f"{label}.json", MORE, factories=factories, restore_factory=restore_factory)
+        assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
+        report = _report(work / f"{label}.json")
+        assert report["restored"] == durable, f"local dir {label}"
+        assert _contents(report) == expected_state(durable, VALUE_REPEAT), f"local dir {label}: restored state differs"
+        assert _durable_commit(directory) == durable + MORE
+        _assert_retained_checkpoints_restorable(directory)
+
+    shutil.rmtree(workdir / "local")
+    final = _child(workdir, work / "final.json", 0, factories=factories, restore_factory=restore_factory)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert _report(work / "final.json")["restored"] == durable + MORE
+    assert _contents(_report(work / "final.json")) == expected_state(durable + MORE, VALUE_REPEAT)
+    _assert_only_retained_blobs(workdir)
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def work() -> Iterator[Path]:
+    """A temp dir, RAM-backed where possible (SIGKILL takes the process, not the page cache: fsyncs change nothing
+    these tests can observe)."""
+    fast = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix="statebackend-crash-blobsnapshot-", dir=fast))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _child(
+    workdir: Path,
+    report: Path,
+    commits: int,
+    *,
+    factories: str,
+    restore_factory: str | None = None,
+    crash_at: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
+    env.pop(RESTORE_FACTORY_ENV, None)
+    if crash_at is not None:
+        env["STATEBACKEND_CRASH_AT"] = crash_at
+    if restore_factory is not None:
+        env[RESTORE_FACTORY_ENV] = restore_factory
+    env[BACKUP_FACTORIES_ENV] = factories
+    env[VALUE_REPEAT_ENV] = str(VALUE_REPEAT)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=90, check=False,
+    )
+
+
+def _checkpoint_log(workdir: Path) -> CheckpointLog:
+    return CheckpointLog(FileBlobStore(str(blobs_dir(workdir)), create=False), "job", TASK)
+
+
+def _durable_commit(workdir: Path) -> int:
+    """The commit number of the newest checkpoint in the checkpoint log (0: none), read by this process."""
+    entry = _checkpoint_log(workdir).latest()
+    return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
+
+
+def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
+    """The newest RETAINED checkpoints' blobsnapshot indexes are readable and every chunk they list is present."""
+    blob_store = FileBlobStore(str(blobs_dir(workdir)), create=False)
+    entries = _checkpoint_log(workdir).entries()[-RETAINED:]
+    for entry in entries:
+        assert isinstance(entry.checkpoint, CheckpointV2)
+        marker = entry.checkpoint.markers_for(BLOBSNAPSHOT).get(STORE)
+        assert marker is not None, f"checkpoint #{entry.seq} has no blobsnapshot marker"
+        index = read_index(blob_store, marker, store=STORE)
+        prefix = marker.split("index/", 1)[0]
+        missing = sorted(d for d in index.chunk_hashes() if not blob_store.exists(chunk_name(prefix, d)))
+        assert not missing, f"checkpoint #{entry.seq}: index {marker} lists missing chunks {missing}"
+
+
+def _assert_only_retained_blobs(workdir: Path) -> None:
+    """Every index in the blob store is one a checkpoint in the log names, every chunk is one of theirs: what the
+    crash left behind (orphan chunks and indexes, expiries never removed) was collected."""
+    blob_store = FileBlobStore(str(blobs_dir(workdir)), create=False)
+    markers = set()
+    for entry in _checkpoint_log(workdir).entries():
+        assert isinstance(entry.checkpoint, CheckpointV2)
+        markers.add(entry.checkpoint.markers_for(BLOBSNAPSHOT)[STORE])
+    prefix = next(iter(markers)).split("index/", 1)[0]
+    indexes = set(blob_store.list(index_prefix(prefix)))
+    assert indexes == markers, f"indexes no checkpoint names: {sorted(indexes - markers)}"
+    referenced = {chunk_name(prefix, d) for m in markers for d in read_index(blob_store, m, store=STORE).chunk_hashes()}
+    chunks = set(blob_store.list(chunks_prefix(prefix)))
+    assert chunks == referenced, f"chunks no retained index lists: {sorted(chunks - referenced)}"
+
+
+def _reported_durable(workdir: Path) -> int:
+    log = workdir / "durable.log"
+    lines = log.read_text().split() if log.exists() else []
+    return int(lines[-1]) if lines else 0
+
+
+def _report(path: Path) -> dict[str, object]:
+    return json.loads(path.read_text())
+
+
+def _contents(report: dict[str, object]) -> dict[bytes, bytes]:
+    contents = report["contents"]
+    assert isinstance(contents, dict)
+    return {bytes.fromhex(key): bytes.fromhex(value) for key, value in contents.items()}
