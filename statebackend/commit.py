@@ -161,7 +161,7 @@ class TaskCommitManager:
                 log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id)
         with self._lock:
             cleanups, self._cleanups = self._cleanups, []
-        done, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
+        _, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
         if not_done:
             log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done))
 
@@ -231,10 +231,12 @@ class TaskCommitManager:
                 uploads[binding.factory_name] = binding.manager.upload(
                     pending.checkpoint_id, preliminary[binding.factory_name]
                 )
-        except BaseException as exc:  # an upload that fails to even start fails this commit, not the task
+        except BaseException as exc:  # noqa: BLE001 - an upload failing to even start fails this commit, not the task
+            failure = exc  # Python unbinds ``exc`` when the except block ends, before a started upload may end
+
             def fail_when_started_ones_end() -> None:  # never leave an upload running behind a failed commit
                 _close_all(changes)
-                self._fail(pending, exc)
+                self._fail(pending, failure)
 
             _when_all(list(uploads.values()), fail_when_started_ones_end)
             return
@@ -248,7 +250,7 @@ class TaskCommitManager:
             try:
                 self.executor.submit(self._write_checkpoint, pending, input_offsets,
                                      {name: f.result() for name, f in uploads.items()})
-            except BaseException as exc:  # pool shut down
+            except BaseException as exc:  # noqa: BLE001 - pool shut down: the commit fails, the task goes on
                 self._fail(pending, exc)
 
         _when_all(list(uploads.values()), after_uploads)
@@ -276,7 +278,7 @@ class TaskCommitManager:
                 conflict.__cause__ = exc
                 self._conflict = conflict  # never tolerated, and every later commit refuses too
                 raise conflict from exc
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - handed to the commit's future, raised by its waiter
             self._fail(pending, exc)
             return
         # The checkpoint is durable from here on: whatever fails below is reported, never taken for a failed commit
@@ -311,7 +313,7 @@ class TaskCommitManager:
                 with self._lock:
                     self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
                 future.add_done_callback(report)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc)
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import shutil
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -154,3 +155,32 @@ def test_a_failed_apply_fails_every_waiting_read_view_instead_of_hanging(tmp_pat
             second.result(timeout=30)
         with pytest.raises(StorageError):
             store.flush(LocalVersion("1-3", "cc"))
+
+
+def test_an_upload_failing_to_start_fails_the_commit_after_the_started_uploads_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The failure is handed to the commit once the other backend's upload, still running then, ends."""
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"stores.counts.backup.factories": "changelog,blobsnapshot"})
+    real_upload = changelog_backup.ChangelogBackupManager.upload
+    gates: list[tuple[Future[Any], Future[Any]]] = []
+
+    def held_upload(self: Any, checkpoint_id: Any, markers: Any) -> Future[Any]:
+        held: Future[Any] = Future()
+        gates.append((real_upload(self, checkpoint_id, markers), held))
+        return held
+
+    def refuse_to_start(self: Any, checkpoint_id: Any, markers: Any) -> Future[Any]:
+        raise StateBackendError("injected upload start failure")
+
+    monkeypatch.setattr(changelog_backup.ChangelogBackupManager, "upload", held_upload)
+    monkeypatch.setattr(BlobSnapshotBackupManager, "upload", refuse_to_start)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, {})
+        pending = task.commit({"input": "0"})
+        assert pending is not None
+        real, held = gates[0]
+        held.set_result(real.result(timeout=30))  # the started upload ends after the commit's sync part returned
+        with pytest.raises(CommitError, match="injected upload start failure"):
+            pending.result(timeout=10)
