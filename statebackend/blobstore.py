@@ -19,6 +19,7 @@ Scheme registry (fsspec style): short scheme -> dotted path, imported lazily, wi
 from __future__ import annotations
 
 import abc
+import builtins
 import importlib
 import os
 import re
@@ -26,7 +27,7 @@ import shutil
 import tempfile
 import types
 from collections.abc import Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self
 from urllib.parse import urlsplit
 
 import attrs
@@ -181,7 +182,7 @@ class BlobStore(abc.ABC):
             offset += len(chunk)
             yield chunk
 
-    def delete_many(self, names: list[str]) -> None:
+    def delete_many(self, names: builtins.list[str]) -> None:  # builtins: ``list`` here is the method above
         for name in names:
             self.delete(name)
 
@@ -192,7 +193,7 @@ class BlobStore(abc.ABC):
     def close(self) -> None:  # a store without handles has nothing to close
         """Release network clients and file handles."""
 
-    def __enter__(self) -> BlobStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -203,7 +204,9 @@ class _suppress_oserror:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
+    ) -> bool:
         return exc_type is not None and issubclass(exc_type, OSError)
 
 

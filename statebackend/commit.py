@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeoutError
+from typing import Any
 
 import attrs
 
@@ -108,7 +109,7 @@ class TaskCommitManager:
     _failure: BaseException | None = attrs.field(init=False, default=None)
     _failures_in_a_row: int = attrs.field(init=False, default=0)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
-    _cleanups: list[Future[None]] = attrs.field(init=False, factory=list)
+    _cleanups: list[Future[Any]] = attrs.field(init=False, factory=list)  # backend cleanups and log retention
     _conflict: CommitError | None = attrs.field(init=False, default=None)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
@@ -243,7 +244,7 @@ class TaskCommitManager:
 
         def after_uploads() -> None:
             _close_all(changes)
-            errors = [f.exception() for f in uploads.values() if f.exception() is not None]
+            errors = [error for f in uploads.values() if (error := f.exception()) is not None]
             if errors:
                 self._fail(pending, errors[0])
                 return
@@ -300,7 +301,7 @@ class TaskCommitManager:
         pending.future.set_result(checkpoint)
 
     def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers]) -> None:
-        def report(future: Future[None]) -> None:
+        def report(future: Future[Any]) -> None:
             exc = future.exception()
             if exc is not None:
                 self.metrics.increment("commit.cleanup.failures")

@@ -65,7 +65,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Self, cast
 
 import attrs
 import lmdb
@@ -207,7 +207,7 @@ class ChangeSet:
         self._final = []
         self._finalizer()
 
-    def __enter__(self) -> ChangeSet:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -266,7 +266,7 @@ def _write_run(path: Path, records: Iterable[tuple[bytes, bytes | None]]) -> Non
 
 def _read_run(path: Path) -> Iterator[tuple[bytes, bytes | None]]:
     try:
-        f: BinaryIO = open(path, "rb", buffering=1 << 20)
+        f: BinaryIO = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - entered below; only open() is translated
     except FileNotFoundError as exc:
         raise StateBackendError(f"spill run {path} is gone; its change set was closed or the store reopened") from exc
     with f:
@@ -302,7 +302,7 @@ class ReadView:
 
     store_name: str
     _env: lmdb.Environment
-    _txn: lmdb.Transaction
+    _txn: lmdb.Transaction[bytes]
     _data_db: Any
     version: LocalVersion | None
     count: int
@@ -336,7 +336,7 @@ class ReadView:
             except lmdb.Error:
                 pass  # the environment was closed first, which already ended the transaction
 
-    def __enter__(self) -> ReadView:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -347,7 +347,7 @@ class ReadView:
             raise StateBackendError(f"read view of store {self.store_name!r} is closed")
 
 
-def _lmdb_range(cursor: lmdb.Cursor, start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
+def _lmdb_range(cursor: lmdb.Cursor[bytes], start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
     found = cursor.set_range(start) if start else cursor.first()
     if not found:
         return
@@ -477,7 +477,7 @@ class LocalStore:
         finally:
             _release_lock(self._lock_fd)
 
-    def __enter__(self) -> LocalStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -663,7 +663,7 @@ class LocalStore:
     def _apply_in_background(self) -> None:
         try:
             self.apply_pending()
-        except BaseException as exc:  # kept in _apply_error and raised by the store's next operation
+        except BaseException as exc:  # noqa: BLE001 - kept in _apply_error, raised by the store's next operation
             log.error("store %s: applying a flushed batch to LMDB failed: %s", self.name, exc)
 
     def _view_at(self, pending: _Pending) -> Future[ReadView]:
@@ -771,7 +771,7 @@ class LocalStore:
         with self._write_txn("apply_changes") as txn:
             cursor = txn.cursor(db=self._data_db)
             try:
-                cursor.putmulti(puts)
+                cursor.putmulti(cast("list[tuple[bytes, bytes]]", puts))  # the None values were filtered out
             except lmdb.BadValsizeError as exc:
                 raise StateBackendError(
                     f"store {self.name!r}: apply_changes got a key of 0 or more than {self._max_key_size} bytes "
@@ -939,7 +939,7 @@ class LocalStore:
         self._runs = []
 
     @contextlib.contextmanager
-    def _write_txn(self, what: str) -> Iterator[lmdb.Transaction]:
+    def _write_txn(self, what: str) -> Iterator[lmdb.Transaction[bytes]]:
         """One LMDB write transaction: committed on success, aborted on any error; LMDB errors become
         ``StorageError`` naming the store (a full map says to raise ``map_size``)."""
         try:
@@ -1031,7 +1031,7 @@ def _prefix_end(prefix: bytes) -> bytes | None:
 
 
 def _merge_batch(
-    stored: Iterator[tuple[bytes, bytes]], batch: list[tuple[bytes, Any]], txn: lmdb.Transaction
+    stored: Iterator[tuple[bytes, bytes]], batch: list[tuple[bytes, Any]], txn: lmdb.Transaction[bytes]
 ) -> Iterator[tuple[bytes, bytes]]:
     """Merge LMDB records with sorted batch records; the batch wins on equal keys and its tombstones hide keys."""
     try:
@@ -1062,7 +1062,7 @@ def _merge_batch(
             pass
 
 
-def _apply_records(txn: lmdb.Transaction, db: Any, records: Iterable[tuple[bytes, bytes | None]]) -> None:
+def _apply_records(txn: lmdb.Transaction[bytes], db: Any, records: Iterable[tuple[bytes, bytes | None]]) -> None:
     cursor = txn.cursor(db=db)
     for key, value in records:
         if value is None:
@@ -1072,7 +1072,7 @@ def _apply_records(txn: lmdb.Transaction, db: Any, records: Iterable[tuple[bytes
             cursor.put(key, value)
 
 
-def _set_version(txn: lmdb.Transaction, meta_db: Any, version: LocalVersion | None) -> None:
+def _set_version(txn: lmdb.Transaction[bytes], meta_db: Any, version: LocalVersion | None) -> None:
     if version is None:
         txn.delete(_VERSION_KEY, db=meta_db)
     else:

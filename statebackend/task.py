@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
@@ -209,7 +209,7 @@ class TaskStorage:
             if self._owns_blob_store:
                 self.blob_store.close()
 
-    def __enter__(self) -> TaskStorage:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

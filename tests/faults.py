@@ -22,6 +22,7 @@ import struct
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
+from typing import Self
 
 from statebackend.blobstore import BlobInfo, BlobStore
 
@@ -70,7 +71,7 @@ class FaultProxy:
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> FaultProxy:
+    def start(self) -> Self:
         self._acceptor.start()
         return self
 
@@ -85,7 +86,7 @@ class FaultProxy:
             thread.join(timeout=5)
         self._listener.close()
 
-    def __enter__(self) -> FaultProxy:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:

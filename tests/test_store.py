@@ -160,7 +160,7 @@ def test_read_view_in_another_thread_stays_consistent_while_task_writes_and_flus
                 result["records"] = first + rest
                 result["version"] = view.version
                 result["count"] = view.count
-            except BaseException as exc:  # surfaced by the assertion below
+            except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
                 result["error"] = exc
                 half_read.set()
             finally:
