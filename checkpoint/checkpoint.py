@@ -48,20 +48,22 @@ class FrozenMap(Mapping[str, Any]):
         return f"{type(self).__name__}({self._items!r})"
 
 
-def _string_map(what: str) -> Any:
-    def convert(value: Mapping[str, str]) -> FrozenMap:
-        if not isinstance(value, Mapping):
-            raise TypeError(f"{what} must be a mapping of str to str, got {type(value).__name__}")
-        for key, item in value.items():
-            if not isinstance(key, str) or not isinstance(item, str):
-                raise TypeError(f"{what} must map str to str; got {key!r}: {item!r}")
-        return value if isinstance(value, FrozenMap) else FrozenMap(value)
-
-    return convert
+def _string_map(what: str, value: Mapping[str, str]) -> FrozenMap:
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{what} must be a mapping of str to str, got {type(value).__name__}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not isinstance(item, str):
+            raise TypeError(f"{what} must map str to str; got {key!r}: {item!r}")
+    return value if isinstance(value, FrozenMap) else FrozenMap(value)
 
 
-_offsets = _string_map("input_offsets")
-_store_markers = _string_map("state checkpoint markers of a factory")
+# Named functions, not closures: mypy's attrs plugin reads a converter's type only from a def, a type or a lambda.
+def _offsets(value: Mapping[str, str]) -> FrozenMap:
+    return _string_map("input_offsets", value)
+
+
+def _store_markers(value: Mapping[str, str]) -> FrozenMap:
+    return _string_map("state checkpoint markers of a factory", value)
 
 
 def _markers(value: Mapping[str, Mapping[str, str]]) -> FrozenMap:

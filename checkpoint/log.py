@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import attrs
 
@@ -52,8 +53,8 @@ class LogEntry:
     checkpoint: CheckpointV1 | CheckpointV2
 
 
-def _versions(what: str, allowed: tuple[int, ...]) -> Callable[[object, attrs.Attribute[object], object], None]:
-    def check(instance: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _versions(what: str, allowed: tuple[int, ...]) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(instance: object, attribute: attrs.Attribute[Any], value: object) -> None:
         if (
             not isinstance(value, tuple)
             or not value

@@ -43,7 +43,9 @@ __all__ = [
 class Serde(Protocol):
     """Turns objects into bytes and back. ``from_bytes(to_bytes(x)) == x``."""
 
-    name: str
+    @property
+    def name(self) -> str:  # read-only: the serdes here declare it as a ClassVar of a frozen class
+        ...
 
     def to_bytes(self, obj: Any) -> bytes: ...
 
