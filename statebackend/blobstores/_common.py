@@ -46,7 +46,8 @@ def check_options(options: Mapping[str, Any]) -> None:
     unknown = sorted(set(options) - KNOWN_OPTIONS)
     if unknown:
         known = ", ".join(f"blob.store.{k}" for k in sorted(KNOWN_OPTIONS - {"url"}))
-        raise ConfigError(f"unknown blob store option(s) {', '.join('blob.store.' + k for k in unknown)}; known: {known}")
+        listed = ", ".join("blob.store." + k for k in unknown)
+        raise ConfigError(f"unknown blob store option(s) {listed}; known: {known}")
 
 
 def part_pool(max_concurrency: int) -> concurrent.futures.ThreadPoolExecutor:
@@ -91,7 +92,11 @@ def run_parallel(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[],
 
 
 def write_ranges(
-    out: BinaryIO, read_range: Callable[[int, int], bytes], size: int, part_size: int, pool: concurrent.futures.Executor,
+    out: BinaryIO,
+    read_range: Callable[[int, int], bytes],
+    size: int,
+    part_size: int,
+    pool: concurrent.futures.Executor,
     window: int,
 ) -> int:
     """Download ``size`` bytes in parallel ranged reads and write them to ``out`` in order. Returns the count."""

@@ -17,6 +17,7 @@ Contract (the BlobStore contract of statebackend.blobstore, plus):
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import threading
@@ -127,7 +128,9 @@ class AzureBlobStore(BlobStore):
                 service = BlobServiceClient.from_connection_string(connection_string, **client_kwargs)
                 secrets += _connection_string_secrets(connection_string)
             elif account_url:
-                service = BlobServiceClient(account_url, credential=credential or _default_credential(), **client_kwargs)
+                service = BlobServiceClient(
+                    account_url, credential=credential or _default_credential(), **client_kwargs
+                )
             elif os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
                 env_string = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
                 secrets += (env_string, *_connection_string_secrets(env_string))
@@ -260,7 +263,10 @@ class AzureBlobStore(BlobStore):
 
         run_parallel(
             part_pool(self.max_concurrency),
-            [lambda i=i: self._request("stage_block", lambda: stage(i), True) for i in range(len(ranges))],
+            [
+                functools.partial(self._request, "stage_block", functools.partial(stage, i), True)
+                for i in range(len(ranges))
+            ],
         )
 
         def commit() -> None:
@@ -324,7 +330,7 @@ class AzureBlobStore(BlobStore):
         if self._request("head", lambda: self.head(name), True).size != size:
             return False
         chunks = (
-            self._request("get_range", lambda s=s, e=e: self.get(name, start=s, end=e), True)
+            self._request("get_range", functools.partial(self.get, name, start=s, end=e), True)
             for s, e in part_ranges(size, self.part_size)
         )
         return file_equals(chunks, path)

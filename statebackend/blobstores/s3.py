@@ -19,6 +19,7 @@ Contract (the BlobStore contract of statebackend.blobstore, plus):
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -267,7 +268,10 @@ class S3BlobStore(BlobStore):
         try:
             uploaded = run_parallel(
                 part_pool(self.max_concurrency),
-                [lambda i=i: self._request("upload_part", lambda: upload(i), True) for i in range(len(ranges))],
+                [
+                    functools.partial(self._request, "upload_part", functools.partial(upload, i), True)
+                    for i in range(len(ranges))
+                ],
             )
 
             def complete() -> None:
@@ -353,7 +357,7 @@ class S3BlobStore(BlobStore):
         if self._request("head", lambda: self.head(name), True).size != size:
             return False
         chunks = (
-            self._request("get_range", lambda s=s, e=e: self.get(name, start=s, end=e), True)
+            self._request("get_range", functools.partial(self.get, name, start=s, end=e), True)
             for s, e in part_ranges(size, self.part_size)
         )
         return file_equals(chunks, path)
