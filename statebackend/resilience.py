@@ -295,6 +295,7 @@ class ResilientBlobStore(BlobStore):
         self.resilience = Resilience(
             settings=settings, metrics=metrics, clock=clock, sleep=sleep, rng=rng or random.Random()
         )
+        self.url = inner.url  # a store's URL is set when it is opened and never changes
         self.supports_metadata = inner.supports_metadata
         use = getattr(inner, "use_resilience", None)
         self._inner_handles_parts = callable(use)
@@ -318,10 +319,6 @@ class ResilientBlobStore(BlobStore):
             max_threads=s.max_threads,
             metrics=metrics,
         )
-
-    @property  # type: ignore[override]
-    def url(self) -> str:
-        return self.inner.url
 
     @property
     def metrics(self) -> Metrics | None:
