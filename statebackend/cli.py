@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from pathlib import Path
+from typing import Any
 
 from statebackend.errors import ConfigError, StateBackendError
 
@@ -121,10 +123,10 @@ def _dump(args: argparse.Namespace, config: dict[str, str]) -> int:
     return 0
 
 
-class _NoExecutor:
+class _NoExecutor(Executor):
     """Admins never submit work; a validate run has no commit pool."""
 
-    def submit(self, *args: object, **kwargs: object) -> None:
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         raise StateBackendError("validate does not run commits")
 
 
