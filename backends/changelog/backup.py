@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -258,7 +258,7 @@ class ChangelogBackupManager(TaskBackupManager):
             if background is not None:
                 try:
                     background.exception()  # the read view must not outlive the store
-                except BaseException:  # noqa: BLE001 - a cancelled job
+                except BaseException:  # noqa: BLE001, S110 - a cancelled job
                     pass
             if lineage.rebase_view is not None:
                 _close_when_ready(lineage.rebase_view)
@@ -268,7 +268,6 @@ class ChangelogBackupManager(TaskBackupManager):
 
     def _upload_store(self, lineage: _Lineage, marker: str) -> str:
         recipe = Recipe.decode(marker, source=f"store {lineage.name}")
-        blob_store = self.context.blob_store
         metrics = self.context.metrics
         with lineage.lock:
             view_future, lineage.rebase_view = lineage.rebase_view, None
@@ -319,7 +318,9 @@ class ChangelogBackupManager(TaskBackupManager):
                 view.close()
         return marker
 
-    def _write_and_upload(self, lineage: _Lineage, step: Step, kind: str, records: object, name: str) -> None:
+    def _write_and_upload(
+        self, lineage: _Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
+    ) -> None:
         header = FileHeader(
             kind=kind,
             job=self.context.job_name,

@@ -899,7 +899,8 @@ def _stream_records(body: _StreamBody, header: FileHeader, compression: str, hea
         read = _zstd_read(body, name=name) if compression == "zstd" else body.read
         return chain.from_iterable(_then(_parse_blocks(read, name=name, allow_delete=allow_delete), finish))
     if compression == "zstd":
-        reader: Any = zstandard.ZstdDecompressor().stream_reader(body, read_size=_BLOCK_BYTES,
+        # zstandard's stub asks for IO[bytes]; its reader only ever calls read(), which _StreamBody has
+        reader: Any = zstandard.ZstdDecompressor().stream_reader(body, read_size=_BLOCK_BYTES,  # type: ignore[arg-type]
                                                                  read_across_frames=True, closefd=False)
         blocks: Iterator[bytes] = _decompressed_blocks(reader, name=name)
     else:

@@ -20,8 +20,10 @@ import logging
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import cast
 
 import attrs
 
@@ -133,15 +135,16 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 reader = iter_records(source, name=snapshot.name)
                 _check_lineage(reader.header, snapshot, name, self.context, kind="snapshot")
                 # streamed inside one transaction: a failed checksum at the end aborts it, nothing is loaded
-                store.replace_contents(reader, snapshot.version)  # the reader refuses deletes in a snapshot
+                # the reader refuses deletes in a snapshot: every value is bytes
+                store.replace_contents(cast("Iterable[tuple[bytes, bytes]]", reader), snapshot.version)
 
     def _check_interrupt(self, name: str) -> None:
         if self._interrupted.is_set():
             raise RestoreInterrupted(f"restore of store {name} interrupted; the next restore continues from here")
 
 
-def _puts_only(reader: object) -> object:
-    for key, value in reader:  # type: ignore[attr-defined]
+def _puts_only(reader: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
+    for key, value in reader:
         if value is not None:
             yield key, value
 
