@@ -200,8 +200,11 @@ class StatefulForeachBatch:
             output = _rows_frame(spark, rdd, schema)
             persisted: Any = rdd
         else:
+            assert schema is not None  # checked at construction for every mode but "rows"
             run = runner.run_arrow if self.mode == "arrow" else runner.run_pandas
-            mapped = partitioned.mapInArrow(run, schema) if self.mode == "arrow" else partitioned.mapInPandas(run, schema)
+            mapped = (
+                partitioned.mapInArrow(run, schema) if self.mode == "arrow" else partitioned.mapInPandas(run, schema)
+            )
             output = mapped.persist(StorageLevel.MEMORY_AND_DISK)
             output.count()
             persisted = output
@@ -309,8 +312,8 @@ class _TaskRunner:
     input_columns: tuple[str, ...]
     stats: Any
 
-    def run_rows(self, index: int, rows: Iterator[Any]) -> Iterator[Any]:
-        counted = _Counted(rows)
+    def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+        counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
         outputs = self._run(index, lambda stores: list(self.fn(stores, counted) or ()), counted)
         return iter(outputs)
 
