@@ -65,7 +65,9 @@ def hedging(server_port: int, connection: str | None, count: int, delay_s: float
             if hedged:
                 options.update({"hedge.after.ms": 50, "hedge.max": 2})
             if connection is None:
-                store = open_blob_store(f"s3://bench-{uuid.uuid4().hex[:12]}/h", {**options, "endpoint.url": proxy.endpoint})
+                store = open_blob_store(
+                    f"s3://bench-{uuid.uuid4().hex[:12]}/h", {**options, "endpoint.url": proxy.endpoint}
+                )
             else:
                 store = open_blob_store(
                     f"az://bench{uuid.uuid4().hex[:12]}/h",
@@ -137,17 +139,23 @@ def main() -> None:
     lines = [
         "# Blob store benchmarks",
         "",
-        f"Command: `/tmp/venv/bin/python -m bench.blobstores --small-puts {args.small_puts} "
-        f"--large-mib {args.large_mib} --hedge-requests {args.hedge_requests}`",
+        (
+            f"Command: `/tmp/venv/bin/python -m bench.blobstores --small-puts {args.small_puts} "
+            f"--large-mib {args.large_mib} --hedge-requests {args.hedge_requests}`"
+        ),
         "",
-        f"Machine: 2 cores (shared with other work), Linux {platform.release()}, Python {platform.python_version()}; "
-        "servers on loopback (Azurite 3 in memory, moto's server). Loopback servers measure the client's overhead "
-        "and the emulators, not a cloud service.",
+        (
+            f"Machine: 2 cores (shared with other work), Linux {platform.release()}, "
+            f"Python {platform.python_version()}; servers on loopback (Azurite 3 in memory, moto's server). "
+            "Loopback servers measure the client's overhead and the emulators, not a cloud service."
+        ),
         "",
         "## Throughput (MB/s, best of runs) and small put latency (1 KiB, sequential)",
         "",
-        f"| store | put 1 MiB | get 1 MiB | put {args.large_mib} MiB | get {args.large_mib} MiB "
-        "| put p50 ms | put p99 ms | put p99.9 ms |",
+        (
+            f"| store | put 1 MiB | get 1 MiB | put {args.large_mib} MiB | get {args.large_mib} MiB "
+            "| put p50 ms | put p99 ms | put p99.9 ms |"
+        ),
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, up1, down1, upl, downl, lat in rows:
@@ -157,8 +165,10 @@ def main() -> None:
         )
     lines += [
         "",
-        f"## Hedging under injected slow requests ({args.hedge_requests} sequential 4 KiB gets; the fault proxy "
-        "delays 5% of requests by 500 ms; hedge after 50 ms, at most 2 hedges)",
+        (
+            f"## Hedging under injected slow requests ({args.hedge_requests} sequential 4 KiB gets; the fault proxy "
+            "delays 5% of requests by 500 ms; hedge after 50 ms, at most 2 hedges)"
+        ),
         "",
         "| server | hedging | p50 ms | p99 ms | p99.9 ms | max ms |",
         "|---|---|---|---|---|---|",

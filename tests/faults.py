@@ -200,7 +200,9 @@ class ScriptedBlobStore(BlobStore):
             self.calls[operation] += 1
         self.before(operation, name)
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         self._enter("put", name)
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
         self.after_put(name)

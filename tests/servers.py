@@ -110,6 +110,7 @@ def install_azurite(services_dir: Path = SERVICES_DIR) -> Path:
         capture_output=True,
         text=True,
         timeout=600,
+        check=False,  # a failure is reported below with npm's output
     )
     if result.returncode != 0 or not script.exists():
         raise ServerStartError(

@@ -1,6 +1,6 @@
 """One local SparkSession for the whole test session (starting one costs seconds on a small machine).
 
-Import the fixture in a test module with ``from tests.spark_fixtures import spark  # noqa: F401``. The master is
+Load the fixture in a test module with ``pytest_plugins = ["tests.spark_fixtures"]``. The master is
 ``local[2,2]``: two cores and ``spark.task.maxFailures=2``, so a task attempt made to fail once is retried once.
 """
 

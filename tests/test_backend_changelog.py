@@ -168,7 +168,9 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         task.commit_manager.backups[0].manager.sweep()  # type: ignore[attr-defined]
     entries = CheckpointLog(inner, "job", "task-0").entries()
-    referenced = {n for e in entries for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).blob_names()}
+    referenced = {
+        n for e in entries for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).blob_names()
+    }
     stored = set(inner.list("job/task-0/counts/changelog/"))
     newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).seq for e in entries)
     unreferenced_old = {n for n in stored - referenced if int(n.rsplit("/", 1)[-1].split("-")[0]) <= newest}

@@ -54,7 +54,10 @@ class TestChangelogOnS3Server(BackendContract):
             yield store
 
 
-_BLOBSNAPSHOT_CONFIG: dict[str, Any] = {"stores.counts.restore.factory": "blobsnapshot", "blobsnapshot.chunk.size": "64KiB"}
+_BLOBSNAPSHOT_CONFIG: dict[str, Any] = {
+    "stores.counts.restore.factory": "blobsnapshot",
+    "blobsnapshot.chunk.size": "64KiB",
+}
 
 
 @pytest.mark.azure

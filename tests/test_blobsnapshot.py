@@ -199,8 +199,9 @@ def test_small_change_reuses_chunks_and_uploads_fewer_bytes(tmp_path: Path) -> N
         second = uploaded_by(task, {"input": "1"})
         assert second < first / 4
         assert task.metrics.counter("commit.bytes.reused") > 0
-        index = SnapshotIndex.decode(blobs.get(task.commit_manager.last_checkpoint.markers_for(  # type: ignore[union-attr]
-            "blobsnapshot")["counts"]), name="latest")
+        latest = task.commit_manager.last_checkpoint
+        assert latest is not None
+        index = SnapshotIndex.decode(blobs.get(latest.markers_for("blobsnapshot")["counts"]), name="latest")
         assert index.previous_index is not None and 0 < len(index.chunks_added) < len(index.files[0].chunks)
         assert index.files_added == () and index.files_removed == ()
     shutil.rmtree(tmp_path / "local")
@@ -306,7 +307,7 @@ def test_missing_chunk_is_named_and_nothing_is_swapped_in(tmp_path: Path) -> Non
     blobs = MemoryBlobStore()
     config, older, marker = _committed_twice(tmp_path, blobs)
     index = SnapshotIndex.decode(blobs.get(marker), name=marker)
-    victim = chunk_name(PREFIX, sorted(index.chunks_added)[-1])
+    victim = chunk_name(PREFIX, max(index.chunks_added))
     blobs.delete(victim)
     with pytest.raises(NotFoundError) as excinfo:
         TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -420,7 +421,7 @@ def test_processing_goes_on_while_a_snapshot_uploads(tmp_path: Path) -> None:
 
 def test_interrupted_restore_leaves_previous_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config, older, marker = _committed_twice(tmp_path, blobs)
+    config, older, _ = _committed_twice(tmp_path, blobs)
     with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e: e.seq == 1) as task:
         from statebackend.contracts import BackendContext
 
@@ -462,8 +463,9 @@ def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path
         entries = task.checkpoint_log.entries()
         assert len(entries) == 2
         assert chunk_blobs(blobs) == _live_chunks(blobs, task)
-        assert set(index_blobs(blobs)) == {e.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-                                          for e in entries}
+        assert set(index_blobs(blobs)) == {
+            e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries  # type: ignore[union-attr]
+        }
         # cleanup again is a no-op (idempotent, absent blobs are success)
         manager = backup_manager(task)
         last = entries[-1].checkpoint

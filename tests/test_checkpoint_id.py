@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -89,7 +90,7 @@ def test_generator_carries_into_millis_when_stepping_past_the_last_nano_unit() -
 def test_generator_is_strictly_increasing_for_any_clock(readings: list[int]) -> None:
     generator = CheckpointIdGenerator(FakeClock(readings))
     issued = [generator.next() for _ in readings]
-    assert all(a < b for a, b in zip(issued, issued[1:]))
+    assert all(a < b for a, b in itertools.pairwise(issued))
     assert all(cid >= CheckpointId.from_ns(ns) for cid, ns in zip(issued, readings))
 
 
@@ -119,5 +120,5 @@ def test_generator_is_strictly_increasing_across_threads() -> None:
         thread.join()
     everything = [cid for out in results for cid in out]
     assert len(set(everything)) == len(everything) == 8_000
-    assert all(a < b for out in results for a, b in zip(out, out[1:]))
+    assert all(a < b for out in results for a, b in itertools.pairwise(out))
     assert max(everything) == CheckpointId(42, 7_999)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ class PlainFactory(_Factory):
 
 
 class OptionsFactory(_Factory):
-    options = {
+    options: Mapping[str, Any] = {
         "chunk.size.bytes": OptionSpec(parse_bytes(min=1), "4MiB", "chunk size"),
         "mode": OptionSpec(parse_choice("fast", "safe"), "safe", "how careful"),
         "token": OptionSpec(parse_str(), None, "an access token", secret=True),
@@ -59,7 +60,7 @@ class OtherPlainFactory(_Factory):
 
 
 class BadSchemaFactory(_Factory):
-    options = {"size": 5}
+    options: Mapping[str, Any] = {"size": 5}
 
 
 PLAIN = f"{__name__}:PlainFactory"

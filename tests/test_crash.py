@@ -120,7 +120,9 @@ def work() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _child(workdir: Path, report: Path, commits: int, *, crash_at: str | None = None) -> subprocess.CompletedProcess[str]:
+def _child(
+    workdir: Path, report: Path, commits: int, *, crash_at: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
     if crash_at is not None:
         env["STATEBACKEND_CRASH_AT"] = crash_at

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from statebackend.spark import StatefulForeachBatch, read_state
-from tests.spark_fixtures import spark  # noqa: F401
 
+pytest_plugins = ["tests.spark_fixtures"]  # the session-wide ``spark`` fixture
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 NUM_TASKS = 3

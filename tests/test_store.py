@@ -135,6 +135,7 @@ def test_open_from_another_process_gets_the_lock_error(tmp_path: Path) -> None:
             text=True,
             timeout=60,
             env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            check=False,  # the exit code is the outcome under test
         )
     assert result.returncode == 3, result.stderr
     assert f"locked by pid {os.getpid()}" in result.stdout and str(tmp_path / "s") in result.stdout

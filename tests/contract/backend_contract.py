@@ -134,14 +134,17 @@ class BackendContract:
             assert contents(again) == durable
             assert again.metrics.counter("restore.stores.reused") == 0
 
-    def test_failed_upload_surfaces_at_next_commit_and_does_not_poison_later_ones(self, blobs: BlobStore, tmp_path: Path) -> None:
+    def test_failed_upload_surfaces_at_next_commit_and_does_not_poison_later_ones(
+        self, blobs: BlobStore, tmp_path: Path
+    ) -> None:
         blobs = ControlledBlobStore(blobs)
         config = self.make_config(tmp_path)
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             write_round(task, 0, model)
             task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name, p=self.backend_prefix(): name.startswith(p)), 1
+            prefix = self.backend_prefix()
+            blobs.fail, blobs.failures_left = (lambda name: name.startswith(prefix)), 1
             write_round(task, 1, model)
             failed = task.commit({"input": "1"})
             assert failed is not None
@@ -162,7 +165,8 @@ class BackendContract:
         config = self.make_config(tmp_path, **{"task.commit.max.delay.ms": 3_600_000})
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            blobs.hold = (lambda name, p=self.backend_prefix(): name.startswith(p))
+            prefix = self.backend_prefix()
+            blobs.hold = (lambda name: name.startswith(prefix))
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
             assert first is not None
@@ -183,7 +187,8 @@ class BackendContract:
         config = self.make_config(tmp_path, **{"task.commit.max.delay.ms": 0, "task.commit.timeout.ms": 50})
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            blobs.hold = (lambda name, p=self.backend_prefix(): name.startswith(p))
+            prefix = self.backend_prefix()
+            blobs.hold = (lambda name: name.startswith(prefix))
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
             assert first is not None and blobs.held.wait(30)
