@@ -76,6 +76,7 @@ def config(
         settings["blobsnapshot.chunk.size"] = "64KiB"
         settings["blobsnapshot.gc.grace.period.ms"] = 0
         settings["blobsnapshot.gc.interval.commits"] = 2
+        settings["blobsnapshot.gc.on.init"] = True
     if restore_factory is not None:
         settings["stores.counts.restore.factory"] = restore_factory
     return settings

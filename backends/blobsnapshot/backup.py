@@ -54,6 +54,7 @@ from backends.blobsnapshot.format import (
 from backends.blobsnapshot.format import index_name as make_index_name
 from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 from statebackend._crashpoints import crashpoint
+from statebackend.blobstore import BlobStore
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.errors import (
     AlreadyExistsError,
@@ -64,7 +65,7 @@ from statebackend.errors import (
 )
 from statebackend.store import LocalStore, ReadView
 
-__all__ = ["BlobSnapshotBackupManager", "SweepReport", "read_index", "STAGING_DIR"]
+__all__ = ["STAGING_DIR", "BlobSnapshotBackupManager", "SweepReport", "read_index"]
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +76,13 @@ EXPIRES_AT = "expires_at"
 DURABLE_AT = "durable_at"
 
 
-def read_index(blob_store: object, name: str, *, store: str) -> SnapshotIndex:
+def read_index(blob_store: BlobStore, name: str, *, store: str) -> SnapshotIndex:
     """Read and verify index blob ``name``; :class:`NotFoundError` / :class:`CorruptDataError` name it."""
     try:
-        data = blob_store.get(name)  # type: ignore[attr-defined]
+        data = blob_store.get(name)
     except NotFoundError as exc:
         raise NotFoundError(
-            f"store {store}: index blob {name} is missing from {blob_store.describe()}; the checkpoint "  # type: ignore[attr-defined]
+            f"store {store}: index blob {name} is missing from {blob_store.describe()}; the checkpoint "
             f"cannot be restored from blobsnapshot: restore an older checkpoint or from another backend's marker"
         ) from exc
     return SnapshotIndex.decode(data, name=name)
@@ -147,7 +148,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     grace_period_ms: int
     ttl_ms: int
     gc_interval_commits: int
-    gc_on_init: bool = True
+    gc_on_init: bool = False
     #: wall clock (seconds since the epoch) for blob ages; tests may replace it
     clock: Callable[[], float] = time.time
     _states: dict[str, _StoreState] = attrs.field(init=False, factory=dict)
@@ -204,7 +205,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         if self._init_sweep is not None:
             try:
                 self._init_sweep.exception()
-            except BaseException:  # noqa: BLE001 - a cancelled sweep
+            except BaseException:  # noqa: BLE001, S110 - a cancelled sweep
                 pass
         for state in self._states.values():
             with state.state_lock:
@@ -405,7 +406,11 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             with state.io_lock:
                 self._cleanup_store(state, marker)
                 state.cleanups += 1
-                if self.gc_interval_commits and state.cleanups % self.gc_interval_commits == 0:
+                # by the checkpoint's sequence number, not by cleanups in this process: a job that opens its task
+                # for each batch (the Spark driver) sweeps every gc.interval.commits commits all the same
+                parsed = parse_index_name(marker)
+                seq = parsed[0] if parsed is not None else state.cleanups
+                if self.gc_interval_commits and seq % self.gc_interval_commits == 0:
                     self._sweep_store(state, self.clock())
 
     def _cleanup_store(self, state: _StoreState, marker: str) -> None:
@@ -485,11 +490,24 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             live.setdefault(marker, state.pending.get(marker))
         referenced: set[str] = set()
         complete = True
+        kept_seqs = [parsed[0] for m, _ in state.retained if (parsed := parse_index_name(m)) is not None]
+        oldest_kept = min(kept_seqs) if kept_seqs else None
         for marker, index in list(live.items()):
             if index is None:
                 try:
                     index = read_index(blob_store, marker, store=state.name)
-                except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
+                except NotFoundError:
+                    parsed = parse_index_name(marker)
+                    if oldest_kept is not None and parsed is not None and parsed[0] < oldest_kept:
+                        # deleted by this manager's retention while the checkpoint log still lists it (the log is
+                        # trimmed concurrently): no longer live, its chunks were released with it
+                        del live[marker]
+                        continue
+                    complete = False
+                    log.warning("store %s: sweep cannot find live index %s; chunks are left alone", state.name,
+                                marker)
+                    continue
+                except (CorruptDataError, IncompatibleFormatError) as exc:
                     complete = False  # its chunks are unknown: deleting "unreferenced" chunks could hurt it
                     log.warning("store %s: sweep cannot read live index %s (%s); chunks are left alone",
                                 state.name, marker, exc)

@@ -26,7 +26,10 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
             parse_duration_ms(min=0), 3_600_000, "an unreferenced chunk or index younger than this is left alone"),
         "gc.interval.commits": OptionSpec(
             parse_int(min=0), 100, "run the mark-and-sweep every this many commits (0: only when the task starts)"),
-        "gc.on.init": OptionSpec(parse_bool(), True, "run the mark-and-sweep in the background when the task starts"),
+        "gc.on.init": OptionSpec(
+            parse_bool(), False,
+            "also sweep in the background when the task starts (off: a job that opens its task per batch would "
+            "sweep every batch)"),
         "ttl.ms": OptionSpec(
             parse_duration_ms(min=1), 7 * 24 * 3_600_000,
             "expiry written on new chunks and indexes; removed once a durable checkpoint uses them"),
