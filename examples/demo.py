@@ -5,12 +5,12 @@ Arguments are passed to the word count (``./dev demo --batches 20``)."""
 
 from __future__ import annotations
 
+import runpy
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import wordcount
-
 if __name__ == "__main__":
-    sys.exit(wordcount.main(sys.argv[1:]))
+    # run as __main__ (not imported), so Spark ships the job's functions to its Python workers by value
+    wordcount = Path(__file__).resolve().parent / "wordcount.py"
+    sys.argv = [str(wordcount), *sys.argv[1:]]
+    runpy.run_path(str(wordcount), run_name="__main__")
