@@ -22,6 +22,7 @@ from pathlib import Path
 from checkpoint.checkpoint import CheckpointV2
 from checkpoint.serde import decode_checkpoint, encode_checkpoint
 from statebackend.errors import CorruptDataError, NotFoundError
+from statebackend.fsutil import fsync_dir
 
 __all__ = ["LOCAL_CHECKPOINT_FILE", "read_local_checkpoint", "remove_local_checkpoint", "write_local_checkpoint"]
 
@@ -52,7 +53,7 @@ def write_local_checkpoint(store_dir: str | os.PathLike[str], checkpoint: Checkp
         except OSError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def read_local_checkpoint(store_dir: str | os.PathLike[str]) -> CheckpointV2 | None:
@@ -78,13 +79,4 @@ def remove_local_checkpoint(store_dir: str | os.PathLike[str]) -> None:
         os.unlink(directory / LOCAL_CHECKPOINT_FILE)
     except FileNotFoundError:
         return
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # A rename or unlink is durable only once the directory entry is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(directory)

@@ -77,6 +77,7 @@ from statebackend.errors import (
     StorageError,
     StoreLockedError,
 )
+from statebackend.fsutil import fsync_dir
 from statebackend.serdes import Serde
 
 __all__ = ["MAX_KEY_SIZE", "TOMBSTONE", "ChangeSet", "LocalStore", "LocalVersion", "ReadView", "TypedStore"]
@@ -846,7 +847,7 @@ class LocalStore:
                 os.rename(old, current)
             self._env, self._data_db, self._meta_db = _open_env(current, self.map_size)
             raise
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self._env, self._data_db, self._meta_db = _open_env(current, self.map_size)
         shutil.rmtree(old, ignore_errors=True)
 
@@ -1134,7 +1135,7 @@ def _guard_unsynced(store_dir: Path, name: str) -> None:
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, marker)
-    _fsync_dir(store_dir)
+    fsync_dir(store_dir)
 
 
 def _clear_unsynced(store_dir: Path) -> None:
@@ -1142,7 +1143,7 @@ def _clear_unsynced(store_dir: Path) -> None:
         (store_dir / UNSYNCED_FILE).unlink()
     except FileNotFoundError:
         return
-    _fsync_dir(store_dir)
+    fsync_dir(store_dir)
 
 
 def _acquire_lock(store_dir: Path, name: str) -> int:
@@ -1183,12 +1184,3 @@ def _recover_swap(store_dir: Path) -> None:
         os.rename(old, current)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(store_dir / f"{DATA_DIR}.incoming", ignore_errors=True)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-

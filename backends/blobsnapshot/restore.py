@@ -34,6 +34,7 @@ from backends.blobsnapshot.format import ChunkRef, FileEntry, SnapshotIndex, chu
 from checkpoint import CheckpointV2
 from statebackend.contracts import BackendContext, TaskRestoreManager
 from statebackend.errors import CorruptDataError, NotFoundError, StateBackendError
+from statebackend.fsutil import fsync_dir
 from statebackend.store import LocalStore
 
 __all__ = ["BlobSnapshotRestoreManager", "RestoreInterrupted"]
@@ -109,7 +110,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             target.mkdir()
             for entry in index.files:
                 self._assemble(pool, entry, target / entry.name, local, marker, context.blob_prefix(name))
-            _fsync_dir(target)
+            fsync_dir(target)
             self._check_interrupt(name)
             store.replace_environment(target)
             metrics.increment("restore.stores.full")
@@ -230,11 +231,3 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
         written = os.pwrite(fd, view, offset)
         view = view[written:]
         offset += written
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

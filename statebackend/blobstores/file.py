@@ -42,6 +42,7 @@ import attrs
 
 from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
+from statebackend.fsutil import fsync_dir
 
 __all__ = ["RESERVED_PREFIX", "FileBlobStore"]
 
@@ -159,7 +160,7 @@ class FileBlobStore(BlobStore):
                     out.flush()
                     os.fsync(out.fileno())
                 os.replace(temp, target)
-                _fsync_directory(directory)
+                fsync_dir(directory)
             except BaseException as exc:
                 _unlink_quietly(temp)
                 if isinstance(exc, OSError):
@@ -509,7 +510,7 @@ class FileBlobStore(BlobStore):
 
     def _fsync_directory(self, directory: str) -> None:
         try:
-            _fsync_directory(directory)
+            fsync_dir(directory)
         except OSError as exc:
             raise self._storage_error("sync directory", directory, exc) from exc
 
@@ -518,16 +519,6 @@ class FileBlobStore(BlobStore):
         return StorageError(
             f"cannot {action} {path!r} in {self.describe()}: {reason}; check that the directory exists and is writable"
         )
-
-
-def _fsync_directory(directory: str) -> None:
-    if os.name == "nt":  # directories cannot be opened for fsync there; renames are durable by other means
-        return
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: str) -> None:
