@@ -415,6 +415,8 @@ class LocalStore:
     _pending: tuple[_Pending, ...] = attrs.field(default=(), init=False)
     #: serializes applies of pending batches with every other LMDB write of this store
     _apply_lock: threading.RLock = attrs.field(factory=threading.RLock, init=False)
+    #: guards _pending, each pending's applied flag and view requests, and _apply_error; never held across LMDB I/O
+    _state_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False)
     _apply_error: BaseException | None = attrs.field(default=None, init=False)
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
@@ -467,7 +469,7 @@ class LocalStore:
             self.apply_pending()
         except BaseException as exc:  # noqa: BLE001 - the data stays at the previous version; restore sees that
             log.warning("store %s: closing with a flushed batch that could not be applied: %s", self.name, exc)
-        with self._apply_lock:
+        with self._apply_lock, self._state_lock:
             self._closed = True
             self._fail_view_requests(StateBackendError(f"store {self.name!r} was closed"))
         self._discard_pending()
@@ -610,15 +612,16 @@ class LocalStore:
             self.delete(key)
 
     def flush(self, version: LocalVersion) -> ChangeSet:
-        """Apply the batch and record ``version`` in one LMDB transaction, sync, return the change set since the
-        previous flush (spill runs included). The caller owns the change set and closes it."""
+        """Freeze the batch as the change set since the previous flush (spill runs included) and hand it to the
+        background applier, which writes it to LMDB with ``version``. Never waits for an apply. The caller owns the
+        change set and closes it."""
         if not isinstance(version, LocalVersion):
             raise TypeError(f"store {self.name!r}: flush needs a LocalVersion, got {type(version).__name__}")
         self._check_open()
         self._raise_apply_error()
         final = self._sorted_records()
         pending = _Pending(version=version, records=final, index=self._batch)
-        with self._apply_lock:
+        with self._state_lock:
             self._pending = (*self._pending, pending)
         runs = self._runs
         self._runs = []
@@ -630,31 +633,39 @@ class LocalStore:
 
     def apply_pending(self) -> None:
         """Apply every flushed batch not yet in LMDB, in order (normally done by the background applier; calling it
-        waits for that). Raises the error of an apply that failed."""
+        waits for that). Raises the error of an apply that failed.
+
+        Two locks: ``_apply_lock`` is held while LMDB is written and while the views asked of a just-applied version
+        are opened (so nothing writes in between); ``_state_lock`` guards only the bookkeeping (the pending tuple,
+        view requests, the error), so ``flush`` and ``ChangeSet.read_view`` never wait for an apply."""
         with self._apply_lock:
-            self._raise_apply_error()
-            while self._pending and not self._closed:
-                pending = self._pending[0]
+            while True:
+                with self._state_lock:
+                    self._raise_apply_error()
+                    if self._closed or not self._pending:
+                        return
+                    pending = self._pending[0]
                 try:
                     with self._write_txn("flush") as txn:
                         _apply_records(txn, self._data_db, pending.records)
                         txn.put(_VERSION_KEY, pending.version.to_bytes(), db=self._meta_db)
                 except BaseException as exc:
-                    self._apply_error = exc
-                    self._fail_view_requests(exc)  # every waiting batch: none of them can be applied now
+                    with self._state_lock:
+                        self._apply_error = exc
+                        self._fail_view_requests(exc)  # every waiting batch: none of them can be applied now
                     raise
-                # bookkeeping first, so a view that fails to open below cannot make the batch apply twice
-                pending.applied = True
-                self._pending = self._pending[1:]
-                requests, pending.view_requests = pending.view_requests, []
-                for request in requests:  # before anything else can write: exactly this version
+                with self._state_lock:  # bookkeeping first: a view failing to open below cannot re-apply the batch
+                    pending.applied = True
+                    self._pending = self._pending[1:]
+                    requests, pending.view_requests = pending.view_requests, []
+                for request in requests:  # still under _apply_lock: nothing has written since, exactly this version
                     try:
                         request.set_result(self._open_view())
                     except BaseException as exc:  # noqa: BLE001 - handed to the waiter, not lost
                         request.set_exception(exc)
-            self._raise_apply_error()
 
     def _fail_view_requests(self, exc: BaseException) -> None:
+        """Fail every waiting view request (call with ``_state_lock`` held)."""
         for pending in self._pending:
             requests, pending.view_requests = pending.view_requests, []
             for request in requests:
@@ -669,23 +680,27 @@ class LocalStore:
 
     def _view_at(self, pending: _Pending) -> Future[ReadView]:
         future: Future[ReadView] = Future()
-        with self._apply_lock:
-            if self._closed or self._apply_error is not None:
+        future.set_running_or_notify_cancel()  # cannot be cancelled: the applier always resolves it
+        with self._state_lock:
+            if self._closed or self._apply_error is not None or (
+                not pending.applied and pending not in self._pending
+            ):
                 future.set_exception(StateBackendError(
-                    f"store {self.name!r}: no read view of {pending.version}: the store is closed or its flushed "
-                    f"batch could not be applied"))
+                    f"store {self.name!r}: no read view of {pending.version}: the store is closed, was replaced, or "
+                    f"its flushed batch could not be applied"))
                 return future
             if not pending.applied:
                 pending.view_requests.append(future)
                 return future
-            # already applied: nothing can have written since only if asked during the sync part; check it
-            view = self._open_view()
-            if view.version != pending.version:
-                view.close()
-                future.set_exception(StateBackendError(
-                    f"store {self.name!r}: a read view of {pending.version} was asked after the store moved on"))
-            else:
-                future.set_result(view)
+        # Already applied. Asked during the sync part of its commit, as documented, nothing can have written since;
+        # the version check below catches a caller that asked too late.
+        view = self._open_view()
+        if view.version != pending.version:
+            view.close()
+            future.set_exception(StateBackendError(
+                f"store {self.name!r}: a read view of {pending.version} was asked after the store moved on"))
+        else:
+            future.set_result(view)
         return future
 
     def _raise_apply_error(self) -> None:
@@ -910,7 +925,7 @@ class LocalStore:
 
     def _drop_pending(self) -> None:
         """Forget flushed batches not applied yet."""
-        with self._apply_lock:
+        with self._apply_lock, self._state_lock:
             self._fail_view_requests(StateBackendError(f"store {self.name!r} was replaced"))
             self._pending = ()
             self._apply_error = None

@@ -325,3 +325,38 @@ def test_apply_changes_with_verified_order_equals_the_checked_path(tmp_path: Pat
             assert store.apply_changes(iter(records), v(2), verified_order=verified) == len(records)
             results.append((list(store.items()), store.version))
     assert results[0] == results[1] == ([(b"a", b"1"), (b"c", b"3"), (b"e", b"5"), (b"z", b"26")], v(2))
+
+
+def test_flush_and_read_view_requests_never_wait_for_an_apply_in_progress(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        holding, release = threading.Event(), threading.Event()
+
+        def applier_busy() -> None:  # stands for a long apply: it holds the LMDB write side
+            with store._apply_lock:
+                holding.set()
+                release.wait(30)
+
+        busy = threading.Thread(target=applier_busy)
+        busy.start()
+        assert holding.wait(30)
+        outcome: dict[str, object] = {}
+
+        def task_thread() -> None:
+            store.put(b"k", b"v")
+            change = store.flush(v(1))
+            outcome["future"] = change.read_view()
+            outcome["change"] = change
+
+        worker = threading.Thread(target=task_thread)
+        worker.start()
+        worker.join(10)
+        finished_while_busy = not worker.is_alive()
+        release.set()
+        busy.join(30)
+        worker.join(30)
+        assert finished_while_busy, "flush or ChangeSet.read_view() waited for the apply lock"
+        future = outcome["future"]
+        assert not future.cancel()  # type: ignore[attr-defined]  # the applier always resolves it
+        with future.result(timeout=30) as view:  # type: ignore[attr-defined]
+            assert view.version == v(1) and list(view.items()) == [(b"k", b"v")]
+        outcome["change"].close()  # type: ignore[attr-defined]
