@@ -179,3 +179,34 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
         shutil.rmtree(tmp_path / "local", ignore_errors=True)
         with TaskStorage.open(config, "task-0", blob_store=inner, checkpoint=entry) as task:
             assert contents(task) == models[entry.checkpoint.input_offsets["input"]]
+
+
+def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_its_chain_short(
+    tmp_path: Path,
+) -> None:
+    """The Spark driver opens, commits once and closes per batch: a background snapshot finished by one open is
+    adopted by the next, so the recipe (and a wiped restore) stays bounded and old deltas are deleted."""
+    from backends.changelog.marker import Recipe
+
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "task.checkpoint.retained": 2,
+                                     "changelog.gc.interval.commits": 5})
+    model: dict[bytes, bytes] = {}
+    longest_chain = 0
+    adopted = 0.0
+    for batch in range(15):
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            adopted += task.metrics.counter("changelog.snapshot.adopted")
+            write_round(task, batch, model)
+            checkpoint = task.commit_durably({"batch": str(batch)})
+            recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+            longest_chain = max(longest_chain, len(recipe.deltas))
+    assert adopted >= 3
+    assert longest_chain <= 2 * 3 + 1
+    # one open holds one commit, so retention's window never drops anything in-process: the sweep (every 5th
+    # checkpoint, by sequence number) deletes what no checkpoint in the log needs
+    assert len(list(blobs.list("job/task-0/counts/changelog/delta/"))) <= 2 * 3 + 5
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+        assert task.metrics.counter("restore.deltas.replayed") <= 2 * 3 + 1

@@ -131,6 +131,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 lineage.uploaded.update(recipe.blob_names())
                 lineage.retained.append(recipe)
                 lineage.commits_since_snapshot = len(recipe.deltas)
+                self._adopt_finished_snapshot(lineage)
             elif store.version is None and store.count() == 0:
                 lineage.seq = recipe.seq if recipe is not None else 0  # an empty store: the chain starts empty
             else:
@@ -142,6 +143,24 @@ class ChangelogBackupManager(TaskBackupManager):
                 lineage.rebase_view = None
                 lineage.commits_since_snapshot = -1  # forces a re-base at the first commit
             self._lineages[name] = lineage
+
+    def _adopt_finished_snapshot(self, lineage: _Lineage) -> None:
+        """Start the chain from a background snapshot an earlier manager finished but could not adopt (it closed
+        first: a job that opens its task for each batch, like the Spark driver, closes after every commit). Its
+        name is deterministic (the step's seq and token), and a create-only upload is whole or absent."""
+        if not lineage.deltas:
+            return
+        finished = set(self.context.blob_store.list(lineage.prefix + "snapshot/"))
+        for step in reversed(lineage.deltas):
+            name = snapshot_name(lineage.prefix, step.seq, step.token)
+            if name in finished:
+                lineage.base = Step(step.seq, step.checkpoint_id, step.token, name)
+                lineage.deltas = [d for d in lineage.deltas if d.seq > step.seq]
+                lineage.uploaded.add(name)
+                lineage.commits_since_snapshot = len(lineage.deltas)
+                lineage.bytes_since_snapshot = 0
+                self.context.metrics.increment("changelog.snapshot.adopted")
+                return
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}
