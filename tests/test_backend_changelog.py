@@ -210,3 +210,27 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         assert task.metrics.counter("restore.deltas.replayed") <= 2 * 3 + 1
+
+
+def test_failed_retry_of_an_older_delta_keeps_this_commits_delta_staged_and_needs_no_rebase(tmp_path: Path) -> None:
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
+                                     "task.commit.async.failures.tolerated": 5})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        for round_no in (1, 2):  # round 1's delta fails; round 2 fails again on the retry of round 1's delta
+            blobs.fail, blobs.failures_left = (lambda name: name.endswith(".delta")), 1
+            write_round(task, round_no, model)
+            failed = task.commit({"input": str(round_no)})
+            assert failed is not None
+            with pytest.raises(CommitError):
+                failed.result(timeout=30)
+        write_round(task, 3, model)
+        task.commit_durably({"input": "3"})
+        assert task.metrics.counter("changelog.delta.reuploads") == 2
+        assert task.metrics.counter("changelog.snapshot.uploads") == 0  # no re-base on a full snapshot
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model

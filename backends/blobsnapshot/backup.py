@@ -198,6 +198,14 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
         return self.context.executor.submit(self._cleanup, dict(markers))
 
+    def abort(self, checkpoint_id: CheckpointId) -> None:
+        """The commit's sync part failed after our snapshot(): close the views it opened (they pin LMDB pages)."""
+        for state in self._states.values():
+            with state.state_lock:
+                views, state.views = list(state.views.values()), {}
+            for view in views:
+                _close_when_ready(view)
+
     def close(self) -> None:
         if self._closed:
             return

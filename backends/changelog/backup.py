@@ -88,6 +88,8 @@ class _Lineage:
     uploaded: set[str] = attrs.field(factory=set)
     #: change sets of this commit, by delta name, until upload() encodes them
     to_encode: dict[str, ChangeSet] = attrs.field(factory=dict)
+    #: staged files written by this commit's upload and not sent yet (a staged file not in here is a retry)
+    fresh: set[str] = attrs.field(factory=set)
     #: a future read view to re-base on at this commit (chain broken or first backup of restored state)
     rebase_view: Future[ReadView] | None = None
     commits_since_snapshot: int = 0
@@ -251,6 +253,16 @@ class ChangelogBackupManager(TaskBackupManager):
             log.info("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted)
         return deleted
 
+    def _drop_abandoned_staged_files(self, lineage: _Lineage, durable: Recipe) -> None:
+        """Staged deltas a re-base or an adopted snapshot left behind: at or below the durable head and not in its
+        recipe, no future commit uploads them (files above the head may belong to the commit now running)."""
+        needed = {Path(name).name for name in durable.blob_names()}
+        for staged in list(lineage.staging.iterdir()):
+            seq = _seq_of(staged.name)
+            if staged.name.endswith(".partial") or seq is None or seq > durable.seq or staged.name in needed:
+                continue
+            staged.unlink(missing_ok=True)
+
     def _checkpoint_log(self) -> CheckpointLog:
         settings = self.context.settings
         return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
@@ -292,6 +304,7 @@ class ChangelogBackupManager(TaskBackupManager):
             view_future, lineage.rebase_view = lineage.rebase_view, None
             to_encode = dict(lineage.to_encode)
             lineage.to_encode.clear()
+            lineage.fresh.clear()  # anything staged before this upload is a retry
         view: ReadView | None = None
         try:
             if view_future is not None:
@@ -302,13 +315,20 @@ class ChangelogBackupManager(TaskBackupManager):
                 self._write_and_upload(lineage, step, "snapshot", view.items(), step.name)
                 with lineage.lock:
                     lineage.uploaded.add(step.name)
+            # Stage this commit's deltas before uploading anything: a failed upload below then leaves every delta
+            # staged, and the next commit retries them instead of re-basing on a full snapshot.
+            for step in recipe.deltas:
+                change = to_encode.pop(step.name, None) if step.name is not None else None
+                if change is not None and step.name is not None:
+                    self._stage(lineage, step, "delta", iter(change), step.name)
             for step in recipe.deltas:
                 if step.name is None or step.name in lineage.uploaded:
                     continue
                 staged = lineage.staging / Path(step.name).name
-                change = to_encode.pop(step.name, None)
-                if change is not None:
-                    self._write_and_upload(lineage, step, "delta", iter(change), step.name)
+                if step.name in lineage.fresh and staged.exists():  # staged just above
+                    self._upload_staged_file(staged, step.name, "delta")
+                    with lineage.lock:
+                        lineage.fresh.discard(step.name)
                 elif staged.exists():  # a previous commit's delta whose upload failed: upload it now
                     try:
                         check_digest(staged.read_bytes(), name=str(staged))
@@ -340,6 +360,15 @@ class ChangelogBackupManager(TaskBackupManager):
     def _write_and_upload(
         self, lineage: _Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
     ) -> None:
+        staged = self._stage(lineage, step, kind, records, name)
+        with lineage.lock:
+            lineage.fresh.discard(name)
+        self._upload_staged_file(staged, name, kind)
+
+    def _stage(
+        self, lineage: _Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
+    ) -> Path:
+        """Write the file for ``step`` into the staging dir (aside, then renamed: a staged file is always whole)."""
         header = FileHeader(
             kind=kind,
             job=self.context.job_name,
@@ -356,18 +385,23 @@ class ChangelogBackupManager(TaskBackupManager):
         partial = staged.with_name(staged.name + ".partial")
         try:
             with open(partial, "wb") as out:
-                stats = write_file(out, header, records, compression=self.compression,
-                                   level=self.compression_level)
+                write_file(out, header, records, compression=self.compression, level=self.compression_level)
             os.replace(partial, staged)
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
+        with lineage.lock:
+            lineage.fresh.add(name)
+        return staged
+
+    def _upload_staged_file(self, staged: Path, name: str, kind: str) -> None:
+        size = staged.stat().st_size
         self._put_staged(staged, name)
         metrics = self.context.metrics
         metrics.increment(f"changelog.{kind}.uploads")
-        metrics.increment("commit.bytes.uploaded", stats.file_bytes)
+        metrics.increment("commit.bytes.uploaded", size)
         metrics.increment("commit.files.uploaded")
-        metrics.record(f"changelog.{kind}.bytes", stats.file_bytes)
+        metrics.record(f"changelog.{kind}.bytes", size)
 
     def _put_staged(self, staged: Path, name: str) -> None:
         try:
@@ -452,6 +486,7 @@ class ChangelogBackupManager(TaskBackupManager):
                     lineage.uploaded.discard(blob)
             if garbage:
                 self.context.metrics.increment("changelog.blobs.deleted", len(garbage))
+            self._drop_abandoned_staged_files(lineage, recipe)
         heads = [Recipe.decode(marker, source=f"store {name}").seq for name, marker in markers.items()]
         if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
             self.sweep()
