@@ -83,6 +83,7 @@ class TaskStorage:
             create_blob_store_resources(blob_store)  # before the first read: listing a missing bucket fails
         executor = executor or shared_commit_pool(settings.commit_pool_size)
         stores: dict[str, LocalStore] = {}
+        backups: list[BackupBinding] = []
         try:
             for name, store_settings in settings.stores.items():
                 stores[name] = LocalStore.open(
@@ -119,11 +120,10 @@ class TaskStorage:
             _restore(settings, stores, restored, context)
             metrics.record("restore.ms", (time.monotonic() - started) * 1000.0)
 
-            backups = []
             for factory_name, store_names in _backup_groups(settings).items():
                 manager = resolve_factory(factory_name).factory.backup_manager(context(factory_name, store_names))
-                manager.init(restored)
                 backups.append(BackupBinding(factory_name, manager, tuple(store_names)))
+                manager.init(restored)
 
             id_generator = CheckpointIdGenerator()
             if restored is not None:
@@ -143,6 +143,8 @@ class TaskStorage:
                 last_checkpoint=restored,
             )
         except BaseException:
+            for binding in backups:  # background work started by init() must not outlive the stores
+                binding.manager.close()
             for store in stores.values():
                 store.close()
             if owns:
