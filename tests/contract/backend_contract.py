@@ -12,7 +12,7 @@ from __future__ import annotations
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -232,52 +232,55 @@ class BackendContract:
             assert task.metrics.counter("commit.blocks") == 1
             assert task.metrics.counter("commit.skips") == 0
 
-    def test_flipped_byte_in_backend_blobs_is_detected_and_never_applied(
-        self, blobs: BlobStore, tmp_path: Path
-    ) -> None:
+    def damage_then_restore(
+        self,
+        blobs: BlobStore,
+        tmp_path: Path,
+        *,
+        rounds: int,
+        damage: Callable[[BlobStore, str], None],
+        errors: type[BaseException] | tuple[type[BaseException], ...],
+    ) -> tuple[list[str], pytest.ExceptionInfo[BaseException]]:
+        """Commit ``rounds`` rounds, damage every blob under the backend's prefix, wipe the local dir and restore:
+        the restore must raise one of ``errors``. Returns the damaged names and the raised error."""
         config = self.make_config(tmp_path)
-        model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            for round_no in range(3):
-                write_round(task, round_no, model)
+            for round_no in range(rounds):
+                write_round(task, round_no, {})
                 task.commit_durably({"input": str(round_no)})
         victims = list(blobs.list(self.backend_prefix()))
         assert victims, "the backend wrote no blobs under its prefix"
         for victim in victims:
-            data = bytearray(blobs.get(victim))
-            data[len(data) // 2] ^= 0x01
-            blobs.put(victim, bytes(data))
+            damage(blobs, victim)
         shutil.rmtree(tmp_path / "local")
-        with pytest.raises(CorruptDataError) as excinfo:
+        with pytest.raises(errors) as excinfo:
             TaskStorage.open(config, "task-0", blob_store=blobs)
+        return victims, excinfo
+
+    def test_flipped_byte_in_backend_blobs_is_detected_and_never_applied(
+        self, blobs: BlobStore, tmp_path: Path
+    ) -> None:
+        def flip_a_byte(store: BlobStore, name: str) -> None:
+            data = bytearray(store.get(name))
+            data[len(data) // 2] ^= 0x01
+            store.put(name, bytes(data))
+
+        victims, excinfo = self.damage_then_restore(blobs, tmp_path, rounds=3, damage=flip_a_byte,
+                                                    errors=CorruptDataError)
         assert any(victim in str(excinfo.value) for victim in victims)
 
     def test_truncated_backend_blobs_are_detected(self, blobs: BlobStore, tmp_path: Path) -> None:
-        config = self.make_config(tmp_path)
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            for round_no in range(3):
-                write_round(task, round_no, {})
-                task.commit_durably({"input": str(round_no)})
-        victims = list(blobs.list(self.backend_prefix()))
-        for victim in victims:
-            data = blobs.get(victim)
-            blobs.put(victim, data[: len(data) // 3])
-        shutil.rmtree(tmp_path / "local")
-        with pytest.raises(CorruptDataError) as excinfo:
-            TaskStorage.open(config, "task-0", blob_store=blobs)
+        def cut_short(store: BlobStore, name: str) -> None:
+            data = store.get(name)
+            store.put(name, data[: len(data) // 3])
+
+        victims, excinfo = self.damage_then_restore(blobs, tmp_path, rounds=3, damage=cut_short,
+                                                    errors=CorruptDataError)
         assert any(victim in str(excinfo.value) for victim in victims)
 
     def test_missing_backend_blob_is_an_error_naming_it(self, blobs: BlobStore, tmp_path: Path) -> None:
-        config = self.make_config(tmp_path)
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            write_round(task, 0, {})
-            task.commit_durably({"input": "0"})
-        victims = list(blobs.list(self.backend_prefix()))
-        for victim in victims:
-            blobs.delete(victim)
-        shutil.rmtree(tmp_path / "local")
-        with pytest.raises((NotFoundError, CorruptDataError)) as excinfo:
-            TaskStorage.open(config, "task-0", blob_store=blobs)
+        victims, excinfo = self.damage_then_restore(blobs, tmp_path, rounds=1, damage=lambda store, name:
+                                                    store.delete(name), errors=(NotFoundError, CorruptDataError))
         assert any(victim in str(excinfo.value) for victim in victims)
 
     def test_empty_commits_and_deleting_everything_restore_exactly(self, blobs: BlobStore, tmp_path: Path) -> None:
