@@ -1,15 +1,21 @@
-"""Helpers shared by the remote blob stores (azure, s3): the per-process part pool, part ranges, ordered parallel
-downloads, comparing a stored blob with a local file, keeping secrets out of messages, and the known option keys."""
+"""Helpers shared by the remote blob stores (azure, s3): their common base (requests through the resilience layer,
+small-file puts, parallel ranged downloads, comparing a stored blob with a local file), the per-process part pool,
+part ranges, keeping secrets out of messages, and the known option keys."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
+from statebackend.blobstore import BlobStore
 from statebackend.errors import ConfigError
+
+if TYPE_CHECKING:
+    from statebackend.resilience import Resilience
 
 T = TypeVar("T")
 
@@ -123,3 +129,56 @@ def redact(text: str, secrets: Iterable[str | None]) -> str:
         if secret and len(secret) >= 4:
             text = text.replace(secret, "***")
     return text
+
+
+class PartedBlobStore(BlobStore):
+    """What the Azure and S3 stores share: every request goes through the resilience layer when one is set, a file
+    up to ``part_size`` is put in one request, and larger blobs are read in parallel ranged parts."""
+
+    part_size: int
+    max_concurrency: int
+    _resilience: Resilience | None
+
+    def _request(
+        self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None
+    ) -> T:
+        if self._resilience is None:
+            return attempt()
+        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
+
+    def _put_small_file(
+        self, name: str, path: str | os.PathLike[str], create_only: bool, metadata: Mapping[str, str] | None
+    ) -> bool:
+        """Put the file in one request if it is at most ``part_size``; False when it needs parts."""
+        if os.path.getsize(path) > self.part_size:
+            return False
+        with open(path, "rb") as f:
+            data = f.read()
+        own = (lambda: self._request("get", lambda: self.get(name), True) == data) if create_only else None
+        self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
+        return True
+
+    def get_into(self, name: str, out: BinaryIO) -> int:
+        size = self._request("head", lambda: self.head(name), True).size
+        if size <= self.part_size:
+            data = self._request("get", lambda: self.get(name), True)
+            out.write(data)
+            return len(data)
+        return write_ranges(
+            out,
+            lambda s, e: self._request("get_range", lambda: self.get(name, start=s, end=e), True),
+            size,
+            self.part_size,
+            part_pool(self.max_concurrency),
+            self.max_concurrency,
+        )
+
+    def _stored_equals_file(self, name: str, size: int, path: str | os.PathLike[str]) -> bool:
+        """Whether the stored blob is byte for byte the local file (read back in parts, each retried)."""
+        if self._request("head", lambda: self.head(name), True).size != size:
+            return False
+        chunks = (
+            self._request("get_range", functools.partial(self.get, name, start=s, end=e), True)
+            for s, e in part_ranges(size, self.part_size)
+        )
+        return file_equals(chunks, path)

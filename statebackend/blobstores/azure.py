@@ -24,19 +24,18 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
+from statebackend.blobstore import BlobInfo, check_blob_name, check_metadata
 from statebackend.blobstores._common import (
     MIN_PART_SIZE,
+    PartedBlobStore,
     check_options,
-    file_equals,
     part_pool,
     part_ranges,
     redact,
     run_parallel,
-    write_ranges,
 )
 from statebackend.errors import (
     AlreadyExistsError,
@@ -62,7 +61,7 @@ T = TypeVar("T")
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 
-class AzureBlobStore(BlobStore):
+class AzureBlobStore(PartedBlobStore):
     """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
 
     def __init__(
@@ -240,13 +239,9 @@ class AzureBlobStore(BlobStore):
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         check_blob_name(name)
-        size = os.path.getsize(path)
-        if size <= self.part_size:
-            with open(path, "rb") as f:
-                data = f.read()
-            own = (lambda: self._request("get", lambda: self.get(name), True) == data) if create_only else None
-            self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
+        if self._put_small_file(name, path, create_only, metadata):
             return
+        size = os.path.getsize(path)
         part_size = max(self.part_size, MIN_PART_SIZE)
         blob = self._blob(name)
         upload_id = uuid.uuid4().hex  # block ids unique per upload: concurrent uploads of one name never mix
@@ -280,24 +275,6 @@ class AzureBlobStore(BlobStore):
         own = (lambda: self._stored_equals_file(name, size, path)) if create_only else None
         self._request("commit_block_list", commit, True, own)
 
-    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
-        return super().get_file(name, path)  # temp file + fsync + rename around get_into
-
-    def get_into(self, name: str, out: BinaryIO) -> int:
-        size = self._request("head", lambda: self.head(name), True).size
-        if size <= self.part_size:
-            data = self._request("get", lambda: self.get(name), True)
-            out.write(data)
-            return len(data)
-        return write_ranges(
-            out,
-            lambda s, e: self._request("get_range", lambda: self.get(name, start=s, end=e), True),
-            size,
-            self.part_size,
-            part_pool(self.max_concurrency),
-            self.max_concurrency,
-        )
-
     # -- administration ---------------------------------------------------------------------------------------
 
     def validate(self) -> None:
@@ -325,29 +302,12 @@ class AzureBlobStore(BlobStore):
 
     # -- helpers ----------------------------------------------------------------------------------------------
 
-    def _stored_equals_file(self, name: str, size: int, path: str | os.PathLike[str]) -> bool:
-        """Whether the stored blob is byte for byte the local file (read back in parts, each retried)."""
-        if self._request("head", lambda: self.head(name), True).size != size:
-            return False
-        chunks = (
-            self._request("get_range", functools.partial(self.get, name, start=s, end=e), True)
-            for s, e in part_ranges(size, self.part_size)
-        )
-        return file_equals(chunks, path)
-
     def _root(self) -> str:
         return f"{self.prefix}/" if self.prefix else ""
 
     def _blob(self, name: str) -> Any:
         check_blob_name(name)
         return self._container_client.get_blob_client(self._root() + name)
-
-    def _request(
-        self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None
-    ) -> T:
-        if self._resilience is None:
-            return attempt()
-        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
 
     def _with_container(self, write: Callable[[], T]) -> T:
         """Run a write; with ``create.if.missing`` a missing container is created once and the write redone."""

@@ -25,19 +25,18 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
+from statebackend.blobstore import BlobInfo, check_blob_name, check_metadata
 from statebackend.blobstores._common import (
     MIN_PART_SIZE,
+    PartedBlobStore,
     check_options,
-    file_equals,
     part_pool,
     part_ranges,
     redact,
     run_parallel,
-    write_ranges,
 )
 from statebackend.errors import (
     AlreadyExistsError,
@@ -77,7 +76,7 @@ _TRANSIENT_BOTO = (
 )
 
 
-class S3BlobStore(BlobStore):
+class S3BlobStore(PartedBlobStore):
     """One bucket (and an optional prefix) of an S3 endpoint. Thread-safe (boto3 clients are)."""
 
     def __init__(
@@ -235,13 +234,9 @@ class S3BlobStore(BlobStore):
         metadata: Mapping[str, str] | None = None,
     ) -> None:
         check_blob_name(name)
-        size = os.path.getsize(path)
-        if size <= self.part_size:
-            with open(path, "rb") as f:
-                data = f.read()
-            own = (lambda: self._request("get", lambda: self.get(name), True) == data) if create_only else None
-            self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
+        if self._put_small_file(name, path, create_only, metadata):
             return
+        size = os.path.getsize(path)
         key = self._key(name)
         create_kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if metadata:
@@ -296,24 +291,6 @@ class S3BlobStore(BlobStore):
             self._abort(name, key, upload_id)
             raise
 
-    def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
-        return super().get_file(name, path)  # temp file + fsync + rename around get_into
-
-    def get_into(self, name: str, out: BinaryIO) -> int:
-        size = self._request("head", lambda: self.head(name), True).size
-        if size <= self.part_size:
-            data = self._request("get", lambda: self.get(name), True)
-            out.write(data)
-            return len(data)
-        return write_ranges(
-            out,
-            lambda s, e: self._request("get_range", lambda: self.get(name, start=s, end=e), True),
-            size,
-            self.part_size,
-            part_pool(self.max_concurrency),
-            self.max_concurrency,
-        )
-
     # -- administration ---------------------------------------------------------------------------------------
 
     def validate(self) -> None:
@@ -352,28 +329,11 @@ class S3BlobStore(BlobStore):
 
     # -- helpers ----------------------------------------------------------------------------------------------
 
-    def _stored_equals_file(self, name: str, size: int, path: str | os.PathLike[str]) -> bool:
-        """Whether the stored blob is byte for byte the local file (read back in parts, each retried)."""
-        if self._request("head", lambda: self.head(name), True).size != size:
-            return False
-        chunks = (
-            self._request("get_range", functools.partial(self.get, name, start=s, end=e), True)
-            for s, e in part_ranges(size, self.part_size)
-        )
-        return file_equals(chunks, path)
-
     def _root(self) -> str:
         return f"{self.prefix}/" if self.prefix else ""
 
     def _key(self, name: str) -> str:
         return self._root() + check_blob_name(name)
-
-    def _request(
-        self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None
-    ) -> T:
-        if self._resilience is None:
-            return attempt()
-        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
 
     def _with_bucket(self, write: Callable[[], T]) -> T:
         """Run a write; with ``create.if.missing`` a missing bucket is created once and the write redone."""
