@@ -125,37 +125,31 @@ def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:
     """A byte count from an int or a string: ``"100"``, ``"512KiB"``, ``"64MiB"``, ``"1.5GiB"``, ``"1TiB"`` (binary
     units), ``"10MB"`` (decimal units), case-insensitive, optional space before the unit."""
     allowed = _range_text("a byte count such as 100, 512KiB, 64MiB, 1GiB", min, max)
-
-    def parse(key: str, raw: Any) -> int:
-        if isinstance(raw, bool):
-            raise _value_error(key, raw, "a boolean is not a byte count", allowed)
-        if isinstance(raw, int):
-            value = raw
-        elif isinstance(raw, str):
-            value = _scaled(key, raw, _BYTE_UNITS, allowed)
-        else:
-            raise _value_error(key, raw, f"a {type(raw).__name__} is not a byte count", allowed)
-        _check_range(key, raw, value, min, max, allowed)
-        return value
-
-    return parse
+    return _scaled_parser("byte count", _BYTE_UNITS, allowed, min, max)
 
 
 def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:
     """A duration in milliseconds from an int (milliseconds) or a string: ``"1500"``, ``"250ms"``, ``"30s"``,
     ``"5m"``/``"5min"``, ``"1h"``."""
     allowed = _range_text("milliseconds, such as 30000, 250ms, 30s, 5min, 1h", min, max)
+    return _scaled_parser("duration", _DURATION_UNITS, allowed, min, max)
+
+
+def _scaled_parser(
+    what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None
+) -> Parser:
+    """An int, or a string of a number and one of ``units`` (bytes, durations), within [low, high]."""
 
     def parse(key: str, raw: Any) -> int:
         if isinstance(raw, bool):
-            raise _value_error(key, raw, "a boolean is not a duration", allowed)
+            raise _value_error(key, raw, f"a boolean is not a {what}", allowed)
         if isinstance(raw, int):
             value = raw
         elif isinstance(raw, str):
-            value = _scaled(key, raw, _DURATION_UNITS, allowed)
+            value = _scaled(key, raw, units, allowed)
         else:
-            raise _value_error(key, raw, f"a {type(raw).__name__} is not a duration", allowed)
-        _check_range(key, raw, value, min, max, allowed)
+            raise _value_error(key, raw, f"a {type(raw).__name__} is not a {what}", allowed)
+        _check_range(key, raw, value, low, high, allowed)
         return value
 
     return parse
