@@ -11,8 +11,11 @@
     ├── CorruptDataError                         a blob or file failed its checksum or is cut short
     ├── IncompatibleFormatError                  a format version this release cannot read
     ├── StoreLockedError                         another process holds the local store
+    ├── InconsistentStateError                   the blob store contradicts what is known to be durable (a
+    │                                            short listing, a deleted newest checkpoint): never "start empty"
     └── CommitError                              a commit failed (wraps the cause) or timed out
-        └── CommitTimeoutError (TimeoutError)
+        ├── CommitTimeoutError (TimeoutError)
+        └── CommitConflictError                  another attempt of the task committed first: this one is fenced
 
 SDK exceptions are translated at the blob store boundary (``raise X from exc``); none reaches a caller raw.
 Each error also inherits the matching builtin so callers can catch either.
@@ -22,11 +25,13 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "CommitConflictError",
     "CommitError",
     "CommitTimeoutError",
     "ConfigError",
     "CorruptDataError",
     "IncompatibleFormatError",
+    "InconsistentStateError",
     "NotFoundError",
     "StateBackendError",
     "StorageError",
@@ -67,6 +72,12 @@ class IncompatibleFormatError(StateBackendError):
     """A format version (checkpoint, delta file, index blob) that this release cannot read."""
 
 
+class InconsistentStateError(StateBackendError):
+    """The blob store shows less than is known to be durable: a listing without the checkpoint this task restored or
+    that its local ``CHECKPOINT-V2`` names, or a newest checkpoint that was deleted. Raised after retries; nothing
+    is cleared or written on the strength of such an answer."""
+
+
 class StoreLockedError(StateBackendError, BlockingIOError):
     """Another process (or another open handle in this one) holds the local store."""
 
@@ -77,3 +88,8 @@ class CommitError(StateBackendError):
 
 class CommitTimeoutError(CommitError, TimeoutError):
     """A commit blocked on the previous upload for longer than ``task.commit.timeout.ms``."""
+
+
+class CommitConflictError(CommitError):
+    """Another attempt of the task committed past the checkpoint this attempt restored (a retried, speculative or
+    zombie attempt): this attempt is fenced and wrote nothing. Reopen the task to restore the newer checkpoint."""
