@@ -254,7 +254,7 @@ def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
         assert isinstance(entry.checkpoint, CheckpointV2)
         marker = entry.checkpoint.markers_for(BLOBSNAPSHOT).get(STORE)
         assert marker is not None, f"checkpoint #{entry.seq} has no blobsnapshot marker"
-        index = read_index(blob_store, marker, store=STORE)
+        index = read_index(blob_store, marker, job="job", task=TASK, store=STORE)
         prefix = marker.split("index/", 1)[0]
         missing = sorted(d for d in index.chunk_hashes() if not blob_store.exists(chunk_name(prefix, d)))
         assert not missing, f"checkpoint #{entry.seq}: index {marker} lists missing chunks {missing}"
@@ -271,7 +271,8 @@ def _assert_only_retained_blobs(workdir: Path) -> None:
     prefix = next(iter(markers)).split("index/", 1)[0]
     indexes = set(blob_store.list(index_prefix(prefix)))
     assert indexes == markers, f"indexes no checkpoint names: {sorted(indexes - markers)}"
-    referenced = {chunk_name(prefix, d) for m in markers for d in read_index(blob_store, m, store=STORE).chunk_hashes()}
+    referenced = {chunk_name(prefix, d) for m in markers
+                  for d in read_index(blob_store, m, job="job", task=TASK, store=STORE).chunk_hashes()}
     chunks = set(blob_store.list(chunks_prefix(prefix)))
     assert chunks == referenced, f"chunks no retained index lists: {sorted(chunks - referenced)}"
 

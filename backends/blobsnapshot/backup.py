@@ -44,6 +44,7 @@ from backends.blobsnapshot.format import (
     ChunkRef,
     FileEntry,
     SnapshotIndex,
+    check_index_binding,
     chunk_hash,
     chunk_name,
     chunks_prefix,
@@ -76,8 +77,9 @@ EXPIRES_AT = "expires_at"
 DURABLE_AT = "durable_at"
 
 
-def read_index(blob_store: BlobStore, name: str, *, store: str) -> SnapshotIndex:
-    """Read and verify index blob ``name``; :class:`NotFoundError` / :class:`CorruptDataError` name it."""
+def read_index(blob_store: BlobStore, name: str, *, job: str, task: str, store: str) -> SnapshotIndex:
+    """Read and verify index blob ``name``: intact (checksum) and bound to its name (job, task, store, seq, token;
+    see :func:`check_index_binding`). :class:`NotFoundError` / :class:`CorruptDataError` name it."""
     try:
         data = blob_store.get(name)
     except NotFoundError as exc:
@@ -85,7 +87,9 @@ def read_index(blob_store: BlobStore, name: str, *, store: str) -> SnapshotIndex
             f"store {store}: index blob {name} is missing from {blob_store.describe()}; the checkpoint "
             f"cannot be restored from blobsnapshot: restore an older checkpoint or from another backend's marker"
         ) from exc
-    return SnapshotIndex.decode(data, name=name)
+    index = SnapshotIndex.decode(data, name=name)
+    check_index_binding(index, name=name, job=job, task=task, store=store)
+    return index
 
 
 @attrs.frozen
@@ -244,7 +248,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
 
     def _adopt_restored_index(self, state: _StoreState, marker: str) -> None:
         try:
-            index = read_index(self.context.blob_store, marker, store=state.name)
+            index = self._read_index(marker, state.name)
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
             # The store was restored some other way (fallback) or the index is gone: start over, upload in full.
             log.warning("store %s: cannot read the checkpoint's blobsnapshot index (%s); the next snapshot uploads "
@@ -263,6 +267,10 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 self._make_durable(state, marker, index)
             else:
                 state.durable_chunks = set(state.known)
+
+    def _read_index(self, marker: str, store: str) -> SnapshotIndex:
+        context = self.context
+        return read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)
 
     # -- upload -------------------------------------------------------------------------------------------------
 
@@ -426,7 +434,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         index = state.pending.pop(marker, None) or retained.get(marker)
         if index is None:
             try:
-                index = read_index(self.context.blob_store, marker, store=state.name)
+                index = self._read_index(marker, state.name)
             except NotFoundError:
                 # a late cleanup of a checkpoint that already fell out of retention: nothing left to do
                 log.debug("store %s: cleanup of %s found it gone already", state.name, marker)
@@ -503,7 +511,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         for marker, index in list(live.items()):
             if index is None:
                 try:
-                    index = read_index(blob_store, marker, store=state.name)
+                    index = self._read_index(marker, state.name)
                 except NotFoundError:
                     parsed = parse_index_name(marker)
                     if oldest_kept is not None and parsed is not None and parsed[0] < oldest_kept:

@@ -20,6 +20,12 @@ Index blob: UTF-8 JSON, one object, keys sorted::
 previous index's name are for garbage collection, error recovery and people reading the history. A reader rejects a
 wrong ``schema``, an unknown ``schema_version`` (:class:`IncompatibleFormatError`), a bad checksum, missing fields
 or malformed values (:class:`CorruptDataError`), always naming the blob.
+
+Binding: the checksum proves an index is intact, not that it is the index a marker names. The marker is the index's
+name, which holds ``seq`` and the flush's random ``token``; :func:`check_index_binding` requires the body's
+``(job, task, store, seq, token)`` to be the name's and the reader's, so an older index of the same store, or another
+task's or store's index, copied over the name is refused. Chunks are bound by their names: a chunk's name is the hash
+of its bytes, checked with its length when it is downloaded.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ __all__ = [
     "ChunkRef",
     "FileEntry",
     "SnapshotIndex",
+    "check_index_binding",
     "chunk_hash",
     "chunk_name",
     "chunks_prefix",
@@ -89,6 +96,26 @@ def parse_index_name(name: str) -> tuple[int, str] | None:
     """``(seq, token)`` of an index blob name, or ``None`` when ``name`` is not one."""
     match = _INDEX_NAME.match(name.rsplit("/", 1)[-1])
     return (int(match.group(1)), match.group(2)) if match else None
+
+
+def check_index_binding(index: SnapshotIndex, *, name: str, job: str, task: str, store: str) -> None:
+    """Raise :class:`CorruptDataError` unless ``index`` is the index blob ``name`` designates for ``job``/``task``/
+    ``store``: the same ``(job, task, store)`` and the ``(seq, token)`` its name holds."""
+    parsed = parse_index_name(name)
+    if parsed is None:
+        raise CorruptDataError(
+            f"index blob {name} does not have an index name (<seq:012d>-<token>.json); the checkpoint's marker is "
+            f"damaged: restore an older checkpoint or from another backend's marker"
+        )
+    expected = (job, task, store, parsed[0], parsed[1])
+    found = (index.job, index.task, index.store, index.seq, index.token)
+    if expected != found:
+        raise CorruptDataError(
+            f"index blob {name} is intact but is not the index its name designates: expected (job, task, store, seq, "
+            f"token)={expected}, found {found}; another index (an older one of this store, or another task's or "
+            f"store's) was written over it. Nothing was loaded: restore an older checkpoint or from another "
+            f"backend's marker"
+        )
 
 
 @attrs.frozen

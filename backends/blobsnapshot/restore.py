@@ -30,7 +30,15 @@ from pathlib import Path
 import attrs
 
 from backends.blobsnapshot.backup import read_index
-from backends.blobsnapshot.format import ChunkRef, FileEntry, SnapshotIndex, chunk_hash, chunk_name, new_hasher
+from backends.blobsnapshot.format import (
+    ChunkRef,
+    FileEntry,
+    SnapshotIndex,
+    chunk_hash,
+    chunk_name,
+    index_prefix,
+    new_hasher,
+)
 from checkpoint import CheckpointV2
 from statebackend.contracts import BackendContext, TaskRestoreManager
 from statebackend.errors import CorruptDataError, NotFoundError, StateBackendError
@@ -88,13 +96,14 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
     def _restore_store(self, pool: ThreadPoolExecutor, name: str, store: LocalStore, marker: str) -> None:
         context = self.context
         metrics = context.metrics
-        index = read_index(context.blob_store, marker, store=name)
-        expected = (context.job_name, context.task_name, name)
-        found = (index.job, index.task, index.store)
-        if expected != found:
+        if not marker.startswith(index_prefix(context.blob_prefix(name))):
             raise CorruptDataError(
-                f"index blob {marker} is not this store's: expected (job, task, store)={expected}, found {found}"
+                f"store {name}: the checkpoint's blobsnapshot marker {marker!r} is not an index blob of this store "
+                f"(expected under {index_prefix(context.blob_prefix(name))}); restore an older checkpoint or from "
+                f"another backend's marker"
             )
+        # intact and bound to its name: (job, task, store, seq, token), so no other index can stand in for it
+        index = read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=name)
         for stale in Path(store.path).glob(TEMP_PREFIX + "*"):  # left by a crashed restore
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(dir=store.path, prefix=TEMP_PREFIX))
