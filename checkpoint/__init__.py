@@ -8,28 +8,41 @@ from checkpoint.id import NANOS_PER_MILLI, CheckpointId, CheckpointIdGenerator
 from checkpoint.local import (
     LOCAL_CHECKPOINT_FILE,
     read_local_checkpoint,
+    read_local_checkpoint_binding,
     remove_local_checkpoint,
     write_local_checkpoint,
 )
 from checkpoint.log import MAX_SEQ, CheckpointLog, LogEntry
-from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, decode_checkpoint, encode_checkpoint
+from checkpoint.serde import (
+    BLOB_FORMAT,
+    READABLE_VERSIONS,
+    WRITABLE_VERSIONS,
+    Binding,
+    decode_bound_checkpoint,
+    decode_checkpoint,
+    encode_checkpoint,
+)
 
 __all__ = [
+    "BLOB_FORMAT",
     "LOCAL_CHECKPOINT_FILE",
     "MAX_SEQ",
     "NANOS_PER_MILLI",
     "READABLE_VERSIONS",
     "WRITABLE_VERSIONS",
     "CheckpointId",
+    "Binding",
     "CheckpointIdGenerator",
     "CheckpointLog",
     "CheckpointV1",
     "CheckpointV2",
     "FrozenMap",
     "LogEntry",
+    "decode_bound_checkpoint",
     "decode_checkpoint",
     "encode_checkpoint",
     "read_local_checkpoint",
+    "read_local_checkpoint_binding",
     "remove_local_checkpoint",
     "write_local_checkpoint",
 ]

@@ -14,6 +14,20 @@ under the same seq gets :class:`AlreadyExistsError` and must not claim its commi
 puts after the commit point; a crash between them leaves a seq with only the commit-point version, which readers
 handle (the highest seq with a version in ``read_versions`` is the latest).
 
+Fencing: the writer says which seq it writes; the seq comes from the restore decision (one above the newest seq the
+writer saw when it chose what to restore), never from a later listing. After the create-only write, one listing
+checks that no newer seq exists: a writer whose seq was freed by retention after other attempts moved on (a zombie)
+removes what it just wrote and gets :class:`AlreadyExistsError`, so its commit is never acknowledged below the head.
+The same listing feeds retention.
+
+Every blob is format 2 of :mod:`checkpoint.serde`: checksummed and bound to (job, task, seq); reading a blob under
+another name than the one it was written to is :class:`CorruptDataError`.
+
+Short answers: a caller that knows a seq was durable (the task's local ``CHECKPOINT-V2``, the checkpoint it
+restored) passes it as ``at_least``; a listing that does not reach it is re-listed after short delays and, if it
+still does not, is :class:`InconsistentStateError`, never "no checkpoint". A newest checkpoint that was listed but is
+gone when read, with nothing newer, is the same error, never a silent step back to the previous one.
+
 Reads: for a seq, the first version of ``read_versions`` present wins. A blob that does not decode is
 :class:`CorruptDataError` naming the blob, never skipped: skipping would silently roll a task back to older state.
 Listing parses names strictly and ignores anything else under the prefix (temp files, foreign tools' files).
@@ -25,17 +39,27 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
 
 from checkpoint.checkpoint import CheckpointV1, CheckpointV2
-from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, decode_checkpoint, encode_checkpoint
+from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, Binding, decode_checkpoint, encode_checkpoint
 from statebackend.blobstore import BlobStore
-from statebackend.errors import AlreadyExistsError, ConfigError, CorruptDataError, NotFoundError
+from statebackend.errors import (
+    AlreadyExistsError,
+    ConfigError,
+    CorruptDataError,
+    InconsistentStateError,
+    NotFoundError,
+)
 
-__all__ = ["MAX_SEQ", "CheckpointLog", "LogEntry"]
+__all__ = ["MAX_SEQ", "CheckpointLog", "Listing", "LogEntry"]
+
+#: seq -> format versions present, from one listing
+Listing = dict[int, set[int]]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +124,8 @@ class CheckpointLog:
         default=(2, 1), converter=_as_tuple, validator=_versions("task.checkpoint.read.versions", READABLE_VERSIONS)
     )
     retained: int = attrs.field(default=10, validator=_positive)
+    #: delays (seconds) before re-listing when a listing is shorter than what is known to be durable
+    recheck_delays: tuple[float, ...] = (0.1, 0.5, 2.0)
 
     @property
     def prefix(self) -> str:
@@ -113,33 +139,58 @@ class CheckpointLog:
 
     # -- writing ------------------------------------------------------------------------------------------------
 
-    def write(self, seq: int, checkpoint: CheckpointV2) -> None:
-        """Make ``checkpoint`` durable as ``seq``: every version of ``write_versions``, commit point first.
+    def binding(self, seq: int) -> Binding:
+        """What a blob of checkpoint ``seq`` must say it is."""
+        return Binding(self.job_name, self.task_name, seq)
 
-        Raises :class:`AlreadyExistsError` when another writer committed a different checkpoint as ``seq``.
+    def write(self, seq: int, checkpoint: CheckpointV2) -> Listing:
+        """Make ``checkpoint`` durable as ``seq``: every version of ``write_versions``, commit point first; then check
+        that ``seq`` is the newest. Returns that listing (for :meth:`retain`).
+
+        Raises :class:`AlreadyExistsError` when another writer committed a different checkpoint as ``seq``, or when
+        the log already holds a newer seq (this writer is fenced; what it wrote is removed again).
         """
         _check_seq(seq)
         if not isinstance(checkpoint, CheckpointV2):
             raise TypeError(f"the checkpoint log writes CheckpointV2, got {type(checkpoint).__name__}")
         first = 2 if 2 in self.write_versions else self.write_versions[0]
         order = [first, *(v for v in self.write_versions if v != first)]
+        binding = self.binding(seq)
         for index, version in enumerate(order):
             name = self.blob_name(seq, version)
-            data = encode_checkpoint(checkpoint if version == 2 else checkpoint.to_v1())
+            data = encode_checkpoint(checkpoint if version == 2 else checkpoint.to_v1(), binding)
             if index > 0:
                 self.blob_store.put(name, data)
                 continue
             try:
                 self.blob_store.put(name, data, create_only=True)
             except AlreadyExistsError:
-                if not self._holds(name, data):
+                if not self.holds(seq, checkpoint):
                     raise AlreadyExistsError(
                         f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r} was already committed "
                         f"by another writer ({name} in {self.blob_store.describe()}); this attempt lost the race "
                         f"and must not claim its commit: restore from the latest checkpoint and redo"
                     ) from None
                 log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name)
+        listing = self._listing(at_least=seq)
+        newer = sorted(s for s in listing if s > seq)
+        if newer:
+            # Our seq was free only because retention removed it after other attempts moved on: we are a zombie.
+            self.blob_store.delete_many([self.blob_name(seq, version) for version in order])
+            raise AlreadyExistsError(
+                f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r}: the log already holds newer "
+                f"checkpoints {newer[:3]}{'...' if len(newer) > 3 else ''} under {self.prefix} in "
+                f"{self.blob_store.describe()}; another attempt of the task committed past the state this attempt "
+                f"restored, so this attempt's commit is refused (what it wrote was removed again)"
+            )
         log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix)
+        return listing
+
+    def holds(self, seq: int, checkpoint: CheckpointV2) -> bool:
+        """Whether the commit-point blob of ``seq`` holds exactly ``checkpoint`` (a write of ours that landed)."""
+        first = 2 if 2 in self.write_versions else self.write_versions[0]
+        data = encode_checkpoint(checkpoint if first == 2 else checkpoint.to_v1(), self.binding(seq))
+        return self._holds(self.blob_name(seq, first), data)
 
     def _holds(self, name: str, data: bytes) -> bool:
         try:
@@ -149,9 +200,27 @@ class CheckpointLog:
 
     # -- reading ------------------------------------------------------------------------------------------------
 
-    def latest(self) -> LogEntry | None:
-        """The entry with the highest seq that has a readable version, or None for an empty log."""
-        return next(self._newest_first(), None)
+    def latest(self, at_least: int = 0) -> LogEntry | None:
+        """The entry with the highest seq that has a readable version, or None for an empty log. ``at_least``: a seq
+        known to be durable; a listing that does not reach it is a fault (see the module docstring)."""
+        return self.latest_and_head(at_least)[0]
+
+    def latest_and_head(self, at_least: int = 0) -> tuple[LogEntry | None, int]:
+        """:meth:`latest` and the head: the highest seq present in any version (0 for an empty log), from one
+        listing. The head is what a writer that restores the entry fences on: it may write only ``head + 1``."""
+        return self.find_and_head(lambda entry: True, at_least)
+
+    def find_and_head(
+        self, predicate: Callable[[LogEntry], bool], at_least: int = 0
+    ) -> tuple[LogEntry | None, int]:
+        """:meth:`find` and the head of the same listing (see :meth:`latest_and_head`)."""
+        listing = self._listing(at_least)
+        head = max(listing, default=0)
+        return next((entry for entry in self._newest_first(listing) if predicate(entry)), None), head
+
+    def head(self, at_least: int = 0) -> int:
+        """The highest seq present in any version (0 for an empty log)."""
+        return max(self._listing(at_least), default=0)
 
     def read(self, seq: int) -> LogEntry:
         """Entry ``seq``; :class:`NotFoundError` when no version of ``read_versions`` exists for it."""
@@ -170,35 +239,36 @@ class CheckpointLog:
         """Seqs that have a readable version, ascending."""
         return sorted(seq for seq, versions in self._listing().items() if versions & set(self.read_versions))
 
-    def entries(self) -> list[LogEntry]:
+    def entries(self, at_least: int = 0) -> list[LogEntry]:
         """Every readable entry, ascending by seq."""
-        return list(reversed(list(self._newest_first())))
+        return list(reversed(list(self._newest_first(self._listing(at_least)))))
 
     def for_input_offsets(self, offsets: Mapping[str, str]) -> LogEntry | None:
         """The newest entry whose input offsets equal ``offsets`` (for Spark: the one of a batch id), or None."""
         wanted = dict(offsets)
         return self.find(lambda entry: dict(entry.checkpoint.input_offsets) == wanted)
 
-    def find(self, predicate: Callable[[LogEntry], bool]) -> LogEntry | None:
+    def find(self, predicate: Callable[[LogEntry], bool], at_least: int = 0) -> LogEntry | None:
         """The newest entry for which ``predicate`` is true, or None. Reads newest first and stops at the match."""
-        return next((entry for entry in self._newest_first() if predicate(entry)), None)
+        return self.find_and_head(predicate, at_least)[0]
 
     def next_seq(self) -> int:
-        """The seq the next commit writes: one above the highest seq present in any version (1 for an empty log).
+        """One above the highest seq present in any version (1 for an empty log).
 
-        Any version counts, readable or not, so a seq taken by a newer release's format is never reused.
+        Any version counts, readable or not, so a seq taken by a newer release's format is never reused. A writer
+        takes its seq from its restore decision (:meth:`latest_and_head`), not from this later listing.
         """
-        listing = self._listing()
-        return max(listing, default=0) + 1
+        return self.head() + 1
 
     # -- retention ----------------------------------------------------------------------------------------------
 
-    def retain(self) -> list[int]:
+    def retain(self, listing: Listing | None = None) -> list[int]:
         """Delete every version of the seqs older than the newest ``retained`` ones; return those seqs, ascending.
+        ``listing``: one taken just before (the one :meth:`write` returns); a short listing only deletes less.
 
         Idempotent. Never deletes the newest readable entry, even when newer seqs exist only in unreadable versions.
         """
-        listing = self._listing()
+        listing = self._listing() if listing is None else listing
         ordered = sorted(listing)
         keep = set(ordered[-self.retained :])
         readable = [seq for seq in ordered if listing[seq] & set(self.read_versions)]
@@ -208,15 +278,38 @@ class CheckpointLog:
         for seq in deleted:
             self.blob_store.delete_many([self.blob_name(seq, version) for version in sorted(listing[seq])])
         if deleted:
-            log.info("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted)
+            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted)
         return deleted
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
-    def _listing(self) -> dict[int, set[int]]:
-        """seq -> versions present, from one listing. Names that are not ours are ignored."""
+    def _listing(self, at_least: int = 0) -> Listing:
+        """seq -> versions present. When ``at_least`` is above what a listing shows, re-list after
+        ``recheck_delays``; :class:`InconsistentStateError` if it never reaches it."""
+        listing = self._list_once()
+        for delay in self.recheck_delays:
+            if max(listing, default=0) >= at_least:
+                return listing
+            log.warning(
+                "checkpoint log %s in %s: the listing shows checkpoints up to #%d but #%d is known to be durable; "
+                "listing again in %.1f s", self.prefix, self.blob_store.describe(), max(listing, default=0), at_least,
+                delay,
+            )
+            time.sleep(delay)
+            listing = self._list_once()
+        if max(listing, default=0) >= at_least:
+            return listing
+        raise InconsistentStateError(
+            f"checkpoint log {self.prefix} in {self.blob_store.describe()} shows checkpoints up to "
+            f"#{max(listing, default=0)}, but checkpoint #{at_least} of this task is known to be durable (the task's "
+            f"local CHECKPOINT-V2 file or the checkpoint it restored says so). Either the blob store answers short "
+            f"(retry later), or checkpoints were deleted or the blob store URL points at another copy. Nothing was "
+            f"restored, cleared or written. If the state was removed on purpose, delete the task's local dir too"
+        )
+
+    def _list_once(self) -> Listing:
         prefix = self.prefix
-        listing: dict[int, set[int]] = {}
+        listing: Listing = {}
         for name in self.blob_store.list(prefix):
             match = _NAME_RE.match(name[len(prefix) :]) if name.startswith(prefix) else None
             if match is None:
@@ -229,21 +322,38 @@ class CheckpointLog:
             listing.setdefault(seq, set()).add(int(match.group(2)))
         return listing
 
-    def _newest_first(self) -> Iterator[LogEntry]:
-        listing = self._listing()
-        for seq in sorted(listing, reverse=True):
+    def _newest_first(self, listing: Listing) -> Iterator[LogEntry]:
+        readable = sorted((seq for seq in listing if listing[seq] & set(self.read_versions)), reverse=True)
+        for index, seq in enumerate(readable):
             entry = self._read_entry(seq, listing[seq])
-            if entry is None and set(self.read_versions) & listing[seq]:
+            if entry is not None:
+                yield entry
+                continue
+            if index > 0:
+                # An older entry deleted by retention between the listing and this read: newer ones were seen.
                 log.debug("checkpoint log %s: checkpoint %d was deleted by retention while being read", self.prefix,
                           seq)
                 continue
-            if entry is None:
+            # The newest readable checkpoint vanished between the listing and its read. Retention never deletes the
+            # newest, so either newer checkpoints arrived (and retention ran) or it was deleted: look again.
+            relisted = self._listing(at_least=seq)
+            newer = {s: v for s, v in relisted.items() if s > seq}
+            if newer and any(v & set(self.read_versions) for v in newer.values()):
+                yield from self._newest_first(relisted)
+                return
+            raise InconsistentStateError(
+                f"checkpoint {self.blob_name(seq, max(listing[seq]))} in {self.blob_store.describe()} was listed as "
+                f"the newest checkpoint of task {self.task_name!r} but cannot be read, and no newer one exists: it "
+                f"was deleted, or the blob store answers inconsistently. Not falling back to an older checkpoint "
+                f"(that would roll the task back). Put the blob back, or delete it everywhere on purpose"
+            )
+        unreadable = sorted(seq for seq in listing if not listing[seq] & set(self.read_versions))
+        for seq in unreadable:
+            if seq > (readable[0] if readable else 0):
                 log.warning(
                     "checkpoint log %s: checkpoint %d exists only in versions %s, none of read versions %s; "
                     "passing over it", self.prefix, seq, sorted(listing[seq]), self.read_versions,
                 )
-                continue
-            yield entry
 
     def _read_entry(self, seq: int, versions: set[int]) -> LogEntry | None:
         for version in self.read_versions:
@@ -256,7 +366,7 @@ class CheckpointLog:
                 # Deleted by retention between the listing and this read: the next version or seq decides.
                 continue
             source = f"{name} in {self.blob_store.describe()}"
-            checkpoint = decode_checkpoint(data, source=source)
+            checkpoint = decode_checkpoint(data, source=source, expect=self.binding(seq))
             if checkpoint.version != version:
                 raise CorruptDataError(
                     f"checkpoint {source} holds a version {checkpoint.version} checkpoint but its name says version "

@@ -2,8 +2,10 @@
 
 One commit, in this order:
 
-1. If the previous commit's async part failed, raise that failure now (``CommitError`` from it), or count it and go
-   on while fewer than ``task.commit.async.failures.tolerated`` failures ran in a row.
+1. If the previous commit's async part failed and nobody has seen that failure yet (its ``PendingCommit.result()``
+   was not called), raise it now, once (``CommitError`` from it), or count it and go on while fewer than
+   ``task.commit.async.failures.tolerated`` failures ran in a row. A failure already reported is not raised again:
+   this commit simply commits anew (its change set includes the failed commit's changes).
 2. If the previous async part is still running: when it started less than ``task.commit.max.delay.ms`` ago, **skip**
    this commit (the changes stay in the write batch and ride with the next); otherwise **block** until it ends, at
    most ``task.commit.timeout.ms``, then fail with :class:`CommitTimeoutError`.
@@ -11,8 +13,14 @@ One commit, in this order:
    backup manager's ``snapshot()``.
 4. Async part, on the bounded pool shared by the tasks of the process: every backend's ``upload()`` in parallel;
    then the CheckpointV2 is written to the checkpoint log with a create-only write (the commit point: first writer
-   of a sequence number wins, so a competing attempt of the same task is detected); then ``CHECKPOINT-V2`` in each
+   of a sequence number wins, so a competing attempt of the same task is detected) and a listing checks that no
+   newer checkpoint exists (fencing: :class:`CommitConflictError`, never tolerated); then ``CHECKPOINT-V2`` in each
    store dir; then ``cleanup()`` and checkpoint-log retention.
+
+The sequence number written is the one after the head seen when the task was restored, then one more per durable
+commit. A checkpoint write whose outcome is unknown (the reply was lost and every retry failed) is resolved before
+the next write: if the blob holds exactly that checkpoint, it did land and the next commit takes the next seq; if it
+is absent, the seq is still free; anything else is a conflict.
 
 The async part never waits on a pool future from inside the pool: the steps are chained with callbacks, so a pool
 of any size cannot deadlock however many tasks commit at once.
@@ -35,7 +43,7 @@ import attrs
 from checkpoint import CheckpointId, CheckpointIdGenerator, CheckpointLog, CheckpointV2, write_local_checkpoint
 from statebackend._crashpoints import crashpoint
 from statebackend.contracts import StoreMarkers, TaskBackupManager
-from statebackend.errors import AlreadyExistsError, CommitError, CommitTimeoutError
+from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, CommitTimeoutError
 from statebackend.metrics import Metrics
 from statebackend.store import ChangeSet, LocalStore, LocalVersion
 
@@ -71,9 +79,12 @@ class PendingCommit:
     """A commit whose sync part is done. ``result()`` waits until its checkpoint is durable."""
 
     checkpoint_id: CheckpointId
+    #: the checkpoint log seq this commit writes (fixed when its checkpoint is written)
     seq: int
     future: Future[CheckpointV2]
     started: float
+    #: set once the failure was raised to a caller, so the next commit does not raise it again
+    reported: bool = False
 
     def result(self, timeout: float | None = None) -> CheckpointV2:
         """The durable checkpoint; raises :class:`CommitError` when the async part failed."""
@@ -81,6 +92,9 @@ class PendingCommit:
             return self.future.result(timeout)
         except FutureTimeoutError as exc:
             raise CommitTimeoutError(f"commit {self.checkpoint_id} was not durable within {timeout} s") from exc
+        except BaseException:
+            self.reported = True
+            raise
 
     def done(self) -> bool:
         return self.future.done()
@@ -106,11 +120,13 @@ class TaskCommitManager:
     last_checkpoint: CheckpointV2 | None = None
 
     _inflight: PendingCommit | None = attrs.field(init=False, default=None)
-    _failure: BaseException | None = attrs.field(init=False, default=None)
+    _failure: tuple[BaseException, PendingCommit] | None = attrs.field(init=False, default=None)
+    #: a checkpoint write whose outcome is unknown: (seq, checkpoint), resolved before the next write
+    _uncertain: tuple[int, CheckpointV2] | None = attrs.field(init=False, default=None)
     _failures_in_a_row: int = attrs.field(init=False, default=0)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _cleanups: list[Future[Any]] = attrs.field(init=False, factory=list)  # backend cleanups and log retention
-    _conflict: CommitError | None = attrs.field(init=False, default=None)
+    _conflict: CommitConflictError | None = attrs.field(init=False, default=None)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit the task's state with ``input_offsets``. Returns the pending commit, or ``None`` when skipped
@@ -139,8 +155,10 @@ class TaskCommitManager:
             self._raise_previous_failure()
         return self._commit_now(dict(input_offsets))
 
-    def wait(self, timeout: float | None = None) -> CheckpointV2 | None:
-        """Wait for the commit in flight (if any) to be durable; raise its failure. Returns its checkpoint."""
+    def wait(self, timeout: float | None = None, *, raise_failure: bool = True) -> CheckpointV2 | None:
+        """Wait for the commit in flight (if any) to end; raise its failure unless it was already reported (or
+        ``raise_failure`` is false: then it is logged, once, and counts as reported). Returns the newest durable
+        checkpoint."""
         inflight = self._inflight
         if inflight is None:
             return self.last_checkpoint
@@ -148,7 +166,17 @@ class TaskCommitManager:
             inflight.future.exception(timeout)
         except FutureTimeoutError:
             raise CommitTimeoutError(f"commit {inflight.checkpoint_id} was not durable within {timeout} s") from None
-        self._raise_previous_failure()
+        if raise_failure:
+            self._raise_previous_failure()
+        else:
+            if self._conflict is not None:
+                raise self._conflict
+            with self._lock:
+                failure, self._failure = self._failure, None
+            if failure is not None and not failure[1].reported:
+                failure[1].reported = True
+                log.warning("task %s: the previous commit %s failed (%s); committing anew", self.task_name,
+                            failure[1].checkpoint_id, failure[0])
         return self.last_checkpoint
 
     def close(self) -> None:
@@ -172,9 +200,13 @@ class TaskCommitManager:
         if self._conflict is not None:
             raise self._conflict
         with self._lock:
-            failure, self._failure = self._failure, None
-        if failure is None:
+            found, self._failure = self._failure, None
+        if found is None:
             return
+        failure, pending = found
+        if pending.reported:  # the caller saw it through result(): this commit commits anew
+            return
+        pending.reported = True
         self._failures_in_a_row += 1
         if self._failures_in_a_row <= self.async_failures_tolerated:
             log.warning("task %s: async commit failure %d tolerated: %s", self.task_name, self._failures_in_a_row,
@@ -266,19 +298,27 @@ class TaskCommitManager:
                 state_checkpoint_markers=markers,
             )
             crashpoint("commit.before_checkpoint_write")
+            pending.seq = self._resolve_uncertain(pending.seq)
             try:
-                self.checkpoint_log.write(pending.seq, checkpoint)
+                listing = self.checkpoint_log.write(pending.seq, checkpoint)
             except AlreadyExistsError as exc:
+                self._uncertain = None
                 for store in self.stores.values():
                     store.mark_dirty()
                 self.metrics.increment("commit.conflicts")
-                conflict = CommitError(
-                    f"task {self.task_name}: checkpoint #{pending.seq} was already committed by another attempt of "
-                    f"this task; this attempt's state is discarded: reopen the task (restore) before going on"
+                conflict = CommitConflictError(
+                    f"task {self.task_name}: checkpoint #{pending.seq} is taken or the checkpoint log has moved past "
+                    f"it: another attempt of this task committed after this one restored its state. This attempt "
+                    f"is fenced and its commit discarded: reopen the task (restore) before going on ({exc})"
                 )
                 conflict.__cause__ = exc
                 self._conflict = conflict  # never tolerated, and every later commit refuses too
                 raise conflict from exc
+            except BaseException:
+                # The write may have landed with its reply lost: the next write resolves it by reading back.
+                self._uncertain = (pending.seq, checkpoint)
+                raise
+            self._uncertain = None
         except BaseException as exc:  # noqa: BLE001 - handed to the commit's future, raised by its waiter
             self._fail(pending, exc)
             return
@@ -290,17 +330,31 @@ class TaskCommitManager:
         crashpoint("commit.after_checkpoint_write")
         for store in self.stores.values():
             try:
-                write_local_checkpoint(store.path, checkpoint)
+                write_local_checkpoint(store.path, checkpoint, self.checkpoint_log.binding(pending.seq))
             except Exception as exc:  # noqa: BLE001 - only a restore shortcut is lost
                 self.metrics.increment("commit.local.checkpoint.failures")
                 log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
                             self.task_name, checkpoint.checkpoint_id, store.path, exc)
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
-        self._cleanup(pending.checkpoint_id, markers)  # registered before the result, so close() waits for it
+        self._cleanup(pending.checkpoint_id, markers, listing)  # registered before the result: close() waits for it
         pending.future.set_result(checkpoint)
 
-    def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers]) -> None:
+    def _resolve_uncertain(self, seq: int) -> int:
+        """The seq to write, after resolving a previous write of ``seq`` whose outcome is unknown."""
+        uncertain = self._uncertain
+        if uncertain is None or uncertain[0] != seq:
+            return seq
+        if self.checkpoint_log.holds(seq, uncertain[1]):
+            log.info("task %s: checkpoint #%d, reported failed, did land (its reply was lost); this commit takes #%d",
+                     self.task_name, seq, seq + 1)
+            self.metrics.increment("commit.landed.after.failure")
+            self.last_checkpoint = uncertain[1]
+            self._uncertain = None
+            return seq + 1
+        return seq  # absent (it never landed) or someone else's: the create-only write tells
+
+    def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers], listing: Any = None) -> None:
         def report(future: Future[Any]) -> None:
             exc = future.exception()
             if exc is not None:
@@ -318,7 +372,7 @@ class TaskCommitManager:
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc)
         try:
-            retention = self.executor.submit(self.checkpoint_log.retain)
+            retention = self.executor.submit(self.checkpoint_log.retain, listing)
         except RuntimeError:
             return  # pool shut down: retention runs at the next commit
         with self._lock:
@@ -333,7 +387,7 @@ class TaskCommitManager:
             wrapped.__cause__ = exc
             exc = wrapped
         with self._lock:
-            self._failure = exc
+            self._failure = (exc, pending)
         pending.future.set_exception(exc)
 
 

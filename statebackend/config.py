@@ -249,11 +249,18 @@ class StoreSettings:
 
     name: str
     backup_factories: tuple[str, ...]
-    restore_factory: str
+    #: backends to restore from, in order of preference; the next is tried when a restore fails on a missing or
+    #: damaged blob (only those whose marker the checkpoint has count)
+    restore_factories: tuple[str, ...]
     key_serde: str
     msg_serde: str
     write_batch_max_bytes: int
     map_size: int
+
+    @property
+    def restore_factory(self) -> str:
+        """The preferred restore backend (the first of :attr:`restore_factories`)."""
+        return self.restore_factories[0]
 
 
 def _redacted_repr(mapping: Mapping[str, Any]) -> str:
@@ -435,18 +442,40 @@ class _SettingsParser:
                 )
                 continue
             backups.append(resolved.canonical_name)
-        restore_name = parsed["restore.factory"]
-        if restore_name is None:
-            restore = backups[0] if backups else None
-        else:
-            resolved = self._resolve(prefix + "restore.factory", restore_name)
-            restore = resolved.canonical_name if resolved is not None else None
-        if restore is None or not backups:
+        restore_names = parsed["restore.factories"]
+        alias = parsed["restore.factory"]
+        if alias is not None:
+            if restore_names is not None and list(restore_names) != [alias]:
+                self.problems.append(
+                    f"{prefix}restore.factory={alias!r} and {prefix}restore.factories="
+                    f"{keys.get('restore.factories')!r} are both set and differ; allowed: one of them "
+                    f"(restore.factory is an alias of a one-backend restore.factories)"
+                )
+                return None
+            restore_names = [alias]
+        restores: list[str] = []
+        key = prefix + ("restore.factories" if parsed["restore.factories"] is not None else "restore.factory")
+        for restore_name in restore_names if restore_names is not None else []:
+            resolved = self._resolve(key, restore_name)
+            if resolved is None:
+                continue
+            if resolved.canonical_name in restores:
+                self.problems.append(
+                    f"{key}={keys.get(key[len(prefix):])!r} is not valid: {resolved.canonical_name!r} is listed "
+                    f"twice; allowed: each backend once"
+                )
+                continue
+            restores.append(resolved.canonical_name)
+        if restore_names is None:
+            restores = list(backups)
+        elif not restores:
+            return None
+        if not backups:
             return None
         return StoreSettings(
             name=name,
             backup_factories=tuple(backups),
-            restore_factory=restore,
+            restore_factories=tuple(restores),
             key_serde=parsed["key.serde"],
             msg_serde=parsed["msg.serde"],
             write_batch_max_bytes=parsed["write.batch.max.bytes"],
@@ -756,11 +785,15 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "backup.factories": OptionSpec(
         parse_list(), "changelog", "state backends the store is backed up to at every commit, in order"
     ),
-    "restore.factory": OptionSpec(
-        parse_str(),
+    "restore.factories": OptionSpec(
+        parse_list(),
         None,
-        "state backend the store is restored from (default: the first backup factory; may be one it no longer "
-        "backs up to, for a migration)",
+        "state backends the store is restored from, in order: the first whose marker the checkpoint has; when its "
+        "restore fails on a missing or damaged blob, the next (default: the backup factories; may name backends "
+        "the store no longer backs up to, for a migration)",
+    ),
+    "restore.factory": OptionSpec(
+        parse_str(), None, "alias of restore.factories with one backend (kept for existing configs)"
     ),
     "key.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how keys are encoded: " + ", ".join(SERDES)),
     "msg.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how values are encoded: " + ", ".join(SERDES)),

@@ -62,7 +62,7 @@ from checkpoint import CheckpointLog, LogEntry
 from statebackend.blobstore import open_blob_store
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError, StoreLockedError
-from statebackend.task import TaskStorage
+from statebackend.task import TaskStorage, known_durable_seq
 
 __all__ = [
     "BATCH_OFFSET",
@@ -350,7 +350,9 @@ class _TaskRunner:
                 read_versions=settings.checkpoint_read_versions,
                 retained=settings.checkpoint_retained,
             )
-            latest = checkpoint_log.latest()
+            # the local CHECKPOINT-V2 bounds what the listing must show; the head seen here fences the commit
+            known = known_durable_seq(settings.local_dir, settings.job_name, name)
+            latest, head = checkpoint_log.latest_and_head(at_least=known)
             if (self.on_replay == "skip" and latest is not None
                     and _batch_of(latest, name, self.num_tasks) == self.batch_id):
                 log.info("%s: batch %d already committed as checkpoint #%d; skipping it", name, self.batch_id,
@@ -358,7 +360,7 @@ class _TaskRunner:
                 return []
             base = _base_checkpoint(checkpoint_log, latest, name, self.batch_id, self.num_tasks)
             try:
-                storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base)
+                storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head)
             except StoreLockedError:
                 # Another attempt of this task runs on this machine (speculation, or a retry while the first one
                 # is still winding down): work in a private copy restored from the blob store; the commit protocol
@@ -367,7 +369,8 @@ class _TaskRunner:
                 log.warning("%s attempt %d: local stores are locked by another attempt; using %s", name, attempt,
                             private)
                 private_settings = attrs.evolve(settings, local_dir=private)
-                storage = TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base)
+                storage = TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base,
+                                           fence_seq=head)
             opened = time.monotonic()
             with storage:
                 outputs = work(TaskStores(storage, index, self.batch_id))

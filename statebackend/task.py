@@ -7,10 +7,20 @@ This is the object a job holds per task::
         counts.put(b"k", b"1")
         task.commit({"input": "42"}).result()      # durable when result() returns
 
-Opening restores: it reads the newest checkpoint from the checkpoint log (or the one asked for), picks per store the
-backend named by ``stores.<name>.restore.factory`` (falling back, logged, to another backend whose marker the
-checkpoint has), and lets each restore manager rebuild its stores, reusing local data that already is that state.
-A store the checkpoint knows nothing of starts empty.
+Opening restores: it reads the newest checkpoint from the checkpoint log (or the one asked for), and restores each
+store through the first backend of ``stores.<name>.restore.factories`` whose marker the checkpoint has, reusing
+local data that already is that state. When that restore fails on a missing or damaged blob, the next backend with a
+marker in the same checkpoint is tried (logged at ERROR); the open fails only when every one failed, naming each
+cause. A store the checkpoint knows nothing of starts empty.
+
+Trust (docs/architecture.md, "Fencing" and "Short answers"):
+
+- **Fencing.** The listing that chose the checkpoint to restore also gives the head (the newest seq in the log); this
+  task may only ever write ``head + 1``. Another attempt that committed meanwhile owns that seq, so this attempt's
+  commit fails with :class:`CommitConflictError` and writes nothing.
+- **Local knowledge bounds the remote.** Each store dir's ``CHECKPOINT-V2`` names the newest checkpoint seq this
+  machine saw durable; a listing that shows less is re-listed and then :class:`InconsistentStateError`, never an
+  empty start, and local data is never cleared on the strength of it.
 """
 
 from __future__ import annotations
@@ -24,19 +34,34 @@ from typing import Any, Self
 
 import attrs
 
-from checkpoint import CheckpointIdGenerator, CheckpointLog, CheckpointV1, CheckpointV2, LogEntry
+from checkpoint import (
+    CheckpointIdGenerator,
+    CheckpointLog,
+    CheckpointV1,
+    CheckpointV2,
+    LogEntry,
+    read_local_checkpoint_binding,
+)
 from statebackend.blobstore import BlobStore, open_blob_store
 from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager, shared_commit_pool
 from statebackend.config import Settings
 from statebackend.contracts import BackendContext
-from statebackend.errors import ConfigError, StateBackendError
+from statebackend.errors import (
+    ConfigError,
+    CorruptDataError,
+    IncompatibleFormatError,
+    InconsistentStateError,
+    NotFoundError,
+    StateBackendError,
+    StorageError,
+)
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
 from statebackend.resources import create_blob_store_resources
 from statebackend.serdes import get_serde
 from statebackend.store import LocalStore
 
-__all__ = ["TaskStorage"]
+__all__ = ["TaskStorage", "known_durable_seq"]
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +96,14 @@ class TaskStorage:
         executor: Executor | None = None,
         checkpoint: CheckpointChoice = "latest",
         metrics: Metrics | None = None,
+        fence_seq: int | None = None,
     ) -> TaskStorage:
         """Open (and restore) the stores of ``task_name``. ``checkpoint``: ``"latest"`` (default), a
-        :class:`LogEntry`, or a predicate choosing the newest matching entry (e.g. by input offsets)."""
+        :class:`LogEntry`, or a predicate choosing the newest matching entry (e.g. by input offsets).
+
+        ``fence_seq`` (only with a :class:`LogEntry` or ``None``): the newest seq the caller saw when it chose; this
+        task then writes ``fence_seq + 1`` (a deliberate replay that supersedes newer checkpoints). Without it, a
+        given entry's own seq fences."""
         settings = config if isinstance(config, Settings) else Settings.from_config(config)
         _check_name("task name", task_name)
         metrics = metrics or Metrics()
@@ -100,7 +130,8 @@ class TaskStorage:
                 read_versions=settings.checkpoint_read_versions,
                 retained=settings.checkpoint_retained,
             )
-            entry = _choose_checkpoint(checkpoint_log, checkpoint)
+            known = known_durable_seq(settings.local_dir, settings.job_name, task_name, list(stores))
+            entry, head = _choose_checkpoint(checkpoint_log, checkpoint, known, fence_seq)
             restored = _as_v2(entry)
 
             def context(factory_name: str, store_names: list[str]) -> BackendContext:
@@ -138,7 +169,7 @@ class TaskStorage:
                 max_delay_ms=settings.commit_max_delay_ms,
                 timeout_ms=settings.commit_timeout_ms,
                 async_failures_tolerated=settings.commit_async_failures_tolerated,
-                next_seq=checkpoint_log.next_seq(),
+                next_seq=head + 1,  # the fence: from the restore decision, never from a later listing
                 id_generator=id_generator,
                 last_checkpoint=restored,
             )
@@ -190,8 +221,9 @@ class TaskStorage:
         return pending
 
     def commit_durably(self, input_offsets: Mapping[str, str], timeout: float | None = None) -> CheckpointV2:
-        """Commit and wait until the checkpoint is durable, blocking on a previous upload if one runs."""
-        self.commit_manager.wait(timeout)
+        """Commit and wait until the checkpoint is durable, blocking on a previous upload if one runs. A failure of
+        an earlier commit is not raised here (it is logged once if nobody saw it): this commit includes its changes."""
+        self.commit_manager.wait(timeout, raise_failure=False)
         pending = self.commit_manager.commit(input_offsets)
         if pending is None:  # cannot happen after wait(); kept so a skip is never silently taken for durable
             raise StateBackendError(f"task {self.task_name}: commit was skipped")
@@ -225,15 +257,57 @@ def _check_name(what: str, name: str) -> None:
         raise ConfigError(f"{what} {name!r} must be letters, digits, '.', '_' or '-'")
 
 
-def _choose_checkpoint(checkpoint_log: CheckpointLog, choice: CheckpointChoice) -> LogEntry | None:
-    if choice is None:
-        return None
+def known_durable_seq(
+    local_dir: str | Path, job_name: str, task_name: str, store_names: list[str] | None = None
+) -> int:
+    """The newest checkpoint seq of the task that this machine saw durable: the highest seq named by a store dir's
+    ``CHECKPOINT-V2`` (0 when none names one). A damaged file is logged and passed over."""
+    task_dir = Path(local_dir) / job_name / task_name
+    if store_names is None:
+        try:
+            store_names = sorted(p.name for p in task_dir.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return 0
+    known = 0
+    for name in store_names:
+        try:
+            found = read_local_checkpoint_binding(task_dir / name)
+        except (CorruptDataError, IncompatibleFormatError, OSError) as exc:
+            log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc)
+            continue
+        if found is None or found[1] is None:
+            continue
+        binding = found[1]
+        if binding.job == job_name and binding.task == task_name:
+            known = max(known, binding.seq)
+    return known
+
+
+def _choose_checkpoint(
+    checkpoint_log: CheckpointLog, choice: CheckpointChoice, known: int, fence_seq: int | None
+) -> tuple[LogEntry | None, int]:
+    """The entry to restore and the head to fence on, from one listing that reaches ``known``."""
+    if fence_seq is not None and not (choice is None or isinstance(choice, LogEntry)):
+        raise ConfigError("fence_seq is given with a LogEntry (or None) checkpoint choice only")
+    if choice is None and fence_seq is None:
+        return None, checkpoint_log.head(at_least=known)
+    if choice is None or isinstance(choice, LogEntry):
+        chosen = 0 if choice is None else choice.seq
+        head = chosen if fence_seq is None else fence_seq
+        if head < chosen:
+            raise ConfigError(f"fence_seq={fence_seq} is below the chosen checkpoint #{chosen}")
+        if known > head:
+            shown = checkpoint_log.head(at_least=known)
+            raise InconsistentStateError(
+                f"task {checkpoint_log.task_name}: checkpoint #{chosen} was chosen from a listing that ended at "
+                f"#{head}, but checkpoint #{known} is known to be durable (local CHECKPOINT-V2) and the log now "
+                f"shows #{shown}: the choice was made on a short answer. Choose again"
+            )
+        return choice, head
     if choice == "latest":
-        return checkpoint_log.latest()
-    if isinstance(choice, LogEntry):
-        return choice
+        return checkpoint_log.latest_and_head(at_least=known)
     if callable(choice):
-        return checkpoint_log.find(choice)
+        return checkpoint_log.find_and_head(choice, at_least=known)
     raise ConfigError(f"checkpoint choice {choice!r}: use 'latest', a LogEntry, a predicate or None")
 
 
@@ -254,44 +328,74 @@ def _backup_groups(settings: Settings) -> dict[str, list[str]]:
     return groups
 
 
+#: restore failures that fall back to the next backend: a blob missing, damaged, unreadable or unreachable
+_FALLBACK_ERRORS = (NotFoundError, CorruptDataError, IncompatibleFormatError, StorageError)
+
+
 def _restore(
     settings: Settings,
     stores: Mapping[str, LocalStore],
     checkpoint: CheckpointV2 | None,
     context: Callable[[str, list[str]], BackendContext],
 ) -> None:
-    groups: dict[str, list[str]] = {}
+    candidates: dict[str, list[str]] = {}
     for name, store_settings in settings.stores.items():
-        factory_name = _restore_factory_for(name, store_settings.restore_factory, store_settings.backup_factories,
-                                            checkpoint)
-        if factory_name is None:
+        order = _restore_candidates(name, store_settings.restore_factories, store_settings.backup_factories,
+                                    checkpoint)
+        if not order:
             if stores[name].version is not None or stores[name].count() > 0:
                 log.info("store %s: no state in the checkpoint; clearing local data", name)
             stores[name].replace_contents([], None)
             continue
-        groups.setdefault(factory_name, []).append(name)
-    for factory_name, store_names in groups.items():
-        manager = resolve_factory(factory_name).factory.restore_manager(context(factory_name, store_names))
-        try:
-            manager.init(checkpoint)
-            manager.restore()
-        finally:
-            manager.close()
+        candidates[name] = order
+    failures: dict[str, list[str]] = {name: [] for name in candidates}
+    while candidates:
+        groups: dict[str, list[str]] = {}
+        for name, order in candidates.items():
+            groups.setdefault(order[0], []).append(name)
+        next_round: dict[str, list[str]] = {}
+        for factory_name, store_names in groups.items():
+            try:
+                manager = resolve_factory(factory_name).factory.restore_manager(context(factory_name, store_names))
+                try:
+                    manager.init(checkpoint)
+                    manager.restore()
+                finally:
+                    manager.close()
+            except _FALLBACK_ERRORS as exc:
+                for name in store_names:
+                    failures[name].append(f"{factory_name}: {exc}")
+                    rest = candidates[name][1:]
+                    if rest:
+                        log.error(
+                            "store %s: restore of checkpoint %s from the %s backend failed (%s); falling back to the "
+                            "%s backend", name, checkpoint.checkpoint_id if checkpoint else None, factory_name, exc,
+                            rest[0],
+                        )
+                        next_round[name] = rest
+                        continue
+                    causes = "; ".join(failures[name])
+                    if len(failures[name]) == 1:
+                        raise
+                    raise type(exc)(
+                        f"store {name}: every backend with a marker in checkpoint "
+                        f"{checkpoint.checkpoint_id if checkpoint else None} failed to restore it: {causes}"
+                    ) from exc
+        candidates = next_round
 
 
-def _restore_factory_for(
-    store_name: str, preferred: str, backup_factories: tuple[str, ...], checkpoint: CheckpointV2 | None
-) -> str | None:
+def _restore_candidates(
+    store_name: str, preferred: tuple[str, ...], backup_factories: tuple[str, ...], checkpoint: CheckpointV2 | None
+) -> list[str]:
+    """The backends to restore ``store_name`` from, in order: configured ones first, then any other backend whose
+    marker the checkpoint has (a migration); only backends with a marker count."""
     if checkpoint is None:
-        return None
-    if store_name in checkpoint.markers_for(preferred):
-        return preferred
-    others = [f for f in (*backup_factories, *checkpoint.state_checkpoint_markers) if f != preferred]
-    for other in dict.fromkeys(others):
-        if store_name in checkpoint.markers_for(other):
-            log.warning(
-                "store %s: checkpoint %s has no %s marker; restoring from the %s backend instead",
-                store_name, checkpoint.checkpoint_id, preferred, other,
-            )
-            return other
-    return None
+        return []
+    order = list(dict.fromkeys((*preferred, *backup_factories, *checkpoint.state_checkpoint_markers)))
+    usable = [f for f in order if store_name in checkpoint.markers_for(f)]
+    if usable and usable[0] != preferred[0]:
+        log.warning(
+            "store %s: checkpoint %s has no %s marker; restoring from the %s backend instead",
+            store_name, checkpoint.checkpoint_id, preferred[0], usable[0],
+        )
+    return usable

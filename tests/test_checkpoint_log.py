@@ -65,7 +65,7 @@ def test_written_checkpoints_read_back_in_the_documented_layout(log: CheckpointL
     for n in (1, 2, 3):
         log.write(n, checkpoint(n))
     assert list(store.list()) == [f"{PREFIX}00000000000{n}.v2.json" for n in (1, 2, 3)]
-    assert store.get(f"{PREFIX}000000000002.v2.json") == encode_checkpoint(checkpoint(2))
+    assert store.get(f"{PREFIX}000000000002.v2.json") == encode_checkpoint(checkpoint(2), log.binding(2))
     assert log.latest() == LogEntry(3, checkpoint(3))
     assert log.read(2) == LogEntry(2, checkpoint(2))
     assert log.seqs() == [1, 2, 3]

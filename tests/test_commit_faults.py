@@ -72,11 +72,11 @@ def test_checkpoint_durable_but_local_file_failing_is_a_success_and_later_commit
     real = commit_module.write_local_checkpoint
     calls = {"n": 0}
 
-    def flaky(path: Any, checkpoint: Any) -> None:
+    def flaky(path: Any, checkpoint: Any, binding: Any) -> None:
         calls["n"] += 1
         if calls["n"] == 2:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, checkpoint)
+        real(path, checkpoint, binding)
 
     monkeypatch.setattr(commit_module, "write_local_checkpoint", flaky)
     model: dict[bytes, bytes] = {}

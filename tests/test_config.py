@@ -374,7 +374,7 @@ def test_store_defaults_back_up_to_changelog_and_restore_from_it() -> None:
     assert s.stores["counts"] == StoreSettings(
         name="counts",
         backup_factories=("changelog",),
-        restore_factory="changelog",
+        restore_factories=("changelog",),
         key_serde="string",
         msg_serde="bytes",
         write_batch_max_bytes=64 << 20,

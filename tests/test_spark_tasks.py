@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pyspark.sql import Row
 
-from statebackend.errors import CommitError, ConfigError, StateBackendError
+from statebackend.errors import CommitConflictError, CommitError, ConfigError, StateBackendError
 from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, _TaskRunner
 from statebackend.task import TaskStorage
 from tests.test_spark import count_rows, make_config
@@ -77,7 +77,8 @@ def test_two_attempts_at_once_one_commit_wins_and_a_retry_redoes_the_batch_once(
         thread.join(60)
     conflicts = [r for r in results if isinstance(r, CommitError)]
     assert len(results) == 2 and len(conflicts) == 1
-    assert "already committed by another attempt" in str(conflicts[0])
+    assert isinstance(conflicts[0], CommitConflictError)
+    assert "another attempt of this task committed" in str(conflicts[0])
     assert [r for r in results if not isinstance(r, CommitError)] == [[("a", 2), ("c", 1)]]
     assert task_state(config) == ({"a": 2, "b": 1, "c": 1}, 2)
     assert list((tmp_path / "local" / ATTEMPTS_DIR).iterdir()) == []  # the private copy is gone

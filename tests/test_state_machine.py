@@ -144,9 +144,8 @@ class TaskLifecycle(RuleBasedStateMachine):
         latest = self.task.checkpoint_log.latest()
         durable_now = None if latest is None else latest.checkpoint.input_offsets["input"]
         assert durable_now == self.durable_offset, "a failed commit must not advance the durable checkpoint"
-        with pytest.raises(CommitError):
-            self.task.commit_manager.wait(timeout=30)  # the async failure surfaces once ...
-        assert self.task.commit_manager.wait(timeout=30) is not None or self.durable_offset is None  # ... only once
+        # reported once, through result(): waiting or committing again does not raise it a second time
+        assert self.task.commit_manager.wait(timeout=30) is not None or self.durable_offset is None
         self.unverified_after_failure = True
 
     @precondition(lambda self: self.task is not None)
@@ -283,8 +282,7 @@ def test_background_snapshot_finishing_after_a_broken_chain_does_not_fail_the_ne
                 assert pending is not None
                 with pytest.raises(CommitError):
                     pending.result(timeout=30)
-                with pytest.raises(CommitError):
-                    task.commit_manager.wait(timeout=30)
+                task.commit_manager.wait(timeout=30)  # reported through result(): not raised again
             blobs.fail = lambda name: False
             blobs.release.set()
             for lineage in task.commit_manager.backups[0].manager._lineages.values():
