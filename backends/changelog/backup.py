@@ -32,12 +32,27 @@ from pathlib import Path
 
 import attrs
 
-from backends.changelog.format import FileHeader, check_digest, write_file
-from backends.changelog.marker import Recipe, Step
+from backends.changelog.format import (
+    FOOTER_SIZE,
+    HEADER_PREFIX_SIZE,
+    KIND_SNAPSHOT,
+    FileHeader,
+    check_digest,
+    header_size,
+    read_frame,
+    write_file,
+)
+from backends.changelog.marker import Recipe, Step, check_blob_binding
 from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 from statebackend._crashpoints import crashpoint
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
-from statebackend.errors import AlreadyExistsError, CorruptDataError, StateBackendError
+from statebackend.errors import (
+    AlreadyExistsError,
+    CorruptDataError,
+    IncompatibleFormatError,
+    NotFoundError,
+    StateBackendError,
+)
 from statebackend.store import ChangeSet, LocalStore, ReadView
 
 __all__ = ["ChangelogBackupManager", "delta_name", "snapshot_name"]
@@ -156,13 +171,37 @@ class ChangelogBackupManager(TaskBackupManager):
         for step in reversed(lineage.deltas):
             name = snapshot_name(lineage.prefix, step.seq, step.token)
             if name in finished:
-                lineage.base = Step(step.seq, step.checkpoint_id, step.token, name)
+                snapshot = Step(step.seq, step.checkpoint_id, step.token, name)
+                if not self._whole_and_bound(lineage, snapshot):
+                    continue
+                lineage.base = snapshot
                 lineage.deltas = [d for d in lineage.deltas if d.seq > step.seq]
                 lineage.uploaded.add(name)
                 lineage.commits_since_snapshot = len(lineage.deltas)
                 lineage.bytes_since_snapshot = 0
                 self.context.metrics.increment("changelog.snapshot.adopted")
                 return
+
+    def _whole_and_bound(self, lineage: _Lineage, snapshot: Step) -> bool:
+        """Whether the blob ``snapshot`` names is whole (header, end marker, body length: two ranged reads) and is
+        that snapshot (its header's lineage). Adopting a blob that is not would make every later checkpoint name it;
+        restore would then refuse them all."""
+        blob_store = self.context.blob_store
+        name = snapshot.name
+        assert name is not None
+        try:
+            size = blob_store.head(name).size
+            prefix = blob_store.get(name, start=0, end=HEADER_PREFIX_SIZE)
+            head = blob_store.get(name, start=0, end=header_size(prefix, name=name))
+            tail = blob_store.get(name, start=max(0, size - FOOTER_SIZE), end=size)
+            header = read_frame(head, tail, size, name=name)
+            check_blob_binding(header, snapshot, kind=KIND_SNAPSHOT, job=self.context.job_name,
+                               task=self.context.task_name, store=lineage.name)
+        except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
+            self.context.metrics.increment("changelog.snapshot.rejected")
+            log.warning("store %s: not adopting finished snapshot %s: %s", lineage.name, name, exc)
+            return False
+        return True
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}

@@ -61,6 +61,7 @@ __all__ = [
     "encode",
     "header_size",
     "iter_records",
+    "read_frame",
     "read_header",
     "verify",
     "write_file",
@@ -416,6 +417,25 @@ def header_size(prefix: bytes, *, name: str) -> int:
 def read_header(data: bytes, *, name: str) -> FileHeader:
     """The header of the file whose first bytes are ``data`` (the whole file, or at least its header)."""
     header, _, _ = _parse_header(data, name=name)
+    return header
+
+
+def read_frame(head: bytes, tail: bytes, size: int, *, name: str) -> FileHeader:
+    """The header of a file known by its first bytes ``head`` (at least :func:`header_size` of them), its last
+    FOOTER_SIZE bytes ``tail`` and its ``size``, with the frame checked: header CRC, end marker, and a footer body
+    length that matches ``size`` (a cut or half-written file fails). Not the digest: that needs the whole file. For a
+    writer deciding by two ranged reads whether a blob is whole and is the one it wrote."""
+    header, _, header_end = _parse_header(head, name=name)
+    if size < header_end + FOOTER_SIZE or len(tail) != FOOTER_SIZE:
+        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
+                               f"footer (header ends at byte {header_end})")
+    _, body_length, _, magic_end = _FOOTER.unpack(tail)
+    if magic_end != MAGIC_END:
+        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
+                               f"not completely written (truncated at byte {size}?)")
+    if body_length != size - FOOTER_SIZE - header_end:
+        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the file holds "
+                               f"{size - FOOTER_SIZE - header_end}; the file is truncated or corrupt")
     return header
 
 

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 
 import attrs
 
+from backends.changelog.format import KIND_DELTA, FileHeader
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
 from statebackend.store import LocalVersion
 
-__all__ = ["MARKER_FORMAT", "Recipe", "Step"]
+__all__ = ["MARKER_FORMAT", "Recipe", "Step", "check_blob_binding"]
 
 MARKER_FORMAT = 1
 
@@ -117,4 +118,22 @@ class Recipe:
         return cls(
             snapshot=None if snapshot is None else Step.from_json(snapshot, source),
             deltas=tuple(Step.from_json(d, source) for d in deltas),
+        )
+
+
+def check_blob_binding(header: FileHeader, step: Step, *, kind: str, job: str, task: str, store: str) -> None:
+    """Raise :class:`CorruptDataError` unless a delta or snapshot file's header says it is the blob ``step`` names:
+    the same kind, job, task, store, sequence number (and base), checkpoint id and flush token. A checksum proves a
+    file intact; this proves it is the right one (not an older blob of the store, nor another task's or store's,
+    written over the name)."""
+    base_seq = step.seq - 1 if kind == KIND_DELTA else step.seq
+    fields = "(kind, job, task, store, seq, base_seq, checkpoint_id, token)"
+    expected = (kind, job, task, store, step.seq, base_seq, step.checkpoint_id, step.token)
+    found = (header.kind, header.job, header.task, header.store, header.seq, header.base_seq, header.checkpoint_id,
+             header.token)
+    if expected != found:
+        raise CorruptDataError(
+            f"blob {step.name} is intact but is not the {kind} the checkpoint names: expected {fields}={expected}, "
+            f"found {found}; another file (an older one of this store, or another task's or store's) was written "
+            f"over it. Nothing of it was applied: restore an older checkpoint or from another backend's marker"
         )

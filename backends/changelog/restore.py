@@ -23,15 +23,15 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
-from backends.changelog.format import FileHeader, check_digest, iter_records
-from backends.changelog.marker import Recipe, Step
+from backends.changelog.format import KIND_DELTA, KIND_SNAPSHOT, FileHeader, check_digest, iter_records
+from backends.changelog.marker import Recipe, Step, check_blob_binding
 from checkpoint import CheckpointV2
 from statebackend.contracts import BackendContext, TaskRestoreManager
-from statebackend.errors import CorruptDataError, StateBackendError
+from statebackend.errors import NotFoundError, StateBackendError
 from statebackend.store import LocalStore
 
 __all__ = ["ChangelogRestoreManager"]
@@ -90,7 +90,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         to_apply = steps[start_index + 1:] if start_index is not None else list(recipe.deltas)
         # prefetch every delta in parallel while the snapshot (if any) loads
         downloads: dict[str, Future[bytes]] = {
-            step.name: pool.submit(self.context.blob_store.get, step.name) for step in to_apply
+            step.name: pool.submit(self._get, name, step.name, KIND_DELTA) for step in to_apply
             if step.name is not None and step is not recipe.snapshot
         }
         first_delta = recipe.deltas[0] if recipe.deltas else None
@@ -111,7 +111,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 metrics.increment("restore.bytes", len(data))
                 # digest first; records, order and count are checked while they are applied, inside one LMDB
                 # transaction that aborts on any failure: a bad delta is never applied, and is parsed only once
-                _check_lineage(check_digest(data, name=step.name), step, name, self.context, kind="delta")
+                _check_lineage(check_digest(data, name=step.name), step, name, self.context, kind=KIND_DELTA)
                 reader = iter_records(data, name=step.name, verified=True)
                 if start_index is None and step is first_delta and recipe.snapshot is None:
                     # the first delta on the empty store: a bulk load in append mode (its deletes are no-ops)
@@ -129,14 +129,26 @@ class ChangelogRestoreManager(TaskRestoreManager):
             return
         with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=".restore-") as tmp:
             local_copy = Path(tmp) / "snapshot"
-            size = self.context.blob_store.get_file(snapshot.name, local_copy)
+            size = self._get(name, snapshot.name, KIND_SNAPSHOT, into=local_copy)
             self.context.metrics.increment("restore.bytes", size)
             with open(local_copy, "rb") as source:
                 reader = iter_records(source, name=snapshot.name)
-                _check_lineage(reader.header, snapshot, name, self.context, kind="snapshot")
+                _check_lineage(reader.header, snapshot, name, self.context, kind=KIND_SNAPSHOT)
                 # streamed inside one transaction: a failed checksum at the end aborts it, nothing is loaded
                 # the reader refuses deletes in a snapshot: every value is bytes
                 store.replace_contents(cast("Iterable[tuple[bytes, bytes]]", reader), snapshot.version)
+
+    def _get(self, store: str, blob: str, kind: str, *, into: Path | None = None) -> Any:
+        """The bytes of ``blob`` (or its size, downloaded into ``into``); a missing blob names itself and what to do."""
+        blob_store = self.context.blob_store
+        try:
+            return blob_store.get(blob) if into is None else blob_store.get_file(blob, into)
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"store {store}: {kind} {blob} that the checkpoint's changelog recipe names is missing from "
+                f"{blob_store.describe()}; this checkpoint cannot be restored from changelog: restore an older "
+                f"checkpoint or from another backend's marker"
+            ) from exc
 
     def _check_interrupt(self, name: str) -> None:
         if self._interrupted.is_set():
@@ -150,10 +162,4 @@ def _puts_only(reader: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[b
 
 
 def _check_lineage(header: FileHeader, step: Step, store: str, context: BackendContext, *, kind: str) -> None:
-    expected = (kind, context.job_name, context.task_name, store, step.seq, step.token)
-    found = (header.kind, header.job, header.task, header.store, header.seq, header.token)
-    if expected != found:
-        raise CorruptDataError(
-            f"blob {step.name} is not the {kind} the checkpoint names: expected (kind, job, task, store, seq, token)"
-            f"={expected}, found {found}"
-        )
+    check_blob_binding(header, step, kind=kind, job=context.job_name, task=context.task_name, store=store)
