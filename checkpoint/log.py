@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 #: the largest seq that fits the fixed-width name (12 digits)
 MAX_SEQ = 10**12 - 1
 
+#: default delays (seconds) before each re-listing of a short listing: about 2.6 s in all before giving up
+RECHECK_DELAYS: tuple[float, ...] = (0.1, 0.5, 2.0)
+
 _NAME_RE = re.compile(r"^([0-9]{12})\.v([1-9][0-9]{0,5})\.json$")
 
 
@@ -125,7 +128,7 @@ class CheckpointLog:
     )
     retained: int = attrs.field(default=10, validator=_positive)
     #: delays (seconds) before re-listing when a listing is shorter than what is known to be durable
-    recheck_delays: tuple[float, ...] = (0.1, 0.5, 2.0)
+    recheck_delays: tuple[float, ...] = attrs.field(factory=lambda: RECHECK_DELAYS)
 
     @property
     def prefix(self) -> str:

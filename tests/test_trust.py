@@ -1,0 +1,397 @@
+"""The first invariant: a task gets back exactly the state of its last durable checkpoint, or a clear error.
+
+One test per way it was seen to break (fencing at open, speculative and zombie attempts, checkpoint integrity, a
+deleted newest checkpoint, short listings, a checkpoint write whose reply was lost, a stale failure re-raised, restore
+fallback). Deterministic: concurrency is driven by events, never by sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import checkpoint.log as checkpoint_log_module
+from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import (
+    CommitError,
+    CorruptDataError,
+    StateBackendError,
+    TransientStorageError,
+)
+from statebackend.task import TaskStorage
+from tests.contract.backend_contract import contents, write_round
+
+CHECKPOINTS = "job/task-0/checkpoints/"
+
+
+class HookedBlobStore(BlobStore):
+    """Wraps a store. ``on_get(name)`` / ``on_put(name, landed)`` run around reads and writes and may block or
+    raise; ``short_lists`` makes that many listings of the checkpoint log answer empty (a reply cut in its head)."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.supports_metadata = inner.supports_metadata
+        self.on_get: Callable[[str], None] = lambda name: None
+        self.on_put: Callable[[str, bool], None] = lambda name, landed: None
+        self.short_lists = 0
+        self._lock = threading.Lock()
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        self.on_put(name, False)
+        self.inner.put(name, data, create_only=create_only, metadata=metadata)
+        self.on_put(name, True)
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        self.on_get(name)
+        return self.inner.get(name, start=start, end=end)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        with self._lock:
+            short = self.short_lists > 0 and "/checkpoints/" in prefix
+            if short:
+                self.short_lists -= 1
+        return iter(()) if short else self.inner.list(prefix)
+
+    def head(self, name: str) -> BlobInfo:
+        return self.inner.head(name)
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        self.inner.set_metadata(name, metadata)
+
+
+def config_for(local: Path, factories: str = "changelog", **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "job.name": "job",
+        "state.local.dir": str(local),
+        "blob.store.url": f"memory://{uuid.uuid4().hex}",
+        "stores.counts.backup.factories": factories,
+        "changelog.snapshot.interval.commits": 1000,  # deltas only: a restore reads every delta
+    }
+    config.update(extra)
+    return config
+
+
+@pytest.fixture(autouse=True)
+def fast_rechecks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No waiting between re-listings of a short listing (the number of re-listings stays the default)."""
+    monkeypatch.setattr(checkpoint_log_module, "RECHECK_DELAYS", (0.0, 0.0, 0.0), raising=False)
+
+
+# -- 1. fencing ---------------------------------------------------------------------------------------------------
+
+
+def test_attempt_whose_restore_overlaps_another_attempts_commit_is_fenced(tmp_path: Path) -> None:
+    """Seen: the new attempt took its seq from a listing after its restore and wrote n+2 on top of state n, so the
+    other attempt's acknowledged n+1 silently dropped out of the history."""
+    blobs = HookedBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path / "a")
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+
+    restoring, release = threading.Event(), threading.Event()
+
+    def hold_restore(name: str) -> None:
+        if "/changelog/" in name and not release.is_set():
+            restoring.set()
+            assert release.wait(30)
+
+    blobs.on_get = hold_restore
+    with ThreadPoolExecutor(1) as pool:
+        # attempt A: a fresh machine, so it downloads (and is held in the middle of its restore)
+        opening = pool.submit(TaskStorage.open, config_for(tmp_path / "b", **_same_url(config)), "task-0",
+                              blob_store=blobs)
+        assert restoring.wait(30)
+        # attempt B commits n+1 while A restores
+        other_model = dict(model)
+        with TaskStorage.open(config, "task-0", blob_store=HookedBlobStore(blobs.inner)) as other:
+            write_round(other, 1, other_model)
+            acknowledged = other.commit_durably({"input": "B"})
+        release.set()
+        late = opening.result(timeout=30)
+    with late:
+        assert contents(late) == model  # A restored n
+        write_round(late, 2, dict(model))
+        with pytest.raises(CommitError, match="another attempt") as raised:
+            late.commit_durably({"input": "A"})
+        assert type(raised.value).__name__ == "CommitConflictError"
+    # B's acknowledged commit is the newest checkpoint, and it restores exactly
+    with TaskStorage.open(config_for(tmp_path / "c", **_same_url(config)), "task-0", blob_store=blobs.inner) as check:
+        assert check.restored == acknowledged
+        assert contents(check) == other_model
+
+
+def _same_url(config: dict[str, Any]) -> dict[str, Any]:
+    return {"blob.store.url": config["blob.store.url"]}
+
+
+def test_two_speculative_attempts_one_wins_the_other_is_fenced(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path / "base")
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+    first = TaskStorage.open(config_for(tmp_path / "1", **_same_url(config)), "task-0", blob_store=blobs)
+    second = TaskStorage.open(config_for(tmp_path / "2", **_same_url(config)), "task-0", blob_store=blobs)
+    with first, second:
+        models = [dict(model), dict(model)]
+        write_round(first, 1, models[0])
+        write_round(second, 2, models[1])
+        winner = first.commit_durably({"input": "first"})
+        with pytest.raises(CommitError, match="another attempt"):
+            second.commit_durably({"input": "second"})
+        with pytest.raises(CommitError, match="another attempt"):  # and every later commit of the fenced attempt
+            second.commit_durably({"input": "second-again"})
+    with TaskStorage.open(config_for(tmp_path / "check", **_same_url(config)), "task-0", blob_store=blobs) as check:
+        assert check.restored == winner
+        assert contents(check) == models[0]
+
+
+def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_nothing(tmp_path: Path) -> None:
+    """Retention (keep 1) frees the zombie's seq after the new owner's commits: the create-only write alone would
+    succeed there, below the head, and acknowledge a commit that is not in the history."""
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path / "owner", **{"task.checkpoint.retained": 1})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+    zombie = TaskStorage.open(config_for(tmp_path / "zombie", **_same_url(config), **{"task.checkpoint.retained": 1}),
+                              "task-0", blob_store=blobs)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as owner:
+        for n in range(1, 5):
+            write_round(owner, n, model)
+            last = owner.commit_durably({"input": str(n)})
+        owner.commit_manager.close()  # retention has run
+    with zombie:
+        write_round(zombie, 9, {})
+        with pytest.raises(CommitError, match="another attempt"):
+            zombie.commit_durably({"input": "zombie"})
+    names = sorted(blobs.list(CHECKPOINTS))
+    assert not any(name.startswith(f"{CHECKPOINTS}000000000002.") for name in names), names
+    with TaskStorage.open(config_for(tmp_path / "check", **_same_url(config)), "task-0", blob_store=blobs) as check:
+        assert check.restored == last
+        assert contents(check) == model
+
+
+# -- 2. checkpoint integrity ----------------------------------------------------------------------------------------
+
+
+def test_changed_digit_in_a_checkpoints_offsets_is_refused(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, {})
+        task.commit_durably({"input": "1234"})
+    name = f"{CHECKPOINTS}000000000001.v2.json"
+    blobs.put(name, blobs.get(name).replace(b'"1234"', b'"1284"'))
+    with pytest.raises(CorruptDataError, match=re.escape(name)):
+        TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
+
+
+@pytest.mark.parametrize("swap", ["older", "other_task"])
+def test_checkpoint_blob_put_under_another_name_is_refused(tmp_path: Path, swap: str) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path)
+    for task_name in ("task-0", "task-1"):
+        with TaskStorage.open(config, task_name, blob_store=blobs) as task:
+            for n in range(2):
+                write_round(task, n, {})
+                task.commit_durably({"input": str(n)})
+    newest = f"{CHECKPOINTS}000000000002.v2.json"
+    source = f"{CHECKPOINTS}000000000001.v2.json" if swap == "older" else "job/task-1/checkpoints/000000000002.v2.json"
+    blobs.put(newest, blobs.get(source))
+    with pytest.raises(CorruptDataError, match="not checkpoint #2 of task 'task-0'"):
+        TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
+
+
+def test_deleted_newest_checkpoint_is_detected_from_local_knowledge_not_rolled_back(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for n in range(3):
+            write_round(task, n, model)
+            task.commit_durably({"input": str(n)})
+    newest = f"{CHECKPOINTS}000000000003.v2.json"
+    kept = blobs.get(newest)
+    blobs.delete(newest)
+    with pytest.raises(StateBackendError, match="#3 of this task is known to be durable") as raised:
+        TaskStorage.open(config, "task-0", blob_store=blobs)
+    assert type(raised.value).__name__ == "InconsistentStateError"
+    # nothing was cleared or rolled back: with the blob back, the same local state opens at checkpoint 3
+    blobs.put(newest, kept)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.restored is not None and task.restored.input_offsets == {"input": "2"}
+        assert contents(task) == model
+
+
+# -- 4. short listings ----------------------------------------------------------------------------------------------
+
+
+def test_empty_listing_once_is_listed_again_and_restores_exactly(tmp_path: Path) -> None:
+    blobs = HookedBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for n in range(3):
+            write_round(task, n, model)
+            latest = task.commit_durably({"input": str(n)})
+    blobs.short_lists = 1
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.restored == latest
+        assert contents(task) == model
+        write_round(task, 3, model)
+        task.commit_durably({"input": "3"})
+    with TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
+        assert contents(check) == model
+
+
+def test_listing_that_stays_empty_never_starts_empty_nor_clears_local_data(tmp_path: Path) -> None:
+    """Seen on s3://: one cut reply read as an empty page; the task restored nothing, cleared its local copy, and its
+    next commit durably wrote a new newest checkpoint with almost no state."""
+    blobs = HookedBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for n in range(3):
+            write_round(task, n, model)
+            latest = task.commit_durably({"input": str(n)})
+    blobs.short_lists = 100
+    with pytest.raises(StateBackendError, match="known to be durable") as raised:
+        TaskStorage.open(config, "task-0", blob_store=blobs)
+    assert type(raised.value).__name__ == "InconsistentStateError"
+    assert sorted(blobs.inner.list(CHECKPOINTS))[-1].startswith(f"{CHECKPOINTS}000000000003.")  # nothing written
+    blobs.short_lists = 0
+    reads: list[str] = []
+    blobs.on_get = lambda name: reads.append(name) if "/changelog/" in name else None
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.restored == latest
+        assert contents(task) == model
+    assert reads == []  # the local copy was kept: nothing downloaded
+
+
+# -- 5. a checkpoint write that landed but whose reply was lost -----------------------------------------------------
+
+
+def test_checkpoint_put_that_landed_with_its_reply_lost_is_no_conflict(tmp_path: Path) -> None:
+    """Seen: reported at the next commit as 'already committed by another attempt', and every commit after it
+    refused until the task was reopened."""
+    blobs = HookedBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    lose = {"left": 0}
+
+    def lose_reply(name: str, landed: bool) -> None:
+        if landed and "/checkpoints/" in name and lose["left"] > 0:
+            lose["left"] -= 1
+            raise TransientStorageError(f"connection reset after the server stored {name}")
+
+    blobs.on_put = lose_reply
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        write_round(task, 1, model)
+        lose["left"] = 1
+        with pytest.raises(CommitError, match="connection reset"):
+            task.commit_durably({"input": "1"})
+        write_round(task, 2, model)
+        latest = task.commit_durably({"input": "2"})
+        write_round(task, 3, model)
+        latest = task.commit_durably({"input": "3"})
+        assert task.metrics.counter("commit.conflicts") == 0
+    with TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
+        assert check.restored == latest
+        assert contents(check) == model
+        assert check.checkpoint_log.seqs()[-1] == 4  # seq 2 landed and was kept; 3 and 4 followed it
+
+
+# -- 6. a failure is reported once ------------------------------------------------------------------------------------
+
+
+def test_commit_durably_after_a_failure_commits_anew(tmp_path: Path) -> None:
+    blobs = HookedBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    outage = {"on": False}
+
+    def fail_while_out(name: str, landed: bool) -> None:
+        if outage["on"] and not landed:
+            raise TransientStorageError(f"blob store unreachable writing {name}")
+
+    blobs.on_put = fail_while_out
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        outage["on"] = True
+        write_round(task, 1, model)
+        with pytest.raises(CommitError, match="unreachable"):
+            task.commit_durably({"input": "1"})
+        outage["on"] = False
+        write_round(task, 2, model)
+        durable = task.commit_durably({"input": "2"})  # seen: raised the stale outage error instead
+        assert durable.input_offsets == {"input": "2"}
+    with TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
+        assert check.restored == durable
+        assert contents(check) == model
+
+
+# -- 9. restore falls back through restore.factories ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["missing", "flipped"])
+def test_restore_falls_back_to_the_next_backend_with_a_marker(
+    tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, "changelog,blobsnapshot",
+                        **{"stores.counts.restore.factories": "changelog,blobsnapshot"})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for n in range(3):
+            write_round(task, n, model)
+            latest = task.commit_durably({"input": str(n)})
+    deltas = sorted(name for name in blobs.list("job/task-0/counts/changelog/") if name.endswith(".delta"))
+    assert deltas
+    if damage == "missing":
+        blobs.delete(deltas[0])
+    else:
+        data = bytearray(blobs.get(deltas[0]))
+        data[len(data) // 2] ^= 0x40
+        blobs.put(deltas[0], bytes(data))
+    with caplog.at_level(logging.ERROR, logger="statebackend.task"), TaskStorage.open(
+        config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
+    ) as task:
+        assert task.restored == latest
+        assert contents(task) == model
+    assert any("falling back to the blobsnapshot backend" in r.getMessage() for r in caplog.records)
+
+
+def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, "changelog,blobsnapshot")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, {})
+        task.commit_durably({"input": "0"})
+    for name in list(blobs.list("job/task-0/counts/")):
+        if name.endswith(".delta") or "/index/" in name or "/indexes/" in name:
+            blobs.delete(name)
+    with pytest.raises(StateBackendError, match="changelog: .*blobsnapshot: "):
+        TaskStorage.open(config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0",
+                         blob_store=blobs)
