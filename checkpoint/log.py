@@ -129,6 +129,13 @@ class CheckpointLog:
     retained: int = attrs.field(default=10, validator=_positive)
     #: delays (seconds) before re-listing when a listing is shorter than what is known to be durable
     recheck_delays: tuple[float, ...] = attrs.field(factory=lambda: RECHECK_DELAYS)
+    #: the newest seq known durable (restored or committed by this task, or named by its local CHECKPOINT-V2):
+    #: every listing through this log must reach it (raised by the task as it learns; never lowered)
+    floor: int = attrs.field(default=0, kw_only=True)
+
+    def raise_floor(self, seq: int) -> None:
+        """Record that ``seq`` is known durable: later listings that show less are faults."""
+        self.floor = max(self.floor, seq)
 
     @property
     def prefix(self) -> str:
@@ -289,6 +296,7 @@ class CheckpointLog:
     def _listing(self, at_least: int = 0) -> Listing:
         """seq -> versions present. When ``at_least`` is above what a listing shows, re-list after
         ``recheck_delays``; :class:`InconsistentStateError` if it never reaches it."""
+        at_least = max(at_least, self.floor)
         listing = self._list_once()
         for delay in self.recheck_delays:
             if max(listing, default=0) >= at_least:
@@ -305,7 +313,7 @@ class CheckpointLog:
         raise InconsistentStateError(
             f"checkpoint log {self.prefix} in {self.blob_store.describe()} shows checkpoints up to "
             f"#{max(listing, default=0)}, but checkpoint #{at_least} of this task is known to be durable (the task's "
-            f"local CHECKPOINT-V2 file or the checkpoint it restored says so). Either the blob store answers short "
+            f"local CHECKPOINT-V2 file, the checkpoint it restored or its own commit says so). Either the blob store answers short "
             f"(retry later), or checkpoints were deleted or the blob store URL points at another copy. Nothing was "
             f"restored, cleared or written. If the state was removed on purpose, delete the task's local dir too"
         )

@@ -325,6 +325,7 @@ class TaskCommitManager:
         # The checkpoint is durable from here on: whatever fails below is reported, never taken for a failed commit
         # (that would retry the same, taken, sequence number).
         self.next_seq = pending.seq + 1
+        self.checkpoint_log.raise_floor(pending.seq)
         self.last_checkpoint = checkpoint
         self._failures_in_a_row = 0
         crashpoint("commit.after_checkpoint_write")

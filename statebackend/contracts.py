@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
-    from checkpoint import CheckpointId, CheckpointV2
+    from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
     from statebackend.blobstore import BlobStore
     from statebackend.config import Settings
     from statebackend.metrics import Metrics
@@ -55,6 +55,9 @@ class BackendContext:
     metrics: Metrics
     #: this backend's own ``<factory>.*`` settings, already validated by the factory's ``options`` schema
     options: Mapping[str, Any] = attrs.field(factory=dict)
+    #: the task's checkpoint log, for a backend's mark phase: its listings never show less than the newest checkpoint
+    #: the task knows durable (its ``floor``), so a short listing is a fault, never "nothing is referenced"
+    checkpoint_log: CheckpointLog | None = None
 
     def blob_prefix(self, store_name: str) -> str:
         """Where this backend keeps one store's blobs: ``<job>/<task>/<store>/<factory>/``."""

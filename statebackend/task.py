@@ -133,6 +133,7 @@ class TaskStorage:
             known = known_durable_seq(settings.local_dir, settings.job_name, task_name, list(stores))
             entry, head = _choose_checkpoint(checkpoint_log, checkpoint, known, fence_seq)
             restored = _as_v2(entry)
+            checkpoint_log.raise_floor(max(known, entry.seq if entry is not None else 0))
 
             def context(factory_name: str, store_names: list[str]) -> BackendContext:
                 return BackendContext(
@@ -145,6 +146,7 @@ class TaskStorage:
                     executor=executor,
                     metrics=metrics,
                     options=settings.backend_options_for(factory_name),
+                    checkpoint_log=checkpoint_log,
                 )
 
             started = time.monotonic()
