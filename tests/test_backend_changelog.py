@@ -288,3 +288,52 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
 
+
+
+def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp_path: Path) -> None:
+    """A slow network: the background snapshot's upload is held while later commits become durable and clean up.
+    Their cleanups must leave its staged file alone (before, they deleted it, the upload failed, and on a network
+    that is always this slow every snapshot failed and the delta chain grew without bound)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from backends.changelog.backup import STAGING_DIR, ChangelogBackupManager
+    from backends.changelog.marker import Recipe
+
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 0})
+    model: dict[bytes, bytes] = {}
+    # one pool thread: a commit's cleanup runs before the next commit's upload (FIFO), so when a commit is durable
+    # the previous commit's cleanup has run
+    with ThreadPoolExecutor(1) as pool, TaskStorage.open(config, "task-0", blob_store=blobs, executor=pool) as task:
+        manager = next(b.manager for b in task.commit_manager.backups)
+        assert isinstance(manager, ChangelogBackupManager)
+        lineage = manager._lineages["counts"]  # the test waits on the backend's own background future
+        blobs.hold = lambda name: "/snapshot/" in name
+        try:
+            for round_no in range(2):  # the second commit starts a background snapshot
+                write_round(task, round_no, model)
+                task.commit_durably({"input": str(round_no)})
+            assert blobs.held.wait(30), "the background snapshot never started uploading"
+            (snapshot_blob,) = [name for name in blobs.put_names if "/snapshot/" in name]
+            staged = Path(task.stores["counts"].path) / STAGING_DIR / snapshot_blob.rsplit("/", 1)[-1]
+            for round_no in range(2, 5):  # durable commits past the snapshot's seq, each followed by its cleanup
+                write_round(task, round_no, model)
+                task.commit_durably({"input": str(round_no)})
+            pool.submit(lambda: None).result(timeout=30)  # the last commit's cleanup has run too
+            assert task.metrics.counter("commit.cleanup.failures") == 0
+            assert staged.exists(), "cleanup deleted the staged file of a snapshot that is still uploading"
+        finally:  # a failing assertion must not leave the upload held until its own timeout
+            blobs.release.set()
+        background = lineage.background
+        assert background is not None
+        assert background.exception(timeout=30) is None
+        write_round(task, 5, model)
+        checkpoint = task.commit_durably({"input": "5"})
+        assert task.metrics.counter("changelog.snapshot.failures") == 0
+        assert task.metrics.counter("changelog.snapshot.adopted") == 1
+        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+        assert recipe.snapshot is not None and recipe.snapshot.seq == 2
+    assert not staged.exists()  # uploaded, then removed by the upload itself
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model

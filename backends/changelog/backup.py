@@ -25,9 +25,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import deque
-from collections.abc import Iterable, Mapping
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -112,6 +113,9 @@ class _Lineage:
     background: Future[Step] | None = None
     #: the blob the running background snapshot writes (never swept while it runs)
     background_name: str | None = None
+    #: staged file names being written or uploaded (by an upload or the background snapshot): cleanup never deletes
+    #: them, whatever their seq (a counter: the same name may be in two hands)
+    in_flight: Counter[str] = attrs.field(factory=Counter)
     retained: deque[Recipe] = attrs.field(factory=deque)
     #: blobs no retained checkpoint needs that are not deleted yet
     garbage: set[str] = attrs.field(factory=set)
@@ -294,13 +298,17 @@ class ChangelogBackupManager(TaskBackupManager):
 
     def _drop_abandoned_staged_files(self, lineage: _Lineage, durable: Recipe) -> None:
         """Staged deltas a re-base or an adopted snapshot left behind: at or below the durable head and not in its
-        recipe, no future commit uploads them (files above the head may belong to the commit now running)."""
+        recipe, no future commit uploads them (files above the head may belong to the commit now running). A file in
+        flight (being written or uploaded: a background snapshot's, whose seq is below the head while it uploads on
+        a slow network) is never deleted."""
         needed = {Path(name).name for name in durable.blob_names()}
         for staged in list(lineage.staging.iterdir()):
             seq = _seq_of(staged.name)
             if staged.name.endswith(".partial") or seq is None or seq > durable.seq or staged.name in needed:
                 continue
-            staged.unlink(missing_ok=True)
+            with lineage.lock:  # registered before it is written, so a file listed here is either in flight or not
+                if lineage.in_flight[staged.name] == 0:
+                    staged.unlink(missing_ok=True)
 
     def _checkpoint_log(self) -> CheckpointLog:
         settings = self.context.settings
@@ -338,6 +346,24 @@ class ChangelogBackupManager(TaskBackupManager):
 
     def _upload_store(self, lineage: _Lineage, marker: str) -> str:
         recipe = Recipe.decode(marker, source=f"store {lineage.name}")
+        # every file this upload stages or re-sends is in flight until it returns: cleanup leaves them alone
+        with self._in_flight(lineage, [Path(name).name for name in recipe.blob_names()]):
+            return self._upload_recipe(lineage, recipe, marker)
+
+    @contextmanager
+    def _in_flight(self, lineage: _Lineage, names: list[str]) -> Iterator[None]:
+        with lineage.lock:
+            lineage.in_flight.update(names)
+        try:
+            yield
+        finally:
+            with lineage.lock:
+                lineage.in_flight.subtract(names)
+                for name in names:
+                    if lineage.in_flight[name] <= 0:
+                        del lineage.in_flight[name]
+
+    def _upload_recipe(self, lineage: _Lineage, recipe: Recipe, marker: str) -> str:
         metrics = self.context.metrics
         with lineage.lock:
             view_future, lineage.rebase_view = lineage.rebase_view, None
@@ -467,7 +493,10 @@ class ChangelogBackupManager(TaskBackupManager):
     def _background_snapshot(self, lineage: _Lineage, view_future: Future[ReadView], step: Step, name: str) -> Step:
         view = view_future.result()
         try:
-            self._write_and_upload(lineage, step, "snapshot", view.items(), name)
+            # in flight while it is written and uploaded: on a slow network, commits past its seq become durable
+            # meanwhile, and their cleanups must not take it for a file a re-base left behind
+            with self._in_flight(lineage, [Path(name).name]):
+                self._write_and_upload(lineage, step, "snapshot", view.items(), name)
             crashpoint("changelog.background_snapshot.uploaded")
         finally:
             view.close()
