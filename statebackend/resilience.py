@@ -9,11 +9,16 @@ Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
 - Hedging (``hedge_after_s > 0``) applies to reads and idempotent writes: while the newest attempt has run longer
   than ``hedge_after_s``, one more attempt is started in parallel, at most ``max_hedges`` per request. The first
   success wins; the other attempts' results are discarded.
-- A create-only put that gets :class:`AlreadyExistsError` after more than one of its own attempts was started (a
-  hedge, or a retry after a timeout or a dropped response) may be seeing its own earlier write. It reads the blob
-  back and counts as success only if the stored bytes (and metadata, where kept) equal what it wrote; otherwise the
-  error stands. Equal bytes from another writer are indistinguishable from ours and harmless: names in this project
-  are deterministic or content-addressed, so the same name with the same bytes is the same blob.
+- A create-only write whose reply may have been lost is resolved by reading the blob back: (a) when it gets
+  :class:`AlreadyExistsError` after more than one of its own attempts was started (a hedge, or a retry after a
+  timeout, a reset or a cut reply: the name may hold its own earlier write), and (b) when its last attempt failed
+  with a :class:`TransientStorageError` (the write may have landed before the reply was lost). The stored bytes and
+  metadata (where kept) equal to what it wrote: success. Other bytes: :class:`AlreadyExistsError`. Absent (case b):
+  the transient error stands. The read-back itself failing: :class:`TransientStorageError` (undecided; never a
+  false "taken"). Equal bytes from another writer are indistinguishable from ours and harmless: names in this
+  project are deterministic or content-addressed, so the same name with the same bytes is the same blob. A first
+  and only attempt refused with :class:`AlreadyExistsError` stands: nothing of this call could have landed.
+- Every error leaves with its ``__cause__``/``__context__`` chain scrubbed (statebackend.redact.scrub_chain).
 - Hedged or retried *overwrites* may land late (an abandoned attempt can reach the server after the call returned):
   safe because this project never rewrites a name with different bytes; see docs/blobstores.md.
 
@@ -37,8 +42,9 @@ from typing import Any, BinaryIO, TypeVar
 import attrs
 
 from statebackend.blobstore import BlobInfo, BlobStore
-from statebackend.errors import AlreadyExistsError, ConfigError, TransientStorageError
+from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, TransientStorageError
 from statebackend.metrics import Metrics
+from statebackend.redact import scrub_chain
 
 __all__ = [
     "Resilience",
@@ -60,6 +66,9 @@ METRIC_HEDGES = "blob_store.hedges"
 METRIC_TIMEOUTS = "blob_store.attempt_timeouts"
 METRIC_LATENCY = "blob_store.latency_s"
 METRIC_FAILURES = "blob_store.failed_requests"
+METRIC_READ_BACKS = "blob_store.create_only_read_backs"
+
+_OURS, _OTHER, _ABSENT, _UNKNOWN = "ours", "other", "absent", "unknown"
 
 
 @attrs.frozen
@@ -120,7 +129,8 @@ class Resilience:
 
         ``hedge``: the operation is a read or an idempotent write, so parallel attempts are allowed.
         ``is_own_write``: for create-only writes; called when :class:`AlreadyExistsError` follows more than one
-        attempt of ours, returns whether the stored blob is exactly what we wrote (then the call succeeds).
+        attempt of ours, or when the last attempt failed with a transient error; returns whether the stored blob is
+        exactly what we wrote (then the call succeeds), raises :class:`NotFoundError` when there is none.
         """
         settings = self.settings
         started = self.clock()
@@ -201,24 +211,39 @@ class Resilience:
                 if ok:
                     finish("ok")
                     return value  # type: ignore[no-any-return]
-                if (
-                    isinstance(value, AlreadyExistsError)
-                    and is_own_write is not None
-                    and launched > 1
-                    and self._stored_is_ours(is_own_write)
-                ):
-                    finish("ok")
-                    return None  # type: ignore[return-value]
+                if isinstance(value, AlreadyExistsError) and is_own_write is not None and launched > 1:
+                    verdict = self._read_back(is_own_write)
+                    if verdict == _OURS:
+                        finish("ok")
+                        return None  # type: ignore[return-value]
+                    finish("error")
+                    if verdict == _UNKNOWN:
+                        raise self._undecided(operation, value)
+                    raise scrub_chain(value)
                 if not isinstance(value, TransientStorageError):
                     finish("error")
-                    raise value
+                    raise scrub_chain(value)
                 last_error = value
                 if in_flight - timed_out:
                     continue  # a parallel attempt is still running: let it answer before retrying
             if launched - hedges >= settings.max_attempts:
-                finish("error")
                 assert last_error is not None
-                raise last_error
+                if is_own_write is not None:
+                    # the write may have landed before its reply was lost: the stored blob decides
+                    verdict = self._read_back(is_own_write)
+                    if verdict == _OURS:
+                        finish("ok")
+                        return None  # type: ignore[return-value]
+                    if verdict == _OTHER:
+                        finish("error")
+                        taken = AlreadyExistsError(
+                            f"{operation}: the name is taken by other bytes (found by reading back after the last "
+                            f"attempt failed: {last_error})"
+                        )
+                        taken.__cause__ = last_error
+                        raise scrub_chain(taken)
+                finish("error")
+                raise scrub_chain(last_error)
             delay = self.backoff_s(retries)
             retries += 1
             self._count(METRIC_RETRIES)
@@ -236,12 +261,25 @@ class Resilience:
                     return value  # type: ignore[no-any-return]
             launch()
 
-    def _stored_is_ours(self, is_own_write: Callable[[], bool]) -> bool:
+    def _read_back(self, is_own_write: Callable[[], bool]) -> str:
+        """Whether the stored blob is ours, another's, absent, or unknown (the read-back failed)."""
+        self._count(METRIC_READ_BACKS)
         try:
-            return is_own_write()
-        except Exception:  # noqa: BLE001 - a failed check means we cannot claim the blob
+            return _OURS if is_own_write() else _OTHER
+        except NotFoundError:
+            return _ABSENT
+        except Exception:  # noqa: BLE001 - a failed check decides nothing
             _log.debug("could not read back a create-only blob to compare", exc_info=True)
-            return False
+            return _UNKNOWN
+
+    @staticmethod
+    def _undecided(operation: str, taken: AlreadyExistsError) -> TransientStorageError:
+        error = TransientStorageError(
+            f"{operation}: the create-only write found its name taken after a lost reply and could not read the blob "
+            "back to tell whether it is its own; retry it"
+        )
+        error.__cause__ = taken
+        return scrub_chain(error)  # type: ignore[return-value]
 
     def _count(self, name: str) -> None:
         if self.metrics is not None:
@@ -345,8 +383,8 @@ class ResilientBlobStore(BlobStore):
             # read back through the retries: the check itself may meet the same flaky network
             if self.get(name) != payload:
                 return False
-            if metadata and self.inner.supports_metadata:
-                return dict(self.head(name).metadata) == dict(metadata)
+            if self.inner.supports_metadata:
+                return dict(self.head(name).metadata) == dict(metadata or {})
             return True
 
         self.resilience.call(

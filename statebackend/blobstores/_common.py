@@ -1,6 +1,7 @@
 """Helpers shared by the remote blob stores (azure, s3): their common base (requests through the resilience layer,
-small-file puts, parallel ranged downloads, comparing a stored blob with a local file), the per-process part pool,
-part ranges, keeping secrets out of messages, and the known option keys."""
+small-file puts, parallel ranged downloads, comparing a stored blob with a local file and metadata), the SDK boundary
+that guarantees no SDK or stdlib exception (nor its raw text) reaches a caller, the per-process part pool, part
+ranges, and the known option keys."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from statebackend.blobstore import BlobStore
-from statebackend.errors import ConfigError
+from statebackend.errors import ConfigError, StateBackendError, StorageError
+from statebackend.redact import redact, sanitized, scrub_chain
 
 if TYPE_CHECKING:
     from statebackend.resilience import Resilience
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: every ``blob.store.*`` option (without the prefix) the azure and s3 stores read
 KNOWN_OPTIONS = frozenset(
@@ -123,12 +126,29 @@ def file_equals(chunks: Iterator[bytes], path: str | os.PathLike[str]) -> bool:
         return f.read(1) == b""
 
 
-def redact(text: str, secrets: Iterable[str | None]) -> str:
-    """``text`` with every secret (account key, connection string, SAS token) replaced by ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 4:
-            text = text.replace(secret, "***")
-    return text
+def sdk_boundary(method: F) -> F:
+    """Decorates a public method of a :class:`PartedBlobStore`: a statebackend error leaves with its chain scrubbed
+    (no raw SDK exception, no secret in ``__cause__``/``__context__``); any other exception, which the store's
+    translation did not expect, leaves as a :class:`StorageError` chained to a sanitized stand-in."""
+
+    @functools.wraps(method)
+    def wrapper(self: PartedBlobStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except StateBackendError as err:
+            scrub_chain(err, self._secrets())
+            raise
+        except Exception as exc:  # noqa: BLE001 - translated below, outside the handler (no raw __context__)
+            secrets = self._secrets()
+            error = StorageError(
+                f"unexpected {type(exc).__name__} from {method.__name__} in {self.describe()}: "
+                f"{redact(exc, secrets)}; not retried (please report it with this message)"
+            )
+            error.__cause__ = sanitized(exc, secrets)
+            error.__suppress_context__ = True
+        raise error
+
+    return cast(F, wrapper)
 
 
 class PartedBlobStore(BlobStore):
@@ -146,6 +166,10 @@ class PartedBlobStore(BlobStore):
             return attempt()
         return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
 
+    def _secrets(self) -> tuple[str, ...]:
+        """The secrets this store's messages must never show (registered globally too)."""
+        return ()
+
     def _put_small_file(
         self, name: str, path: str | os.PathLike[str], create_only: bool, metadata: Mapping[str, str] | None
     ) -> bool:
@@ -154,10 +178,19 @@ class PartedBlobStore(BlobStore):
             return False
         with open(path, "rb") as f:
             data = f.read()
-        own = (lambda: self._request("get", lambda: self.get(name), True) == data) if create_only else None
-        self._request("put", lambda: self.put(name, data, create_only=create_only, metadata=metadata), True, own)
+
+        def own() -> bool:
+            return self._request("get", lambda: self.get(name), True) == data and self._metadata_equals(name, metadata)
+
+        self._request(
+            "put",
+            lambda: self.put(name, data, create_only=create_only, metadata=metadata),
+            True,
+            own if create_only else None,
+        )
         return True
 
+    @sdk_boundary
     def get_into(self, name: str, out: BinaryIO) -> int:
         size = self._request("head", lambda: self.head(name), True).size
         if size <= self.part_size:
@@ -173,9 +206,19 @@ class PartedBlobStore(BlobStore):
             self.max_concurrency,
         )
 
-    def _stored_equals_file(self, name: str, size: int, path: str | os.PathLike[str]) -> bool:
-        """Whether the stored blob is byte for byte the local file (read back in parts, each retried)."""
-        if self._request("head", lambda: self.head(name), True).size != size:
+    def _metadata_equals(self, name: str, metadata: Mapping[str, str] | None) -> bool:
+        """Whether the stored blob's user metadata is exactly ``metadata`` (a read-back of a create-only write)."""
+        if not self.supports_metadata:
+            return True
+        return dict(self._request("head", lambda: self.head(name), True).metadata) == dict(metadata or {})
+
+    def _stored_equals_file(
+        self, name: str, size: int, path: str | os.PathLike[str], metadata: Mapping[str, str] | None
+    ) -> bool:
+        """Whether the stored blob is byte for byte the local file, with exactly ``metadata`` (read back in parts,
+        each retried)."""
+        info = self._request("head", lambda: self.head(name), True)
+        if info.size != size or (self.supports_metadata and dict(info.metadata) != dict(metadata or {})):
             return False
         chunks = (
             self._request("get_range", functools.partial(self.get, name, start=s, end=e), True)

@@ -7,19 +7,27 @@ Contract (the BlobStore contract of statebackend.blobstore, plus):
   :class:`AlreadyExistsError`. Large files are staged as blocks in parallel and committed with one
   ``Put Block List`` carrying the same condition, so a create-only large upload is atomic and create-only too.
 - An absent blob is :class:`NotFoundError`; a missing container, a refused credential or a bad request is
-  :class:`StorageError` saying what to fix; throttling (429, 503), other 5xx, resets and timeouts are
-  :class:`TransientStorageError`. No SDK exception reaches a caller.
+  :class:`StorageError` saying what to fix; throttling (429, 503), other 5xx, resets, timeouts, replies cut short
+  (no status code: ``IncompleteReadError``) and replies cut inside their head or missing a mandatory field (the
+  SDK's ``DeserializationError``, ``AttributeError``, ``ValueError``, ``KeyError``, ``TypeError``; a listing page
+  that does not echo its container and prefix; a download shorter than its Content-Length) are
+  :class:`TransientStorageError`. No SDK or stdlib exception reaches a caller, and errors are chained to sanitized
+  stand-ins (statebackend.redact), never to the SDK's exception.
 - The SDK's own retries are off: :class:`~statebackend.resilience.ResilientBlobStore` (which ``from_url`` returns)
   does retries, hedging and timeouts, per block for large transfers.
-- Credentials (connection string, account key, SAS) are never logged, never in ``repr`` and never in a message.
+- Credentials (connection string, account key, SAS, credential objects) are never logged, never in ``repr`` and
+  never in a message: they are registered with statebackend.redact, whose filter also guards the SDK's loggers.
 """
 
 from __future__ import annotations
 
 import base64
+import builtins
 import functools
+import http.client
 import logging
 import os
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -34,15 +42,24 @@ from statebackend.blobstores._common import (
     check_options,
     part_pool,
     part_ranges,
-    redact,
     run_parallel,
+    sdk_boundary,
 )
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
     NotFoundError,
+    StateBackendError,
     StorageError,
     TransientStorageError,
+)
+from statebackend.redact import (
+    connection_string_secrets,
+    credential_secrets,
+    protect_sdk_loggers,
+    redact,
+    sanitized,
+    url_has_userinfo,
 )
 from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 
@@ -50,6 +67,8 @@ try:
     from azure.core import MatchConditions
     from azure.core import exceptions as azure_errors
     from azure.storage.blob import BlobServiceClient
+    from requests import exceptions as requests_errors
+    from urllib3 import exceptions as urllib3_errors
 except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
     raise ImportError("az:// needs azure-storage-blob: pip install 'statebackend[azure]'") from exc
 
@@ -59,6 +78,22 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+_CONTAINER_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,61})[a-z0-9]$")
+
+#: what the SDK (or the stdlib under it) raises for a reply cut inside its head or body, or missing a mandatory
+#: header or field: the request may or may not have been served; worth a retry for an idempotent request
+_MALFORMED_REPLY = (
+    azure_errors.DeserializationError,  # a ValueError, not an AzureError
+    http.client.HTTPException,
+    urllib3_errors.HTTPError,
+    requests_errors.RequestException,
+    OSError,
+    AttributeError,
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+)
 
 
 class AzureBlobStore(PartedBlobStore):
@@ -76,6 +111,7 @@ class AzureBlobStore(PartedBlobStore):
         create_if_missing: bool = False,
         secrets: tuple[str, ...] = (),
     ) -> None:
+        self._secret_values = secrets
         if not container:
             raise ConfigError(f"blob.store.url {url!r} names no container: use az://<container>/<prefix>")
         self.url = url
@@ -86,7 +122,6 @@ class AzureBlobStore(PartedBlobStore):
         self.create_if_missing = create_if_missing
         self._service = service
         self._container_client = service.get_container_client(container)
-        self._secrets = secrets
         self._resilience: Resilience | None = None
         self._created_lock = threading.Lock()
 
@@ -106,8 +141,18 @@ class AzureBlobStore(PartedBlobStore):
         check_options(options)
         parts = urlsplit(url)
         if parts.scheme != "az":
-            raise ConfigError(f"blob.store.url {url!r} is not an az:// URL")
+            raise ConfigError(f"blob.store.url {redact(url)!r} is not an az:// URL")
+        if url_has_userinfo(url) or parts.query or parts.fragment:
+            raise ConfigError(
+                "blob.store.url must be az://<container>/<prefix> without credentials, query or fragment (not "
+                "echoed here): put an account key or SAS in blob.store.credential or blob.store.connection.string"
+            )
         container, prefix = parts.netloc, parts.path.strip("/")
+        if container and not _CONTAINER_RE.match(container):
+            raise ConfigError(
+                "blob.store.url: the container name after az:// is not a valid Azure container name (3-63 "
+                "lowercase letters, digits and '-'); credentials never go in the URL"
+            )
         timeout_s = option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000
         max_concurrency = option_int(options, "max.concurrency", 8, minimum=1)
         part_size = option_int(options, "part.size.bytes", 8 << 20, minimum=1)
@@ -120,32 +165,43 @@ class AzureBlobStore(PartedBlobStore):
         }
         connection_string = option_str(options, "connection.string")
         account_url = option_str(options, "account.url")
-        credential = option_str(options, "credential")
-        secrets = tuple(s for s in (connection_string, credential) if s)
+        credential = options.get("credential")
+        if isinstance(credential, str):
+            credential = credential.strip() or None
+        env_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
+        secrets = (
+            *connection_string_secrets(connection_string),
+            *credential_secrets(credential),
+            *_account_url_secrets(account_url),
+            *connection_string_secrets(env_string),
+        )
+        protect_sdk_loggers(secrets)  # the SDK logs request URLs (with a SAS) at DEBUG
+        if account_url and (url_has_userinfo(account_url) or not account_url.startswith(("http://", "https://"))):
+            raise ConfigError(
+                "blob.store.account.url must be http(s)://<host>[/?<sas>] without user:password@ (not echoed here)"
+            )
         try:
             if connection_string:
                 service = BlobServiceClient.from_connection_string(connection_string, **client_kwargs)
-                secrets += _connection_string_secrets(connection_string)
             elif account_url:
                 service = BlobServiceClient(
                     account_url, credential=credential or _default_credential(), **client_kwargs
                 )
-            elif os.environ.get("AZURE_STORAGE_CONNECTION_STRING"):
-                env_string = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
-                secrets += (env_string, *_connection_string_secrets(env_string))
+            elif env_string:
                 service = BlobServiceClient.from_connection_string(env_string, **client_kwargs)
             else:
                 raise ConfigError(
                     f"no Azure credentials for {url}: set blob.store.connection.string, or blob.store.account.url "
                     "(with blob.store.credential or azure-identity installed), or AZURE_STORAGE_CONNECTION_STRING"
                 )
-        except ValueError as exc:
+        except (ValueError, TypeError, azure_errors.AzureError) as exc:
             if isinstance(exc, ConfigError):
                 raise
             # the SDK's message may quote the string it could not parse: keep only the exception type
             raise ConfigError(
                 f"the Azure connection settings for {url} are malformed ({type(exc).__name__}); check "
-                "blob.store.connection.string / blob.store.account.url / AZURE_STORAGE_CONNECTION_STRING"
+                "blob.store.connection.string / blob.store.account.url / blob.store.credential / "
+                "AZURE_STORAGE_CONNECTION_STRING"
             ) from None
         return cls(
             service,
@@ -155,11 +211,11 @@ class AzureBlobStore(PartedBlobStore):
             part_size=part_size,
             max_concurrency=max_concurrency,
             create_if_missing=option_bool(options, "create.if.missing", False),
-            secrets=secrets,
+            secrets=tuple(secret for secret in secrets if secret),
         )
 
     def __repr__(self) -> str:
-        return f"AzureBlobStore(url={self.url!r}, account={self._service.account_name!r})"
+        return f"AzureBlobStore(url={self.url!r}, account={self._service.account_name!r})"  # no secret in either
 
     def describe(self) -> str:
         return f"Azure blob store {self.url} (account {self._service.account_name})"
@@ -170,17 +226,18 @@ class AzureBlobStore(PartedBlobStore):
 
     # -- the core -----------------------------------------------------------------------------------------------
 
+    @sdk_boundary
     def put(
         self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
     ) -> None:
         blob = self._blob(name)
+        checked = check_metadata(metadata) or None
         with self._errors(name, create_only=create_only):
             self._with_container(
-                lambda: blob.upload_blob(
-                    bytes(data), overwrite=not create_only, metadata=check_metadata(metadata) or None, max_concurrency=1
-                )
+                lambda: blob.upload_blob(bytes(data), overwrite=not create_only, metadata=checked, max_concurrency=1)
             )
 
+    @sdk_boundary
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         blob = self._blob(name)
         _check_range(start, end)
@@ -191,14 +248,23 @@ class AzureBlobStore(PartedBlobStore):
         length = None if end is None else end - offset
         with self._errors(name):
             try:
-                return blob.download_blob(
+                downloader = blob.download_blob(
                     offset=offset if (offset or length is not None) else None, length=length, max_concurrency=1
-                ).readall()
+                )
+                data = bytes(downloader.readall())
             except azure_errors.HttpResponseError as exc:
                 if exc.status_code == 416:  # start beyond the end: the range is clamped to nothing
                     return b""
                 raise
+        expected = downloader.size  # the range's length as the reply's Content-Range / Content-Length state it
+        if not isinstance(expected, int) or len(data) != expected or (length is not None and len(data) > length):
+            raise TransientStorageError(
+                f"{self.describe()} sent {len(data)} bytes of {name!r} where its reply promised {expected}; the "
+                "reply was cut short; worth a retry"
+            )
+        return data
 
+    @sdk_boundary
     def delete(self, name: str) -> None:
         blob = self._blob(name)
         with self._errors(name):
@@ -210,26 +276,56 @@ class AzureBlobStore(PartedBlobStore):
                 # an absent blob is success
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        root = self._root()
-        with self._errors(prefix or "(all)"):
-            names = sorted(
-                item.name[len(root) :] for item in self._container_client.list_blobs(name_starts_with=root + prefix)
-            )
-        yield from names
+        yield from self._list_names(prefix)
 
+    @sdk_boundary
+    def _list_names(self, prefix: str) -> builtins.list[str]:
+        """Every name under ``prefix``, page by page; a page that does not echo the container and prefix it was
+        asked for (a reply cut inside its head parses as an empty page) is a transient fault, so the resilience
+        layer lists again from the start instead of taking a short listing for the truth."""
+        root = self._root()
+        wanted = root + prefix
+        names: builtins.list[str] = []
+        with self._errors(prefix or "(all)"):
+            pages: Any = self._container_client.list_blobs(name_starts_with=wanted).by_page()
+            for page in pages:
+                items = [item.name for item in page]
+                echoed = (pages.container, pages.prefix or "", bool(pages.service_endpoint))
+                if echoed != (self.container, wanted, True):
+                    raise TransientStorageError(
+                        f"a listing page of {self.describe()} for prefix {prefix!r} lacks its mandatory fields "
+                        "(ContainerName, Prefix, ServiceEndpoint): the reply was cut or malformed; worth a retry"
+                    )
+                if any(not isinstance(item, str) or not item.startswith(wanted) for item in items):
+                    raise TransientStorageError(
+                        f"a listing page of {self.describe()} for prefix {prefix!r} holds a name outside the prefix "
+                        "or none: the reply was malformed; worth a retry"
+                    )
+                names.extend(item[len(root) :] for item in items)
+        return sorted(names)
+
+    @sdk_boundary
     def head(self, name: str) -> BlobInfo:
         blob = self._blob(name)
         with self._errors(name):
             props = blob.get_blob_properties()
+        if not isinstance(props.size, int) or not props.etag:
+            raise TransientStorageError(
+                f"the properties of {name!r} from {self.describe()} lack Content-Length or ETag: the reply was cut "
+                "inside its head; worth a retry"
+            )
         return BlobInfo(name=name, size=int(props.size), metadata=dict(props.metadata or {}))
 
+    @sdk_boundary
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         blob = self._blob(name)
+        checked = check_metadata(metadata)
         with self._errors(name):
-            blob.set_blob_metadata(check_metadata(metadata))
+            blob.set_blob_metadata(checked)
 
     # -- large transfers: parallel blocks and ranges --------------------------------------------------------------
 
+    @sdk_boundary
     def put_file(
         self,
         name: str,
@@ -272,11 +368,12 @@ class AzureBlobStore(PartedBlobStore):
                     match_condition=MatchConditions.IfMissing if create_only else None,
                 )
 
-        own = (lambda: self._stored_equals_file(name, size, path)) if create_only else None
+        own = (lambda: self._stored_equals_file(name, size, path, metadata)) if create_only else None
         self._request("commit_block_list", commit, True, own)
 
     # -- administration ---------------------------------------------------------------------------------------
 
+    @sdk_boundary
     def validate(self) -> None:
         """Raise one :class:`StorageError` saying what to fix when the container is missing, the credential is
         refused or the endpoint cannot be reached."""
@@ -285,10 +382,11 @@ class AzureBlobStore(PartedBlobStore):
                 self._container_client.get_container_properties()
         except TransientStorageError as exc:
             raise StorageError(
-                f"cannot reach {self.describe()} at {self._service.url}: check the endpoint in "
-                "blob.store.connection.string / blob.store.account.url and that the service is up"
+                f"cannot reach {self.describe()} at {redact(self._service.primary_endpoint, self._secrets())}: check "
+                "the endpoint in blob.store.connection.string / blob.store.account.url and that the service is up"
             ) from exc
 
+    @sdk_boundary
     def create_resources(self) -> None:
         """Create the container if it does not exist (idempotent)."""
         with self._errors("(container)"):
@@ -320,21 +418,31 @@ class AzureBlobStore(PartedBlobStore):
             self.create_resources()
         return write()
 
+    def _secrets(self) -> tuple[str, ...]:
+        return self._secret_values
+
     @contextmanager
     def _errors(self, name: str, *, create_only: bool = False) -> Iterator[None]:
-        """Translate SDK exceptions at the boundary; messages never carry a credential."""
+        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in."""
         try:
             yield
+        except StateBackendError:
+            raise
         except azure_errors.AzureError as exc:
-            raise self._translate(exc, name, create_only) from exc
-        except OSError as exc:  # a socket error the SDK did not wrap
-            raise TransientStorageError(f"network error on {name!r} in {self.describe()}: {exc}") from exc
+            raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
+        except _MALFORMED_REPLY as exc:
+            raise TransientStorageError(
+                f"the reply of {self.describe()} for {name!r} was cut short or malformed ({type(exc).__name__}: "
+                f"{self._safe(exc)}); worth a retry"
+            ) from sanitized(exc, self._secrets())
 
     def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
         where = self.describe()
         code = _code(exc)
         status = getattr(exc, "status_code", None)
         if isinstance(exc, azure_errors.ResourceExistsError) and (create_only or code == "BlobAlreadyExists"):
+            return AlreadyExistsError(f"blob {name!r} already exists in {where}")
+        if create_only and status == 412 and code in {"ConditionNotMet", ""}:  # If-None-Match: * on a taken name
             return AlreadyExistsError(f"blob {name!r} already exists in {where}")
         if isinstance(exc, azure_errors.ResourceNotFoundError):
             if code == "ContainerNotFound":
@@ -350,15 +458,23 @@ class AzureBlobStore(PartedBlobStore):
             )
         if isinstance(exc, (azure_errors.ServiceRequestError, azure_errors.ServiceResponseError)):
             return TransientStorageError(f"network error on {name!r} in {where}: {self._safe(exc)}")
+        if isinstance(exc, (azure_errors.IncompleteReadError, azure_errors.DecodeError)) or (
+            isinstance(exc, azure_errors.HttpResponseError) and status is None
+        ):
+            # no status code: the reply (or its body) was cut short; the request may or may not have been served
+            return TransientStorageError(
+                f"the reply of {where} for {name!r} was cut short ({type(exc).__name__}: {self._safe(exc)}); "
+                "worth a retry"
+            )
         if status in _TRANSIENT_STATUS or (status is not None and status >= 500):
             return TransientStorageError(f"{where} answered {status} {code or ''} on {name!r}; worth a retry")
         if isinstance(exc, azure_errors.HttpResponseError):
             return StorageError(f"{where} answered {status} {code or ''} on {name!r}: {self._safe(exc)}")
         return TransientStorageError(f"{type(exc).__name__} on {name!r} in {where}: {self._safe(exc)}")
 
-    def _safe(self, exc: Exception) -> str:
+    def _safe(self, exc: BaseException) -> str:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return redact(text, self._secrets)
+        return redact(text, self._secrets())
 
 
 def _check_range(start: int | None, end: int | None) -> None:
@@ -371,14 +487,12 @@ def _code(exc: Exception) -> str:
     return str(getattr(code, "value", code) or "")
 
 
-def _connection_string_secrets(connection_string: str) -> tuple[str, ...]:
-    """The parts of a connection string that are secrets (AccountKey, SharedAccessSignature)."""
-    secrets = []
-    for part in connection_string.split(";"):
-        key, _, value = part.partition("=")
-        if key.strip().lower() in {"accountkey", "sharedaccesssignature"} and value:
-            secrets.append(value)
-    return tuple(secrets)
+def _account_url_secrets(account_url: str | None) -> tuple[str, ...]:
+    """A SAS token in the account URL's query, and its signature."""
+    if not account_url:
+        return ()
+    query = urlsplit(account_url).query
+    return credential_secrets(query) if query else ()
 
 
 def _default_credential() -> Any:

@@ -9,19 +9,31 @@ Contract (the BlobStore contract of statebackend.blobstore, plus):
   condition (supported by S3 since 2024 and by moto), so a large create-only upload is atomic and create-only too;
   a failed multipart upload is aborted.
 - An absent blob is :class:`NotFoundError`; a missing bucket, refused credentials or a bad request is
-  :class:`StorageError` saying what to fix; throttling (429, 503 SlowDown), other 5xx, resets and timeouts are
-  :class:`TransientStorageError`. No SDK exception reaches a caller. ``head`` of a name in a missing bucket is
-  :class:`NotFoundError` (S3 answers both with a bare 404); :meth:`validate` tells them apart.
+  :class:`StorageError` saying what to fix; throttling (429, 503 SlowDown), other 5xx, resets, timeouts, cut
+  replies and replies missing a mandatory field are :class:`TransientStorageError`. A reply cut inside its header
+  block reaches botocore as an *empty* answer, so every answer is checked: a ListObjectsV2 page must carry
+  ``IsTruncated``, ``KeyCount`` (equal to its entries), ``Name`` and ``Prefix`` (equal to what was asked) and, when
+  truncated, a continuation token; GetObject a Content-Length its body matches (and a Content-Range starting at the
+  asked offset); HeadObject a Content-Length and an ETag; CreateMultipartUpload an UploadId; UploadPart and
+  CompleteMultipartUpload an ETag. No SDK or stdlib exception reaches a caller, and errors are chained to sanitized
+  stand-ins (statebackend.redact). ``head`` of a name in a missing bucket is :class:`NotFoundError` (S3 answers
+  both with a bare 404); :meth:`validate` tells them apart.
+- A multipart upload whose CompleteMultipartUpload reply was lost is read back when the retry finds the upload
+  gone (``NoSuchUpload``): the same bytes and metadata are success.
 - botocore's own retries are off: :class:`~statebackend.resilience.ResilientBlobStore` (which ``from_url``
   returns) does retries, hedging and timeouts, per part for large transfers.
-- S3 lower-cases user metadata keys. Credentials come from boto3's default chain and are never logged.
+- S3 lower-cases user metadata keys. Credentials come from boto3's default chain and are never logged; a URL with
+  ``user:password@`` is refused without echoing it.
 """
 
 from __future__ import annotations
 
+import builtins
 import functools
+import http.client
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -35,22 +47,26 @@ from statebackend.blobstores._common import (
     check_options,
     part_pool,
     part_ranges,
-    redact,
     run_parallel,
+    sdk_boundary,
 )
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
     NotFoundError,
+    StateBackendError,
     StorageError,
     TransientStorageError,
 )
+from statebackend.redact import protect_sdk_loggers, redact, sanitized, url_has_userinfo
 from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 
 try:
     import boto3
     import botocore.config
     import botocore.exceptions as boto_errors
+    from botocore.parsers import ResponseParserError
+    from urllib3 import exceptions as urllib3_errors
 except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
     raise ImportError("s3:// needs boto3: pip install 'statebackend[s3]'") from exc
 
@@ -73,7 +89,22 @@ _TRANSIENT_BOTO = (
     boto_errors.HTTPClientError,
     boto_errors.IncompleteReadError,
     boto_errors.ResponseStreamingError,
+    boto_errors.ChecksumError,  # a body damaged or cut in transit
+    ResponseParserError,  # a reply body botocore could not parse: cut or mangled
 )
+#: what botocore (or the stdlib under it) lets through for a reply cut inside its head or body
+_MALFORMED_REPLY = (
+    http.client.HTTPException,
+    urllib3_errors.HTTPError,
+    OSError,
+    AttributeError,
+    ValueError,
+    KeyError,
+    TypeError,
+    IndexError,
+)
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
 class S3BlobStore(PartedBlobStore):
@@ -118,7 +149,19 @@ class S3BlobStore(PartedBlobStore):
         check_options(options)
         parts = urlsplit(url)
         if parts.scheme != "s3":
-            raise ConfigError(f"blob.store.url {url!r} is not an s3:// URL")
+            raise ConfigError(f"blob.store.url {redact(url)!r} is not an s3:// URL")
+        if url_has_userinfo(url) or parts.query or parts.fragment:
+            raise ConfigError(
+                "blob.store.url must be s3://<bucket>/<prefix> without credentials, query or fragment (not echoed "
+                "here): credentials come from AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or "
+                "blob.store.profile"
+            )
+        if parts.netloc and not _BUCKET_RE.match(parts.netloc):
+            raise ConfigError(
+                "blob.store.url: the bucket name after s3:// is not a valid S3 bucket name (3-63 lowercase "
+                "letters, digits, '.' and '-'); credentials never go in the URL"
+            )
+        protect_sdk_loggers()  # botocore and urllib3 log signed requests and URLs at DEBUG
         timeout_s = option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000
         max_concurrency = option_int(options, "max.concurrency", 8, minimum=1)
         endpoint = option_str(options, "endpoint.url")
@@ -140,7 +183,10 @@ class S3BlobStore(PartedBlobStore):
         except boto_errors.ProfileNotFound as exc:
             raise ConfigError(f"blob.store.profile: AWS profile {exc.kwargs.get('profile')!r} not found") from exc
         except (boto_errors.BotoCoreError, ValueError) as exc:
-            raise ConfigError(f"cannot configure the S3 client for {url}: {type(exc).__name__}: {exc}") from exc
+            raise ConfigError(
+                f"cannot configure the S3 client for {url}: {type(exc).__name__}: {redact(exc)}; check "
+                "blob.store.endpoint.url, blob.store.region and blob.store.profile"
+            ) from sanitized(exc)
         return cls(
             client,
             parts.netloc,
@@ -163,6 +209,7 @@ class S3BlobStore(PartedBlobStore):
 
     # -- the core -----------------------------------------------------------------------------------------------
 
+    @sdk_boundary
     def put(
         self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
     ) -> None:
@@ -174,6 +221,7 @@ class S3BlobStore(PartedBlobStore):
         with self._errors(name, create_only=create_only):
             self._with_bucket(lambda: self._client.put_object(**kwargs))
 
+    @sdk_boundary
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         key = self._key(name)
         if (start is not None and start < 0) or (end is not None and end < 0):
@@ -183,7 +231,8 @@ class S3BlobStore(PartedBlobStore):
             self.head(name)  # an empty range of an absent blob is still NotFoundError
             return b""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if offset or end is not None:
+        ranged = bool(offset or end is not None)
+        if ranged:
             kwargs["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
         with self._errors(name):
             try:
@@ -192,39 +241,81 @@ class S3BlobStore(PartedBlobStore):
                 if _code(exc) == "InvalidRange":  # start beyond the end: the range is clamped to nothing
                     return b""
                 raise
-            return bytes(response["Body"].read())
+            promised = response.get("ContentLength")
+            if not isinstance(promised, int):
+                # without it the body is read up to the connection's end: a reply cut in its head reads as empty
+                raise self._malformed(name, "GetObject", "Content-Length")
+            data = bytes(response["Body"].read())
+        if len(data) != promised:
+            raise self._malformed(name, "GetObject", f"all of its {promised} bytes (got {len(data)})")
+        if ranged:
+            match = _CONTENT_RANGE_RE.match(str(response.get("ContentRange") or ""))
+            if (match is None and offset > 0) or (match is not None and int(match.group(1)) != offset):
+                raise self._malformed(name, "GetObject", f"a Content-Range starting at byte {offset}")
+            if end is not None and len(data) > end - offset:
+                raise self._malformed(name, "GetObject", f"at most the {end - offset} bytes asked for")
+        return data
 
+    @sdk_boundary
     def delete(self, name: str) -> None:
         with self._errors(name):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(name))  # absent: S3 answers 204 too
 
     def list(self, prefix: str = "") -> Iterator[str]:
-        root = self._root()
-        names: list[str] = []
-        with self._errors(prefix or "(all)"):
-            paginator = self._client.get_paginator("list_objects_v2")
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=root + prefix):
-                names.extend(item["Key"][len(root) :] for item in page.get("Contents", ()))
-        yield from sorted(names)
+        yield from self._list_names(prefix)
 
+    @sdk_boundary
+    def _list_names(self, prefix: str) -> builtins.list[str]:
+        """Every name under ``prefix``, one ListObjectsV2 page at a time, each page checked (see the module
+        docstring): a page that fails is a transient fault and the resilience layer lists again from the start."""
+        root = self._root()
+        wanted = root + prefix
+        names: builtins.list[str] = []
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": wanted}
+            if token is not None:
+                kwargs["ContinuationToken"] = token
+            with self._errors(prefix or "(all)"):
+                page = self._client.list_objects_v2(**kwargs)
+            contents = page.get("Contents") or []
+            problem = _page_problem(page, self.bucket, wanted, len(contents) + len(page.get("CommonPrefixes") or []))
+            if problem is None and any(not str(item.get("Key", "")).startswith(wanted) for item in contents):
+                problem = "a key outside the prefix asked for"
+            if problem is not None:
+                raise TransientStorageError(
+                    f"a ListObjectsV2 page of {self.describe()} for prefix {prefix!r} is not valid ({problem}): the "
+                    "reply was cut or malformed; worth a retry"
+                )
+            names.extend(item["Key"][len(root) :] for item in contents)
+            if not page["IsTruncated"]:
+                return sorted(names)
+            token = str(page["NextContinuationToken"])
+
+    @sdk_boundary
     def head(self, name: str) -> BlobInfo:
         with self._errors(name):
             response = self._client.head_object(Bucket=self.bucket, Key=self._key(name))
+        if not isinstance(response.get("ContentLength"), int) or not response.get("ETag"):
+            raise self._malformed(name, "HeadObject", "Content-Length and ETag")
         return BlobInfo(name=name, size=int(response["ContentLength"]), metadata=dict(response.get("Metadata") or {}))
 
+    @sdk_boundary
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         key = self._key(name)
+        checked = check_metadata(metadata)
         with self._errors(name):
             self._client.copy_object(
                 Bucket=self.bucket,
                 Key=key,
                 CopySource={"Bucket": self.bucket, "Key": key},
-                Metadata=check_metadata(metadata),
+                Metadata=checked,
                 MetadataDirective="REPLACE",
             )
 
     # -- large transfers: multipart upload and parallel ranged reads ----------------------------------------------
 
+    @sdk_boundary
     def put_file(
         self,
         name: str,
@@ -244,7 +335,10 @@ class S3BlobStore(PartedBlobStore):
 
         def create() -> str:
             with self._errors(name):
-                return str(self._with_bucket(lambda: self._client.create_multipart_upload(**create_kwargs))["UploadId"])
+                response = self._with_bucket(lambda: self._client.create_multipart_upload(**create_kwargs))
+            if not response.get("UploadId"):
+                raise self._malformed(name, "CreateMultipartUpload", "an UploadId")
+            return str(response["UploadId"])
 
         upload_id = self._request("create_multipart_upload", create, False)
         ranges = part_ranges(size, self.part_size)
@@ -258,6 +352,8 @@ class S3BlobStore(PartedBlobStore):
                 response = self._client.upload_part(
                     Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=index + 1, Body=chunk
                 )
+            if not response.get("ETag"):
+                raise self._malformed(name, "UploadPart", "an ETag")
             return {"PartNumber": index + 1, "ETag": response["ETag"]}
 
         try:
@@ -269,7 +365,11 @@ class S3BlobStore(PartedBlobStore):
                 ],
             )
 
+            completions = 0
+
             def complete() -> None:
+                nonlocal completions
+                completions += 1
                 kwargs: dict[str, Any] = {
                     "Bucket": self.bucket,
                     "Key": key,
@@ -279,20 +379,47 @@ class S3BlobStore(PartedBlobStore):
                 if create_only:
                     kwargs["IfNoneMatch"] = "*"
                 with self._errors(name, create_only=create_only):
-                    self._client.complete_multipart_upload(**kwargs)
+                    try:
+                        response = self._client.complete_multipart_upload(**kwargs)
+                    except boto_errors.ClientError as exc:
+                        if _code(exc) != "NoSuchUpload" or completions == 1:
+                            raise
+                        response = None  # an earlier attempt completed it and its reply was lost: read back below
+                if response is None:
+                    self._resolve_vanished_upload(name, size, path, metadata, create_only)
+                elif not response.get("ETag"):
+                    # a reply cut inside its head parses as an empty success: retry; a completed upload then answers
+                    # NoSuchUpload (or 412 for create-only), both resolved by reading back
+                    raise self._malformed(name, "CompleteMultipartUpload", "an ETag")
 
-            own = (
-                (lambda: self._stored_equals_file(name, size, path))
-                if create_only
-                else None
-            )
+            own = (lambda: self._stored_equals_file(name, size, path, metadata)) if create_only else None
             self._request("complete_multipart_upload", complete, False, own)
         except BaseException:
             self._abort(name, key, upload_id)
             raise
 
+    def _resolve_vanished_upload(
+        self,
+        name: str,
+        size: int,
+        path: str | os.PathLike[str],
+        metadata: Mapping[str, str] | None,
+        create_only: bool,
+    ) -> None:
+        """A retried CompleteMultipartUpload found its upload gone: an earlier attempt completed it unless the
+        stored blob says otherwise."""
+        if self._stored_equals_file(name, size, path, metadata):
+            return
+        if create_only:
+            raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()} (other bytes)")
+        raise StorageError(
+            f"the multipart upload of {name!r} to {self.describe()} vanished and the stored blob is not this file "
+            "(a concurrent writer, or the upload was aborted); upload it again"
+        )
+
     # -- administration ---------------------------------------------------------------------------------------
 
+    @sdk_boundary
     def validate(self) -> None:
         """Raise one :class:`StorageError` saying what to fix when the bucket is missing, the credentials are
         refused or the endpoint cannot be reached."""
@@ -311,6 +438,7 @@ class S3BlobStore(PartedBlobStore):
                 "and that the service is up"
             ) from exc
 
+    @sdk_boundary
     def create_resources(self) -> None:
         """Create the bucket if it does not exist (idempotent)."""
         with self._errors("(bucket)"):
@@ -349,8 +477,10 @@ class S3BlobStore(PartedBlobStore):
     def _abort(self, name: str, key: str, upload_id: str) -> None:
         try:
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception:  # noqa: BLE001 - the upload's own error matters; a leftover upload only costs storage
-            _log.warning("could not abort the multipart upload of %r in %s", name, self.describe(), exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - the upload's own error matters; a leftover upload only costs storage
+            _log.warning(
+                "could not abort the multipart upload of %r in %s: %s", name, self.describe(), self._safe(exc)
+            )
 
     def _missing_bucket_message(self) -> str:
         return (
@@ -360,13 +490,24 @@ class S3BlobStore(PartedBlobStore):
 
     @contextmanager
     def _errors(self, name: str, *, create_only: bool = False) -> Iterator[None]:
-        """Translate SDK exceptions at the boundary; messages never carry a credential."""
+        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in."""
         try:
             yield
+        except StateBackendError:
+            raise
         except (boto_errors.BotoCoreError, boto_errors.ClientError) as exc:
-            raise self._translate(exc, name, create_only) from exc
-        except OSError as exc:  # a socket error while reading a body that botocore did not wrap
-            raise TransientStorageError(f"network error on {name!r} in {self.describe()}: {exc}") from exc
+            raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
+        except _MALFORMED_REPLY as exc:
+            raise TransientStorageError(
+                f"the reply of {self.describe()} for {name!r} was cut short or malformed ({type(exc).__name__}: "
+                f"{self._safe(exc)}); worth a retry"
+            ) from sanitized(exc, self._secrets())
+
+    def _malformed(self, name: str, operation: str, missing: str) -> TransientStorageError:
+        return TransientStorageError(
+            f"the {operation} reply of {self.describe()} for {name!r} lacks {missing}: it was cut or malformed; "
+            "worth a retry"
+        )
 
     def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
         where = self.describe()
@@ -396,13 +537,32 @@ class S3BlobStore(PartedBlobStore):
             return TransientStorageError(f"{where} answered {status} {code} on {name!r}; worth a retry")
         return StorageError(f"{where} answered {status} {code} on {name!r}: {self._safe(exc)}")
 
-    def _safe(self, exc: Exception) -> str:
+    def _secrets(self) -> tuple[str, ...]:
         try:
             credentials = self._client._request_signer._credentials  # private: to redact, never to show
-            secrets = (credentials.secret_key, credentials.token) if credentials is not None else ()
+            found = (credentials.secret_key, credentials.token) if credentials is not None else ()
         except AttributeError:
-            secrets = ()
-        return redact(str(exc), secrets)
+            found = ()
+        return tuple(secret for secret in found if isinstance(secret, str) and secret)
+
+    def _safe(self, exc: BaseException) -> str:
+        return redact(exc, self._secrets())
+
+
+def _page_problem(page: Mapping[str, Any], bucket: str, prefix: str, entries: int) -> str | None:
+    """Why a ListObjectsV2 page cannot be trusted, or None."""
+    missing = [field for field in ("IsTruncated", "KeyCount", "Name") if field not in page]
+    if missing:
+        return "missing " + ", ".join(missing)
+    if page["Name"] != bucket:
+        return "another bucket's name"
+    if (page.get("Prefix") or "") != prefix:
+        return "another prefix"
+    if page["KeyCount"] != entries:
+        return f"KeyCount {page['KeyCount']} but {entries} entries"
+    if page["IsTruncated"] and not page.get("NextContinuationToken"):
+        return "truncated without a continuation token"
+    return None
 
 
 def _code(exc: Exception) -> str:
