@@ -25,6 +25,10 @@ class ControlledBlobStore(BlobStore):
         self.failures_left = 0
         self._lock = threading.Lock()
         self.put_names: list[str] = []
+        #: writes matching ``lose_reply`` land, then raise :class:`TransientStorageError` (the reply was lost) while
+        #: ``replies_to_lose`` > 0
+        self.lose_reply: Callable[[str], bool] = lambda name: False
+        self.replies_to_lose = 0
 
     def _before_write(self, name: str) -> None:
         with self._lock:
@@ -39,14 +43,24 @@ class ControlledBlobStore(BlobStore):
             if not self.release.wait(timeout=60):
                 raise TransientStorageError(f"test never released {name}")
 
+    def _after_write(self, name: str) -> None:
+        with self._lock:
+            losing = self.lose_reply(name) and self.replies_to_lose > 0
+            if losing:
+                self.replies_to_lose -= 1
+        if losing:
+            raise TransientStorageError(f"injected: {name} was written but the reply was lost")
+
     def put(self, name: str, data: bytes, *, create_only: bool = False,
             metadata: Mapping[str, str] | None = None) -> None:
         self._before_write(name)
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
+        self._after_write(name)
 
     def put_file(self, name, path, *, create_only=False, metadata=None) -> None:  # type: ignore[no-untyped-def]
         self._before_write(name)
         self.inner.put_file(name, path, create_only=create_only, metadata=metadata)
+        self._after_write(name)
 
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         """Metadata updates (expiry removal in cleanup) are not uploads: never held or failed here."""

@@ -337,3 +337,45 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
+
+
+def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_needs(tmp_path: Path) -> None:
+    """cleanup() is idempotent and may come late (a framework resolving a lost checkpoint reply): a repeated cleanup
+    of the newest checkpoint, or a late one of an older checkpoint, must not take a slot of the retention window and
+    delete blobs that a checkpoint the log still retains needs."""
+    from backends.changelog.backup import ChangelogBackupManager
+    from backends.changelog.marker import Recipe
+    from checkpoint import CheckpointLog
+
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 0})
+    model: dict[bytes, bytes] = {}
+    models: dict[str, dict[bytes, bytes]] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        manager = next(b.manager for b in task.commit_manager.backups)
+        assert isinstance(manager, ChangelogBackupManager)
+        lineage = manager._lineages["counts"]  # the test waits on the backend's own background future
+        checkpoints = []
+        for round_no in range(20):
+            write_round(task, round_no, model)
+            checkpoints.append(task.commit_durably({"input": str(round_no)}))
+            models[str(round_no)] = dict(model)
+            if lineage.background is not None:
+                lineage.background.exception(timeout=30)
+            if len(checkpoints) >= 2:
+                older, newer = (Recipe.decode(c.markers_for("changelog")["counts"]) for c in checkpoints[-2:])
+                if set(older.blob_names()) - set(newer.blob_names()):
+                    break  # the older retained checkpoint needs blobs the newer one does not
+        else:
+            pytest.fail("no snapshot was adopted: the scenario needs two retained recipes that differ")
+        task.commit_manager.close()  # the commits' own cleanups are done
+        newest, previous = checkpoints[-1], checkpoints[-2]
+        for checkpoint in (newest, newest, previous):
+            manager.cleanup(checkpoint.checkpoint_id, checkpoint.markers_for("changelog")).result(timeout=30)
+    entries = CheckpointLog(blobs, "job", "task-0").entries()
+    assert [e.checkpoint.input_offsets["input"] for e in entries] == [previous.input_offsets["input"],
+                                                                      newest.input_offsets["input"]]
+    for entry in entries:
+        shutil.rmtree(tmp_path / "local")
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=entry) as task:
+            assert contents(task) == models[entry.checkpoint.input_offsets["input"]]

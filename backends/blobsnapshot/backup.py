@@ -444,8 +444,9 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         state.last_durable_seq = max(state.last_durable_seq, index.seq)
         if marker not in retained:
             state.retained.append((marker, index))
-            # cleanups may finish out of order on a pool: keep the window ordered by seq, newest last
-            state.retained = deque(sorted(state.retained, key=lambda item: item[1].seq))
+        self._settle_older_pending(state, index.seq)
+        # cleanups may finish out of order on a pool: keep the window ordered by seq, newest last
+        state.retained = deque(sorted(state.retained, key=lambda item: item[1].seq))
         dropped: list[tuple[str, SnapshotIndex]] = []
         while len(state.retained) > max(1, self.retained):
             dropped.append(state.retained.popleft())
@@ -466,6 +467,28 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 crashpoint("blobsnapshot.cleanup.deleted")
         self.context.metrics.increment("blobsnapshot.chunks.deleted", len(garbage))
         self.context.metrics.increment("blobsnapshot.indexes.deleted", len(dropped))
+
+    def _settle_older_pending(self, state: _StoreState, seq: int) -> None:
+        """Indexes written before ``seq`` whose commit never got a cleanup: their checkpoint write failed, or it
+        landed with its reply lost (the framework then builds on it, without a cleanup for it). Once a later
+        checkpoint is durable their outcome is settled, and the checkpoint log tells which: one it lists is durable
+        (its expiry is removed and it joins the retention window, so neither a TTL nor retention drops it while the
+        log still holds it); one it does not list is garbage the sweep collects."""
+        older = sorted((m for m, i in state.pending.items() if i.seq < seq), key=lambda m: state.pending[m].seq)
+        if not older:
+            return
+        in_log = self._markers_in_checkpoint_log(state.name)
+        for marker in older:
+            index = state.pending.pop(marker)
+            if marker in in_log:
+                log.info("store %s: index %s belongs to a checkpoint that landed although its write was reported "
+                         "failed; kept as durable", state.name, marker)
+                self._make_durable(state, marker, index)
+                state.retained.append((marker, index))
+                self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
+            else:
+                log.info("store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
+                         "it after the grace period", state.name, marker)
 
     def _make_durable(self, state: _StoreState, marker: str, index: SnapshotIndex) -> None:
         """Seed 002's remove-TTL: a durable checkpoint's index and chunks never expire."""

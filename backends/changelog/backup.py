@@ -535,7 +535,11 @@ class ChangelogBackupManager(TaskBackupManager):
             lineage = self._lineages[name]
             recipe = Recipe.decode(marker, source=f"store {name}")
             with lineage.lock:
-                lineage.retained.append(recipe)
+                # idempotent and order-proof: a repeated or late cleanup must not take a slot of the window (that
+                # would drop a recipe a retained checkpoint still needs); the window is ordered by seq, newest last
+                if recipe not in lineage.retained:
+                    lineage.retained.append(recipe)
+                    lineage.retained = deque(sorted(lineage.retained, key=lambda r: r.seq))
                 dropped: list[Recipe] = []
                 while len(lineage.retained) > max(1, self.retained):
                     dropped.append(lineage.retained.popleft())

@@ -1,0 +1,152 @@
+"""A commit whose checkpoint write was reported failed may have landed (the reply was lost). No backend may delete or
+invalidate what such a checkpoint needs before a newer durable checkpoint no longer does: not through abort(), nor
+cleanup, nor its mark-and-sweep (run here at every commit, with no grace period). Both backends.
+
+The framework resolves the lost reply at the next commit by reading the checkpoint back and building on it; these
+tests check the backends' side: the landed checkpoint restores exactly, right away (reopened from it) and while later
+checkpoints of the same task still retain it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from backends.blobsnapshot.backup import EXPIRES_AT, BlobSnapshotBackupManager
+from backends.blobsnapshot.format import SnapshotIndex, chunk_name
+from backends.changelog.backup import ChangelogBackupManager
+from checkpoint import CheckpointLog, CheckpointV2, LogEntry
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.contracts import TaskBackupManager
+from statebackend.errors import CommitError
+from statebackend.task import TaskStorage
+from tests.blobstore_faults import ControlledBlobStore
+from tests.contract.backend_contract import contents, write_round
+
+BACKENDS: dict[str, dict[str, object]] = {
+    "changelog": {
+        "changelog.snapshot.interval.commits": 2,
+        "changelog.gc.interval.commits": 1,
+    },
+    "blobsnapshot": {
+        "blobsnapshot.chunk.size": "64KiB",
+        "blobsnapshot.gc.interval.commits": 1,
+        "blobsnapshot.gc.grace.period.ms": 0,
+        "blobsnapshot.ttl.ms": 1,  # every blob not made durable is expired at once: a sweep may take it
+    },
+}
+FAR_FUTURE = 10 * 365 * 86400.0
+
+
+def make_config(backend: str, tmp_path: Path) -> dict[str, object]:
+    config: dict[str, object] = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": f"memory://{uuid.uuid4().hex}",
+        "stores.counts.backup.factories": backend,
+        "stores.counts.restore.factory": backend,
+        "task.checkpoint.retained": 2,
+    }
+    config.update(BACKENDS[backend])
+    return config
+
+
+def sweep(manager: TaskBackupManager) -> None:
+    if isinstance(manager, BlobSnapshotBackupManager):
+        manager.sweep(now=manager.clock() + FAR_FUTURE)
+    else:
+        assert isinstance(manager, ChangelogBackupManager)
+        manager.sweep()
+
+
+def lose_the_checkpoint_reply(task: TaskStorage, blobs: ControlledBlobStore, round_no: int,
+                              model: dict[bytes, bytes]) -> Any:
+    """Commit ``round_no`` with its checkpoint write landing but reported failed; return the pending commit."""
+    blobs.lose_reply, blobs.replies_to_lose = (lambda name: "/checkpoints/" in name), 1
+    write_round(task, round_no, model)
+    pending = task.commit({"input": str(round_no)})
+    assert pending is not None
+    with pytest.raises(CommitError, match="reply was lost"):
+        pending.result(timeout=30)
+    assert blobs.replies_to_lose == 0
+    return pending
+
+
+def latest(blobs: MemoryBlobStore) -> LogEntry:
+    entry = CheckpointLog(blobs, "job", "task-0").latest()
+    assert entry is not None
+    return entry
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_reopened_from_a_checkpoint_whose_reply_was_lost_it_restores_exactly(tmp_path: Path, backend: str) -> None:
+    inner = MemoryBlobStore()
+    blobs = ControlledBlobStore(inner)
+    config = make_config(backend, tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(4):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+        pending = lose_the_checkpoint_reply(task, blobs, 4, model)
+        landed = dict(model)
+        # what a failed commit may meet before a newer checkpoint supersedes it: abort, a sweep, a late cleanup
+        previous = task.commit_manager.last_checkpoint
+        assert previous is not None and previous.input_offsets == {"input": "3"}
+        for binding in task.commit_manager.backups:
+            binding.manager.abort(pending.checkpoint_id)
+            sweep(binding.manager)
+            binding.manager.cleanup(previous.checkpoint_id, previous.markers_for(binding.factory_name)).result(30)
+            sweep(binding.manager)
+    entry = latest(inner)
+    assert entry.checkpoint.input_offsets == {"input": "4"}, "the checkpoint write did land"
+    shutil.rmtree(tmp_path / "local")  # a full restore: every blob the landed checkpoint names must be there
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert task.restored is not None and task.restored.input_offsets == {"input": "4"}
+        assert contents(task) == landed
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_a_landed_checkpoint_stays_restorable_and_durable_while_later_checkpoints_retain_it(
+    tmp_path: Path, backend: str
+) -> None:
+    """The task goes on after the lost reply (the framework builds on the landed checkpoint). While the checkpoint
+    log still holds it, it restores exactly, and its blobs do not carry an expiry (a lifecycle rule or a sweep
+    would take them)."""
+    inner = MemoryBlobStore()
+    blobs = ControlledBlobStore(inner)
+    config = make_config(backend, tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(4):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+        lose_the_checkpoint_reply(task, blobs, 4, model)
+        landed = dict(model)
+        write_round(task, 5, model)
+        after = task.commit_durably({"input": "5"})
+        assert task.metrics.counter("commit.landed.after.failure") == 1
+        for binding in task.commit_manager.backups:
+            sweep(binding.manager)
+        task.commit_manager.close()  # cleanups done
+    entries = CheckpointLog(inner, "job", "task-0").entries()
+    assert [e.checkpoint.input_offsets["input"] for e in entries] == ["4", "5"]
+    landed_entry = entries[0]
+    assert isinstance(landed_entry.checkpoint, CheckpointV2)
+    if backend == "blobsnapshot":
+        marker = landed_entry.checkpoint.markers_for("blobsnapshot")["counts"]
+        index = SnapshotIndex.decode(inner.get(marker), name=marker)
+        prefix = "job/task-0/counts/blobsnapshot/"
+        for name in [marker, *(chunk_name(prefix, h) for h in index.chunk_hashes())]:
+            assert EXPIRES_AT not in inner.head(name).metadata, f"{name} of a durable checkpoint still expires"
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner, checkpoint=landed_entry) as task:
+        assert contents(task) == landed
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert task.restored == after
+        assert contents(task) == model
