@@ -1,0 +1,157 @@
+"""Work in flight is never deleted by cleanup or mark-and-sweep (both backends).
+
+Uploads are held with :class:`ControlledBlobStore` (events, not sleeps); sweeps run with every grace period past
+(blob-snapshot: ``now`` ten years ahead; changelog: every commit is a sweep commit), so only the in-flight protection
+(a per-store lock, a registry of what is running, "newer than the newest checkpoint") can keep what they must keep.
+The staged-file case of the changelog backend is in tests/test_backend_changelog.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from backends.changelog.backup import ChangelogBackupManager
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.contracts import TaskBackupManager
+from statebackend.task import TaskStorage
+from tests.blobstore_faults import ControlledBlobStore
+from tests.contract.backend_contract import contents, write_round
+
+FAR_FUTURE = 10 * 365 * 86400.0
+BACKENDS: dict[str, dict[str, object]] = {
+    "changelog": {"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 1},
+    "blobsnapshot": {"blobsnapshot.chunk.size": "64KiB", "blobsnapshot.gc.grace.period.ms": 0,
+                     "blobsnapshot.gc.interval.commits": 1},
+}
+
+
+def make_config(backend: str, tmp_path: Path) -> dict[str, object]:
+    config: dict[str, object] = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": f"memory://{uuid.uuid4().hex}",
+        "stores.counts.backup.factories": backend,
+        "stores.counts.restore.factory": backend,
+        "task.checkpoint.retained": 2,
+    }
+    config.update(BACKENDS[backend])
+    return config
+
+
+def sweep(manager: TaskBackupManager) -> None:
+    if isinstance(manager, BlobSnapshotBackupManager):
+        manager.sweep(now=manager.clock() + FAR_FUTURE)
+    else:
+        assert isinstance(manager, ChangelogBackupManager)
+        manager.sweep()
+
+
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_sweep_and_cleanup_while_a_checkpoint_write_is_in_flight_keep_everything_it_names(
+    tmp_path: Path, backend: str
+) -> None:
+    """The uploads of a commit are done and its checkpoint write is held: a sweep and a repeated cleanup of the
+    previous checkpoint run meanwhile. Nothing the held checkpoint names may go."""
+    inner = MemoryBlobStore()
+    blobs = ControlledBlobStore(inner)
+    config = make_config(backend, tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(4):
+            write_round(task, round_no, model)
+            previous = task.commit_durably({"input": str(round_no)})
+        task.commit_manager.close()  # the cleanups of those commits are done
+        blobs.hold = lambda name: "/checkpoints/" in name
+        write_round(task, 4, model)
+        pending = task.commit({"input": "4"})
+        assert pending is not None
+        try:
+            assert blobs.held.wait(30), "the checkpoint write never started"
+            for binding in task.commit_manager.backups:
+                sweep(binding.manager)
+                binding.manager.cleanup(previous.checkpoint_id,
+                                        previous.markers_for(binding.factory_name)).result(timeout=30)
+                sweep(binding.manager)
+        finally:
+            blobs.release.set()
+        assert pending.result(timeout=30).input_offsets == {"input": "4"}
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert task.restored is not None and task.restored.input_offsets == {"input": "4"}
+        assert contents(task) == model
+
+
+def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_chunks_and_index(tmp_path: Path) -> None:
+    """A blob-snapshot upload writes chunks no index references yet: cleanup and sweep of the store are kept out
+    by the store's lock for as long as it writes (checked at every held write), and a sweep started meanwhile,
+    after every grace period, leaves the upload's commit restorable."""
+    inner = MemoryBlobStore()
+    blobs = ControlledBlobStore(inner)
+    config = make_config("blobsnapshot", tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        manager = next(b.manager for b in task.commit_manager.backups)
+        assert isinstance(manager, BlobSnapshotBackupManager)
+        state = manager._states["counts"]  # white box: the lock the sweep and cleanup take
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        locked_at_writes: list[bool] = []
+
+        def hold(name: str) -> bool:
+            if "/blobsnapshot/" not in name:
+                return False
+            locked_at_writes.append(state.io_lock.locked())
+            return "/index/" in name  # hold the index: its chunks are written and referenced by nothing yet
+
+        blobs.hold = hold
+        for i in range(3000):  # enough change for new chunks
+            key, value = f"n{i:05d}".encode(), f"value-{i}".encode() * 8
+            task.store("counts").put(key, value)
+            model[key] = value
+        pending = task.commit({"input": "1"})
+        assert pending is not None
+        sweeper = threading.Thread(target=manager.sweep, kwargs={"now": manager.clock() + FAR_FUTURE})
+        try:
+            assert blobs.held.wait(30), "the index write never started"
+            sweeper.start()
+        finally:
+            blobs.release.set()
+        sweeper.join(60)  # a hang guard, not a timing: the sweep ends once the upload released the lock
+        assert not sweeper.is_alive()
+        assert pending.result(timeout=30).input_offsets == {"input": "1"}
+        assert len(locked_at_writes) > 1 and all(locked_at_writes)
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert contents(task) == model
+
+
+def test_changelog_snapshot_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_path: Path) -> None:
+    """A background snapshot whose upload finished is referenced by no checkpoint until the next commit adopts it,
+    and its seq is at or below the newest checkpoint's: a sweep in between must keep it."""
+    inner = MemoryBlobStore()
+    config = make_config("changelog", tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        manager = next(b.manager for b in task.commit_manager.backups)
+        assert isinstance(manager, ChangelogBackupManager)
+        lineage = manager._lineages["counts"]  # the test waits on the backend's own background future
+        for round_no in range(2):  # the second commit starts a background snapshot
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+        background = lineage.background
+        assert background is not None and background.exception(timeout=30) is None
+        (snapshot,) = list(inner.list("job/task-0/counts/changelog/snapshot/"))
+        manager.sweep()
+        assert inner.exists(snapshot)
+        write_round(task, 2, model)
+        task.commit_durably({"input": "2"})
+        assert task.metrics.counter("changelog.snapshot.adopted") == 1
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert contents(task) == model
