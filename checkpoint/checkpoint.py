@@ -98,6 +98,8 @@ class CheckpointV2:
     checkpoint_id: CheckpointId = attrs.field(validator=attrs.validators.instance_of(CheckpointId))
     input_offsets: Mapping[str, str] = attrs.field(converter=_offsets)
     state_checkpoint_markers: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict, converter=_markers)
+    #: store -> {"key": serde name, "msg": serde name} the state was written with (empty in older checkpoints)
+    serdes: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict, converter=_markers)
 
     def markers_for(self, factory: str) -> Mapping[str, str]:
         """``{store: marker}`` written by ``factory`` (its canonical name); empty if it wrote none."""

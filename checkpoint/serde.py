@@ -82,6 +82,8 @@ def encode_checkpoint(checkpoint: CheckpointV1 | CheckpointV2, binding: Binding 
                 factory: dict(stores) for factory, stores in checkpoint.state_checkpoint_markers.items()
             },
         }
+        if checkpoint.serdes:
+            document["serdes"] = {store: dict(names) for store, names in checkpoint.serdes.items()}
     elif isinstance(checkpoint, CheckpointV1):
         document = {"version": 1, "input_offsets": dict(checkpoint.input_offsets)}
     else:
@@ -189,7 +191,11 @@ def _checkpoint(document: dict[str, Any], source: str) -> CheckpointV1 | Checkpo
             f"got {raw_markers!r}"
         )
     markers = {name: _string_map(raw_markers, name, source, "state_checkpoint_markers") for name in raw_markers}
-    return CheckpointV2(checkpoint_id, offsets, markers)
+    raw_serdes = document.get("serdes", {})
+    if not isinstance(raw_serdes, dict):
+        raise CorruptDataError(f"checkpoint {source}: 'serdes' must be an object store -> {{key, msg}}")
+    serdes = {name: _string_map(raw_serdes, name, source, "serdes") for name in raw_serdes}
+    return CheckpointV2(checkpoint_id, offsets, markers, serdes)
 
 
 def _string_map(document: Mapping[str, Any], field: str, source: str, parent: str = "") -> dict[str, str]:

@@ -118,6 +118,8 @@ class TaskCommitManager:
     id_generator: CheckpointIdGenerator = attrs.field(factory=CheckpointIdGenerator)
     clock: Callable[[], float] = time.monotonic
     last_checkpoint: CheckpointV2 | None = None
+    #: store -> {"key": serde, "msg": serde}, recorded in every checkpoint so a changed serde is caught at restore
+    serdes: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
 
     _inflight: PendingCommit | None = attrs.field(init=False, default=None)
     _failure: tuple[BaseException, PendingCommit] | None = attrs.field(init=False, default=None)
@@ -296,6 +298,7 @@ class TaskCommitManager:
                 checkpoint_id=pending.checkpoint_id,
                 input_offsets=input_offsets,
                 state_checkpoint_markers=markers,
+                serdes=self.serdes,
             )
             crashpoint("commit.before_checkpoint_write")
             pending.seq = self._resolve_uncertain(pending.seq)

@@ -11,6 +11,8 @@
     ├── CorruptDataError                         a blob or file failed its checksum or is cut short
     ├── IncompatibleFormatError                  a format version this release cannot read
     ├── StoreLockedError                         another process holds the local store
+    ├── LocalDirError (OSError)                  state.local.dir cannot be created, written or locked; says how to fix
+    ├── SerdeError (ValueError)                  a key or value its serde cannot encode (a lone surrogate, ...)
     ├── InconsistentStateError                   the blob store contradicts what is known to be durable (a
     │                                            short listing, a deleted newest checkpoint): never "start empty"
     └── CommitError                              a commit failed (wraps the cause) or timed out
@@ -32,7 +34,9 @@ __all__ = [
     "CorruptDataError",
     "IncompatibleFormatError",
     "InconsistentStateError",
+    "LocalDirError",
     "NotFoundError",
+    "SerdeError",
     "StateBackendError",
     "StorageError",
     "StoreLockedError",
@@ -76,6 +80,14 @@ class InconsistentStateError(StateBackendError):
     """The blob store shows less than is known to be durable: a listing without the checkpoint this task restored or
     that its local ``CHECKPOINT-V2`` names, or a newest checkpoint that was deleted. Raised after retries; nothing
     is cleared or written on the strength of such an answer."""
+
+
+class LocalDirError(StateBackendError, OSError):
+    """The local state directory cannot be created, written or locked (permissions, a read-only or full disk)."""
+
+
+class SerdeError(StateBackendError, ValueError):
+    """A key or value its store's serde cannot encode; the message names the serde and what is accepted."""
 
 
 class StoreLockedError(StateBackendError, BlockingIOError):

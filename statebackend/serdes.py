@@ -11,7 +11,9 @@ A ``Serde`` has a ``name`` (the value of ``stores.<name>.key.serde`` / ``stores.
 - ``pickle``: opt-in only: never a default, used only when named explicitly, because unpickling runs code and pickled
   bytes are not stable across Python versions. Only for state this job alone writes.
 
-Wrong Python types raise ``TypeError`` (nothing is written); bytes that cannot be decoded raise ``CorruptDataError``.
+Wrong Python types raise ``TypeError`` (nothing is written); a value of the right type that the serde cannot encode
+(a string with a lone surrogate, a float NaN in JSON, an unpicklable object) raises :class:`SerdeError`; bytes that
+cannot be decoded raise ``CorruptDataError``.
 ``prefix_preserving`` says whether ``to_bytes(p)`` being a prefix of ``to_bytes(k)`` follows from ``p`` being a prefix
 of ``k``; typed prefix iteration needs it.
 """
@@ -25,7 +27,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 
-from statebackend.errors import ConfigError, CorruptDataError, StateBackendError
+from statebackend.errors import ConfigError, CorruptDataError, SerdeError, StateBackendError
 
 __all__ = [
     "SERDE_NAMES",
@@ -79,7 +81,14 @@ class StringSerde:
         if not isinstance(obj, str):
             raise TypeError(f"string serde takes str, got {type(obj).__name__}")
         # surrogatepass would let lone surrogates in; strict keeps the stored bytes valid UTF-8 for every reader.
-        return obj.encode("utf-8")
+        try:
+            return obj.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SerdeError(
+                f"string serde: {obj[max(0, exc.start - 10):exc.end + 10]!r} has a lone surrogate at position "
+                f"{exc.start} ({obj[exc.start]!r}); strings must be valid Unicode to be stored as UTF-8. Decode the "
+                f"input with errors='replace', or use the bytes serde for raw data"
+            ) from None
 
     def from_bytes(self, data: bytes) -> str:
         try:
@@ -124,9 +133,11 @@ class JsonSerde:
     prefix_preserving: ClassVar[bool] = False
 
     def to_bytes(self, obj: Any) -> bytes:
-        return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
-            "utf-8"
-        )
+        try:
+            text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            return text.encode("utf-8")
+        except (ValueError, UnicodeEncodeError) as exc:  # NaN/Infinity, a circular reference, a lone surrogate
+            raise SerdeError(f"json serde: cannot encode a {type(obj).__name__} as JSON ({exc})") from None
 
     def from_bytes(self, data: bytes) -> Any:
         try:
@@ -143,7 +154,10 @@ class PickleSerde:
     prefix_preserving: ClassVar[bool] = False
 
     def to_bytes(self, obj: Any) -> bytes:
-        return pickle.dumps(obj, protocol=5)
+        try:
+            return pickle.dumps(obj, protocol=5)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            raise SerdeError(f"pickle serde: cannot pickle a {type(obj).__name__} ({exc})") from None
 
     def from_bytes(self, data: bytes) -> Any:
         try:

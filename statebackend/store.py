@@ -73,6 +73,7 @@ import lmdb
 from statebackend.errors import (
     ConfigError,
     CorruptDataError,
+    LocalDirError,
     StateBackendError,
     StorageError,
     StoreLockedError,
@@ -434,8 +435,13 @@ class LocalStore:
         if max_batch_bytes <= 0:
             raise ConfigError(f"store {name!r}: max_batch_bytes must be positive, got {max_batch_bytes}")
         store_dir = Path(path)
-        store_dir.mkdir(parents=True, exist_ok=True)
-        lock_fd = _acquire_lock(store_dir, name)
+        try:
+            store_dir.mkdir(parents=True, exist_ok=True)
+            lock_fd = _acquire_lock(store_dir, name)
+        except StoreLockedError:
+            raise
+        except OSError as exc:
+            raise _local_dir_error(store_dir, name, exc) from exc
         try:
             _recover_swap(store_dir)
             _guard_unsynced(store_dir, name)
@@ -1159,6 +1165,16 @@ def _clear_unsynced(store_dir: Path) -> None:
     except FileNotFoundError:
         return
     fsync_dir(store_dir)
+
+
+def _local_dir_error(store_dir: Path, name: str, exc: OSError) -> LocalDirError:
+    reason = exc.strerror or type(exc).__name__
+    return LocalDirError(
+        exc.errno,
+        f"store {name!r}: cannot create or lock its local directory {store_dir} ({reason}). state.local.dir must be "
+        f"a directory this process can write (check its owner and permissions, that no part of the path is a file, "
+        f"and that the disk is mounted read-write and not full), or set state.local.dir to one that is",
+    )
 
 
 def _acquire_lock(store_dir: Path, name: str) -> int:

@@ -133,6 +133,7 @@ class TaskStorage:
             known = known_durable_seq(settings.local_dir, settings.job_name, task_name, list(stores))
             entry, head = _choose_checkpoint(checkpoint_log, checkpoint, known, fence_seq)
             restored = _as_v2(entry)
+            _check_serdes(settings, restored)
             checkpoint_log.raise_floor(max(known, entry.seq if entry is not None else 0))
 
             def context(factory_name: str, store_names: list[str]) -> BackendContext:
@@ -174,6 +175,7 @@ class TaskStorage:
                 next_seq=head + 1,  # the fence: from the restore decision, never from a later listing
                 id_generator=id_generator,
                 last_checkpoint=restored,
+                serdes={name: {"key": s.key_serde, "msg": s.msg_serde} for name, s in settings.stores.items()},
             )
         except BaseException:
             for binding in backups:  # background work started by init() must not outlive the stores
@@ -311,6 +313,26 @@ def _choose_checkpoint(
     if callable(choice):
         return checkpoint_log.find_and_head(choice, at_least=known)
     raise ConfigError(f"checkpoint choice {choice!r}: use 'latest', a LogEntry, a predicate or None")
+
+
+def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
+    """A store's serdes must be those its state was written with: else its bytes would read as garbage."""
+    if checkpoint is None:
+        return
+    problems = []
+    for name, store_settings in settings.stores.items():
+        written = checkpoint.serdes.get(name)
+        if written is None:
+            continue
+        for part, configured in (("key", store_settings.key_serde), ("msg", store_settings.msg_serde)):
+            if part in written and written[part] != configured:
+                problems.append(
+                    f"stores.{name}.{part}.serde is {configured!r} but store {name!r} was written with "
+                    f"{written[part]!r} (checkpoint {checkpoint.checkpoint_id}); set stores.{name}.{part}.serde="
+                    f"{written[part]}, or migrate the data into a new store"
+                )
+    if problems:
+        raise ConfigError("\n".join(problems))
 
 
 def _as_v2(entry: LogEntry | None) -> CheckpointV2 | None:

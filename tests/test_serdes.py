@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statebackend.errors import ConfigError, CorruptDataError, StateBackendError
+from statebackend.errors import ConfigError, CorruptDataError, SerdeError, StateBackendError
 from statebackend.serdes import SERDE_NAMES, Serde, get_serde
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -97,3 +99,34 @@ def test_every_named_serde_satisfies_the_protocol() -> None:
     for name in SERDE_NAMES:
         serde = get_serde(name)
         assert isinstance(serde, Serde) and serde.name == name
+
+
+def test_values_of_the_right_type_that_cannot_be_encoded_are_a_serde_error_naming_the_fix() -> None:
+    with pytest.raises(SerdeError, match="lone surrogate at position 3") as info:
+        get_serde("string").to_bytes("abc\udcff")
+    assert isinstance(info.value, ValueError) and "errors='replace'" in str(info.value)
+    with pytest.raises(SerdeError, match="json serde"):
+        get_serde("json").to_bytes(float("nan"))
+    with pytest.raises(SerdeError, match="pickle serde"):
+        get_serde("pickle").to_bytes(lambda: None)
+
+
+def test_a_lone_surrogate_key_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    from statebackend.task import TaskStorage
+
+    config = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": (tmp_path / "blobs").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+    }
+    with TaskStorage.open(config, "task-0") as task:
+        counts = task.store("counts")
+        with pytest.raises(SerdeError):
+            counts.put("k\ud800", 1)
+        counts.put("ok", 2)
+        task.commit_durably({"input": "1"})
+        assert dict(counts.items()) == {"ok": 2}

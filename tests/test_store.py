@@ -12,7 +12,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from statebackend.errors import StateBackendError, StoreLockedError
+from statebackend.errors import LocalDirError, StateBackendError, StoreLockedError
 from statebackend.store import LocalStore, LocalVersion
 from tests.contract.store_contract import LocalStoreContract, v
 
@@ -360,3 +360,11 @@ def test_flush_and_read_view_requests_never_wait_for_an_apply_in_progress(tmp_pa
         with future.result(timeout=30) as view:  # type: ignore[attr-defined]
             assert view.version == v(1) and list(view.items()) == [(b"k", b"v")]
         outcome["change"].close()  # type: ignore[attr-defined]
+
+
+def test_a_local_dir_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the state directory should be")
+    with pytest.raises(LocalDirError, match="state.local.dir must be a directory this process can write") as info:
+        LocalStore.open(blocker / "job" / "task-0" / "counts", name="counts")
+    assert isinstance(info.value, OSError) and str(blocker) in str(info.value)

@@ -23,6 +23,7 @@ from statebackend.blobstore import BlobInfo, BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import (
     CommitError,
+    ConfigError,
     CorruptDataError,
     StateBackendError,
     TransientStorageError,
@@ -395,3 +396,20 @@ def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None
     with pytest.raises(StateBackendError, match="changelog: .*blobsnapshot: "):
         TaskStorage.open(config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0",
                          blob_store=blobs)
+
+
+# -- serdes are recorded ----------------------------------------------------------------------------------------------
+
+
+def test_a_changed_serde_is_a_clear_error_naming_the_store_and_both_serdes(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"stores.counts.key.serde": "string", "stores.counts.msg.serde": "integer"})
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        task.store("counts").put("ada", 3)
+        task.commit_durably({"input": "1"})
+    changed = dict(config, **{"stores.counts.msg.serde": "json"})
+    with pytest.raises(ConfigError, match="stores.counts.msg.serde is 'json' but store 'counts' was written with "
+                                          "'integer'"):
+        TaskStorage.open(changed, "task-0", blob_store=blobs)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:  # unchanged config still opens
+        assert task.store("counts").get("ada") == 3
