@@ -34,8 +34,9 @@ import shutil
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -64,7 +65,7 @@ from statebackend.errors import (
     NotFoundError,
     StateBackendError,
 )
-from statebackend.store import LocalStore, ReadView
+from statebackend.store import LocalStore, LocalVersion, ReadView
 
 __all__ = ["STAGING_DIR", "BlobSnapshotBackupManager", "SweepReport", "read_index"]
 
@@ -167,8 +168,9 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
         for name, store in self.context.stores.items():
             staging = Path(store.path) / STAGING_DIR
-            shutil.rmtree(staging, ignore_errors=True)  # copies of a crashed process: never referenced
-            staging.mkdir()
+            staging.mkdir(exist_ok=True)
+            for stale in staging.iterdir():  # copies of a crashed process (never referenced), not the copy of an
+                _remove_unless_in_flight(stale)  # upload of an earlier open in this process whose close timed out
             state = _StoreState(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
             marker = markers.get(name)
             if marker is not None:
@@ -288,6 +290,11 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         version = view.version
         assert version is not None and parsed is not None
         staging = state.staging / Path(marker).stem
+        with _staging_in_flight(staging):
+            return self._upload_staged(state, marker, staging, view, version, parsed[0])
+
+    def _upload_staged(self, state: _StoreState, marker: str, staging: Path, view: ReadView, version: LocalVersion,
+                       seq: int) -> str:
         try:
             shutil.rmtree(staging, ignore_errors=True)
             view.copy_to(staging)
@@ -306,7 +313,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     task=self.context.task_name,
                     store=state.name,
                     version=version,
-                    seq=parsed[0],
+                    seq=seq,
                     chunk_size=self.chunk_size,
                     files=files,
                     previous=state.previous,
@@ -617,6 +624,33 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             return False
         # no age: its expiry was removed when a durable checkpoint used it, and no retained one does any more
         return DURABLE_AT in metadata or not metadata
+
+
+#: staging dirs of uploads running in this process, by absolute path: the init of a later open of the same store
+#: (its previous open's close timed out while an upload ran) must not delete them
+_in_flight_lock = threading.Lock()
+_in_flight: set[str] = set()
+
+
+@contextmanager
+def _staging_in_flight(staging: Path) -> Iterator[None]:
+    with _in_flight_lock:
+        _in_flight.add(str(staging))
+    try:
+        yield
+    finally:
+        with _in_flight_lock:
+            _in_flight.discard(str(staging))
+
+
+def _remove_unless_in_flight(path: Path) -> None:
+    with _in_flight_lock:
+        if str(path) in _in_flight:
+            return
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _wait_some(futures: set[Future[int]]) -> tuple[set[Future[int]], set[Future[int]]]:

@@ -75,6 +75,34 @@ def maintenance_pool() -> ThreadPoolExecutor:
         return _maintenance[0]
 
 
+#: staged files being written or uploaded, by absolute path, process-wide: a cleanup, or the init of a later open of
+#: the same store while an upload of an earlier open still runs (its close timed out), never deletes them. A counter:
+#: the same file may be in two hands. Registered before the file exists, so a file listed is either in here or not.
+_in_flight_lock = threading.Lock()
+_in_flight: Counter[str] = Counter()
+
+
+@contextmanager
+def _staged_in_flight(paths: list[Path]) -> Iterator[None]:
+    keys = [str(path) for path in paths]
+    with _in_flight_lock:
+        _in_flight.update(keys)
+    try:
+        yield
+    finally:
+        with _in_flight_lock:
+            _in_flight.subtract(keys)
+            for key in keys:
+                if _in_flight[key] <= 0:
+                    del _in_flight[key]
+
+
+def _unlink_unless_in_flight(path: Path) -> None:
+    with _in_flight_lock:
+        if _in_flight[str(path)] == 0:
+            path.unlink(missing_ok=True)
+
+
 def _seq_of(blob: str) -> int | None:
     """The sequence number in a delta or snapshot name (``.../<seq:012d>-<token>.<ext>``), or None."""
     stem = blob.rsplit("/", 1)[-1]
@@ -113,9 +141,6 @@ class _Lineage:
     background: Future[Step] | None = None
     #: the blob the running background snapshot writes (never swept while it runs)
     background_name: str | None = None
-    #: staged file names being written or uploaded (by an upload or the background snapshot): cleanup never deletes
-    #: them, whatever their seq (a counter: the same name may be in two hands)
-    in_flight: Counter[str] = attrs.field(factory=Counter)
     retained: deque[Recipe] = attrs.field(factory=deque)
     #: blobs no retained checkpoint needs that are not deleted yet
     garbage: set[str] = attrs.field(factory=set)
@@ -142,8 +167,8 @@ class ChangelogBackupManager(TaskBackupManager):
         for name, store in self.context.stores.items():
             staging = Path(store.path) / STAGING_DIR
             staging.mkdir(exist_ok=True)
-            for stale in staging.iterdir():  # left by a crashed process: its commits never became durable
-                stale.unlink(missing_ok=True)
+            for stale in staging.iterdir():  # left by a crashed process (its commits never became durable), not in
+                _unlink_unless_in_flight(stale)  # flight for an earlier open in this process whose close timed out
             lineage = _Lineage(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
             recipe = Recipe.decode(markers[name], source=f"store {name}") if name in markers else None
             head = recipe.head if recipe is not None else None
@@ -306,9 +331,7 @@ class ChangelogBackupManager(TaskBackupManager):
             seq = _seq_of(staged.name)
             if staged.name.endswith(".partial") or seq is None or seq > durable.seq or staged.name in needed:
                 continue
-            with lineage.lock:  # registered before it is written, so a file listed here is either in flight or not
-                if lineage.in_flight[staged.name] == 0:
-                    staged.unlink(missing_ok=True)
+            _unlink_unless_in_flight(staged)
 
     def _checkpoint_log(self) -> CheckpointLog:
         settings = self.context.settings
@@ -347,21 +370,8 @@ class ChangelogBackupManager(TaskBackupManager):
     def _upload_store(self, lineage: _Lineage, marker: str) -> str:
         recipe = Recipe.decode(marker, source=f"store {lineage.name}")
         # every file this upload stages or re-sends is in flight until it returns: cleanup leaves them alone
-        with self._in_flight(lineage, [Path(name).name for name in recipe.blob_names()]):
+        with _staged_in_flight([lineage.staging / Path(name).name for name in recipe.blob_names()]):
             return self._upload_recipe(lineage, recipe, marker)
-
-    @contextmanager
-    def _in_flight(self, lineage: _Lineage, names: list[str]) -> Iterator[None]:
-        with lineage.lock:
-            lineage.in_flight.update(names)
-        try:
-            yield
-        finally:
-            with lineage.lock:
-                lineage.in_flight.subtract(names)
-                for name in names:
-                    if lineage.in_flight[name] <= 0:
-                        del lineage.in_flight[name]
 
     def _upload_recipe(self, lineage: _Lineage, recipe: Recipe, marker: str) -> str:
         metrics = self.context.metrics
@@ -495,7 +505,7 @@ class ChangelogBackupManager(TaskBackupManager):
         try:
             # in flight while it is written and uploaded: on a slow network, commits past its seq become durable
             # meanwhile, and their cleanups must not take it for a file a re-base left behind
-            with self._in_flight(lineage, [Path(name).name]):
+            with _staged_in_flight([lineage.staging / Path(name).name]):
                 self._write_and_upload(lineage, step, "snapshot", view.items(), name)
             crashpoint("changelog.background_snapshot.uploaded")
         finally:
