@@ -276,9 +276,11 @@ def main() -> None:
         work = Path(tmp)
         servers: dict[str, ServerProcess] = {}
         if "az" in stores:
+            (work / "azurite").mkdir()
             servers["az"] = start_azurite(work / "azurite")
             stack.callback(servers["az"].stop)
         if "s3" in stores:
+            (work / "moto").mkdir()
             servers["s3"] = start_moto(work / "moto")
             stack.callback(servers["s3"].stop)
         for store_kind in stores:

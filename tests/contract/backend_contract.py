@@ -150,12 +150,20 @@ class BackendContract:
             assert failed is not None
             with pytest.raises(CommitError):
                 failed.result(timeout=30)
-            with pytest.raises(CommitError, match="previous commit failed|injected"):
-                task.commit({"input": "1b"})
+            # reported once, through result(): the next commit commits anew instead of raising it again
+            again = task.commit({"input": "1b"})
+            assert again is not None and again.result(timeout=30).input_offsets == {"input": "1b"}
+            # a failure nobody saw is raised once by the next commit, then the one after commits
+            blobs.failures_left = 1
             write_round(task, 2, model)
+            unseen = task.commit({"input": "2a"})
+            assert unseen is not None
+            unseen.future.exception(timeout=30)
+            with pytest.raises(CommitError, match="previous commit failed|injected"):
+                task.commit({"input": "2b"})
             checkpoint = task.commit_durably({"input": "2"})
             assert checkpoint.input_offsets == {"input": "2"}
-            assert task.metrics.counter("commit.failures") == 1
+            assert task.metrics.counter("commit.failures") == 2
         shutil.rmtree(tmp_path / "local")
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             assert contents(task) == model
