@@ -25,6 +25,7 @@ retry logic that need exact control (events, not sleeps).
 from __future__ import annotations
 
 import random
+import re
 import selectors
 import socket
 import struct
@@ -42,6 +43,8 @@ RESET_AFTER = "reset_after"
 DELAY = "delay"
 #: the server's reply is cut inside its status line, then the connection is closed (FIN)
 CUT_STATUS_LINE = "cut_status_line"
+#: only the status line arrives (a 2xx says the server acted), then a clean close: every header is missing
+CUT_AFTER_STATUS_LINE = "cut_after_status_line"
 #: the status line and some whole header lines arrive, then a clean close: a client that takes EOF for the end
 #: of the header block (http.client does) sees a reply with headers missing and an empty body
 CUT_HEADERS = "cut_headers"
@@ -53,9 +56,18 @@ ERROR_5XX_PARTIAL = "error_5xx_partial"
 CUT_BODY = "cut_body"
 
 #: every kind a random or scripted fault can take (DELAY aside)
-FAULT_KINDS = (RESET_BEFORE, RESET_AFTER, CUT_STATUS_LINE, CUT_HEADERS, CUT_HEAD, ERROR_5XX_PARTIAL, CUT_BODY)
+FAULT_KINDS = (
+    RESET_BEFORE,
+    RESET_AFTER,
+    CUT_STATUS_LINE,
+    CUT_AFTER_STATUS_LINE,
+    CUT_HEADERS,
+    CUT_HEAD,
+    ERROR_5XX_PARTIAL,
+    CUT_BODY,
+)
 #: kinds that act on the server's reply, so the server has handled the request (like RESET_AFTER)
-_REPLY_FAULTS = frozenset({RESET_AFTER, CUT_STATUS_LINE, CUT_HEADERS, CUT_HEAD, ERROR_5XX_PARTIAL, CUT_BODY})
+_REPLY_FAULTS = frozenset(FAULT_KINDS) - {RESET_BEFORE}
 
 #: ``schedule(request_number, request_head) -> kind or None``: which fault the request gets (number from 1)
 Schedule = Callable[[int, bytes], str | None]
@@ -67,17 +79,17 @@ _PARTIAL_503 = (
 )
 
 
-def fault_requests(kind: str, *, match: str | bytes = b"", nth: Iterable[int] = (1,)) -> Schedule:
-    """A schedule that gives ``kind`` to the ``nth`` requests (counted from 1) whose head contains ``match``
-    (e.g. ``b"GET /bucket?list-type=2"``), and no fault to any other request."""
+def fault_requests(kind: str, *, match: bytes = b"", nth: Iterable[int] = (1,)) -> Schedule:
+    r"""A schedule that gives ``kind`` to the ``nth`` requests (counted from 1) whose head matches the regular
+    expression ``match`` (e.g. ``rb"^GET /bucket\?list-type=2"``), and no fault to any other request."""
     wanted = set(nth)
-    needle = match.encode() if isinstance(match, str) else match
+    pattern = re.compile(match)
     seen = 0
     lock = threading.Lock()
 
     def schedule(number: int, head: bytes) -> str | None:
         nonlocal seen
-        if needle not in head:
+        if pattern.search(head) is None:
             return None
         with lock:
             seen += 1
@@ -271,6 +283,8 @@ class FaultProxy:
         if fate == CUT_STATUS_LINE:
             status_end = head.find(b"\r\n")
             client.sendall(head[: max(1, status_end // 2)])
+        elif fate == CUT_AFTER_STATUS_LINE:
+            client.sendall(head[: head.find(b"\r\n") + 2])
         elif fate == CUT_HEADERS:
             lines = head.split(b"\r\n")[:-1]  # status line, header lines
             keep = 1 + max(0, (len(lines) - 1) // 2)

@@ -459,9 +459,10 @@ class AzureBlobStore(PartedBlobStore):
         if isinstance(exc, (azure_errors.ServiceRequestError, azure_errors.ServiceResponseError)):
             return TransientStorageError(f"network error on {name!r} in {where}: {self._safe(exc)}")
         if isinstance(exc, (azure_errors.IncompleteReadError, azure_errors.DecodeError)) or (
-            isinstance(exc, azure_errors.HttpResponseError) and status is None
+            isinstance(exc, azure_errors.HttpResponseError) and (status is None or status < 400)
         ):
-            # no status code: the reply (or its body) was cut short; the request may or may not have been served
+            # no status code (the reply or its body was cut short), or a success the SDK could not take (its head
+            # was cut): the request may or may not have been served
             return TransientStorageError(
                 f"the reply of {where} for {name!r} was cut short ({type(exc).__name__}: {self._safe(exc)}); "
                 "worth a retry"
