@@ -239,3 +239,94 @@ def test_hedging_cuts_the_tail_under_ten_percent_slow_requests(server: tuple[str
         assert proxy.stats["delay"] > 0
     assert worst[False] >= delay_s  # the slow requests were really slow without hedging
     assert worst[True] < 0.6 * worst[False]
+
+
+# -- create-only read-back on every path (scripted) ------------------------------------------------------------
+
+
+def _lose_reply_after_write(scripted: ScriptedBlobStore, times: int) -> None:
+    """The first ``times`` puts write and then lose their reply (a reset after the server acted)."""
+    left = iter(range(times))
+
+    def after_put(name: str) -> None:
+        if next(left, None) is not None:
+            raise TransientStorageError("connection reset after the write")
+
+    scripted.after_put = after_put
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_create_only_whose_last_attempt_lost_its_reply_reads_back_and_succeeds(
+    scripted: ScriptedBlobStore, max_attempts: int
+) -> None:
+    """Every attempt wrote (or found its own write) and the last one's reply was lost: the blob is ours."""
+    _lose_reply_after_write(scripted, times=1)
+
+    def before(operation: str, name: str) -> None:
+        if operation == "put" and scripted.calls["put"] > 1:
+            raise TransientStorageError("503")  # the retries never get an answer either
+
+    scripted.before = before
+    store, _, _ = _resilient(scripted, max_attempts=max_attempts)
+    store.put("cp/1", b"ours", create_only=True, metadata={"kind": "checkpoint"})
+    assert scripted.inner.get("cp/1") == b"ours"
+    assert scripted.calls["put"] == max_attempts
+
+
+def test_create_only_whose_last_attempt_failed_finds_other_bytes_is_already_exists(
+    scripted: ScriptedBlobStore,
+) -> None:
+    def before(operation: str, name: str) -> None:
+        if operation == "put":
+            if not scripted.inner.exists(name):
+                scripted.inner.put(name, b"theirs")
+            raise TransientStorageError("reset")
+
+    scripted.before = before
+    store, _, _ = _resilient(scripted, max_attempts=2)
+    with pytest.raises(AlreadyExistsError, match="other bytes"):
+        store.put("cp/1", b"ours", create_only=True)
+
+
+def test_create_only_whose_attempts_all_failed_before_the_server_stays_transient(
+    scripted: ScriptedBlobStore,
+) -> None:
+    def before(operation: str, name: str) -> None:
+        if operation == "put":
+            raise TransientStorageError("reset before the server")
+
+    scripted.before = before
+    store, _, _ = _resilient(scripted, max_attempts=2)
+    with pytest.raises(TransientStorageError, match="reset before"):
+        store.put("cp/1", b"ours", create_only=True)
+    assert not scripted.inner.exists("cp/1")
+
+
+def test_create_only_read_back_compares_metadata_even_when_we_wrote_none(scripted: ScriptedBlobStore) -> None:
+    """A retry finds equal bytes with metadata we never wrote: not ours."""
+    attempts = iter(range(100))
+
+    def before(operation: str, name: str) -> None:
+        if operation == "put" and next(attempts) == 0:
+            scripted.inner.put(name, b"same", metadata={"kind": "someone else"})
+            raise TransientStorageError("connection reset")
+
+    scripted.before = before
+    store, _, _ = _resilient(scripted)
+    with pytest.raises(AlreadyExistsError):
+        store.put("cp/1", b"same", create_only=True)
+
+
+def test_create_only_read_back_that_fails_is_undecided_not_taken(scripted: ScriptedBlobStore) -> None:
+    """The name is taken after a lost reply and the read-back cannot be made: a transient error (retry later), never
+    AlreadyExistsError, which would fence a task that may well own the blob."""
+    _lose_reply_after_write(scripted, times=1)
+
+    def before(operation: str, name: str) -> None:
+        if operation == "get":
+            raise StorageError("403 on the read-back")
+
+    scripted.before = before
+    store, _, _ = _resilient(scripted)
+    with pytest.raises(TransientStorageError, match="could not read the blob back"):
+        store.put("cp/1", b"ours", create_only=True)
