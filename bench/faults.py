@@ -39,14 +39,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import format_table, machine_info, p50_p95, write_result  # noqa: E402
-from statebackend.blobstore import BlobInfo, BlobStore  # noqa: E402
-from statebackend.blobstores.file import FileBlobStore  # noqa: E402
-from statebackend.errors import CommitConflictError, StateBackendError, TransientStorageError  # noqa: E402
-from statebackend.resilience import ResilientBlobStore  # noqa: E402
-from statebackend.task import TaskStorage  # noqa: E402
-from tests.faults import FAULT_KINDS, FaultProxy  # noqa: E402
-from tests.servers import ServerProcess, azurite_connection_string, start_azurite, start_moto  # noqa: E402
+from bench.common import format_table, machine_info, p50_p95, write_result
+from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.file import FileBlobStore
+from statebackend.errors import CommitConflictError, StateBackendError, TransientStorageError
+from statebackend.resilience import ResilientBlobStore
+from statebackend.task import TaskStorage
+from tests.faults import FAULT_KINDS, FaultProxy
+from tests.servers import ServerProcess, azurite_connection_string, start_azurite, start_moto
 
 BACKENDS = {"changelog": "changelog", "blobsnapshot": "blobsnapshot", "dual": "changelog,blobsnapshot"}
 RETRY = {

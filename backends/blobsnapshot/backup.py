@@ -586,16 +586,18 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                      indexes_deleted)
         return SweepReport(indexes_deleted, chunks_deleted, not complete)
 
+    def _checkpoint_log(self) -> CheckpointLog:
+        """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
+        short listing cannot make live indexes look unreferenced); a log of its own when run without a task."""
+        if self.context.checkpoint_log is not None:
+            return self.context.checkpoint_log
+        settings = self.context.settings
+        return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
+                             read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
+
     def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
         """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""
-        settings = self.context.settings
-        checkpoint_log = CheckpointLog(
-            self.context.blob_store,
-            self.context.job_name,
-            self.context.task_name,
-            read_versions=settings.checkpoint_read_versions,
-            retained=settings.checkpoint_retained,
-        )
+        checkpoint_log = self._checkpoint_log()
         names = set()
         for entry in checkpoint_log.entries():
             if isinstance(entry.checkpoint, CheckpointV2):

@@ -334,6 +334,10 @@ class ChangelogBackupManager(TaskBackupManager):
             _unlink_unless_in_flight(staged)
 
     def _checkpoint_log(self) -> CheckpointLog:
+        """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
+        short listing cannot make live blobs look unreferenced); a log of its own when run without a task."""
+        if self.context.checkpoint_log is not None:
+            return self.context.checkpoint_log
         settings = self.context.settings
         return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
                              read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
