@@ -413,3 +413,39 @@ def test_a_changed_serde_is_a_clear_error_naming_the_store_and_both_serdes(tmp_p
         TaskStorage.open(changed, "task-0", blob_store=blobs)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:  # unchanged config still opens
         assert task.store("counts").get("ada") == 3
+
+
+# -- a short listing never makes live blobs garbage -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["changelog", "blobsnapshot"])
+def test_sweep_under_a_short_listing_deletes_nothing_a_checkpoint_needs(tmp_path: Path, factory: str) -> None:
+    blobs = HookedBlobStore(MemoryBlobStore())
+    config = config_for(tmp_path, factory, **{"task.checkpoint.retained": 3})
+    if factory == "blobsnapshot":
+        config["blobsnapshot.gc.grace.period.ms"] = 0
+    models = []
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for n in range(4):
+            write_round(task, n, model)
+            task.commit_durably({"input": str(n)})
+            models.append(dict(model))
+        task.commit_manager.close()
+        before = sorted(blobs.inner.list("job/task-0/counts/"))
+        blobs.short_lists = 100
+        manager = task.commit_manager.backups[0].manager
+        with pytest.raises(StateBackendError, match="known to be durable"):
+            manager.sweep()
+        blobs.short_lists = 0
+        assert sorted(blobs.inner.list("job/task-0/counts/")) == before
+    # every retained checkpoint still restores exactly
+    log = TaskStorage.open(config_for(tmp_path / "x", factory, **_same_url(config)), "task-0",
+                           blob_store=blobs.inner)
+    with log:
+        entries = log.checkpoint_log.entries()
+    assert [e.checkpoint.input_offsets["input"] for e in entries] == ["1", "2", "3"]
+    for entry in entries:
+        with TaskStorage.open(config_for(tmp_path / f"r{entry.seq}", factory, **_same_url(config)), "task-0",
+                              blob_store=blobs.inner, checkpoint=entry) as check:
+            assert contents(check) == models[int(entry.checkpoint.input_offsets["input"])]
