@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from statebackend.errors import ConfigError, NotFoundError
+from statebackend.redact import redact
 
 __all__ = [
     "BlobInfo",
@@ -244,7 +245,7 @@ def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobS
     scheme = urlsplit(url).scheme
     if scheme not in _SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
-        raise ConfigError(f"blob.store.url {url!r} has an unknown scheme {scheme!r}; known: {known}")
+        raise ConfigError(f"blob.store.url {redact(url)!r} has an unknown scheme {scheme!r}; known: {known}")
     target, hint = _SCHEMES[scheme]
     module_name, _, class_name = target.partition(":")
     try:

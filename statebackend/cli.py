@@ -5,7 +5,9 @@
     statebackend dump job.properties TASK STORE      print a store's state at the newest checkpoint (key<TAB>value)
 
 A config file holds ``key=value`` lines (``#`` comments), the same flat keys as in Python; ``-D key=value`` overrides.
-Exit status: 0 on success, 2 on a configuration error, 1 on any other failure, with a one-line message.
+Exit status: 0 on success, 2 on a configuration error, 1 on any other failure, with a one-line message. Every line
+printed goes through statebackend.redact (no SAS token, account key, URL userinfo or secret field is ever shown); an
+unexpected exception is reported as one redacted line too, never as a raw traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from statebackend.errors import ConfigError, StateBackendError
+from statebackend.redact import redact
 
 __all__ = ["load_properties", "main"]
 
@@ -65,10 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             config[key.strip()] = value.strip()
         return _COMMANDS[args.command](args, config)
     except ConfigError as exc:
-        print(f"statebackend: configuration error: {exc}", file=sys.stderr)
+        print(redact(f"statebackend: configuration error: {exc}"), file=sys.stderr)
         return 2
     except StateBackendError as exc:
-        print(f"statebackend: {exc}", file=sys.stderr)
+        print(redact(f"statebackend: {exc}"), file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - one redacted line; a raw traceback could quote a credential
+        print(redact(f"statebackend: unexpected {type(exc).__name__}: {exc}"), file=sys.stderr)
         return 1
 
 
@@ -89,7 +95,7 @@ def _validate(args: argparse.Namespace, config: dict[str, str]) -> int:
                 options=settings.backend_options_for(factory_name),
             )
             resolve_factory(factory_name).factory.admin(context).validate_resources()
-            print(f"{factory_name}: OK ({blob_store.describe()})")
+            print(redact(f"{factory_name}: OK ({blob_store.describe()})"))
     return 0
 
 
@@ -106,9 +112,9 @@ def _checkpoints(args: argparse.Namespace, config: dict[str, str]) -> int:
             offsets = ",".join(f"{k}={v}" for k, v in sorted(cp.input_offsets.items()))
             if isinstance(cp, CheckpointV2):
                 backends = ",".join(sorted(cp.state_checkpoint_markers))
-                print(f"#{entry.seq}\t{cp.checkpoint_id}\t{offsets}\t{backends}")
+                print(redact(f"#{entry.seq}\t{cp.checkpoint_id}\t{offsets}\t{backends}"))
             else:
-                print(f"#{entry.seq}\tv1\t{offsets}")
+                print(redact(f"#{entry.seq}\tv1\t{offsets}"))
     return 0
 
 

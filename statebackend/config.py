@@ -36,6 +36,7 @@ import attrs
 
 from statebackend.blobstore import known_blob_store_schemes
 from statebackend.errors import ConfigError
+from statebackend.redact import redact
 from statebackend.registry import ResolvedFactory, known_factories, resolve_factory
 
 __all__ = [
@@ -264,7 +265,10 @@ class StoreSettings:
 
 
 def _redacted_repr(mapping: Mapping[str, Any]) -> str:
-    shown = {key: ("<redacted>" if _is_secret_key(key) else value) for key, value in mapping.items()}
+    shown = {
+        key: ("<redacted>" if _is_secret_key(key) else redact(value) if isinstance(value, str) else value)
+        for key, value in mapping.items()
+    }
     return repr(shown)
 
 
@@ -278,7 +282,7 @@ class Settings:
 
     job_name: str
     local_dir: Path
-    blob_store_url: str
+    blob_store_url: str = attrs.field(repr=lambda url: repr(redact(url)))  # userinfo, SAS query
     #: parsed ``blob.store.*`` keys other than url, without the prefix; unset keys without a default are absent
     blob_store_options: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
     stores: Mapping[str, StoreSettings]
@@ -418,7 +422,7 @@ class _SettingsParser:
         if "://" not in url or scheme not in schemes:
             known = ", ".join(f"{s}://" for s in schemes)
             self.problems.append(
-                f"blob.store.url={url!r} is not valid: unknown scheme {scheme!r}; allowed: a URL starting with {known}"
+                f"blob.store.url={redact(url)!r} is not valid: unknown scheme {scheme!r}; allowed: a URL starting with {known}"
             )
             return None
         return url

@@ -71,7 +71,8 @@ _SECRET_FIELDS = (
 _QUERY_RE = re.compile(r"([?&])([^=&#\s'\"<>?]+)=([^&#\s'\"<>]*)")
 _PARAM_RE = re.compile(rf"(?i)(^|[\s'\"(,;&?])({_SECRET_PARAMS})=([^&#\s'\"<>,;)]*)")
 _FIELD_RE = re.compile(rf"(?i)\b({_SECRET_FIELDS})(\s*[=:]\s*['\"]?)([^;'\"\s,}}]*)")
-_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/\s@?#'\"]+)@")
+# up to the last '@' before whitespace: a secret may hold '/' (AWS keys do); a path with '@' is over-redacted
+_USERINFO_RE = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s'\"<>]+)@")
 _AUTH_HEADER_RE = re.compile(
     r"(?i)(['\"]?(?:authorization|x-amz-security-token|x-ms-copy-source-authorization|proxy-authorization)['\"]?"
     r"\s*[:=]\s*['\"]?)([^'\"\r\n}]*)"

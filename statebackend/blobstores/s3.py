@@ -58,7 +58,7 @@ from statebackend.errors import (
     StorageError,
     TransientStorageError,
 )
-from statebackend.redact import protect_sdk_loggers, redact, sanitized, url_has_userinfo
+from statebackend.redact import protect_sdk_loggers, redact, register_secrets, sanitized, url_has_userinfo
 from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 
 try:
@@ -187,6 +187,7 @@ class S3BlobStore(PartedBlobStore):
                 f"cannot configure the S3 client for {url}: {type(exc).__name__}: {redact(exc)}; check "
                 "blob.store.endpoint.url, blob.store.region and blob.store.profile"
             ) from sanitized(exc)
+        _register_credentials(client)
         return cls(
             client,
             parts.netloc,
@@ -547,6 +548,18 @@ class S3BlobStore(PartedBlobStore):
 
     def _safe(self, exc: BaseException) -> str:
         return redact(exc, self._secrets())
+
+
+def _register_credentials(client: Any) -> None:
+    """Register the secret key and session token with statebackend.redact (both appear in botocore's DEBUG logs of
+    the canonical request, the token as a header). Refreshable credentials are not touched: reading them could
+    trigger a network call at open; their values are still scrubbed by the header and field patterns."""
+    try:
+        credentials = client._request_signer._credentials  # private: to redact, never to show
+    except AttributeError:
+        return
+    if credentials is not None and not hasattr(credentials, "refresh_needed"):
+        register_secrets((getattr(credentials, "secret_key", None), getattr(credentials, "token", None)))
 
 
 def _page_problem(page: Mapping[str, Any], bucket: str, prefix: str, entries: int) -> str | None:
