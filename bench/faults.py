@@ -11,7 +11,7 @@ more restores without faults to check the result. Faults:
   write landed (a local disk has no cut replies).
 
 Counted per cell: commits acknowledged, failed (a clear CommitError; the next commit carries the changes), **lost**
-(acknowledged, but the restored state or checkpoint is older: must be 0), **raw** exceptions (anything not a
+(acknowledged, but the restored state or checkpoint is older, or the restore without faults fails: must be 0), **raw** exceptions (anything not a
 StateBackendError: must be 0), **false conflicts** (CommitConflictError with one attempt only: must be 0), restores
 that succeeded exactly / failed with a clear error / came back **wrong** (must be 0), and p50/p95 of the durable
 commit.
@@ -25,6 +25,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import sys
@@ -222,6 +223,8 @@ def run_cell(store_kind: str, backend: str, rate: float, servers: Mapping[str, S
             except StateBackendError as exc:
                 cell.restore_failed += 1
                 cell.note(exc)
+                if not faulted and acked_after:
+                    cell.lost = max(cell.lost, 1)  # acknowledged state that cannot be restored: lost (at least 1)
                 continue
             except Exception as exc:  # noqa: BLE001 - counted
                 cell.raw += 1
@@ -280,6 +283,9 @@ def main() -> None:
             servers["az"] = start_azurite(work / "azurite")
             stack.callback(servers["az"].stop)
         if "s3" in stores:
+            for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                               "AWS_DEFAULT_REGION": "us-east-1"}.items():
+                os.environ.setdefault(key, value)  # moto's server takes any credentials; boto3 wants some
             (work / "moto").mkdir()
             servers["s3"] = start_moto(work / "moto")
             stack.callback(servers["s3"].stop)
