@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,32 @@ def test_sessionize_example_equals_a_batch_sessionization() -> None:
     result = run_example("examples/sessionize.py", "--files", "3", "--events-per-file", "1000")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
+
+
+def readme_python_blocks() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_readme_quick_start_runs_as_written_and_prints_restored_counts(tmp_path: Path) -> None:
+    quick_start = readme_python_blocks()[0]
+    script = tmp_path / "quick_start.py"
+    script.write_text(quick_start)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == ["3 {'ada': 2, 'bob': 1}", "5 {'ada': 2, 'bob': 2, 'cy': 1}"]
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_readme_spark_snippet_runs_as_written_after_the_quick_start(tmp_path: Path) -> None:
+    quick_start, spark_snippet = readme_python_blocks()[:2]
+    script = tmp_path / "spark_snippet.py"
+    script.write_text(quick_start + "\n" + spark_snippet)
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                            check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("|task-")]
+    counts = {cells[2]: int(cells[3]) for cells in (row.split("|") for row in rows)}
+    assert {key.strip(): value for key, value in counts.items()} == {"ada": 2, "bob": 2, "cy": 1}
