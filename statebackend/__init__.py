@@ -50,7 +50,36 @@ _EXPORTS = {
     "CommitConflictError": "statebackend.errors",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "AlreadyExistsError",
+    "BackendContext",
+    "BlobInfo",
+    "BlobStore",
+    "CommitConflictError",
+    "CommitError",
+    "CommitTimeoutError",
+    "ConfigError",
+    "CorruptDataError",
+    "IncompatibleFormatError",
+    "InconsistentStateError",
+    "LocalDirError",
+    "Metrics",
+    "NotFoundError",
+    "PendingCommit",
+    "SerdeError",
+    "Settings",
+    "StateBackendAdmin",
+    "StateBackendError",
+    "StateBackendFactory",
+    "StorageError",
+    "StoreLockedError",
+    "TaskBackupManager",
+    "TaskRestoreManager",
+    "TaskStorage",
+    "TransientStorageError",
+    "__version__",
+    "open_blob_store",
+]
 
 if TYPE_CHECKING:
     from statebackend.blobstore import BlobInfo, BlobStore, open_blob_store

@@ -43,7 +43,7 @@ def test_sessionize_example_equals_a_batch_sessionization() -> None:
 
 def readme_python_blocks() -> list[str]:
     text = (ROOT / "README.md").read_text()
-    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    return re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
 
 
 def test_readme_quick_start_runs_as_written_and_prints_restored_counts(tmp_path: Path) -> None:
@@ -68,3 +68,12 @@ def test_readme_spark_snippet_runs_as_written_after_the_quick_start(tmp_path: Pa
     rows = [line for line in result.stdout.splitlines() if line.startswith("|task-")]
     counts = {cells[2]: int(cells[3]) for cells in (row.split("|") for row in rows)}
     assert {key.strip(): value for key, value in counts.items()} == {"ada": 2, "bob": 2, "cy": 1}
+
+
+def test_the_public_api_is_importable_from_the_package() -> None:
+    import statebackend
+
+    assert statebackend.__version__ and statebackend.__version__ != "0+unknown"
+    for name in statebackend.__all__:
+        assert getattr(statebackend, name) is not None, name
+    assert issubclass(statebackend.CommitConflictError, statebackend.CommitError)
