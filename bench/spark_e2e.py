@@ -101,6 +101,7 @@ def run_statebackend(spark: Any, source: Path, work: Path) -> tuple[list[dict[st
         "state.local.dir": str(work / "sb-local"),
         "blob.store.url": f"file://{work / 'sb-blobs'}",
         "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }

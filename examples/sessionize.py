@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         "state.local.dir": str(run_dir / "local"),
         "blob.store.url": f"file://{run_dir / 'blobs'}",
         "blob.store.create.if.missing": "true",
+        **{f"stores.{name}.backup.factories": "changelog" for name in ("sessions", "expiry", "clock")},
         **{f"stores.{name}.key.serde": "string" for name in ("sessions", "expiry", "clock")},
         "stores.sessions.msg.serde": "json",
         "stores.expiry.msg.serde": "string",

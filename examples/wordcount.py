@@ -80,6 +80,7 @@ def config_for(state_dir: Path) -> dict[str, object]:
         "state.local.dir": str(state_dir / "local"),
         "blob.store.url": f"file://{state_dir / 'blobs'}",
         "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }

@@ -352,6 +352,7 @@ class _SettingsParser:
             value = self._value("blob.store." + option, spec)
             if value is not None:
                 blob_store_options[option] = value
+        self._undeclared_stores()
         stores = {name: self._store(name) for name in sorted(self.store_keys)}
         backend_options = self._backend_options()
         self._report_unknown_keys(stores, backend_options)
@@ -406,6 +407,22 @@ class _SettingsParser:
                 self.store_keys.setdefault(name, {})[option] = self.config[key]
                 return
         self.unknown_keys.append(key)
+
+    def _undeclared_stores(self) -> None:
+        """A store exists when its backup factories are set; any other key of an undeclared store is a typo (it
+        would otherwise silently create a second store with default settings)."""
+        declared = sorted(name for name, keys in self.store_keys.items() if "backup.factories" in keys)
+        for name in [n for n in self.store_keys if n not in declared]:
+            options = self.store_keys.pop(name)
+            for option in sorted(options):
+                key = f"stores.{name}.{option}"
+                near = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+                hint = (f"did you mean stores.{near[0]}.{option}?" if near else
+                        f"declare it with stores.{name}.backup.factories=changelog (or another backend)")
+                self.problems.append(
+                    f"{key}: store {name!r} is not declared (a store exists when stores.<name>.backup.factories is "
+                    f"set; declared stores: {', '.join(declared) or 'none'}); {hint}"
+                )
 
     def _value(self, key: str, spec: OptionSpec) -> Any:
         value, problem = _parse_one(key, spec, self.config.get(key))
@@ -787,7 +804,8 @@ BLOB_STORE_OPTIONS: Mapping[str, OptionSpec] = {
 #: ``stores.<name>.<key>`` -> spec
 STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "backup.factories": OptionSpec(
-        parse_list(), "changelog", "state backends the store is backed up to at every commit, in order"
+        parse_list(), None, "state backends the store is backed up to at every commit, in order; setting it declares "
+        "the store (required)"
     ),
     "restore.factories": OptionSpec(
         parse_list(),

@@ -348,7 +348,8 @@ def test_keys_of_other_systems_are_kept_and_ignored() -> None:
 
 
 def test_every_problem_is_reported_at_once_first_problem_on_the_first_line() -> None:
-    message = error_of({"task.commit.ms": "abc", "job.nmae": "x", "stores.s.key.serde": "jsn"})
+    message = error_of({"task.commit.ms": "abc", "job.nmae": "x", "stores.s.key.serde": "jsn",
+                        "stores.s.backup.factories": "changelog"})
     lines = message.splitlines()
     assert lines[0].startswith("blob.store.url is missing")
     assert len(lines) == 4
@@ -370,7 +371,7 @@ def test_config_that_is_not_a_mapping_is_an_error() -> None:
 
 
 def test_store_defaults_back_up_to_changelog_and_restore_from_it() -> None:
-    s = settings(stores__counts__key__serde="string")
+    s = settings(stores__counts__key__serde="string", stores__counts__backup__factories="changelog")
     assert s.stores["counts"] == StoreSettings(
         name="counts",
         backup_factories=("changelog",),
@@ -408,7 +409,7 @@ def test_factories_are_recorded_by_canonical_name() -> None:
 
 
 def test_store_names_may_contain_dots() -> None:
-    s = settings(**{"stores.orders.by.id.key.serde": "string"})
+    s = settings(**{"stores.orders.by.id.key.serde": "string", "stores.orders.by.id.backup.factories": "changelog"})
     assert s.stores["orders.by.id"].key_serde == "string"
 
 
@@ -429,7 +430,7 @@ def test_backend_listed_twice_is_an_error() -> None:
 
 
 def test_unknown_serde_is_an_error_listing_the_serdes() -> None:
-    message = error_of({"blob.store.url": URL, "stores.a.msg.serde": "avro"})
+    message = error_of({"blob.store.url": URL, "stores.a.msg.serde": "avro", "stores.a.backup.factories": "changelog"})
     assert "stores.a.msg.serde='avro' is not valid" in message
     assert "allowed: one of bytes, string, integer, json, pickle" in message
 
@@ -437,7 +438,7 @@ def test_unknown_serde_is_an_error_listing_the_serdes() -> None:
 def test_only_backends_some_store_names_are_resolved() -> None:
     registry._REGISTRY["changelog"] = ("sb_no_such_module:Factory", None)
     assert settings().stores == {}
-    assert "could not be imported" in error_of({"blob.store.url": URL, "stores.a.key.serde": "string"})
+    assert "could not be imported" in error_of({"blob.store.url": URL, "stores.a.backup.factories": "changelog"})
 
 
 # -- backend options --------------------------------------------------------------------------------------------
@@ -490,7 +491,7 @@ def test_misspelled_backend_option_suggests_the_closest() -> None:
 
 
 def test_option_of_a_backend_without_options_is_an_error() -> None:
-    message = error_of({"blob.store.url": URL, "stores.a.key.serde": "string", "changelog.anything": "1"})
+    message = error_of({"blob.store.url": URL, "stores.a.backup.factories": "changelog", "changelog.anything": "1"})
     assert "changelog.anything: unknown key; known keys of backend 'changelog': none" in message
 
 
@@ -527,7 +528,7 @@ def test_settings_pickle_round_trip() -> None:
 
 
 def test_settings_mappings_are_read_only() -> None:
-    s = settings(stores__a__key__serde="string")
+    s = settings(stores__a__key__serde="string", stores__a__backup__factories="changelog")
     with pytest.raises(TypeError):
         s.stores["b"] = s.stores["a"]  # type: ignore[index]
     with pytest.raises(TypeError):
@@ -561,3 +562,18 @@ def test_reference_docs_list_every_key() -> None:
     keys += ["stores.<name>." + option for option in STORE_OPTIONS]
     for key in keys:
         assert f"`{key}`" in reference, f"docs/configuration.md does not document {key}"
+
+
+def test_a_store_exists_only_when_its_backup_factories_are_set() -> None:
+    # seen: a typo in a store's name silently created a second store with default settings
+    message = error_of({
+        "blob.store.url": URL,
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.count.msg.serde": "integer",
+    })
+    assert message.startswith("stores.count.msg.serde: store 'count' is not declared")
+    assert "did you mean stores.counts.msg.serde?" in message
+    alone = error_of({"blob.store.url": URL, "stores.sessions.key.serde": "string"})
+    assert "declare it with stores.sessions.backup.factories=changelog" in alone
+    assert settings(stores__counts__backup__factories="changelog").stores["counts"].key_serde == "bytes"

@@ -131,6 +131,7 @@ def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
         "state.local.dir": str(tmp_path / "local"),
         "blob.store.url": f"file://{tmp_path / 'blobs'}",
         "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
         "changelog.snapshot.interval.commits": 2,
