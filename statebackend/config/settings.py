@@ -1,33 +1,12 @@
-"""Configuration (DESIGN section 11): flat Samza-style keys parsed once into typed, validated :class:`Settings`.
-
-Contract:
-
-- Every key statebackend owns is declared once here as an :class:`OptionSpec` (parser, default, one-line doc); a
-  backend declares its own keys in ``StateBackendFactory.options`` and they are read under
-  ``<canonical-factory-name>.<option>`` (only for factories some store names, so a missing optional backend never
-  breaks a config that does not use it).
-- Values may be strings (as a properties file or Spark conf gives them) or already-typed Python values; a ``None``
-  value counts as unset. A bool is never accepted where a number is expected.
-- A wrong value names the key, the bad value and what is allowed. An unknown key under a prefix statebackend owns
-  (``job.``, ``state.``, ``blob.store.``, ``stores.<name>.``, ``task.``, ``<used-factory>.``) is an error with a
-  "did you mean" for typos, so a misspelled key never silently falls back to its default. Keys under other prefixes
-  (``spark.*``, another system's) are kept in ``raw`` and ignored, except a near miss of one of our keys
-  (``tsak.commit.ms``), which is reported as a typo.
-- All problems are collected and raised as one :class:`~statebackend.errors.ConfigError`: its first line is the
-  first problem, and each problem has its own line, so a user fixes everything in one go.
-- Settings are immutable and picklable (they travel to Spark executors); their repr hides credentials.
-
-The reference of every key is docs/configuration.md; tests/test_config.py checks it lists every key declared here.
-"""
+"""Settings: the whole configuration parsed once into typed, validated, immutable values (see the package
+docstring for the contract)."""
 
 from __future__ import annotations
 
 import difflib
 import logging
-import os
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from decimal import Decimal, InvalidOperation
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,210 +14,13 @@ from urllib.parse import urlsplit
 import attrs
 
 from statebackend.blobstore import known_blob_store_schemes
+from statebackend.config.keys import BLOB_STORE_OPTIONS, GLOBAL_OPTIONS, NAME_PATTERN, OWNED_PREFIXES, STORE_OPTIONS
+from statebackend.config.options import OptionSpec, parse_one
 from statebackend.errors import ConfigError
 from statebackend.redact import redact
 from statebackend.registry import ResolvedFactory, known_factories, resolve_factory
 
-__all__ = [
-    "BLOB_STORE_OPTIONS",
-    "GLOBAL_OPTIONS",
-    "NAME_PATTERN",
-    "SERDES",
-    "STORE_OPTIONS",
-    "OptionSpec",
-    "Parser",
-    "Settings",
-    "StoreSettings",
-    "parse_bool",
-    "parse_bytes",
-    "parse_choice",
-    "parse_duration_ms",
-    "parse_int",
-    "parse_list",
-    "parse_object",
-    "parse_path",
-    "parse_str",
-]
-
 _log = logging.getLogger(__name__)
-
-#: (key, raw value) -> parsed value; raises ConfigError naming the key
-Parser = Callable[[str, Any], Any]
-
-#: job and store names: they become parts of blob names and directory names
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-
-SERDES = ("bytes", "string", "integer", "json", "pickle")
-
-
-@attrs.frozen
-class OptionSpec:
-    """One configuration key: how to parse it, its default and a one-line meaning.
-
-    ``default`` goes through ``parse`` too, so it may be written raw (``"8MiB"``) or typed (``8388608``); ``None``
-    means "unset" (the key is then absent from option mappings). ``secret`` keeps the value out of reprs.
-    """
-
-    parse: Parser
-    default: Any = None
-    doc: str = ""
-    secret: bool = False
-
-    def default_value(self, key: str) -> Any:
-        """The parsed default (``None`` when the key has no default)."""
-        return None if self.default is None else self.parse(key, self.default)
-
-
-# -- parsers ----------------------------------------------------------------------------------------------------
-
-
-def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # shadows min/max: the names read best
-    """An integer from an int or a decimal string, within ``[min, max]``."""
-    allowed = _range_text("an integer", min, max)
-
-    def parse(key: str, raw: Any) -> int:
-        value = _to_int(key, raw, allowed)
-        _check_range(key, raw, value, min, max, allowed)
-        return value
-
-    return parse
-
-
-def parse_bool() -> Parser:
-    """A bool from a bool or one of true/false, yes/no, on/off, 1/0 (any case)."""
-    allowed = "true or false (also yes/no, on/off, 1/0)"
-
-    def parse(key: str, raw: Any) -> bool:
-        if isinstance(raw, bool):
-            return raw
-        if isinstance(raw, str):
-            word = raw.strip().lower()
-            if word in _TRUE:
-                return True
-            if word in _FALSE:
-                return False
-        raise _value_error(key, raw, "not a boolean", allowed)
-
-    return parse
-
-
-def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:
-    """A byte count from an int or a string: ``"100"``, ``"512KiB"``, ``"64MiB"``, ``"1.5GiB"``, ``"1TiB"`` (binary
-    units), ``"10MB"`` (decimal units), case-insensitive, optional space before the unit."""
-    allowed = _range_text("a byte count such as 100, 512KiB, 64MiB, 1GiB", min, max)
-    return _scaled_parser("byte count", _BYTE_UNITS, allowed, min, max)
-
-
-def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:
-    """A duration in milliseconds from an int (milliseconds) or a string: ``"1500"``, ``"250ms"``, ``"30s"``,
-    ``"5m"``/``"5min"``, ``"1h"``."""
-    allowed = _range_text("milliseconds, such as 30000, 250ms, 30s, 5min, 1h", min, max)
-    return _scaled_parser("duration", _DURATION_UNITS, allowed, min, max)
-
-
-def _scaled_parser(
-    what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None
-) -> Parser:
-    """An int, or a string of a number and one of ``units`` (bytes, durations), within [low, high]."""
-
-    def parse(key: str, raw: Any) -> int:
-        if isinstance(raw, bool):
-            raise _value_error(key, raw, f"a boolean is not a {what}", allowed)
-        if isinstance(raw, int):
-            value = raw
-        elif isinstance(raw, str):
-            value = _scaled(key, raw, units, allowed)
-        else:
-            raise _value_error(key, raw, f"a {type(raw).__name__} is not a {what}", allowed)
-        _check_range(key, raw, value, low, high, allowed)
-        return value
-
-    return parse
-
-
-def parse_choice(*allowed_values: str) -> Parser:
-    """One of ``allowed_values`` (exact, after trimming)."""
-    if not allowed_values:
-        raise ValueError("parse_choice needs at least one allowed value")
-    allowed = "one of " + ", ".join(allowed_values)
-
-    def parse(key: str, raw: Any) -> str:
-        if isinstance(raw, str) and raw.strip() in allowed_values:
-            return raw.strip()
-        near = difflib.get_close_matches(str(raw).strip(), allowed_values, n=1) if isinstance(raw, str) else []
-        problem = f"not an allowed value (did you mean {near[0]}?)" if near else "not an allowed value"
-        raise _value_error(key, raw, problem, allowed)
-
-    return parse
-
-
-def parse_list(item_parser: Parser | None = None) -> Parser:
-    """A non-empty tuple from a comma-separated string (items trimmed, none empty) or a list/tuple; each item goes
-    through ``item_parser`` (default: a non-empty string)."""
-    parse_item = item_parser or parse_str()
-
-    def parse(key: str, raw: Any) -> tuple[Any, ...]:
-        allowed = "a comma-separated list of non-empty items"
-        if isinstance(raw, str):
-            items: Sequence[Any] = [item.strip() for item in raw.split(",")]
-            if raw.strip() == "":
-                raise _value_error(key, raw, "the list is empty", allowed)
-            for position, item in enumerate(items, start=1):
-                if item == "":
-                    raise _value_error(key, raw, f"item {position} is empty", allowed)
-        elif isinstance(raw, (list, tuple)):
-            items = raw
-            if not items:
-                raise _value_error(key, raw, "the list is empty", allowed)
-        else:
-            raise _value_error(key, raw, f"a {type(raw).__name__} is not a list", allowed)
-        return tuple(parse_item(key, item) for item in items)
-
-    return parse
-
-
-def parse_str(pattern: str | None = None) -> Parser:
-    """A non-empty string (trimmed; an int is taken as its decimal string), matching ``pattern`` in full if given."""
-    compiled = re.compile(pattern) if pattern is not None else None
-    allowed = f"a string matching {pattern}" if pattern is not None else "a non-empty string"
-
-    def parse(key: str, raw: Any) -> str:
-        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-            raise _value_error(key, raw, f"a {type(raw).__name__} is not a string", allowed)
-        value = str(raw).strip()
-        if value == "":
-            raise _value_error(key, raw, "the value is empty", allowed)
-        if compiled is not None and not compiled.fullmatch(value):
-            raise _value_error(key, raw, "it does not match the allowed pattern", allowed)
-        return value
-
-    return parse
-
-
-def parse_path() -> Parser:
-    """A filesystem path from a non-empty string or path-like; ``~`` is expanded, nothing is touched on disk."""
-
-    def parse(key: str, raw: Any) -> Path:
-        if isinstance(raw, os.PathLike):
-            raw = os.fspath(raw)
-        if not isinstance(raw, str) or raw.strip() == "":
-            raise _value_error(key, raw, "not a path", "a non-empty directory path")
-        return Path(raw.strip()).expanduser()
-
-    return parse
-
-
-def parse_object() -> Parser:
-    """Any value, passed through (a non-empty string is trimmed): for SDK objects such as an Azure credential."""
-
-    def parse(key: str, raw: Any) -> Any:
-        if isinstance(raw, str):
-            if raw.strip() == "":
-                raise _value_error(key, "<empty>", "the value is empty", "a non-empty string or a credential object")
-            return raw.strip()
-        return raw
-
-    return parse
 
 
 # -- settings ---------------------------------------------------------------------------------------------------
@@ -388,7 +170,7 @@ class _SettingsParser:
                     self.unknown_keys.append(key)
             elif key.startswith("stores."):
                 self._classify_store_key(key)
-            elif key.startswith(_OWNED_PREFIXES):
+            elif key.startswith(OWNED_PREFIXES):
                 self.unknown_keys.append(key)
             else:
                 self.other_keys.append(key)
@@ -425,7 +207,7 @@ class _SettingsParser:
                 )
 
     def _value(self, key: str, spec: OptionSpec) -> Any:
-        value, problem = _parse_one(key, spec, self.config.get(key))
+        value, problem = parse_one(key, spec, self.config.get(key))
         if problem is not None:
             self.problems.append(problem)
         return value
@@ -574,7 +356,7 @@ def _parse_backend_options(resolved: ResolvedFactory, config: Mapping[str, Any])
     options: dict[str, Any] = {}
     for option, spec in schema.items():
         key = prefix + option
-        value, problem = _parse_one(key, spec, config.get(key))
+        value, problem = parse_one(key, spec, config.get(key))
         if problem is not None:
             problems.append(problem)
         elif value is not None:
@@ -589,17 +371,6 @@ def _parse_backend_options(resolved: ResolvedFactory, config: Mapping[str, Any])
                 allowed = ", ".join(known) if known else f"none (backend {canonical!r} has no options)"
                 problems.append(f"{key}: unknown key; known keys of backend {canonical!r}: {allowed}")
     return _ReadOnlyMapping(options), problems
-
-
-def _parse_one(key: str, spec: OptionSpec, raw: Any) -> tuple[Any, str | None]:
-    """(value, None) or (default, problem); a secret's value never enters the problem text."""
-    try:
-        return (spec.default_value(key) if raw is None else spec.parse(key, raw)), None
-    except ConfigError as exc:
-        problem = str(exc)
-        if spec.secret and " is not valid:" in problem:
-            problem = f"{key}=<redacted> is not valid:" + problem.split(" is not valid:", 1)[1]
-        return spec.default_value(key), problem
 
 
 def _store_key_candidates(key: str, *, any_prefix: bool = False) -> list[str]:
@@ -629,75 +400,11 @@ def _missing_url_message(config: Mapping[str, Any]) -> str:
     return message + (f" (is {near[0]} a misspelling of it?)" if near else "")
 
 
-# -- helpers ----------------------------------------------------------------------------------------------------
-
-_TRUE = frozenset({"true", "yes", "on", "1"})
-_FALSE = frozenset({"false", "no", "off", "0"})
-
-_BYTE_UNITS = {
-    "": 1,
-    "b": 1,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-}
-_DURATION_UNITS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
-_SCALED_RE = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)")
 _SECRET_KEY_RE = re.compile(r"(password|secret|token|credential|connection\.string|sas|account\.key)", re.IGNORECASE)
-
-
-def _value_error(key: str, raw: Any, problem: str, allowed: str) -> ConfigError:
-    shown = repr(raw)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    return ConfigError(f"{key}={shown} is not valid: {problem}; allowed: {allowed}")
 
 
 def _is_secret_key(key: str) -> bool:
     return bool(_SECRET_KEY_RE.search(key))
-
-
-def _range_text(what: str, low: int | None, high: int | None) -> str:
-    if low is not None and high is not None:
-        return f"{what} (from {low} to {high})"
-    if low is not None:
-        return f"{what} (at least {low})"
-    if high is not None:
-        return f"{what} (at most {high})"
-    return what
-
-
-def _to_int(key: str, raw: Any, allowed: str) -> int:
-    if isinstance(raw, bool):
-        raise _value_error(key, raw, "a boolean is not an integer", allowed)
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str) and re.fullmatch(r"[+-]?[0-9]+", raw.strip()):
-        return int(raw.strip())
-    raise _value_error(key, raw, "not an integer", allowed)
-
-
-def _check_range(key: str, raw: Any, value: int, low: int | None, high: int | None, allowed: str) -> None:
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise _value_error(key, raw, "out of range", allowed)
-
-
-def _scaled(key: str, raw: str, units: Mapping[str, int], allowed: str) -> int:
-    match = _SCALED_RE.fullmatch(raw.strip())
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in units:
-        problem = f"unknown unit {match.group(2)!r}" if match else "not a number with an optional unit"
-        raise _value_error(key, raw, problem, allowed)
-    try:
-        number = Decimal(match.group(1))
-    except InvalidOperation as exc:  # the regex admits only decimals, so this is a guard
-        raise _value_error(key, raw, "not a number", allowed) from exc
-    return int(number * units[unit])
 
 
 class _ReadOnlyMapping(Mapping[str, Any]):
@@ -724,105 +431,3 @@ class _ReadOnlyMapping(Mapping[str, Any]):
         return (_ReadOnlyMapping, (self._data,))
 
 
-# -- the keys statebackend owns ---------------------------------------------------------------------------------
-# Declared last: building the tables calls the parsers, which need the helpers above.
-
-
-def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
-    versions = parse_list(parse_int(min=1, max=2))(key, raw)
-    if len(set(versions)) != len(versions):
-        raise _value_error(key, raw, "a version is listed twice", "a comma-separated list of 1 and 2, no repeats")
-    return versions
-
-
-_DEFAULT_POOL_SIZE = min(32, 4 * (os.cpu_count() or 1))
-
-#: full key -> spec, for the keys outside ``blob.store.*`` and ``stores.<name>.*``
-GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
-    "job.name": OptionSpec(
-        parse_str(NAME_PATTERN), "job", "name of the streaming application; the first part of every blob name"
-    ),
-    "state.local.dir": OptionSpec(
-        parse_path(), "./state", "local directory for the stores: <dir>/<job>/<task>/<store>/"
-    ),
-    "blob.store.url": OptionSpec(
-        parse_str(), None, "where backups and checkpoints go: file:///path, az://container/prefix, s3://bucket/prefix"
-    ),
-    "task.commit.ms": OptionSpec(parse_duration_ms(min=0), 60000, "interval between two commits of a task"),
-    "task.commit.max.delay.ms": OptionSpec(
-        parse_duration_ms(min=0),
-        60000,
-        "a commit whose previous upload started less than this ago is skipped; after it, processing blocks",
-    ),
-    "task.commit.timeout.ms": OptionSpec(
-        parse_duration_ms(min=1), 1800000, "longest a commit blocks on the previous upload before it fails"
-    ),
-    "task.commit.async.failures.tolerated": OptionSpec(
-        parse_int(min=0), 0, "failed asynchronous commit parts counted and passed over before a commit raises"
-    ),
-    "task.commit.pool.size": OptionSpec(
-        parse_int(min=1, max=1024),
-        _DEFAULT_POOL_SIZE,
-        "threads of the commit pool shared by the tasks of a process (default min(32, 4 x CPUs))",
-    ),
-    "task.checkpoint.write.versions": OptionSpec(
-        _parse_versions, "2", "checkpoint formats written at each commit, any of 1, 2"
-    ),
-    "task.checkpoint.read.versions": OptionSpec(
-        _parse_versions, "2,1", "checkpoint formats read on restore, in order of preference"
-    ),
-    "task.checkpoint.retained": OptionSpec(
-        parse_int(min=1), 10, "checkpoints kept in the checkpoint log; older ones and what only they need are deleted"
-    ),
-}
-
-#: ``blob.store.<key>`` -> spec; the parsed values (minus url) become ``Settings.blob_store_options``
-BLOB_STORE_OPTIONS: Mapping[str, OptionSpec] = {
-    "connection.string": OptionSpec(parse_str(), None, "Azure storage connection string", secret=True),
-    "account.url": OptionSpec(parse_str(), None, "Azure account URL, https://<account>.blob.core.windows.net"),
-    "credential": OptionSpec(
-        parse_object(), None, "Azure credential: an account key, a SAS token or a credential object", secret=True
-    ),
-    "endpoint.url": OptionSpec(parse_str(), None, "S3 endpoint URL, for S3-compatible servers"),
-    "region": OptionSpec(parse_str(), None, "S3 region"),
-    "profile": OptionSpec(parse_str(), None, "AWS profile name for credentials"),
-    "max.concurrency": OptionSpec(parse_int(min=1, max=1024), 8, "concurrent requests per blob store"),
-    "request.timeout.ms": OptionSpec(parse_duration_ms(min=1), 30000, "timeout of one request attempt"),
-    "retry.max.attempts": OptionSpec(
-        parse_int(min=1), 5, "attempts for a request that fails transiently (1: no retry)"
-    ),
-    "retry.base.delay.ms": OptionSpec(parse_duration_ms(min=0), 100, "first retry backoff; doubles each retry"),
-    "retry.max.delay.ms": OptionSpec(parse_duration_ms(min=0), 5000, "upper bound of a retry backoff"),
-    "hedge.after.ms": OptionSpec(
-        parse_duration_ms(min=0), 0, "start a second attempt when the first is slower than this (0: off)"
-    ),
-    "hedge.max": OptionSpec(parse_int(min=1, max=8), 2, "most hedged attempts started for one request"),
-    "part.size.bytes": OptionSpec(parse_bytes(min=1), "8MiB", "part size of parallel uploads and downloads"),
-    "create.if.missing": OptionSpec(parse_bool(), False, "create the container, bucket or directory when missing"),
-}
-
-#: ``stores.<name>.<key>`` -> spec
-STORE_OPTIONS: Mapping[str, OptionSpec] = {
-    "backup.factories": OptionSpec(
-        parse_list(), None, "state backends the store is backed up to at every commit, in order; setting it declares "
-        "the store (required)"
-    ),
-    "restore.factories": OptionSpec(
-        parse_list(),
-        None,
-        "state backends the store is restored from, in order: the first whose marker the checkpoint has; when its "
-        "restore fails on a missing or damaged blob, the next (default: the backup factories; may name backends "
-        "the store no longer backs up to, for a migration)",
-    ),
-    "restore.factory": OptionSpec(
-        parse_str(), None, "alias of restore.factories with one backend (kept for existing configs)"
-    ),
-    "key.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how keys are encoded: " + ", ".join(SERDES)),
-    "msg.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how values are encoded: " + ", ".join(SERDES)),
-    "write.batch.max.bytes": OptionSpec(
-        parse_bytes(min=1), "64MiB", "memory bound of the write batch between two commits; a larger batch spills"
-    ),
-    "lmdb.map.size": OptionSpec(parse_bytes(min=1 << 20), "1TiB", "LMDB map size: the largest the store can grow"),
-}
-
-_OWNED_PREFIXES = ("job.", "state.", "blob.store.", "stores.", "task.")

@@ -1,0 +1,60 @@
+"""Configuration: flat Samza-style keys parsed once into typed, validated :class:`Settings`.
+
+Contract:
+
+- Every key statebackend owns is declared once here as an :class:`OptionSpec` (parser, default, one-line doc); a
+  backend declares its own keys in ``StateBackendFactory.options`` and they are read under
+  ``<canonical-factory-name>.<option>`` (only for factories some store names, so a missing optional backend never
+  breaks a config that does not use it).
+- Values may be strings (as a properties file or Spark conf gives them) or already-typed Python values; a ``None``
+  value counts as unset. A bool is never accepted where a number is expected.
+- A wrong value names the key, the bad value and what is allowed. An unknown key under a prefix statebackend owns
+  (``job.``, ``state.``, ``blob.store.``, ``stores.<name>.``, ``task.``, ``<used-factory>.``) is an error with a
+  "did you mean" for typos, so a misspelled key never silently falls back to its default. Keys under other prefixes
+  (``spark.*``, another system's) are kept in ``raw`` and ignored, except a near miss of one of our keys
+  (``tsak.commit.ms``), which is reported as a typo.
+- All problems are collected and raised as one :class:`~statebackend.errors.ConfigError`: its first line is the
+  first problem, and each problem has its own line, so a user fixes everything in one go.
+- Settings are immutable and picklable (they travel to Spark executors); their repr hides credentials.
+
+The reference of every key is docs/configuration.md; tests/test_config.py checks it lists every key declared here.
+"""
+
+from __future__ import annotations
+
+from statebackend.config.keys import BLOB_STORE_OPTIONS, GLOBAL_OPTIONS, NAME_PATTERN, SERDES, STORE_OPTIONS
+from statebackend.config.options import (
+    OptionSpec,
+    Parser,
+    parse_bool,
+    parse_bytes,
+    parse_choice,
+    parse_duration_ms,
+    parse_int,
+    parse_list,
+    parse_object,
+    parse_path,
+    parse_str,
+)
+from statebackend.config.settings import Settings, StoreSettings
+
+__all__ = [
+    "BLOB_STORE_OPTIONS",
+    "GLOBAL_OPTIONS",
+    "NAME_PATTERN",
+    "SERDES",
+    "STORE_OPTIONS",
+    "OptionSpec",
+    "Parser",
+    "Settings",
+    "StoreSettings",
+    "parse_bool",
+    "parse_bytes",
+    "parse_choice",
+    "parse_duration_ms",
+    "parse_int",
+    "parse_list",
+    "parse_object",
+    "parse_path",
+    "parse_str",
+]

@@ -1,0 +1,127 @@
+"""The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``blob.store.*`` and
+``stores.<name>.*``. docs/configuration.md lists every one (a test checks it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from statebackend.config.options import (
+    OptionSpec,
+    parse_bool,
+    parse_bytes,
+    parse_choice,
+    parse_duration_ms,
+    parse_int,
+    parse_list,
+    parse_object,
+    parse_path,
+    parse_str,
+    value_error,
+)
+
+#: job and store names: they become parts of blob names and directory names
+NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+
+SERDES = ("bytes", "string", "integer", "json", "pickle")
+
+
+def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
+    versions = parse_list(parse_int(min=1, max=2))(key, raw)
+    if len(set(versions)) != len(versions):
+        raise value_error(key, raw, "a version is listed twice", "a comma-separated list of 1 and 2, no repeats")
+    return versions
+
+
+_DEFAULT_POOL_SIZE = min(32, 4 * (os.cpu_count() or 1))
+
+#: full key -> spec, for the keys outside ``blob.store.*`` and ``stores.<name>.*``
+GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
+    "job.name": OptionSpec(
+        parse_str(NAME_PATTERN), "job", "name of the streaming application; the first part of every blob name"
+    ),
+    "state.local.dir": OptionSpec(
+        parse_path(), "./state", "local directory for the stores: <dir>/<job>/<task>/<store>/"
+    ),
+    "blob.store.url": OptionSpec(
+        parse_str(), None, "where backups and checkpoints go: file:///path, az://container/prefix, s3://bucket/prefix"
+    ),
+    "task.commit.ms": OptionSpec(parse_duration_ms(min=0), 60000, "interval between two commits of a task"),
+    "task.commit.max.delay.ms": OptionSpec(
+        parse_duration_ms(min=0),
+        60000,
+        "a commit whose previous upload started less than this ago is skipped; after it, processing blocks",
+    ),
+    "task.commit.timeout.ms": OptionSpec(
+        parse_duration_ms(min=1), 1800000, "longest a commit blocks on the previous upload before it fails"
+    ),
+    "task.commit.async.failures.tolerated": OptionSpec(
+        parse_int(min=0), 0, "failed asynchronous commit parts counted and passed over before a commit raises"
+    ),
+    "task.commit.pool.size": OptionSpec(
+        parse_int(min=1, max=1024),
+        _DEFAULT_POOL_SIZE,
+        "threads of the commit pool shared by the tasks of a process (default min(32, 4 x CPUs))",
+    ),
+    "task.checkpoint.write.versions": OptionSpec(
+        _parse_versions, "2", "checkpoint formats written at each commit, any of 1, 2"
+    ),
+    "task.checkpoint.read.versions": OptionSpec(
+        _parse_versions, "2,1", "checkpoint formats read on restore, in order of preference"
+    ),
+    "task.checkpoint.retained": OptionSpec(
+        parse_int(min=1), 10, "checkpoints kept in the checkpoint log; older ones and what only they need are deleted"
+    ),
+}
+
+#: ``blob.store.<key>`` -> spec; the parsed values (minus url) become ``Settings.blob_store_options``
+BLOB_STORE_OPTIONS: Mapping[str, OptionSpec] = {
+    "connection.string": OptionSpec(parse_str(), None, "Azure storage connection string", secret=True),
+    "account.url": OptionSpec(parse_str(), None, "Azure account URL, https://<account>.blob.core.windows.net"),
+    "credential": OptionSpec(
+        parse_object(), None, "Azure credential: an account key, a SAS token or a credential object", secret=True
+    ),
+    "endpoint.url": OptionSpec(parse_str(), None, "S3 endpoint URL, for S3-compatible servers"),
+    "region": OptionSpec(parse_str(), None, "S3 region"),
+    "profile": OptionSpec(parse_str(), None, "AWS profile name for credentials"),
+    "max.concurrency": OptionSpec(parse_int(min=1, max=1024), 8, "concurrent requests per blob store"),
+    "request.timeout.ms": OptionSpec(parse_duration_ms(min=1), 30000, "timeout of one request attempt"),
+    "retry.max.attempts": OptionSpec(
+        parse_int(min=1), 5, "attempts for a request that fails transiently (1: no retry)"
+    ),
+    "retry.base.delay.ms": OptionSpec(parse_duration_ms(min=0), 100, "first retry backoff; doubles each retry"),
+    "retry.max.delay.ms": OptionSpec(parse_duration_ms(min=0), 5000, "upper bound of a retry backoff"),
+    "hedge.after.ms": OptionSpec(
+        parse_duration_ms(min=0), 0, "start a second attempt when the first is slower than this (0: off)"
+    ),
+    "hedge.max": OptionSpec(parse_int(min=1, max=8), 2, "most hedged attempts started for one request"),
+    "part.size.bytes": OptionSpec(parse_bytes(min=1), "8MiB", "part size of parallel uploads and downloads"),
+    "create.if.missing": OptionSpec(parse_bool(), False, "create the container, bucket or directory when missing"),
+}
+
+#: ``stores.<name>.<key>`` -> spec
+STORE_OPTIONS: Mapping[str, OptionSpec] = {
+    "backup.factories": OptionSpec(
+        parse_list(), None, "state backends the store is backed up to at every commit, in order; setting it declares "
+        "the store (required)"
+    ),
+    "restore.factories": OptionSpec(
+        parse_list(),
+        None,
+        "state backends the store is restored from, in order: the first whose marker the checkpoint has; when its "
+        "restore fails on a missing or damaged blob, the next (default: the backup factories; may name backends "
+        "the store no longer backs up to, for a migration)",
+    ),
+    "restore.factory": OptionSpec(
+        parse_str(), None, "alias of restore.factories with one backend (kept for existing configs)"
+    ),
+    "key.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how keys are encoded: " + ", ".join(SERDES)),
+    "msg.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how values are encoded: " + ", ".join(SERDES)),
+    "write.batch.max.bytes": OptionSpec(
+        parse_bytes(min=1), "64MiB", "memory bound of the write batch between two commits; a larger batch spills"
+    ),
+    "lmdb.map.size": OptionSpec(parse_bytes(min=1 << 20), "1TiB", "LMDB map size: the largest the store can grow"),
+}
+
+OWNED_PREFIXES = ("job.", "state.", "blob.store.", "stores.", "task.")

@@ -1,0 +1,270 @@
+"""Option specs and value parsers: how one configuration key is parsed, validated and documented.
+
+Every parser takes ``(key, raw)`` and returns the typed value, or raises :class:`ConfigError` naming the key, the
+bad value and what is allowed. Raw values may be strings (a properties file, a Spark conf) or typed Python values;
+a bool is never accepted where a number is expected."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from statebackend.errors import ConfigError
+
+#: (key, raw value) -> parsed value; raises ConfigError naming the key
+Parser = Callable[[str, Any], Any]
+
+
+@attrs.frozen
+class OptionSpec:
+    """One configuration key: how to parse it, its default and a one-line meaning.
+
+    ``default`` goes through ``parse`` too, so it may be written raw (``"8MiB"``) or typed (``8388608``); ``None``
+    means "unset" (the key is then absent from option mappings). ``secret`` keeps the value out of reprs.
+    """
+
+    parse: Parser
+    default: Any = None
+    doc: str = ""
+    secret: bool = False
+
+    def default_value(self, key: str) -> Any:
+        """The parsed default (``None`` when the key has no default)."""
+        return None if self.default is None else self.parse(key, self.default)
+
+
+# -- parsers ----------------------------------------------------------------------------------------------------
+
+
+def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # shadows min/max: the names read best
+    """An integer from an int or a decimal string, within ``[min, max]``."""
+    allowed = _range_text("an integer", min, max)
+
+    def parse(key: str, raw: Any) -> int:
+        value = _to_int(key, raw, allowed)
+        _check_range(key, raw, value, min, max, allowed)
+        return value
+
+    return parse
+
+
+def parse_bool() -> Parser:
+    """A bool from a bool or one of true/false, yes/no, on/off, 1/0 (any case)."""
+    allowed = "true or false (also yes/no, on/off, 1/0)"
+
+    def parse(key: str, raw: Any) -> bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str):
+            word = raw.strip().lower()
+            if word in _TRUE:
+                return True
+            if word in _FALSE:
+                return False
+        raise value_error(key, raw, "not a boolean", allowed)
+
+    return parse
+
+
+def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:
+    """A byte count from an int or a string: ``"100"``, ``"512KiB"``, ``"64MiB"``, ``"1.5GiB"``, ``"1TiB"`` (binary
+    units), ``"10MB"`` (decimal units), case-insensitive, optional space before the unit."""
+    allowed = _range_text("a byte count such as 100, 512KiB, 64MiB, 1GiB", min, max)
+    return _scaled_parser("byte count", _BYTE_UNITS, allowed, min, max)
+
+
+def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:
+    """A duration in milliseconds from an int (milliseconds) or a string: ``"1500"``, ``"250ms"``, ``"30s"``,
+    ``"5m"``/``"5min"``, ``"1h"``."""
+    allowed = _range_text("milliseconds, such as 30000, 250ms, 30s, 5min, 1h", min, max)
+    return _scaled_parser("duration", _DURATION_UNITS, allowed, min, max)
+
+
+def _scaled_parser(
+    what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None
+) -> Parser:
+    """An int, or a string of a number and one of ``units`` (bytes, durations), within [low, high]."""
+
+    def parse(key: str, raw: Any) -> int:
+        if isinstance(raw, bool):
+            raise value_error(key, raw, f"a boolean is not a {what}", allowed)
+        if isinstance(raw, int):
+            value = raw
+        elif isinstance(raw, str):
+            value = _scaled(key, raw, units, allowed)
+        else:
+            raise value_error(key, raw, f"a {type(raw).__name__} is not a {what}", allowed)
+        _check_range(key, raw, value, low, high, allowed)
+        return value
+
+    return parse
+
+
+def parse_choice(*allowed_values: str) -> Parser:
+    """One of ``allowed_values`` (exact, after trimming)."""
+    if not allowed_values:
+        raise ValueError("parse_choice needs at least one allowed value")
+    allowed = "one of " + ", ".join(allowed_values)
+
+    def parse(key: str, raw: Any) -> str:
+        if isinstance(raw, str) and raw.strip() in allowed_values:
+            return raw.strip()
+        near = difflib.get_close_matches(str(raw).strip(), allowed_values, n=1) if isinstance(raw, str) else []
+        problem = f"not an allowed value (did you mean {near[0]}?)" if near else "not an allowed value"
+        raise value_error(key, raw, problem, allowed)
+
+    return parse
+
+
+def parse_list(item_parser: Parser | None = None) -> Parser:
+    """A non-empty tuple from a comma-separated string (items trimmed, none empty) or a list/tuple; each item goes
+    through ``item_parser`` (default: a non-empty string)."""
+    parse_item = item_parser or parse_str()
+
+    def parse(key: str, raw: Any) -> tuple[Any, ...]:
+        allowed = "a comma-separated list of non-empty items"
+        if isinstance(raw, str):
+            items: Sequence[Any] = [item.strip() for item in raw.split(",")]
+            if raw.strip() == "":
+                raise value_error(key, raw, "the list is empty", allowed)
+            for position, item in enumerate(items, start=1):
+                if item == "":
+                    raise value_error(key, raw, f"item {position} is empty", allowed)
+        elif isinstance(raw, (list, tuple)):
+            items = raw
+            if not items:
+                raise value_error(key, raw, "the list is empty", allowed)
+        else:
+            raise value_error(key, raw, f"a {type(raw).__name__} is not a list", allowed)
+        return tuple(parse_item(key, item) for item in items)
+
+    return parse
+
+
+def parse_str(pattern: str | None = None) -> Parser:
+    """A non-empty string (trimmed; an int is taken as its decimal string), matching ``pattern`` in full if given."""
+    compiled = re.compile(pattern) if pattern is not None else None
+    allowed = f"a string matching {pattern}" if pattern is not None else "a non-empty string"
+
+    def parse(key: str, raw: Any) -> str:
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+            raise value_error(key, raw, f"a {type(raw).__name__} is not a string", allowed)
+        value = str(raw).strip()
+        if value == "":
+            raise value_error(key, raw, "the value is empty", allowed)
+        if compiled is not None and not compiled.fullmatch(value):
+            raise value_error(key, raw, "it does not match the allowed pattern", allowed)
+        return value
+
+    return parse
+
+
+def parse_path() -> Parser:
+    """A filesystem path from a non-empty string or path-like; ``~`` is expanded, nothing is touched on disk."""
+
+    def parse(key: str, raw: Any) -> Path:
+        if isinstance(raw, os.PathLike):
+            raw = os.fspath(raw)
+        if not isinstance(raw, str) or raw.strip() == "":
+            raise value_error(key, raw, "not a path", "a non-empty directory path")
+        return Path(raw.strip()).expanduser()
+
+    return parse
+
+
+def parse_object() -> Parser:
+    """Any value, passed through (a non-empty string is trimmed): for SDK objects such as an Azure credential."""
+
+    def parse(key: str, raw: Any) -> Any:
+        if isinstance(raw, str):
+            if raw.strip() == "":
+                raise value_error(key, "<empty>", "the value is empty", "a non-empty string or a credential object")
+            return raw.strip()
+        return raw
+
+    return parse
+
+
+def parse_one(key: str, spec: OptionSpec, raw: Any) -> tuple[Any, str | None]:
+    """(value, None) or (default, problem); a secret's value never enters the problem text."""
+    try:
+        return (spec.default_value(key) if raw is None else spec.parse(key, raw)), None
+    except ConfigError as exc:
+        problem = str(exc)
+        if spec.secret and " is not valid:" in problem:
+            problem = f"{key}=<redacted> is not valid:" + problem.split(" is not valid:", 1)[1]
+        return spec.default_value(key), problem
+
+
+# -- helpers ----------------------------------------------------------------------------------------------------
+
+_TRUE = frozenset({"true", "yes", "on", "1"})
+_FALSE = frozenset({"false", "no", "off", "0"})
+
+_BYTE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+}
+_DURATION_UNITS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+_SCALED_RE = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)")
+
+def value_error(key: str, raw: Any, problem: str, allowed: str) -> ConfigError:
+    shown = repr(raw)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ConfigError(f"{key}={shown} is not valid: {problem}; allowed: {allowed}")
+
+
+def _range_text(what: str, low: int | None, high: int | None) -> str:
+    if low is not None and high is not None:
+        return f"{what} (from {low} to {high})"
+    if low is not None:
+        return f"{what} (at least {low})"
+    if high is not None:
+        return f"{what} (at most {high})"
+    return what
+
+
+def _to_int(key: str, raw: Any, allowed: str) -> int:
+    if isinstance(raw, bool):
+        raise value_error(key, raw, "a boolean is not an integer", allowed)
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and re.fullmatch(r"[+-]?[0-9]+", raw.strip()):
+        return int(raw.strip())
+    raise value_error(key, raw, "not an integer", allowed)
+
+
+def _check_range(key: str, raw: Any, value: int, low: int | None, high: int | None, allowed: str) -> None:
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise value_error(key, raw, "out of range", allowed)
+
+
+def _scaled(key: str, raw: str, units: Mapping[str, int], allowed: str) -> int:
+    match = _SCALED_RE.fullmatch(raw.strip())
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in units:
+        problem = f"unknown unit {match.group(2)!r}" if match else "not a number with an optional unit"
+        raise value_error(key, raw, problem, allowed)
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation as exc:  # the regex admits only decimals, so this is a guard
+        raise value_error(key, raw, "not a number", allowed) from exc
+    return int(number * units[unit])
+
+
