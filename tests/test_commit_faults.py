@@ -144,7 +144,7 @@ def test_snapshot_failing_in_one_backend_of_a_dual_commit_does_not_fail_the_next
 
 def test_a_failed_apply_fails_every_waiting_read_view_instead_of_hanging(tmp_path: Path) -> None:
     with LocalStore.open(tmp_path / "s", name="s", map_size=1 << 18) as store:
-        with store._apply_lock:  # keep the background applier out until both batches wait
+        with store._applier.lock:  # keep the background applier out until both batches wait
             store.put_all((b"k%04d" % i, b"x" * 1000) for i in range(1000))
             first = store.flush(LocalVersion("1-1", "aa")).read_view()
             store.put(b"small", b"1")

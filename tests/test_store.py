@@ -38,8 +38,8 @@ def test_spill_keeps_batch_within_one_record_of_the_bound_and_marks_store_dirty(
             key, value = b"key%04d" % (i % 300), b"x" * (i % 17)
             largest_record = max(largest_record, len(key) + len(value))
             store.put(key, value)
-            assert store.pending_bytes <= bound  # a spill happens as soon as the bound is crossed
-        assert store.pending_runs > 0 and len(spill_files(store)) == store.pending_runs
+            assert store.batch_bytes <= bound  # a spill happens as soon as the bound is crossed
+        assert store.spill_runs > 0 and len(spill_files(store)) == store.spill_runs
         assert store.version is None  # LMDB holds data ahead of any checkpoint
         with store.flush(v(2)) as changes:
             assert changes.spill_runs > 0
@@ -56,12 +56,12 @@ def test_batch_exceeds_bound_by_at_most_one_record_before_it_spills(tmp_path: Pa
         seen_max = 0
         runs_before = 0
         for i in range(200):
-            before = store.pending_bytes
+            before = store.batch_bytes
             store.put(b"k%03d" % i, b"v" * 10)
-            if store.pending_runs == runs_before:
-                seen_max = max(seen_max, store.pending_bytes)
+            if store.spill_runs == runs_before:
+                seen_max = max(seen_max, store.batch_bytes)
             else:
-                runs_before = store.pending_runs
+                runs_before = store.spill_runs
                 assert before <= bound and before + 14 > bound
         assert seen_max <= bound
         assert runs_before >= 200 * 14 // (bound + 14)
@@ -185,9 +185,9 @@ def test_read_view_in_another_thread_stays_consistent_while_task_writes_and_flus
 def test_replace_contents_discards_spill_runs(tmp_path: Path) -> None:
     with LocalStore.open(tmp_path / "s", name="s", max_batch_bytes=10) as store:
         store.put_all((b"k%d" % i, b"v") for i in range(20))
-        assert store.pending_runs > 0
+        assert store.spill_runs > 0
         store.replace_contents([(b"a", b"1")], v(3))
-        assert store.pending_runs == 0 and spill_files(store) == []
+        assert store.spill_runs == 0 and spill_files(store) == []
         with store.flush(v(4)) as changes:
             assert list(changes) == []
         assert list(store.items()) == [(b"a", b"1")]
@@ -283,11 +283,11 @@ def test_flushed_batch_is_read_through_the_overlay_until_the_background_apply_la
         store.put(b"a", b"1")
         store.flush(v(1)).close()
         store.apply_pending()
-        with store._apply_lock:  # the background applier cannot run while the test holds the lock
+        with store._applier.lock:  # the background applier cannot run while the test holds the lock
             store.put(b"b", b"2")
             store.delete(b"a")
             change = store.flush(v(2))
-            assert store._pending, "the flush must not have reached LMDB yet"
+            assert store._applier.pending, "the flush must not have reached LMDB yet"
             assert store.get(b"b") == b"2" and store.get(b"a") is None
             assert list(store.items()) == [(b"b", b"2")]
             assert store.count() == 1
@@ -332,7 +332,7 @@ def test_flush_and_read_view_requests_never_wait_for_an_apply_in_progress(tmp_pa
         holding, release = threading.Event(), threading.Event()
 
         def applier_busy() -> None:  # stands for a long apply: it holds the LMDB write side
-            with store._apply_lock:
+            with store._applier.lock:
                 holding.set()
                 release.wait(30)
 

@@ -82,7 +82,7 @@ class LocalStoreContract:
             store.put(b"a", "1")  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             store.delete(1)  # type: ignore[arg-type]
-        assert store.pending_bytes == 0 and store.count() == 0
+        assert store.batch_bytes == 0 and store.count() == 0
 
     def test_too_long_or_empty_key_raises_naming_the_limit(self, store: LocalStore) -> None:
         with pytest.raises(StateBackendError, match="511"):
@@ -136,7 +136,7 @@ class LocalStoreContract:
 
     # -- count --------------------------------------------------------------------------------------------------
 
-    def test_count_with_and_without_pending_batch(self, store: LocalStore) -> None:
+    def test_count_with_and_without_a_write_batch(self, store: LocalStore) -> None:
         assert store.count() == 0
         store.put_all([(b"a", b"1"), (b"b", b"1"), (b"c", b"1")])
         assert store.count() == 3
@@ -251,11 +251,11 @@ class LocalStoreContract:
     def test_replace_contents_drops_old_data_and_sets_version(self, store: LocalStore) -> None:
         store.put_all([(b"old", b"1"), (b"b", b"old")])
         store.flush(v(1)).close()
-        store.put(b"pending", b"x")
+        store.put(b"unflushed", b"x")
         loaded = store.replace_contents(iter([(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]), v(9))
         assert loaded == 3
         assert list(store.items()) == [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")]
-        assert store.version == v(9) and store.count() == 3 and store.pending_bytes == 0
+        assert store.version == v(9) and store.count() == 3 and store.batch_bytes == 0
 
     def test_replace_contents_failing_midway_keeps_old_contents(self, store: LocalStore) -> None:
         store.put_all([(b"x", b"1"), (b"y", b"2")])
@@ -300,7 +300,7 @@ class LocalStoreContract:
             store.apply_changes([(b"c", b"1"), (b"b", None)], v(2))
         assert list(store.items()) == [(b"a", b"1")] and store.version == v(1)
 
-    def test_apply_changes_refuses_a_pending_batch(self, store: LocalStore) -> None:
+    def test_apply_changes_refuses_unflushed_writes(self, store: LocalStore) -> None:
         store.put(b"a", b"1")
         with pytest.raises(StateBackendError, match="unflushed"):
             store.apply_changes([(b"b", b"1")], v(1))
@@ -317,7 +317,7 @@ class LocalStoreContract:
         with self.open_store(tmp_path / "dst") as dst:
             dst.put(b"other", b"1")
             dst.flush(v(1)).close()
-            dst.put(b"pending", b"1")
+            dst.put(b"unflushed", b"1")
             dst.replace_environment(tmp_path / "copy")
             assert dst.version == v(5)
             assert list(dst.items()) == [(b"k%03d" % i, b"v%d" % i) for i in range(100)]

@@ -1,0 +1,199 @@
+"""The write batch: what it holds, how reads see it above LMDB (the overlay), and what a flush makes of it.
+
+Contract:
+
+- The write batch is a dict ``key -> value`` in memory, last write per key wins; a delete is ``TOMBSTONE``.
+- Reads see layers above LMDB, oldest first: the pending batches (flushed, not yet written by the applier), then the
+  write batch. ``overlay`` merges them for a key range (a later layer wins); ``merge_overlay`` merges that sorted
+  overlay into LMDB's records in key order, the overlay winning on equal keys and its tombstones hiding keys.
+- A ``ChangeSet`` is the frozen result of one flush: every key written since the previous flush, sorted, one record
+  per key (``(key, value)`` for a put, ``(key, None)`` for a delete), from the flush's spill runs (read lazily; later
+  runs win) and the final batch. It is immutable, iterable many times, and ``close()`` deletes its runs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Self
+
+import lmdb
+
+from statebackend.errors import StateBackendError
+from statebackend.store.env import LocalVersion
+from statebackend.store.spill import read_run, unlink_all
+from statebackend.store.view import ReadView
+
+
+class _Tombstone:
+    """Marks a deleted key in the write batch."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "TOMBSTONE"
+
+
+TOMBSTONE: Any = _Tombstone()
+
+
+def first(item: tuple[bytes, Any]) -> bytes:
+    return item[0]
+
+
+def sorted_records(batch: dict[bytes, Any]) -> list[tuple[bytes, bytes | None]]:
+    """The batch as change records sorted by key (a tombstone becomes ``None``)."""
+    return [(k, None if v is TOMBSTONE else v) for k, v in sorted(batch.items(), key=first)]
+
+
+def overlay(layers: Iterable[dict[bytes, Any]], start: bytes | None, end: bytes | None, *, as_dict: bool = False) -> Any:
+    """What reads see above LMDB in ``[start, end)``: the ``layers`` oldest first, a later one winning; sorted pairs,
+    or a dict with ``as_dict``."""
+    merged: dict[bytes, Any] = {}
+    for layer in layers:
+        if start is None and end is None:
+            merged.update(layer)
+        else:
+            merged.update((k, v) for k, v in layer.items()
+                          if (start is None or k >= start) and (end is None or k < end))
+    if as_dict:
+        return merged
+    return sorted(merged.items(), key=first)
+
+
+def merge_overlay(
+    stored: Iterator[tuple[bytes, bytes]], batch: list[tuple[bytes, Any]], txn: lmdb.Transaction[bytes]
+) -> Iterator[tuple[bytes, bytes]]:
+    """Merge LMDB records with sorted batch records; the batch wins on equal keys and its tombstones hide keys. Ends
+    the read transaction ``txn`` that ``stored`` reads when done."""
+    try:
+        if not batch:
+            yield from stored
+            return
+        i, n = 0, len(batch)
+        for key, value in stored:
+            while i < n and batch[i][0] < key:
+                bkey, bvalue = batch[i]
+                i += 1
+                if bvalue is not TOMBSTONE:
+                    yield bkey, bvalue
+            if i < n and batch[i][0] == key:
+                bvalue = batch[i][1]
+                i += 1
+                if bvalue is not TOMBSTONE:
+                    yield key, bvalue
+            else:
+                yield key, value
+        for bkey, bvalue in batch[i:]:
+            if bvalue is not TOMBSTONE:
+                yield bkey, bvalue
+    finally:
+        try:
+            txn.abort()
+        except lmdb.Error:
+            pass
+
+
+class ChangeSet:
+    """The sorted change records of one flush: ``(key, value)`` for a put, ``(key, None)`` for a delete.
+
+    Iterable many times, in key order, one record per key (the last write wins). Backed by the flush's spill runs
+    (files, read lazily) and the final batch (in memory). ``close()`` deletes the spill runs; it is idempotent and also
+    happens when the change set is garbage collected. Iterating after close raises ``StateBackendError``.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_final",
+        "_finalizer",
+        "_length",
+        "_runs",
+        "_view_source",
+        "raw_bytes",
+        "version",
+    )
+
+    version: LocalVersion
+    raw_bytes: int
+
+    def __init__(
+        self,
+        version: LocalVersion,
+        runs: list[Path],
+        final: list[tuple[bytes, bytes | None]],
+        view_source: Callable[[], Future[ReadView]] | None = None,
+    ) -> None:
+        self.version = version
+        self._view_source = view_source
+        self._runs = tuple(runs)
+        self._final = final
+        self._closed = False
+        self._finalizer = weakref.finalize(self, unlink_all, self._runs)
+        # One pass at flush time: O(change), and the exact numbers after dedupe.
+        length = 0
+        raw = 0
+        for key, value in self._merged():
+            length += 1
+            raw += len(key) + (len(value) if value is not None else 0)
+        self._length = length
+        self.raw_bytes = raw
+
+    def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
+        if self._closed:
+            raise StateBackendError(f"change set of {self.version} is closed; take the records before closing it")
+        return self._merged()
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"ChangeSet(version={self.version!r}, records={self._length}, raw_bytes={self.raw_bytes})"
+
+    def read_view(self) -> Future[ReadView]:
+        """A future read view of the store at exactly this change set's version, opened right after the flush's
+        background apply commits (or now, when it already has). Ask during the sync part of the commit that flushed
+        it, before the task writes again; the caller closes the view."""
+        if self._view_source is None:
+            raise StateBackendError(f"change set of {self.version} has no store to open a read view on")
+        return self._view_source()
+
+    @property
+    def spill_runs(self) -> int:
+        """How many spill runs back this change set (0 when the batch never spilled)."""
+        return len(self._runs)
+
+    def close(self) -> None:
+        self._closed = True
+        self._final = []
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _merged(self) -> Iterator[tuple[bytes, bytes | None]]:
+        if not self._runs:
+            yield from self._final
+            return
+        # Rank -i sorts later runs first among equal keys; the first record of each key is the one that wins.
+        streams = [_ranked(read_run(path), -i) for i, path in enumerate(self._runs)]
+        streams.append(_ranked(iter(self._final), -len(self._runs)))
+        previous: bytes | None = None
+        for key, _rank, value in heapq.merge(*streams):
+            if key == previous:
+                continue
+            previous = key
+            yield key, value
+
+
+def _ranked(
+    records: Iterator[tuple[bytes, bytes | None]], rank: int
+) -> Iterator[tuple[bytes, int, bytes | None]]:
+    for key, value in records:
+        yield key, rank, value
