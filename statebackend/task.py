@@ -59,7 +59,7 @@ from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
 from statebackend.resources import create_blob_store_resources
 from statebackend.serdes import get_serde
-from statebackend.store import LocalStore
+from statebackend.store import BytesStore, LocalStore, TypedStore
 
 __all__ = ["TaskStorage", "known_durable_seq"]
 
@@ -197,8 +197,10 @@ class TaskStorage:
             owns_blob_store=owns,
         )
 
-    def store(self, name: str, *, typed: bool = True) -> Any:
-        """The store ``name``: a typed view per its serdes, or the raw bytes store with ``typed=False``."""
+    def store(self, name: str, *, typed: bool = True) -> BytesStore | TypedStore:
+        """The store ``name`` for the task's code: a typed view per its serdes, or a bytes view with ``typed=False``
+        (also when both serdes are ``bytes``). Either has the user operations only; backends get the
+        :class:`LocalStore` itself (``stores``) through their context."""
         try:
             store = self.stores[name]
         except KeyError:
@@ -207,7 +209,7 @@ class TaskStorage:
             ) from None
         store_settings = self.settings.stores[name]
         if not typed or (store_settings.key_serde == "bytes" and store_settings.msg_serde == "bytes"):
-            return store
+            return BytesStore(store)
         return store.typed(get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde))
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:

@@ -368,3 +368,40 @@ def test_a_local_dir_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> 
     with pytest.raises(LocalDirError, match="state.local.dir must be a directory this process can write") as info:
         LocalStore.open(blocker / "job" / "task-0" / "counts", name="counts")
     assert isinstance(info.value, OSError) and str(blocker) in str(info.value)
+
+
+#: what users may do with a store; everything else public on ``LocalStore`` is for backends
+USER_OPERATIONS = {"name", "get", "contains", "put", "delete", "put_all", "delete_all", "iter_prefix", "iter_range",
+                   "items", "count"}
+
+
+@pytest.mark.parametrize(("serdes", "typed"), [(("bytes", "bytes"), False), (("string", "integer"), False),
+                                                (("bytes", "bytes"), True), (("string", "integer"), True)])
+def test_task_store_gives_users_the_user_operations_only(
+    tmp_path: Path, serdes: tuple[str, str], typed: bool
+) -> None:
+    from statebackend.task import TaskStorage
+
+    config = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": (tmp_path / "blobs").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": serdes[0],
+        "stores.counts.msg.serde": serdes[1],
+    }
+    backend_only = {name for name in dir(LocalStore) if not name.startswith("_")} - USER_OPERATIONS
+    assert {"flush", "replace_environment", "replace_contents", "apply_changes", "mark_dirty"} <= backend_only
+    with TaskStorage.open(config, "task-0") as task:
+        view = task.store("counts", typed=typed)
+        assert not isinstance(view, LocalStore)
+        public = {name for name in dir(view) if not name.startswith("_")}
+        assert public & backend_only == set()
+        assert USER_OPERATIONS <= public
+        assert task.stores["counts"].flush is not None  # backends (and tests) keep the LocalStore
+        if not typed or serdes == ("bytes", "bytes"):
+            view.put(b"k", b"v")
+            assert view.get(b"k") == b"v" and dict(view.iter_prefix(b"")) == {b"k": b"v"} and view.count() == 1
+            with pytest.raises(TypeError, match="key must be bytes"):  # the same errors as the store's
+                view.put("k", b"v")
