@@ -58,6 +58,9 @@ class BackendContext:
     #: the task's checkpoint log, for a backend's mark phase: its listings never show less than the newest checkpoint
     #: the task knows durable (its ``floor``), so a short listing is a fault, never "nothing is referenced"
     checkpoint_log: CheckpointLog | None = None
+    #: for backup managers: which backend restored each of its stores at open (``None``: the store started empty).
+    #: A backend whose own restore failed (another one's marker was used instead) must not build on its lineage.
+    restored_by: Mapping[str, str | None] = attrs.field(factory=dict)
 
     def blob_prefix(self, store_name: str) -> str:
         """Where this backend keeps one store's blobs: ``<job>/<task>/<store>/<factory>/``."""

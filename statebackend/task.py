@@ -136,6 +136,8 @@ class TaskStorage:
             _check_serdes(settings, restored)
             checkpoint_log.raise_floor(max(known, entry.seq if entry is not None else 0))
 
+            restored_by: dict[str, str | None] = {}
+
             def context(factory_name: str, store_names: list[str]) -> BackendContext:
                 return BackendContext(
                     factory_name=factory_name,
@@ -148,10 +150,11 @@ class TaskStorage:
                     metrics=metrics,
                     options=settings.backend_options_for(factory_name),
                     checkpoint_log=checkpoint_log,
+                    restored_by={name: restored_by.get(name) for name in store_names},
                 )
 
             started = time.monotonic()
-            _restore(settings, stores, restored, context)
+            restored_by.update(_restore(settings, stores, restored, context))
             metrics.record("restore.ms", (time.monotonic() - started) * 1000.0)
 
             for factory_name, store_names in _backup_groups(settings).items():
@@ -363,7 +366,9 @@ def _restore(
     stores: Mapping[str, LocalStore],
     checkpoint: CheckpointV2 | None,
     context: Callable[[str, list[str]], BackendContext],
-) -> None:
+) -> dict[str, str | None]:
+    """Restore every store; returns which backend restored each (``None``: it starts empty)."""
+    restored_by: dict[str, str | None] = {}
     candidates: dict[str, list[str]] = {}
     for name, store_settings in settings.stores.items():
         order = _restore_candidates(name, store_settings.restore_factories, store_settings.backup_factories,
@@ -372,6 +377,7 @@ def _restore(
             if stores[name].version is not None or stores[name].count() > 0:
                 log.info("store %s: no state in the checkpoint; clearing local data", name)
             stores[name].replace_contents([], None)
+            restored_by[name] = None
             continue
         candidates[name] = order
     failures: dict[str, list[str]] = {name: [] for name in candidates}
@@ -381,33 +387,50 @@ def _restore(
             groups.setdefault(order[0], []).append(name)
         next_round: dict[str, list[str]] = {}
         for factory_name, store_names in groups.items():
-            try:
-                manager = resolve_factory(factory_name).factory.restore_manager(context(factory_name, store_names))
+            # A group restores together (one download pool); when it fails, each of its stores is retried on its
+            # own, so one store's missing blob never fails a sibling this backend can restore.
+            batches = [store_names]
+            while batches:
+                batch = batches.pop()
                 try:
-                    manager.init(checkpoint)
-                    manager.restore()
-                finally:
-                    manager.close()
-            except _FALLBACK_ERRORS as exc:
-                for name in store_names:
+                    _restore_with(factory_name, batch, checkpoint, context)
+                except _FALLBACK_ERRORS as exc:
+                    if len(batch) > 1:
+                        batches.extend([name] for name in batch)
+                        continue
+                    name = batch[0]
                     failures[name].append(f"{factory_name}: {exc}")
                     rest = candidates[name][1:]
-                    if rest:
-                        log.error(
-                            "store %s: restore of checkpoint %s from the %s backend failed (%s); falling back to the "
-                            "%s backend", name, checkpoint.checkpoint_id if checkpoint else None, factory_name, exc,
-                            rest[0],
-                        )
-                        next_round[name] = rest
-                        continue
-                    causes = "; ".join(failures[name])
-                    if len(failures[name]) == 1:
-                        raise
-                    raise type(exc)(
-                        f"store {name}: every backend with a marker in checkpoint "
-                        f"{checkpoint.checkpoint_id if checkpoint else None} failed to restore it: {causes}"
-                    ) from exc
+                    if not rest:
+                        if len(failures[name]) == 1:
+                            raise
+                        raise type(exc)(
+                            f"store {name}: every backend with a marker in checkpoint "
+                            f"{checkpoint.checkpoint_id if checkpoint else None} failed to restore it: "
+                            f"{'; '.join(failures[name])}"
+                        ) from exc
+                    log.error(
+                        "store %s: restore of checkpoint %s from the %s backend failed (%s); falling back to the %s "
+                        "backend", name, checkpoint.checkpoint_id if checkpoint else None, factory_name, exc, rest[0],
+                    )
+                    next_round[name] = rest
+                    continue
+                for name in batch:
+                    restored_by[name] = factory_name
         candidates = next_round
+    return restored_by
+
+
+def _restore_with(
+    factory_name: str, store_names: list[str], checkpoint: CheckpointV2 | None,
+    context: Callable[[str, list[str]], BackendContext],
+) -> None:
+    manager = resolve_factory(factory_name).factory.restore_manager(context(factory_name, store_names))
+    try:
+        manager.init(checkpoint)
+        manager.restore()
+    finally:
+        manager.close()
 
 
 def _restore_candidates(

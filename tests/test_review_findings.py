@@ -178,9 +178,6 @@ def _fill(task: TaskStorage, name: str, round_no: int, model: dict[bytes, bytes]
         model[key] = value
 
 
-@pytest.mark.xfail(strict=True, reason="task._restore fails every store of a backend group when one store of it "
-                   "fails: a store that restored fine and has no other backend makes the open fail, so the failing "
-                   "store's fallback is never tried")
 def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_same_backend(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{
