@@ -46,7 +46,13 @@ from typing import Any
 import attrs
 
 from checkpoint.checkpoint import CheckpointV1, CheckpointV2
-from checkpoint.serde import READABLE_VERSIONS, WRITABLE_VERSIONS, Binding, decode_checkpoint, encode_checkpoint
+from checkpoint.serde import (
+    READABLE_VERSIONS,
+    WRITABLE_VERSIONS,
+    Binding,
+    decode_bound_checkpoint,
+    encode_checkpoint,
+)
 from statebackend.blobstore import BlobStore
 from statebackend.errors import (
     AlreadyExistsError,
@@ -182,18 +188,24 @@ class CheckpointLog:
                         f"and must not claim its commit: restore from the latest checkpoint and redo"
                     ) from None
                 log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name)
+        listing = self.fence(seq)
+        log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix)
+        return listing
+
+    def fence(self, seq: int) -> Listing:
+        """Check that ``seq``, which this writer just wrote, is the newest: one listing that must show it. When a
+        newer seq exists, this writer's seq was free only because retention removed it after other attempts moved
+        on (a zombie): its blobs of ``seq`` are deleted and :class:`AlreadyExistsError` raised. Returns the listing."""
         listing = self._listing(at_least=seq)
         newer = sorted(s for s in listing if s > seq)
         if newer:
-            # Our seq was free only because retention removed it after other attempts moved on: we are a zombie.
-            self.blob_store.delete_many([self.blob_name(seq, version) for version in order])
+            self.blob_store.delete_many([self.blob_name(seq, version) for version in self.write_versions])
             raise AlreadyExistsError(
                 f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r}: the log already holds newer "
                 f"checkpoints {newer[:3]}{'...' if len(newer) > 3 else ''} under {self.prefix} in "
                 f"{self.blob_store.describe()}; another attempt of the task committed past the state this attempt "
                 f"restored, so this attempt's commit is refused (what it wrote was removed again)"
             )
-        log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix)
         return listing
 
     def holds(self, seq: int, checkpoint: CheckpointV2) -> bool:
@@ -367,6 +379,8 @@ class CheckpointLog:
                 )
 
     def _read_entry(self, seq: int, versions: set[int]) -> LogEntry | None:
+        """The entry in its preferred listed version, or None when that blob vanished since the listing (never a
+        fall back to a less preferred version of the same seq: a V1 twin holds no state)."""
         for version in self.read_versions:
             if version not in versions:
                 continue
@@ -374,10 +388,23 @@ class CheckpointLog:
             try:
                 data = self.blob_store.get(name)
             except NotFoundError:
-                # Deleted by retention between the listing and this read: the next version or seq decides.
-                continue
+                # Deleted (by retention, or otherwise) between the listing and this read: the caller decides.
+                return None
             source = f"{name} in {self.blob_store.describe()}"
-            checkpoint = decode_checkpoint(data, source=source, expect=self.binding(seq))
+            checkpoint, binding = decode_bound_checkpoint(data, source=source)
+            expected = self.binding(seq)
+            if binding is not None and binding != expected:
+                raise CorruptDataError(
+                    f"checkpoint {source} is {binding.describe()}, not {expected.describe()} as its name says: the "
+                    f"blob was copied, renamed or put back from another place or time. It is not used; restore the "
+                    f"right blob or delete this one (the task then restores the newest remaining checkpoint)"
+                )
+            if binding is None and self.floor and seq >= self.floor:
+                raise CorruptDataError(
+                    f"checkpoint {source} is unbound (blob format 1, no checksum) but this task knows checkpoint "
+                    f"#{self.floor} as a bound format 2 checkpoint: it was put back from before the upgrade or "
+                    f"written by an older release after this one. It is not used; restore the right blob"
+                )
             if checkpoint.version != version:
                 raise CorruptDataError(
                     f"checkpoint {source} holds a version {checkpoint.version} checkpoint but its name says version "

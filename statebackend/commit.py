@@ -154,7 +154,9 @@ class TaskCommitManager:
                 ) from None
             finally:
                 self.metrics.record("commit.block.ms", (self.clock() - block_start) * 1000.0)
-            self._raise_previous_failure()
+        # again: the commit in flight may have failed since the first check (then it is raised now, before a newer
+        # commit is acknowledged, never one commit late)
+        self._raise_previous_failure()
         return self._commit_now(dict(input_offsets))
 
     def wait(self, timeout: float | None = None, *, raise_failure: bool = True) -> CheckpointV2 | None:
@@ -301,8 +303,10 @@ class TaskCommitManager:
                 serdes=self.serdes,
             )
             crashpoint("commit.before_checkpoint_write")
-            pending.seq = self._resolve_uncertain(pending.seq)
+            writing = False
             try:
+                pending.seq = self._resolve_uncertain(pending.seq)
+                writing = True
                 listing = self.checkpoint_log.write(pending.seq, checkpoint)
             except AlreadyExistsError as exc:
                 self._uncertain = None
@@ -318,8 +322,8 @@ class TaskCommitManager:
                 self._conflict = conflict  # never tolerated, and every later commit refuses too
                 raise conflict from exc
             except BaseException:
-                # The write may have landed with its reply lost: the next write resolves it by reading back.
-                self._uncertain = (pending.seq, checkpoint)
+                if writing:  # the write may have landed with its reply lost: the next write reads it back
+                    self._uncertain = (pending.seq, checkpoint)
                 raise
             self._uncertain = None
         except BaseException as exc:  # noqa: BLE001 - handed to the commit's future, raised by its waiter
@@ -327,18 +331,13 @@ class TaskCommitManager:
             return
         # The checkpoint is durable from here on: whatever fails below is reported, never taken for a failed commit
         # (that would retry the same, taken, sequence number).
-        self.next_seq = pending.seq + 1
-        self.checkpoint_log.raise_floor(pending.seq)
-        self.last_checkpoint = checkpoint
-        self._failures_in_a_row = 0
         crashpoint("commit.after_checkpoint_write")
-        for store in self.stores.values():
-            try:
-                write_local_checkpoint(store.path, checkpoint, self.checkpoint_log.binding(pending.seq))
-            except Exception as exc:  # noqa: BLE001 - only a restore shortcut is lost
-                self.metrics.increment("commit.local.checkpoint.failures")
-                log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
-                            self.task_name, checkpoint.checkpoint_id, store.path, exc)
+        self._became_durable(pending.seq, checkpoint)
+        with self._lock:  # an older commit's failure nobody saw is moot now: this checkpoint holds its changes
+            if self._failure is not None and self._failure[1] is not pending:
+                log.warning("task %s: commit %s failed earlier (%s); checkpoint %s now holds its changes",
+                            self.task_name, self._failure[1].checkpoint_id, self._failure[0], checkpoint.checkpoint_id)
+                self._failure = None
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
         self._cleanup(pending.checkpoint_id, markers, listing)  # registered before the result: close() waits for it
@@ -350,13 +349,29 @@ class TaskCommitManager:
         if uncertain is None or uncertain[0] != seq:
             return seq
         if self.checkpoint_log.holds(seq, uncertain[1]):
+            # It landed: it is durable only if it is still the newest (a zombie's write is removed and fenced).
+            self.checkpoint_log.fence(seq)
             log.info("task %s: checkpoint #%d, reported failed, did land (its reply was lost); this commit takes #%d",
                      self.task_name, seq, seq + 1)
             self.metrics.increment("commit.landed.after.failure")
-            self.last_checkpoint = uncertain[1]
             self._uncertain = None
+            self._became_durable(seq, uncertain[1])
             return seq + 1
         return seq  # absent (it never landed) or someone else's: the create-only write tells
+
+    def _became_durable(self, seq: int, checkpoint: CheckpointV2) -> None:
+        """Bookkeeping once checkpoint ``seq`` is known durable: the next seq, the log's floor, the local file."""
+        self.next_seq = seq + 1
+        self.checkpoint_log.raise_floor(seq)
+        self.last_checkpoint = checkpoint
+        self._failures_in_a_row = 0
+        for store in self.stores.values():
+            try:
+                write_local_checkpoint(store.path, checkpoint, self.checkpoint_log.binding(seq))
+            except Exception as exc:  # noqa: BLE001 - only a restore shortcut and a bound on listings are lost
+                self.metrics.increment("commit.local.checkpoint.failures")
+                log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
+                            self.task_name, checkpoint.checkpoint_id, store.path, exc)
 
     def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers], listing: Any = None) -> None:
         def report(future: Future[Any]) -> None:

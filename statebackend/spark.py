@@ -353,6 +353,8 @@ class _TaskRunner:
             # the local CHECKPOINT-V2 bounds what the listing must show; the head seen here fences the commit
             known = known_durable_seq(settings.local_dir, settings.job_name, name)
             latest, head = checkpoint_log.latest_and_head(at_least=known)
+            # every later listing (a replay's search for its base) must reach what is known durable too
+            checkpoint_log.raise_floor(max(known, latest.seq if latest is not None else 0))
             if (self.on_replay == "skip" and latest is not None
                     and _batch_of(latest, name, self.num_tasks) == self.batch_id):
                 log.info("%s: batch %d already committed as checkpoint #%d; skipping it", name, self.batch_id,

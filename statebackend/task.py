@@ -131,7 +131,14 @@ class TaskStorage:
                 retained=settings.checkpoint_retained,
             )
             known = known_durable_seq(settings.local_dir, settings.job_name, task_name, list(stores))
+            checkpoint_log.raise_floor(known)
             entry, head = _choose_checkpoint(checkpoint_log, checkpoint, known, fence_seq)
+            if entry is not None and isinstance(entry.checkpoint, CheckpointV1) and known >= entry.seq:
+                raise InconsistentStateError(
+                    f"task {task_name}: checkpoint #{entry.seq} reads as a V1 checkpoint (offsets only, no state), but "
+                    f"this machine saw checkpoint #{known} durable as a V2 checkpoint with state: its V2 blob is "
+                    f"missing or unreadable. Nothing was restored or cleared; put the V2 blob back"
+                )
             restored = _as_v2(entry)
             _check_serdes(settings, restored)
             checkpoint_log.raise_floor(max(known, entry.seq if entry is not None else 0))

@@ -40,8 +40,6 @@ def _seq_name(seq: int, version: int = 2) -> str:
     return f"{CHECKPOINTS}{seq:012d}.v{version}.json"
 
 
-@pytest.mark.xfail(strict=True, reason="next_seq is not advanced when a lost-reply checkpoint is resolved as landed: "
-                   "a second failed write makes the next commit reuse the landed seq (false CommitConflictError)")
 def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
     config = config_for(tmp_path)
@@ -78,8 +76,6 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
         assert contents(check) == model
 
 
-@pytest.mark.xfail(strict=True, reason="checkpoint log falls back to the v1 blob of the newest seq when its v2 blob "
-                   "is listed but not readable: the task restores EMPTY stores under that checkpoint's offsets")
 @pytest.mark.parametrize("fault", ["stale_read", "deleted_v2"])
 def test_newest_v2_blob_unreadable_never_restores_empty_from_its_v1_twin(tmp_path: Path, fault: str) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
@@ -114,9 +110,6 @@ def test_newest_v2_blob_unreadable_never_restores_empty_from_its_v1_twin(tmp_pat
         assert contents(task) == model
 
 
-@pytest.mark.xfail(strict=True, reason="commit() checks for an unseen failure before it looks whether the upload in "
-                   "flight is done: a failure landing in between is raised one commit late, after a newer commit "
-                   "(carrying the failed one's changes) was acknowledged")
 def test_failure_landing_during_commit_is_never_raised_after_a_newer_acknowledged_commit(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -291,9 +284,6 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
         assert contents(check) == model
 
 
-@pytest.mark.xfail(strict=True, reason="_resolve_uncertain takes a landed checkpoint as durable without the fencing "
-                   "listing: a zombie's checkpoint whose post-write listing failed stays in the log below the head "
-                   "(never acknowledged), where a predicate restore (Spark replay, read_state) can choose it")
 def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log(tmp_path: Path) -> None:
     inner = MemoryBlobStore()
     extra = {"task.checkpoint.retained": 1}
@@ -335,9 +325,6 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
         assert picked.restored is None
 
 
-@pytest.mark.xfail(strict=True, reason="blob format 1 (no binding) is accepted at any seq: an older checkpoint "
-                   "stripped to format 1 under the newest name rolls the task back, even on a machine whose local "
-                   "CHECKPOINT-V2 holds the real checkpoint of that seq")
 def test_unbound_legacy_blob_under_the_newest_name_is_not_a_silent_rollback(tmp_path: Path) -> None:
     from checkpoint.serde import decode_checkpoint, encode_checkpoint
 
@@ -359,8 +346,6 @@ def test_unbound_legacy_blob_under_the_newest_name_is_not_a_silent_rollback(tmp_
         assert contents(task) == model
 
 
-@pytest.mark.xfail(strict=True, reason="spark._base_checkpoint lists the log again for a replay with no at_least "
-                   "(find, seqs): a short second listing makes the replayed batch start from EMPTY state and commit it")
 def test_spark_replay_never_redoes_a_batch_on_empty_state_after_a_short_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
