@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import Row
 
 from statebackend.errors import CommitConflictError, CommitError, ConfigError, StateBackendError
-from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, _TaskRunner
+from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, TaskRunner
 from statebackend.task import TaskStorage
 from tests.test_spark import count_rows, make_config
 
@@ -26,10 +26,10 @@ class _Stats:
         self.items.extend(items)
 
 
-def runner(config: dict[str, object], batch_id: int, fn: Any = count_rows, **extra: Any) -> _TaskRunner:
+def runner(config: dict[str, object], batch_id: int, fn: Any = count_rows, **extra: Any) -> TaskRunner:
     options: dict[str, Any] = {"num_tasks": NUM_TASKS, "on_replay": "redo"}
     options.update(extra)
-    return _TaskRunner(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), stats=_Stats(), **options)
+    return TaskRunner(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), stats=_Stats(), **options)
 
 
 def rows(*words: str) -> list[Row]:

@@ -1,0 +1,67 @@
+"""The PySpark Structured Streaming driver (DESIGN section 10): keyed state per task, committed with the batch id.
+
+Use::
+
+    job = StatefulForeachBatch(count_words, key_columns=["word"], num_tasks=4, config=config,
+                               output_schema="word string, count long", sink=write_counts)
+    stream.writeStream.foreachBatch(job).option("checkpointLocation", ...).start()
+
+Contract of one micro-batch ``(batch_df, batch_id)``, called on the driver by Spark:
+
+- ``batch_df.repartition(num_tasks, *key_columns)``: the same key always lands in the same partition ``i`` (Spark's
+  Murmur3 hash modulo ``num_tasks``), and partition ``i`` is the task ``task-<i>``. ``num_tasks`` is therefore fixed
+  for the life of the state; it is written into every checkpoint and a change is refused with a ConfigError.
+- On the executor, each task opens :class:`~statebackend.task.TaskStorage` restored to its **base**: the newest
+  checkpoint whose batch id is below ``batch_id``. In the normal case that is the newest checkpoint and the local
+  LMDB files already are that state (kept in ``state.local.dir`` between batches), so nothing is downloaded. Then it
+  runs the user function, commits durably with input offsets ``{"batch": str(batch_id), "tasks": str(num_tasks)}``,
+  closes, and only then hands back its output. Output is materialized before the commit; a task whose commit fails
+  fails, so Spark never uses output of state that is not durable.
+- The driver persists the output, forces it with one action (so each task runs once per batch, not once per action
+  of the sink), then calls ``sink(df, batch_id)`` or returns the DataFrame.
+
+Exactly once, and why it holds:
+
+- A replayed batch id (Spark re-runs the last batch after a driver crash between our commit and its own) restores
+  the newest checkpoint *below* that batch id and redoes the batch; the checkpoint log is linear, so the redo is
+  committed as the newest entry and the earlier commit of the same batch is simply superseded. State never includes a
+  batch twice, because the base is never a checkpoint of the batch being run.
+- A retried task attempt does the same: its base is the newest checkpoint below the batch, whatever a failed
+  attempt committed or left in its write batch (uncommitted writes are discarded with the attempt; a local store that
+  is ahead of its base is rebuilt by the restore manager).
+- Two attempts at once (speculation, or a zombie attempt): both read the same base and commit the same checkpoint
+  sequence number; the checkpoint log's create-only write lets exactly one win; the other gets a
+  :class:`~statebackend.errors.CommitError` (conflict) and fails, so its output is never used. On one machine the
+  second attempt finds the task's local stores locked (:class:`StoreLockedError`): it then works in a private
+  directory ``<state.local.dir>/.attempts/<random>/`` restored from the blob store, deleted when it ends.
+- A batch id *older* than the newest committed batch means the Spark checkpoint was reset while the state was not
+  (or two queries share ``job.name``): refused with a StateBackendError rather than silently mixing histories.
+
+``on_replay="skip"`` lets a task whose newest checkpoint already is ``batch_id`` skip the work (its output for that
+batch is then empty): only for jobs whose sink does not need a replayed batch's output again.
+
+``pyspark``, ``pyarrow`` and ``pandas`` are imported here only; the rest of statebackend runs without them.
+"""
+
+from __future__ import annotations
+
+from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
+from statebackend.spark.driver import StatefulForeachBatch
+from statebackend.spark.executor import TaskRunner, TaskStats, TaskStores
+from statebackend.spark.read import read_state
+from statebackend.spark.session import local_spark_session
+
+__all__ = [
+    "ATTEMPTS_DIR",
+    "BATCH_OFFSET",
+    "MODES",
+    "ON_REPLAY",
+    "TASKS_OFFSET",
+    "StatefulForeachBatch",
+    "TaskRunner",
+    "TaskStats",
+    "TaskStores",
+    "local_spark_session",
+    "read_state",
+    "task_name",
+]

@@ -1,0 +1,220 @@
+"""The executor side of a micro-batch: one task opens its stores at the batch's base, runs the user function,
+commits durably, and only then hands its output back."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from pyspark import TaskContext
+
+from checkpoint import CheckpointLog
+from statebackend.blobstore import open_blob_store
+from statebackend.config import Settings
+from statebackend.errors import StateBackendError, StoreLockedError
+from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name
+from statebackend.task import TaskStorage, known_durable_seq
+
+log = logging.getLogger(__name__)
+
+
+class TaskStores(Mapping[str, Any]):
+    """What the user function gets: the task's stores by name (typed views per their serdes), plus where it runs."""
+
+    def __init__(self, storage: TaskStorage, task_index: int, batch_id: int) -> None:
+        self.storage = storage
+        self.task_index = task_index
+        self.task_name = storage.task_name
+        self.batch_id = batch_id
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self.storage.stores:
+            raise KeyError(name)
+        return self.storage.store(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.storage.stores)
+
+    def __len__(self) -> int:
+        return len(self.storage.stores)
+
+
+@attrs.frozen
+class TaskStats:
+    """What one task attempt did in one batch (collected on the driver through an accumulator)."""
+
+    batch_id: int
+    task_index: int
+    attempt: int
+    #: sequence number of the checkpoint restored (0: none), and of the one committed (0: skipped)
+    base_seq: int
+    committed_seq: int
+    open_ms: float
+    process_ms: float
+    commit_ms: float
+    #: sync part of the commit (flush + snapshot): the part that blocks processing
+    commit_sync_ms: float
+    input_rows: int
+    output_rows: int
+    private_dir: bool
+
+
+class _Counted:
+    """An iterator that counts what passes through it (rows, or rows of batches)."""
+
+    def __init__(self, inner: Iterator[Any], size: Callable[[Any], int] | None = None) -> None:
+        self.inner = inner
+        self.size = size
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        item = next(self.inner)
+        self.count += 1 if self.size is None else self.size(item)
+        return item
+
+
+def _partition_index() -> int:
+    context = TaskContext.get()
+    if context is None:
+        raise StateBackendError("the Spark driver's task function ran outside a Spark task (no TaskContext)")
+    return context.partitionId()
+
+
+@attrs.frozen
+class TaskRunner:
+    """The part of a batch that travels to the executors (pickled with ``fn`` and the config)."""
+
+    fn: Callable[[TaskStores, Any], Any]
+    config: Mapping[str, Any]
+    batch_id: int
+    num_tasks: int
+    on_replay: str
+    input_columns: tuple[str, ...]
+    stats: Any
+
+    def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+        counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
+        outputs = self._run(index, lambda stores: list(self.fn(stores, counted) or ()), counted)
+        return iter(outputs)
+
+    def run_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
+        counted = _Counted(batches, size=lambda batch: batch.num_rows)
+        outputs = self._run(_partition_index(), lambda stores: _arrow_batches(self.fn(stores, counted)), counted)
+        return iter(outputs)
+
+    def run_pandas(self, frames: Iterator[Any]) -> Iterator[Any]:
+        import pandas as pd
+
+        def work(stores: TaskStores) -> list[Any]:
+            parts = list(frames)
+            frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(self.input_columns))
+            counted.count = len(frame)
+            return _pandas_frames(self.fn(stores, frame))
+
+        counted = _Counted(iter(()))
+        outputs = self._run(_partition_index(), work, counted)
+        return iter(outputs)
+
+    def _run(self, index: int, work: Callable[[TaskStores], list[Any]], counted: _Counted) -> list[Any]:
+        started = time.monotonic()
+        context = TaskContext.get()
+        attempt = context.attemptNumber() if context is not None else 0
+        settings = Settings.from_config(self.config)
+        name = task_name(index)
+        blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
+        private: Path | None = None
+        try:
+            checkpoint_log = CheckpointLog(
+                blob_store, settings.job_name, name,
+                write_versions=settings.checkpoint_write_versions,
+                read_versions=settings.checkpoint_read_versions,
+                retained=settings.checkpoint_retained,
+            )
+            # the local CHECKPOINT-V2 bounds what the listing must show; the head seen here fences the commit
+            known = known_durable_seq(settings.local_dir, settings.job_name, name)
+            latest, head = checkpoint_log.latest_and_head(at_least=known)
+            # every later listing (a replay's search for its base) must reach what is known durable too
+            checkpoint_log.raise_floor(max(known, latest.seq if latest is not None else 0))
+            if (self.on_replay == "skip" and latest is not None
+                    and batch_of(latest, name, self.num_tasks) == self.batch_id):
+                log.info("%s: batch %d already committed as checkpoint #%d; skipping it", name, self.batch_id,
+                         latest.seq)
+                return []
+            base = base_checkpoint(checkpoint_log, latest, name, self.batch_id, self.num_tasks)
+            try:
+                storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head)
+            except StoreLockedError:
+                # Another attempt of this task runs on this machine (speculation, or a retry while the first one
+                # is still winding down): work in a private copy restored from the blob store; the commit protocol
+                # decides which attempt wins.
+                private = Path(settings.local_dir) / ATTEMPTS_DIR / uuid.uuid4().hex
+                log.warning("%s attempt %d: local stores are locked by another attempt; using %s", name, attempt,
+                            private)
+                private_settings = attrs.evolve(settings, local_dir=private)
+                storage = TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base,
+                                           fence_seq=head)
+            opened = time.monotonic()
+            with storage:
+                outputs = work(TaskStores(storage, index, self.batch_id))
+                processed = time.monotonic()
+                storage.commit_durably({BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks)})
+                committed = time.monotonic()
+                sync_samples = storage.metrics.samples("commit.sync.ms")
+                committed_seq = storage.commit_manager.next_seq - 1
+            self.stats.add([TaskStats(
+                batch_id=self.batch_id, task_index=index, attempt=attempt,
+                base_seq=base.seq if base is not None else 0, committed_seq=committed_seq,
+                open_ms=(opened - started) * 1000.0, process_ms=(processed - opened) * 1000.0,
+                commit_ms=(committed - processed) * 1000.0,
+                commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
+                input_rows=counted.count, output_rows=sum(_size(o) for o in outputs), private_dir=private is not None,
+            )])
+            return outputs
+        finally:
+            blob_store.close()
+            if private is not None:
+                shutil.rmtree(private, ignore_errors=True)
+
+
+def _arrow_batches(result: Any) -> list[Any]:
+    import pyarrow as pa
+
+    if result is None:
+        return []
+    if isinstance(result, pa.Table):
+        return result.to_batches()
+    if isinstance(result, pa.RecordBatch):
+        return [result]
+    batches: list[Any] = []
+    for item in result:
+        batches.extend(_arrow_batches(item))
+    return batches
+
+
+def _pandas_frames(result: Any) -> list[Any]:
+    import pandas as pd
+
+    if result is None:
+        return []
+    if isinstance(result, pd.DataFrame):
+        return [result]
+    return [frame for item in result for frame in _pandas_frames(item)]
+
+
+def _size(output: Any) -> int:
+    if hasattr(output, "num_rows"):
+        return int(output.num_rows)
+    if hasattr(output, "shape"):
+        return int(output.shape[0])
+    return 1
+
+

@@ -1,0 +1,102 @@
+"""Reading state back as a DataFrame, from the blob store alone (each task restored into a temporary directory)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
+
+from statebackend.config import Settings
+from statebackend.errors import ConfigError, NotFoundError
+from statebackend.spark.batches import at_or_below, task_name
+from statebackend.task import TaskStorage
+
+log = logging.getLogger(__name__)
+
+def read_state(
+    spark: SparkSession,
+    config: Mapping[str, Any],
+    store: str,
+    *,
+    num_tasks: int,
+    checkpoint: str | int = "latest",
+) -> DataFrame:
+    """A store's state as a DataFrame ``(task string, key, value)``, read from the blob store alone.
+
+    ``checkpoint``: ``"latest"`` (each task's newest checkpoint) or a batch id (each task's state after that batch:
+    its newest checkpoint with a batch id at most that one). Each task is restored on an executor into a temporary
+    directory that is deleted afterwards; local state directories are never touched. Column types follow the store's
+    serdes: ``string`` and ``json`` give strings, ``integer`` longs, ``bytes`` and ``pickle`` binary.
+    """
+    settings = Settings.from_config(config)
+    if store not in settings.stores:
+        raise ConfigError(
+            f"read_state: no store {store!r} in the configuration; configured stores: "
+            f"{', '.join(sorted(settings.stores)) or 'none'}"
+        )
+    if checkpoint != "latest" and (type(checkpoint) is not int or checkpoint < 0):
+        raise ConfigError(f"read_state checkpoint must be 'latest' or a batch id (int >= 0), got {checkpoint!r}")
+    store_settings = settings.stores[store]
+    schema = StructType([
+        StructField("task", StringType(), False),
+        StructField("key", _column_type(store_settings.key_serde), False),
+        StructField("value", _column_type(store_settings.msg_serde), True),
+    ])
+    # Only this store's keys: restoring the others would download state nobody asked for.
+    reader_config = {k: v for k, v in config.items() if not k.startswith("stores.") or k.startswith(f"stores.{store}.")}
+    reader = _StateReader(reader_config, store, checkpoint, num_tasks)
+    rdd = spark.sparkContext.parallelize(range(num_tasks), num_tasks).mapPartitions(reader.read)
+    return spark.createDataFrame(rdd, schema)
+
+
+@attrs.frozen
+class _StateReader:
+    config: Mapping[str, Any]
+    store: str
+    checkpoint: str | int
+    num_tasks: int
+
+    def read(self, indexes: Iterable[int]) -> Iterator[tuple[str, Any, Any]]:
+        import tempfile
+
+        settings = Settings.from_config(self.config)
+        store_settings = settings.stores[self.store]
+        for index in indexes:
+            name = task_name(index)
+            with tempfile.TemporaryDirectory(prefix="statebackend-read-") as tmp:
+                private = attrs.evolve(settings, local_dir=Path(tmp))
+                if self.checkpoint == "latest":
+                    choice: Any = "latest"
+                else:
+                    wanted = int(self.checkpoint)
+                    choice = at_or_below(name, wanted, self.num_tasks)
+                with TaskStorage.open(private, name, checkpoint=choice) as storage:
+                    if choice != "latest" and storage.restored is None and storage.checkpoint_log.seqs():
+                        raise NotFoundError(
+                            f"read_state: {name} has no checkpoint at or below batch {self.checkpoint} (older "
+                            f"checkpoints were deleted by retention, task.checkpoint.retained="
+                            f"{settings.checkpoint_retained})"
+                        )
+                    raw = storage.store(self.store, typed=False)
+                    for key, value in raw.items():
+                        yield (name, _column_value(store_settings.key_serde, key),
+                               _column_value(store_settings.msg_serde, value))
+
+
+def _column_type(serde: str) -> DataType:
+    return {"string": StringType(), "json": StringType(), "integer": LongType()}.get(serde, BinaryType())
+
+
+def _column_value(serde: str, data: bytes) -> Any:
+    if serde in ("string", "json"):
+        return data.decode("utf-8")
+    if serde == "integer":
+        from statebackend.serdes import get_serde
+
+        return get_serde("integer").from_bytes(data)
+    return bytearray(data)
