@@ -265,13 +265,21 @@ class FaultProxy:
                             break
                         client.sendall(reply[: head_end + 4])  # an interim 1xx reply passes; the fault waits
                         reply = reply[head_end + 4 :]
-                    if reply and self._reply_fault(client, fate, method, reply):
-                        return
+                    if reply:
+                        acted = self._reply_fault(client, fate, method, reply)
+                        if acted:
+                            return
+                        if acted is None:
+                            # passed on whole, unharmed: this request is over and the connection is healthy
+                            # again. Keeping the reply buffered (or the fault armed) would replay it as the
+                            # answer to the next request: a desync no real network produces
+                            fate, reply, last_speaker = None, b"", "server"
         finally:
             selector.close()
 
-    def _reply_fault(self, client: socket.socket, fate: str | None, method: bytes, reply: bytes) -> bool:
-        """Act on the buffered final reply; True when the connection is done (cut and closed)."""
+    def _reply_fault(self, client: socket.socket, fate: str | None, method: bytes, reply: bytes) -> bool | None:
+        """Act on the buffered final reply: True when the connection is done (cut and closed), False to wait for
+        more of the reply, None when the fault does not apply and the reply was passed on whole."""
         if fate == ERROR_5XX_PARTIAL:
             client.sendall(_PARTIAL_503)
             _close(client)
@@ -298,7 +306,7 @@ class FaultProxy:
                 # nothing to cut: pass the reply on whole and treat the rest of the connection as healthy
                 self.stats["cut_body_not_applicable"] += 1
                 client.sendall(reply)
-                return False
+                return None
             wanted = max(1, (length if length is not None else len(body)) // 2)
             if len(body) < wanted and length is not None:
                 return False  # wait for more body

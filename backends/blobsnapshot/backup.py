@@ -7,8 +7,9 @@ Per commit and store:
 - ``upload()`` (commit pool): copies that read view into a staging dir (a compacted LMDB copy, consistent while
   processing goes on), cuts each file into fixed-size chunks named by their blake2b-256, uploads on a private
   bounded pool only the chunks the blob store lacks (an in-memory set of known chunks, seeded from the restored
-  index; ``head()`` for the rest; create-only writes, where "already exists" means present), then writes the index
-  create-only. The marker is the index's name.
+  index; ``head()`` for the rest, which must show the chunk's length; create-only writes, where "already exists"
+  means present once a ``head()`` shows that length), then writes the index create-only. The marker is the index's
+  name.
 - ``cleanup()`` (commit pool, after the checkpoint is durable): removes the expiry of the index and of its chunks
   (seed 002's remove-TTL), then deletes the indexes that fell out of the last ``task.checkpoint.retained`` and the
   chunks only they referenced. Idempotent; an absent blob is success.
@@ -370,23 +371,47 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         return FileEntry(name=path.name, size=size, hash=file_hasher.hexdigest(), chunks=tuple(chunks))
 
     def _put_chunk(self, state: _StoreState, digest: str, data: bytes) -> int:
-        """Upload one chunk unless present; returns the bytes written."""
+        """Upload one chunk unless present; returns the bytes written.
+
+        The index that will name this chunk is written only after this returns, so "present" needs evidence about
+        *this* chunk: a ``head()`` that finds a blob of the chunk's length under its content-addressed name. A bare
+        "exists" is not enough: a reply that answers some other request (a 200 with no length, seen as a HEAD's
+        answer on a desynced connection) would make the index name a chunk that was never written. A create-only
+        write refused as "already exists" is checked the same way; a blob of another length under the name (cut
+        short, or the refusal was not about it) is overwritten with the chunk's bytes, the only bytes the name can
+        hold."""
         blob_store = self.context.blob_store
         name = chunk_name(state.prefix, digest)
-        if blob_store.exists(name):
+        if self._holds_chunk(name, len(data)):
             self.context.metrics.increment("blobsnapshot.chunks.reused")
             return 0
         try:
             blob_store.put(name, data, create_only=True, metadata=self._new_metadata())
         except AlreadyExistsError:
-            self.context.metrics.increment("blobsnapshot.chunks.reused")
-            return 0  # same name, same content: someone (an earlier try) wrote it first
+            if self._holds_chunk(name, len(data)):
+                self.context.metrics.increment("blobsnapshot.chunks.reused")
+                return 0  # same name, same content: someone (an earlier try) wrote it first
+            log.warning("store %s: chunk %s was reported taken but holds no blob of its length; writing it again",
+                        state.name, name)
+            blob_store.put(name, data, metadata=self._new_metadata())
         crashpoint("blobsnapshot.upload.chunk_uploaded")
         metrics = self.context.metrics
         metrics.increment("blobsnapshot.chunks.uploaded")
         metrics.increment("commit.bytes.uploaded", len(data))
         metrics.increment("commit.files.uploaded")
         return len(data)
+
+    def _holds_chunk(self, name: str, size: int) -> bool:
+        """Whether the blob store holds a blob of ``size`` bytes under the chunk name ``name``."""
+        try:
+            info = self.context.blob_store.head(name)
+        except NotFoundError:
+            return False
+        if info.size != size:
+            log.warning("chunk %s: the blob store reports %d bytes where the chunk has %d; not taken as present",
+                        name, info.size, size)
+            return False
+        return True
 
     def _put_index(self, marker: str, index: SnapshotIndex) -> None:
         data = index.encode()
@@ -510,6 +535,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 self.context.metrics.increment("blobsnapshot.chunks.missing")
                 log.error("store %s: chunk %s of durable index %s is missing; that checkpoint cannot be restored "
                           "from blobsnapshot", state.name, chunk_name(state.prefix, digest), marker)
+                state.known.discard(digest)  # so the next snapshot holding these bytes writes the chunk again
                 continue
             except StateBackendError as exc:
                 # not fatal to retention: the chunk stays out of durable_chunks and the next index using it retries
