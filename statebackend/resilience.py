@@ -444,10 +444,11 @@ class ResilientBlobStore(BlobStore):
             validate()
 
     def create_resources(self) -> None:
-        """Create the container/bucket when missing; delegates to the inner store."""
+        """Create the container/bucket when missing; delegates to the inner store. Retried like any idempotent
+        request (an existing container is success), so one cut reply at open does not fail the task."""
         create = getattr(self.inner, "create_resources", None)
         if callable(create):
-            create()
+            self.resilience.call("create_resources", create)
 
     def close(self) -> None:
         try:

@@ -571,3 +571,20 @@ def _drain(task: TaskStorage) -> None:
     assert last is not None
     backup_manager(task).cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
     task.checkpoint_log.retain()
+
+
+def test_sweep_counts_the_age_of_a_blob_without_metadata_from_first_seen(tmp_path: Path) -> None:
+    """A head() whose metadata headers were cut shows no metadata: that is no proof of age (before, such a young
+    unreferenced blob, e.g. another attempt's upload in progress, was deleted at once)."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, {}, 0, 500, "a")
+        task.commit_durably({"input": "0"})
+        stray = next(iter(chunk_blobs(blobs))).rsplit("/", 1)[0] + "/" + "0" * 64
+        blobs.put(stray, b"an upload in progress elsewhere")  # no metadata at all
+        manager = backup_manager(task)
+        assert manager.sweep().chunks_deleted == 0
+        assert stray in chunk_blobs(blobs)
+        assert manager.sweep(now=manager.clock() + 2 * 3600).chunks_deleted == 1
+        assert stray not in chunk_blobs(blobs)

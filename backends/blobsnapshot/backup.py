@@ -650,8 +650,12 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         except ValueError:
             log.warning("blob %s has unreadable age metadata %r; treating it as new", name, dict(metadata))
             return False
-        # no age: its expiry was removed when a durable checkpoint used it, and no retained one does any more
-        return DURABLE_AT in metadata or not metadata
+        if DURABLE_AT in metadata:
+            # no age: its expiry was removed when a durable checkpoint used it, and no retained one does any more
+            return True
+        # no metadata we know (a reply whose metadata headers were cut, or a blob another tool wrote): its age is
+        # unknown, so it is counted from when this manager first saw it, like a store that keeps no metadata
+        return now - state.first_seen.setdefault(name, now) >= grace
 
 
 #: staging dirs of uploads running in this process, by absolute path: the init of a later open of the same store
