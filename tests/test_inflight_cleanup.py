@@ -25,7 +25,8 @@ from tests.contract.backend_contract import contents, write_round
 
 FAR_FUTURE = 10 * 365 * 86400.0
 BACKENDS: dict[str, dict[str, object]] = {
-    "changelog": {"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 1},
+    "changelog": {"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 1,
+                  "changelog.gc.grace.period.ms": 0},
     "blobsnapshot": {"blobsnapshot.chunk.size": "64KiB", "blobsnapshot.gc.grace.period.ms": 0,
                      "blobsnapshot.gc.interval.commits": 1},
 }

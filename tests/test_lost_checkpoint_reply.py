@@ -31,6 +31,7 @@ BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {
         "changelog.snapshot.interval.commits": 2,
         "changelog.gc.interval.commits": 1,
+        "changelog.gc.grace.period.ms": 0,
     },
     "blobsnapshot": {
         "blobsnapshot.chunk.size": "64KiB",

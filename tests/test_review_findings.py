@@ -195,9 +195,6 @@ def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_sam
         assert contents(check, "other") == models["other"]
 
 
-@pytest.mark.xfail(strict=True, reason="after a restore that fell back from changelog, the changelog backup manager "
-                   "continues the broken recipe (init sees head version == store version): every later checkpoint "
-                   "names the missing delta, so a changelog-only checkpoint acknowledged after it cannot be restored")
 def test_changelog_chain_is_rebased_after_its_restore_failed_and_another_backend_restored(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     dual = {"stores.counts.restore.factories": "changelog,blobsnapshot"}
@@ -233,13 +230,7 @@ class ListHookedBlobStore(HookedBlobStore):
         return super().list(prefix)
 
 
-@pytest.mark.parametrize("replay", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        "changelog sweep protects unreferenced blobs only above the newest recipe seq in the log; after a replay "
-        "(fence_seq) superseded checkpoints keep that limit high, so a sweep deletes the next owner's delta and its "
-        "acknowledged checkpoint cannot be restored"))),
-])
+@pytest.mark.parametrize("replay", [False, True])
 def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path: Path, replay: bool) -> None:
     inner = MemoryBlobStore()
     blobs = ListHookedBlobStore(inner)

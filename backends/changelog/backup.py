@@ -9,10 +9,20 @@ it is durable starts its recipe from that snapshot, which lets older deltas go.
 Garbage that retention cannot see (deltas of commits that died before their checkpoint write, snapshots never
 adopted, files only checkpoints of an earlier process needed) is removed by a mark-and-sweep every
 ``gc.interval.commits`` commits: the mark is every blob named by a changelog marker of a checkpoint in the checkpoint
-log plus this manager's own chain; the sweep deletes unmarked blobs whose sequence number is at or below the newest
-checkpoint's. A blob above it may belong to an upload in flight (this one's or a competing attempt's) and is left;
-one below it can be needed by no checkpoint that may still be written, because the checkpoint log is a linear
-sequence with create-only writes.
+log plus this manager's own chain. An unmarked blob is deleted only when both hold:
+
+- its sequence number is at or below the seq of the **newest** checkpoint's recipe (the log's head; not the highest
+  seq of any entry: after a replay, superseded checkpoints carry higher seqs than the head's chain);
+- it is older than ``gc.grace.period.ms`` (age from its ``created_at`` metadata, written at upload; where the blob
+  store keeps no metadata, from the time this manager's sweep first saw it).
+
+The grace period is the general guard: another attempt of the task (a failover owner, a Spark replay that builds on
+an older checkpoint, below the head's seq) may be between its upload and its checkpoint write, and its blobs are
+young. Both sides keep to a bound so that holds however long a sweep or a chain lives: a sweep stops deleting once
+``grace / 4`` has passed since its mark (its marks may be stale), and a commit never names a blob it did not upload
+itself that no checkpoint it knows durable names, unless the blob is younger than ``grace / 2``: such a blob (a
+delta of a commit whose checkpoint write failed, reused much later; a finished snapshot adopted late) fails the
+commit, and the next one re-bases on a fresh snapshot. A finished snapshot older than that is not adopted.
 
 Failure handling: a delta whose upload failed stays staged on local disk and is uploaded again by the next commit,
 whose recipe still lists it. If a delta could not even be encoded, the chain is broken and the next commit re-bases
@@ -25,8 +35,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,6 +85,9 @@ def maintenance_pool() -> ThreadPoolExecutor:
             _maintenance.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="statebackend-maintenance"))
         return _maintenance[0]
 
+
+#: blob metadata key: unix time (seconds, a decimal string) at which the upload of a delta or snapshot started
+CREATED_AT = "created_at"
 
 #: staged files being written or uploaded, by absolute path, process-wide: a cleanup, or the init of a later open of
 #: the same store while an upload of an earlier open still runs (its close timed out), never deletes them. A counter:
@@ -130,6 +144,10 @@ class _Lineage:
     base: Step | None = None
     deltas: list[Step] = attrs.field(factory=list)
     uploaded: set[str] = attrs.field(factory=set)
+    #: when the upload of a blob in ``uploaded`` started (its ``created_at``), for blobs whose age is known
+    uploaded_at: dict[str, float] = attrs.field(factory=dict)
+    #: blob name -> when a sweep of this manager first saw it unmarked (its age where the store keeps no metadata)
+    first_seen: dict[str, float] = attrs.field(factory=dict)
     #: change sets of this commit, by delta name, until upload() encodes them
     to_encode: dict[str, ChangeSet] = attrs.field(factory=dict)
     #: staged files written by this commit's upload and not sent yet (a staged file not in here is a retry)
@@ -159,6 +177,9 @@ class ChangelogBackupManager(TaskBackupManager):
     compression_level: int
     retained: int
     gc_interval_commits: int = 20
+    gc_grace_period_ms: int = 3_600_000
+    #: wall clock (seconds since the epoch) for blob ages and the sweep's time bound; tests may replace it
+    clock: Callable[[], float] = time.time
     _lineages: dict[str, _Lineage] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
 
@@ -172,7 +193,12 @@ class ChangelogBackupManager(TaskBackupManager):
             lineage = _Lineage(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
             recipe = Recipe.decode(markers[name], source=f"store {name}") if name in markers else None
             head = recipe.head if recipe is not None else None
-            if recipe is not None and head is not None and head.version == store.version:
+            # which backend restored the store at open (absent: a context built outside TaskStorage, taken as this
+            # one). Restored by another backend (this one's restore failed: a blob of the chain may be missing), the
+            # store's version equals the recipe head's, yet the chain must not be continued.
+            restorer = self.context.restored_by.get(name, self.context.factory_name)
+            ours = restorer == self.context.factory_name
+            if ours and recipe is not None and head is not None and head.version == store.version:
                 lineage.seq, lineage.base, lineage.deltas = recipe.seq, recipe.snapshot, list(recipe.deltas)
                 lineage.uploaded.update(recipe.blob_names())
                 lineage.retained.append(recipe)
@@ -181,8 +207,12 @@ class ChangelogBackupManager(TaskBackupManager):
             elif store.version is None and store.count() == 0:
                 lineage.seq = recipe.seq if recipe is not None else 0  # an empty store: the chain starts empty
             else:
-                # Restored by another backend (migration) or the marker is for other data: start a new chain from
-                # a snapshot of the state as it is at the first commit.
+                # Restored by another backend (migration, or a fallback after this backend's restore failed) or the
+                # marker is for other data: start a new chain from a snapshot of the state at the first commit.
+                if recipe is not None and not ours:
+                    log.warning("store %s: restored by the %s backend, not from this backend's recipe; the changelog "
+                                "chain starts anew from a snapshot at the next commit", name, restorer)
+                    self.context.metrics.increment("changelog.rebase.after.fallback")
                 lineage.seq = recipe.seq if recipe is not None else 0
                 lineage.base = None
                 lineage.deltas = []
@@ -201,25 +231,35 @@ class ChangelogBackupManager(TaskBackupManager):
             name = snapshot_name(lineage.prefix, step.seq, step.token)
             if name in finished:
                 snapshot = Step(step.seq, step.checkpoint_id, step.token, name)
-                if not self._whole_and_bound(lineage, snapshot):
+                created_at = self._whole_and_bound(lineage, snapshot)
+                if created_at is False:
+                    continue
+                if not self._young_enough(created_at):
+                    # a sweep of another attempt may delete it any time now: naming it in a checkpoint is unsafe
+                    self.context.metrics.increment("changelog.snapshot.too.old")
+                    log.info("store %s: not adopting finished snapshot %s: older than half the gc grace period "
+                             "(or its age is unknown)", lineage.name, name)
                     continue
                 lineage.base = snapshot
                 lineage.deltas = [d for d in lineage.deltas if d.seq > step.seq]
                 lineage.uploaded.add(name)
+                if created_at is not None:
+                    lineage.uploaded_at[name] = created_at
                 lineage.commits_since_snapshot = len(lineage.deltas)
                 lineage.bytes_since_snapshot = 0
                 self.context.metrics.increment("changelog.snapshot.adopted")
                 return
 
-    def _whole_and_bound(self, lineage: _Lineage, snapshot: Step) -> bool:
+    def _whole_and_bound(self, lineage: _Lineage, snapshot: Step) -> float | None | bool:
         """Whether the blob ``snapshot`` names is whole (header, end marker, body length: two ranged reads) and is
         that snapshot (its header's lineage). Adopting a blob that is not would make every later checkpoint name it;
-        restore would then refuse them all."""
+        restore would then refuse them all. ``False`` when it is not; else its ``created_at`` (None: unknown)."""
         blob_store = self.context.blob_store
         name = snapshot.name
         assert name is not None
         try:
-            size = blob_store.head(name).size
+            info = blob_store.head(name)
+            size = info.size
             prefix = blob_store.get(name, start=0, end=HEADER_PREFIX_SIZE)
             head = blob_store.get(name, start=0, end=header_size(prefix, name=name))
             tail = blob_store.get(name, start=max(0, size - FOOTER_SIZE), end=size)
@@ -230,7 +270,17 @@ class ChangelogBackupManager(TaskBackupManager):
             self.context.metrics.increment("changelog.snapshot.rejected")
             log.warning("store %s: not adopting finished snapshot %s: %s", lineage.name, name, exc)
             return False
-        return True
+        return _created_at(info.metadata)
+
+    def _young_enough(self, created_at: float | None) -> bool:
+        """Whether a blob no durable checkpoint is known to name may still be named by a new one: younger than half
+        the grace period (a sweep deletes unmarked blobs past the whole period, and stops ``grace / 4`` after its
+        mark, so a checkpoint written within ``grace / 4`` of this check is safe). No grace period: always."""
+        if self.gc_grace_period_ms <= 0:
+            return True
+        if created_at is None:
+            return False
+        return self.clock() - created_at < self.gc_grace_period_ms / 2000.0
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}
@@ -288,16 +338,27 @@ class ChangelogBackupManager(TaskBackupManager):
     def sweep(self) -> int:
         """Mark-and-sweep every store's blobs (see the module docstring). Returns the number of blobs deleted."""
         marked: dict[str, set[str]] = {name: set() for name in self._lineages}
+        # the seq of the head checkpoint's recipe, per store (0: the head has none, nothing is deleted). Not the
+        # highest seq of any entry: after a replay (a task restored an older checkpoint and wrote head + 1) the
+        # superseded checkpoints carry higher seqs than the chain the head and its next owner build on.
         newest_seq: dict[str, int] = {name: 0 for name in self._lineages}
-        for entry in self._checkpoint_log().entries():
+        marked_at = self.clock()  # before the listing: the marks show the log as of then, at the latest
+        entries = self._checkpoint_log().entries()
+        for entry in entries:
             if not isinstance(entry.checkpoint, CheckpointV2):
                 continue
             for name, marker in entry.checkpoint.markers_for(self.context.factory_name).items():
                 if name in marked:
                     recipe = Recipe.decode(marker, source=f"store {name} in checkpoint #{entry.seq}")
                     marked[name].update(recipe.blob_names())
-                    newest_seq[name] = max(newest_seq[name], recipe.seq)
+        head = entries[-1] if entries else None
+        if head is not None and isinstance(head.checkpoint, CheckpointV2):
+            for name, marker in head.checkpoint.markers_for(self.context.factory_name).items():
+                if name in newest_seq:
+                    newest_seq[name] = Recipe.decode(marker, source=f"store {name} in checkpoint #{head.seq}").seq
+        grace = self.gc_grace_period_ms / 1000.0
         deleted = 0
+        stale = False
         for name, lineage in self._lineages.items():
             with lineage.lock:
                 marked[name].update(lineage.recipe().blob_names())
@@ -305,21 +366,58 @@ class ChangelogBackupManager(TaskBackupManager):
                 if lineage.background_name is not None:
                     marked[name].add(lineage.background_name)
                 limit = newest_seq[name]
+            listed: set[str] = set()
             for kind in ("delta/", "snapshot/"):
                 for blob in list(self.context.blob_store.list(lineage.prefix + kind)):
+                    listed.add(blob)
                     seq = _seq_of(blob)
                     if blob in marked[name] or seq is None or seq > limit:
+                        continue
+                    if grace > 0 and self.clock() - marked_at > grace / 4:
+                        stale = True  # a checkpoint written since the mark may name blobs that are old by now
+                        break
+                    if not self._past_grace(lineage, blob):
                         continue
                     with lineage.lock:  # checked again: a snapshot may have been adopted or started meanwhile
                         if blob in lineage.recipe().blob_names() or blob == lineage.background_name:
                             continue
                     self.context.blob_store.delete(blob)
+                    with lineage.lock:
+                        lineage.first_seen.pop(blob, None)
                     deleted += 1
+                if stale:
+                    break
+            if stale:
+                log.warning("task %s: changelog sweep ran longer than a quarter of the gc grace period since its "
+                            "mark; stopped (the next sweep marks anew)", self.context.task_name)
+                self.context.metrics.increment("changelog.sweep.stopped")
+                break
+            with lineage.lock:  # forget blobs gone meanwhile
+                for gone in [b for b in lineage.first_seen if b not in listed]:
+                    del lineage.first_seen[gone]
         self.context.metrics.increment("changelog.sweeps")
         if deleted:
             self.context.metrics.increment("changelog.sweep.deleted", deleted)
             log.info("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted)
         return deleted
+
+    def _past_grace(self, lineage: _Lineage, blob: str) -> bool:
+        """Whether the unmarked ``blob`` is older than the grace period: from its ``created_at`` metadata, else from
+        the time a sweep of this manager first saw it."""
+        grace = self.gc_grace_period_ms / 1000.0
+        if grace <= 0:
+            return True
+        now = self.clock()
+        created_at: float | None = None
+        if self.context.blob_store.supports_metadata:
+            try:
+                created_at = _created_at(self.context.blob_store.head(blob).metadata)
+            except NotFoundError:
+                return False  # gone already
+        if created_at is None:
+            with lineage.lock:
+                created_at = lineage.first_seen.setdefault(blob, now)
+        return now - created_at >= grace
 
     def _drop_abandoned_staged_files(self, lineage: _Lineage, durable: Recipe) -> None:
         """Staged deltas a re-base or an adopted snapshot left behind: at or below the durable head and not in its
@@ -384,6 +482,10 @@ class ChangelogBackupManager(TaskBackupManager):
             to_encode = dict(lineage.to_encode)
             lineage.to_encode.clear()
             lineage.fresh.clear()  # anything staged before this upload is a retry
+            # blobs an earlier upload sent that no checkpoint known durable names (a commit whose checkpoint write
+            # failed, an adopted snapshot): their age is checked below, they may be garbage to another sweep by now
+            durable = set(lineage.retained[-1].blob_names()) if lineage.retained else set()
+            reused = [n for n in recipe.blob_names() if n in lineage.uploaded and n not in durable]
         view: ReadView | None = None
         try:
             if view_future is not None:
@@ -405,7 +507,7 @@ class ChangelogBackupManager(TaskBackupManager):
                     continue
                 staged = lineage.staging / Path(step.name).name
                 if step.name in lineage.fresh and staged.exists():  # staged just above
-                    self._upload_staged_file(staged, step.name, "delta")
+                    self._upload_staged_file(lineage, staged, step.name, "delta")
                     with lineage.lock:
                         lineage.fresh.discard(step.name)
                 elif staged.exists():  # a previous commit's delta whose upload failed: upload it now
@@ -414,7 +516,7 @@ class ChangelogBackupManager(TaskBackupManager):
                     except CorruptDataError:
                         staged.unlink(missing_ok=True)  # not staged any more: the failure below re-bases
                         raise
-                    self._put_staged(staged, step.name)
+                    self._put_staged(lineage, staged, step.name)
                     metrics.increment("changelog.delta.reuploads")
                 else:
                     raise StateBackendError(
@@ -423,6 +525,17 @@ class ChangelogBackupManager(TaskBackupManager):
                     )
                 with lineage.lock:
                     lineage.uploaded.add(step.name)
+            with lineage.lock:
+                old = [n for n in reused if not self._young_enough(lineage.uploaded_at.get(n))]
+                if old:
+                    lineage.commits_since_snapshot = -1  # re-base next commit: fresh blobs only
+            if old:
+                self.context.metrics.increment("changelog.rebase.old.blobs")
+                raise StateBackendError(
+                    f"store {lineage.name}: this commit would name {old[0]} (and {len(old) - 1} more), uploaded more "
+                    f"than half of changelog.gc.grace.period.ms ago and named by no checkpoint known durable: a sweep "
+                    f"of another attempt may delete it. The next commit re-bases on a fresh snapshot"
+                )
         except BaseException:
             with lineage.lock:
                 missing = [s for s in recipe.deltas if s.name is not None and s.name not in lineage.uploaded
@@ -442,7 +555,7 @@ class ChangelogBackupManager(TaskBackupManager):
         staged = self._stage(lineage, step, kind, records, name)
         with lineage.lock:
             lineage.fresh.discard(name)
-        self._upload_staged_file(staged, name, kind)
+        self._upload_staged_file(lineage, staged, name, kind)
 
     def _stage(
         self, lineage: _Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
@@ -473,22 +586,27 @@ class ChangelogBackupManager(TaskBackupManager):
             lineage.fresh.add(name)
         return staged
 
-    def _upload_staged_file(self, staged: Path, name: str, kind: str) -> None:
+    def _upload_staged_file(self, lineage: _Lineage, staged: Path, name: str, kind: str) -> None:
         size = staged.stat().st_size
-        self._put_staged(staged, name)
+        self._put_staged(lineage, staged, name)
         metrics = self.context.metrics
         metrics.increment(f"changelog.{kind}.uploads")
         metrics.increment("commit.bytes.uploaded", size)
         metrics.increment("commit.files.uploaded")
         metrics.record(f"changelog.{kind}.bytes", size)
 
-    def _put_staged(self, staged: Path, name: str) -> None:
+    def _put_staged(self, lineage: _Lineage, staged: Path, name: str) -> None:
+        blob_store = self.context.blob_store
+        created_at = self.clock()  # before the put: a sweep never sees the blob younger than it is
+        metadata = {CREATED_AT: f"{created_at:.3f}"} if blob_store.supports_metadata else None
         try:
-            self.context.blob_store.put_file(name, staged, create_only=True)
+            blob_store.put_file(name, staged, create_only=True, metadata=metadata)
         except AlreadyExistsError:
             # names carry the flush's unique token: only an earlier try of this very upload can have written it
             # (a retry after a timeout whose first attempt had landed); the content is the same bytes.
             pass
+        with lineage.lock:
+            lineage.uploaded_at[name] = created_at
         staged.unlink(missing_ok=True)
 
     # -- background snapshots ----------------------------------------------------------------------------------
@@ -530,6 +648,13 @@ class ChangelogBackupManager(TaskBackupManager):
             log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc)
             return
         snapshot = background.result()
+        assert snapshot.name is not None
+        if not self._young_enough(lineage.uploaded_at.get(snapshot.name)):
+            self.context.metrics.increment("changelog.snapshot.too.old")
+            log.warning("store %s: not adopting background snapshot %s: it was uploaded more than half of "
+                        "changelog.gc.grace.period.ms ago (raise it above twice the longest snapshot upload)",
+                        lineage.name, snapshot.name)
+            return
         if lineage.commits_since_snapshot < 0:
             return  # the chain broke after this snapshot started: the pending re-base replaces it (keep the flag)
         if lineage.base is not None and snapshot.seq <= lineage.base.seq:
@@ -570,12 +695,25 @@ class ChangelogBackupManager(TaskBackupManager):
                 crashpoint("changelog.cleanup.deleted")
                 with lineage.lock:
                     lineage.uploaded.discard(blob)
+                    lineage.uploaded_at.pop(blob, None)
             if garbage:
                 self.context.metrics.increment("changelog.blobs.deleted", len(garbage))
             self._drop_abandoned_staged_files(lineage, recipe)
         heads = [Recipe.decode(marker, source=f"store {name}").seq for name, marker in markers.items()]
         if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
             self.sweep()
+
+
+def _created_at(metadata: Mapping[str, str]) -> float | None:
+    """A blob's ``created_at`` (unix seconds), or None when it has none or an unreadable one."""
+    value = metadata.get(CREATED_AT)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        log.warning("blob metadata %s=%r is not a time; the blob's age is unknown", CREATED_AT, value)
+        return None
 
 
 def _close_when_ready(view: Future[ReadView]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 from backends.changelog.admin import ChangelogAdmin
 from backends.changelog.backup import ChangelogBackupManager
 from backends.changelog.restore import ChangelogRestoreManager
-from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_int
+from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_duration_ms, parse_int
 from statebackend.contracts import BackendContext, StateBackendFactory
 
 __all__ = ["ChangelogStateBackendFactory"]
@@ -27,6 +27,8 @@ class ChangelogStateBackendFactory(StateBackendFactory):
         "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel downloads per restore"),
         "gc.interval.commits": OptionSpec(
             parse_int(min=0), 20, "mark-and-sweep unreferenced blobs every this many commits (0: never)"),
+        "gc.grace.period.ms": OptionSpec(
+            parse_duration_ms(min=0), 3_600_000, "unreferenced blobs younger than this are left alone by the sweep"),
     }
 
     def backup_manager(self, context: BackendContext) -> ChangelogBackupManager:
@@ -39,6 +41,7 @@ class ChangelogStateBackendFactory(StateBackendFactory):
             compression_level=options["compression.level"],
             retained=context.settings.checkpoint_retained,
             gc_interval_commits=options["gc.interval.commits"],
+            gc_grace_period_ms=options["gc.grace.period.ms"],
         )
 
     def restore_manager(self, context: BackendContext) -> ChangelogRestoreManager:
