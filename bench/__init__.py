@@ -1,2 +1,2 @@
-"""Benchmarks (DESIGN section 13). Run from the repository root, e.g. ``python bench/commit.py`` or
+"""Benchmarks. Run from the repository root, e.g. ``python bench/commit.py`` or
 ``python -m bench.commit``; results land in ``bench/results/``."""

@@ -65,7 +65,7 @@ def data_size(workdir: Path) -> int:
 
 def snapshot_size(task: TaskStorage) -> int:
     """Size of the compacted data.mdb the last snapshot holds, from its index."""
-    from backends.blobsnapshot.format import SnapshotIndex
+    from statebackend.backends.blobsnapshot.format import SnapshotIndex
 
     last = task.commit_manager.last_checkpoint
     assert last is not None

@@ -21,7 +21,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.metrics import percentile
 from tests.faults import FaultProxy
 from tests.servers import azurite_connection_string, start_azurite, start_moto

@@ -1,4 +1,4 @@
-"""Commit and restore benchmark of the changelog-delta backend on a ``file://`` blob store (DESIGN section 13).
+"""Commit and restore benchmark of the changelog-delta backend on a ``file://`` blob store.
 
 Run from the repository root::
 
@@ -47,8 +47,8 @@ from typing import Any
 
 import attrs
 import zstandard
+from statebackend.backends.changelog.backup import maintenance_pool
 
-from backends.changelog.backup import maintenance_pool
 from bench.common import format_table, machine_info, p50_p95, write_result
 from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage

@@ -41,10 +41,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import format_table, machine_info, p50_p95, write_result
-from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.blobstores.file import FileBlobStore
+from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.errors import CommitConflictError, StateBackendError, TransientStorageError
-from statebackend.resilience import ResilientBlobStore
 from statebackend.task import TaskStorage
 from tests.faults import FAULT_KINDS, FaultProxy
 from tests.servers import ServerProcess, azurite_connection_string, start_azurite, start_moto

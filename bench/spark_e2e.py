@@ -1,7 +1,7 @@
 """End to end against Spark's own state store: the same stateful count through (a) Spark's ``groupBy(key).count()``
 with the RocksDB state store provider and changelog checkpointing, and (b) a ``foreachBatch`` count on statebackend.
 
-Run from the repository root (DESIGN section 13's reference workload; a few minutes per update size on 2 cores)::
+Run from the repository root (the reference workload of docs/benchmarks.md; a few minutes per update size on 2 cores)::
 
     python -m bench.spark_e2e                                   # 1M keys, 4 partitions, 10k and 50k updates, 20 batches
     python -m bench.spark_e2e --keys 200000 --batches 8         # a quick run

@@ -1,19 +1,19 @@
 """Checkpoints: ids, CheckpointV1 / CheckpointV2 values, their JSON serde, the checkpoint log on a blob store, and
-the local checkpoint file in each store dir (DESIGN section 7; formats in docs/formats-checkpoint.md)."""
+the local checkpoint file in each store dir (formats in docs/formats-checkpoint.md)."""
 
 from __future__ import annotations
 
-from checkpoint.checkpoint import CheckpointV1, CheckpointV2, FrozenMap
-from checkpoint.id import NANOS_PER_MILLI, CheckpointId, CheckpointIdGenerator
-from checkpoint.local import (
+from statebackend.checkpoint.checkpoint import CheckpointV1, CheckpointV2, FrozenMap
+from statebackend.checkpoint.id import NANOS_PER_MILLI, CheckpointId, CheckpointIdGenerator
+from statebackend.checkpoint.local import (
     LOCAL_CHECKPOINT_FILE,
     read_local_checkpoint,
     read_local_checkpoint_binding,
     remove_local_checkpoint,
     write_local_checkpoint,
 )
-from checkpoint.log import MAX_SEQ, CheckpointLog, LogEntry
-from checkpoint.serde import (
+from statebackend.checkpoint.log import MAX_SEQ, CheckpointLog, LogEntry
+from statebackend.checkpoint.serde import (
     BLOB_FORMAT,
     READABLE_VERSIONS,
     WRITABLE_VERSIONS,

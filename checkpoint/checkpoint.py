@@ -15,8 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 import attrs
-
-from checkpoint.id import CheckpointId
+from statebackend.checkpoint.id import CheckpointId
 
 __all__ = ["CheckpointV1", "CheckpointV2", "FrozenMap"]
 

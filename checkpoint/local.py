@@ -22,8 +22,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from checkpoint.checkpoint import CheckpointV2
-from checkpoint.serde import Binding, decode_bound_checkpoint, encode_checkpoint
+from statebackend.checkpoint.checkpoint import CheckpointV2
+from statebackend.checkpoint.serde import Binding, decode_bound_checkpoint, encode_checkpoint
+
 from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.fsutil import fsync_dir
 

@@ -44,16 +44,16 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import attrs
-
-from checkpoint.checkpoint import CheckpointV1, CheckpointV2
-from checkpoint.serde import (
+from statebackend.checkpoint.checkpoint import CheckpointV1, CheckpointV2
+from statebackend.checkpoint.serde import (
     READABLE_VERSIONS,
     WRITABLE_VERSIONS,
     Binding,
     decode_bound_checkpoint,
     encode_checkpoint,
 )
-from statebackend.blobstore import BlobStore
+
+from statebackend.blobstores.base import BlobStore
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,

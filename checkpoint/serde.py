@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+from statebackend.checkpoint.checkpoint import CheckpointV1, CheckpointV2
+from statebackend.checkpoint.id import CheckpointId
 
-from checkpoint.checkpoint import CheckpointV1, CheckpointV2
-from checkpoint.id import CheckpointId
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError
 
 __all__ = [

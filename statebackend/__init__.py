@@ -25,9 +25,9 @@ _EXPORTS = {
     "PendingCommit": "statebackend.commit",
     "Settings": "statebackend.config",
     "Metrics": "statebackend.metrics",
-    "BlobStore": "statebackend.blobstore",
-    "BlobInfo": "statebackend.blobstore",
-    "open_blob_store": "statebackend.blobstore",
+    "BlobStore": "statebackend.blobstores.base",
+    "BlobInfo": "statebackend.blobstores.base",
+    "open_blob_store": "statebackend.blobstores.base",
     "TaskBackupManager": "statebackend.contracts",
     "TaskRestoreManager": "statebackend.contracts",
     "StateBackendAdmin": "statebackend.contracts",
@@ -82,7 +82,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from statebackend.blobstore import BlobInfo, BlobStore, open_blob_store
+    from statebackend.blobstores.base import BlobInfo, BlobStore, open_blob_store
     from statebackend.commit import PendingCommit
     from statebackend.config import Settings
     from statebackend.contracts import (

@@ -79,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _validate(args: argparse.Namespace, config: dict[str, str]) -> int:
-    from statebackend.blobstore import open_blob_store
+    from statebackend.blobstores.base import open_blob_store
+    from statebackend.checkpoint import CheckpointLog
     from statebackend.config import Settings
     from statebackend.contracts import BackendContext
     from statebackend.metrics import Metrics
@@ -89,9 +90,12 @@ def _validate(args: argparse.Namespace, config: dict[str, str]) -> int:
     factories = {f for s in settings.stores.values() for f in (*s.backup_factories, s.restore_factory)}
     with open_blob_store(settings.blob_store_url, settings.blob_store_options) as blob_store:
         for factory_name in sorted(factories):
+            checkpoint_log = CheckpointLog(blob_store, settings.job_name, "validate",
+                                           read_versions=settings.checkpoint_read_versions,
+                                           retained=settings.checkpoint_retained)
             context = BackendContext(
                 factory_name=factory_name, job_name=settings.job_name, task_name="validate", stores={},
-                blob_store=blob_store, settings=settings, executor=_NoExecutor(), metrics=Metrics(),
+                blob_store=blob_store, checkpoint_log=checkpoint_log, executor=_NoExecutor(), metrics=Metrics(),
                 options=settings.backend_options_for(factory_name),
             )
             resolve_factory(factory_name).factory.admin(context).validate_resources()
@@ -100,8 +104,8 @@ def _validate(args: argparse.Namespace, config: dict[str, str]) -> int:
 
 
 def _checkpoints(args: argparse.Namespace, config: dict[str, str]) -> int:
-    from checkpoint import CheckpointLog, CheckpointV2
-    from statebackend.blobstore import open_blob_store
+    from statebackend.blobstores.base import open_blob_store
+    from statebackend.checkpoint import CheckpointLog, CheckpointV2
     from statebackend.config import Settings
 
     settings = Settings.from_config(config)

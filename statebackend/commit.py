@@ -1,4 +1,4 @@
-"""TaskCommitManager: makes a task's state and its input position durable together (DESIGN section 6).
+"""TaskCommitManager: makes a task's state and its input position durable together.
 
 One commit, in this order:
 
@@ -40,9 +40,15 @@ from typing import Any
 
 import attrs
 
-from checkpoint import CheckpointId, CheckpointIdGenerator, CheckpointLog, CheckpointV2, write_local_checkpoint
-from statebackend._crashpoints import crashpoint
+from statebackend.checkpoint import (
+    CheckpointId,
+    CheckpointIdGenerator,
+    CheckpointLog,
+    CheckpointV2,
+    write_local_checkpoint,
+)
 from statebackend.contracts import StoreMarkers, TaskBackupManager
+from statebackend.crashpoints import crashpoint
 from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, CommitTimeoutError
 from statebackend.metrics import Metrics
 from statebackend.store import ChangeSet, LocalStore, LocalVersion

@@ -1,4 +1,4 @@
-"""The state backend contracts (DESIGN section 4, after Samza SEP-28).
+"""The state backend contracts (docs/architecture.md, after Samza SEP-28).
 
 A state backend is a :class:`StateBackendFactory` that gives, for one task, a :class:`TaskBackupManager`, a
 :class:`TaskRestoreManager` and a :class:`StateBackendAdmin`. The :class:`~statebackend.commit.TaskCommitManager`
@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
-    from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
-    from statebackend.blobstore import BlobStore
-    from statebackend.config import Settings
+    from statebackend.blobstores.base import BlobStore
+    from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
     from statebackend.metrics import Metrics
     from statebackend.store import ChangeSet, LocalStore
 
@@ -49,15 +48,15 @@ class BackendContext:
     #: the stores of this task that this backend backs up or restores, by store name
     stores: Mapping[str, LocalStore]
     blob_store: BlobStore
-    settings: Settings
+    #: the task's checkpoint log: its retention (``retained``) bounds what backends keep; its listings never show less
+    #: than the newest checkpoint the task knows durable (its ``floor``), so in a backend's mark phase a short
+    #: listing is a fault, never "nothing is referenced"
+    checkpoint_log: CheckpointLog
     #: the bounded pool shared by the tasks of the process; uploads and cleanups run here
     executor: Executor
     metrics: Metrics
     #: this backend's own ``<factory>.*`` settings, already validated by the factory's ``options`` schema
     options: Mapping[str, Any] = attrs.field(factory=dict)
-    #: the task's checkpoint log, for a backend's mark phase: its listings never show less than the newest checkpoint
-    #: the task knows durable (its ``floor``), so a short listing is a fault, never "nothing is referenced"
-    checkpoint_log: CheckpointLog | None = None
     #: for backup managers: which backend restored each of its stores at open (``None``: the store started empty).
     #: A backend whose own restore failed (another one's marker was used instead) must not build on its lineage.
     restored_by: Mapping[str, str | None] = attrs.field(factory=dict)

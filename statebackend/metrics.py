@@ -1,4 +1,4 @@
-"""Metrics per commit and per restore (DESIGN section 12): plain counters and timing samples, thread-safe.
+"""Metrics per commit and per restore: plain counters and timing samples, thread-safe.
 
 A :class:`Metrics` is a registry of named counters and sample lists; ``snapshot()`` gives a plain dict a job can log
 or export. Timings are kept as samples so callers can read p50/p95 without a metrics library.

@@ -286,7 +286,7 @@ _KNOWN_URL_LOGGERS = (
     "botocore.client",
     "botocore.credentials",
     "boto3.resources.action",
-    "statebackend.resilience",
+    "statebackend.blobstores.resilience",
     "statebackend.blobstores.azure",
     "statebackend.blobstores.s3",
 )

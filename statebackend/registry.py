@@ -1,4 +1,4 @@
-"""The state backend registry (DESIGN section 4, fsspec style).
+"""The state backend registry (docs/architecture.md, fsspec style).
 
 A store names its backends in ``stores.<name>.backup.factories`` / ``stores.<name>.restore.factory`` by one of:
 
@@ -123,8 +123,8 @@ _REINSTALL_HINT = "reinstall statebackend (pip install --force-reinstall stateba
 
 #: short name -> (dotted path, install hint or None)
 _REGISTRY: dict[str, tuple[str, str | None]] = {
-    "changelog": ("backends.changelog.factory:ChangelogStateBackendFactory", _REINSTALL_HINT),
-    "blobsnapshot": ("backends.blobsnapshot.factory:BlobSnapshotStateBackendFactory", _REINSTALL_HINT),
+    "changelog": ("statebackend.backends.changelog.factory:ChangelogStateBackendFactory", _REINSTALL_HINT),
+    "blobsnapshot": ("statebackend.backends.blobsnapshot.factory:BlobSnapshotStateBackendFactory", _REINSTALL_HINT),
 }
 
 #: canonical name -> (dotted path it was built from, instance); the target is kept so a replaced registration or a

@@ -34,7 +34,9 @@ from typing import Any, Self
 
 import attrs
 
-from checkpoint import (
+from statebackend.blobstores.admin import create_blob_store_resources
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.checkpoint import (
     CheckpointIdGenerator,
     CheckpointLog,
     CheckpointV1,
@@ -42,7 +44,6 @@ from checkpoint import (
     LogEntry,
     read_local_checkpoint_binding,
 )
-from statebackend.blobstore import BlobStore, open_blob_store
 from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager, shared_commit_pool
 from statebackend.config import Settings
 from statebackend.contracts import BackendContext
@@ -57,7 +58,6 @@ from statebackend.errors import (
 )
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
-from statebackend.resources import create_blob_store_resources
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
 
@@ -152,7 +152,6 @@ class TaskStorage:
                     task_name=task_name,
                     stores={name: stores[name] for name in store_names},
                     blob_store=blob_store,
-                    settings=settings,
                     executor=executor,
                     metrics=metrics,
                     options=settings.backend_options_for(factory_name),

@@ -9,7 +9,7 @@ It opens ``task-0`` under ``<workdir>`` (local state in ``local/``, blobs in ``b
 durable checkpoint; writes what it restored to ``<report.json>``; then runs ``<commits>`` more commits, number
 ``n = restored + 1, ...``, each applying :func:`operations` ``(n)`` and committing durably with input offsets
 ``{"input": str(n)}``; after each it appends ``n`` to ``<workdir>/durable.log`` (unbuffered, so the line survives a
-SIGKILL). With ``STATEBACKEND_CRASH_AT`` set it dies at that crash point (see statebackend/_crashpoints.py).
+SIGKILL). With ``STATEBACKEND_CRASH_AT`` set it dies at that crash point (see statebackend/crashpoints.py).
 
 Backends: changelog only, unless ``CRASH_CHILD_BACKUP_FACTORIES`` names others (e.g. ``blobsnapshot`` or
 ``changelog,blobsnapshot``, see :func:`config`), with ``CRASH_CHILD_RESTORE_FACTORY`` picking the restore backend
@@ -37,8 +37,8 @@ import threading
 from collections.abc import Mapping
 from pathlib import Path
 
-from statebackend._crashpoints import crashpoint
 from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
+from statebackend.crashpoints import crashpoint
 from statebackend.task import TaskStorage
 
 TASK = "task-0"

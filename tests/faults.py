@@ -34,7 +34,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Self
 
-from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore
 
 __all__ = ["FAULT_KINDS", "FaultProxy", "ScriptedBlobStore", "fault_requests"]
 

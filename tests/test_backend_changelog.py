@@ -12,8 +12,8 @@ import pytest
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, ConfigError
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
-from tests.contract.backend_contract import BackendContract, contents, write_round
+from statebackend.testing.backend_contract import BackendContract, contents, write_round
+from statebackend.testing.controlled import ControlledBlobStore
 
 
 class TestChangelogBackend(BackendContract):
@@ -133,8 +133,8 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
 ) -> None:
     """Orphans of commits that never became durable, and files only an earlier process's checkpoints needed, are
     swept; every checkpoint still in the log restores exactly afterwards."""
-    from backends.changelog.marker import Recipe
-    from checkpoint import CheckpointLog
+    from statebackend.backends.changelog.marker import Recipe
+    from statebackend.checkpoint import CheckpointLog
 
     inner = MemoryBlobStore()
     blobs = ControlledBlobStore(inner)
@@ -191,7 +191,7 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
 ) -> None:
     """The Spark driver opens, commits once and closes per batch: a background snapshot finished by one open is
     adopted by the next, so the recipe (and a wiped restore) stays bounded and old deltas are deleted."""
-    from backends.changelog.marker import Recipe
+    from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "task.checkpoint.retained": 2,
@@ -248,7 +248,7 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
     """A background snapshot an earlier open finished is adopted by name at the next open; a blob under that name
     that is cut short, or is another snapshot (an older one of the store, another task's), is not adopted (every
     later checkpoint would name it and be unrestorable): the chain keeps its deltas and restores exactly."""
-    from backends.changelog.marker import Recipe
+    from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.gc.interval.commits": 0})
@@ -297,8 +297,8 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
     that is always this slow every snapshot failed and the delta chain grew without bound)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from backends.changelog.backup import STAGING_DIR, ChangelogBackupManager
-    from backends.changelog.marker import Recipe
+    from statebackend.backends.changelog.backup import STAGING_DIR, ChangelogBackupManager
+    from statebackend.backends.changelog.marker import Recipe
 
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 0})
@@ -344,9 +344,9 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
     """cleanup() is idempotent and may come late (a framework resolving a lost checkpoint reply): a repeated cleanup
     of the newest checkpoint, or a late one of an older checkpoint, must not take a slot of the retention window and
     delete blobs that a checkpoint the log still retains needs."""
-    from backends.changelog.backup import ChangelogBackupManager
-    from backends.changelog.marker import Recipe
-    from checkpoint import CheckpointLog
+    from statebackend.backends.changelog.backup import ChangelogBackupManager
+    from statebackend.backends.changelog.marker import Recipe
+    from statebackend.checkpoint import CheckpointLog
 
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 0})
@@ -388,7 +388,7 @@ ORPHAN = "job/task-0/counts/changelog/delta/000000000001-orphan.delta"
 
 
 def _changelog_manager(task: TaskStorage) -> Any:
-    from backends.changelog.backup import ChangelogBackupManager
+    from statebackend.backends.changelog.backup import ChangelogBackupManager
 
     manager = next(b.manager for b in task.commit_manager.backups if b.factory_name == "changelog")
     assert isinstance(manager, ChangelogBackupManager)
@@ -471,7 +471,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
     durable names it, so another attempt's sweep may take it): it fails instead, and the one after re-bases."""
     import time
 
-    from backends.changelog.marker import Recipe
+    from statebackend.backends.changelog.marker import Recipe
 
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = config_for(tmp_path, **{"changelog.gc.interval.commits": 0})
@@ -501,7 +501,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
 
 
 def test_a_finished_snapshot_older_than_half_the_grace_period_is_not_adopted_at_open(tmp_path: Path) -> None:
-    from backends.changelog.marker import Recipe
+    from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.gc.interval.commits": 0})

@@ -1,5 +1,5 @@
 """The backend contract suite on real servers: both backends (changelog-delta, blob-snapshot) backing up to Azurite
-and to moto's S3 server exactly as they do to the in-memory fake (DESIGN section 14; issue 4: "both backends' full
+and to moto's S3 server exactly as they do to the in-memory fake (issue 4: "both backends' full
 backup/restore suites pass against Azurite and the S3 server")."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from statebackend.blobstore import BlobStore, open_blob_store
-from tests.contract.backend_contract import BackendContract
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.testing.backend_contract import BackendContract
 from tests.servers import ServerProcess
 
 

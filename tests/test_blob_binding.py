@@ -23,16 +23,16 @@ from typing import Any
 
 import attrs
 import pytest
+from statebackend.backends.blobsnapshot.format import SnapshotIndex, chunk_name, parse_index_name
+from statebackend.backends.changelog.backup import ChangelogBackupManager
+from statebackend.backends.changelog.marker import Recipe
 
-from backends.blobsnapshot.format import SnapshotIndex, chunk_name, parse_index_name
-from backends.changelog.backup import ChangelogBackupManager
-from backends.changelog.marker import Recipe
-from statebackend.blobstore import BlobStore
+from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
-from tests.contract.backend_contract import write_round
+from statebackend.testing.backend_contract import write_round
+from statebackend.testing.controlled import ControlledBlobStore
 
 JOB = "job"
 ROUNDS = 11

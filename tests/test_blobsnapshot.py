@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.format import SCHEMA_VERSION, SnapshotIndex, chunk_name
+from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 
-from backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from backends.blobsnapshot.format import SCHEMA_VERSION, SnapshotIndex, chunk_name
-from backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
-from tests.contract.backend_contract import BackendContract
+from statebackend.testing.backend_contract import BackendContract
+from statebackend.testing.controlled import ControlledBlobStore
 
 PREFIX = "job/task-0/counts/blobsnapshot/"
 
@@ -362,7 +362,8 @@ def test_stored_v1_index_sample_still_reads() -> None:
 
 
 def _sample_index() -> SnapshotIndex:
-    from backends.blobsnapshot.format import ChunkRef, FileEntry, chunk_hash
+    from statebackend.backends.blobsnapshot.format import ChunkRef, FileEntry, chunk_hash
+
     from statebackend.store import LocalVersion
 
     chunks = (ChunkRef(chunk_hash(b"one"), 3), ChunkRef(chunk_hash(b"two!"), 4))
@@ -426,10 +427,9 @@ def test_interrupted_restore_leaves_previous_state(tmp_path: Path) -> None:
     with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e: e.seq == 1) as task:
         from statebackend.contracts import BackendContext
 
-        settings = task.settings
         context = BackendContext(
             factory_name="blobsnapshot", job_name="job", task_name="task-0", stores=task.stores, blob_store=blobs,
-            settings=settings, executor=task.commit_manager.executor, metrics=task.metrics,
+            checkpoint_log=task.checkpoint_log, executor=task.commit_manager.executor, metrics=task.metrics,
         )
         manager = BlobSnapshotRestoreManager(context=context)
         manager.init(task.checkpoint_log.read(2).checkpoint)  # type: ignore[arg-type]

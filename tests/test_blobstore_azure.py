@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import pytest
 from azure.storage.blob import BlobServiceClient
 
-from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, StorageError
-from statebackend.resilience import ResilientBlobStore
-from tests.contract.blobstore_contract import BlobStoreContract
+from statebackend.testing.blobstore_contract import BlobStoreContract
 from tests.servers import AZURITE_ACCOUNT_KEY, ServerProcess, azurite_connection_string, free_port
 
 pytestmark = pytest.mark.azure

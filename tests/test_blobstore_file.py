@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from statebackend.blobstore import BlobStore
+from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
 from statebackend.errors import ConfigError, NotFoundError, StorageError
-from tests.contract.blobstore_contract import BAD_NAMES, BlobStoreContract
+from statebackend.testing.blobstore_contract import BAD_NAMES, BlobStoreContract
 
 
 class TestFileBlobStore(BlobStoreContract):

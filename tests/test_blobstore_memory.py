@@ -6,9 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from statebackend.blobstore import BlobStore
+from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
-from tests.contract.blobstore_contract import BlobStoreContract
+from statebackend.testing.blobstore_contract import BlobStoreContract
 
 
 class TestMemoryBlobStore(BlobStoreContract):

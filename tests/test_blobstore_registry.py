@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from statebackend.blobstore import known_blob_store_schemes, open_blob_store
+from statebackend.blobstores.base import known_blob_store_schemes, open_blob_store
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import ConfigError

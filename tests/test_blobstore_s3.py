@@ -10,10 +10,10 @@ from pathlib import Path
 import boto3
 import pytest
 
-from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, StorageError
-from statebackend.resilience import ResilientBlobStore
-from tests.contract.blobstore_contract import BlobStoreContract
+from statebackend.testing.blobstore_contract import BlobStoreContract
 from tests.servers import ServerProcess, free_port
 
 pytestmark = pytest.mark.s3

@@ -13,9 +13,17 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from statebackend.backends.changelog import format as fmt
+from statebackend.backends.changelog.format import (
+    FileHeader,
+    check_digest,
+    encode,
+    iter_records,
+    read_header,
+    verify,
+    write_file,
+)
 
-from backends.changelog import format as fmt
-from backends.changelog.format import FileHeader, check_digest, encode, iter_records, read_header, verify, write_file
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.store import LocalStore, LocalVersion
 

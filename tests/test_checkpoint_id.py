@@ -8,8 +8,8 @@ import threading
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from statebackend.checkpoint import CheckpointId, CheckpointIdGenerator
 
-from checkpoint import CheckpointId, CheckpointIdGenerator
 from statebackend.errors import ConfigError
 
 millis = st.integers(min_value=0, max_value=10**15 - 1)

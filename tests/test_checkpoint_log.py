@@ -8,8 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from checkpoint import (
+from statebackend.checkpoint import (
     LOCAL_CHECKPOINT_FILE,
     CheckpointId,
     CheckpointLog,
@@ -21,6 +20,7 @@ from checkpoint import (
     remove_local_checkpoint,
     write_local_checkpoint,
 )
+
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import (
     AlreadyExistsError,

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from checkpoint import (
+from statebackend.checkpoint import (
     CheckpointId,
     CheckpointV1,
     CheckpointV2,
     decode_checkpoint,
     encode_checkpoint,
 )
+
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
 
 SAMPLES = Path(__file__).parent / "data" / "checkpoints"

@@ -20,10 +20,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from statebackend.backends.blobsnapshot.format import SnapshotIndex, chunk_name
 
-from backends.blobsnapshot.format import SnapshotIndex, chunk_name
-from statebackend.blobstore import BlobInfo, BlobStore
 from statebackend.blobstores.azure import AzureBlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import AlreadyExistsError, NotFoundError
 from statebackend.task import TaskStorage

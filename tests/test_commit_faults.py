@@ -10,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import statebackend.backends.changelog.backup as changelog_backup
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 
-import backends.changelog.backup as changelog_backup
 import statebackend.commit as commit_module
-from backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, StateBackendError, StorageError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
-from tests.contract.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents, write_round
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:

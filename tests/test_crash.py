@@ -2,7 +2,7 @@
 state is exactly the last durable checkpoint, with the local dir kept and with it wiped.
 
 The killed process is tests/crash_child.py; where it dies is chosen with ``STATEBACKEND_CRASH_AT`` (the hook in
-statebackend/_crashpoints.py and the one-line ``crashpoint(...)`` calls in statebackend/commit.py and
+statebackend/crashpoints.py and the one-line ``crashpoint(...)`` calls in statebackend/commit.py and
 backends/changelog/backup.py, plus the blob store wrapper in crash_child.py for deaths mid-write).
 
 Which checkpoint is "the last durable one" is read from the checkpoint log itself (the child cannot know whether
@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
-from checkpoint import CheckpointLog, read_local_checkpoint
 from statebackend.blobstores.file import FileBlobStore
 from tests.crash_child import STORE, TASK, blobs_dir, expected_state
 

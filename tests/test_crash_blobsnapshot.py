@@ -38,10 +38,10 @@ from pathlib import Path
 
 import attrs
 import pytest
+from statebackend.backends.blobsnapshot.backup import read_index
+from statebackend.backends.blobsnapshot.format import chunk_name, chunks_prefix, index_prefix
+from statebackend.checkpoint import CheckpointLog, CheckpointV2, read_local_checkpoint
 
-from backends.blobsnapshot.backup import read_index
-from backends.blobsnapshot.format import chunk_name, chunks_prefix, index_prefix
-from checkpoint import CheckpointLog, CheckpointV2, read_local_checkpoint
 from statebackend.blobstores.file import FileBlobStore
 from tests.crash_child import (
     BACKUP_FACTORIES_ENV,

@@ -12,7 +12,7 @@ import pytest
 
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
-from tests.contract.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents, write_round
 from tests.faults import FaultProxy
 from tests.servers import ServerProcess, azurite_connection_string
 

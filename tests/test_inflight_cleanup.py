@@ -14,14 +14,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.changelog.backup import ChangelogBackupManager
 
-from backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from backends.changelog.backup import ChangelogBackupManager
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.contracts import TaskBackupManager
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
-from tests.contract.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.controlled import ControlledBlobStore
 
 FAR_FUTURE = 10 * 365 * 86400.0
 BACKENDS: dict[str, dict[str, object]] = {

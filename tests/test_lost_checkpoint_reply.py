@@ -15,17 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.blobsnapshot.backup import EXPIRES_AT, BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.format import SnapshotIndex, chunk_name
+from statebackend.backends.changelog.backup import ChangelogBackupManager
+from statebackend.checkpoint import CheckpointLog, CheckpointV2, LogEntry
 
-from backends.blobsnapshot.backup import EXPIRES_AT, BlobSnapshotBackupManager
-from backends.blobsnapshot.format import SnapshotIndex, chunk_name
-from backends.changelog.backup import ChangelogBackupManager
-from checkpoint import CheckpointLog, CheckpointV2, LogEntry
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.contracts import TaskBackupManager
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
-from tests.contract.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.controlled import ControlledBlobStore
 
 BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {

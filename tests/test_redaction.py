@@ -19,7 +19,7 @@ import pytest
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
-from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.cli import main
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StateBackendError, StorageError
 from statebackend.redact import RedactedError, redact, sanitized, scrub_chain

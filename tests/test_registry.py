@@ -78,8 +78,8 @@ def plugin_dist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 def test_builtin_short_names_map_to_the_backends_packages() -> None:
     known = known_factories()
-    assert known["changelog"] == "backends.changelog.factory:ChangelogStateBackendFactory"
-    assert known["blobsnapshot"] == "backends.blobsnapshot.factory:BlobSnapshotStateBackendFactory"
+    assert known["changelog"] == "statebackend.backends.changelog.factory:ChangelogStateBackendFactory"
+    assert known["blobsnapshot"] == "statebackend.backends.blobsnapshot.factory:BlobSnapshotStateBackendFactory"
 
 
 def test_known_factories_is_read_only() -> None:

@@ -11,17 +11,17 @@ from collections.abc import Iterator
 
 import pytest
 
-from statebackend.blobstore import BlobStore, open_blob_store
+from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.errors import AlreadyExistsError, NotFoundError, StorageError, TransientStorageError
-from statebackend.metrics import Metrics
-from statebackend.resilience import (
+from statebackend.blobstores.resilience import (
     METRIC_ATTEMPTS,
     METRIC_HEDGES,
     METRIC_RETRIES,
     METRIC_TIMEOUTS,
     ResilientBlobStore,
 )
+from statebackend.errors import AlreadyExistsError, NotFoundError, StorageError, TransientStorageError
+from statebackend.metrics import Metrics
 from tests.faults import FaultProxy, ScriptedBlobStore
 from tests.servers import ServerProcess, azurite_connection_string
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import statebackend.checkpoint.log as checkpoint_log_module
 
-import checkpoint.log as checkpoint_log_module
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, StateBackendError, TransientStorageError
 from statebackend.task import TaskStorage
-from tests.contract.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents, write_round
 from tests.test_trust import HookedBlobStore
 
 CHECKPOINTS = "job/task-0/checkpoints/"
@@ -317,7 +317,7 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
 
 
 def test_unbound_legacy_blob_under_the_newest_name_is_not_a_silent_rollback(tmp_path: Path) -> None:
-    from checkpoint.serde import decode_checkpoint, encode_checkpoint
+    from statebackend.checkpoint.serde import decode_checkpoint, encode_checkpoint
 
     blobs = MemoryBlobStore()
     config = config_for(tmp_path)

@@ -18,13 +18,13 @@ from pathlib import Path
 import attrs
 import pytest
 
-from statebackend.blobstore import BlobStore, open_blob_store
 from statebackend.blobstores.azure import AzureBlobStore
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.blobstores.resilience import METRIC_RETRIES
 from statebackend.blobstores.s3 import S3BlobStore
 from statebackend.errors import AlreadyExistsError, StateBackendError, TransientStorageError
 from statebackend.metrics import Metrics
 from statebackend.redact import RedactedError
-from statebackend.resilience import METRIC_RETRIES
 from tests.faults import (
     CUT_AFTER_STATUS_LINE,
     CUT_BODY,

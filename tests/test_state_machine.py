@@ -31,12 +31,12 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from statebackend.backends.changelog.backup import ChangelogBackupManager
 
-from backends.changelog.backup import ChangelogBackupManager
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
+from statebackend.testing.controlled import ControlledBlobStore
 
 TASK = "task-0"
 #: a RAM-backed temp dir where there is one: an in-process crash never loses the page cache, so the fsyncs LMDB and

@@ -14,7 +14,7 @@ import pytest
 
 from statebackend.errors import LocalDirError, StateBackendError, StoreLockedError
 from statebackend.store import LocalStore, LocalVersion
-from tests.contract.store_contract import LocalStoreContract, v
+from statebackend.testing.store_contract import LocalStoreContract, v
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import statebackend.checkpoint.log as checkpoint_log_module
 
-import checkpoint.log as checkpoint_log_module
-from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import (
     CommitError,
@@ -29,7 +29,7 @@ from statebackend.errors import (
     TransientStorageError,
 )
 from statebackend.task import TaskStorage
-from tests.contract.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents, write_round
 
 CHECKPOINTS = "job/task-0/checkpoints/"
 

@@ -1,4 +1,4 @@
-"""blob-snapshot: whole LMDB environment snapshots in content-addressed chunks plus an index blob (DESIGN section 8,
+"""blob-snapshot: whole LMDB environment snapshots in content-addressed chunks plus an index blob (docs/architecture.md,
 seed 002).
 
 Mirrors the contracts: backup.py (TaskBackupManager), restore.py (TaskRestoreManager), admin.py (StateBackendAdmin),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from statebackend.blobstores.admin import create_blob_store_resources, validate_blob_store
 from statebackend.contracts import BackendContext, StateBackendAdmin
-from statebackend.resources import create_blob_store_resources, validate_blob_store
 
 __all__ = ["BlobSnapshotAdmin"]
 

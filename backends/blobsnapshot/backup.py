@@ -1,4 +1,4 @@
-"""Backup side of the blob-snapshot backend (DESIGN section 8, seed 002).
+"""Backup side of the blob-snapshot backend (seed 002).
 
 Per commit and store:
 
@@ -41,8 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-
-from backends.blobsnapshot.format import (
+from statebackend.backends.blobsnapshot.format import (
     ChunkRef,
     FileEntry,
     SnapshotIndex,
@@ -54,11 +53,12 @@ from backends.blobsnapshot.format import (
     new_hasher,
     parse_index_name,
 )
-from backends.blobsnapshot.format import index_name as make_index_name
-from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
-from statebackend._crashpoints import crashpoint
-from statebackend.blobstore import BlobStore
+from statebackend.backends.blobsnapshot.format import index_name as make_index_name
+from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
+
+from statebackend.blobstores.base import BlobStore
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
+from statebackend.crashpoints import crashpoint
 from statebackend.errors import (
     AlreadyExistsError,
     CorruptDataError,
@@ -614,12 +614,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
 
     def _checkpoint_log(self) -> CheckpointLog:
         """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
-        short listing cannot make live indexes look unreferenced); a log of its own when run without a task."""
-        if self.context.checkpoint_log is not None:
-            return self.context.checkpoint_log
-        settings = self.context.settings
-        return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
-                             read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
+        short listing cannot make live indexes look unreferenced)."""
+        return self.context.checkpoint_log
 
     def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
         """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from backends.blobsnapshot.admin import BlobSnapshotAdmin
-from backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from backends.blobsnapshot.restore import BlobSnapshotRestoreManager
+from statebackend.backends.blobsnapshot.admin import BlobSnapshotAdmin
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
+
 from statebackend.config import OptionSpec, parse_bool, parse_bytes, parse_duration_ms, parse_int
 from statebackend.contracts import BackendContext, StateBackendFactory
 
@@ -41,7 +42,7 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
             context=context,
             chunk_size=options["chunk.size"],
             upload_concurrency=options["upload.concurrency"],
-            retained=context.settings.checkpoint_retained,
+            retained=context.checkpoint_log.retained,
             grace_period_ms=options["gc.grace.period.ms"],
             ttl_ms=options["ttl.ms"],
             gc_interval_commits=options["gc.interval.commits"],

@@ -28,9 +28,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import attrs
-
-from backends.blobsnapshot.backup import read_index
-from backends.blobsnapshot.format import (
+from statebackend.backends.blobsnapshot.backup import read_index
+from statebackend.backends.blobsnapshot.format import (
     ChunkRef,
     FileEntry,
     SnapshotIndex,
@@ -39,7 +38,8 @@ from backends.blobsnapshot.format import (
     index_prefix,
     new_hasher,
 )
-from checkpoint import CheckpointV2
+from statebackend.checkpoint import CheckpointV2
+
 from statebackend.contracts import BackendContext, TaskRestoreManager
 from statebackend.errors import CorruptDataError, NotFoundError, StateBackendError
 from statebackend.fsutil import fsync_dir

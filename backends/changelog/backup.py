@@ -1,4 +1,4 @@
-"""Backup side of the changelog-delta backend (DESIGN section 8, seeds 000 and 001).
+"""Backup side of the changelog-delta backend (seeds 000 and 001).
 
 Per commit and store, ``snapshot()`` (sync, O(1) besides bookkeeping) appends a step to the store's recipe and
 ``upload()`` (async) encodes the commit's change set into one delta file and uploads it create-only. Every
@@ -43,8 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-
-from backends.changelog.format import (
+from statebackend.backends.changelog.format import (
     FOOTER_SIZE,
     HEADER_PREFIX_SIZE,
     KIND_SNAPSHOT,
@@ -54,10 +53,11 @@ from backends.changelog.format import (
     read_frame,
     write_file,
 )
-from backends.changelog.marker import Recipe, Step, check_blob_binding
-from checkpoint import CheckpointId, CheckpointLog, CheckpointV2
-from statebackend._crashpoints import crashpoint
+from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding
+from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
+
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
+from statebackend.crashpoints import crashpoint
 from statebackend.errors import (
     AlreadyExistsError,
     CorruptDataError,
@@ -433,12 +433,8 @@ class ChangelogBackupManager(TaskBackupManager):
 
     def _checkpoint_log(self) -> CheckpointLog:
         """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
-        short listing cannot make live blobs look unreferenced); a log of its own when run without a task."""
-        if self.context.checkpoint_log is not None:
-            return self.context.checkpoint_log
-        settings = self.context.settings
-        return CheckpointLog(self.context.blob_store, self.context.job_name, self.context.task_name,
-                             read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
+        short listing cannot make live blobs look unreferenced)."""
+        return self.context.checkpoint_log
 
     def abort(self, checkpoint_id: CheckpointId) -> None:
         """Another backend's snapshot failed after ours ran: the change sets we kept for upload are closed, so the

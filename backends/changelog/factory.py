@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from backends.changelog.admin import ChangelogAdmin
-from backends.changelog.backup import ChangelogBackupManager
-from backends.changelog.restore import ChangelogRestoreManager
+from statebackend.backends.changelog.admin import ChangelogAdmin
+from statebackend.backends.changelog.backup import ChangelogBackupManager
+from statebackend.backends.changelog.restore import ChangelogRestoreManager
+
 from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_duration_ms, parse_int
 from statebackend.contracts import BackendContext, StateBackendFactory
 
@@ -39,7 +40,7 @@ class ChangelogStateBackendFactory(StateBackendFactory):
             snapshot_interval_bytes=options["snapshot.interval.bytes"],
             compression=options["compression"],
             compression_level=options["compression.level"],
-            retained=context.settings.checkpoint_retained,
+            retained=context.checkpoint_log.retained,
             gc_interval_commits=options["gc.interval.commits"],
             gc_grace_period_ms=options["gc.grace.period.ms"],
         )

@@ -18,8 +18,8 @@ import json
 from collections.abc import Iterator
 
 import attrs
+from statebackend.backends.changelog.format import KIND_DELTA, FileHeader
 
-from backends.changelog.format import KIND_DELTA, FileHeader
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
 from statebackend.store import LocalVersion
 

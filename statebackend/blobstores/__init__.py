@@ -1,2 +1,2 @@
 """Blob store implementations, one module each: file, memory, azure, s3. Open one with
-:func:`statebackend.blobstore.open_blob_store`."""
+:func:`statebackend.blobstores.base.open_blob_store`."""

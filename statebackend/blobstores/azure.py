@@ -1,6 +1,6 @@
 """``az://container/prefix``: Azure Blob Storage through azure-storage-blob (tested against Azurite).
 
-Contract (the BlobStore contract of statebackend.blobstore, plus):
+Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 
 - Blob names live under ``prefix/`` inside ``container``; the store never reads or writes outside it.
 - ``put(create_only=True)`` sends ``If-None-Match: *``; the service's 409 ``BlobAlreadyExists`` becomes
@@ -13,7 +13,7 @@ Contract (the BlobStore contract of statebackend.blobstore, plus):
   that does not echo its container and prefix; a download shorter than its Content-Length) are
   :class:`TransientStorageError`. No SDK or stdlib exception reaches a caller, and errors are chained to sanitized
   stand-ins (statebackend.redact), never to the SDK's exception.
-- The SDK's own retries are off: :class:`~statebackend.resilience.ResilientBlobStore` (which ``from_url`` returns)
+- The SDK's own retries are off: :class:`~statebackend.blobstores.resilience.ResilientBlobStore` (which ``from_url`` returns)
   does retries, hedging and timeouts, per block for large transfers.
 - Credentials (connection string, account key, SAS, credential objects) are never logged, never in ``repr`` and
   never in a message: they are registered with statebackend.redact, whose filter also guards the SDK's loggers.
@@ -35,8 +35,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, check_blob_name, check_metadata
-from statebackend.blobstores._common import (
+from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
+from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
     PartedBlobStore,
     check_options,
@@ -45,6 +45,7 @@ from statebackend.blobstores._common import (
     run_parallel,
     sdk_boundary,
 )
+from statebackend.blobstores.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
@@ -61,7 +62,6 @@ from statebackend.redact import (
     sanitized,
     url_has_userinfo,
 )
-from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 
 try:
     from azure.core import MatchConditions

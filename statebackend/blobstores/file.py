@@ -6,7 +6,7 @@ Layout under the root::
     <dir>/.statebackend~tmp.<random>            a write in progress (or left by a crash); never listed
     .statebackend~meta/<hh>/<sha256(name)>.<inode>.json   user metadata of the blob whose file has that inode
 
-How the contract of :mod:`statebackend.blobstore` is met:
+How the contract of :mod:`statebackend.blobstores.base` is met:
 
 - ``put`` writes a temp file in the target directory, fsyncs it, then ``os.replace`` s it onto the name, and fsyncs
   the directory: a reader sees the old file or the new one, never a part.
@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
+from statebackend.blobstores.base import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
 from statebackend.fsutil import fsync_dir
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, BlobStore, check_blob_name, check_metadata
+from statebackend.blobstores.base import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 
 __all__ = ["MemoryBlobStore"]

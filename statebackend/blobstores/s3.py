@@ -1,6 +1,6 @@
 """``s3://bucket/prefix``: Amazon S3 and S3-compatible servers through boto3 (tested against moto's server).
 
-Contract (the BlobStore contract of statebackend.blobstore, plus):
+Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 
 - Blob names live under ``prefix/`` inside ``bucket``; the store never reads or writes outside it.
 - ``put(create_only=True)`` sends ``If-None-Match: *``; the answer 412 ``PreconditionFailed`` (or 409
@@ -20,7 +20,7 @@ Contract (the BlobStore contract of statebackend.blobstore, plus):
   both with a bare 404); :meth:`validate` tells them apart.
 - A multipart upload whose CompleteMultipartUpload reply was lost is read back when the retry finds the upload
   gone (``NoSuchUpload``): the same bytes and metadata are success.
-- botocore's own retries are off: :class:`~statebackend.resilience.ResilientBlobStore` (which ``from_url``
+- botocore's own retries are off: :class:`~statebackend.blobstores.resilience.ResilientBlobStore` (which ``from_url``
   returns) does retries, hedging and timeouts, per part for large transfers.
 - S3 lower-cases user metadata keys. Credentials come from boto3's default chain and are never logged; a URL with
   ``user:password@`` is refused without echoing it.
@@ -40,8 +40,8 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstore import BlobInfo, check_blob_name, check_metadata
-from statebackend.blobstores._common import (
+from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
+from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
     PartedBlobStore,
     check_options,
@@ -50,6 +50,7 @@ from statebackend.blobstores._common import (
     run_parallel,
     sdk_boundary,
 )
+from statebackend.blobstores.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
@@ -59,7 +60,6 @@ from statebackend.errors import (
     TransientStorageError,
 )
 from statebackend.redact import protect_sdk_loggers, redact, register_secrets, sanitized, url_has_userinfo
-from statebackend.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
 
 try:
     import boto3

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from statebackend.blobstore import known_blob_store_schemes
+from statebackend.blobstores.base import known_blob_store_schemes
 from statebackend.config.keys import BLOB_STORE_OPTIONS, GLOBAL_OPTIONS, NAME_PATTERN, OWNED_PREFIXES, STORE_OPTIONS
 from statebackend.config.options import OptionSpec, parse_one
 from statebackend.errors import ConfigError

@@ -1,4 +1,4 @@
-"""The PySpark Structured Streaming driver (DESIGN section 10): keyed state per task, committed with the batch id.
+"""The PySpark Structured Streaming driver: keyed state per task, committed with the batch id.
 
 Use::
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from checkpoint import CheckpointLog, LogEntry
+from statebackend.checkpoint import CheckpointLog, LogEntry
 from statebackend.errors import ConfigError, StateBackendError
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import Any
 import attrs
 from pyspark import TaskContext
 
-from checkpoint import CheckpointLog
-from statebackend.blobstore import open_blob_store
+from statebackend.blobstores.base import open_blob_store
+from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import StateBackendError, StoreLockedError
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name

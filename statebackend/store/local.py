@@ -1,6 +1,6 @@
 """The local store: one LMDB environment per (task, store), with a write batch and a sorted change set per flush.
 
-Contract (DESIGN.md section 5):
+Contract:
 
 - Keys and values are ``bytes``. Keys are non-empty and at most ``max_key_size`` (511) bytes; a wrong type raises
   ``TypeError``, a bad key ``StateBackendError`` naming the limit, both before the write reaches the batch.

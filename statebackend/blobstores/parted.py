@@ -12,12 +12,12 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
-from statebackend.blobstore import BlobStore
+from statebackend.blobstores.base import BlobStore
 from statebackend.errors import ConfigError, StateBackendError, StorageError
 from statebackend.redact import redact, sanitized, scrub_chain
 
 if TYPE_CHECKING:
-    from statebackend.resilience import Resilience
+    from statebackend.blobstores.resilience import Resilience
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,7 +51,7 @@ _pools_lock = threading.Lock()
 
 
 def check_options(options: Mapping[str, Any]) -> None:
-    """A misspelled key must not silently fall back to a default (DESIGN section 11)."""
+    """A misspelled key must not silently fall back to a default."""
     unknown = sorted(set(options) - KNOWN_OPTIONS)
     if unknown:
         known = ", ".join(f"blob.store.{k}" for k in sorted(KNOWN_OPTIONS - {"url"}))

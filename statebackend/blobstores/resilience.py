@@ -1,4 +1,4 @@
-"""Retries, hedged requests and per-request timeouts for any :class:`~statebackend.blobstore.BlobStore`.
+"""Retries, hedged requests and per-request timeouts for any :class:`~statebackend.blobstores.base.BlobStore`.
 
 Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
 
@@ -41,7 +41,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import attrs
 
-from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, TransientStorageError
 from statebackend.metrics import Metrics
 from statebackend.redact import scrub_chain

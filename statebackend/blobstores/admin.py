@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 
-from statebackend.blobstore import BlobStore
+from statebackend.blobstores.base import BlobStore
 from statebackend.errors import StateBackendError, StorageError
 
 __all__ = ["create_blob_store_resources", "validate_blob_store"]

@@ -18,11 +18,11 @@ from typing import Any, ClassVar
 
 import pytest
 
-from statebackend.blobstore import BlobStore
+from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, NotFoundError
 from statebackend.task import TaskStorage
-from tests.blobstore_faults import ControlledBlobStore
+from statebackend.testing.controlled import ControlledBlobStore
 
 __all__ = ["BackendContract", "contents", "write_round"]
 

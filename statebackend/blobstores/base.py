@@ -1,7 +1,7 @@
 """The blob store contract and the URL registry that opens one.
 
 A blob store is remote (or remote-like) object storage addressed by ``/``-separated names relative to its root.
-Every implementation behaves the same way, proven by one contract suite (``tests/contract/blobstore_contract.py``):
+Every implementation behaves the same way, proven by one contract suite (``statebackend/testing/blobstore_contract.py``):
 
 - ``put`` replaces atomically: a reader sees the old blob or the new one, never a part. With ``create_only=True``
   it raises :class:`AlreadyExistsError` when the name is taken (S3 412, Azure 409, ``O_EXCL``) and writes nothing.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping
 
-from statebackend.blobstore import BlobInfo, BlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import TransientStorageError
 
 

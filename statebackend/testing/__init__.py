@@ -1,0 +1,10 @@
+"""What a third-party blob store or state backend reuses to prove it keeps the contracts, as the built-in ones do.
+
+- :mod:`statebackend.testing.blobstore_contract`: ``BlobStoreContract``, subclass it with a ``store`` fixture.
+- :mod:`statebackend.testing.backend_contract`: ``BackendContract``, the backup/restore contract of a state backend.
+- :mod:`statebackend.testing.store_contract`: the local store's contract.
+- :mod:`statebackend.testing.controlled`: ``ControlledBlobStore``, a wrapper that holds back or fails chosen writes.
+- :mod:`statebackend.crashpoints`: the crash points a crash test kills a process at (``STATEBACKEND_CRASH_AT``).
+
+These modules import pytest and hypothesis (the ``testing`` extra); nothing else in statebackend does.
+"""
