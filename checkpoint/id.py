@@ -77,7 +77,7 @@ class CheckpointId:
         return f"{self.millis}-{self.nanos}"
 
 
-@attrs.define
+@attrs.define(eq=False)
 class CheckpointIdGenerator:
     """Issues strictly increasing checkpoint ids from a clock. Thread-safe.
 

@@ -119,7 +119,7 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
         raise ConfigError(f"checkpoint log retention must keep at least 1 checkpoint, got {value!r}")
 
 
-@attrs.define
+@attrs.define(eq=False)
 class CheckpointLog:
     """A task's checkpoint history on a blob store. See the module docstring for the contract."""
 

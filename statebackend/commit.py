@@ -80,7 +80,7 @@ class BackupBinding:
     store_names: tuple[str, ...]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class PendingCommit:
     """A commit whose sync part is done. ``result()`` waits until its checkpoint is durable."""
 
@@ -106,7 +106,7 @@ class PendingCommit:
         return self.future.done()
 
 
-@attrs.define
+@attrs.define(eq=False)
 class TaskCommitManager:
     """Runs the commit protocol for one task. Call :meth:`commit` from the task's thread only."""
 

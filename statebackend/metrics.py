@@ -24,7 +24,7 @@ def percentile(samples: list[float], fraction: float) -> float:
     return ordered[rank]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class Metrics:
     """Named counters (``increment``) and timing or size samples (``record``). Thread-safe."""
 

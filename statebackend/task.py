@@ -69,7 +69,7 @@ log = logging.getLogger(__name__)
 CheckpointChoice = str | LogEntry | Callable[[LogEntry], bool] | None
 
 
-@attrs.define
+@attrs.define(eq=False)
 class TaskStorage:
     """A task's stores plus the machinery that restores and commits them. Use :meth:`open`."""
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import subprocess
 import sys
@@ -62,3 +63,16 @@ def test_every_log_record_comes_from_a_statebackend_logger(tmp_path: Path, caplo
     ours = {record.name for record in caplog.records if not record.name.startswith(("azure", "botocore", "urllib3"))}
     assert ours, "the run logged nothing at DEBUG: the test proves nothing"
     assert all(name == "statebackend" or name.startswith("statebackend.") for name in ours), ours
+
+
+def test_objects_that_hold_resources_compare_by_identity(tmp_path: Path) -> None:
+    # attrs' value equality on a TaskStorage compared every store, pool and log field by field, and made two open
+    # handles of the same task "equal"
+    config = {"job.name": "j", "state.local.dir": str(tmp_path / "state"), "blob.store.url": "memory://identity",
+              "stores.s.backup.factories": "changelog"}
+    with TaskStorage.open(config, "task-0") as task:
+        # a shallow copy holds the very same fields: equal by value, not the same object
+        assert copy.copy(task) != task
+        assert copy.copy(task.commit_manager) != task.commit_manager
+        assert copy.copy(task.checkpoint_log) != task.checkpoint_log
+        assert len({task, task.stores["s"], task.checkpoint_log}) == 3  # hashable, by identity

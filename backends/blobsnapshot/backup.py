@@ -103,7 +103,7 @@ class SweepReport:
     chunks_skipped: bool = False
 
 
-@attrs.define
+@attrs.define(eq=False)
 class _StoreState:
     """The backup state of one store."""
 
@@ -145,7 +145,7 @@ class _StoreState:
         return live
 
 
-@attrs.define
+@attrs.define(eq=False)
 class BlobSnapshotBackupManager(TaskBackupManager):
     context: BackendContext
     chunk_size: int

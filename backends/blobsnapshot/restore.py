@@ -65,7 +65,7 @@ class _LocalChunks:
     file_hashes: Mapping[str, str]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class BlobSnapshotRestoreManager(TaskRestoreManager):
     context: BackendContext
     download_concurrency: int = 8

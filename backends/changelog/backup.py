@@ -132,7 +132,7 @@ def snapshot_name(prefix: str, seq: int, token: str) -> str:
     return f"{prefix}snapshot/{seq:012d}-{token}.snap"
 
 
-@attrs.define
+@attrs.define(eq=False)
 class _Lineage:
     """The backup state of one store."""
 
@@ -168,7 +168,7 @@ class _Lineage:
         return Recipe(snapshot=self.base, deltas=tuple(self.deltas))
 
 
-@attrs.define
+@attrs.define(eq=False)
 class ChangelogBackupManager(TaskBackupManager):
     context: BackendContext
     snapshot_interval_commits: int

@@ -43,7 +43,7 @@ class RestoreInterrupted(StateBackendError, InterruptedError):
     """``interrupt()`` was called; the stores are at a consistent step and the next restore continues."""
 
 
-@attrs.define
+@attrs.define(eq=False)
 class ChangelogRestoreManager(TaskRestoreManager):
     context: BackendContext
     download_concurrency: int = 8

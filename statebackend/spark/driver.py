@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 Sink = Callable[[DataFrame, int], Any]
 
 
-@attrs.define
+@attrs.define(eq=False)
 class StatefulForeachBatch:
     """A ``foreachBatch`` callable that runs ``fn`` per task against durable keyed state. See the module docstring.
 

@@ -90,7 +90,7 @@ __all__ = ["LocalStore"]
 log = logging.getLogger("statebackend.store")
 
 
-@attrs.define
+@attrs.define(eq=False)
 class LocalStore:
     """One named key-value store of a task: LMDB on local disk plus a write batch. See the module docstring."""
 

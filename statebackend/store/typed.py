@@ -92,7 +92,7 @@ class BytesStore:
         return self._store.count()
 
 
-@attrs.define
+@attrs.define(eq=False)
 class TypedStore:
     """A store's user operations over typed keys and values, converted by the two serdes.
 

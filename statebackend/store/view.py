@@ -25,7 +25,7 @@ from statebackend.errors import StateBackendError
 from statebackend.store.env import LocalVersion
 
 
-@attrs.define
+@attrs.define(eq=False)
 class ReadView:
     """A consistent snapshot of a store's flushed data: one LMDB read transaction. Never sees the write batch.
 
