@@ -4,7 +4,16 @@
 - :mod:`statebackend.testing.backend_contract`: ``BackendContract``, the backup/restore contract of a state backend.
 - :mod:`statebackend.testing.store_contract`: the local store's contract.
 - :mod:`statebackend.testing.controlled`: ``ControlledBlobStore``, a wrapper that holds back or fails chosen writes.
-- :mod:`statebackend.crashpoints`: the crash points a crash test kills a process at (``STATEBACKEND_CRASH_AT``).
+- ``crashpoint`` and ``CRASH_ENV_VAR`` (from :mod:`statebackend.crashpoints`, where the code under test calls them):
+  the crash points a crash test kills a process at (``STATEBACKEND_CRASH_AT``); a backend marks its own steps with
+  ``crashpoint("mybackend.step")``.
 
 These modules import pytest and hypothesis (the ``testing`` extra); nothing else in statebackend does.
 """
+
+from __future__ import annotations
+
+from statebackend.crashpoints import ENV_VAR as CRASH_ENV_VAR
+from statebackend.crashpoints import crashpoint
+
+__all__ = ["CRASH_ENV_VAR", "crashpoint"]
