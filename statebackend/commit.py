@@ -47,6 +47,7 @@ from statebackend.checkpoint import (
     CheckpointV2,
     write_local_checkpoint,
 )
+from statebackend.concurrency import SharedPools, when_all
 from statebackend.contracts import StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, CommitTimeoutError
@@ -57,18 +58,12 @@ __all__ = ["BackupBinding", "PendingCommit", "TaskCommitManager", "shared_commit
 
 log = logging.getLogger(__name__)
 
-_pool_lock = threading.Lock()
-_pools: dict[int, ThreadPoolExecutor] = {}
+_commit_pools = SharedPools("statebackend-commit")
 
 
 def shared_commit_pool(size: int) -> ThreadPoolExecutor:
     """The process-wide commit pool of the given size (one per size, created on first use)."""
-    with _pool_lock:
-        pool = _pools.get(size)
-        if pool is None:
-            pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix="statebackend-commit")
-            _pools[size] = pool
-        return pool
+    return _commit_pools.get(size)
 
 
 @attrs.frozen
@@ -281,7 +276,7 @@ class TaskCommitManager:
                 _close_all(changes)
                 self._fail(pending, failure)
 
-            _when_all(list(uploads.values()), fail_when_started_ones_end)
+            when_all(list(uploads.values()), fail_when_started_ones_end)
             return
 
         def after_uploads() -> None:
@@ -296,7 +291,7 @@ class TaskCommitManager:
             except BaseException as exc:  # noqa: BLE001 - pool shut down: the commit fails, the task goes on
                 self._fail(pending, exc)
 
-        _when_all(list(uploads.values()), after_uploads)
+        when_all(list(uploads.values()), after_uploads)
 
     def _write_checkpoint(
         self, pending: PendingCommit, input_offsets: dict[str, str], markers: dict[str, StoreMarkers]
@@ -419,25 +414,6 @@ class TaskCommitManager:
 def _close_all(changes: Mapping[str, ChangeSet]) -> None:
     for change in changes.values():
         change.close()
-
-
-def _when_all(futures: list[Future], then: Callable[[], None]) -> None:
-    """Call ``then`` once every future is done, from the thread that finished the last one."""
-    if not futures:
-        then()
-        return
-    remaining = [len(futures)]
-    lock = threading.Lock()
-
-    def one_done(_: Future) -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            then()
-
-    for future in futures:
-        future.add_done_callback(one_done)
 
 
 def default_pool_size() -> int:

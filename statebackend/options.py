@@ -2,7 +2,10 @@
 
 Every parser takes ``(key, raw)`` and returns the typed value, or raises :class:`ConfigError` naming the key, the
 bad value and what is allowed. Raw values may be strings (a properties file, a Spark conf) or typed Python values;
-a bool is never accepted where a number is expected."""
+a bool is never accepted where a number is expected.
+
+This module sits below every part (it imports only the errors): config declares the keys it owns with it, each blob
+store declares its ``blob.store.*`` options with it, each state backend its own."""
 
 from __future__ import annotations
 
@@ -201,6 +204,31 @@ def parse_one(key: str, spec: OptionSpec, raw: Any) -> tuple[Any, str | None]:
         if spec.secret and " is not valid:" in problem:
             problem = f"{key}=<redacted> is not valid:" + problem.split(" is not valid:", 1)[1]
         return spec.default_value(key), problem
+
+
+def parse_options(
+    schema: Mapping[str, OptionSpec], options: Mapping[str, Any], *, prefix: str = "", strict: bool = True
+) -> dict[str, Any]:
+    """Parse ``options`` (keys without ``prefix``) against ``schema``: defaults filled, a key unset and without a
+    default left out. Every problem (a bad value; with ``strict``, a key the schema does not declare, with a "did you
+    mean") is collected into one :class:`ConfigError`. Parsing is idempotent: parsed values parse to themselves."""
+    problems: list[str] = []
+    if strict:
+        for key in sorted(k for k in options if k not in schema):
+            near = difflib.get_close_matches(str(key), list(schema), n=1, cutoff=0.8)
+            known = ", ".join(prefix + k for k in schema) or "none"
+            hint = f"did you mean {prefix}{near[0]}?" if near else f"known keys: {known}"
+            problems.append(f"{prefix}{key}: unknown key; {hint}")
+    parsed: dict[str, Any] = {}
+    for key, spec in schema.items():
+        value, problem = parse_one(prefix + key, spec, options.get(key))
+        if problem is not None:
+            problems.append(problem)
+        elif value is not None:
+            parsed[key] = value
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return parsed
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------

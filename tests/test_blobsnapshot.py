@@ -160,7 +160,7 @@ def test_wiped_local_dir_restores_exactly(tmp_path: Path) -> None:
 
 
 def test_file_blob_store_round_trip(tmp_path: Path) -> None:
-    blobs = FileBlobStore.from_url(f"file://{tmp_path / 'blobs'}", {})
+    blobs = FileBlobStore.from_url(f"file://{tmp_path / 'blobs'}", FileBlobStore.parse_options({}))
     config = make_config(tmp_path, **{"blob.store.url": f"file://{tmp_path / 'blobs'}"})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:

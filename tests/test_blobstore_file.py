@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from statebackend.blobstores.base import BlobStore
+from statebackend import cli
+from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
 from statebackend.errors import ConfigError, NotFoundError, StorageError
+from statebackend.task import TaskStorage
 from statebackend.testing.blobstore_contract import BAD_NAMES, BlobStoreContract
 
 
@@ -163,19 +165,45 @@ def test_put_file_of_a_missing_local_file_raises_not_found_and_writes_nothing(tm
 
 
 def test_from_url_opens_an_absolute_path(tmp_path: Path) -> None:
-    store = FileBlobStore.from_url(f"file://{tmp_path}/blobs", {})
+    store = open_blob_store(f"file://{tmp_path}/blobs")
+    assert isinstance(store, FileBlobStore)
     assert store.root == str(tmp_path / "blobs")
     assert store.url == f"file://{tmp_path}/blobs"
     assert store.create is True
-    assert FileBlobStore.from_url(f"file://localhost{tmp_path}", {"create": "false"}).create is False
+    absent = open_blob_store(f"file://localhost{tmp_path}", {"create.if.missing": "false"})
+    assert isinstance(absent, FileBlobStore) and absent.create is False
 
 
 @pytest.mark.parametrize("url", ["file://relative/dir", "file:relative", "file://", "file:"])
 def test_from_url_without_an_absolute_path_is_a_config_error(url: str) -> None:
     with pytest.raises(ConfigError, match="file:///"):
-        FileBlobStore.from_url(url, {})
+        open_blob_store(url)
 
 
 def test_from_url_with_a_bad_create_option_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="blob.store.create"):
-        FileBlobStore.from_url(f"file://{tmp_path}", {"create": "maybe"})
+    with pytest.raises(ConfigError, match="blob.store.create.if.missing='maybe' is not valid"):
+        open_blob_store(f"file://{tmp_path}", {"create.if.missing": "maybe"})
+
+
+def test_create_if_missing_false_fails_open_and_validate_on_a_missing_directory_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # seen: file:// ignored blob.store.create.if.missing (its own `create` option could not be set), so a missing
+    # (unmounted) directory was created empty and `statebackend validate` said OK
+    root = tmp_path / "mnt" / "share"
+    config = {
+        "blob.store.url": f"file://{root}",
+        "blob.store.create.if.missing": "false",
+        "state.local.dir": str(tmp_path / "local"),
+        "stores.counts.backup.factories": "changelog",
+    }
+    with pytest.raises(StorageError) as opened:
+        TaskStorage.open(config, "task-0")
+    properties = tmp_path / "job.properties"
+    properties.write_text("".join(f"{key}={value}\n" for key, value in config.items()))
+    assert cli.main(["validate", str(properties)]) == 1
+    validated = capsys.readouterr().err
+    for message in (str(opened.value), validated):
+        assert str(root) in message
+        assert "does not exist" in message and "blob.store.create.if.missing=true" in message
+    assert not (tmp_path / "mnt").exists()  # nothing of the blob store was created

@@ -19,10 +19,19 @@ def test_file_url_opens_a_file_blob_store_at_the_path(tmp_path: Path) -> None:
     assert (tmp_path / "blobs" / "a" / "b").read_bytes() == b"x"
 
 
-def test_file_url_passes_the_create_option(tmp_path: Path) -> None:
-    store = open_blob_store(f"file://{tmp_path}/absent", {"create": "false"})
+def test_file_url_passes_the_create_if_missing_option(tmp_path: Path) -> None:
+    store = open_blob_store(f"file://{tmp_path}/absent", {"create.if.missing": "false"})
     assert isinstance(store, FileBlobStore)
     assert store.create is False
+
+
+def test_an_option_the_scheme_does_not_declare_is_a_config_error_with_did_you_mean(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="blob.store.create: unknown key; known keys: blob.store.create.if.missing"):
+        open_blob_store(f"file://{tmp_path}", {"create": "false"})
+    with pytest.raises(ConfigError, match="create.if.mising: unknown key; did you mean blob.store.create.if.missing"):
+        open_blob_store(f"file://{tmp_path}", {"create.if.mising": "false"})
+    with pytest.raises(ConfigError, match="blob.store.region: unknown key"):
+        open_blob_store("memory://x", {"region": "eu-west-1"})
 
 
 def test_relative_file_url_is_a_config_error() -> None:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from statebackend import registry
+from statebackend.blobstores.base import blob_store_option_schemas
+from statebackend.blobstores.resilience import ResilienceSettings
 from statebackend.config import (
-    BLOB_STORE_OPTIONS,
     GLOBAL_OPTIONS,
     STORE_OPTIONS,
     OptionSpec,
@@ -30,6 +31,8 @@ from statebackend.contracts import StateBackendFactory
 from statebackend.errors import ConfigError
 
 URL = "file:///tmp/statebackend-test"
+S3_URL = "s3://bucket/prefix"  # takes the resilience and part options file:// does not
+AZ_URL = "az://container/prefix"
 
 
 class _Factory(StateBackendFactory):
@@ -110,8 +113,13 @@ def test_only_the_blob_store_url_is_required_and_everything_else_has_its_default
     assert s.raw == {"blob.store.url": URL}
 
 
+def test_blob_store_options_are_those_of_the_url_scheme_with_their_defaults() -> None:
+    assert settings().blob_store_options == {"create.if.missing": True}  # file:// creates its directory by default
+    assert settings(blob__store__url="memory://t").blob_store_options == {}
+
+
 def test_blob_store_options_have_their_defaults_and_leave_out_unset_credentials() -> None:
-    assert settings().blob_store_options == {
+    assert settings(blob__store__url="s3://bucket/prefix").blob_store_options == {
         "max.concurrency": 8,
         "request.timeout.ms": 30000,
         "retry.max.attempts": 5,
@@ -126,6 +134,7 @@ def test_blob_store_options_have_their_defaults_and_leave_out_unset_credentials(
 
 def test_blob_store_options_are_parsed_without_their_prefix() -> None:
     s = settings(
+        blob__store__url="s3://bucket/prefix",
         blob__store__endpoint__url="http://127.0.0.1:9000",
         blob__store__region="eu-west-1",
         blob__store__max__concurrency="16",
@@ -142,7 +151,8 @@ def test_blob_store_options_are_parsed_without_their_prefix() -> None:
 
 def test_credential_may_be_an_sdk_object() -> None:
     credential = object()
-    assert settings(blob__store__credential=credential).blob_store_options["credential"] is credential
+    options = settings(blob__store__url="az://container/prefix", blob__store__credential=credential).blob_store_options
+    assert options["credential"] is credential
 
 
 def test_task_keys_accept_strings_and_typed_values() -> None:
@@ -306,7 +316,7 @@ def test_blob_store_url_with_an_unknown_scheme_lists_the_known_ones() -> None:
     ],
 )
 def test_wrong_value_names_the_key_the_value_and_what_is_allowed(key: str, raw: Any, expected: str) -> None:
-    message = error_of({"blob.store.url": URL, key: raw})
+    message = error_of({"blob.store.url": S3_URL if key.startswith("blob.store.") else URL, key: raw})
     assert expected in message
     assert "allowed:" in message
 
@@ -326,7 +336,7 @@ def test_wrong_value_names_the_key_the_value_and_what_is_allowed(key: str, raw: 
     ],
 )
 def test_misspelled_key_is_an_error_with_the_closest_known_key(key: str, suggestion: str) -> None:
-    message = error_of({"blob.store.url": URL, key: "1"})
+    message = error_of({"blob.store.url": S3_URL if key.startswith("blob.store.") else URL, key: "1"})
     assert f"{key}: unknown key; did you mean {suggestion}?" in message
 
 
@@ -537,6 +547,7 @@ def test_settings_mappings_are_read_only() -> None:
 
 def test_repr_hides_credentials() -> None:
     s = settings(
+        blob__store__url=AZ_URL,
         blob__store__connection__string="AccountKey=sekrit",
         blob__store__credential="sekrit2",
         stores__a__backup__factories="blobsnapshot",
@@ -548,7 +559,7 @@ def test_repr_hides_credentials() -> None:
 
 
 def test_secret_blob_store_value_is_not_echoed_in_errors() -> None:
-    message = error_of({"blob.store.url": URL, "blob.store.connection.string": 12.5})
+    message = error_of({"blob.store.url": AZ_URL, "blob.store.connection.string": 12.5})
     assert "blob.store.connection.string=<redacted> is not valid" in message
     assert "12.5" not in message
 
@@ -558,10 +569,49 @@ def test_secret_blob_store_value_is_not_echoed_in_errors() -> None:
 
 def test_reference_docs_list_every_key() -> None:
     reference = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
-    keys = [*GLOBAL_OPTIONS, *("blob.store." + o for o in BLOB_STORE_OPTIONS)]
-    keys += ["stores.<name>." + option for option in STORE_OPTIONS]
+    keys = [*GLOBAL_OPTIONS, *("stores.<name>." + option for option in STORE_OPTIONS)]
     for key in keys:
         assert f"`{key}`" in reference, f"docs/configuration.md does not document {key}"
+
+
+def test_reference_docs_list_every_blob_store_option_with_the_schemes_that_take_it() -> None:
+    reference = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in reference.splitlines() if line.startswith("| `blob.store.")}
+    schemas = blob_store_option_schemas()
+    assert set(schemas) >= {"file", "memory", "az", "s3"}  # the SDKs are installed where the tests run
+    for option in {o for schema in schemas.values() for o in schema}:
+        key = f"`blob.store.{option}`"
+        assert key in rows, f"docs/configuration.md does not document blob.store.{option}"
+        schemes_cell = rows[key].split("|")[2]
+        for scheme, schema in schemas.items():
+            takes = f"`{scheme}://`" in schemes_cell
+            assert takes == (option in schema), f"docs/configuration.md: scheme {scheme}:// of blob.store.{option}"
+
+
+# -- blob store options follow the URL's scheme -----------------------------------------------------------------
+
+
+def test_a_blob_store_option_of_another_scheme_is_an_error_naming_the_scheme_that_takes_it() -> None:
+    message = error_of({"blob.store.url": AZ_URL, "blob.store.endpoint.url": "http://127.0.0.1:9000"})
+    assert message.startswith("blob.store.endpoint.url: not an option of az:// blob stores")
+    assert "taken by s3:// only" in message
+    retry = error_of({"blob.store.url": URL, "blob.store.retry.max.attempts": 3})
+    assert "blob.store.retry.max.attempts: not an option of file:// blob stores" in retry
+    assert "taken by az://, s3:// only" in retry
+
+
+def test_a_misspelled_blob_store_option_still_gets_did_you_mean() -> None:
+    message = error_of({"blob.store.url": URL, "blob.store.create.if.mising": "false"})
+    assert "blob.store.create.if.mising: unknown key; did you mean blob.store.create.if.missing?" in message
+
+
+def test_hedge_max_has_one_range_in_config_and_in_the_store() -> None:
+    # seen: config allowed 1 to 8, the resilience layer's own parser 0 and up
+    assert "blob.store.hedge.max=0 is not valid: out of range" in error_of({"blob.store.url": S3_URL,
+                                                                           "blob.store.hedge.max": 0})
+    with pytest.raises(ConfigError, match="blob.store.hedge.max=0 is not valid: out of range"):
+        ResilienceSettings.from_options({"hedge.max": 0})
+    assert ResilienceSettings.from_options({"hedge.max": "3"}).max_hedges == 3
 
 
 def test_a_store_exists_only_when_its_backup_factories_are_set() -> None:

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import attrs
 
-from statebackend.blobstores.admin import create_blob_store_resources, validate_blob_store
+from statebackend.blobstores.admin import BlobStoreBackendAdmin
 from statebackend.contracts import BackendContext, StateBackendAdmin
 
 __all__ = ["BlobSnapshotAdmin"]
 
 
 @attrs.define
-class BlobSnapshotAdmin(StateBackendAdmin):
+class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
     context: BackendContext
-
-    def create_resources(self) -> None:
-        create_blob_store_resources(self.context.blob_store)
-
-    def validate_resources(self) -> None:
-        validate_blob_store(self.context.blob_store, probe_prefix=f"{self.context.job_name}/{self.context.task_name}/")

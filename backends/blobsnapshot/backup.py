@@ -57,6 +57,7 @@ from statebackend.backends.blobsnapshot.format import index_name as make_index_n
 from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
 from statebackend.blobstores.base import BlobStore
+from statebackend.concurrency import LazyPool
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import (
@@ -158,8 +159,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     #: wall clock (seconds since the epoch) for blob ages; tests may replace it
     clock: Callable[[], float] = time.time
     _states: dict[str, _StoreState] = attrs.field(init=False, factory=dict)
-    _pool: ThreadPoolExecutor | None = attrs.field(init=False, default=None)
-    _pool_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _pool: LazyPool = attrs.field(init=False)
     _init_sweep: Future[SweepReport] | None = attrs.field(init=False, default=None)
     _closed: bool = attrs.field(init=False, default=False)
 
@@ -227,10 +227,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 views, state.views = list(state.views.values()), {}
             for view in views:
                 _close_when_ready(view)
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+        self._pool.close(wait=True)
 
     # -- garbage collection -------------------------------------------------------------------------------------
 
@@ -440,11 +437,12 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         now = self.clock()
         return {CREATED_AT: f"{now:.3f}", EXPIRES_AT: f"{now + self.ttl_ms / 1000.0:.3f}"}
 
+    @_pool.default
+    def _new_pool(self) -> LazyPool:
+        return LazyPool(self.upload_concurrency, "blobsnapshot-upload")
+
     def _private_pool(self) -> ThreadPoolExecutor:
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.upload_concurrency, thread_name_prefix="blobsnapshot-upload")
-            return self._pool
+        return self._pool.get()
 
     # -- cleanup ------------------------------------------------------------------------------------------------
 

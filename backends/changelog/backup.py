@@ -33,7 +33,6 @@ on a fresh snapshot of its own version. Retention: ``cleanup`` keeps the blobs t
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import Counter, deque
@@ -56,6 +55,7 @@ from statebackend.backends.changelog.format import (
 from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding
 from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
+from statebackend.concurrency import SharedPools
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import (
@@ -65,6 +65,7 @@ from statebackend.errors import (
     NotFoundError,
     StateBackendError,
 )
+from statebackend.fsutil import atomic_write
 from statebackend.store import ChangeSet, LocalStore, ReadView
 
 __all__ = ["ChangelogBackupManager", "delta_name", "snapshot_name"]
@@ -73,17 +74,13 @@ log = logging.getLogger(__name__)
 
 STAGING_DIR = "changelog-staging"
 
-_maintenance_lock = threading.Lock()
-_maintenance: list[ThreadPoolExecutor] = []
+_maintenance_pools = SharedPools("statebackend-maintenance")
 
 
 def maintenance_pool() -> ThreadPoolExecutor:
     """The process-wide maintenance thread for background snapshots (kept apart from the commit pool so a long
     snapshot never delays a commit)."""
-    with _maintenance_lock:
-        if not _maintenance:
-            _maintenance.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="statebackend-maintenance"))
-        return _maintenance[0]
+    return _maintenance_pools.get(1)
 
 
 #: blob metadata key: unix time (seconds, a decimal string) at which the upload of a delta or snapshot started
@@ -571,13 +568,8 @@ class ChangelogBackupManager(TaskBackupManager):
         # written aside and renamed when complete: a staged file is always a whole one (a later commit re-uploads
         # staged files whose upload failed, and must never send a half-written one)
         partial = staged.with_name(staged.name + ".partial")
-        try:
-            with open(partial, "wb") as out:
-                write_file(out, header, records, compression=self.compression, level=self.compression_level)
-            os.replace(partial, staged)
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise
+        with atomic_write(staged, temp_name=partial.name, fsync=False) as out:
+            write_file(out, header, records, compression=self.compression, level=self.compression_level)
         with lineage.lock:
             lineage.fresh.add(name)
         return staged

@@ -32,20 +32,19 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
 from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
     PartedBlobStore,
-    check_options,
     part_pool,
     part_ranges,
-    run_parallel,
     sdk_boundary,
 )
-from statebackend.blobstores.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
+from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
+from statebackend.concurrency import run_all
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
@@ -54,6 +53,7 @@ from statebackend.errors import (
     StorageError,
     TransientStorageError,
 )
+from statebackend.options import OptionSpec, parse_object, parse_str
 from statebackend.redact import (
     connection_string_secrets,
     credential_secrets,
@@ -99,6 +99,15 @@ _MALFORMED_REPLY = (
 class AzureBlobStore(PartedBlobStore):
     """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
 
+    options: ClassVar[Mapping[str, OptionSpec]] = {
+        **PartedBlobStore.options,
+        "connection.string": OptionSpec(parse_str(), None, "Azure storage connection string", secret=True),
+        "account.url": OptionSpec(parse_str(), None, "Azure account URL, https://<account>.blob.core.windows.net"),
+        "credential": OptionSpec(
+            parse_object(), None, "Azure credential: an account key, a SAS token or a credential object", secret=True
+        ),
+    }
+
     def __init__(
         self,
         service: BlobServiceClient,
@@ -137,8 +146,8 @@ class AzureBlobStore(PartedBlobStore):
 
     @classmethod
     def open_inner(cls, url: str, options: Mapping[str, Any]) -> AzureBlobStore:
-        """The store without the resilience wrapper (tests, benchmarks)."""
-        check_options(options)
+        """The store without the resilience wrapper (tests, benchmarks); ``options`` raw or parsed."""
+        options = cls.parse_options(options)
         parts = urlsplit(url)
         if parts.scheme != "az":
             raise ConfigError(f"blob.store.url {redact(url)!r} is not an az:// URL")
@@ -153,9 +162,9 @@ class AzureBlobStore(PartedBlobStore):
                 "blob.store.url: the container name after az:// is not a valid Azure container name (3-63 "
                 "lowercase letters, digits and '-'); credentials never go in the URL"
             )
-        timeout_s = option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000
-        max_concurrency = option_int(options, "max.concurrency", 8, minimum=1)
-        part_size = option_int(options, "part.size.bytes", 8 << 20, minimum=1)
+        timeout_s = options["request.timeout.ms"] / 1000
+        max_concurrency = options["max.concurrency"]
+        part_size = options["part.size.bytes"]
         client_kwargs: dict[str, Any] = {
             "retry_total": 0,  # ResilientBlobStore retries; two retry layers would multiply attempts
             "connection_timeout": timeout_s,
@@ -163,8 +172,8 @@ class AzureBlobStore(PartedBlobStore):
             "max_single_put_size": 256 << 20,
             "max_single_get_size": 256 << 20,
         }
-        connection_string = option_str(options, "connection.string")
-        account_url = option_str(options, "account.url")
+        connection_string = options.get("connection.string")
+        account_url = options.get("account.url")
         credential = options.get("credential")
         if isinstance(credential, str):
             credential = credential.strip() or None
@@ -210,7 +219,7 @@ class AzureBlobStore(PartedBlobStore):
             url=url,
             part_size=part_size,
             max_concurrency=max_concurrency,
-            create_if_missing=option_bool(options, "create.if.missing", False),
+            create_if_missing=options["create.if.missing"],
             secrets=tuple(secret for secret in secrets if secret),
         )
 
@@ -220,9 +229,6 @@ class AzureBlobStore(PartedBlobStore):
     def describe(self) -> str:
         return f"Azure blob store {self.url} (account {self._service.account_name})"
 
-    def use_resilience(self, resilience: Resilience) -> None:
-        """Retry and hedge each request of a large transfer on its own (called by ResilientBlobStore)."""
-        self._resilience = resilience
 
     # -- the core -----------------------------------------------------------------------------------------------
 
@@ -352,7 +358,7 @@ class AzureBlobStore(PartedBlobStore):
             with self._errors(name):
                 self._with_container(lambda: blob.stage_block(block_ids[index], chunk))
 
-        run_parallel(
+        run_all(
             part_pool(self.max_concurrency),
             [
                 functools.partial(self._request, "stage_block", functools.partial(stage, i), True)

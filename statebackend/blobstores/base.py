@@ -13,6 +13,12 @@ Every implementation behaves the same way, proven by one contract suite (``state
   :class:`ConfigError` before anything is sent, so no name escapes the root.
 
 Implementations are thread-safe: the commit pool calls one store from many threads.
+
+A store declares the ``blob.store.*`` options it takes once, in :attr:`BlobStore.options` (specs without the
+prefix): config validates a URL's options against its scheme's schema, and ``from_url`` receives them parsed, defaults
+filled. Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``supports_metadata``) are part
+of the contract with defaults that do nothing; a store overrides what it has to do.
+
 Scheme registry (fsspec style): short scheme -> dotted path, imported lazily, with an install hint.
 """
 
@@ -24,20 +30,26 @@ import importlib
 import os
 import re
 import shutil
-import tempfile
 import types
 from collections.abc import Iterator, Mapping
-from typing import Any, BinaryIO, Self
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Self
 from urllib.parse import urlsplit
 
 import attrs
 
 from statebackend.errors import ConfigError, NotFoundError
+from statebackend.fsutil import atomic_write
+from statebackend.options import OptionSpec, parse_options
 from statebackend.redact import redact
+
+if TYPE_CHECKING:
+    from statebackend.blobstores.resilience import Resilience
 
 __all__ = [
     "BlobInfo",
     "BlobStore",
+    "blob_store_class",
+    "blob_store_option_schemas",
     "check_blob_name",
     "check_metadata",
     "known_blob_store_schemes",
@@ -98,6 +110,15 @@ class BlobStore(abc.ABC):
     url: str = ""
     #: whether ``put(..., metadata=...)`` and :meth:`set_metadata` keep user metadata
     supports_metadata: bool = True
+    #: the ``blob.store.*`` options this store takes (keys without the prefix), declared once: config validates
+    #: ``blob.store.*`` against the schema of the URL's scheme, and ``from_url`` receives the values parsed
+    options: ClassVar[Mapping[str, OptionSpec]] = {}
+
+    @classmethod
+    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+        """``options`` parsed against :attr:`options`, defaults filled; an undeclared key or a bad value is a
+        :class:`ConfigError` naming ``blob.store.<key>`` (idempotent: parsed values parse to themselves)."""
+        return parse_options(cls.options, options, prefix="blob.store.")
 
     # -- the abstract core ------------------------------------------------------------------------------------
 
@@ -151,20 +172,8 @@ class BlobStore(abc.ABC):
 
     def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
         """Download the blob to ``path`` atomically (temp file, fsync, rename). Returns the byte count."""
-        target = os.fspath(path)
-        directory = os.path.dirname(target) or "."
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".download-")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                size = self.get_into(name, out)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            with _suppress_oserror():
-                os.unlink(tmp)
-            raise
-        return size
+        with atomic_write(path, prefix=".download-", mode=0o600) as out:
+            return self.get_into(name, out)
 
     def get_into(self, name: str, out: BinaryIO) -> int:
         """Write the blob's bytes into an open binary file. Returns the byte count."""
@@ -187,6 +196,22 @@ class BlobStore(abc.ABC):
         for name in names:
             self.delete(name)
 
+    # -- optional capabilities: defaults that do nothing, overridden where a store has something to do ----------
+
+    def validate(self) -> None:
+        """Check that the store is usable (its container, bucket or directory exists, the credentials work);
+        raise :class:`~statebackend.errors.StorageError` saying what to fix. Default: nothing to check."""
+
+    def create_resources(self) -> None:
+        """Create what the store needs (container, bucket, directory) when missing; success if it exists.
+        Default: nothing to create."""
+
+    def use_resilience(self, resilience: Resilience) -> bool:
+        """Offered by :class:`~statebackend.blobstores.resilience.ResilientBlobStore`: a store that issues several
+        requests per operation (parts of large transfers) keeps ``resilience`` to retry and hedge each request on its
+        own and returns True; the default returns False (the wrapper then retries whole operations)."""
+        return False
+
     def describe(self) -> str:
         """How this store names itself in error messages."""
         return f"{type(self).__name__}({self.url})"
@@ -199,16 +224,6 @@ class BlobStore(abc.ABC):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-class _suppress_oserror:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: types.TracebackType | None
-    ) -> bool:
-        return exc_type is not None and issubclass(exc_type, OSError)
 
 
 # -- registry -------------------------------------------------------------------------------------------------
@@ -237,15 +252,12 @@ def known_blob_store_schemes() -> Mapping[str, str]:
     return types.MappingProxyType({k: v[0] for k, v in _SCHEMES.items()})
 
 
-def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobStore:
-    """Open the blob store for ``url`` (``file:///dir``, ``memory://name``, ``az://container/prefix``,
-    ``s3://bucket/prefix``). ``options`` are the ``blob.store.*`` settings other than the URL."""
-    if not isinstance(url, str) or not url:
-        raise ConfigError("blob.store.url is missing: set it, e.g. blob.store.url=file:///var/lib/statebackend")
-    scheme = urlsplit(url).scheme
+def blob_store_class(scheme: str) -> type[BlobStore]:
+    """The store class registered for ``scheme``, imported now; an unknown scheme or a missing package (with its
+    install hint) is a :class:`ConfigError`."""
     if scheme not in _SCHEMES:
         known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
-        raise ConfigError(f"blob.store.url {redact(url)!r} has an unknown scheme {scheme!r}; known: {known}")
+        raise ConfigError(f"blob store scheme {scheme!r} is unknown; known: {known}")
     target, hint = _SCHEMES[scheme]
     module_name, _, class_name = target.partition(":")
     try:
@@ -253,8 +265,34 @@ def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobS
     except ImportError as exc:
         advice = f"; install it with: {hint}" if hint else ""
         raise ConfigError(f"blob store {scheme}:// needs a package that is not installed ({exc}){advice}") from exc
-    cls = getattr(module, class_name)
-    return cls.from_url(url, dict(options or {}))
+    cls: type[BlobStore] = getattr(module, class_name)
+    return cls
+
+
+def blob_store_option_schemas() -> dict[str, Mapping[str, OptionSpec]]:
+    """Scheme -> the ``blob.store.*`` options its store takes, for every registered scheme whose package is
+    installed (a scheme whose package is missing is left out)."""
+    schemas: dict[str, Mapping[str, OptionSpec]] = {}
+    for scheme in sorted(_SCHEMES):
+        try:
+            schemas[scheme] = blob_store_class(scheme).options
+        except ConfigError:
+            continue
+    return schemas
+
+
+def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobStore:
+    """Open the blob store for ``url`` (``file:///dir``, ``memory://name``, ``az://container/prefix``,
+    ``s3://bucket/prefix``). ``options`` are the ``blob.store.*`` settings other than the URL (without the prefix),
+    parsed against the scheme's :attr:`BlobStore.options` before the store sees them."""
+    if not isinstance(url, str) or not url:
+        raise ConfigError("blob.store.url is missing: set it, e.g. blob.store.url=file:///var/lib/statebackend")
+    scheme = urlsplit(url).scheme
+    if scheme not in _SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(_SCHEMES))
+        raise ConfigError(f"blob.store.url {redact(url)!r} has an unknown scheme {scheme!r}; known: {known}")
+    cls = blob_store_class(scheme)
+    return cls.from_url(url, cls.parse_options(options or {}))  # type: ignore[attr-defined, no-any-return]
 
 
 def copy_stream(source: BinaryIO, target: BinaryIO) -> int:

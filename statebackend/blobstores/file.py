@@ -35,14 +35,15 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import attrs
 
 from statebackend.blobstores.base import BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
-from statebackend.fsutil import fsync_dir
+from statebackend.fsutil import atomic_write, fsync_dir
+from statebackend.options import OptionSpec, parse_bool
 
 __all__ = ["RESERVED_PREFIX", "FileBlobStore"]
 
@@ -54,8 +55,6 @@ _COPY_BUFFER = 1024 * 1024
 # a concurrent delete may prune the directory a put just created; the put then recreates it and tries again
 _MAX_DIRECTORY_RACES = 100
 _NOT_FOUND_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
-_TRUE = {"true", "yes", "1", "on"}
-_FALSE = {"false", "no", "0", "off"}
 
 
 def _absolute_path(root: str | os.PathLike[str]) -> str:
@@ -64,10 +63,17 @@ def _absolute_path(root: str | os.PathLike[str]) -> str:
 
 @attrs.define(eq=False)
 class FileBlobStore(BlobStore):
-    """Blobs as files under ``root``. With ``create=False`` a missing root is an error instead of being made.
+    """Blobs as files under ``root``. With ``create=False`` (``blob.store.create.if.missing=false``) a missing root
+    is an error instead of being made: an unmounted share is not silently replaced by an empty local directory.
 
     No I/O happens here; the root is checked (or created) on first use.
     """
+
+    options: ClassVar[Mapping[str, OptionSpec]] = {
+        "create.if.missing": OptionSpec(
+            parse_bool(), True, "create the directory when missing (false: a missing directory is an error)"
+        ),
+    }
 
     root: str = attrs.field(converter=_absolute_path)
     create: bool = attrs.field(default=True, kw_only=True)
@@ -81,7 +87,8 @@ class FileBlobStore(BlobStore):
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, Any]) -> FileBlobStore:
-        """Open ``file:///absolute/path``. Option ``create`` (default true): make the root if it is missing."""
+        """Open ``file:///absolute/path``. ``options`` parsed against :attr:`options`: ``create.if.missing``
+        (default true) makes the root if it is missing."""
         parts = urlsplit(url)
         if parts.scheme != "file":
             raise ConfigError(f"blob.store.url {url!r} is not a file:// URL")
@@ -95,7 +102,7 @@ class FileBlobStore(BlobStore):
             raise ConfigError(
                 f"blob.store.url {url!r} has no absolute path; use e.g. file:///var/lib/statebackend (three slashes)"
             )
-        return cls(path, create=_parse_bool("blob.store.create", options.get("create", True)))
+        return cls(path, create=options["create.if.missing"])
 
     # -- the contract ---------------------------------------------------------------------------------------------
 
@@ -153,22 +160,14 @@ class FileBlobStore(BlobStore):
         target = _absolute_path(path)
         directory = os.path.dirname(target)
         with self._open_blob(name) as source:
-            temp = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
             try:
-                with open(temp, "xb") as out:
+                with atomic_write(target, prefix=_TEMP_PREFIX, sync_directory=True) as out:
                     size = _copy(source, out)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(temp, target)
-                fsync_dir(directory)
-            except BaseException as exc:
-                _unlink_quietly(temp)
-                if isinstance(exc, OSError):
-                    raise StorageError(
-                        f"cannot write blob {name!r} of {self.describe()} to local file {target!r}: {exc}; "
-                        f"check that the directory exists and is writable"
-                    ) from exc
-                raise
+            except OSError as exc:
+                raise StorageError(
+                    f"cannot write blob {name!r} of {self.describe()} to local file {target!r}: {exc}; "
+                    f"check that the directory {directory!r} exists and is writable"
+                ) from exc
         return size
 
     def iter_bytes(self, name: str, chunk_size: int = _COPY_BUFFER) -> Iterator[bytes]:
@@ -275,8 +274,9 @@ class FileBlobStore(BlobStore):
                 self.create_root()
             elif not os.path.isdir(self.root):
                 raise StorageError(
-                    f"the root directory {self.root!r} of {self.describe()} does not exist; create it, or open the "
-                    f"store with create=True, or run the backend's create_resources"
+                    f"the root directory {self.root!r} of {self.describe()} does not exist; create it (or mount it), "
+                    f"or set blob.store.create.if.missing=true to let the store create it, or run the backend's "
+                    f"create_resources"
                 )
             self._root_ready = True
         return self.root
@@ -449,17 +449,12 @@ class FileBlobStore(BlobStore):
     def _write_metadata(self, name: str, inode: int, metadata: dict[str, str]) -> None:
         path = self._metadata_path(name, inode)
         directory = os.path.dirname(path)
-        temp = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
         body = json.dumps({"name": name, "metadata": metadata}, sort_keys=True).encode("utf-8", "surrogatepass")
         try:
             os.makedirs(directory, exist_ok=True)
-            with open(temp, "xb") as out:
+            with atomic_write(path, prefix=_TEMP_PREFIX) as out:
                 out.write(body)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, path)
         except OSError as exc:
-            _unlink_quietly(temp)
             raise self._storage_error("write metadata", path, exc) from exc
         self._fsync_directory(directory)
 
@@ -555,10 +550,3 @@ def _is_reserved(name: str) -> bool:
 def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return check_metadata(metadata)
 
-
-def _parse_bool(key: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ConfigError(f"{key} must be true or false, got {value!r}")

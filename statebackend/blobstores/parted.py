@@ -1,73 +1,35 @@
 """Helpers shared by the remote blob stores (azure, s3): their common base (requests through the resilience layer,
 small-file puts, parallel ranged downloads, comparing a stored blob with a local file and metadata), the SDK boundary
 that guarantees no SDK or stdlib exception (nor its raw text) reaches a caller, the per-process part pool, part
-ranges, and the known option keys."""
+ranges, and the options both take."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import functools
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
+from typing import Any, BinaryIO, ClassVar, TypeVar, cast
 
 from statebackend.blobstores.base import BlobStore
-from statebackend.errors import ConfigError, StateBackendError, StorageError
+from statebackend.blobstores.resilience import RESILIENCE_OPTIONS, Resilience
+from statebackend.concurrency import SharedPools
+from statebackend.errors import StateBackendError, StorageError
+from statebackend.options import OptionSpec, parse_bool, parse_bytes
 from statebackend.redact import redact, sanitized, scrub_chain
-
-if TYPE_CHECKING:
-    from statebackend.blobstores.resilience import Resilience
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: every ``blob.store.*`` option (without the prefix) the azure and s3 stores read
-KNOWN_OPTIONS = frozenset(
-    {
-        "url",
-        "connection.string",
-        "account.url",
-        "credential",
-        "endpoint.url",
-        "region",
-        "profile",
-        "max.concurrency",
-        "request.timeout.ms",
-        "retry.max.attempts",
-        "retry.base.delay.ms",
-        "retry.max.delay.ms",
-        "hedge.after.ms",
-        "hedge.max",
-        "part.size.bytes",
-        "create.if.missing",
-    }
-)
-
 MIN_PART_SIZE = 5 << 20  # S3's smallest part; Azure blocks may be smaller but one rule keeps both simple
 
-_pools: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
-_pools_lock = threading.Lock()
-
-
-def check_options(options: Mapping[str, Any]) -> None:
-    """A misspelled key must not silently fall back to a default."""
-    unknown = sorted(set(options) - KNOWN_OPTIONS)
-    if unknown:
-        known = ", ".join(f"blob.store.{k}" for k in sorted(KNOWN_OPTIONS - {"url"}))
-        listed = ", ".join("blob.store." + k for k in unknown)
-        raise ConfigError(f"unknown blob store option(s) {listed}; known: {known}")
+_part_pools = SharedPools("blob-part")
 
 
 def part_pool(max_concurrency: int) -> concurrent.futures.ThreadPoolExecutor:
     """The process-wide pool for parts of large transfers, one per size: it bounds the parallel part requests of
     every store in the process that uses the same ``max.concurrency``. Part tasks never wait on this pool."""
-    with _pools_lock:
-        pool = _pools.get(max_concurrency)
-        if pool is None:
-            pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="blob-part")
-            _pools[max_concurrency] = pool
-        return pool
+    return _part_pools.get(max_concurrency)
 
 
 def part_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
@@ -91,13 +53,6 @@ def ordered_parallel(
     finally:
         for future in pending:
             future.cancel()
-
-
-def run_parallel(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]]) -> list[T]:
-    """Run all ``tasks`` and return their results in order; the first failure is raised after all have ended."""
-    futures = [pool.submit(task) for task in tasks]
-    concurrent.futures.wait(futures)
-    return [future.result() for future in futures]
 
 
 def write_ranges(
@@ -155,9 +110,20 @@ class PartedBlobStore(BlobStore):
     """What the Azure and S3 stores share: every request goes through the resilience layer when one is set, a file
     up to ``part_size`` is put in one request, and larger blobs are read in parallel ranged parts."""
 
+    options: ClassVar[Mapping[str, OptionSpec]] = {
+        **RESILIENCE_OPTIONS,
+        "part.size.bytes": OptionSpec(parse_bytes(min=1), "8MiB", "part size of parallel uploads and downloads"),
+        "create.if.missing": OptionSpec(parse_bool(), False, "create the container or bucket when missing"),
+    }
+
     part_size: int
     max_concurrency: int
     _resilience: Resilience | None
+
+    def use_resilience(self, resilience: Resilience) -> bool:
+        """Retry and hedge each request of a large transfer on its own (called by ResilientBlobStore)."""
+        self._resilience = resilience
+        return True
 
     def _request(
         self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None

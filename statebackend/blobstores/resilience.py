@@ -22,19 +22,20 @@ Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
 - Hedged or retried *overwrites* may land late (an abandoned attempt can reach the server after the call returned):
   safe because this project never rewrites a name with different bytes; see docs/blobstores.md.
 
-Stores that issue several requests per operation (multipart uploads, ranged downloads) implement
-``use_resilience(resilience)``; the wrapper then hands them its :class:`Resilience` so each request is retried and
-hedged on its own instead of the whole operation.
+Stores that issue several requests per operation (multipart uploads, ranged downloads) override
+``BlobStore.use_resilience(resilience)``; the wrapper hands every store its :class:`Resilience`, and one that takes
+it retries and hedges each request on its own instead of the whole operation.
+
+The options that tune it (:data:`RESILIENCE_OPTIONS`) are declared here, once; a store wrapped in it includes them
+in its own ``options``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import queue
 import random
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, TypeVar
@@ -42,17 +43,17 @@ from typing import Any, BinaryIO, TypeVar
 import attrs
 
 from statebackend.blobstores.base import BlobInfo, BlobStore
-from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, TransientStorageError
+from statebackend.concurrency import LazyPool
+from statebackend.errors import AlreadyExistsError, NotFoundError, TransientStorageError
 from statebackend.metrics import Metrics
+from statebackend.options import OptionSpec, parse_duration_ms, parse_int, parse_options
 from statebackend.redact import scrub_chain
 
 __all__ = [
+    "RESILIENCE_OPTIONS",
     "Resilience",
     "ResilienceSettings",
     "ResilientBlobStore",
-    "option_bool",
-    "option_int",
-    "option_str",
 ]
 
 _log = logging.getLogger(__name__)
@@ -70,6 +71,23 @@ METRIC_READ_BACKS = "blob_store.create_only_read_backs"
 
 _OURS, _OTHER, _ABSENT, _UNKNOWN = "ours", "other", "absent", "unknown"
 
+#: the ``blob.store.*`` options (without the prefix) of the resilience layer, declared once
+RESILIENCE_OPTIONS: Mapping[str, OptionSpec] = {
+    "max.concurrency": OptionSpec(
+        parse_int(min=1, max=1024), 8, "concurrent requests per blob store (parts of a transfer; attempt threads: 4x)"
+    ),
+    "request.timeout.ms": OptionSpec(parse_duration_ms(min=1), 30000, "timeout of one request attempt"),
+    "retry.max.attempts": OptionSpec(
+        parse_int(min=1), 5, "attempts for a request that fails transiently (1: no retry)"
+    ),
+    "retry.base.delay.ms": OptionSpec(parse_duration_ms(min=0), 100, "first retry backoff; doubles each retry"),
+    "retry.max.delay.ms": OptionSpec(parse_duration_ms(min=0), 5000, "upper bound of a retry backoff"),
+    "hedge.after.ms": OptionSpec(
+        parse_duration_ms(min=0), 0, "start a second attempt when the first is slower than this (0: off)"
+    ),
+    "hedge.max": OptionSpec(parse_int(min=1, max=8), 2, "most hedged attempts started for one request"),
+}
+
 
 @attrs.frozen
 class ResilienceSettings:
@@ -85,15 +103,17 @@ class ResilienceSettings:
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ResilienceSettings:
-        """Read the ``blob.store.*`` options (without the prefix); a bad value is a :class:`ConfigError`."""
+        """Read the :data:`RESILIENCE_OPTIONS` out of the ``blob.store.*`` options (without the prefix; other keys are
+        the store's); a bad value is a :class:`ConfigError`."""
+        values = parse_options(RESILIENCE_OPTIONS, options, prefix="blob.store.", strict=False)
         return cls(
-            max_attempts=option_int(options, "retry.max.attempts", 5, minimum=1),
-            base_delay_s=option_int(options, "retry.base.delay.ms", 100, minimum=0) / 1000,
-            max_delay_s=option_int(options, "retry.max.delay.ms", 5000, minimum=0) / 1000,
-            request_timeout_s=option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000,
-            hedge_after_s=option_int(options, "hedge.after.ms", 0, minimum=0) / 1000,
-            max_hedges=option_int(options, "hedge.max", 2, minimum=0),
-            max_threads=max(8, 4 * option_int(options, "max.concurrency", 8, minimum=1)),
+            max_attempts=values["retry.max.attempts"],
+            base_delay_s=values["retry.base.delay.ms"] / 1000,
+            max_delay_s=values["retry.max.delay.ms"] / 1000,
+            request_timeout_s=values["request.timeout.ms"] / 1000,
+            hedge_after_s=values["hedge.after.ms"] / 1000,
+            max_hedges=values["hedge.max"],
+            max_threads=max(8, 4 * values["max.concurrency"]),
         )
 
 
@@ -109,8 +129,11 @@ class Resilience:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     rng: random.Random = attrs.field(factory=random.Random)
-    _executor: concurrent.futures.ThreadPoolExecutor | None = attrs.field(init=False, default=None)
-    _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _attempt_pool: LazyPool = attrs.field(init=False)
+
+    @_attempt_pool.default
+    def _new_attempt_pool(self) -> LazyPool:
+        return LazyPool(self.settings.max_threads, "blob-attempt")
 
     def backoff_s(self, retry: int) -> float:
         """Full jitter: uniform in ``[0, min(max_delay, base_delay * 2**retry)]`` (``retry`` counts from 0)."""
@@ -156,7 +179,7 @@ class Resilience:
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                     results.put((number, False, exc))
 
-            self._pool().submit(run)
+            self._attempt_pool.get().submit(run)
 
         def finish(outcome: str) -> None:
             if self.metrics is not None:
@@ -285,20 +308,9 @@ class Resilience:
         if self.metrics is not None:
             self.metrics.increment(name)
 
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=self.settings.max_threads, thread_name_prefix="blob-attempt"
-                )
-            return self._executor
-
     def close(self) -> None:
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            # abandoned attempts finish on their own (SDK timeouts bound them); do not block the caller on them
-            executor.shutdown(wait=False, cancel_futures=True)
+        # abandoned attempts finish on their own (SDK timeouts bound them); do not block the caller on them
+        self._attempt_pool.close(wait=False, cancel_futures=True)
 
 
 class ResilientBlobStore(BlobStore):
@@ -335,10 +347,7 @@ class ResilientBlobStore(BlobStore):
         )
         self.url = inner.url  # a store's URL is set when it is opened and never changes
         self.supports_metadata = inner.supports_metadata
-        use = getattr(inner, "use_resilience", None)
-        self._inner_handles_parts = callable(use)
-        if callable(use):
-            use(self.resilience)
+        self._inner_handles_parts = inner.use_resilience(self.resilience)
 
     @classmethod
     def wrap(
@@ -439,59 +448,15 @@ class ResilientBlobStore(BlobStore):
 
     def validate(self) -> None:
         """Check the store is usable (container/bucket exists, credentials work); delegates to the inner store."""
-        validate = getattr(self.inner, "validate", None)
-        if callable(validate):
-            validate()
+        self.inner.validate()
 
     def create_resources(self) -> None:
         """Create the container/bucket when missing; delegates to the inner store. Retried like any idempotent
         request (an existing container is success), so one cut reply at open does not fail the task."""
-        create = getattr(self.inner, "create_resources", None)
-        if callable(create):
-            self.resilience.call("create_resources", create)
+        self.resilience.call("create_resources", self.inner.create_resources)
 
     def close(self) -> None:
         try:
             self.inner.close()
         finally:
             self.resilience.close()
-
-
-# -- option parsing shared by the blob stores -------------------------------------------------------------------
-
-
-def option_int(options: Mapping[str, Any], key: str, default: int, *, minimum: int | None = None) -> int:
-    """An integer option (int or decimal string); ``ConfigError`` naming ``blob.store.<key>`` otherwise."""
-    raw = options.get(key, default)
-    if raw is None:
-        return default
-    try:
-        value = int(raw) if not isinstance(raw, bool) else None
-    except (TypeError, ValueError):
-        value = None
-    if value is None:
-        raise ConfigError(f"blob.store.{key}={raw!r} is not an integer")
-    if minimum is not None and value < minimum:
-        raise ConfigError(f"blob.store.{key}={value} must be at least {minimum}")
-    return value
-
-
-def option_bool(options: Mapping[str, Any], key: str, default: bool) -> bool:
-    raw = options.get(key, default)
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in {"true", "1", "yes"}:
-        return True
-    if text in {"false", "0", "no"}:
-        return False
-    raise ConfigError(f"blob.store.{key}={raw!r} must be true or false")
-
-
-def option_str(options: Mapping[str, Any], key: str) -> str | None:
-    raw = options.get(key)
-    if raw is None or raw == "":
-        return None
-    if not isinstance(raw, str):
-        raise ConfigError(f"blob.store.{key} must be a string")
-    return raw

@@ -37,20 +37,19 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
 from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
     PartedBlobStore,
-    check_options,
     part_pool,
     part_ranges,
-    run_parallel,
     sdk_boundary,
 )
-from statebackend.blobstores.resilience import Resilience, ResilientBlobStore, option_bool, option_int, option_str
+from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
+from statebackend.concurrency import run_all
 from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
@@ -59,6 +58,7 @@ from statebackend.errors import (
     StorageError,
     TransientStorageError,
 )
+from statebackend.options import OptionSpec, parse_str
 from statebackend.redact import protect_sdk_loggers, redact, register_secrets, sanitized, url_has_userinfo
 
 try:
@@ -110,6 +110,13 @@ _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 class S3BlobStore(PartedBlobStore):
     """One bucket (and an optional prefix) of an S3 endpoint. Thread-safe (boto3 clients are)."""
 
+    options: ClassVar[Mapping[str, OptionSpec]] = {
+        **PartedBlobStore.options,
+        "endpoint.url": OptionSpec(parse_str(), None, "S3 endpoint URL, for S3-compatible servers"),
+        "region": OptionSpec(parse_str(), None, "S3 region"),
+        "profile": OptionSpec(parse_str(), None, "AWS profile name for credentials"),
+    }
+
     def __init__(
         self,
         client: Any,
@@ -145,8 +152,8 @@ class S3BlobStore(PartedBlobStore):
 
     @classmethod
     def open_inner(cls, url: str, options: Mapping[str, Any]) -> S3BlobStore:
-        """The store without the resilience wrapper (tests, benchmarks)."""
-        check_options(options)
+        """The store without the resilience wrapper (tests, benchmarks); ``options`` raw or parsed."""
+        options = cls.parse_options(options)
         parts = urlsplit(url)
         if parts.scheme != "s3":
             raise ConfigError(f"blob.store.url {redact(url)!r} is not an s3:// URL")
@@ -162,9 +169,9 @@ class S3BlobStore(PartedBlobStore):
                 "letters, digits, '.' and '-'); credentials never go in the URL"
             )
         protect_sdk_loggers()  # botocore and urllib3 log signed requests and URLs at DEBUG
-        timeout_s = option_int(options, "request.timeout.ms", 30000, minimum=1) / 1000
-        max_concurrency = option_int(options, "max.concurrency", 8, minimum=1)
-        endpoint = option_str(options, "endpoint.url")
+        timeout_s = options["request.timeout.ms"] / 1000
+        max_concurrency = options["max.concurrency"]
+        endpoint = options.get("endpoint.url")
         config = botocore.config.Config(
             retries={"total_max_attempts": 1, "mode": "standard"},  # ResilientBlobStore retries
             connect_timeout=timeout_s,
@@ -177,7 +184,7 @@ class S3BlobStore(PartedBlobStore):
         )
         try:
             session = boto3.session.Session(
-                profile_name=option_str(options, "profile"), region_name=option_str(options, "region")
+                profile_name=options.get("profile"), region_name=options.get("region")
             )
             client = session.client("s3", endpoint_url=endpoint, config=config)
         except boto_errors.ProfileNotFound as exc:
@@ -193,9 +200,9 @@ class S3BlobStore(PartedBlobStore):
             parts.netloc,
             parts.path.strip("/"),
             url=url,
-            part_size=option_int(options, "part.size.bytes", 8 << 20, minimum=1),
+            part_size=options["part.size.bytes"],
             max_concurrency=max_concurrency,
-            create_if_missing=option_bool(options, "create.if.missing", False),
+            create_if_missing=options["create.if.missing"],
         )
 
     def __repr__(self) -> str:
@@ -204,9 +211,6 @@ class S3BlobStore(PartedBlobStore):
     def describe(self) -> str:
         return f"S3 blob store {self.url} (endpoint {self._client.meta.endpoint_url})"
 
-    def use_resilience(self, resilience: Resilience) -> None:
-        """Retry and hedge each request of a large transfer on its own (called by ResilientBlobStore)."""
-        self._resilience = resilience
 
     # -- the core -----------------------------------------------------------------------------------------------
 
@@ -358,7 +362,7 @@ class S3BlobStore(PartedBlobStore):
             return {"PartNumber": index + 1, "ETag": response["ETag"]}
 
         try:
-            uploaded = run_parallel(
+            uploaded = run_all(
                 part_pool(self.max_concurrency),
                 [
                     functools.partial(self._request, "upload_part", functools.partial(upload, i), True)

@@ -2,8 +2,10 @@
 
 Contract:
 
-- Every key statebackend owns is declared once here as an :class:`OptionSpec` (parser, default, one-line doc); a
-  backend declares its own keys in ``StateBackendFactory.options`` and they are read under
+- Every key statebackend owns is declared once here as an :class:`OptionSpec` (parser, default, one-line doc),
+  except the ``blob.store.*`` options, which each blob store declares in its class's ``options`` (config validates
+  them against the schema of the URL's scheme; an option of another scheme is an error naming the schemes that take
+  it); a backend declares its own keys in ``StateBackendFactory.options`` and they are read under
   ``<canonical-factory-name>.<option>`` (only for factories some store names, so a missing optional backend never
   breaks a config that does not use it).
 - Values may be strings (as a properties file or Spark conf gives them) or already-typed Python values; a ``None``
@@ -22,8 +24,9 @@ The reference of every key is docs/configuration.md; tests/test_config.py checks
 
 from __future__ import annotations
 
-from statebackend.config.keys import BLOB_STORE_OPTIONS, GLOBAL_OPTIONS, NAME_PATTERN, SERDES, STORE_OPTIONS
-from statebackend.config.options import (
+from statebackend.config.keys import GLOBAL_OPTIONS, NAME_PATTERN, SERDES, STORE_OPTIONS
+from statebackend.config.settings import Settings, StoreSettings
+from statebackend.options import (
     OptionSpec,
     Parser,
     parse_bool,
@@ -36,10 +39,8 @@ from statebackend.config.options import (
     parse_path,
     parse_str,
 )
-from statebackend.config.settings import Settings, StoreSettings
 
 __all__ = [
-    "BLOB_STORE_OPTIONS",
     "GLOBAL_OPTIONS",
     "NAME_PATTERN",
     "SERDES",

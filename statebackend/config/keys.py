@@ -1,5 +1,7 @@
-"""The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``blob.store.*`` and
-``stores.<name>.*``. docs/configuration.md lists every one (a test checks it)."""
+"""The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``blob.store.url`` and
+``stores.<name>.*``. The other ``blob.store.*`` keys are declared by the blob stores, each in its class's ``options``
+(statebackend.blobstores), and validated against the schema of the URL's scheme. docs/configuration.md lists every
+one (a test checks it)."""
 
 from __future__ import annotations
 
@@ -7,15 +9,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from statebackend.config.options import (
+from statebackend.options import (
     OptionSpec,
-    parse_bool,
     parse_bytes,
     parse_choice,
     parse_duration_ms,
     parse_int,
     parse_list,
-    parse_object,
     parse_path,
     parse_str,
     value_error,
@@ -73,31 +73,6 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
     "task.checkpoint.retained": OptionSpec(
         parse_int(min=1), 10, "checkpoints kept in the checkpoint log; older ones and what only they need are deleted"
     ),
-}
-
-#: ``blob.store.<key>`` -> spec; the parsed values (minus url) become ``Settings.blob_store_options``
-BLOB_STORE_OPTIONS: Mapping[str, OptionSpec] = {
-    "connection.string": OptionSpec(parse_str(), None, "Azure storage connection string", secret=True),
-    "account.url": OptionSpec(parse_str(), None, "Azure account URL, https://<account>.blob.core.windows.net"),
-    "credential": OptionSpec(
-        parse_object(), None, "Azure credential: an account key, a SAS token or a credential object", secret=True
-    ),
-    "endpoint.url": OptionSpec(parse_str(), None, "S3 endpoint URL, for S3-compatible servers"),
-    "region": OptionSpec(parse_str(), None, "S3 region"),
-    "profile": OptionSpec(parse_str(), None, "AWS profile name for credentials"),
-    "max.concurrency": OptionSpec(parse_int(min=1, max=1024), 8, "concurrent requests per blob store"),
-    "request.timeout.ms": OptionSpec(parse_duration_ms(min=1), 30000, "timeout of one request attempt"),
-    "retry.max.attempts": OptionSpec(
-        parse_int(min=1), 5, "attempts for a request that fails transiently (1: no retry)"
-    ),
-    "retry.base.delay.ms": OptionSpec(parse_duration_ms(min=0), 100, "first retry backoff; doubles each retry"),
-    "retry.max.delay.ms": OptionSpec(parse_duration_ms(min=0), 5000, "upper bound of a retry backoff"),
-    "hedge.after.ms": OptionSpec(
-        parse_duration_ms(min=0), 0, "start a second attempt when the first is slower than this (0: off)"
-    ),
-    "hedge.max": OptionSpec(parse_int(min=1, max=8), 2, "most hedged attempts started for one request"),
-    "part.size.bytes": OptionSpec(parse_bytes(min=1), "8MiB", "part size of parallel uploads and downloads"),
-    "create.if.missing": OptionSpec(parse_bool(), False, "create the container, bucket or directory when missing"),
 }
 
 #: ``stores.<name>.<key>`` -> spec

@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from statebackend.blobstores.base import known_blob_store_schemes
-from statebackend.config.keys import BLOB_STORE_OPTIONS, GLOBAL_OPTIONS, NAME_PATTERN, OWNED_PREFIXES, STORE_OPTIONS
-from statebackend.config.options import OptionSpec, parse_one
+from statebackend.blobstores.base import blob_store_class, blob_store_option_schemas, known_blob_store_schemes
+from statebackend.config.keys import GLOBAL_OPTIONS, NAME_PATTERN, OWNED_PREFIXES, STORE_OPTIONS
 from statebackend.errors import ConfigError
+from statebackend.options import OptionSpec, parse_one
 from statebackend.redact import redact
 from statebackend.registry import ResolvedFactory, known_factories, resolve_factory
 
@@ -65,7 +65,8 @@ class Settings:
     job_name: str
     local_dir: Path
     blob_store_url: str = attrs.field(repr=lambda url: repr(redact(url)))  # userinfo, SAS query
-    #: parsed ``blob.store.*`` keys other than url, without the prefix; unset keys without a default are absent
+    #: parsed ``blob.store.*`` keys other than url, without the prefix, as the URL's scheme declares them (its store
+    #: class's ``options``); unset keys without a default are absent
     blob_store_options: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
     stores: Mapping[str, StoreSettings]
     commit_ms: int
@@ -114,6 +115,10 @@ class _SettingsParser:
         self.config = config
         self.problems: list[str] = []
         self.unknown_keys: list[str] = []
+        #: ``blob.store.*`` keys other than the url, checked against the schema of the URL's scheme
+        self.blob_store_keys: list[str] = []
+        #: the ``blob.store.*`` options the URL's scheme takes (every scheme's when the URL is not usable)
+        self.blob_store_schema: Mapping[str, OptionSpec] = {}
         #: keys under no prefix we own, left for backend options and the typo check
         self.other_keys: list[str] = []
         #: store name -> option -> raw value
@@ -129,11 +134,7 @@ class _SettingsParser:
         values = {key: self._value(key, spec) for key, spec in GLOBAL_OPTIONS.items() if key != "blob.store.url"}
         if url is not None and not (isinstance(url, str) and url.strip() == ""):
             values["blob.store.url"] = self._url()
-        blob_store_options = {}
-        for option, spec in BLOB_STORE_OPTIONS.items():
-            value = self._value("blob.store." + option, spec)
-            if value is not None:
-                blob_store_options[option] = value
+        blob_store_options = self._blob_store_options(values.get("blob.store.url"))
         self._undeclared_stores()
         stores = {name: self._store(name) for name in sorted(self.store_keys)}
         backend_options = self._backend_options()
@@ -166,8 +167,7 @@ class _SettingsParser:
             if key in GLOBAL_OPTIONS:
                 continue
             if key.startswith("blob.store."):
-                if key[len("blob.store.") :] not in BLOB_STORE_OPTIONS:
-                    self.unknown_keys.append(key)
+                self.blob_store_keys.append(key)
             elif key.startswith("stores."):
                 self._classify_store_key(key)
             elif key.startswith(OWNED_PREFIXES):
@@ -225,6 +225,40 @@ class _SettingsParser:
             )
             return None
         return url
+
+    def _blob_store_options(self, url: str | None) -> dict[str, Any]:
+        """Parse the ``blob.store.*`` keys against the options the URL's scheme declares; a key another scheme takes
+        is an error naming it. Without a usable URL the keys are checked against every scheme's options."""
+        scheme = urlsplit(url).scheme if url else None
+        schemas: dict[str, Mapping[str, OptionSpec]] | None = None
+        if scheme is not None:
+            try:
+                self.blob_store_schema = blob_store_class(scheme).options
+            except ConfigError as exc:
+                self.problems.append(f"blob.store.url: {exc}")
+                scheme = None
+        if scheme is None:
+            schemas = blob_store_option_schemas()
+            self.blob_store_schema = {o: spec for schema in schemas.values() for o, spec in schema.items()}
+        for key in self.blob_store_keys:
+            option = key[len("blob.store.") :]
+            if option in self.blob_store_schema:
+                continue
+            schemas = schemas if schemas is not None else blob_store_option_schemas()
+            takers = [f"{other}://" for other, schema in schemas.items() if option in schema]
+            if takers:
+                self.problems.append(
+                    f"{key}: not an option of {scheme}:// blob stores (blob.store.url is {scheme}://...); it is taken "
+                    f"by {', '.join(takers)} only (see docs/configuration.md)"
+                )
+            else:
+                self.unknown_keys.append(key)
+        options: dict[str, Any] = {}
+        for option, spec in self.blob_store_schema.items():
+            value = self._value("blob.store." + option, spec)
+            if value is not None:
+                options[option] = value
+        return options
 
     def _store(self, name: str) -> StoreSettings | None:
         keys = self.store_keys[name]
@@ -325,14 +359,15 @@ class _SettingsParser:
     def _report_unknown_keys(
         self, stores: Mapping[str, StoreSettings | None], backend_options: Mapping[str, Mapping[str, Any]]
     ) -> None:
-        known = [*GLOBAL_OPTIONS, *("blob.store." + option for option in BLOB_STORE_OPTIONS)]
+        known = [*GLOBAL_OPTIONS, *("blob.store." + option for option in self.blob_store_schema)]
         known += [f"stores.{name}.{option}" for name in stores for option in STORE_OPTIONS]
         for canonical, resolved in ((r.canonical_name, r) for r in self.resolved.values() if r is not None):
             known += [f"{canonical}.{option}" for option in resolved.factory.options]
         for key in sorted(self.unknown_keys):
             candidates = known + _store_key_candidates(key)
             near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
-            self.problems.append(f"{key}: unknown key; " + (f"did you mean {near[0]}?" if near else _known_under(key)))
+            hint = f"did you mean {near[0]}?" if near else _known_under(key, self.blob_store_schema)
+            self.problems.append(f"{key}: unknown key; {hint}")
         for key in sorted(self.other_keys):
             # A near miss of one of our keys outside our prefixes (tsak.commit.ms) would otherwise be ignored.
             near = difflib.get_close_matches(key, known + _store_key_candidates(key, any_prefix=True), n=1, cutoff=0.9)
@@ -385,12 +420,12 @@ def _store_key_candidates(key: str, *, any_prefix: bool = False) -> list[str]:
     return candidates
 
 
-def _known_under(key: str) -> str:
+def _known_under(key: str, blob_store_schema: Mapping[str, OptionSpec]) -> str:
     """What may be written under the key's prefix, for an unknown key with no close match."""
     if key.startswith("stores."):
         return "allowed: stores.<name>.<option> with <option> one of " + ", ".join(STORE_OPTIONS)
     first = key.split(".", 1)[0] + "."
-    known = [k for k in (*GLOBAL_OPTIONS, *("blob.store." + o for o in BLOB_STORE_OPTIONS)) if k.startswith(first)]
+    known = [k for k in (*GLOBAL_OPTIONS, *("blob.store." + o for o in blob_store_schema)) if k.startswith(first)]
     return "known keys: " + ", ".join(known) + " (see docs/configuration.md)"
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 
+from statebackend.concurrency import SharedPools
 from statebackend.errors import StateBackendError, StorageError
 from statebackend.store.env import LocalVersion
 from statebackend.store.view import ReadView
@@ -48,16 +49,12 @@ class PendingBatch:
     view_requests: list[Future[ReadView]] = attrs.field(factory=list)
 
 
-_pool_lock = threading.Lock()
-_pool: list[ThreadPoolExecutor] = []
+_applier_pools = SharedPools("statebackend-apply")
 
 
 def _applier_pool() -> ThreadPoolExecutor:
     """The process-wide threads that apply flushed batches to LMDB (one store's applies are serialized by its lock)."""
-    with _pool_lock:
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max_workers=2, thread_name_prefix="statebackend-apply"))
-        return _pool[0]
+    return _applier_pools.get(2)
 
 
 class Applier:

@@ -24,7 +24,7 @@ import shutil
 from pathlib import Path
 
 from statebackend.errors import LocalDirError, StoreLockedError
-from statebackend.fsutil import fsync_dir
+from statebackend.fsutil import atomic_write, fsync_dir
 
 log = logging.getLogger("statebackend.store")
 
@@ -65,13 +65,8 @@ def guard_unsynced(store_dir: Path, name: str) -> None:
         log.warning("store %s at %s: the machine stopped while the store was open (unsynced LMDB writes may be "
                      "torn); discarding local data, restore rebuilds it from the blob store", name, store_dir)
         shutil.rmtree(store_dir / DATA_DIR, ignore_errors=True)
-    tmp = store_dir / (UNSYNCED_FILE + ".tmp")
-    with open(tmp, "w") as out:
-        out.write(boot + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, marker)
-    fsync_dir(store_dir)
+    with atomic_write(marker, temp_name=UNSYNCED_FILE + ".tmp", sync_directory=True) as out:
+        out.write((boot + "\n").encode())
 
 
 def clear_unsynced(store_dir: Path) -> None:

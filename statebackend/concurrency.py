@@ -1,0 +1,91 @@
+"""Thread pools and waiting for futures, written once.
+
+- :class:`SharedPools`: process-wide pools, one per size, created on first use; every user asking for one size
+  shares its pool, which bounds them together (the commit pool, the part pool of large transfers, the LMDB appliers,
+  the maintenance thread).
+- :class:`LazyPool`: a private pool created on first use and shut down by its owner (the resilience layer's attempt
+  threads, a backup's upload threads). Restores use a plain ``with ThreadPoolExecutor(...)``: private and short-lived.
+- :func:`when_all`: a callback once every future is done, without a thread waiting (commit steps are chained so).
+- :func:`run_all`: run tasks on a pool, wait for all, return results in order; the first failure is raised once all
+  have ended.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+__all__ = ["LazyPool", "SharedPools", "run_all", "when_all"]
+
+T = TypeVar("T")
+
+
+class SharedPools:
+    """Process-wide pools of one kind (one thread name prefix), one per size, created on first use."""
+
+    def __init__(self, thread_name_prefix: str) -> None:
+        self.thread_name_prefix = thread_name_prefix
+        self._lock = threading.Lock()
+        self._pools: dict[int, ThreadPoolExecutor] = {}
+
+    def get(self, size: int) -> ThreadPoolExecutor:
+        """The pool of ``size`` threads (the same object for every caller asking for this size)."""
+        with self._lock:
+            pool = self._pools.get(size)
+            if pool is None:
+                pool = ThreadPoolExecutor(max_workers=size, thread_name_prefix=self.thread_name_prefix)
+                self._pools[size] = pool
+            return pool
+
+
+class LazyPool:
+    """A private pool of ``size`` threads, created on first :meth:`get` and shut down by :meth:`close` (a later
+    :meth:`get` makes a new one)."""
+
+    def __init__(self, size: int, thread_name_prefix: str) -> None:
+        self.size = size
+        self.thread_name_prefix = thread_name_prefix
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def get(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix=self.thread_name_prefix)
+            return self._pool
+
+    def close(self, *, wait: bool = True, cancel_futures: bool = False) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+
+def when_all(futures: list[Future[Any]], then: Callable[[], None]) -> None:
+    """Call ``then`` once every future is done, from the thread that finished the last one (at once if none)."""
+    if not futures:
+        then()
+        return
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            then()
+
+    for future in futures:
+        future.add_done_callback(one_done)
+
+
+def run_all(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]]) -> list[T]:
+    """Run all ``tasks`` on ``pool`` and return their results in order; the first failure is raised after all have
+    ended (none is left running behind the caller's back)."""
+    futures = [pool.submit(task) for task in tasks]
+    concurrent.futures.wait(futures)
+    return [future.result() for future in futures]
