@@ -1,4 +1,5 @@
-"""Review findings: ways the first invariant can still break (xfail strict while open) and scenarios checked."""
+"""Review findings: ways the first invariant could still break after the first trust fixes (each now fixed), and
+scenarios checked that hold."""
 
 from __future__ import annotations
 
