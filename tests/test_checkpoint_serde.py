@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from statebackend.checkpoint import (
+    Binding,
     CheckpointId,
     CheckpointV1,
     CheckpointV2,
+    decode_bound_checkpoint,
     decode_checkpoint,
     encode_checkpoint,
 )
@@ -143,3 +145,14 @@ def test_damaged_checkpoint_is_corrupt_data_naming_the_source(data: bytes, says:
 def test_encode_rejects_what_is_not_a_checkpoint() -> None:
     with pytest.raises(TypeError, match="CheckpointV1 or CheckpointV2"):
         encode_checkpoint({"version": 2})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["v1-format2.json", "v2-format2.json"])
+def test_stored_samples_of_blob_format_2_decode_with_their_binding_and_encode_byte_for_byte(name: str) -> None:
+    stored = (SAMPLES / name).read_bytes()
+    checkpoint, binding = decode_bound_checkpoint(stored, source=name)
+    assert binding == Binding("job", "task-0", 42)
+    expected = CheckpointV2(SAMPLE_V2.checkpoint_id, SAMPLE_V2.input_offsets, SAMPLE_V2.state_checkpoint_markers,
+                            {"counts": {"key": "string", "msg": "integer"}})
+    assert checkpoint == (expected.to_v1() if name.startswith("v1") else expected)
+    assert encode_checkpoint(checkpoint, binding) == stored.rstrip(b"\n")
