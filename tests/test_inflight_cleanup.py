@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,12 @@ from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.contracts import TaskBackupManager
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
+from tests import backend_helpers
+from tests.backend_helpers import FAR_FUTURE, sweep
 
-FAR_FUTURE = 10 * 365 * 86400.0
 BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 1,
                   "changelog.gc.grace.period.ms": 0},
@@ -33,24 +32,7 @@ BACKENDS: dict[str, dict[str, object]] = {
 
 
 def make_config(backend: str, tmp_path: Path) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": backend,
-        "stores.counts.restore.factory": backend,
-        "task.checkpoint.retained": 2,
-    }
-    config.update(BACKENDS[backend])
-    return config
-
-
-def sweep(manager: TaskBackupManager) -> None:
-    if isinstance(manager, BlobSnapshotBackupManager):
-        manager.sweep(now=manager.clock() + FAR_FUTURE)
-    else:
-        assert isinstance(manager, ChangelogBackupManager)
-        manager.sweep()
+    return backend_helpers.make_config(backend, tmp_path, BACKENDS[backend])
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))

@@ -10,22 +10,21 @@ checkpoints of the same task still retain it.
 from __future__ import annotations
 
 import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from statebackend.backends.blobsnapshot.backup import EXPIRES_AT, BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.backup import EXPIRES_AT
 from statebackend.backends.blobsnapshot.format import SnapshotIndex, chunk_name
-from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.checkpoint import CheckpointLog, CheckpointV2, LogEntry
 
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.contracts import TaskBackupManager
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
+from tests import backend_helpers
+from tests.backend_helpers import sweep
 
 BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {
@@ -40,28 +39,10 @@ BACKENDS: dict[str, dict[str, object]] = {
         "blobsnapshot.ttl.ms": 1,  # every blob not made durable is expired at once: a sweep may take it
     },
 }
-FAR_FUTURE = 10 * 365 * 86400.0
 
 
 def make_config(backend: str, tmp_path: Path) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": backend,
-        "stores.counts.restore.factory": backend,
-        "task.checkpoint.retained": 2,
-    }
-    config.update(BACKENDS[backend])
-    return config
-
-
-def sweep(manager: TaskBackupManager) -> None:
-    if isinstance(manager, BlobSnapshotBackupManager):
-        manager.sweep(now=manager.clock() + FAR_FUTURE)
-    else:
-        assert isinstance(manager, ChangelogBackupManager)
-        manager.sweep()
+    return backend_helpers.make_config(backend, tmp_path, BACKENDS[backend])
 
 
 def lose_the_checkpoint_reply(task: TaskStorage, blobs: ControlledBlobStore, round_no: int,
