@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Iterable
 
 import attrs
-from statebackend.backends.changelog.format import SUPPORTED_FORMAT_VERSIONS, FileHeader, encode, iter_records, verify
 
+from statebackend.recordfile import SUPPORTED_FORMAT_VERSIONS, FileHeader, encode, iter_records, verify
 from statebackend.store import LocalStore, LocalVersion
 
 

@@ -60,6 +60,10 @@ class BackendContext:
     #: for backup managers: which backend restored each of its stores at open (``None``: the store started empty).
     #: A backend whose own restore failed (another one's marker was used instead) must not build on its lineage.
     restored_by: Mapping[str, str | None] = attrs.field(factory=dict)
+    #: for backup managers: per store, the backends whose restore of it failed at open (then another backend's marker
+    #: was used). A backend that failed must not continue its lineage; one that was not tried (another came first in
+    #: ``restore.factories``) may, when the store's version is the one its marker describes.
+    restore_failures: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     def blob_prefix(self, store_name: str) -> str:
         """Where this backend keeps one store's blobs: ``<job>/<task>/<store>/<factory>/``."""

@@ -10,6 +10,7 @@ store declares its ``blob.store.*`` options with it, each state backend its own.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,25 @@ def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # shad
 
     def parse(key: str, raw: Any) -> int:
         value = _to_int(key, raw, allowed)
+        _check_range(key, raw, value, min, max, allowed)
+        return value
+
+    return parse
+
+
+def parse_float(min: float | None = None, max: float | None = None) -> Parser:  # shadows min/max, as parse_int
+    """A finite number from an int, a float or a decimal string, within ``[min, max]``."""
+    allowed = _range_text("a number", min, max)
+
+    def parse(key: str, raw: Any) -> float:
+        if isinstance(raw, bool):
+            raise value_error(key, raw, "not a number", allowed)
+        try:
+            value = float(raw.strip() if isinstance(raw, str) else raw)
+        except (TypeError, ValueError):
+            raise value_error(key, raw, "not a number", allowed) from None
+        if not math.isfinite(value):
+            raise value_error(key, raw, "not a finite number", allowed)
         _check_range(key, raw, value, min, max, allowed)
         return value
 
@@ -258,7 +278,7 @@ def value_error(key: str, raw: Any, problem: str, allowed: str) -> ConfigError:
     return ConfigError(f"{key}={shown} is not valid: {problem}; allowed: {allowed}")
 
 
-def _range_text(what: str, low: int | None, high: int | None) -> str:
+def _range_text(what: str, low: float | None, high: float | None) -> str:
     if low is not None and high is not None:
         return f"{what} (from {low} to {high})"
     if low is not None:
@@ -278,7 +298,7 @@ def _to_int(key: str, raw: Any, allowed: str) -> int:
     raise value_error(key, raw, "not an integer", allowed)
 
 
-def _check_range(key: str, raw: Any, value: int, low: int | None, high: int | None, allowed: str) -> None:
+def _check_range(key: str, raw: Any, value: float, low: float | None, high: float | None, allowed: str) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
         raise value_error(key, raw, "out of range", allowed)
 

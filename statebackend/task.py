@@ -144,6 +144,7 @@ class TaskStorage:
             checkpoint_log.raise_floor(max(known, entry.seq if entry is not None else 0))
 
             restored_by: dict[str, str | None] = {}
+            restore_failures: dict[str, list[str]] = {}
 
             def context(factory_name: str, store_names: list[str]) -> BackendContext:
                 return BackendContext(
@@ -157,10 +158,11 @@ class TaskStorage:
                     options=settings.backend_options_for(factory_name),
                     checkpoint_log=checkpoint_log,
                     restored_by={name: restored_by.get(name) for name in store_names},
+                    restore_failures={name: tuple(restore_failures.get(name, ())) for name in store_names},
                 )
 
             started = time.monotonic()
-            restored_by.update(_restore(settings, stores, restored, context))
+            restored_by.update(_restore(settings, stores, restored, context, restore_failures))
             metrics.record("restore.ms", (time.monotonic() - started) * 1000.0)
 
             for factory_name, store_names in _backup_groups(settings).items():
@@ -372,8 +374,10 @@ def _restore(
     stores: Mapping[str, LocalStore],
     checkpoint: CheckpointV2 | None,
     context: Callable[[str, list[str]], BackendContext],
+    failed: dict[str, list[str]] | None = None,
 ) -> dict[str, str | None]:
-    """Restore every store; returns which backend restored each (``None``: it starts empty)."""
+    """Restore every store; returns which backend restored each (``None``: it starts empty). ``failed`` gets, per
+    store, the backends whose restore of it failed."""
     restored_by: dict[str, str | None] = {}
     candidates: dict[str, list[str]] = {}
     for name, store_settings in settings.stores.items():
@@ -406,6 +410,8 @@ def _restore(
                         continue
                     name = batch[0]
                     failures[name].append(f"{factory_name}: {exc}")
+                    if failed is not None:
+                        failed.setdefault(name, []).append(factory_name)
                     rest = candidates[name][1:]
                     if not rest:
                         if len(failures[name]) == 1:

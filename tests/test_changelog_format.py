@@ -14,7 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from statebackend.backends.changelog import format as fmt
-from statebackend.backends.changelog.format import (
+
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
+from statebackend.recordfile import (
     FileHeader,
     check_digest,
     encode,
@@ -23,8 +25,6 @@ from statebackend.backends.changelog.format import (
     verify,
     write_file,
 )
-
-from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.store import LocalStore, LocalVersion
 
 SAMPLES = pathlib.Path(__file__).parent / "data" / "changelog"

@@ -9,22 +9,29 @@ from statebackend.backends.blobsnapshot.admin import BlobSnapshotAdmin
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 
-from statebackend.config import OptionSpec, parse_bool, parse_bytes, parse_duration_ms, parse_int
+from statebackend.config import OptionSpec, parse_bool, parse_bytes, parse_duration_ms, parse_float, parse_int
 from statebackend.contracts import BackendContext, StateBackendFactory
 
 __all__ = ["BlobSnapshotStateBackendFactory"]
 
 
 class BlobSnapshotStateBackendFactory(StateBackendFactory):
-    """Whole-environment snapshots cut into content-addressed chunks, with an index blob per snapshot."""
+    """An LSM tree on the blob store: one immutable sorted run per commit, merged in the background, and an index blob
+    per commit listing the live runs."""
 
     options: Mapping[str, Any] = {
-        "chunk.size": OptionSpec(
-            parse_bytes(min=64 << 10, max=256 << 20), 4 << 20, "size of the chunks a snapshot file is cut into"),
-        "upload.concurrency": OptionSpec(parse_int(min=1, max=64), 4, "parallel chunk uploads per store"),
-        "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel chunk downloads per restore"),
+        "compaction.fanout": OptionSpec(
+            parse_int(min=2, max=1000), 10,
+            "merge this many runs of one level into one run of the next level (size-tiered compaction)"),
+        "compaction.full.ratio": OptionSpec(
+            parse_float(min=0.05, max=100.0), 1.0,
+            "write a new base run once the runs above the base add up to this many times its size"),
+        "compaction.full.min.bytes": OptionSpec(
+            parse_bytes(min=0), 1 << 20, "runs above the base smaller than this in total never trigger a base run"),
+        "compression.level": OptionSpec(parse_int(min=1, max=22), 3, "zstd level of the runs"),
+        "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel run downloads per restore"),
         "gc.grace.period.ms": OptionSpec(
-            parse_duration_ms(min=0), 3_600_000, "an unreferenced chunk or index younger than this is left alone"),
+            parse_duration_ms(min=0), 3_600_000, "an unreferenced run or index younger than this is left alone"),
         "gc.interval.commits": OptionSpec(
             parse_int(min=0), 100, "run the mark-and-sweep every this many commits (0: only when the task starts)"),
         "gc.on.init": OptionSpec(
@@ -33,20 +40,22 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
             "sweep every batch)"),
         "ttl.ms": OptionSpec(
             parse_duration_ms(min=1), 7 * 24 * 3_600_000,
-            "expiry written on new chunks and indexes; removed once a durable checkpoint uses them"),
+            "expiry written on new runs and indexes; removed once a durable checkpoint uses them"),
     }
 
     def backup_manager(self, context: BackendContext) -> BlobSnapshotBackupManager:
         options = _with_defaults(context.options, self.options)
         return BlobSnapshotBackupManager(
             context=context,
-            chunk_size=options["chunk.size"],
-            upload_concurrency=options["upload.concurrency"],
             retained=context.checkpoint_log.retained,
             grace_period_ms=options["gc.grace.period.ms"],
             ttl_ms=options["ttl.ms"],
             gc_interval_commits=options["gc.interval.commits"],
             gc_on_init=options["gc.on.init"],
+            compaction_fanout=options["compaction.fanout"],
+            compaction_full_ratio=options["compaction.full.ratio"],
+            compaction_full_min_bytes=options["compaction.full.min.bytes"],
+            compression_level=options["compression.level"],
         )
 
     def restore_manager(self, context: BackendContext) -> BlobSnapshotRestoreManager:

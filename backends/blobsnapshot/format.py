@@ -1,31 +1,35 @@
-"""The blob-snapshot formats: blob names, content hashing, and the index blob (schema version 1).
+"""The blob-snapshot formats: blob names, run entries and the index blob (schema version 2).
 
-Layout under a store's prefix ``<job>/<task>/<store>/blobsnapshot/``::
+A store's remote snapshot is a set of immutable sorted runs (an LSM tree on the blob store); the index blob lists the
+live runs and is the marker written into checkpoints. Layout under ``<job>/<task>/<store>/blobsnapshot/``::
 
-    chunks/<hash>                      one chunk of a snapshot file; the name IS the blake2b-256 of its bytes
-    index/<seq:012d>-<token>.json      one index per snapshot; the marker written into checkpoints is its name
+    runs/<hash>                        one run: a sorted record file (statebackend.recordfile, kind "run");
+                                       the name IS the blake2b-256 of its bytes
+    index/<seq:012d>-<token>.json      one index per commit; the marker is its name
+
+A run holds the records of versions ``first_seq .. last_seq`` of the store in key order (puts, and tombstones for
+deleted keys), newest value per key; a *base* run holds the whole store at ``last_seq`` (``first_seq == 1``, no
+tombstones). The runs of an index, oldest first, are contiguous: the first starts at seq 1 (the empty store) and
+each next one starts right after the one before; applying them in order gives the store at the index's version
+(the last run may end before the index's ``seq``: commits that changed nothing add no run).
 
 Index blob: UTF-8 JSON, one object, keys sorted::
 
-    {"schema": "statebackend.blobsnapshot.index", "schema_version": 1,
+    {"schema": "statebackend.blobsnapshot.index", "schema_version": 2,
      "job": ..., "task": ..., "store": ..., "checkpoint_id": "<millis>-<nanos>", "token": "<flush token>", "seq": n,
-     "hash_algorithm": "blake2b-256", "chunk_size": 4194304,
-     "files": [{"name": "data.mdb", "size": n, "hash": "<hex>", "chunks": [{"hash": "<hex>", "size": n}, ...]}],
-     "files_added": [...], "files_removed": [...],          file names against the previous index
-     "chunks_added": [...], "chunks_removed": [...],        chunk hashes against the previous index (sorted)
+     "hash_algorithm": "blake2b-256", "key_count": n,
+     "runs": [{"hash": "<hex>", "size": n, "records": n, "level": n, "base": bool, "first_seq": n, "last_seq": n,
+               "checkpoint_id": "<id of version last_seq>", "token": "<token of version last_seq>"}, ...],
      "previous_index": "<name>" | null,
      "checksum": "<blake2b-256 hex of the canonical body without this key>"}
 
-``files`` is what a restore needs (necessary and sufficient, as in seed 002); the added/removed lists and the
-previous index's name are for garbage collection, error recovery and people reading the history. A reader rejects a
-wrong ``schema``, an unknown ``schema_version`` (:class:`IncompatibleFormatError`), a bad checksum, missing fields
-or malformed values (:class:`CorruptDataError`), always naming the blob.
+Binding: the checksum proves an index intact; :func:`check_index_binding` proves it is the index its name designates
+(the body's ``(job, task, store, seq, token)`` against the name and the reader). A run is bound by its name (the hash
+of its bytes, checked with its size on every read) and its header's lineage (job, task, store, ``first_seq - 1``,
+``last_seq``, checkpoint id and token) is checked against the index's entry (:func:`check_run_binding`).
 
-Binding: the checksum proves an index is intact, not that it is the index a marker names. The marker is the index's
-name, which holds ``seq`` and the flush's random ``token``; :func:`check_index_binding` requires the body's
-``(job, task, store, seq, token)`` to be the name's and the reader's, so an older index of the same store, or another
-task's or store's index, copied over the name is refused. Chunks are bound by their names: a chunk's name is the hash
-of its bytes, checked with its length when it is downloaded.
+Schema version 1 (whole-environment copies cut into chunks, written by releases before runs) is refused with
+:class:`IncompatibleFormatError` naming the migration path (docs/formats-blobsnapshot.md).
 """
 
 from __future__ import annotations
@@ -33,36 +37,48 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
+from statebackend.recordfile import KIND_RUN, FileHeader
 from statebackend.store import LocalVersion
 
 __all__ = [
     "HASH_ALGORITHM",
     "SCHEMA",
     "SCHEMA_VERSION",
-    "ChunkRef",
-    "FileEntry",
-    "SnapshotIndex",
+    "RunEntry",
+    "RunIndex",
+    "chain_problem",
     "check_index_binding",
-    "chunk_hash",
-    "chunk_name",
-    "chunks_prefix",
+    "check_run_binding",
+    "content_hash",
     "index_name",
     "index_prefix",
+    "legacy_chunks_prefix",
     "new_hasher",
     "parse_index_name",
+    "replace_runs",
+    "run_name",
+    "runs_prefix",
 ]
 
 SCHEMA = "statebackend.blobsnapshot.index"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 HASH_ALGORITHM = "blake2b-256"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _INDEX_NAME = re.compile(r"^(\d{12})-([A-Za-z0-9_-]+)\.json$")
+
+MIGRATION_V1 = (
+    "schema version 1 (whole-environment chunks) is no longer read: restore the store from another backend's marker "
+    "(a dual commit, stores.<name>.backup.factories=changelog,blobsnapshot, written by the release that wrote this "
+    "index, gives one; restore falls back to it by itself), or let the release that wrote it restore the state and "
+    "commit once with the changelog backend in the store's backup factories before upgrading; the first commit of "
+    "this release then uploads a base run (docs/formats-blobsnapshot.md, 'Migrating from schema 1')"
+)
 
 
 def new_hasher() -> Any:
@@ -70,22 +86,27 @@ def new_hasher() -> Any:
     return hashlib.blake2b(digest_size=32)
 
 
-def chunk_hash(data: bytes | memoryview) -> str:
+def content_hash(data: bytes | memoryview) -> str:
     hasher = new_hasher()
     hasher.update(data)
     return str(hasher.hexdigest())
 
 
-def chunks_prefix(store_prefix: str) -> str:
-    return f"{store_prefix}chunks/"
+def runs_prefix(store_prefix: str) -> str:
+    return f"{store_prefix}runs/"
 
 
 def index_prefix(store_prefix: str) -> str:
     return f"{store_prefix}index/"
 
 
-def chunk_name(store_prefix: str, digest: str) -> str:
-    return f"{store_prefix}chunks/{digest}"
+def legacy_chunks_prefix(store_prefix: str) -> str:
+    """Where schema-1 snapshots kept their chunks (swept once no checkpoint needs them)."""
+    return f"{store_prefix}chunks/"
+
+
+def run_name(store_prefix: str, digest: str) -> str:
+    return f"{store_prefix}runs/{digest}"
 
 
 def index_name(store_prefix: str, seq: int, token: str) -> str:
@@ -98,7 +119,7 @@ def parse_index_name(name: str) -> tuple[int, str] | None:
     return (int(match.group(1)), match.group(2)) if match else None
 
 
-def check_index_binding(index: SnapshotIndex, *, name: str, job: str, task: str, store: str) -> None:
+def check_index_binding(index: RunIndex, *, name: str, job: str, task: str, store: str) -> None:
     """Raise :class:`CorruptDataError` unless ``index`` is the index blob ``name`` designates for ``job``/``task``/
     ``store``: the same ``(job, task, store)`` and the ``(seq, token)`` its name holds."""
     parsed = parse_index_name(name)
@@ -118,34 +139,64 @@ def check_index_binding(index: SnapshotIndex, *, name: str, job: str, task: str,
         )
 
 
+def check_run_binding(header: FileHeader, entry: RunEntry, *, name: str, index: str, job: str, task: str,
+                      store: str) -> None:
+    """Raise :class:`CorruptDataError` unless the run file's header is the lineage ``entry`` of ``index`` names."""
+    expected = (KIND_RUN, job, task, store, entry.first_seq - 1, entry.last_seq, entry.checkpoint_id, entry.token)
+    found = (header.kind, header.job, header.task, header.store, header.base_seq, header.seq, header.checkpoint_id,
+             header.token)
+    if expected != found:
+        raise CorruptDataError(
+            f"run {name} that index {index} lists is intact but holds another lineage: expected (kind, job, task, "
+            f"store, base_seq, seq, checkpoint_id, token)={expected}, found {found}. Nothing was loaded: restore an "
+            f"older checkpoint or from another backend's marker"
+        )
+
+
 @attrs.frozen
-class ChunkRef:
-    """One chunk of a file: its content hash (also its blob name's last segment) and its byte count."""
+class RunEntry:
+    """One run of an index: its content hash (its blob name's last segment), size in bytes, record count, level
+    (0: one commit's change; n: a merge of level n-1 runs; base runs have the top level), and the versions it holds:
+    ``first_seq .. last_seq``, ``checkpoint_id``/``token`` being those of version ``last_seq``."""
 
     hash: str
     size: int
+    records: int
+    level: int
+    base: bool
+    first_seq: int
+    last_seq: int
+    checkpoint_id: str
+    token: str
+
+    @property
+    def version(self) -> LocalVersion:
+        """The local store version once this run (and every run before it) is applied."""
+        return LocalVersion(self.checkpoint_id, self.token)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hash": self.hash, "size": self.size, "records": self.records, "level": self.level, "base": self.base,
+            "first_seq": self.first_seq, "last_seq": self.last_seq, "checkpoint_id": self.checkpoint_id,
+            "token": self.token,
+        }
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> RunEntry:
+        base = item["base"]
+        if not isinstance(base, bool):
+            raise TypeError(f"expected a boolean 'base', got {base!r}")
+        return cls(
+            hash=_digest(item["hash"]), size=_count(item["size"]), records=_count(item["records"]),
+            level=_count(item["level"]), base=base, first_seq=_count(item["first_seq"]),
+            last_seq=_count(item["last_seq"]), checkpoint_id=_text(item["checkpoint_id"]),
+            token=_text(item["token"]),
+        )
 
 
 @attrs.frozen
-class FileEntry:
-    """One file of a snapshot: its name in the environment dir, size, whole-content hash and chunks in order."""
-
-    name: str
-    size: int
-    hash: str
-    chunks: tuple[ChunkRef, ...]
-
-    def offsets(self) -> Iterable[tuple[int, ChunkRef]]:
-        """``(offset, chunk)`` for every chunk, in file order."""
-        offset = 0
-        for chunk in self.chunks:
-            yield offset, chunk
-            offset += chunk.size
-
-
-@attrs.frozen
-class SnapshotIndex:
-    """The index blob of one snapshot. See the module docstring for the JSON layout."""
+class RunIndex:
+    """The index blob of one commit: the live runs, oldest first. See the module docstring for the JSON layout."""
 
     job: str
     task: str
@@ -153,61 +204,26 @@ class SnapshotIndex:
     checkpoint_id: str
     token: str
     seq: int
-    chunk_size: int
-    files: tuple[FileEntry, ...]
-    files_added: tuple[str, ...] = ()
-    files_removed: tuple[str, ...] = ()
-    chunks_added: tuple[str, ...] = ()
-    chunks_removed: tuple[str, ...] = ()
+    runs: tuple[RunEntry, ...]
+    key_count: int
     previous_index: str | None = None
     hash_algorithm: str = HASH_ALGORITHM
 
     @property
     def version(self) -> LocalVersion:
-        """The local store version this snapshot holds (the flush it was taken after)."""
+        """The local store version this index holds (the flush of its commit)."""
         return LocalVersion(self.checkpoint_id, self.token)
 
-    def chunk_hashes(self) -> set[str]:
-        return {chunk.hash for entry in self.files for chunk in entry.chunks}
+    def run_hashes(self) -> set[str]:
+        return {run.hash for run in self.runs}
 
-    def file(self, name: str) -> FileEntry | None:
-        return next((entry for entry in self.files if entry.name == name), None)
+    def blob_names(self, store_prefix: str) -> set[str]:
+        """Every run blob this index needs."""
+        return {run_name(store_prefix, run.hash) for run in self.runs}
 
-    @classmethod
-    def build(
-        cls,
-        *,
-        job: str,
-        task: str,
-        store: str,
-        version: LocalVersion,
-        seq: int,
-        chunk_size: int,
-        files: Iterable[FileEntry],
-        previous: SnapshotIndex | None,
-        previous_name: str | None,
-    ) -> SnapshotIndex:
-        """An index with the added/removed lists computed against ``previous`` (``None``: everything is added)."""
-        files = tuple(sorted(files, key=lambda entry: entry.name))
-        names = {entry.name for entry in files}
-        hashes = {chunk.hash for entry in files for chunk in entry.chunks}
-        old_names = {entry.name for entry in previous.files} if previous is not None else set()
-        old_hashes = previous.chunk_hashes() if previous is not None else set()
-        return cls(
-            job=job,
-            task=task,
-            store=store,
-            checkpoint_id=version.checkpoint_id,
-            token=version.token,
-            seq=seq,
-            chunk_size=chunk_size,
-            files=files,
-            files_added=tuple(sorted(names - old_names)),
-            files_removed=tuple(sorted(old_names - names)),
-            chunks_added=tuple(sorted(hashes - old_hashes)),
-            chunks_removed=tuple(sorted(old_hashes - hashes)),
-            previous_index=previous_name,
-        )
+    @property
+    def total_bytes(self) -> int:
+        return sum(run.size for run in self.runs)
 
     def encode(self) -> bytes:
         body = self._body()
@@ -215,7 +231,7 @@ class SnapshotIndex:
         return _canonical(body)
 
     @classmethod
-    def decode(cls, data: bytes, *, name: str) -> SnapshotIndex:
+    def decode(cls, data: bytes, *, name: str) -> RunIndex:
         """Parse and verify an index blob; errors name ``name``."""
         try:
             document = json.loads(data)
@@ -226,6 +242,8 @@ class SnapshotIndex:
         if document.get("schema") != SCHEMA:
             raise CorruptDataError(f"index blob {name} has schema {document.get('schema')!r}, expected {SCHEMA!r}")
         version = document.get("schema_version")
+        if version == 1:
+            raise IncompatibleFormatError(f"index blob {name}: {MIGRATION_V1}")
         if version != SCHEMA_VERSION:
             raise IncompatibleFormatError(
                 f"index blob {name} has schema_version {version!r}; this release reads {SCHEMA_VERSION}: upgrade "
@@ -235,15 +253,6 @@ class SnapshotIndex:
         if checksum != _checksum(document):
             raise CorruptDataError(f"index blob {name} failed its checksum; it was damaged after it was written")
         try:
-            files = tuple(
-                FileEntry(
-                    name=_text(f["name"]),
-                    size=_count(f["size"]),
-                    hash=_digest(f["hash"]),
-                    chunks=tuple(ChunkRef(_digest(c["hash"]), _count(c["size"])) for c in f["chunks"]),
-                )
-                for f in document["files"]
-            )
             index = cls(
                 job=_text(document["job"]),
                 task=_text(document["task"]),
@@ -251,24 +260,20 @@ class SnapshotIndex:
                 checkpoint_id=_text(document["checkpoint_id"]),
                 token=_text(document["token"]),
                 seq=_count(document["seq"]),
-                chunk_size=_count(document["chunk_size"]),
-                files=files,
-                files_added=tuple(_text(n) for n in document["files_added"]),
-                files_removed=tuple(_text(n) for n in document["files_removed"]),
-                chunks_added=tuple(_digest(h) for h in document["chunks_added"]),
-                chunks_removed=tuple(_digest(h) for h in document["chunks_removed"]),
+                runs=tuple(RunEntry.from_json(item) for item in document["runs"]),
+                key_count=_count(document["key_count"]),
                 previous_index=None if document["previous_index"] is None else _text(document["previous_index"]),
                 hash_algorithm=_text(document["hash_algorithm"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptDataError(f"index blob {name} is missing or has a malformed field: {exc!r}") from exc
         if index.hash_algorithm != HASH_ALGORITHM:
             raise IncompatibleFormatError(
                 f"index blob {name} uses hash {index.hash_algorithm!r}; this release knows {HASH_ALGORITHM!r}"
             )
-        for entry in index.files:
-            if sum(chunk.size for chunk in entry.chunks) != entry.size:
-                raise CorruptDataError(f"index blob {name}: the chunks of {entry.name} do not add up to its size")
+        problem = chain_problem(index.runs, index.seq)
+        if problem is not None:
+            raise CorruptDataError(f"index blob {name}: {problem}")
         return index
 
     def _body(self) -> dict[str, Any]:
@@ -282,22 +287,42 @@ class SnapshotIndex:
             "token": self.token,
             "seq": self.seq,
             "hash_algorithm": self.hash_algorithm,
-            "chunk_size": self.chunk_size,
-            "files": [
-                {
-                    "name": entry.name,
-                    "size": entry.size,
-                    "hash": entry.hash,
-                    "chunks": [{"hash": c.hash, "size": c.size} for c in entry.chunks],
-                }
-                for entry in self.files
-            ],
-            "files_added": list(self.files_added),
-            "files_removed": list(self.files_removed),
-            "chunks_added": list(self.chunks_added),
-            "chunks_removed": list(self.chunks_removed),
+            "key_count": self.key_count,
+            "runs": [run.to_json() for run in self.runs],
             "previous_index": self.previous_index,
         }
+
+
+def chain_problem(runs: Sequence[RunEntry], seq: int) -> str | None:
+    """Why ``runs`` (oldest first) are not a contiguous chain from the empty store up to at most ``seq``, or None."""
+    expected_first = 1
+    for position, run in enumerate(runs):
+        if run.first_seq != expected_first or run.last_seq < run.first_seq:
+            return (f"run {position} holds versions {run.first_seq}..{run.last_seq} where the chain needs it to start "
+                    f"at {expected_first}; the runs do not rebuild one history")
+        if run.base and (run.first_seq != 1 or position != 0):
+            return f"run {position} is a base run but is not the first run of the chain"
+        expected_first = run.last_seq + 1
+    if expected_first - 1 > seq:
+        return f"the runs reach version {expected_first - 1}, past the index's own seq {seq}"
+    return None
+
+
+def replace_runs(runs: Sequence[RunEntry], inputs: Iterable[RunEntry], output: RunEntry) -> tuple[RunEntry, ...] | None:
+    """``runs`` with the contiguous ``inputs`` replaced by their merge ``output``; None when ``inputs`` are not a
+    contiguous stretch of ``runs`` holding exactly the versions ``output`` holds."""
+    inputs = list(inputs)
+    if not inputs:
+        return None
+    try:
+        start = runs.index(inputs[0])
+    except ValueError:
+        return None
+    if list(runs[start:start + len(inputs)]) != inputs:
+        return None
+    if (inputs[0].first_seq, inputs[-1].last_seq) != (output.first_seq, output.last_seq):
+        return None
+    return (*runs[:start], output, *runs[start + len(inputs):])
 
 
 def _canonical(document: Mapping[str, Any]) -> bytes:
@@ -305,7 +330,7 @@ def _canonical(document: Mapping[str, Any]) -> bytes:
 
 
 def _checksum(body: Mapping[str, Any]) -> str:
-    return chunk_hash(_canonical(body))
+    return content_hash(_canonical(body))
 
 
 def _text(value: object) -> str:

@@ -42,16 +42,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-from statebackend.backends.changelog.format import (
-    FOOTER_SIZE,
-    HEADER_PREFIX_SIZE,
-    KIND_SNAPSHOT,
-    FileHeader,
-    check_digest,
-    header_size,
-    read_frame,
-    write_file,
-)
 from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding
 from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
@@ -66,6 +56,16 @@ from statebackend.errors import (
     StateBackendError,
 )
 from statebackend.fsutil import atomic_write
+from statebackend.recordfile import (
+    FOOTER_SIZE,
+    HEADER_PREFIX_SIZE,
+    KIND_SNAPSHOT,
+    FileHeader,
+    check_digest,
+    header_size,
+    read_frame,
+    write_file,
+)
 from statebackend.store import ChangeSet, LocalStore, ReadView
 
 __all__ = ["ChangelogBackupManager", "delta_name", "snapshot_name"]

@@ -18,9 +18,9 @@ import json
 from collections.abc import Iterator
 
 import attrs
-from statebackend.backends.changelog.format import KIND_DELTA, FileHeader
 
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
+from statebackend.recordfile import KIND_DELTA, FileHeader
 from statebackend.store import LocalVersion
 
 __all__ = ["MARKER_FORMAT", "Recipe", "Step", "check_blob_binding"]

@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Any, cast
 
 import attrs
-from statebackend.backends.changelog.format import KIND_DELTA, KIND_SNAPSHOT, FileHeader, check_digest, iter_records
 from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
 from statebackend.errors import NotFoundError, StateBackendError
+from statebackend.recordfile import KIND_DELTA, KIND_SNAPSHOT, FileHeader, check_digest, iter_records
 from statebackend.store import LocalStore
 
 __all__ = ["ChangelogRestoreManager"]

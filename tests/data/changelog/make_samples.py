@@ -22,7 +22,8 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
 
 from statebackend.backends.changelog import format as fmt
-from statebackend.backends.changelog.format import FORMAT_VERSION, FileHeader, encode
+
+from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
 
 DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
     (b"", b"the empty key sorts first"),

@@ -1,4 +1,8 @@
-"""The self-describing file format of the changelog-delta backend: per-commit DELTA files and SNAPSHOT files.
+"""The sorted record file: the self-describing on-blob format of sorted records that both backends write.
+
+The changelog-delta backend writes DELTA files (one commit's change) and SNAPSHOT files (a whole store); the
+blob-snapshot backend writes RUN files (the merged changes of a range of commits, tombstones included, or a whole store
+as its base run). Any backend may use it.
 
 Contract:
 
@@ -49,6 +53,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_PREFIX_SIZE",
     "KIND_DELTA",
+    "KIND_RUN",
     "KIND_SNAPSHOT",
     "MAGIC",
     "MAGIC_END",
@@ -76,7 +81,10 @@ SUPPORTED_FORMAT_VERSIONS = (1, 2)
 
 KIND_DELTA = "delta"
 KIND_SNAPSHOT = "snapshot"
-_KIND_CODES = {KIND_DELTA: 1, KIND_SNAPSHOT: 2}
+KIND_RUN = "run"
+_KIND_CODES = {KIND_DELTA: 1, KIND_SNAPSHOT: 2, KIND_RUN: 3}
+#: kinds whose records may be deletes (tombstones)
+_DELETE_KINDS = frozenset({KIND_DELTA, KIND_RUN})
 _KIND_NAMES = {code: kind for kind, code in _KIND_CODES.items()}
 
 _COMPRESSION_CODES = {"none": 0, "zstd": 1}
@@ -143,10 +151,12 @@ def _check_kind(instance: Any, attribute: attrs.Attribute[Any], value: str) -> N
 
 @attrs.frozen
 class FileHeader:
-    """The lineage a delta or snapshot file carries in its header.
+    """The lineage a file carries in its header.
 
     A delta at ``seq`` applies on version ``base_seq = seq - 1`` (version 0 is the empty store, so the first delta
-    has seq 1); a snapshot is version ``seq`` itself (``base_seq == seq``).
+    has seq 1); a snapshot is version ``seq`` itself (``base_seq == seq``); a run holds the changes of versions
+    ``base_seq + 1 .. seq`` and applies on version ``base_seq`` (a base run: ``base_seq == 0``, on the empty store).
+    ``checkpoint_id`` and ``token`` are those of version ``seq``.
     """
 
     kind: str = attrs.field(validator=_check_kind)
@@ -164,6 +174,11 @@ class FileHeader:
             raise StateBackendError(
                 f"a delta needs seq >= 1 and base_seq == seq - 1 (the version it applies on), "
                 f"got seq={self.seq} base_seq={self.base_seq}"
+            )
+        if self.kind == KIND_RUN and not 0 <= self.base_seq < self.seq:
+            raise StateBackendError(
+                f"a run needs 0 <= base_seq < seq (it holds versions base_seq+1..seq), got seq={self.seq} "
+                f"base_seq={self.base_seq}"
             )
         if self.kind == KIND_SNAPSHOT and (self.seq < 0 or self.base_seq != self.seq):
             raise StateBackendError(
@@ -251,7 +266,7 @@ def write_file(
             emit(compress(data))
 
     write_body = _write_body_v1 if version == 1 else _write_body_v2
-    count, raw_bytes = write_body(records, emit_body, allow_delete=header.kind == KIND_DELTA)
+    count, raw_bytes = write_body(records, emit_body, allow_delete=header.kind in _DELETE_KINDS)
     if finish is not None:
         emit(finish())
 
@@ -442,7 +457,7 @@ def read_frame(head: bytes, tail: bytes, size: int, *, name: str) -> FileHeader:
 def verify(data: bytes, *, name: str) -> FileHeader:
     """Check a whole file: magic, version, header CRC, lengths, digest, every record and the record count."""
     header, compression, header_end, body_end, count = _open_bytes(data, name=name, check_digest=True)
-    allow_delete = header.kind == KIND_DELTA
+    allow_delete = header.kind in _DELETE_KINDS
     if header.format_version == 1:
         found = _drain(_parse_records(_body_blocks(data, header_end, body_end, compression, name=name), name=name,
                                       allow_delete=allow_delete, emit=False))
@@ -475,7 +490,7 @@ def iter_records(source: bytes | BinaryIO, *, name: str, verified: bool = False)
         if not verified:
             verify(data, name=name)
         header, compression, header_end, body_end, count = _open_bytes(data, name=name, check_digest=False)
-        allow_delete = header.kind == KIND_DELTA
+        allow_delete = header.kind in _DELETE_KINDS
 
         def check_count(found: int) -> None:
             _check_count(found, count, name=name)
@@ -910,7 +925,7 @@ def _open_stream(source: BinaryIO, *, name: str) -> RecordReader:
 
 def _stream_records(body: _StreamBody, header: FileHeader, compression: str, header_end: int,
                     *, name: str) -> Iterator[Record]:
-    allow_delete = header.kind == KIND_DELTA
+    allow_delete = header.kind in _DELETE_KINDS
 
     def finish(found: int) -> None:
         _finish_stream(body, header_end, found, name=name)
