@@ -13,7 +13,7 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from statebackend.backends.changelog import format as fmt
+from statebackend import recordfile as fmt
 
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import (

@@ -17,9 +17,9 @@ Per commit and store:
 
 Compaction (one at a time per store, on a process-wide compaction thread; never on the task thread, never awaited
 by a commit): size-tiered. When ``compaction.fanout`` runs of one level exist, the oldest of them are merged into one
-run of the next level (newest value per key; tombstones dropped when nothing older is below). When the runs above
-the base add up to ``compaction.full.ratio`` times the base's size, a new base run is written from an LMDB read
-view of the last committed version (the local store already is the merge of every run). The result is uploaded in
+run of the next level (newest value per key, tombstones kept). When the runs above the bottom run (the base, or the
+first run of a chain that began on the empty store) add up to ``compaction.full.ratio`` times its size, a new base
+run is written from an LMDB read view of the last committed version (the local store already is the merge of every run). The result is uploaded in
 the background and a later commit's index lists it in place of its inputs; it is recorded in the store dir, so a
 result that an open closed before adopting is adopted by the next open. Write amplification and space bound:
 docs/formats-blobsnapshot.md.
@@ -663,8 +663,10 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             if state.compaction is not None:
                 return False
             runs = tuple(state.runs)
-            upper = [run for run in runs if not run.base]
-            base_bytes = runs[0].size if runs and runs[0].base else 0
+            # the bottom run (a base run, or the first run of a chain that started on the empty store) is only ever
+            # replaced by a full compaction; the runs above it are merged by tiers
+            upper = list(runs[1:])
+            base_bytes = runs[0].size if runs else 0
             upper_bytes = sum(run.size for run in upper)
             pool = _compaction_pools.get(1)
             if upper and view.version == upper[-1].version and upper_bytes >= max(
@@ -691,17 +693,16 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         return self._publish_compaction(state, inputs, output, generation)
 
     def _compact_merge(self, state: _StoreState, inputs: tuple[RunEntry, ...], generation: int) -> _Compacted:
-        """Merge contiguous runs into one of the next level: the newest value of each key; tombstones are dropped
-        when the merged run is the oldest of the chain (nothing below for them to hide)."""
+        """Merge contiguous runs above the bottom run into one of the next level: the newest value of each key, and
+        the tombstones (the bottom run below may hold the keys they delete)."""
         context = self.context
         with _in_flight([state.staging, state.cache]):
             sources = [read_run(context.blob_store, state.prefix, run, index="(compaction)", job=context.job_name,
                                 task=context.task_name, store=state.name, local=state.cached(run))
                        for run in inputs]
-            bottom = inputs[0].first_seq == 1
             records = _merge([iter_records(data, name=run_name(state.prefix, run.hash), verified=True)
                               for run, data in zip(inputs, sources, strict=True)],
-                             total=sum(run.records for run in inputs), drop_tombstones=bottom)
+                             total=sum(run.records for run in inputs), drop_tombstones=inputs[0].first_seq == 1)
             del sources
             last = inputs[-1]
             output = self._write_run(state, records, first_seq=inputs[0].first_seq, last_seq=last.last_seq,

@@ -21,7 +21,7 @@ import attrs
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
 
-from statebackend.backends.changelog import format as fmt
+from statebackend import recordfile as fmt
 
 from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
 
