@@ -1,7 +1,7 @@
 """Everything a marker names is bound to its name and checked (both backends).
 
 A checksum proves that a blob is intact, not that it is the blob the marker named. For every blob kind of both
-backends (changelog: delta, snapshot; blob-snapshot: index, chunk) and every damage (a flipped byte, a cut, a
+backends (changelog: delta, snapshot; blob-snapshot: index, run) and every damage (a flipped byte, a cut, a
 deletion, an older blob of the same kind over the name, another task's or another store's blob of the same kind over
 the name), restoring the newest checkpoint must raise :class:`CorruptDataError` or :class:`NotFoundError` naming the
 damaged blob, never load a different state.
@@ -9,7 +9,7 @@ damaged blob, never load a different state.
 One scenario per backend is committed once per module (two tasks, two stores, every blob ever written recorded), and
 each case restores from a fresh copy of its blob store into an empty local dir (the full-restore path). A second
 matrix keeps the local store one commit behind, so the changelog backend catches up by deltas and the blob-snapshot
-backend rebuilds from an older local copy.
+backend catches up by the runs after its local version.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 import pytest
-from statebackend.backends.blobsnapshot.format import SnapshotIndex, chunk_name, parse_index_name
+from statebackend.backends.blobsnapshot.format import RunIndex, parse_index_name, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.backends.changelog.marker import Recipe
 
@@ -50,7 +50,6 @@ CONFIGS: dict[str, dict[str, object]] = {
         "stores.counts.restore.factory": "blobsnapshot",
         "stores.other.backup.factories": "blobsnapshot",
         "stores.other.restore.factory": "blobsnapshot",
-        "blobsnapshot.chunk.size": "64KiB",
         "blobsnapshot.gc.on.init": "false",
     },
 }
@@ -60,7 +59,7 @@ KINDS = [
     ("changelog", "delta", "delta/"),
     ("changelog", "snapshot", "snapshot/"),
     ("blobsnapshot", "index", "index/"),
-    ("blobsnapshot", "chunk", "chunks/"),
+    ("blobsnapshot", "run", "runs/"),
 ]
 
 
@@ -141,7 +140,7 @@ def _run_task(task_name: str, backend: str, local: Path, blobs: BlobStore, url: 
         with ThreadPoolExecutor(2) as pool, TaskStorage.open(config, task_name, blob_store=blobs,
                                                              executor=pool) as task:
             for round_no in rounds:
-                if round_no == 0:  # bulk that later rounds leave alone: several chunks, most reused
+                if round_no == 0:  # bulk that later rounds leave alone: the first run is big, later ones small
                     for i in range(4000):
                         key, value = f"b{i:05d}".encode(), f"bulk-{shift}-{i}-".encode() * 4
                         task.store("counts").put(key, value)
@@ -163,9 +162,11 @@ def _needed(backend: str, blobs: BlobStore, checkpoint: Any) -> dict[str, list[s
         deltas = [d.name for d in recipe.deltas if d.name is not None]
         assert deltas, "the scenario needs deltas after the snapshot"
         return {"snapshot": [recipe.snapshot.name], "delta": deltas}
-    index = SnapshotIndex.decode(blobs.get(marker), name=marker)
+    index = RunIndex.decode(blobs.get(marker), name=marker)
     prefix = f"{JOB}/task-0/counts/blobsnapshot/"
-    return {"index": [marker], "chunk": sorted(chunk_name(prefix, h) for h in index.chunk_hashes())}
+    assert len(index.runs) > 1, "the scenario needs several runs"
+    # oldest first: the last one is the newest commit's run, the only one a store one commit behind downloads
+    return {"index": [marker], "run": [run_name(prefix, run.hash) for run in index.runs]}
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +274,7 @@ def test_damaged_blob_is_refused_naming_it_on_a_full_restore(
 
 
 CATCH_UP_KINDS = [("changelog", "delta", "delta/"), ("blobsnapshot", "index", "index/"),
-                  ("blobsnapshot", "chunk", "chunks/")]
+                  ("blobsnapshot", "run", "runs/")]
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
@@ -282,8 +283,10 @@ def test_damaged_blob_is_refused_naming_it_when_the_local_store_is_one_commit_be
     scenarios: dict[str, Scenario], tmp_path: Path, backend: str, kind: str, folder: str, damage: Damage
 ) -> None:
     scenario = scenarios[backend]
-    # the newest delta (the only one a store one commit behind downloads), the newest index, a chunk it added
-    victim = max(_chunks_new_in_the_last_index(scenario)) if kind == "chunk" else scenario.needed[kind][-1]
+    # the newest delta or run (the only one a store one commit behind downloads), the newest index
+    victim = scenario.needed[kind][-1]
+    if kind == "run":
+        assert victim not in _runs_of_the_older_index(scenario), "the last commit added no run"
     blobs = scenario.fresh_blob_store()
     damage(scenario, blobs, victim, folder)
     local = tmp_path / "local"
@@ -291,14 +294,13 @@ def test_damaged_blob_is_refused_naming_it_when_the_local_store_is_one_commit_be
     _restore_fails_naming(scenario, blobs, local, victim)
 
 
-def _chunks_new_in_the_last_index(scenario: Scenario) -> set[str]:
-    """Chunks the newest index lists that the local copy one commit behind lacks (only those are downloaded)."""
+def _runs_of_the_older_index(scenario: Scenario) -> set[str]:
+    """The runs the index one commit before the newest lists (what the local copy one commit behind holds)."""
     marker = scenario.needed["index"][0]
-    index = SnapshotIndex.decode(scenario.final[marker][0], name=marker)
-    prefix = scenario.prefix()
-    added = {chunk_name(prefix, h) for h in index.chunks_added}
-    assert added, "the last commit changed no chunk"
-    return added
+    index = RunIndex.decode(scenario.final[marker][0], name=marker)
+    assert index.previous_index is not None
+    older = RunIndex.decode(scenario.final[index.previous_index][0], name=index.previous_index)
+    return {run_name(scenario.prefix(), run.hash) for run in older.runs}
 
 
 def test_scenarios_hold_what_the_matrix_needs(scenarios: dict[str, Scenario]) -> None:
@@ -327,9 +329,8 @@ def test_undamaged_blobs_restore_exactly(scenarios: dict[str, Scenario], tmp_pat
     config = make_config(backend, tmp_path / "older", f"memory://{uuid.uuid4().hex}")
     with TaskStorage.open(config, "task-0", blob_store=scenario.fresh_blob_store()) as task:
         assert dict(task.store("counts").items()) == dict(scenario.model)
-        # the second matrix exercises the partial paths: catch-up by deltas, rebuild reusing local chunks
-        if backend == "changelog":
-            assert task.metrics.counter("restore.stores.caught.up") == 2
-        else:
-            assert task.metrics.counter("restore.stores.full") == 2
-            assert task.metrics.counter("restore.bytes.reused") > 0
+        # the second matrix exercises the partial paths: catch-up by deltas, catch-up by runs
+        assert task.metrics.counter("restore.stores.caught.up") == 2
+        assert task.metrics.counter("restore.stores.full") == 0
+        if backend == "blobsnapshot":
+            assert task.metrics.counter("restore.runs.applied") == 2  # the newest run of each of the two stores

@@ -1,5 +1,6 @@
 """The blob-snapshot backend end to end through TaskStorage and the commit protocol, on real LMDB and the in-memory
-blob store (the fake that passes the blob store contract suite), plus its index format."""
+blob store (the fake that passes the blob store contract suite), plus its index format and stored samples.
+Compaction, catch-up and the LSM-specific guarantees: tests/test_blobsnapshot_lsm.py."""
 
 from __future__ import annotations
 
@@ -9,14 +10,19 @@ import uuid
 from pathlib import Path
 from typing import Any, ClassVar
 
+import attrs
 import pytest
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from statebackend.backends.blobsnapshot.format import SCHEMA_VERSION, SnapshotIndex, chunk_name
+from statebackend.backends.blobsnapshot.format import SCHEMA_VERSION, RunEntry, RunIndex, content_hash, run_name
 from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
+from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
+from statebackend.recordfile import iter_records
+from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.controlled import ControlledBlobStore
@@ -30,7 +36,6 @@ class TestBlobSnapshotBackend(BackendContract):
     backup_factories: ClassVar[str] = "blobsnapshot"
     extra_config: ClassVar[dict[str, Any]] = {
         "stores.counts.restore.factory": "blobsnapshot",
-        "blobsnapshot.chunk.size": "64KiB",
     }
 
 
@@ -41,7 +46,6 @@ def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
         "blob.store.url": f"memory://{uuid.uuid4().hex}",
         "stores.counts.backup.factories": "blobsnapshot",
         "stores.counts.restore.factory": "blobsnapshot",
-        "blobsnapshot.chunk.size": "64KiB",
         "blobsnapshot.gc.on.init": "false",
         "task.checkpoint.retained": 2,
     }
@@ -68,8 +72,8 @@ def backup_manager(task: TaskStorage) -> BlobSnapshotBackupManager:
     return manager
 
 
-def chunk_blobs(blobs: MemoryBlobStore, prefix: str = PREFIX) -> set[str]:
-    return set(blobs.list(prefix + "chunks/"))
+def run_blobs(blobs: MemoryBlobStore, prefix: str = PREFIX) -> set[str]:
+    return set(blobs.list(prefix + "runs/"))
 
 
 def index_blobs(blobs: MemoryBlobStore, prefix: str = PREFIX) -> list[str]:
@@ -85,22 +89,29 @@ def uploaded_by(task: TaskStorage, offsets: dict[str, str]) -> float:
 # -- commit and restore ---------------------------------------------------------------------------------------------
 
 
-def test_first_snapshot_uploads_every_chunk_and_an_index_naming_them(tmp_path: Path) -> None:
+def read_marker_index(blobs: MemoryBlobStore, checkpoint: Any) -> RunIndex:
+    marker = checkpoint.markers_for("blobsnapshot")["counts"]
+    return RunIndex.decode(blobs.get(marker), name=marker)
+
+
+def test_first_commit_uploads_one_run_and_an_index_naming_it(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(make_config(tmp_path), "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 5000, "a")
         checkpoint = task.commit_durably({"input": "0"})
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    index = SnapshotIndex.decode(blobs.get(marker), name=marker)
-    assert [f.name for f in index.files] == ["data.mdb"]
-    assert index.files_added == ("data.mdb",) and index.previous_index is None
-    assert {chunk_name(PREFIX, h) for h in index.chunk_hashes()} == chunk_blobs(blobs)
-    assert len(index.files[0].chunks) > 1
+    index = read_marker_index(blobs, checkpoint)
+    assert len(index.runs) == 1 and index.previous_index is None
+    run = index.runs[0]
+    # a store that started empty: its first run holds version 1 of the chain, key order, every key
+    assert (run.first_seq, run.last_seq, run.records, run.level) == (1, 1, 5000, 0)
+    assert index.blob_names(PREFIX) == run_blobs(blobs)
+    assert blobs.head(run_name(PREFIX, run.hash)).size == run.size
+    assert index.key_count == 5000 and index.seq == 1
     assert index.version.checkpoint_id == str(checkpoint.checkpoint_id)
 
 
-def test_restart_reuses_local_state_verified_by_content_hash(tmp_path: Path) -> None:
+def test_restart_reuses_local_state_by_its_version(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
@@ -111,27 +122,29 @@ def test_restart_reuses_local_state_verified_by_content_hash(tmp_path: Path) -> 
         assert contents(task) == model
         assert task.metrics.counter("restore.stores.reused") == 1
         assert task.metrics.counter("restore.bytes") == 0
+        assert task.metrics.counter("restore.runs.applied") == 0
 
 
-def test_same_version_with_different_bytes_is_not_reused(tmp_path: Path) -> None:
-    """The version alone is never trusted: local data changed behind the store's back is rebuilt."""
+def test_local_data_of_another_version_is_rebuilt_from_the_runs(tmp_path: Path) -> None:
+    """Local data whose recorded version is no version of the index's chain (written after the checkpoint and never
+    committed) is not reused: every run is applied again from the empty store."""
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 3000, "a")
         task.commit_durably({"input": "0"})
+        fill(task, model, 0, 100, "b")
+        task.commit_durably({"input": "1"})
         store = task.stores["counts"]
-        version = store.version
-        # same key count and version, different value bytes
-        store.put(b"k0000001", b"tampered-value-of-the-same-len"[: len(model[b"k0000001"])])
-        store.flush(version)
+        store.put(b"k0000001", b"never committed")
+        store.put(b"zzz-extra", b"never committed either")
+        store.flush(LocalVersion("1700000000000-1", "not-a-commit"))
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         assert task.metrics.counter("restore.stores.reused") == 0
         assert task.metrics.counter("restore.stores.full") == 1
-        # all but the changed chunk(s) came from local disk
-        assert task.metrics.counter("restore.bytes.reused") > task.metrics.counter("restore.bytes")
+        assert task.metrics.counter("restore.runs.applied") == 2
 
 
 def test_wiped_local_dir_restores_exactly(tmp_path: Path) -> None:
@@ -150,6 +163,7 @@ def test_wiped_local_dir_restores_exactly(tmp_path: Path) -> None:
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         assert task.metrics.counter("restore.stores.full") == 1
+        assert task.metrics.counter("restore.runs.applied") == 4
         assert task.restored is not None and task.restored.input_offsets == {"input": "3"}
         # and it goes on committing from the restored state
         fill(task, model, 9000, 10, "after")
@@ -173,22 +187,29 @@ def test_file_blob_store_round_trip(tmp_path: Path) -> None:
         assert contents(task) == model
 
 
-def test_no_change_commit_uploads_little_and_restores_the_same_state(tmp_path: Path) -> None:
+def test_no_change_commit_uploads_only_an_index_and_restores_the_same_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 5000, "a")
-        first = uploaded_by(task, {"input": "0"})
+        first_checkpoint = task.commit_durably({"input": "0"})
+        runs_before = run_blobs(blobs)
         second = uploaded_by(task, {"input": "1"})
-        # only the chunk holding the meta page (new version token) plus the index
-        assert second < first / 4
+        assert task.metrics.counter("blobsnapshot.runs.uploaded") == 1
+        assert run_blobs(blobs) == runs_before
+        latest = task.commit_manager.last_checkpoint
+        assert latest is not None
+        index = read_marker_index(blobs, latest)
+        assert index.runs == read_marker_index(blobs, first_checkpoint).runs and index.seq == 2
+        assert second == len(blobs.get(latest.markers_for("blobsnapshot")["counts"]))  # the index, nothing else
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
+        assert task.restored is not None and task.restored.input_offsets == {"input": "1"}
 
 
-def test_small_change_reuses_chunks_and_uploads_fewer_bytes(tmp_path: Path) -> None:
+def test_small_change_uploads_a_small_run(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
@@ -198,53 +219,57 @@ def test_small_change_reuses_chunks_and_uploads_fewer_bytes(tmp_path: Path) -> N
         fill(task, model, 10_000, 5, "b")
         second = uploaded_by(task, {"input": "1"})
         assert second < first / 4
-        assert task.metrics.counter("commit.bytes.reused") > 0
         latest = task.commit_manager.last_checkpoint
         assert latest is not None
-        index = SnapshotIndex.decode(blobs.get(latest.markers_for("blobsnapshot")["counts"]), name="latest")
-        assert index.previous_index is not None and 0 < len(index.chunks_added) < len(index.files[0].chunks)
-        assert index.files_added == () and index.files_removed == ()
+        index = read_marker_index(blobs, latest)
+        assert index.previous_index is not None and len(index.runs) == 2
+        assert index.runs[-1].records == 5 and (index.runs[-1].first_seq, index.runs[-1].last_seq) == (2, 2)
+        assert index.runs[-1].size < index.runs[0].size / 20
+        # the commit uploaded the new run and the index, nothing of the first run
+        assert second == index.runs[-1].size + len(blobs.get(latest.markers_for("blobsnapshot")["counts"]))
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
 
 
-def test_everything_changed_uploads_a_whole_new_set_of_chunks(tmp_path: Path) -> None:
+def test_deletes_are_tombstones_in_the_run_and_restore_exactly(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 5000, "a")
+        fill(task, model, 0, 1000, "a")
         task.commit_durably({"input": "0"})
-        fill(task, model, 0, 5000, "B")
+        for i in range(0, 1000, 3):
+            key = f"k{i:07d}".encode()
+            task.store("counts").delete(key)
+            del model[key]
+        task.store("counts").delete(b"never-there")
         checkpoint = task.commit_durably({"input": "1"})
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    index = SnapshotIndex.decode(blobs.get(marker), name=marker)
-    assert set(index.chunks_added) == index.chunk_hashes()
-    assert index.chunks_removed  # every chunk of the previous snapshot is gone from this one
+    index = read_marker_index(blobs, checkpoint)
+    last = index.runs[-1]
+    records = list(iter_records(blobs.get(run_name(PREFIX, last.hash)), name="run"))
+    assert records and all(value is None for _, value in records)
+    assert {key for key, _ in records} >= {f"k{i:07d}".encode() for i in range(0, 1000, 3)}
+    assert index.key_count == len(model)
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
 
 
-def test_index_records_chunks_added_removed_and_retained(tmp_path: Path) -> None:
+def test_index_names_its_previous_index_and_appends_the_new_run(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 20_000, "a")
+        fill(task, model, 0, 2000, "a")
         first = task.commit_durably({"input": "0"})
-        fill(task, model, 15_000, 2, "b")
+        fill(task, model, 1500, 2, "b")
         second = task.commit_durably({"input": "1"})
-    a_name = first.markers_for("blobsnapshot")["counts"]
-    b_name = second.markers_for("blobsnapshot")["counts"]
-    a = SnapshotIndex.decode(blobs.get(a_name), name=a_name)
-    b = SnapshotIndex.decode(blobs.get(b_name), name=b_name)
-    assert b.previous_index == a_name
-    assert set(b.chunks_added) == b.chunk_hashes() - a.chunk_hashes()
-    assert set(b.chunks_removed) == a.chunk_hashes() - b.chunk_hashes()
-    retained = a.chunk_hashes() & b.chunk_hashes()
-    assert retained and b.chunks_added and b.chunks_removed
+    a = read_marker_index(blobs, first)
+    b = read_marker_index(blobs, second)
+    assert b.previous_index == first.markers_for("blobsnapshot")["counts"]
+    assert b.runs[:-1] == a.runs and b.runs[-1].first_seq == a.runs[-1].last_seq + 1
+    assert b.runs[-1].version == b.version
 
 
 def test_store_dropped_from_config_leaves_the_others_restorable(tmp_path: Path) -> None:
@@ -287,11 +312,14 @@ def _committed_twice(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[dict[str, 
     return config, older, checkpoint.markers_for("blobsnapshot")["counts"]
 
 
-def test_corrupt_chunk_is_named_never_loaded_and_previous_local_state_stays(tmp_path: Path) -> None:
+def _newest_run(blobs: MemoryBlobStore, marker: str) -> str:
+    return run_name(PREFIX, RunIndex.decode(blobs.get(marker), name=marker).runs[-1].hash)
+
+
+def test_corrupt_run_is_named_never_loaded_and_previous_local_state_stays(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config, older, marker = _committed_twice(tmp_path, blobs)
-    index = SnapshotIndex.decode(blobs.get(marker), name=marker)
-    victim = chunk_name(PREFIX, next(iter(sorted(set(index.chunks_added)))))
+    victim = _newest_run(blobs, marker)
     data = bytearray(blobs.get(victim))
     data[len(data) // 2] ^= 0x01
     blobs.put(victim, bytes(data))
@@ -303,11 +331,10 @@ def test_corrupt_chunk_is_named_never_loaded_and_previous_local_state_stays(tmp_
         assert task.metrics.counter("restore.stores.reused") == 1
 
 
-def test_missing_chunk_is_named_and_nothing_is_swapped_in(tmp_path: Path) -> None:
+def test_missing_run_is_named_and_nothing_is_applied(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config, older, marker = _committed_twice(tmp_path, blobs)
-    index = SnapshotIndex.decode(blobs.get(marker), name=marker)
-    victim = chunk_name(PREFIX, max(index.chunks_added))
+    victim = _newest_run(blobs, marker)
     blobs.delete(victim)
     with pytest.raises(NotFoundError) as excinfo:
         TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -331,7 +358,7 @@ def test_corrupt_or_truncated_index_is_named(tmp_path: Path) -> None:
     config, _, marker = _committed_twice(tmp_path, blobs)
     original = blobs.get(marker)
     document = json.loads(original)
-    document["files"][0]["chunks"][0]["size"] += 1  # still valid JSON; the checksum no longer matches
+    document["runs"][0]["size"] += 1  # still valid JSON; the checksum no longer matches
     blobs.put(marker, json.dumps(document).encode())
     with pytest.raises(CorruptDataError, match="checksum") as excinfo:
         TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -342,49 +369,117 @@ def test_corrupt_or_truncated_index_is_named(tmp_path: Path) -> None:
     assert marker in str(excinfo.value)
 
 
+def test_index_with_a_broken_chain_is_refused_even_with_a_valid_checksum() -> None:
+    """An index whose runs do not rebuild one history (a gap) is refused at decode, whatever its checksum says."""
+    index = _sample_index()
+    gap = attrs.evolve(index.runs[1], first_seq=index.runs[1].first_seq + 1)
+    broken = attrs.evolve(index, runs=(index.runs[0], gap, *index.runs[2:]))
+    with pytest.raises(CorruptDataError, match="chain") as excinfo:
+        RunIndex.decode(broken.encode(), name="x/index/000000000007-tok-7.json")
+    assert "x/index/000000000007-tok-7.json" in str(excinfo.value)
+
+
 def test_index_of_a_future_schema_version_is_rejected_as_incompatible() -> None:
     document = json.loads(_sample_index().encode())
     document["schema_version"] = SCHEMA_VERSION + 1
     with pytest.raises(IncompatibleFormatError, match="schema_version"):
-        SnapshotIndex.decode(json.dumps(document).encode(), name="x/index/000000000001-t.json")
+        RunIndex.decode(json.dumps(document).encode(), name="x/index/000000000001-t.json")
 
 
 def test_index_round_trips_through_its_encoding() -> None:
     index = _sample_index()
-    assert SnapshotIndex.decode(index.encode(), name="i") == index
+    assert RunIndex.decode(index.encode(), name="i") == index
 
 
-def test_stored_v1_index_sample_still_reads() -> None:
-    """A sample written by schema version 1 (tests/data/blobsnapshot/index-v1.json) stays readable."""
-    path = Path(__file__).parent / "data" / "blobsnapshot" / "index-v1.json"
-    index = SnapshotIndex.decode(path.read_bytes(), name=str(path))
-    assert index == _sample_index()
+def test_stored_v1_index_sample_is_refused_naming_the_migration_path() -> None:
+    """A sample written by schema version 1 (tests/data/blobsnapshot/index-v1.json): whole-environment chunks are no
+    longer read, and the error says how to migrate."""
+    path = SAMPLES / "index-v1.json"
+    with pytest.raises(IncompatibleFormatError) as excinfo:
+        RunIndex.decode(path.read_bytes(), name=str(path))
+    message = str(excinfo.value)
+    assert str(path) in message and "schema version 1" in message
+    assert "changelog" in message and "backup.factories" in message and "base run" in message
+    assert "docs/formats-blobsnapshot.md" in message
 
 
-def _sample_index() -> SnapshotIndex:
-    from statebackend.backends.blobsnapshot.format import ChunkRef, FileEntry, chunk_hash
+def test_stored_v1_index_is_refused_at_restore_naming_the_migration_path(tmp_path: Path) -> None:
+    """A checkpoint whose only marker for the store is a schema-1 index: the open fails, naming the index and the
+    migration path (with another backend's marker, restore falls back to it: tests/test_migration.py)."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, {}, 0, 10, "a")
+        checkpoint = task.commit_durably({"input": "0"})
+    marker = checkpoint.markers_for("blobsnapshot")["counts"]
+    blobs.put(marker, (SAMPLES / "index-v1.json").read_bytes())
+    shutil.rmtree(tmp_path / "local")
+    with pytest.raises(IncompatibleFormatError) as excinfo:
+        TaskStorage.open(config, "task-0", blob_store=blobs)
+    assert marker in str(excinfo.value) and "schema version 1" in str(excinfo.value)
 
-    from statebackend.store import LocalVersion
 
-    chunks = (ChunkRef(chunk_hash(b"one"), 3), ChunkRef(chunk_hash(b"two!"), 4))
-    return SnapshotIndex.build(
-        job="job", task="task-0", store="counts", version=LocalVersion("1700000000000-123456", "00112233aabbccdd"),
-        seq=7, chunk_size=65536, files=[FileEntry("data.mdb", 7, chunk_hash(b"onetwo!"), chunks)],
-        previous=None, previous_name=None,
+def test_stored_v2_sample_decodes_re_encodes_byte_for_byte_and_restores_exactly(tmp_path: Path) -> None:
+    """The stored schema-2 sample (tests/data/blobsnapshot/make_samples.py): the index decodes and encodes back to
+    the same bytes, every run is the hash its index names, and a restore of it gives exactly the expected store."""
+    expected = json.loads((SAMPLES / "expected-v2.json").read_text())
+    name = expected["index_name"]
+    data = (SAMPLES / "index-v2.json").read_bytes()
+    index = RunIndex.decode(data, name=name)
+    assert index.encode() == data
+    assert [run.base for run in index.runs] == [True, False, False] and index.seq == 7
+    assert index.runs[-1].last_seq == 6  # commit 7 changed nothing
+    prefix = "sample-job/task-0/counts/blobsnapshot/"
+    blobs = MemoryBlobStore()
+    blobs.put(name, data)
+    for run in index.runs:
+        run_bytes = (SAMPLES / "runs-v2" / run.hash).read_bytes()
+        assert content_hash(run_bytes) == run.hash and len(run_bytes) == run.size
+        blobs.put(run_name(prefix, run.hash), run_bytes)
+    want = {bytes.fromhex(k): bytes.fromhex(v) for k, v in expected["contents"].items()}
+    assert index.key_count == len(want)
+    config = make_config(tmp_path, **{"job.name": "sample-job"})
+    with TaskStorage.open(config, "task-0", blob_store=MemoryBlobStore()) as task:
+        context = BackendContext(
+            factory_name="blobsnapshot", job_name="sample-job", task_name="task-0", stores=task.stores,
+            blob_store=blobs, checkpoint_log=task.checkpoint_log, executor=task.commit_manager.executor,
+            metrics=task.metrics,
+        )
+        manager = BlobSnapshotRestoreManager(context=context)
+        manager.init(CheckpointV2(CheckpointId.parse(index.checkpoint_id), {"input": "0"},
+                                  {"blobsnapshot": {"counts": name}}))
+        manager.restore()
+        assert contents(task) == want
+        assert task.stores["counts"].version == index.version
+        assert task.metrics.counter("restore.runs.applied") == 3
+
+
+SAMPLES = Path(__file__).parent / "data" / "blobsnapshot"
+
+
+def _sample_index() -> RunIndex:
+    def entry(seed: bytes, first: int, last: int, level: int, base: bool) -> RunEntry:
+        return RunEntry(hash=content_hash(seed), size=100 + last, records=10 * last, level=level, base=base,
+                        first_seq=first, last_seq=last, checkpoint_id=f"1700000000000-{last:06d}", token=f"tok-{last}")
+
+    return RunIndex(
+        job="job", task="task-0", store="counts", checkpoint_id="1700000000000-000007", token="tok-7", seq=7,
+        runs=(entry(b"base", 1, 3, 1 << 16, True), entry(b"merged", 4, 5, 1, False), entry(b"one", 6, 6, 0, False)),
+        key_count=42, previous_index="job/task-0/counts/blobsnapshot/index/000000000006-tok-6.json",
     )
 
 
 # -- failures during commit ------------------------------------------------------------------------------------------
 
 
-def test_failed_chunk_upload_fails_the_commit_and_the_next_one_recovers(tmp_path: Path) -> None:
+def test_failed_run_upload_fails_the_commit_and_the_next_one_recovers(tmp_path: Path) -> None:
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 2000, "a")
         task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/chunks/" in name), 1
+        blobs.fail, blobs.failures_left = (lambda name: "/runs/" in name), 1
         fill(task, model, 0, 2000, "b")
         failed = task.commit({"input": "1"})
         assert failed is not None
@@ -425,8 +520,6 @@ def test_interrupted_restore_leaves_previous_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config, older, _ = _committed_twice(tmp_path, blobs)
     with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e: e.seq == 1) as task:
-        from statebackend.contracts import BackendContext
-
         context = BackendContext(
             factory_name="blobsnapshot", job_name="job", task_name="task-0", stores=task.stores, blob_store=blobs,
             checkpoint_log=task.checkpoint_log, executor=task.commit_manager.executor, metrics=task.metrics,
@@ -442,11 +535,11 @@ def test_interrupted_restore_leaves_previous_state(tmp_path: Path) -> None:
 # -- garbage ---------------------------------------------------------------------------------------------------------
 
 
-def _live_chunks(blobs: MemoryBlobStore, task: TaskStorage) -> set[str]:
+def _live_runs(blobs: MemoryBlobStore, task: TaskStorage) -> set[str]:
     live: set[str] = set()
     for entry in task.checkpoint_log.entries():
         marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-        live |= {chunk_name(PREFIX, h) for h in SnapshotIndex.decode(blobs.get(marker), name=marker).chunk_hashes()}
+        live |= RunIndex.decode(blobs.get(marker), name=marker).blob_names(PREFIX)
     return live
 
 
@@ -463,7 +556,7 @@ def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path
         _drain(task)
         entries = task.checkpoint_log.entries()
         assert len(entries) == 2
-        assert chunk_blobs(blobs) == _live_chunks(blobs, task)
+        assert run_blobs(blobs) == _live_runs(blobs, task)
         assert set(index_blobs(blobs)) == {
             e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries  # type: ignore[union-attr]
         }
@@ -471,7 +564,7 @@ def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path
         manager = backup_manager(task)
         last = entries[-1].checkpoint
         manager.cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
-        assert chunk_blobs(blobs) == _live_chunks(blobs, task)
+        assert run_blobs(blobs) == _live_runs(blobs, task)
     # both retained checkpoints restore
     for seq in (entries[0].seq, entries[1].seq):
         shutil.rmtree(tmp_path / "local")
@@ -493,9 +586,36 @@ def test_durable_checkpoint_removes_the_expiry_of_its_blobs(tmp_path: Path) -> N
         checkpoint = task.commit_durably({"input": "0"})
         _drain(task)
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    for name in [marker, *chunk_blobs(blobs)]:
+    for name in [marker, *run_blobs(blobs)]:
         metadata = blobs.head(name).metadata
         assert "expires_at" not in metadata and "durable_at" in metadata, name
+
+
+def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp_path: Path) -> None:
+    """A commit whose run landed but whose index did not: its changes are in LMDB, so the next commit's index lists
+    that run (already in the blob store) before its own."""
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = make_config(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, model, 0, 3000, "a")
+        task.commit_durably({"input": "0"})
+        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        fill(task, model, 0, 300, "lost")
+        failed = task.commit({"input": "1"})
+        assert failed is not None
+        with pytest.raises(CommitError):
+            failed.result(timeout=30)
+        carried = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
+        assert len(carried) == 1
+        fill(task, model, 5000, 10, "c")
+        checkpoint = task.commit_durably({"input": "2"})
+        index = read_marker_index(blobs.inner, checkpoint)
+        assert len(index.runs) == 3 and run_name(PREFIX, index.runs[1].hash) in carried
+        assert task.metrics.counter("blobsnapshot.runs.uploaded") == 3
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
 
 
 def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_path: Path) -> None:
@@ -506,23 +626,25 @@ def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_p
         fill(task, model, 0, 3000, "a")
         task.commit_durably({"input": "0"})
         durable = dict(model)
-        # a commit whose chunks land but whose index never does: its chunks are garbage
+        # a commit whose run lands but whose index never does, and the task goes away: its run is garbage
         blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
         fill(task, {}, 0, 3000, "lost")
         failed = task.commit({"input": "1"})
         assert failed is not None
         with pytest.raises(CommitError):
             failed.result(timeout=30)
-        orphans = chunk_blobs(blobs.inner) - _live_chunks(blobs.inner, task)
-        assert orphans
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == durable
+        orphans = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
+        assert len(orphans) == 1
         for name in orphans:
             assert "expires_at" in blobs.head(name).metadata
         manager = backup_manager(task)
-        assert manager.sweep().chunks_deleted == 0  # within the grace period: could be an upload in progress
-        assert chunk_blobs(blobs.inner) >= orphans
+        assert manager.sweep().runs_deleted == 0  # within the grace period: could be an upload in progress
+        assert run_blobs(blobs.inner) >= orphans
         report = manager.sweep(now=manager.clock() + 2 * 3600)
-        assert report.chunks_deleted == len(orphans)
-        assert chunk_blobs(blobs.inner) == _live_chunks(blobs.inner, task)
+        assert report.runs_deleted == len(orphans)
+        assert run_blobs(blobs.inner) == _live_runs(blobs.inner, task)
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == durable
@@ -539,10 +661,10 @@ def test_sweep_never_deletes_what_a_checkpoint_in_the_log_needs(tmp_path: Path) 
             task.commit_durably({"input": str(round_no)})
         _drain(task)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        before = chunk_blobs(blobs)
+        before = run_blobs(blobs)
         report = backup_manager(task).sweep(now=10**12)
-        assert report.chunks_deleted == 0 and report.indexes_deleted == 0
-        assert chunk_blobs(blobs) == before
+        assert report.runs_deleted == 0 and report.indexes_deleted == 0
+        assert run_blobs(blobs) == before
     for seq in (1, 2, 3):
         shutil.rmtree(tmp_path / "local")
         with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s):
@@ -557,10 +679,13 @@ def test_sweep_runs_at_init_and_on_a_store_without_metadata_uses_first_seen(tmp_
         fill(task, {}, 0, 1000, "a")
         task.commit_durably({"input": "0"})
         _drain(task)
-        inner.put(PREFIX + "chunks/" + "0" * 64, b"orphan")
+        inner.put(PREFIX + "runs/" + "0" * 64, b"orphan")
+        inner.put(PREFIX + "chunks/" + "1" * 64, b"a chunk of a schema-1 snapshot no checkpoint names")
         manager = backup_manager(task)
-        assert manager.sweep().chunks_deleted == 0  # first seen now
-        assert manager.sweep(now=manager.clock() + 2 * 3600).chunks_deleted == 1
+        assert manager.sweep().runs_deleted == 0  # first seen now
+        assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 2
+        assert not list(inner.list(PREFIX + "chunks/"))
+        assert run_blobs(inner) == _live_runs(inner, task)
         assert task.metrics.counter("blobsnapshot.sweeps") >= 3  # the one at init too
 
 
@@ -581,10 +706,10 @@ def test_sweep_counts_the_age_of_a_blob_without_metadata_from_first_seen(tmp_pat
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, {}, 0, 500, "a")
         task.commit_durably({"input": "0"})
-        stray = next(iter(chunk_blobs(blobs))).rsplit("/", 1)[0] + "/" + "0" * 64
+        stray = next(iter(run_blobs(blobs))).rsplit("/", 1)[0] + "/" + "0" * 64
         blobs.put(stray, b"an upload in progress elsewhere")  # no metadata at all
         manager = backup_manager(task)
-        assert manager.sweep().chunks_deleted == 0
-        assert stray in chunk_blobs(blobs)
-        assert manager.sweep(now=manager.clock() + 2 * 3600).chunks_deleted == 1
-        assert stray not in chunk_blobs(blobs)
+        assert manager.sweep().runs_deleted == 0
+        assert stray in run_blobs(blobs)
+        assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 1
+        assert stray not in run_blobs(blobs)
