@@ -1,231 +1,208 @@
-"""Benchmark of the blob-snapshot backend on a ``file://`` blob store (not a test; run by hand, once).
+"""Benchmark of the blob-snapshot backend (runs + compaction) against the changelog backend, on ``file://``.
 
-Measures, per ``--keys`` size:
+Not a test; run by hand. Per ``--keys`` size and per backend (``blobsnapshot``, ``changelog``), on the same history
+(same seed, so the same keys and values):
 
-1. restore throughput: load N keys, commit once, wipe the local dir, time ``TaskStorage.open`` (MB/s of data.mdb);
-2. bytes uploaded per snapshot (``commit.bytes.uploaded``) for update-in-place and insert-heavy workloads, against
-   the snapshot's full size: how much chunk reuse saves;
-3. restore time of this backend against the changelog backend on the same history (dual commit, then a wiped
-   restore through each backend's marker).
+1. load N integer keys (8-byte big-endian keys, 8-byte counts) in one commit;
+2. per ``--updates`` size U, ``--commits`` commits of U random updates each (about 1 in 20 a delete, re-inserted
+   later), each made durable before the next; measured per phase: bytes uploaded per commit (commit uploads plus
+   every compaction and background snapshot byte of the phase, amortized over its commits), the zstd size of the
+   change set itself (keys and values concatenated, level 3) for reference, and the sync part of the commit
+   (``TaskStorage.commit`` returning, p50/p95);
+3. warm open (local dir kept: ``TaskStorage.open`` end to end) and cold restore (local dir wiped), with the state
+   checked against the model after each.
 
-Usage: ``python -m bench.blobsnapshot --keys 1000000 [--keys 10000000] [--workdir DIR]``. The history and workload
-sections run at the first size only; larger sizes measure restore throughput only. Prints markdown tables and writes
-a JSON result under bench/results/.
+Usage: ``python -m bench.blobsnapshot --keys 1000000 --keys 10000000 [--updates 10000 --updates 50000]
+[--commits 20] [--workdir DIR]``. Prints markdown tables and writes a JSON result under bench/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
+import struct
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import format_table, machine_info, write_result
+import zstandard
+
+from bench.common import format_table, machine_info, p50_p95, write_result
 from statebackend.task import TaskStorage
 
-VALUE_SIZE = 32
+_KEY = struct.Struct(">Q")
+_VALUE = struct.Struct(">q")
 
 
-def key_of(index: int) -> bytes:
-    return b"key-%012d" % index
-
-
-def value_of(rng: random.Random) -> bytes:
-    return rng.randbytes(VALUE_SIZE)
-
-
-def make_config(workdir: Path, backup: str, restore: str) -> dict[str, Any]:
-    changelog = {"changelog.snapshot.interval.commits": 20} if "changelog" in backup else {}
-    return {**changelog,
+def make_config(workdir: Path, backend: str, options: dict[str, str] | None = None) -> dict[str, Any]:
+    return {**(options or {}),
         "job.name": "bench",
         "state.local.dir": str(workdir / "local"),
         "blob.store.url": f"file://{workdir / 'blobs'}",
-        "stores.counts.backup.factories": backup,
-        "stores.counts.restore.factory": restore,
+        "stores.counts.backup.factories": backend,
         "task.checkpoint.retained": 2,
         "task.commit.timeout.ms": 3_600_000,
     }
 
 
-def load(task: TaskStorage, keys: int, rng: random.Random) -> None:
-    store = task.store("counts")
-    step = 200_000
-    for start in range(0, keys, step):
-        store.put_all((key_of(i), value_of(rng)) for i in range(start, min(keys, start + step)))
+def counters(task: TaskStorage) -> dict[str, float]:
+    return {k: v for k, v in task.metrics.snapshot().items() if isinstance(v, (int, float))}
 
 
-def data_size(workdir: Path) -> int:
-    """Size of the live data.mdb (LMDB keeps freed pages in the file, so it exceeds the compacted snapshot)."""
-    return (workdir / "local" / "bench" / "task-0" / "counts" / "data" / "data.mdb").stat().st_size
+def phase_bytes(before: dict[str, float], after: dict[str, float]) -> float:
+    keys = ("commit.bytes.uploaded", "blobsnapshot.compaction.bytes")
+    return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in keys)
 
 
-def snapshot_size(task: TaskStorage) -> int:
-    """Size of the compacted data.mdb the last snapshot holds, from its index."""
-    from statebackend.backends.blobsnapshot.format import SnapshotIndex
-
-    last = task.commit_manager.last_checkpoint
-    assert last is not None
-    marker = last.markers_for("blobsnapshot")["counts"]
-    return SnapshotIndex.decode(task.blob_store.get(marker), name=marker).files[0].size
-
-
-def timed_restore(config: dict[str, Any], workdir: Path) -> tuple[float, dict[str, Any]]:
-    shutil.rmtree(workdir / "local", ignore_errors=True)
+def run_backend(backend: str, keys: int, updates: Sequence[int], commits: int, workdir: Path,
+                seed: int, options: dict[str, str]) -> dict[str, Any]:
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    config = make_config(workdir, backend, {k: v for k, v in options.items() if k.startswith(backend + ".")})
+    rng = random.Random(seed)
+    model = bytearray(keys)  # counts mod 256 are enough to check; 0 = absent
+    result: dict[str, Any] = {"backend": backend, "keys": keys, "phases": []}
+    seq = 0
+    with TaskStorage.open(config, "task-0") as task:
+        store = task.store("counts")
+        started = time.perf_counter()
+        step = 500_000
+        # counts as a long-running job has them (1..255), so the first run compresses like the state it stands for
+        for i in range(keys):
+            model[i] = rng.randrange(1, 256)
+        for start in range(0, keys, step):
+            store.put_all((_KEY.pack(i), _VALUE.pack(model[i])) for i in range(start, min(keys, start + step)))
+        seq += 1
+        task.commit_durably({"p": str(seq)})
+        result["load_s"] = time.perf_counter() - started
+        compressor = zstandard.ZstdCompressor(level=3)
+        for size in updates:
+            before = counters(task)
+            change_zstd = 0
+            sync_ms: list[float] = []
+            for _ in range(commits):
+                picked = rng.sample(range(keys), size)
+                picked.sort()
+                parts = []
+                for key in picked:
+                    raw_key = _KEY.pack(key)
+                    if rng.random() < 0.05 and model[key]:
+                        store.delete(raw_key)
+                        model[key] = 0
+                        parts.append(raw_key)
+                    else:
+                        model[key] = (model[key] + 1) % 256 or 1
+                        value = _VALUE.pack(model[key])
+                        store.put(raw_key, value)
+                        parts.append(raw_key + value)
+                change_zstd += len(compressor.compress(b"".join(parts)))
+                seq += 1
+                started = time.perf_counter()
+                pending = task.commit({"p": str(seq)})  # returns after the sync part
+                sync_ms.append((time.perf_counter() - started) * 1000.0)
+                assert pending is not None
+                pending.result()  # durable before the next batch: the same history for both backends
+            sync_p50, sync_p95 = p50_p95(sync_ms)
+            after = counters(task)
+            result["phases"].append({
+                "updates": size,
+                "commits": commits,
+                "uploaded_per_commit": phase_bytes(before, after) / commits,
+                "change_zstd_per_commit": change_zstd / commits,
+                "sync_p50_ms": sync_p50,
+                "sync_p95_ms": sync_p95,
+                "after": after,
+            })
+    # close waited for a running compaction: count its bytes in the last phase
+    blob_bytes = sum(p.stat().st_size for p in (workdir / "blobs").rglob("*") if p.is_file())
+    result["blob_store_bytes"] = blob_bytes
+    if backend == "blobsnapshot":
+        index = max((workdir / "blobs").rglob("index/*.json"))
+        runs = json.loads(index.read_text())["runs"]
+        result["last_index"] = {"runs": len(runs), "bottom_bytes": runs[0]["size"],
+                                "above_bytes": sum(run["size"] for run in runs[1:]),
+                                "records": sum(run["records"] for run in runs)}
     started = time.perf_counter()
     with TaskStorage.open(config, "task-0") as task:
-        seconds = time.perf_counter() - started
-        count = task.stores["counts"].count()
-        metrics = {"keys": count, "restore.bytes": task.metrics.counter("restore.bytes")}
-    return seconds, metrics
+        result["warm_open_s"] = time.perf_counter() - started
+        check(task, model)
+    shutil.rmtree(workdir / "local")
+    started = time.perf_counter()
+    with TaskStorage.open(config, "task-0") as task:
+        result["cold_restore_s"] = time.perf_counter() - started
+        result["cold_restore_metrics"] = {k: v for k, v in task.metrics.snapshot().items() if k.startswith("restore")}
+        check(task, model)
+    return result
 
 
-def restore_throughput(keys: int, root: Path) -> dict[str, Any]:
-    workdir = Path(tempfile.mkdtemp(dir=root, prefix=f"restore-{keys}-"))
-    try:
-        config = make_config(workdir, "blobsnapshot", "blobsnapshot")
-        rng = random.Random(1)
-        with TaskStorage.open(config, "task-0") as task:
-            started = time.perf_counter()
-            load(task, keys, rng)
-            load_s = time.perf_counter() - started
-            started = time.perf_counter()
-            task.commit_durably({"input": "load"})
-            commit_s = time.perf_counter() - started
-            uploaded = task.metrics.counter("commit.bytes.uploaded")
-        size = data_size(workdir)
-        seconds, metrics = timed_restore(config, workdir)
-        assert metrics["keys"] == keys, metrics
-        restored = data_size(workdir)
-        return {
-            "keys": keys,
-            "load_s": load_s,
-            "first_commit_s": commit_s,
-            "snapshot_bytes": uploaded,
-            "restored_file_bytes": restored,
-            "live_file_bytes": size,
-            "restore_s": seconds,
-            "restore_mb_s": restored / seconds / 1e6,
-        }
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+def check(task: TaskStorage, model: bytearray) -> None:
+    store = task.store("counts")
+    expected = sum(1 for count in model if count)
+    found = 0
+    for key, value in store.items():
+        index = _KEY.unpack(key)[0]
+        if model[index] != _VALUE.unpack(value)[0]:
+            raise AssertionError(f"key {index}: restored {_VALUE.unpack(value)[0]}, expected {model[index]}")
+        found += 1
+    if found != expected:
+        raise AssertionError(f"restored {found} keys, expected {expected}")
 
 
-def workloads(keys: int, root: Path, commits: int) -> list[dict[str, Any]]:
-    """Bytes uploaded per snapshot for update-in-place and insert-heavy workloads on ``keys`` keys."""
-    workdir = Path(tempfile.mkdtemp(dir=root, prefix="workloads-"))
-    rows: list[dict[str, Any]] = []
-    try:
-        config = make_config(workdir, "blobsnapshot", "blobsnapshot")
-        rng = random.Random(2)
-        with TaskStorage.open(config, "task-0") as task:
-            load(task, keys, rng)
-            task.commit_durably({"input": "load"})
-            store = task.store("counts")
-            next_key = keys
-            plans = [
-                ("update in place, random keys", 1_000),
-                ("update in place, random keys", 10_000),
-                ("update in place, random keys", 50_000),
-                ("update in place, one key range", 10_000),
-                ("insert new keys, random positions", 10_000),
-                ("insert new keys, appended at the end", 10_000),
-            ]
-            for label, count in plans:
-                samples = []
-                for _ in range(commits):
-                    if label.startswith("update in place, random"):
-                        for i in rng.sample(range(keys), count):
-                            store.put(key_of(i), value_of(rng))
-                    elif label.startswith("update in place, one key range"):
-                        start = rng.randrange(keys - count)
-                        store.put_all((key_of(i), value_of(rng)) for i in range(start, start + count))
-                    elif "random positions" in label:
-                        # keys between existing ones: a suffix sorts them inside the loaded range
-                        for i in rng.sample(range(keys), count):
-                            store.put(key_of(i) + b"+%06d" % next_key, value_of(rng))
-                            next_key += 1
-                    else:
-                        store.put_all((key_of(i), value_of(rng)) for i in range(next_key, next_key + count))
-                        next_key += count
-                    before = task.metrics.counter("commit.bytes.uploaded")
-                    task.commit_durably({"input": f"{label}-{len(samples)}"})
-                    samples.append(task.metrics.counter("commit.bytes.uploaded") - before)
-                size = snapshot_size(task)
-                mean = sum(samples) / len(samples)
-                rows.append({
-                    "workload": label, "changed_keys": count, "commits": commits,
-                    "uploaded_per_commit_bytes": mean, "file_bytes": size, "uploaded_fraction": mean / size,
-                })
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return rows
-
-
-def versus_changelog(keys: int, root: Path, commits: int, updates: int) -> dict[str, Any]:
-    """Same history backed up by both (dual commit); restore it wiped through each backend's marker."""
-    workdir = Path(tempfile.mkdtemp(dir=root, prefix="versus-"))
-    try:
-        dual = make_config(workdir, "changelog,blobsnapshot", "blobsnapshot")
-        rng = random.Random(3)
-        with TaskStorage.open(dual, "task-0") as task:
-            load(task, keys, rng)
-            task.commit_durably({"input": "load"})
-            store = task.store("counts")
-            for round_no in range(commits):
-                for i in rng.sample(range(keys), updates):
-                    store.put(key_of(i), value_of(rng))
-                task.commit_durably({"input": str(round_no)})
-            task.commit_manager.wait()
-        result: dict[str, Any] = {"keys": keys, "commits": commits, "updates_per_commit": updates}
-        for backend in ("blobsnapshot", "changelog"):
-            config = make_config(workdir, "changelog,blobsnapshot", backend)
-            seconds, metrics = timed_restore(config, workdir)
-            assert metrics["keys"] == keys, metrics
-            result[f"{backend}_restore_s"] = seconds
-            result[f"{backend}_restore_bytes"] = metrics["restore.bytes"]
-        return result
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--keys", type=int, action="append", help="state size(s); default 1000000")
-    parser.add_argument("--commits", type=int, default=3, help="commits per workload row")
-    parser.add_argument("--workdir", type=Path, default=None, help="where to put the local dir and the blob store")
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, action="append")
+    parser.add_argument("--updates", type=int, action="append")
+    parser.add_argument("--commits", type=int, default=20)
+    parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a backend option, e.g. blobsnapshot.compaction.full.ratio=0.5")
     args = parser.parse_args(argv)
     sizes = args.keys or [1_000_000]
-    root = args.workdir or Path(tempfile.gettempdir())
-    root.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": machine_info(), "restore": [], "workloads": [], "versus": None}
+    updates = args.updates or [10_000, 50_000]
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="bench-blobsnapshot-"))
+    results = []
     for keys in sizes:
-        result["restore"].append(restore_throughput(keys, root))
-        print(format_table(
-            ["keys", "data.mdb MB", "first snapshot MB", "restore s", "restore MB/s"],
-            [[r["keys"], r["restored_file_bytes"] / 1e6, r["snapshot_bytes"] / 1e6, r["restore_s"], r["restore_mb_s"]]
-             for r in result["restore"][-1:]],
-        ), flush=True)
-    first = sizes[0]
-    result["workloads"] = workloads(first, root, args.commits)
-    print(format_table(
-        ["workload", "changed keys/commit", "uploaded MB/commit", "snapshot MB", "uploaded %"],
-        [[w["workload"], w["changed_keys"], w["uploaded_per_commit_bytes"] / 1e6, w["file_bytes"] / 1e6,
-          100.0 * w["uploaded_fraction"]] for w in result["workloads"]],
-    ), flush=True)
-    versus = versus_changelog(first, root, commits=10, updates=50_000)
-    result["versus"] = versus
-    print(format_table(
-        ["keys", "commits x updates", "blobsnapshot restore s", "changelog restore s"],
-        [[versus["keys"], f"{versus['commits']} x {versus['updates_per_commit']}", versus["blobsnapshot_restore_s"],
-          versus["changelog_restore_s"]]],
-    ), flush=True)
-    print("result:", write_result("blobsnapshot", result))
-    return 0
+        for backend in ("blobsnapshot", "changelog"):
+            print(f"# {backend}, {keys:,} keys", flush=True)
+            options = dict(item.split("=", 1) for item in args.option)
+            results.append(run_backend(backend, keys, updates, args.commits, base / f"{backend}-{keys}", args.seed,
+                                       options))
+    rows = []
+    for keys in sizes:
+        ours = next(r for r in results if r["keys"] == keys and r["backend"] == "blobsnapshot")
+        theirs = next(r for r in results if r["keys"] == keys and r["backend"] == "changelog")
+        for mine, other in zip(ours["phases"], theirs["phases"], strict=True):
+            rows.append([
+                f"{keys:,}", f"{mine['updates']:,}", mine["commits"],
+                f"{mine['change_zstd_per_commit'] / 1024:.0f}",
+                f"{mine['uploaded_per_commit'] / 1024:.0f}",
+                f"{mine['uploaded_per_commit'] / mine['change_zstd_per_commit']:.2f}",
+                f"{other['uploaded_per_commit'] / 1024:.0f}",
+                f"{mine['uploaded_per_commit'] / other['uploaded_per_commit']:.2f}",
+                f"{mine['sync_p50_ms']:.1f} / {mine['sync_p95_ms']:.1f}",
+            ])
+    print()
+    print(format_table(["keys", "updates/commit", "commits", "change zstd KiB", "blobsnapshot KiB/commit",
+                        "x change", "changelog KiB/commit", "x changelog", "sync p50/p95 ms"], rows))
+    rows = []
+    for r in results:
+        last = r.get("last_index")
+        shape = (f"{last['runs']} runs, {last['bottom_bytes'] / 2**20:.1f} + {last['above_bytes'] / 2**20:.1f} MiB, "
+                 f"{last['records']:,} records" if last else "")
+        rows.append([f"{r['keys']:,}", r["backend"], f"{r['load_s']:.1f}", f"{r['warm_open_s'] * 1000:.1f}",
+                     f"{r['cold_restore_s']:.2f}", f"{r['blob_store_bytes'] / 2**20:.1f}", shape])
+    print()
+    print(format_table(["keys", "backend", "load s", "warm open ms", "cold restore s", "blob store MiB",
+                        "last index (bottom + above)"], rows))
+    path = write_result("blobsnapshot", {"machine": machine_info(), "commits": args.commits, "options": args.option,
+                                         "results": results})
+    print(f"\nraw results: {path}")
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

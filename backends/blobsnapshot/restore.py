@@ -37,7 +37,7 @@ from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
 from statebackend.errors import CorruptDataError, StateBackendError
-from statebackend.recordfile import iter_records
+from statebackend.recordfile import RecordReader, iter_records
 from statebackend.store import LocalStore
 
 __all__ = ["BlobSnapshotRestoreManager", "RestoreInterrupted"]
@@ -104,25 +104,31 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                 metrics.increment("restore.stores.full")
             else:
                 metrics.increment("restore.stores.caught.up")
-            for position, run in enumerate(to_apply):
-                self._check_interrupt(name)
-                data = downloads[run].result()  # raises the run's NotFoundError / CorruptDataError
-                metrics.increment("restore.bytes", len(data))
-                records = iter_records(data, name=run_name(prefix, run.hash), verified=True)
-                if start is None and position == 0:
-                    # the first run on the empty store: one bulk load in append mode (deletes are no-ops there; a
-                    # base run has none, and goes straight from the decoder into LMDB)
-                    puts = cast("Iterable[tuple[bytes, bytes]]", records) if run.base else _puts_only(records)
-                    store.replace_contents(puts, run.version)
-                else:
-                    store.apply_changes(records, run.version, verified_order=True)  # the reader checks the order
+            if start is None and to_apply:
+                # the first run on the empty store: one bulk load in append mode (deletes are no-ops there; a base
+                # run has none, and goes straight from the decoder into LMDB)
+                first = to_apply.pop(0)
+                records = self._records(name, prefix, first, downloads.pop(first))
+                puts = cast("Iterable[tuple[bytes, bytes]]", records) if first.base else _puts_only(records)
+                store.replace_contents(puts, first.version)
                 metrics.increment("restore.runs.applied")
-                del downloads[run]
+            for run in to_apply:
+                # each later run in bulk, in one transaction that records the version it ends at
+                self._check_interrupt(name)
+                records = self._records(name, prefix, run, downloads.pop(run))
+                store.apply_changes(records, run.version, verified_order=True)  # the reader checks the order
+                metrics.increment("restore.runs.applied")
         finally:
             for future in downloads.values():
                 future.cancel()
         self._finish(name, store, index, marker)
         log.info("store %s: restored from %s (%d of %d runs applied)", name, marker, len(to_apply), len(index.runs))
+
+    def _records(self, name: str, prefix: str, run: RunEntry, download: Future[bytes]) -> RecordReader:
+        data = download.result()  # raises the run's NotFoundError / CorruptDataError
+        self.context.metrics.increment("restore.bytes", len(data))
+        # verified (size, hash, digest, lineage) before this; order and count are checked while it is read
+        return iter_records(data, name=run_name(prefix, run.hash), verified=True)
 
     def _finish(self, name: str, store: LocalStore, index: RunIndex, marker: str) -> None:
         """Check the key count the index recorded, then record the index's version."""

@@ -20,6 +20,8 @@ import logging
 import os
 import shutil
 from collections.abc import Callable, Iterable
+from itertools import compress, repeat
+from operator import is_, is_not, itemgetter
 from pathlib import Path
 from typing import Any, cast
 
@@ -87,9 +89,12 @@ def apply_sorted(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[t
 def apply_verified(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[tuple[bytes, bytes | None]],
                    name: str, max_key: int) -> int:
     """Apply records whose order the source verified, in bulk; the number applied."""
-    # every key occurs once, so puts and deletes commute: bulk-put the puts, then delete the deletes
-    listed = list(records)
-    puts = [record for record in listed if record[1] is not None]
+    # every key occurs once, so puts and deletes commute: bulk-put the puts, then delete the deletes. Splitting them
+    # runs in C (map, compress): no Python frame per record, only per delete
+    listed = records if isinstance(records, list) else list(records)
+    values = list(map(itemgetter(1), listed))
+    deletes = values.count(None)
+    puts = listed if not deletes else list(compress(listed, map(is_not, values, repeat(None))))
     cursor = txn.cursor(db=data_db)
     try:
         cursor.putmulti(cast("list[tuple[bytes, bytes]]", puts))  # the None values were filtered out
@@ -98,9 +103,9 @@ def apply_verified(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable
             f"store {name!r}: apply_changes got a key of 0 or more than {max_key} bytes "
             f"(LMDB's limit); nothing was changed"
         ) from exc
-    if len(puts) != len(listed):
-        for key, value in listed:
-            if value is None and cursor.set_key(key):
+    if deletes:
+        for key, _ in compress(listed, map(is_, values, repeat(None))):
+            if cursor.set_key(key):
                 cursor.delete()
     return len(listed)
 
