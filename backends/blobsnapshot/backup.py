@@ -641,14 +641,31 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         compacted = compaction.result()
         if compacted is None or compacted.generation != state.generation:
             return runs
-        if not self._young_enough(compacted.uploaded_at) and compacted.output.hash not in state.durable_runs:
-            self.context.metrics.increment("blobsnapshot.compaction.too.old")
-            log.warning("store %s: not adopting compacted run %s: uploaded more than half of "
-                        "blobsnapshot.gc.grace.period.ms ago", state.name, compacted.output.hash)
-            return runs
         replaced = replace_runs(runs, compacted.inputs, compacted.output)
         if replaced is None:
             return runs
+        if not self._young_enough(compacted.uploaded_at) and compacted.output.hash not in state.durable_runs:
+            # a sweep may take it (with gc.grace.period.ms 0 at once, so it could otherwise never be adopted): write
+            # it again from its local copy, same bytes under the same name with a fresh age, as for a chain's run
+            path = state.cached(compacted.output)
+            if not path.exists():
+                self.context.metrics.increment("blobsnapshot.compaction.too.old")
+                log.warning("store %s: not adopting compacted run %s: uploaded more than half of "
+                            "blobsnapshot.gc.grace.period.ms ago", state.name, compacted.output.hash)
+                return runs
+            now = self.clock()
+            try:
+                self.context.blob_store.put_file(run_name(state.prefix, compacted.output.hash), path,
+                                                 metadata=self._new_metadata(now))
+            except StateBackendError as exc:
+                self.context.metrics.increment("blobsnapshot.compaction.failures")
+                log.warning("store %s: could not write compacted run %s again (compacting later): %s", state.name,
+                            compacted.output.hash, exc)
+                return runs
+            compacted = attrs.evolve(compacted, uploaded_at=now)
+            self.context.metrics.increment("blobsnapshot.compaction.refreshed")
+        if compacted.output.base:
+            state.cached(compacted.output).unlink(missing_ok=True)  # kept until adopted; merges never read it
         state.uploaded.add(compacted.output.hash)
         if compacted.uploaded_at is not None:
             state.uploaded_at[compacted.output.hash] = compacted.uploaded_at
@@ -722,8 +739,6 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             metrics.increment("blobsnapshot.compaction.runs")
         metrics.increment("blobsnapshot.compactions.full" if output.base else "blobsnapshot.compactions.merge")
         crashpoint("blobsnapshot.compaction.uploaded")
-        if output.base:
-            path.unlink(missing_ok=True)
         compacted = _Compacted(inputs, output, generation, state.uploaded_at.get(output.hash, self.clock()))
         record = Path(state.store.path) / COMPACTED_FILE
         partial = record.with_name(record.name + ".partial")
