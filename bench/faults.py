@@ -163,7 +163,8 @@ def run_cell(store_kind: str, backend: str, rate: float, servers: Mapping[str, S
         if "changelog" in BACKENDS[backend]:
             base["changelog.snapshot.interval.commits"] = 5
         if "blobsnapshot" in BACKENDS[backend]:
-            base["blobsnapshot.chunk.size"] = "64KiB"
+            base["blobsnapshot.compaction.fanout"] = 3  # merges and base runs under faults too
+            base["blobsnapshot.compaction.full.min.bytes"] = 0
         if store_kind == "file":
             root = work / container
             base["blob.store.url"] = root.as_uri()

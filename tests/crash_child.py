@@ -13,7 +13,7 @@ SIGKILL). With ``STATEBACKEND_CRASH_AT`` set it dies at that crash point (see st
 
 Backends: changelog only, unless ``CRASH_CHILD_BACKUP_FACTORIES`` names others (e.g. ``blobsnapshot`` or
 ``changelog,blobsnapshot``, see :func:`config`), with ``CRASH_CHILD_RESTORE_FACTORY`` picking the restore backend
-and ``CRASH_CHILD_VALUE_REPEAT`` making values longer (a state of several blobsnapshot chunks). Unset, the child is
+and ``CRASH_CHILD_VALUE_REPEAT`` making values longer (bigger blobsnapshot runs). Unset, the child is
 the changelog-only one tests/test_crash.py uses.
 
 The data is a function of the commit number alone, so the state of checkpoint ``n`` is :func:`expected_state` ``(n)``
@@ -22,7 +22,7 @@ whatever happened to the process that wrote it.
 Crash points of this module (the blob store's side of an upload, which belongs to no other module): before every
 write, a :class:`CrashingFileBlobStore` writes the first half of the blob as a temp file where the real store would
 put its own, then calls ``crashpoint("blobstore.put.<kind>")`` with kind ``delta``, ``snapshot`` (a re-base, on a
-commit thread), ``background_snapshot`` (on the maintenance thread), ``checkpoint``, or blobsnapshot's ``chunk`` and
+commit thread), ``background_snapshot`` (on the maintenance thread), ``checkpoint``, or blobsnapshot's ``run`` and
 ``index``; a process killed there leaves the torn temp file behind, as a real crash mid-write would. Surviving, it
 removes the temp and does the real write.
 """
@@ -71,9 +71,12 @@ def config(
         settings["stores.counts.backup.factories"] = backup_factories
         if "changelog" not in backup_factories.split(","):
             del settings["changelog.snapshot.interval.commits"]  # config warns about a key of an unused backend
-        # several chunks per snapshot; no grace period and a sweep every 2 commits, so garbage is collected (and a
-        # crash can hit its collection) within a few commits
-        settings["blobsnapshot.chunk.size"] = "64KiB"
+        # merges of every 2 runs of a level, a new base run once the runs above it are 3x its size: compactions (and
+        # a crash in one) within a few commits; no grace period and a sweep every 2 commits, so garbage is
+        # collected (and a crash can hit its collection) within a few commits
+        settings["blobsnapshot.compaction.fanout"] = 2
+        settings["blobsnapshot.compaction.full.ratio"] = 3.0
+        settings["blobsnapshot.compaction.full.min.bytes"] = 0
         settings["blobsnapshot.gc.grace.period.ms"] = 0
         settings["blobsnapshot.gc.interval.commits"] = 2
         settings["blobsnapshot.gc.on.init"] = True
@@ -140,8 +143,8 @@ def _kind(name: str) -> str:
         return "background_snapshot" if on_maintenance else "snapshot"
     if "/checkpoints/" in name:
         return "checkpoint"
-    if "/blobsnapshot/chunks/" in name:
-        return "chunk"
+    if "/blobsnapshot/runs/" in name:
+        return "run"
     if "/blobsnapshot/index/" in name:
         return "index"
     return "other"

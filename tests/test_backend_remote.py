@@ -56,7 +56,8 @@ class TestChangelogOnS3Server(BackendContract):
 
 _BLOBSNAPSHOT_CONFIG: dict[str, Any] = {
     "stores.counts.restore.factory": "blobsnapshot",
-    "blobsnapshot.chunk.size": "64KiB",
+    "blobsnapshot.compaction.fanout": 2,
+    "blobsnapshot.compaction.full.min.bytes": 0,
 }
 
 

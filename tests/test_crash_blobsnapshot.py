@@ -1,12 +1,13 @@
-"""Crash tests of the blob-snapshot backend: SIGKILL a real process at each step of snapshot, upload, index write,
-cleanup and sweep, restore in fresh processes, and check the state is exactly the last durable checkpoint, with the
+"""Crash tests of the blob-snapshot backend: SIGKILL a real process at each step of snapshot, run upload, index
+write, compaction, cleanup and sweep, restore in fresh processes, and check the state is exactly the last durable checkpoint, with the
 local dir kept and with it wiped; also for dual commit (changelog,blobsnapshot) restoring through either backend.
 
-The killed process is tests/crash_child.py with ``CRASH_CHILD_BACKUP_FACTORIES`` set (values long enough that a
-snapshot is several 64 KiB chunks; no gc grace period and a sweep every 2 commits, so garbage collection runs, and
-can be killed, within a few commits). Where it dies is chosen with ``STATEBACKEND_CRASH_AT``: the one-line
+The killed process is tests/crash_child.py with ``CRASH_CHILD_BACKUP_FACTORIES`` set (long values; a compaction
+fanout of 2 and a full compaction once the runs above the base are 3x its size, so merges and new base runs happen,
+and can be killed, within a few commits; no gc grace period and a sweep every 2 commits, so garbage collection runs,
+and can be killed, within a few commits). Where it dies is chosen with ``STATEBACKEND_CRASH_AT``: the one-line
 ``crashpoint(...)`` calls in backends/blobsnapshot/backup.py and statebackend/commit.py, and crash_child's blob store
-wrapper for deaths mid-write (``blobstore.put.chunk`` / ``blobstore.put.index`` leave half the blob in a temp file).
+wrapper for deaths mid-write (``blobstore.put.run`` / ``blobstore.put.index`` leave half the blob in a temp file).
 
 Which checkpoint is durable is read from the checkpoint log (the child cannot know whether the write it died in
 landed); the data is a function of the commit number (crash_child.expected_state), so the expected state is exact.
@@ -15,13 +16,13 @@ Per crash point the test checks:
 1. the child died by SIGKILL and the durable checkpoint is the one the point implies, including whether the commit
    in flight landed (against the child's own log of the commits it saw durable);
 2. the local ``CHECKPOINT-V2`` file never claims a checkpoint newer than the durable one;
-3. the newest ``task.checkpoint.retained`` checkpoints in the log still have their index and every chunk it lists
+3. the newest ``task.checkpoint.retained`` checkpoints in the log still have their index and every run it lists
    (cleanup and sweep never delete what a retained checkpoint needs), after the crash and at the end;
 4. fresh processes with the local dir kept and wiped (a copy taken right after the crash) restore exactly that
    state and commit twice more;
 5. after (4), a fresh process with the local dir wiped restores the state of the continued commits from the blob
-   store alone, and its start-up sweep leaves only the blobs the checkpoints in the log need (the crash's orphans
-   are collected).
+   store alone, and its start-up sweep leaves only the blobs the checkpoints in the log need (the crash's orphans,
+   runs of commits and compactions no index lists, are collected).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 import attrs
 import pytest
 from statebackend.backends.blobsnapshot.backup import read_index
-from statebackend.backends.blobsnapshot.format import chunk_name, chunks_prefix, index_prefix
+from statebackend.backends.blobsnapshot.format import index_prefix, run_name, runs_prefix
 from statebackend.checkpoint import CheckpointLog, CheckpointV2, read_local_checkpoint
 
 from statebackend.blobstores.file import FileBlobStore
@@ -57,7 +58,7 @@ REPO = Path(__file__).resolve().parent.parent
 COMMITS = 8  # commits the crashing child attempts
 MORE = 2  # commits each restoring child adds
 RETAINED = 2  # task.checkpoint.retained in crash_child.config
-#: ~600-byte values: a compacted copy of the store is ~250 KiB, four 64 KiB chunks
+#: ~600-byte values: a base run of the store is some tens of KiB
 VALUE_REPEAT = 50
 
 
@@ -80,24 +81,30 @@ def exactly(commit: int, *, landed: bool) -> Durable:
 CRASH_POINTS: dict[str, Durable] = {
     # commit 4's read view is open, nothing copied nor uploaded
     "commit.after_snapshot:4": exactly(3, landed=False),
-    # commit 4's compacted copy is in the staging dir (left behind), nothing uploaded
-    "blobsnapshot.upload.staged:4": exactly(3, landed=False),
-    # the first snapshot ever: its first chunk half written as a temp file; and fully written, then death
-    "blobstore.put.chunk:1": exactly(0, landed=False),
-    "blobsnapshot.upload.chunk_uploaded:1": exactly(0, landed=False),
-    # some chunks of a later snapshot uploaded (about four per snapshot: the 10th is in commit 3 or so)
-    "blobsnapshot.upload.chunk_uploaded:10": Durable(1, 4, False),
-    # every chunk of commit 4 uploaded, no index: orphan chunks
-    "blobsnapshot.upload.chunks_uploaded:4": exactly(3, landed=False),
+    # commit 4's run is written to the local run cache, nothing uploaded
+    "blobsnapshot.upload.run_staged:4": exactly(3, landed=False),
+    # the first run ever half written as a temp file; and fully written, then death
+    "blobstore.put.run:1": exactly(0, landed=False),
+    "blobsnapshot.upload.run_uploaded:1": exactly(0, landed=False),
+    # a later run uploaded, then death (commit 4's, or a compaction's on the compaction thread)
+    "blobsnapshot.upload.run_uploaded:4": Durable(2, 4, None),
+    # every run of commit 4 uploaded, no index: an orphan run
+    "blobsnapshot.upload.runs_uploaded:4": exactly(3, landed=False),
+    # the first compaction's run written locally, not uploaded; then uploaded, not adopted by any index (an orphan
+    # run, and no record of it in the store dir); and the same for the second compaction
+    "blobsnapshot.compaction.written:1": Durable(1, 4, None),
+    "blobsnapshot.compaction.uploaded:1": Durable(1, 4, None),
+    "blobsnapshot.compaction.written:2": Durable(2, 7, None),
+    "blobsnapshot.compaction.uploaded:2": Durable(2, 7, None),
     # commit 4's index half written as a temp file: not visible
     "blobstore.put.index:4": exactly(3, landed=False),
     # commit 4's index written, no checkpoint names it: an orphan index
     "blobsnapshot.upload.index_written:4": exactly(3, landed=False),
-    # commit 4 durable, but its index and chunks keep their expiry (cleanup never ran)
+    # commit 4 durable, but its index and runs keep their expiry (cleanup never ran)
     "commit.after_checkpoint_write:4": exactly(4, landed=True),
-    # the first cleanup removed the expiry of commit 1's index and chunks, then death
+    # the first cleanup removed the expiry of commit 1's index and run, then death
     "blobsnapshot.cleanup.expiry_removed:1": Durable(1, 3, None),
-    # retention (cleanup of commit 3 drops commit 1's index) deleted its first chunk, then death
+    # retention deleted the first index, or a run that compaction merged away and that only it listed, then death
     "blobsnapshot.cleanup.deleted:1": Durable(3, 5, None),
 }
 
@@ -116,7 +123,7 @@ def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkp
 
 @pytest.mark.slow
 def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_durable_checkpoint(work: Path) -> None:
-    """A first child dies after writing commit 4's index (an orphan index and orphan chunks); the next one restores
+    """A first child dies after writing commit 4's index (an orphan index and an orphan run); the next one restores
     commit 3 and dies at the first delete of its start-up sweep of that garbage."""
     _crash(work, "blobsnapshot.upload.index_written:4", exactly(3, landed=False), factories=BLOBSNAPSHOT)
     sweeping = _child(work / "run", work / "sweeping.json", 0, crash_at="blobsnapshot.sweep.deleted:1",
@@ -138,7 +145,7 @@ def test_sigkill_mid_blobsnapshot_upload_of_a_dual_commit_restores_exactly_throu
 ) -> None:
     """Dual commit: the changelog delta of the commit in flight may be uploaded, its blobsnapshot upload is cut
     short; no checkpoint names either, and both backends restore exactly the previous one."""
-    durable = _crash(work, "blobsnapshot.upload.chunk_uploaded:10", Durable(1, 4, False), factories=DUAL,
+    durable = _crash(work, "blobsnapshot.upload.run_staged:4", exactly(3, landed=False), factories=DUAL,
                      restore_factory=restore_factory)
     _restore_and_go_on(work, durable, factories=DUAL, restore_factory=restore_factory)
 
@@ -247,7 +254,8 @@ def _durable_commit(workdir: Path) -> int:
 
 
 def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
-    """The newest RETAINED checkpoints' blobsnapshot indexes are readable and every chunk they list is present."""
+    """The newest RETAINED checkpoints' blobsnapshot indexes are readable and every run they list is present, with
+    its size."""
     blob_store = FileBlobStore(str(blobs_dir(workdir)), create=False)
     entries = _checkpoint_log(workdir).entries()[-RETAINED:]
     for entry in entries:
@@ -256,13 +264,15 @@ def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
         assert marker is not None, f"checkpoint #{entry.seq} has no blobsnapshot marker"
         index = read_index(blob_store, marker, job="job", task=TASK, store=STORE)
         prefix = marker.split("index/", 1)[0]
-        missing = sorted(d for d in index.chunk_hashes() if not blob_store.exists(chunk_name(prefix, d)))
-        assert not missing, f"checkpoint #{entry.seq}: index {marker} lists missing chunks {missing}"
+        missing = sorted(run.hash for run in index.runs if not blob_store.exists(run_name(prefix, run.hash))
+                         or blob_store.head(run_name(prefix, run.hash)).size != run.size)
+        assert not missing, f"checkpoint #{entry.seq}: index {marker} lists missing runs {missing}"
 
 
 def _assert_only_retained_blobs(workdir: Path) -> None:
-    """Every index in the blob store is one a checkpoint in the log names, every chunk is one of theirs: what the
-    crash left behind (orphan chunks and indexes, expiries never removed) was collected."""
+    """Every index in the blob store is one a checkpoint in the log names, every run is one of theirs: what the
+    crash left behind (orphan runs and indexes, compaction outputs never adopted, expiries never removed) was
+    collected."""
     blob_store = FileBlobStore(str(blobs_dir(workdir)), create=False)
     markers = set()
     for entry in _checkpoint_log(workdir).entries():
@@ -271,10 +281,10 @@ def _assert_only_retained_blobs(workdir: Path) -> None:
     prefix = next(iter(markers)).split("index/", 1)[0]
     indexes = set(blob_store.list(index_prefix(prefix)))
     assert indexes == markers, f"indexes no checkpoint names: {sorted(indexes - markers)}"
-    referenced = {chunk_name(prefix, d) for m in markers
-                  for d in read_index(blob_store, m, job="job", task=TASK, store=STORE).chunk_hashes()}
-    chunks = set(blob_store.list(chunks_prefix(prefix)))
-    assert chunks == referenced, f"chunks no retained index lists: {sorted(chunks - referenced)}"
+    referenced = {name for m in markers
+                  for name in read_index(blob_store, m, job="job", task=TASK, store=STORE).blob_names(prefix)}
+    runs = set(blob_store.list(runs_prefix(prefix)))
+    assert runs == referenced, f"runs no retained index lists: {sorted(runs - referenced)}"
 
 
 def _reported_durable(workdir: Path) -> int:

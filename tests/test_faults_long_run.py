@@ -51,7 +51,8 @@ def test_commits_through_ten_percent_injected_failures_lose_nothing_and_restore_
             "blob.store.request.timeout.ms": 5000,
             "stores.counts.backup.factories": "changelog,blobsnapshot",
             "changelog.snapshot.interval.commits": 5,
-            "blobsnapshot.chunk.size": "64KiB",
+            "blobsnapshot.compaction.fanout": 3,
+            "blobsnapshot.compaction.full.min.bytes": 0,
             "task.checkpoint.retained": 3,
             "task.commit.async.failures.tolerated": COMMITS,
         }

@@ -23,7 +23,9 @@ def config_for(tmp_path: Path, url: str, backup: str, restore: str) -> dict[str,
         "stores.counts.backup.factories": backup,
         "stores.counts.restore.factory": restore,
         "changelog.snapshot.interval.commits": 3,
-        "blobsnapshot.chunk.size": "64KiB",
+        # compactions at almost every commit, so every step also runs on merged and rewritten base runs
+        "blobsnapshot.compaction.fanout": 2,
+        "blobsnapshot.compaction.full.min.bytes": 0,
         "blobsnapshot.gc.on.init": "false",
         "task.checkpoint.retained": 2,
     }
@@ -142,3 +144,31 @@ def test_dual_commit_writes_both_markers_in_one_checkpoint(tmp_path: Path) -> No
         checkpoint = task.commit_durably({"input": "0"})
     assert set(checkpoint.markers_for("changelog")) == {"counts"}
     assert checkpoint.markers_for("blobsnapshot")["counts"].startswith("job/task-0/counts/blobsnapshot/index/")
+
+
+def test_a_schema_1_index_in_a_dual_checkpoint_falls_back_to_changelog_and_the_next_commit_uploads_a_base_run(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The migration path the schema-1 refusal names: a dual checkpoint whose blobsnapshot index is one written by
+    the release before runs (the stored sample over the marker) restores through the changelog marker by itself,
+    and the first commit after it uploads a base run of the whole store, from which blobsnapshot alone restores."""
+    blobs = MemoryBlobStore()
+    url = f"memory://{uuid.uuid4().hex}"
+    model: dict[bytes, bytes] = {}
+    offsets: list[int] = []
+    dual = config_for(tmp_path, url, "changelog,blobsnapshot", "blobsnapshot")
+    run_step(dual, blobs, model, range(3), offsets)
+    with TaskStorage.open(dual, "task-0", blob_store=blobs) as task:
+        assert task.restored is not None
+        marker = task.restored.markers_for("blobsnapshot")["counts"]
+    blobs.put(marker, (Path(__file__).parent / "data" / "blobsnapshot" / "index-v1.json").read_bytes())
+    shutil.rmtree(tmp_path / "local")
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="statebackend.task"):
+        task = run_step(dual, blobs, model, range(3, 4), offsets)
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    assert marker in messages and "schema version 1" in messages
+    assert task.metrics.counter("blobsnapshot.base.runs") == 1
+    blob_only = config_for(tmp_path, url, "blobsnapshot", "blobsnapshot")
+    restored = reopen_exact(blob_only, blobs, model, tmp_path, wipe=True)
+    assert restored.metrics.counter("restore.stores.full") == 1

@@ -1,7 +1,8 @@
-"""A chunk an index names is on the blob store before the index is written, whatever answer the blob store gives.
+"""A run an index names is on the blob store before the index is written, whatever answer the blob store gives.
 
-Seen in the fault matrix (Azurite, 10% faults): acknowledged blob-snapshot checkpoints named chunks that were never
-written, and every restore failed with "chunk ... that index ... lists is missing". The history of such a chunk: one
+Seen in the fault matrix (Azurite, 10% faults), when blob-snapshot still cut whole environments into chunks:
+acknowledged checkpoints named chunks that were never written, and every restore failed with "chunk ... that index
+... lists is missing". The history of such a chunk: one
 ``head()``, answered "present, 0 bytes", and no put. The answer was another request's: the fault proxy, after
 passing a reply whole because a ``cut_body`` fault had no body to cut (a 200/201/202 with Content-Length 0, or a
 HEAD), kept that reply buffered and the fault armed, so every later reply on the connection came after it and the
@@ -9,8 +10,10 @@ connection answered each request with an earlier one's reply (here a Set Blob Me
 Content-Length 0, taken as a HEAD's answer). The backend took any ``head()`` success as "present".
 
 Two things are tested: the proxy gives each request its own reply after such a pass-through (real servers, scripted
-fault), and the backend takes a chunk as present only on an answer about that chunk (its length), so an index never
-names a chunk that is not there (scripted wrapper stores: a lying head, a lying "already exists").
+fault), and the backend takes a content-addressed run as present only on an answer about that run (a HEAD showing
+its exact length), so an index never names a run that is not there (scripted wrapper stores: a lying head, a lying
+"already exists"). A run found missing later (at cleanup) makes the next commit upload a base run, so the next
+checkpoint never depends on it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from statebackend.backends.blobsnapshot.format import SnapshotIndex, chunk_name
+from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 
 from statebackend.blobstores.azure import AzureBlobStore
 from statebackend.blobstores.base import BlobInfo, BlobStore
@@ -31,7 +34,7 @@ from tests.faults import CUT_BODY, FaultProxy, fault_requests
 from tests.servers import ServerProcess, azurite_connection_string
 
 DATA = bytes((i * 37 + 11) & 0xFF for i in range(3000))
-CHUNKS = "job/task-0/counts/blobsnapshot/chunks/"
+RUNS = "job/task-0/counts/blobsnapshot/runs/"
 
 
 # -- the proxy: a reply passed on whole leaves the connection answering each request with its own reply -----------
@@ -69,12 +72,12 @@ def test_a_cut_body_fault_with_no_body_to_cut_does_not_shift_later_replies(azuri
             raw.close()
 
 
-# -- the backend: "present" only on an answer about the chunk --------------------------------------------------------
+# -- the backend: "present" only on an answer about the run ----------------------------------------------------------
 
 
 class LyingStore(BlobStore):
-    """Wraps ``inner``; the first ``head()`` of a chunk answers "present, 0 bytes" (another request's reply), or the
-    first create-only put of a chunk is refused as "already exists" without anything written, per ``lie``."""
+    """Wraps ``inner``; the first ``head()`` of a run answers "present, 0 bytes" (another request's reply), or the
+    first create-only put of a run is refused as "already exists" without anything written, per ``lie``."""
 
     def __init__(self, inner: BlobStore, lie: str) -> None:
         self.inner = inner
@@ -84,7 +87,7 @@ class LyingStore(BlobStore):
         self.lied_about: str | None = None
 
     def _lie_now(self, kind: str, name: str) -> bool:
-        if self.lie == kind and self.lied_about is None and name.startswith(CHUNKS):
+        if self.lie == kind and self.lied_about is None and name.startswith(RUNS):
             self.lied_about = name
             return True
         return False
@@ -120,13 +123,12 @@ def _config(tmp_path: Path, local: str) -> dict[str, object]:
         "blob.store.url": "memory://unused",
         "stores.counts.backup.factories": "blobsnapshot",
         "stores.counts.restore.factory": "blobsnapshot",
-        "blobsnapshot.chunk.size": "64KiB",
         "blobsnapshot.gc.on.init": "false",
     }
 
 
 @pytest.mark.parametrize("lie", ["head", "put"])
-def test_a_chunk_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path, lie: str) -> None:
+def test_a_run_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path, lie: str) -> None:
     blobs = MemoryBlobStore()
     lying = LyingStore(blobs, lie)
     model = {f"k{i:06d}".encode(): f"value-{i}-".encode() * 4 for i in range(3000)}
@@ -137,7 +139,10 @@ def test_a_chunk_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path
         checkpoint = task.commit_durably({"input": "0"})
     assert lying.lied_about is not None  # the lie was told
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    assert blobs.exists(lying.lied_about)  # the chunk it was about was written all the same
+    assert blobs.exists(lying.lied_about)  # the run it was about was written all the same
+    index = RunIndex.decode(blobs.get(marker), name=marker)
+    assert lying.lied_about in index.blob_names(RUNS.removesuffix("runs/"))
+    assert blobs.head(lying.lied_about).size == index.runs[0].size
     # a new machine restores the acknowledged checkpoint straight from the blob store
     with TaskStorage.open(_config(tmp_path, "reader"), "task-0", blob_store=blobs) as restored:
         assert restored.restored is not None
@@ -146,8 +151,8 @@ def test_a_chunk_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path
 
 
 class LosingStore(LyingStore):
-    """After the first index is written, one chunk it names (from the middle of the file, which an unchanged store
-    keeps in every later snapshot) vanishes: the damage an index written before the fix above could carry."""
+    """After the first index is written, the run it names vanishes: the damage an index written before the fix above
+    could carry, or a blob lost on the blob store's side."""
 
     def __init__(self, inner: BlobStore) -> None:
         super().__init__(inner, lie="none")
@@ -156,12 +161,12 @@ class LosingStore(LyingStore):
             metadata: Mapping[str, str] | None = None) -> None:
         super().put(name, data, create_only=create_only, metadata=metadata)
         if self.lied_about is None and "/blobsnapshot/index/" in name:
-            chunks = SnapshotIndex.decode(data, name=name).files[0].chunks
-            self.lied_about = chunk_name(CHUNKS.removesuffix("chunks/"), chunks[len(chunks) // 2].hash)
+            runs = RunIndex.decode(data, name=name).runs
+            self.lied_about = run_name(RUNS.removesuffix("runs/"), runs[0].hash)
             self.inner.delete(self.lied_about)
 
 
-def test_a_chunk_found_missing_at_cleanup_is_written_again_by_the_next_snapshot(tmp_path: Path) -> None:
+def test_a_run_found_missing_at_cleanup_makes_the_next_commit_upload_a_base_run(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     losing = LosingStore(blobs)
     model = {f"k{i:06d}".encode(): f"value-{i}-".encode() * 4 for i in range(3000)}
@@ -169,11 +174,17 @@ def test_a_chunk_found_missing_at_cleanup_is_written_again_by_the_next_snapshot(
         store = task.store("counts")
         for key, value in model.items():
             store.put(key, value)
-        task.commit_durably({"input": "0"})  # its cleanup finds the chunk missing
+        task.commit_durably({"input": "0"})  # its cleanup finds the run missing
         assert losing.lied_about is not None and not blobs.exists(losing.lied_about)
-        assert task.metrics.counter("blobsnapshot.chunks.missing") == 1
-        second = task.commit_durably({"input": "1"})  # the same bytes: the chunk is needed again
-    assert blobs.exists(losing.lied_about)
+        assert task.metrics.counter("blobsnapshot.runs.missing") == 1
+        store.put(b"k000001", b"changed")
+        model[b"k000001"] = b"changed"
+        second = task.commit_durably({"input": "1"})  # cannot build on the lost run: a base run of the whole store
+        assert task.metrics.counter("blobsnapshot.base.runs") == 1
+    marker = second.markers_for("blobsnapshot")["counts"]
+    index = RunIndex.decode(blobs.get(marker), name=marker)
+    assert len(index.runs) == 1 and index.runs[0].base and index.runs[0].records == len(model)
+    assert losing.lied_about not in index.blob_names(RUNS.removesuffix("runs/"))
     with TaskStorage.open(_config(tmp_path, "reader"), "task-0", blob_store=blobs) as restored:
         assert restored.restored is not None
         assert restored.restored.checkpoint_id == second.checkpoint_id
