@@ -762,16 +762,17 @@ def _parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool
                                    f"lengths that do not add up to its {key_bytes} key and {value_bytes} value "
                                    "bytes; the file is corrupt")
         ops = block[:ops_size]
-        if has_ops:
-            _check_ops(ops, value_lengths, offset, count, name=name)
+        deletes = _check_ops(ops, value_lengths, offset, count, name=name) if has_ops else []
         unpacked = cut.unpack_from(block, ops_size + 8 * n)
         keys = unpacked[:n] if emit else unpacked
         if not (all(map(lt, keys, islice(keys, 1, None))) and (previous is None or previous < keys[0])):
             _raise_out_of_order(keys, previous, offset, count, name=name)
         if emit:
             values: Sequence[bytes | None] = unpacked[n:]
-            if has_ops:
-                values = [None if op == _OP_DELETE else value for op, value in zip(ops, values)]
+            if deletes:
+                values = list(values)
+                for index in deletes:  # a Python step per delete only, never per put
+                    values[index] = None
             yield zip(keys, values)
         previous = keys[-1]
         count += n
@@ -786,15 +787,22 @@ def _u32_array(block: bytes, start: int, n: int) -> array[int]:
     return numbers
 
 
-def _check_ops(ops: bytes, value_lengths: array[int], offset: int, first_index: int, *, name: str) -> None:
+def _check_ops(ops: bytes, value_lengths: array[int], offset: int, first_index: int, *, name: str) -> list[int]:
+    """Check a block's op bytes (puts and deletes only, deletes without a value); the positions of its deletes."""
     if ops.count(_OP_PUT) + ops.count(_OP_DELETE) != len(ops):
         index = next(i for i, op in enumerate(ops) if op not in (_OP_PUT, _OP_DELETE))
         raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} has op "
                                f"{ops[index]}, not a valid delta record")
-    for index, (op, length) in enumerate(zip(ops, value_lengths)):
-        if op == _OP_DELETE and length:
+    deletes = []
+    find = ops.find
+    index = find(_OP_DELETE)
+    while index >= 0:  # bytes.find in C: a Python step per delete, none per put
+        if value_lengths[index]:
             raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} is a "
-                                   f"delete with value length {length}, not a valid delta record")
+                                   f"delete with value length {value_lengths[index]}, not a valid delta record")
+        deletes.append(index)
+        index = find(_OP_DELETE, index + 1)
+    return deletes
 
 
 def _raise_out_of_order(keys: Sequence[bytes], previous: bytes | None, offset: int, first_index: int, *,
