@@ -48,7 +48,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import attrs
 from statebackend.backends.blobsnapshot.format import (
@@ -508,7 +508,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         try:
             with open(partial, "wb") as raw:
                 out = _HashingWriter(raw)
-                stats = write_file(out, header, records, level=self.compression_level)
+                stats = write_file(cast("BinaryIO", out), header, records, level=self.compression_level)
             digest = out.hexdigest()
             os.replace(partial, state.cache / digest)
         except BaseException:
