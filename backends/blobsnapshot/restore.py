@@ -102,6 +102,8 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         try:
             if start is None:
                 metrics.increment("restore.stores.full")
+                if not to_apply:
+                    store.replace_contents([], None)  # an index of an empty store: whatever was here goes
             else:
                 metrics.increment("restore.stores.caught.up")
             if start is None and to_apply:
