@@ -134,3 +134,34 @@ def test_a_landed_checkpoint_stays_restorable_and_durable_while_later_checkpoint
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         assert task.restored == after
         assert contents(task) == model
+
+
+def test_a_base_run_whose_checkpoint_reply_was_lost_is_listed_again_by_the_next_commit(tmp_path: Path) -> None:
+    """The first blob-snapshot commit after a migration uploads a base run of the whole store; its checkpoint lands
+    with the reply lost, so no cleanup makes the run durable. With no grace period every such run is too old to be
+    named again without writing it anew: the next commit must still succeed (and the landed checkpoint and the next
+    one restore exactly)."""
+    inner = MemoryBlobStore()
+    blobs = ControlledBlobStore(inner)
+    model: dict[bytes, bytes] = {}
+    changelog = make_config("changelog", tmp_path)
+    with TaskStorage.open(changelog, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+    config = dict(make_config("blobsnapshot", tmp_path), **{"stores.counts.restore.factories": "blobsnapshot,changelog"})
+    config.pop("stores.counts.restore.factory")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        lose_the_checkpoint_reply(task, blobs, 1, model)  # uploads a base run: no blobsnapshot chain yet
+        assert task.metrics.counter("blobsnapshot.base.runs") == 1
+        landed = dict(model)
+        write_round(task, 2, model)
+        task.commit_durably({"input": "2"})
+        assert task.metrics.counter("blobsnapshot.base.runs") == 1  # the landed base run is built on
+    entries = CheckpointLog(inner, "job", "task-0").entries()
+    assert [e.checkpoint.input_offsets["input"] for e in entries] == ["1", "2"]
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner, checkpoint=entries[0]) as task:
+        assert contents(task) == landed
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert contents(task) == model

@@ -87,7 +87,8 @@ __all__ = ["CACHE_DIR", "STAGING_DIR", "BlobSnapshotBackupManager", "SweepReport
 log = logging.getLogger(__name__)
 
 STAGING_DIR = "blobsnapshot-staging"
-#: local copies of the chain's non-base runs (what merges read) and of runs not uploaded yet, named by their hash
+#: local copies of the chain's non-base runs (what merges read), of base runs until durable and of runs not uploaded
+#: yet, named by their hash
 CACHE_DIR = "blobsnapshot-runs"
 #: a compaction result not yet adopted by an index (the open that made it closed first)
 COMPACTED_FILE = "blobsnapshot-compacted.json"
@@ -413,11 +414,14 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         state.compaction_output = compacted.output.hash
 
     def _drop_stale_cache(self, state: _StoreState, *, at_init: bool = False) -> None:
-        """Delete cached runs the chain no longer lists (merged away, or left by a crashed process)."""
+        """Delete cached runs the chain no longer lists (merged away, or left by a crashed process), and base runs
+        once durable (merges never read a base run; until a durable index names it, a commit may have to write it
+        again: see :meth:`_ensure_uploaded`)."""
         with state.state_lock:
             if state.compaction is not None and not state.compaction.done():
                 return  # its output may be in the cache before it is recorded
-            keep = {run.hash for run in state.runs} | {run.hash for run in state.compaction_inputs}
+            keep = {run.hash for run in state.runs if not (run.base and run.hash in state.durable_runs)}
+            keep |= {run.hash for run in state.compaction_inputs}
             if state.compaction_output is not None:
                 keep.add(state.compaction_output)
         for path in state.cache.iterdir():
@@ -548,8 +552,6 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             metrics.increment("commit.bytes.reused", run.size)
             metrics.increment("blobsnapshot.runs.reused")
         state.uploaded.add(run.hash)
-        if run.base:
-            path.unlink(missing_ok=True)  # merges never read the base: no local copy needed
 
     def _put_run(self, state: _StoreState, run: RunEntry, path: Path) -> bool:
         """Upload one run unless the blob store holds exactly its bytes; whether it was written.
@@ -664,8 +666,6 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 return runs
             compacted = attrs.evolve(compacted, uploaded_at=now)
             self.context.metrics.increment("blobsnapshot.compaction.refreshed")
-        if compacted.output.base:
-            state.cached(compacted.output).unlink(missing_ok=True)  # kept until adopted; merges never read it
         state.uploaded.add(compacted.output.hash)
         if compacted.uploaded_at is not None:
             state.uploaded_at[compacted.output.hash] = compacted.uploaded_at
