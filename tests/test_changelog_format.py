@@ -13,8 +13,8 @@ import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from statebackend import recordfile as fmt
 
+from statebackend import recordfile as fmt
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import (
     FileHeader,

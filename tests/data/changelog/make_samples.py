@@ -22,7 +22,6 @@ HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
 
 from statebackend import recordfile as fmt
-
 from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
 
 DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
