@@ -12,24 +12,17 @@ from pyspark.sql import Row
 
 from statebackend.errors import CommitConflictError, CommitError, ConfigError, StateBackendError
 from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, TaskRunner
+from statebackend.spark.executor import is_output
 from statebackend.task import TaskStorage
 from tests.test_spark import count_rows, make_config
 
 NUM_TASKS = 2
 
 
-class _Stats:
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-
-    def add(self, items: list[Any]) -> None:
-        self.items.extend(items)
-
-
 def runner(config: dict[str, object], batch_id: int, fn: Any = count_rows, **extra: Any) -> TaskRunner:
     options: dict[str, Any] = {"num_tasks": NUM_TASKS, "on_replay": "redo"}
     options.update(extra)
-    return TaskRunner(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), stats=_Stats(), **options)
+    return TaskRunner(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), **options)
 
 
 def rows(*words: str) -> list[Row]:
@@ -37,7 +30,7 @@ def rows(*words: str) -> list[Row]:
 
 
 def run(config: dict[str, object], batch_id: int, *words: str, **extra: Any) -> list[Any]:
-    return list(runner(config, batch_id, **extra).run_rows(0, iter(rows(*words))))
+    return [item for item in runner(config, batch_id, **extra).run_rows(0, iter(rows(*words))) if is_output(item)]
 
 
 def task_state(config: dict[str, object]) -> tuple[dict[str, int], int]:
@@ -66,7 +59,8 @@ def test_two_attempts_at_once_one_commit_wins_and_a_retry_redoes_the_batch_once(
 
     def attempt() -> None:
         try:
-            results.append(list(runner(config, 1, fn).run_rows(0, iter(rows("a", "c")))))
+            results.append([item for item in runner(config, 1, fn).run_rows(0, iter(rows("a", "c")))
+                            if is_output(item)])
         except CommitError as exc:
             results.append(exc)
 

@@ -4,18 +4,21 @@ statistics that travel back."""
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-from pyspark import AccumulatorParam, StorageLevel
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.functions import col
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.spark.batches import MODES, ON_REPLAY
-from statebackend.spark.executor import TaskRunner, TaskStats, TaskStores
+from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +48,7 @@ class StatefulForeachBatch:
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
     _previous: Any = attrs.field(init=False, default=None)
+    _parsed_schema: StructType | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.mode not in MODES:
@@ -60,7 +64,10 @@ class StatefulForeachBatch:
                 f"StatefulForeachBatch mode {self.mode!r} needs output_schema (a StructType or a DDL string such as "
                 "'word string, count long'): Spark must know the schema before the tasks run"
             )
-        Settings.from_config(self.config)  # a wrong key fails here, on the driver, not in every task
+        # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
+        # Spark conf (spark.statebackend.*), which is read again at every batch
+        active = SparkSession.getActiveSession()
+        Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
         """Run micro-batch ``batch_id``; hand the output to the sink, or return it (persisted until the next call)."""
@@ -68,34 +75,43 @@ class StatefulForeachBatch:
             self._previous.unpersist()
             self._previous = None
         spark = batch_df.sparkSession
-        accumulator = spark.sparkContext.accumulator([], _ListParam())
-        runner = TaskRunner(
-            fn=self.fn,
-            config=self.config,
-            batch_id=int(batch_id),
-            num_tasks=self.num_tasks,
-            on_replay=self.on_replay,
-            input_columns=tuple(batch_df.columns),
-            stats=accumulator,
-        )
+        remote = is_connect(spark)
+        config = effective_config(spark, self.config)
         partitioned = batch_df.repartition(self.num_tasks, *self.key_columns)
-        schema = self.output_schema  # a StructType or a DDL string: Spark accepts either
-        if self.mode == "rows":
+        if self.mode == "rows" and not remote:
+            # classic Spark: rows through an RDD, each task's stats as its output's last element
+            runner = self._runner(config, batch_id, None, batch_df)
             rdd = partitioned.rdd.mapPartitionsWithIndex(runner.run_rows)
             rdd.persist(StorageLevel.MEMORY_AND_DISK)
             rdd.count()  # the one action that runs the tasks; everything after reads the persisted output
-            output = _rows_frame(spark, rdd, schema)
+            stats = [record.stats for record in rdd.filter(is_stats).collect()]
+            output = _rows_frame(spark, rdd.filter(is_output), self.output_schema)
             persisted: Any = rdd
         else:
-            assert schema is not None  # checked at construction for every mode but "rows"
-            run = runner.run_arrow if self.mode == "arrow" else runner.run_pandas
-            mapped = (
-                partitioned.mapInArrow(run, schema) if self.mode == "arrow" else partitioned.mapInPandas(run, schema)
-            )
-            output = mapped.persist(StorageLevel.MEMORY_AND_DISK)
-            output.count()
-            persisted = output
-        self.last_batch_stats = sorted(accumulator.value, key=lambda s: (s.task_index, s.attempt))
+            # Arrow all the way (the only route under Spark Connect, which has no RDDs): each task's stats in one
+            # extra row, in a column that is null in every output row
+            if self.output_schema is None:
+                raise ConfigError(
+                    "StatefulForeachBatch mode 'rows' needs output_schema under Spark Connect (a StructType or a DDL "
+                    "string such as 'word string, count long'): without RDDs Spark must know the schema before the "
+                    "tasks run"
+                )
+            schema = self._struct(spark)
+            runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df)
+            extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
+                                   StructField(STATS_COLUMN, BinaryType(), True)])
+            if self.mode == "pandas":
+                mapped = partitioned.mapInPandas(runner.run_pandas, extended)
+            else:
+                mapped = partitioned.mapInArrow(runner.run_arrow if self.mode == "arrow" else runner.run_rows_arrow,
+                                                extended)
+            persisted = mapped.persist(StorageLevel.MEMORY_AND_DISK)
+            persisted.count()
+            stats_column = col(STATS_COLUMN)
+            stats = [pickle.loads(row[0]) for row in
+                     persisted.where(stats_column.isNotNull()).select(stats_column).collect()]
+            output = persisted.where(stats_column.isNull()).drop(STATS_COLUMN)
+        self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
         self.history.extend(self.last_batch_stats)
         if self.sink is None:
             self._previous = persisted
@@ -106,16 +122,54 @@ class StatefulForeachBatch:
             persisted.unpersist()
         return None
 
+    def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame) -> TaskRunner:
+        return TaskRunner(
+            fn=self.fn,
+            config=config,
+            batch_id=int(batch_id),
+            num_tasks=self.num_tasks,
+            on_replay=self.on_replay,
+            input_columns=tuple(batch_df.columns),
+            output_schema=output_schema,
+        )
 
-class _ListParam(AccumulatorParam):  # type: ignore[type-arg]
-    """Accumulates lists (of TaskStats) by concatenation."""
+    def _struct(self, spark: SparkSession) -> StructType:
+        """The output schema as a StructType (a DDL string is parsed by Spark, once)."""
+        if isinstance(self.output_schema, StructType):
+            return self.output_schema
+        if self._parsed_schema is None:
+            self._parsed_schema = spark.createDataFrame([], self.output_schema).schema
+        return self._parsed_schema
 
-    def zero(self, value: list[Any]) -> list[Any]:
-        return []
 
-    def addInPlace(self, value1: list[Any], value2: list[Any]) -> list[Any]:  # pyspark's name
-        value1.extend(value2)
-        return value1
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no SparkContext, RDDs or accumulators)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+#: keys of the Spark conf under this prefix are statebackend keys (``spark.statebackend.job.name`` is ``job.name``):
+#: ``spark-submit --conf`` only passes keys that start with ``spark.``
+SPARK_CONF_PREFIX = "spark.statebackend."
+
+
+def spark_conf_keys(spark: SparkSession) -> dict[str, str]:
+    """The statebackend keys set in the session's Spark conf (``spark.statebackend.*``), prefix removed."""
+    try:
+        entries = dict(spark.conf.getAll)  # Spark 4: a property, on classic and Connect sessions alike
+    except (AttributeError, TypeError):
+        entries = dict(spark.sparkContext.getConf().getAll())  # Spark 3.5, classic only
+    return {key[len(SPARK_CONF_PREFIX):]: value for key, value in entries.items()
+            if key.startswith(SPARK_CONF_PREFIX) and len(key) > len(SPARK_CONF_PREFIX)}
+
+
+def effective_config(spark: SparkSession, config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` over the session's ``spark.statebackend.*`` keys: a key given in code wins over the same key in the
+    Spark conf (as in Spark, where a setting made in code wins over ``spark-submit --conf``)."""
+    merged: dict[str, Any] = dict(spark_conf_keys(spark))
+    merged.update(config)
+    if len(merged) != len(config):
+        Settings.from_config(merged)  # a wrong key from the Spark conf fails here, on the driver, naming it
+    return merged
 
 
 def _rows_frame(spark: SparkSession, rdd: Any, schema: Any) -> DataFrame:

@@ -47,7 +47,7 @@ class TaskStores(Mapping[str, Any]):
 
 @attrs.frozen
 class TaskStats:
-    """What one task attempt did in one batch (collected on the driver through an accumulator)."""
+    """What one task attempt did in one batch (travels to the driver with the task's output)."""
 
     batch_id: int
     task_index: int
@@ -90,8 +90,32 @@ def _partition_index() -> int:
 
 
 @attrs.frozen
+class StatsRecord:
+    """A task attempt's :class:`TaskStats`, travelling back to the driver as the last element of the task's output
+    (rows mode on an RDD). The other modes carry the same pickled stats in the output's :data:`STATS_COLUMN`."""
+
+    stats: TaskStats
+
+
+def is_stats(item: Any) -> bool:
+    return isinstance(item, StatsRecord)
+
+
+def is_output(item: Any) -> bool:
+    return not isinstance(item, StatsRecord)
+
+
+#: the column that carries each task attempt's pickled TaskStats in one extra output row (null in every output row):
+#: stats travel with the output, which works alike on classic Spark and under Spark Connect (no accumulator)
+STATS_COLUMN = "__statebackend_stats__"
+
+
+@attrs.frozen
 class TaskRunner:
-    """The part of a batch that travels to the executors (pickled with ``fn`` and the config)."""
+    """The part of a batch that travels to the executors (pickled with ``fn`` and the config).
+
+    ``output_schema``: the Arrow schema of the user's output (arrow and pandas modes, and rows mode over Arrow);
+    the task's output gets :data:`STATS_COLUMN` appended and one more row carrying its stats."""
 
     fn: Callable[[TaskStores, Any], Any]
     config: Mapping[str, Any]
@@ -99,17 +123,33 @@ class TaskRunner:
     num_tasks: int
     on_replay: str
     input_columns: tuple[str, ...]
-    stats: Any
+    output_schema: Any = None
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+        """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
         counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
-        outputs = self._run(index, lambda stores: list(self.fn(stores, counted) or ()), counted)
-        return iter(outputs)
+        outputs, stats = self._run(index, lambda stores: list(self.fn(stores, counted) or ()), counted)
+        return iter([*outputs, StatsRecord(stats)])
+
+    def run_rows_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """Rows mode over Arrow (Spark Connect has no RDDs): Rows in, the function's rows out as Arrow batches."""
+        from pyspark.sql import Row
+
+        def rows() -> Iterator[Any]:
+            for batch in batches:
+                counted.count += batch.num_rows
+                for record in batch.to_pylist():
+                    yield Row(**record)
+
+        counted = _Counted(iter(()))
+        outputs, stats = self._run(_partition_index(), lambda stores: list(self.fn(stores, rows()) or ()), counted)
+        return iter(self._with_stats(_rows_to_batches(outputs, self.output_schema), stats))
 
     def run_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         counted = _Counted(batches, size=lambda batch: batch.num_rows)
-        outputs = self._run(_partition_index(), lambda stores: _arrow_batches(self.fn(stores, counted)), counted)
-        return iter(outputs)
+        outputs, stats = self._run(_partition_index(), lambda stores: _arrow_batches(self.fn(stores, counted)),
+                                   counted)
+        return iter(self._with_stats(outputs, stats))
 
     def run_pandas(self, frames: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
@@ -121,10 +161,26 @@ class TaskRunner:
             return _pandas_frames(self.fn(stores, frame))
 
         counted = _Counted(iter(()))
-        outputs = self._run(_partition_index(), work, counted)
-        return iter(outputs)
+        outputs, stats = self._run(_partition_index(), work, counted)
+        return iter(_pandas_with_stats(outputs, stats, self.output_schema))
 
-    def _run(self, index: int, work: Callable[[TaskStores], list[Any]], counted: _Counted) -> list[Any]:
+    def _with_stats(self, batches: list[Any], stats: TaskStats) -> list[Any]:
+        """The output batches with :data:`STATS_COLUMN` (null) appended, then one row carrying ``stats``."""
+        import pickle
+
+        import pyarrow as pa
+
+        schema = self.output_schema
+        field = pa.field(STATS_COLUMN, pa.binary())
+        out = [batch.append_column(field, pa.nulls(batch.num_rows, pa.binary())) for batch in batches]
+        nulls = [pa.nulls(1, f.type) for f in schema]
+        out.append(pa.RecordBatch.from_arrays(
+            [*nulls, pa.array([pickle.dumps(stats)], pa.binary())],
+            schema=pa.schema([*(f.with_nullable(True) for f in schema), field])))
+        return out
+
+    def _run(self, index: int, work: Callable[[TaskStores], list[Any]],
+             counted: _Counted) -> tuple[list[Any], TaskStats]:
         started = time.monotonic()
         context = TaskContext.get()
         attempt = context.attemptNumber() if context is not None else 0
@@ -148,7 +204,11 @@ class TaskRunner:
                     and batch_of(latest, name, self.num_tasks) == self.batch_id):
                 log.info("%s: batch %d already committed as checkpoint #%d; skipping it", name, self.batch_id,
                          latest.seq)
-                return []
+                skipped = TaskStats(
+                    batch_id=self.batch_id, task_index=index, attempt=attempt, base_seq=latest.seq, committed_seq=0,
+                    open_ms=(time.monotonic() - started) * 1000.0, process_ms=0.0, commit_ms=0.0,
+                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False)
+                return [], skipped
             base = base_checkpoint(checkpoint_log, latest, name, self.batch_id, self.num_tasks)
             try:
                 storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head)
@@ -170,15 +230,15 @@ class TaskRunner:
                 committed = time.monotonic()
                 sync_samples = storage.metrics.samples("commit.sync.ms")
                 committed_seq = storage.commit_manager.next_seq - 1
-            self.stats.add([TaskStats(
+            stats = TaskStats(
                 batch_id=self.batch_id, task_index=index, attempt=attempt,
                 base_seq=base.seq if base is not None else 0, committed_seq=committed_seq,
                 open_ms=(opened - started) * 1000.0, process_ms=(processed - opened) * 1000.0,
                 commit_ms=(committed - processed) * 1000.0,
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
                 input_rows=counted.count, output_rows=sum(_size(o) for o in outputs), private_dir=private is not None,
-            )])
-            return outputs
+            )
+            return outputs, stats
         finally:
             blob_store.close()
             if private is not None:
@@ -198,6 +258,47 @@ def _arrow_batches(result: Any) -> list[Any]:
     for item in result:
         batches.extend(_arrow_batches(item))
     return batches
+
+
+def _rows_to_batches(rows: list[Any], schema: Any) -> list[Any]:
+    """The function's output rows (tuples, Rows or dicts) as Arrow batches of the declared output ``schema``."""
+    import pyarrow as pa
+
+    if not rows:
+        return []
+    names = schema.names
+    records = []
+    for row in rows:
+        if isinstance(row, Mapping):
+            records.append(dict(row))
+        elif hasattr(row, "asDict"):
+            records.append(row.asDict())
+        else:
+            values = tuple(row)
+            if len(values) != len(names):
+                raise StateBackendError(
+                    f"an output row has {len(values)} values where output_schema has {len(names)} columns "
+                    f"({', '.join(names)}): {values!r}"
+                )
+            records.append(dict(zip(names, values, strict=True)))
+    return pa.Table.from_pylist(records, schema=schema).to_batches()
+
+
+def _pandas_with_stats(frames: list[Any], stats: TaskStats, schema: Any) -> list[Any]:
+    """The output frames with :data:`STATS_COLUMN` (None) added, then a one-row frame carrying ``stats``."""
+    import pickle
+
+    import pandas as pd
+
+    out = []
+    for frame in frames:
+        frame = frame.copy(deep=False)
+        frame[STATS_COLUMN] = None
+        out.append(frame)
+    record: dict[str, Any] = {name: pd.Series([None], dtype=object) for name in schema.names}
+    record[STATS_COLUMN] = pd.Series([pickle.dumps(stats)], dtype=object)
+    out.append(pd.DataFrame(record))
+    return out
 
 
 def _pandas_frames(result: Any) -> list[Any]:

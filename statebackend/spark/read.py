@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import attrs
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
 from statebackend.config import Settings
@@ -49,9 +51,10 @@ def read_state(
     ])
     # Only this store's keys: restoring the others would download state nobody asked for.
     reader_config = {k: v for k, v in config.items() if not k.startswith("stores.") or k.startswith(f"stores.{store}.")}
-    reader = _StateReader(reader_config, store, checkpoint, num_tasks)
-    rdd = spark.sparkContext.parallelize(range(num_tasks), num_tasks).mapPartitions(reader.read)
-    return spark.createDataFrame(rdd, schema)
+    reader = _StateReader(reader_config, store, checkpoint, num_tasks, to_arrow_schema(schema))
+    # one partition per task index; DataFrame operations only, so this works alike under Spark Connect (no RDDs)
+    indexes = spark.range(0, num_tasks, 1, num_tasks)
+    return indexes.mapInArrow(reader.read_arrow, schema)
 
 
 @attrs.frozen
@@ -60,6 +63,21 @@ class _StateReader:
     store: str
     checkpoint: str | int
     num_tasks: int
+    schema: Any
+
+    def read_arrow(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """For ``mapInArrow`` over ``spark.range(num_tasks)``: the records of the tasks whose index is in ``batches``,
+        as Arrow batches of at most 64Ki rows."""
+        import pyarrow as pa
+
+        for batch in batches:
+            for index in batch.column(0).to_pylist():
+                rows = self.read([index])
+                while chunk := list(islice(rows, 1 << 16)):
+                    yield pa.RecordBatch.from_arrays(
+                        [pa.array(column, field.type) for column, field in zip(zip(*chunk), self.schema,
+                                                                                strict=True)],
+                        schema=self.schema)
 
     def read(self, indexes: Iterable[int]) -> Iterator[tuple[str, Any, Any]]:
         import tempfile
@@ -99,4 +117,4 @@ def _column_value(serde: str, data: bytes) -> Any:
         from statebackend.serdes import get_serde
 
         return get_serde("integer").from_bytes(data)
-    return bytearray(data)
+    return bytes(data)

@@ -1,0 +1,81 @@
+"""Run by tests/test_spark_connect.py in its own process: a Spark Connect session (``remote("local[2]")``, a local
+Connect server in this process's JVM, which cannot share the JVM with the test session's classic SparkContext) runs
+the driver in every mode, a replay, a real streaming query through ``foreachBatch`` and ``read_state``, and prints
+what it saw as one JSON document on the last line of stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def main(workdir: str) -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    from pyspark.sql import SparkSession
+
+    from statebackend.spark import StatefulForeachBatch, read_state
+    from statebackend.spark.driver import is_connect
+    from tests.test_spark import COUNTERS, OUTPUT, batch_words, make_config
+
+    spark = (SparkSession.builder.remote("local[2]")
+             .config("spark.sql.shuffle.partitions", "2")
+             # a statebackend key given only through the Spark conf (as spark-submit --conf would)
+             .config("spark.statebackend.stores.counts.msg.serde", "integer")
+             .getOrCreate())
+    result: dict[str, Any] = {"connect": is_connect(spark)}
+
+    def expected(batch_ids: list[int]) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for batch_id in batch_ids:
+            for word in batch_words(batch_id):
+                totals[word] = totals.get(word, 0) + 1
+        return totals
+
+    def state(config: dict[str, Any], checkpoint: Any = "latest") -> dict[str, int]:
+        rows = read_state(spark, config, "counts", num_tasks=3, checkpoint=checkpoint).collect()
+        return {row.key: row.value for row in rows}
+
+    for mode in ("rows", "arrow", "pandas"):
+        config = make_config(Path(workdir) / mode)
+        del config["stores.counts.msg.serde"]  # comes from the Spark conf
+        job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=3, config=config,
+                                   output_schema=OUTPUT, mode=mode)
+        outputs = []
+        for batch_id in range(3):
+            frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
+            outputs.append(sorted((row.word, row["count"]) for row in job(frame, batch_id).collect()))
+        frame = spark.createDataFrame([(w,) for w in batch_words(2)], "word string")
+        replayed = sorted((row.word, row["count"]) for row in job(frame, 2).collect())
+        totals = expected([0, 1, 2])
+        result[mode] = {
+            "output_ok": outputs[2] == sorted((w, totals[w]) for w in set(batch_words(2))),
+            "replay_same_output": replayed == outputs[2],
+            "state_ok": state(dict(config, **{"stores.counts.msg.serde": "integer"})) == totals,
+            "state_after_batch_0_ok": state(dict(config, **{"stores.counts.msg.serde": "integer"}), 0) == expected([0]),
+            "stats": sorted((s.task_index, s.base_seq, s.committed_seq) for s in job.last_batch_stats),
+        }
+
+    # a real streaming query: foreachBatch runs the job in a Python process of the Connect server
+    source = Path(workdir) / "input"
+    source.mkdir()
+    config = make_config(Path(workdir) / "stream")
+    for batch_id in range(2):
+        (source / f"part-{batch_id}.txt").write_text("\n".join(batch_words(batch_id)) + "\n")
+    words = spark.readStream.text(str(source)).withColumnRenamed("value", "word")
+    job = StatefulForeachBatch(COUNTERS["arrow"], key_columns=["word"], num_tasks=3, config=config,
+                               output_schema=OUTPUT, mode="arrow")
+    query = (words.writeStream.foreachBatch(job).option("checkpointLocation", str(Path(workdir) / "spark-cp"))
+             .option("maxFilesPerTrigger", 1).trigger(availableNow=True).start())
+    query.awaitTermination()
+    result["stream_state_ok"] = state(config) == expected([0, 1])
+    spark.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
