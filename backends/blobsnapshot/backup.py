@@ -312,8 +312,9 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         for state in self._states.values():
             with state.state_lock:
                 prepared, state.prepared = list(state.prepared.values()), {}
-                if prepared:
-                    state.needs_base = True
+                # whether or not our snapshot() ran (in a dual commit another backend's may have failed first), the
+                # commit flushed every store: that change is in LMDB and in no run
+                state.needs_base = True
             for item in prepared:
                 _close_when_ready(item.view)
 
@@ -465,6 +466,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         """Write this commit's run and index; returns whether ``view`` was handed to a full compaction."""
         context = self.context
         with _in_flight([state.staging, state.cache]):
+            covered = False  # whether the chain holds this commit's change (as a run, in a base run, or: none)
             try:
                 if state.needs_base:
                     base = self._write_run(state, view.items(), first_seq=1, last_seq=prepared.seq,
@@ -479,13 +481,17 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     run = self._write_run(state, iter(prepared.change), first_seq=first, last_seq=prepared.seq,
                                           version=prepared.version, level=0, base=False)
                     state.runs.append(run)
+                covered = True
                 crashpoint("blobsnapshot.upload.run_staged")
                 for run in state.runs:
                     self._ensure_uploaded(state, run)
                 crashpoint("blobsnapshot.upload.runs_uploaded")
             except BaseException:
-                if state.runs and not all(state.cached(r).exists() or r.hash in state.uploaded for r in state.runs):
-                    state.needs_base = True  # a run is neither uploaded nor staged: the chain cannot be completed
+                if not covered or (state.runs and not all(state.cached(r).exists() or r.hash in state.uploaded
+                                                          for r in state.runs)):
+                    # this commit's change could not be written as a run (it is in LMDB all the same), or a run is
+                    # neither uploaded nor staged: the chain cannot be completed, the next upload writes a base run
+                    state.needs_base = True
                 raise
             runs = self._adopt_compaction(state, tuple(state.runs))
             index = RunIndex(
