@@ -560,43 +560,61 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         state.uploaded.add(run.hash)
 
     def _put_run(self, state: _StoreState, run: RunEntry, path: Path) -> bool:
-        """Upload one run unless the blob store holds exactly its bytes; whether it was written.
+        """Upload one run unless the blob store holds exactly its bytes and an index may name them; whether it was
+        written.
 
         "Present" needs evidence about *this* run: a ``head()`` that finds a blob of its length under its
         content-addressed name. A create-only write refused as "already exists" is checked the same way; a blob of
-        another length under the name is overwritten with the run's bytes, the only bytes the name can hold."""
+        another length under the name is overwritten with the run's bytes, the only bytes the name can hold. A
+        present blob is reused only when no sweep can take it before a checkpoint names it: a retained durable index
+        names it, or it is younger than half the grace period. Otherwise (a run whose upload reply was lost long
+        ago, an identical run of a checkpoint retention dropped) the same bytes are written again, with a fresh
+        age."""
         blob_store = self.context.blob_store
         name = run_name(state.prefix, run.hash)
         refresh = run.hash in state.uploaded  # an old upload no durable index names: write it again, same bytes
         created_at = self.clock()
-        if not refresh and self._holds_blob(name, run.size):
-            return False
+        if not refresh:
+            found = self._present(state, name, run)
+            if found == "reusable":
+                return False
+            refresh = found == "too old"
         if refresh:
             blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
         else:
             try:
                 blob_store.put_file(name, path, create_only=True, metadata=self._new_metadata(created_at))
             except AlreadyExistsError:
-                if self._holds_blob(name, run.size):
+                found = self._present(state, name, run)
+                if found == "reusable":
                     return False  # same name, same content: an earlier try wrote it first
-                log.warning("store %s: run %s was reported taken but holds no blob of its length; writing it again",
-                            state.name, name)
+                if found == "absent":
+                    log.warning("store %s: run %s was reported taken but holds no blob of its length; writing it "
+                                "again", state.name, name)
                 blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
         state.uploaded_at[run.hash] = created_at
         crashpoint("blobsnapshot.upload.run_uploaded")
         return True
 
-    def _holds_blob(self, name: str, size: int) -> bool:
-        """Whether the blob store holds a blob of ``size`` bytes under ``name``."""
+    def _present(self, state: _StoreState, name: str, run: RunEntry) -> str:
+        """``"absent"`` (no blob of the run's length under ``name``), ``"reusable"`` or ``"too old"`` (see
+        :meth:`_put_run`)."""
+        blob_store = self.context.blob_store
         try:
-            info = self.context.blob_store.head(name)
+            info = blob_store.head(name)
         except NotFoundError:
-            return False
-        if info.size != size:
+            return "absent"
+        if info.size != run.size:
             log.warning("run %s: the blob store reports %d bytes where the run has %d; not taken as present",
-                        name, info.size, size)
-            return False
-        return True
+                        name, info.size, run.size)
+            return "absent"
+        if run.hash in state.durable_runs or not blob_store.supports_metadata:
+            return "reusable"
+        try:
+            created = float(info.metadata[CREATED_AT])
+        except (KeyError, ValueError):
+            return "too old"  # no age we can read (durable once and since dropped, or written by another tool)
+        return "reusable" if self._young_enough(created) else "too old"
 
     def _put_index(self, marker: str, index: RunIndex) -> None:
         data = index.encode()
