@@ -373,7 +373,8 @@ def known_durable_seq(
         try:
             found = read_local_checkpoint_binding(task_dir / name)
         except (CorruptDataError, IncompatibleFormatError, OSError) as exc:
-            log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc)
+            log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc,
+                extra={"job": job_name, "task": task_name, "store": name})
             continue
         if found is None or found[1] is None:
             continue
@@ -435,7 +436,8 @@ def _as_v2(entry: LogEntry | None) -> CheckpointV2 | None:
     if entry is None:
         return None
     if isinstance(entry.checkpoint, CheckpointV1):
-        log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq)
+        log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq,
+            extra={"seq": entry.seq})
         return None
     return entry.checkpoint
 
@@ -505,7 +507,8 @@ def _restore(
                                     checkpoint)
         if not order:
             if stores[name].version is not None or stores[name].count() > 0:
-                log.info("store %s: no state in the checkpoint; clearing local data", name)
+                log.info("store %s: no state in the checkpoint; clearing local data", name,
+                    extra={"job": settings.job_name, "store": name})
             stores[name].replace_contents([], None)
             restored_by[name] = None
             continue
@@ -544,6 +547,8 @@ def _restore(
                     log.error(
                         "store %s: restore of checkpoint %s from the %s backend failed (%s); falling back to the %s "
                         "backend", name, checkpoint.checkpoint_id if checkpoint else None, factory_name, exc, rest[0],
+                        extra={"job": settings.job_name, "store": name,
+                               "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint else None},
                     )
                     next_round[name] = rest
                     continue
@@ -578,5 +583,5 @@ def _restore_candidates(
         log.warning(
             "store %s: checkpoint %s has no %s marker; restoring from the %s backend instead",
             store_name, checkpoint.checkpoint_id, preferred[0], usable[0],
-        )
+         extra={"store": store_name, "checkpoint_id": str(checkpoint.checkpoint_id)})
     return usable
