@@ -85,7 +85,8 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
                     problems.append(f"store {store}: {kind} {s.name} (seq {s.seq}) is missing from "
                                     f"{self.context.blob_store.describe()}")
                 except StateBackendError as exc:
-                    problems.append(f"store {store}: {kind} {s.name} (seq {s.seq}): {exc}")
+                    named = "" if s.name in str(exc) else f" {s.name}"  # the format's errors name the blob already
+                    problems.append(f"store {store}: {kind}{named} (seq {s.seq}): {exc}")
         return problems
 
     def _verify_blob(self, store: str, step: Step, kind: str, tmp: Path) -> None:
