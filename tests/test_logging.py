@@ -78,9 +78,8 @@ def test_restore_start_and_end_at_info_with_bytes_time_and_fields(
         checkpoint = task.commit_durably({"clicks": "500"})
     shutil.rmtree(tmp_path / "state")  # a new machine: a full restore
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="statebackend"):
-        with TaskStorage.open(config, "task-0") as task:
-            downloaded = int(task.metrics.counter("restore.bytes"))
+    with caplog.at_level(logging.INFO, logger="statebackend"), TaskStorage.open(config, "task-0") as task:
+        downloaded = int(task.metrics.counter("restore.bytes"))
     restore_records = [r for r in caplog.records if r.name == "statebackend.task" and "restor" in r.getMessage()]
     start, end = restore_records
     assert start.levelno == end.levelno == logging.INFO
@@ -133,8 +132,7 @@ def test_a_fallback_warning_names_the_store(tmp_path: Path, caplog: pytest.LogCa
     shutil.rmtree(tmp_path / "state")
     for delta in (tmp_path / "blobs").rglob("*.delta"):
         delta.unlink()  # the changelog restore fails; blob-snapshot takes over
-    with caplog.at_level(logging.INFO, logger="statebackend"):
-        with TaskStorage.open(config, "task-0") as task:
-            assert task.store("counts").get("ada") == 1
+    with caplog.at_level(logging.INFO, logger="statebackend"), TaskStorage.open(config, "task-0") as task:
+        assert task.store("counts").get("ada") == 1
     (fallback,) = [r for r in caplog.records if r.levelno == logging.ERROR and "falling back" in r.getMessage()]
     assert _fields(fallback)["store"] == "counts" and _fields(fallback)["job"] == "clicks"
