@@ -448,15 +448,10 @@ def test_gc_dry_run_then_apply(capsys: pytest.CaptureFixture[str], job: tuple[Pa
 # -- against a real server (moto's S3) ---------------------------------------------------------------------------
 
 
-@pytest.mark.s3
-@pytest.mark.slow
-def test_every_command_against_the_s3_server(
-    capsys: pytest.CaptureFixture[str], s3_server: ServerProcess, tmp_path: Path
-) -> None:
-    bucket = f"t-{uuid.uuid4().hex[:20]}"
-    config = base_config(tmp_path, f"s3://{bucket}/state", **{"blob.store.endpoint.url": s3_server.endpoint})
+def _every_command(capsys: pytest.CaptureFixture[str], config: dict[str, Any], tmp_path: Path) -> Path:
+    """Every command on a job of one task on a server; returns the config file."""
     states = make_job(config, tasks=("task-0",), runs=4)
-    path = write_config(tmp_path / "s3.properties", config)
+    path = write_config(tmp_path / "server.properties", config)
     assert cli(capsys, "validate", str(path))[0] == 0
     assert json.loads(cli(capsys, "jobs", str(path), "--json")[1])[0]["checkpoints"] == 4
     assert [t["task"] for t in json.loads(cli(capsys, "tasks", str(path), "--json")[1])] == ["task-0"]
@@ -472,22 +467,53 @@ def test_every_command_against_the_s3_server(
     code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts")
     assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
         states["task-0"]["history"][-1]
-
-    # gc: an orphaned store's old blob and an abandoned multipart upload go; the checkpoints still verify
-    import boto3
-
-    client = boto3.client("s3", endpoint_url=s3_server.endpoint)
-    upload = client.create_multipart_upload(Bucket=bucket, Key="state/clicks/task-0/counts/changelog/delta/x.delta")
-    with blobs_of(config) as store:
+    with blobs_of(config) as store:  # an orphaned store's old blob: gc deletes it, the checkpoints still verify
         store.put("clicks/task-0/dropped/changelog/delta/000000000001-aaaa.delta", b"old",
                   metadata={"created_at": OLD})
     report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
+    assert {item["kind"]: item["action"] for item in report["items"]}["orphaned store"] == "delete"
+    return path
+
+
+@pytest.mark.azure
+@pytest.mark.slow
+def test_every_command_against_azurite(
+    capsys: pytest.CaptureFixture[str], azurite_connection: str, tmp_path: Path
+) -> None:
+    config = base_config(tmp_path, f"az://t{uuid.uuid4().hex[:20]}/state",
+                         **{"blob.store.connection.string": azurite_connection})
+    path = _every_command(capsys, config, tmp_path)
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--json")
+    report = json.loads(out)
+    assert code == 0 and any("cannot list abandoned uploads" in note for note in report["notes"])
+    with blobs_of(config) as store:
+        assert not list(store.list("clicks/task-0/dropped/"))
+    assert cli(capsys, "verify", str(path), "task-0")[0] == 0
+    _, out, _ = cli(capsys, "checkpoints", str(path), "task-0", "--json", "-v")
+    assert "AccountKey" not in out and "Eby8vdM02" not in out  # the connection string's key never shows
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_every_command_against_the_s3_server(
+    capsys: pytest.CaptureFixture[str], s3_server: ServerProcess, tmp_path: Path
+) -> None:
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    config = base_config(tmp_path, f"s3://{bucket}/state", **{"blob.store.endpoint.url": s3_server.endpoint})
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint)
+    path = _every_command(capsys, config, tmp_path)
+    # an abandoned multipart upload goes too
+    upload = client.create_multipart_upload(Bucket=bucket, Key="state/clicks/task-0/counts/changelog/delta/x.delta")
+    assert upload["UploadId"]
+    report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
     kinds = {item["kind"]: item for item in report["items"]}
     assert kinds["abandoned upload"]["blob"] == "clicks/task-0/counts/changelog/delta/x.delta"
-    assert kinds["orphaned store"]["action"] == "delete"
+    assert kinds["abandoned upload"]["action"] == "delete" and kinds["orphaned store"]["action"] == "delete"
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the dry run left it
     assert cli(capsys, "gc", str(path), "--grace", "0", "--apply")[0] == 0
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
-    assert upload["UploadId"]
     with blobs_of(config) as store:
         assert not list(store.list("clicks/task-0/dropped/"))
     assert cli(capsys, "verify", str(path), "task-0")[0] == 0

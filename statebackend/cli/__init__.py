@@ -156,11 +156,29 @@ def _main(argv: Sequence[str] | None) -> int:
     except SystemExit as exc:  # --help, --version (0) and usage errors (2) print their own text
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     args.overrides = [*args.overrides, *getattr(args, "overrides_after", [])]
-    if args.verbose:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger("statebackend").addHandler(handler)
-        logging.getLogger("statebackend").setLevel(logging.INFO)
+    if not args.verbose:
+        return _run(args)
+    logger = logging.getLogger("statebackend")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_RedactingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        return _run(args)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+class _RedactingFormatter(logging.Formatter):
+    """Log lines of ``-v`` go through redact, like everything else the command prints."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
+def _run(args: argparse.Namespace) -> int:
     from statebackend.cli import commands, gc
 
     handlers = {**commands.COMMANDS, "gc": gc.gc}
