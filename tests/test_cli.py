@@ -24,6 +24,11 @@ from statebackend.checkpoint import CheckpointLog, CheckpointV2
 from statebackend import TaskStorage
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.cli import EXIT_CODES, main
+from statebackend.cli._common import NoExecutor
+from statebackend.config import Settings
+from statebackend.contracts import BackendContext, StateBackendAdmin
+from statebackend.metrics import Metrics
+from statebackend.registry import resolve_factory
 from tests.servers import ServerProcess
 
 OLD = f"{time.time() - 7 * 86400:.3f}"  # a created_at a week ago: past any grace period used here
@@ -300,6 +305,48 @@ def test_a_backend_that_does_not_describe_or_verify_says_so(
     assert {item["blob"] for item in report["items"]} == set(names)
     with blobs_of(config) as store:
         assert list(store.list("clicks/task-0/counts/fullcopy/")) == names
+
+
+def test_a_dual_commit_job_with_blobsnapshot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """changelog and blobsnapshot side by side: the command works with whatever each backend's admin says."""
+    config = base_config(tmp_path, (tmp_path / "dual").as_uri(),
+                         **{"stores.counts.backup.factories": "changelog,blobsnapshot"})
+    states = make_job(config, tasks=("task-0",), runs=3)
+    path = write_config(tmp_path / "dual.properties", config)
+    with blobs_of(config) as store:
+        context = BackendContext(factory_name="blobsnapshot", job_name="clicks", task_name="task-0", stores={},
+                                 blob_store=store, checkpoint_log=CheckpointLog(store, "clicks", "task-0"),
+                                 executor=NoExecutor(), metrics=Metrics(),
+                                 options=Settings.from_config(config).backend_options_for("blobsnapshot"))
+        admin = type(resolve_factory("blobsnapshot").factory.admin(context))
+    # whatever the blob-snapshot admin implements (its three methods are optional), the command follows it
+    describes = admin.describe_marker is not StateBackendAdmin.describe_marker
+    verifies = admin.verify_marker is not StateBackendAdmin.verify_marker
+    accounts = admin.referenced_blobs is not StateBackendAdmin.referenced_blobs
+    before = state_of_blob_store(config)
+    code, out, _ = cli(capsys, "verify", str(path), "task-0", "--json")
+    statuses = {m["backend"]: m["status"] for m in json.loads(out)["markers"]}
+    assert statuses == {"changelog": "ok", "blobsnapshot": "ok" if verifies else "unverified"}
+    assert code == (0 if verifies else 6)
+    code, out, _ = cli(capsys, "inspect", str(path), "task-0", "--json")
+    item = json.loads(out)["markers"]["blobsnapshot"]["counts"]
+    assert code == 0 and (item["description"] is not None) == describes
+    rows = json.loads(cli(capsys, "checkpoints", str(path), "task-0", "--json")[1])
+    assert (rows[-1]["bytes"] is not None) == accounts
+    # dump from each backend's marker gives the same state, and writes nothing
+    for backend in ("changelog", "blobsnapshot"):
+        code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-D",
+                           f"stores.counts.restore.factory={backend}")
+        assert code == 0
+        assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
+            states["task-0"]["history"][-1]
+    report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
+    if not accounts:
+        kept = [i for i in report["items"] if "/blobsnapshot/" in i["blob"]]
+        assert kept and all(i["action"] == "keep" and "does not say" in i["reason"] for i in kept)
+    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply")[0] == 0
+    assert cli(capsys, "dump", str(path), "task-0", "counts", "-D", "stores.counts.restore.factory=blobsnapshot")[0] == 0
+    assert state_of_blob_store(config).keys() <= before.keys()
 
 
 def test_progress_bar_on_a_terminal_only(
