@@ -348,7 +348,7 @@ def dump(run: Run) -> int:
                              checkpoint=_seq_is(entry.seq)) as restored:
             local = restored.stores[store]
             key_serde, value_serde = get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde)
-            for key, value in local.items():
+            for key, value in run.progress(local.items(), total=local.count(), desc="dump"):
                 if run.args.raw:
                     record: dict[str, Any] = {"key_base64": _b64(key), "value_base64": _b64(value)}
                 else:
