@@ -492,6 +492,26 @@ def test_gc_dry_run_then_apply(capsys: pytest.CaptureFixture[str], job: tuple[Pa
     assert cli(capsys, "gc", str(path), "--grace", "nonsense")[0] == 2
 
 
+def test_gc_drops_a_task_named_by_the_operator(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, config, states = job
+    before = state_of_blob_store(config)
+    code, _, err = cli(capsys, "gc", str(path), "--drop-task", "task-9")
+    assert code == 4 and "task-9" in err
+    code, out, _ = cli(capsys, "gc", str(path), "--drop-task", "task-1", "--json")
+    dropped = [i for i in json.loads(out)["items"] if i["kind"] == "dropped task"]
+    assert code == 0 and {i["blob"] for i in dropped} == {n for n in before if n.startswith("clicks/task-1/")}
+    assert state_of_blob_store(config) == before
+    assert cli(capsys, "gc", str(path), "--drop-task", "task-1", "--apply")[0] == 0
+    after = state_of_blob_store(config)
+    assert set(after) == {n for n in before if not n.startswith("clicks/task-1/")}
+    assert cli(capsys, "checkpoints", str(path), "task-1")[0] == 4
+    assert cli(capsys, "verify", str(path), "task-0")[0] == 0
+    assert [json.loads(x)["key"] for x in cli(capsys, "dump", str(path), "task-0", "counts")[1].splitlines()] == \
+        sorted(states["task-0"]["history"][-1])
+
+
 # -- against a real server (moto's S3) ---------------------------------------------------------------------------
 
 

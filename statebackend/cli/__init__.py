@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-c", "--checkpoint", default="latest", help=checkpoint_help)
     gc = command("gc", "find the job's garbage on the blob store; a dry run unless --apply")
     gc.add_argument("--apply", action="store_true", help="delete what the report lists (default: report only)")
+    gc.add_argument("--drop-task", action="append", metavar="TASK", help="collect this task whole, checkpoints "
+                    "included (a job that now runs fewer tasks; stop it first); repeatable")
     gc.add_argument("--grace", default="24h", help="leave alone what is younger than this (default 24h; never less "
                     "than the backends' gc grace periods), e.g. 6h, 90min, 0 for everything")
     return parser

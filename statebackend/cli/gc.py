@@ -9,6 +9,8 @@ What is garbage, per task of the job (``<job>/<task>/``):
 - **unreferenced blob**: a blob under a backend's prefix of a store that no checkpoint in the log needs (a commit
   attempt that never became durable, blobs retention left behind), as the backend's admin says
   (``referenced_blobs``). A backend that does not say keeps every blob under its prefix;
+- **dropped task**: every blob of a task named by ``--drop-task`` (a job that now runs fewer tasks), checkpoints
+  included, whatever its age: the operator decided;
 - **abandoned upload**: writes that never finished (temp files of a ``file://`` store, incomplete S3 multipart
   uploads), where the blob store can list them.
 
@@ -37,7 +39,7 @@ CREATED_AT = "created_at"
 
 @attrs.define
 class Item:
-    kind: str  # orphaned task | orphaned store | unreferenced blob | abandoned upload | kept
+    kind: str  # orphaned task | dropped task | orphaned store | unreferenced blob | abandoned upload | kept
     task: str | None
     blob: str
     age_s: float | None
@@ -62,8 +64,17 @@ def gc(run: Run) -> int:
         parts = name.split("/")
         if len(parts) >= 3:
             by_task.setdefault(parts[1], []).append(name)
+    dropped = set(run.args.drop_task or [])
+    unknown = sorted(dropped - set(by_task))
+    if unknown:
+        raise NotFoundError(f"--drop-task {', '.join(unknown)}: no such task of job {job!r} in "
+                            f"{run.blob_store.describe()} (`statebackend tasks` lists them)")
     items: list[Item] = []
     for task, names in run.progress(sorted(by_task.items()), total=len(by_task), desc="tasks"):
+        if task in dropped:
+            items.extend(Item("dropped task", task, name, None, None, "delete",
+                              f"task {task} named by --drop-task: its checkpoints and state go") for name in names)
+            continue
         items.extend(_task_items(run, task, names, grace_s))
     uploads = run.blob_store.abandoned_uploads(f"{job}/")
     upload_note = None
