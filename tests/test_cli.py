@@ -190,7 +190,9 @@ def test_checkpoints_times_and_sizes(capsys: pytest.CaptureFixture[str], job: tu
         expected = sum(store.head(name).size for name in recipe_blobs)
     assert rows[-1]["bytes"] == expected > 0
     assert rows[-1]["checkpoint_id"] == str(entry.checkpoint.checkpoint_id)
-    assert rows[-1]["time"].startswith(time.strftime("%Y-%m-%dT", time.gmtime()))
+    millis = entry.checkpoint.checkpoint_id.millis
+    assert rows[-1]["time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + \
+        f".{millis % 1000:03d}Z"
     assert rows[-1]["input_offsets"] == {"clicks": "4"}
     code, out, _ = cli(capsys, "checkpoints", str(path), "task-0")
     lines = out.splitlines()
@@ -263,6 +265,17 @@ def test_verify_ok_damaged_and_missing(capsys: pytest.CaptureFixture[str], job: 
     after = state_of_blob_store(config)
     assert set(after) == set(before) - {snapshot}
     assert cli(capsys, "verify", str(path), "task-0", "--store", "nosuch")[0] == 4
+
+
+def test_verify_a_damaged_checkpoint_blob(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, config, _ = job
+    name = "clicks/task-0/checkpoints/000000000005.v2.json"
+    with blobs_of(config) as store:
+        store.put(name, store.get(name).replace(b'"clicks"', b'"clickz"'))
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 5 and out.startswith("FAILED      checkpoint latest of task task-0") and name in out
+    code, out, _ = cli(capsys, "verify", str(path), "task-0", "-c", "4", "--json")
+    assert code == 0 and json.loads(out)["result"] == "ok"
 
 
 def test_verify_a_delta_of_another_task_put_under_the_name(

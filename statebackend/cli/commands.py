@@ -264,7 +264,16 @@ def _describe_lines(item: dict[str, Any]) -> list[str]:
 
 def verify(run: Run) -> int:
     task = run.args.task
-    entry = run.choose(task, run.args.checkpoint)  # reading it checks its own checksum and binding
+    try:
+        entry = run.choose(task, run.args.checkpoint)  # reading it checks its own checksum and binding
+    except (CorruptDataError, IncompatibleFormatError) as exc:
+        if run.json:
+            run.print_json({"job": run.job, "task": task, "checkpoint": run.args.checkpoint, "result": "failed",
+                            "problems": [str(exc)], "markers": []})
+        else:
+            run.print(f"FAILED      checkpoint {run.args.checkpoint} of task {task}")
+            run.print(f"            {exc}")
+        return EXIT_VERIFY_FAILED
     cp = entry.checkpoint
     wanted = set(run.args.store or [])
     results: list[dict[str, Any]] = []
