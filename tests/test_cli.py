@@ -99,6 +99,9 @@ def state_of_blob_store(config: dict[str, Any]) -> dict[str, tuple[bytes, dict[s
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "--version")
     assert code == 0 and out.startswith("statebackend ")
+    module = subprocess.run([sys.executable, "-m", "statebackend.cli", "--version"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert module.returncode == 0 and module.stdout == out
     code, out, _ = cli(capsys, "--help")
     assert code == 0 and "checkpoints" in out and "gc" in out and "exit codes" in out
 

@@ -222,6 +222,3 @@ def _error(message: str) -> None:
     except (BrokenPipeError, ValueError):
         pass
 
-
-if __name__ == "__main__":
-    sys.exit(main())
