@@ -22,6 +22,7 @@ from statebackend.cli._common import (
     table,
 )
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
+from statebackend.metrics import Metrics
 from statebackend.serdes import get_serde
 from statebackend.task import restored_stores
 
@@ -323,15 +324,21 @@ def restore(run: Run) -> int:
     entry = run.choose(task, run.args.checkpoint)
     config = dict(run.config, **{"state.local.dir": run.args.directory})
     started = time.monotonic()
-    with restored_stores(config, task, blob_store=run.blob_store, checkpoint=_seq_is(entry.seq)) as restored:
-        result = {
-            "job": run.job, "task": task, "seq": entry.seq, "directory": run.args.directory,
-            "checkpoint_id": str(restored.checkpoint.checkpoint_id) if restored.checkpoint else None,
-            "stores": {name: {"restored_by": by, "keys": restored.stores[name].count()}
-                       for name, by in restored.restored_by.items()},
-            "bytes_downloaded": int(restored.metrics.counter("restore.bytes")),
-            "ms": round((time.monotonic() - started) * 1000.0),
-        }
+    metrics = Metrics()
+    stores: dict[str, dict[str, Any]] = {}
+    names = list(run.settings.stores)
+    # one store at a time, so the progress bar moves; each restores exactly as opening the task would
+    for name in run.progress(names, total=len(names), desc="restore"):
+        with restored_stores(config, task, store_names=[name], blob_store=run.blob_store,
+                             checkpoint=_seq_is(entry.seq), metrics=metrics) as restored:
+            stores[name] = {"restored_by": restored.restored_by[name], "keys": restored.stores[name].count()}
+    cp = entry.checkpoint
+    result = {
+        "job": run.job, "task": task, "seq": entry.seq, "directory": run.args.directory,
+        "checkpoint_id": str(cp.checkpoint_id) if isinstance(cp, CheckpointV2) else None,
+        "stores": stores, "bytes_downloaded": int(metrics.counter("restore.bytes")),
+        "ms": round((time.monotonic() - started) * 1000.0),
+    }
     if run.json:
         run.print_json(result)
         return EXIT_OK
