@@ -192,7 +192,7 @@ class CheckpointLog:
                         f"and must not claim its commit: restore from the latest checkpoint and redo"
                     ) from None
                 log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name,
-                    extra=self._log_extra(seq))
+                         extra=self._log_extra(seq))
         listing = self.fence(seq)
         log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix, extra=self._log_extra(seq))
         return listing
@@ -322,7 +322,8 @@ class CheckpointLog:
                 "checkpoint log %s in %s: the listing shows checkpoints up to #%d but #%d is known to be durable; "
                 "listing again in %.1f s", self.prefix, self.blob_store.describe(), max(listing, default=0), at_least,
                 delay,
-             extra=self._log_extra(at_least))
+                extra=self._log_extra(at_least),
+            )
             time.sleep(delay)
             listing = self._list_once()
         if max(listing, default=0) >= at_least:
@@ -381,7 +382,8 @@ class CheckpointLog:
                 log.warning(
                     "checkpoint log %s: checkpoint %d exists only in versions %s, none of read versions %s; "
                     "passing over it", self.prefix, seq, sorted(listing[seq]), self.read_versions,
-                 extra=self._log_extra(seq))
+                    extra=self._log_extra(seq),
+                )
 
     def _read_entry(self, seq: int, versions: set[int]) -> LogEntry | None:
         """The entry in its preferred listed version, or None when that blob vanished since the listing (never a

@@ -202,13 +202,13 @@ class TaskCommitManager:
                 inflight.future.exception(self.timeout_ms / 1000.0)
             except FutureTimeoutError:
                 log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id,
-                    extra=self._log_extra(inflight.checkpoint_id))
+                            extra=self._log_extra(inflight.checkpoint_id))
         with self._lock:
             cleanups, self._cleanups = self._cleanups, []
         _, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
         if not_done:
             log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done),
-                extra=self._log_extra())
+                        extra=self._log_extra())
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -349,7 +349,7 @@ class TaskCommitManager:
             if self._failure is not None and self._failure[1] is not pending:
                 log.warning("task %s: commit %s failed earlier (%s); checkpoint %s now holds its changes",
                             self.task_name, self._failure[1].checkpoint_id, self._failure[0], checkpoint.checkpoint_id,
-                                extra=self._log_extra(checkpoint.checkpoint_id))
+                            extra=self._log_extra(checkpoint.checkpoint_id))
                 self._failure = None
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
@@ -385,7 +385,7 @@ class TaskCommitManager:
                 self.metrics.increment("commit.local.checkpoint.failures")
                 log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
                             self.task_name, checkpoint.checkpoint_id, store.path, exc,
-                                extra=self._log_extra(checkpoint.checkpoint_id))
+                            extra=self._log_extra(checkpoint.checkpoint_id))
 
     def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers], listing: Any = None) -> None:
         def report(future: Future[Any]) -> None:
@@ -404,7 +404,7 @@ class TaskCommitManager:
             except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc,
-                    extra=self._log_extra(checkpoint_id))
+                            extra=self._log_extra(checkpoint_id))
         try:
             retention = self.executor.submit(self.checkpoint_log.retain, listing)
         except RuntimeError:
@@ -416,7 +416,7 @@ class TaskCommitManager:
     def _fail(self, pending: PendingCommit, exc: BaseException) -> None:
         self.metrics.increment("commit.failures")
         log.warning("task %s: commit %s failed: %s", self.task_name, pending.checkpoint_id, exc,
-            extra=self._log_extra(pending.checkpoint_id))
+                    extra=self._log_extra(pending.checkpoint_id))
         if not isinstance(exc, CommitError):
             wrapped = CommitError(f"task {self.task_name}: commit {pending.checkpoint_id} failed: {exc}")
             wrapped.__cause__ = exc

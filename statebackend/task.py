@@ -374,7 +374,7 @@ def known_durable_seq(
             found = read_local_checkpoint_binding(task_dir / name)
         except (CorruptDataError, IncompatibleFormatError, OSError) as exc:
             log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc,
-                extra={"job": job_name, "task": task_name, "store": name})
+                        extra={"job": job_name, "task": task_name, "store": name})
             continue
         if found is None or found[1] is None:
             continue
@@ -437,7 +437,7 @@ def _as_v2(entry: LogEntry | None) -> CheckpointV2 | None:
         return None
     if isinstance(entry.checkpoint, CheckpointV1):
         log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq,
-            extra={"seq": entry.seq})
+                    extra={"seq": entry.seq})
         return None
     return entry.checkpoint
 
@@ -508,7 +508,7 @@ def _restore(
         if not order:
             if stores[name].version is not None or stores[name].count() > 0:
                 log.info("store %s: no state in the checkpoint; clearing local data", name,
-                    extra={"job": settings.job_name, "store": name})
+                         extra={"job": settings.job_name, "store": name})
             stores[name].replace_contents([], None)
             restored_by[name] = None
             continue
@@ -583,5 +583,6 @@ def _restore_candidates(
         log.warning(
             "store %s: checkpoint %s has no %s marker; restoring from the %s backend instead",
             store_name, checkpoint.checkpoint_id, preferred[0], usable[0],
-         extra={"store": store_name, "checkpoint_id": str(checkpoint.checkpoint_id)})
+            extra={"store": store_name, "checkpoint_id": str(checkpoint.checkpoint_id)},
+        )
     return usable

@@ -209,7 +209,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 if recipe is not None and not ours:
                     log.warning("store %s: restored by the %s backend, not from this backend's recipe; the changelog "
                                 "chain starts anew from a snapshot at the next commit", name, restorer,
-                                    extra=self._log_extra(name))
+                                extra=self._log_extra(name))
                     self.context.metrics.increment("changelog.rebase.after.fallback")
                 lineage.seq = recipe.seq if recipe is not None else 0
                 lineage.base = None
@@ -267,7 +267,7 @@ class ChangelogBackupManager(TaskBackupManager):
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
             self.context.metrics.increment("changelog.snapshot.rejected")
             log.warning("store %s: not adopting finished snapshot %s: %s", lineage.name, name, exc,
-                extra=self._log_extra(lineage.name))
+                        extra=self._log_extra(lineage.name))
             return False
         return _created_at(info.metadata)
 
@@ -389,7 +389,7 @@ class ChangelogBackupManager(TaskBackupManager):
             if stale:
                 log.warning("task %s: changelog sweep ran longer than a quarter of the gc grace period since its "
                             "mark; stopped (the next sweep marks anew)", self.context.task_name,
-                                extra=self._log_extra())
+                            extra=self._log_extra())
                 self.context.metrics.increment("changelog.sweep.stopped")
                 break
             with lineage.lock:  # forget blobs gone meanwhile
@@ -399,7 +399,7 @@ class ChangelogBackupManager(TaskBackupManager):
         if deleted:
             self.context.metrics.increment("changelog.sweep.deleted", deleted)
             log.debug("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted,
-                extra=self._log_extra())
+                      extra=self._log_extra())
         return deleted
 
     def _past_grace(self, lineage: _Lineage, blob: str) -> bool:
@@ -642,7 +642,7 @@ class ChangelogBackupManager(TaskBackupManager):
         if exc is not None:
             self.context.metrics.increment("changelog.snapshot.failures")
             log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc,
-                extra=self._log_extra(lineage.name))
+                        extra=self._log_extra(lineage.name))
             return
         snapshot = background.result()
         assert snapshot.name is not None
