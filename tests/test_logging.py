@@ -25,8 +25,8 @@ def _all_modules() -> list[str]:
              *pkgutil.walk_packages(statebackend.backends.__path__, prefix="statebackend.backends."),
              *pkgutil.walk_packages(statebackend.checkpoint.__path__, prefix="statebackend.checkpoint.")]
     for info in found:
-        if info.name.startswith("statebackend.spark"):
-            continue  # needs pyspark: checked by name below
+        if info.name.startswith("statebackend.spark") or info.name.endswith(".__main__"):
+            continue  # spark needs pyspark (checked by its source below); a __main__ runs the command
         names.append(info.name)
     return names
 
