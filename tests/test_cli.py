@@ -431,6 +431,19 @@ def test_dump_is_read_only_json_lines(
     assert cli(capsys, "dump", str(path), "task-9", "counts")[0] == 4
 
 
+def test_dump_of_a_store_the_config_no_longer_has(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
+                         **{"stores.old.backup.factories": "changelog", "stores.old.key.serde": "string",
+                            "stores.old.msg.serde": "json"})
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("old").put("ada", {"clicks": [1, 2]})
+        storage.commit_durably({"clicks": "1"})
+    without = {k: v for k, v in config.items() if not k.startswith("stores.old.")}
+    path = write_config(tmp_path / "dropped.properties", without)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "old")
+    assert code == 0 and [json.loads(x) for x in out.splitlines()] == [{"key": "ada", "value": {"clicks": [1, 2]}}]
+
+
 def test_dump_into_a_closed_pipe_is_quiet(job: tuple[Path, dict, dict], tmp_path: Path) -> None:
     path, config, _ = job
     with TaskStorage.open(config, "task-0") as storage:

@@ -21,6 +21,7 @@ from statebackend.cli._common import (
     human_bytes,
     table,
 )
+from statebackend.config import Settings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.metrics import Metrics
 from statebackend.serdes import get_serde
@@ -351,15 +352,14 @@ def restore(run: Run) -> int:
 
 def dump(run: Run) -> int:
     task, store = run.args.task, run.args.store
-    if store not in run.settings.stores:
-        raise NotFoundError(f"store {store!r} is not in the config; configured stores: "
-                            f"{', '.join(sorted(run.settings.stores)) or 'none'} (a store of the checkpoint that "
-                            f"the config lacks: add it with -D stores.{store}.key.serde=... -D stores.{store}."
-                            f"msg.serde=...)")
     entry = run.choose(task, run.args.checkpoint)
-    store_settings = run.settings.stores[store]
+    config = dict(run.config)
+    if store not in run.settings.stores:
+        config.update(_store_of_checkpoint(run, entry, store))
+    settings = Settings.from_config(config)
+    store_settings = settings.stores[store]
     with tempfile.TemporaryDirectory(prefix="statebackend-dump-") as tmp:
-        config = dict(run.config, **{"state.local.dir": tmp})
+        config["state.local.dir"] = tmp
         with restored_stores(config, task, store_names=[store], blob_store=run.blob_store,
                              checkpoint=_seq_is(entry.seq)) as restored:
             local = restored.stores[store]
@@ -371,6 +371,22 @@ def dump(run: Run) -> int:
                     record = {**_field("key", key_serde.from_bytes(key)), **_field("value", value_serde.from_bytes(value))}
                 run.print(json.dumps(record, ensure_ascii=False))
     return EXIT_OK
+
+
+def _store_of_checkpoint(run: Run, entry: LogEntry, store: str) -> dict[str, str]:
+    """Config keys for a store the config lacks but the checkpoint has (a dropped store): its backends from the
+    checkpoint's markers, its serdes from what the checkpoint recorded (``bytes`` when it recorded none)."""
+    cp = entry.checkpoint
+    backends = sorted(f for f, by_store in cp.state_checkpoint_markers.items() if store in by_store) \
+        if isinstance(cp, CheckpointV2) else []
+    if not backends:
+        raise NotFoundError(f"store {store!r} is neither in the config (configured: "
+                            f"{', '.join(sorted(run.settings.stores)) or 'none'}) nor in checkpoint #{entry.seq} of "
+                            f"task {run.args.task}")
+    serdes = cp.serdes.get(store, {}) if isinstance(cp, CheckpointV2) else {}
+    return {f"stores.{store}.backup.factories": ",".join(backends),
+            f"stores.{store}.key.serde": serdes.get("key", "bytes"),
+            f"stores.{store}.msg.serde": serdes.get("msg", "bytes")}
 
 
 def _seq_is(seq: int) -> Callable[[LogEntry], bool]:
