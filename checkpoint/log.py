@@ -139,6 +139,10 @@ class CheckpointLog:
     #: every listing through this log must reach it (raised by the task as it learns; never lowered)
     floor: int = attrs.field(default=0, kw_only=True)
 
+    def _log_extra(self, seq: int | None = None) -> dict[str, object]:
+        """Fields for structured log handlers (``extra``): job, task and the seq concerned."""
+        return {"job": self.job_name, "task": self.task_name, "seq": seq}
+
     def raise_floor(self, seq: int) -> None:
         """Record that ``seq`` is known durable: later listings that show less are faults."""
         self.floor = max(self.floor, seq)
@@ -187,9 +191,10 @@ class CheckpointLog:
                         f"by another writer ({name} in {self.blob_store.describe()}); this attempt lost the race "
                         f"and must not claim its commit: restore from the latest checkpoint and redo"
                     ) from None
-                log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name)
+                log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name,
+                         extra=self._log_extra(seq))
         listing = self.fence(seq)
-        log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix)
+        log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix, extra=self._log_extra(seq))
         return listing
 
     def fence(self, seq: int) -> Listing:
@@ -300,7 +305,7 @@ class CheckpointLog:
         for seq in deleted:
             self.blob_store.delete_many([self.blob_name(seq, version) for version in sorted(listing[seq])])
         if deleted:
-            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted)
+            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted, extra=self._log_extra())
         return deleted
 
     # -- helpers ------------------------------------------------------------------------------------------------
@@ -317,6 +322,7 @@ class CheckpointLog:
                 "checkpoint log %s in %s: the listing shows checkpoints up to #%d but #%d is known to be durable; "
                 "listing again in %.1f s", self.prefix, self.blob_store.describe(), max(listing, default=0), at_least,
                 delay,
+                extra=self._log_extra(at_least),
             )
             time.sleep(delay)
             listing = self._list_once()
@@ -355,7 +361,7 @@ class CheckpointLog:
             if index > 0:
                 # An older entry deleted by retention between the listing and this read: newer ones were seen.
                 log.debug("checkpoint log %s: checkpoint %d was deleted by retention while being read", self.prefix,
-                          seq)
+                          seq, extra=self._log_extra(seq))
                 continue
             # The newest readable checkpoint vanished between the listing and its read. Retention never deletes the
             # newest, so either newer checkpoints arrived (and retention ran) or it was deleted: look again.
@@ -376,6 +382,7 @@ class CheckpointLog:
                 log.warning(
                     "checkpoint log %s: checkpoint %d exists only in versions %s, none of read versions %s; "
                     "passing over it", self.prefix, seq, sorted(listing[seq]), self.read_versions,
+                    extra=self._log_extra(seq),
                 )
 
     def _read_entry(self, seq: int, versions: set[int]) -> LogEntry | None:

@@ -141,7 +141,7 @@ class TaskCommitManager:
             if waited_ms < self.max_delay_ms:
                 self.metrics.increment("commit.skips")
                 log.debug("task %s: skip commit, upload of %s running for %.0f ms", self.task_name,
-                          inflight.checkpoint_id, waited_ms)
+                          inflight.checkpoint_id, waited_ms, extra=self._log_extra(inflight.checkpoint_id))
                 return None
             self.metrics.increment("commit.blocks")
             block_start = self.clock()
@@ -181,8 +181,17 @@ class TaskCommitManager:
             if failure is not None and not failure[1].reported:
                 failure[1].reported = True
                 log.warning("task %s: the previous commit %s failed (%s); committing anew", self.task_name,
-                            failure[1].checkpoint_id, failure[0])
+                            failure[1].checkpoint_id, failure[0], extra=self._log_extra(failure[1].checkpoint_id))
         return self.last_checkpoint
+
+    def _log_extra(self, checkpoint_id: object = None, *, seq: int | None = None) -> dict[str, object]:
+        """Fields for structured log handlers (``extra``): job, task, and the checkpoint concerned."""
+        extra: dict[str, object] = {"job": getattr(self.checkpoint_log, "job_name", None), "task": self.task_name}
+        if checkpoint_id is not None:
+            extra["checkpoint_id"] = str(checkpoint_id)
+        if seq is not None:
+            extra["seq"] = seq
+        return extra
 
     def close(self) -> None:
         """Wait for the commit in flight and its cleanups so no upload outlives the task; failures are logged, not
@@ -192,12 +201,14 @@ class TaskCommitManager:
             try:
                 inflight.future.exception(self.timeout_ms / 1000.0)
             except FutureTimeoutError:
-                log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id)
+                log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id,
+                            extra=self._log_extra(inflight.checkpoint_id))
         with self._lock:
             cleanups, self._cleanups = self._cleanups, []
         _, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
         if not_done:
-            log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done))
+            log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done),
+                        extra=self._log_extra())
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -215,7 +226,7 @@ class TaskCommitManager:
         self._failures_in_a_row += 1
         if self._failures_in_a_row <= self.async_failures_tolerated:
             log.warning("task %s: async commit failure %d tolerated: %s", self.task_name, self._failures_in_a_row,
-                        failure)
+                        failure, extra=self._log_extra())
             return
         if isinstance(failure, CommitError):
             raise failure
@@ -240,7 +251,7 @@ class TaskCommitManager:
                     binding.manager.abort(checkpoint_id)
                 except Exception as exc:  # noqa: BLE001 - the snapshot failure is the one to raise
                     log.warning("task %s: %s abort after a failed snapshot: %s", self.task_name,
-                                binding.factory_name, exc)
+                                binding.factory_name, exc, extra=self._log_extra())
             for store in self.stores.values():
                 store.mark_dirty()
             raise
@@ -337,7 +348,8 @@ class TaskCommitManager:
         with self._lock:  # an older commit's failure nobody saw is moot now: this checkpoint holds its changes
             if self._failure is not None and self._failure[1] is not pending:
                 log.warning("task %s: commit %s failed earlier (%s); checkpoint %s now holds its changes",
-                            self.task_name, self._failure[1].checkpoint_id, self._failure[0], checkpoint.checkpoint_id)
+                            self.task_name, self._failure[1].checkpoint_id, self._failure[0], checkpoint.checkpoint_id,
+                            extra=self._log_extra(checkpoint.checkpoint_id))
                 self._failure = None
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
@@ -353,7 +365,7 @@ class TaskCommitManager:
             # It landed: it is durable only if it is still the newest (a zombie's write is removed and fenced).
             self.checkpoint_log.fence(seq)
             log.info("task %s: checkpoint #%d, reported failed, did land (its reply was lost); this commit takes #%d",
-                     self.task_name, seq, seq + 1)
+                     self.task_name, seq, seq + 1, extra=self._log_extra(seq=seq))
             self.metrics.increment("commit.landed.after.failure")
             self._uncertain = None
             self._became_durable(seq, uncertain[1])
@@ -372,7 +384,8 @@ class TaskCommitManager:
             except Exception as exc:  # noqa: BLE001 - only a restore shortcut and a bound on listings are lost
                 self.metrics.increment("commit.local.checkpoint.failures")
                 log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
-                            self.task_name, checkpoint.checkpoint_id, store.path, exc)
+                            self.task_name, checkpoint.checkpoint_id, store.path, exc,
+                            extra=self._log_extra(checkpoint.checkpoint_id))
 
     def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers], listing: Any = None) -> None:
         def report(future: Future[Any]) -> None:
@@ -380,7 +393,7 @@ class TaskCommitManager:
             if exc is not None:
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup after checkpoint %s failed (retried at the next commit): %s",
-                            self.task_name, checkpoint_id, exc)
+                            self.task_name, checkpoint_id, exc, extra=self._log_extra(checkpoint_id))
 
         for binding in self.backups:
             try:
@@ -390,7 +403,8 @@ class TaskCommitManager:
                 future.add_done_callback(report)
             except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
                 self.metrics.increment("commit.cleanup.failures")
-                log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc)
+                log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc,
+                            extra=self._log_extra(checkpoint_id))
         try:
             retention = self.executor.submit(self.checkpoint_log.retain, listing)
         except RuntimeError:
@@ -401,7 +415,8 @@ class TaskCommitManager:
 
     def _fail(self, pending: PendingCommit, exc: BaseException) -> None:
         self.metrics.increment("commit.failures")
-        log.warning("task %s: commit %s failed: %s", self.task_name, pending.checkpoint_id, exc)
+        log.warning("task %s: commit %s failed: %s", self.task_name, pending.checkpoint_id, exc,
+                    extra=self._log_extra(pending.checkpoint_id))
         if not isinstance(exc, CommitError):
             wrapped = CommitError(f"task {self.task_name}: commit {pending.checkpoint_id} failed: {exc}")
             wrapped.__cause__ = exc

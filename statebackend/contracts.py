@@ -118,7 +118,14 @@ class TaskRestoreManager(abc.ABC):
 
 
 class StateBackendAdmin(abc.ABC):
-    """Creates and validates what a backend needs on the blob store."""
+    """Creates and validates what a backend needs on the blob store; describes and checks its markers for the
+    ``statebackend`` command (``inspect``, ``verify``, ``gc``).
+
+    The three marker methods have conservative defaults, so a backend that does not implement them still works with
+    every command: ``None`` means "this backend does not say". The command then says so plainly (``inspect`` shows
+    the raw marker, ``verify`` exits with its "cannot verify" code) and ``gc`` keeps every blob under the backend's
+    prefix of that store, since it cannot tell which of them a checkpoint needs.
+    """
 
     @abc.abstractmethod
     def create_resources(self) -> None:
@@ -128,6 +135,29 @@ class StateBackendAdmin(abc.ABC):
     def validate_resources(self) -> None:
         """Raise :class:`~statebackend.errors.StorageError` or :class:`~statebackend.errors.ConfigError` saying
         what to fix when the container/bucket is missing, credentials fail or the endpoint is unreachable."""
+
+    def describe_marker(self, store: str, marker: str) -> dict[str, Any] | None:
+        """What ``marker`` (this backend's marker of ``store`` in one checkpoint of the context's task) holds, as a
+        JSON-able dict for people and scripts: its kind, its parts (a recipe's steps, an index's runs), the blobs it
+        names with their sizes (``None`` for a missing blob) and a ``bytes`` total. May read blob metadata (sizes);
+        never downloads whole blobs and never writes. A marker that does not decode raises
+        :class:`~statebackend.errors.CorruptDataError`. Default ``None``: this backend does not describe its markers."""
+        return None
+
+    def referenced_blobs(self, store: str, marker: str) -> set[str] | None:
+        """The names of every blob ``marker`` needs to restore ``store``, from the marker alone (or the blobs it
+        names, such as an index). A job-level garbage collection keeps these and may delete other blobs under
+        ``blob_prefix(store)`` that no checkpoint references. A marker that does not decode raises
+        :class:`~statebackend.errors.CorruptDataError`. Default ``None``: unknown, so garbage collection keeps every
+        blob under this backend's prefix of the store."""
+        return None
+
+    def verify_marker(self, store: str, marker: str) -> list[str] | None:
+        """Download and check every blob ``marker`` needs (presence, checksum, lineage, record count), without
+        applying anything to a local store and without writing. Returns the problems found, one line each naming
+        the blob and what is wrong (empty: the marker restores). Default ``None``: this backend cannot verify its
+        markers."""
+        return None
 
 
 class StateBackendFactory(abc.ABC):

@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import Executor
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Self
 
@@ -61,7 +62,7 @@ from statebackend.registry import resolve_factory
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
 
-__all__ = ["TaskStorage", "known_durable_seq"]
+__all__ = ["RestoredStores", "TaskStorage", "known_durable_seq", "restored_stores"]
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +162,9 @@ class TaskStorage:
                     restore_failures={name: tuple(restore_failures.get(name, ())) for name in store_names},
                 )
 
-            started = time.monotonic()
-            restored_by.update(_restore(settings, stores, restored, context, restore_failures))
-            metrics.record("restore.ms", (time.monotonic() - started) * 1000.0)
+            restored_by.update(
+                _logged_restore(settings, task_name, stores, entry, restored, context, metrics, restore_failures)
+            )
 
             for factory_name, store_names in _backup_groups(settings).items():
                 manager = resolve_factory(factory_name).factory.backup_manager(context(factory_name, store_names))
@@ -267,6 +268,88 @@ class TaskStorage:
         self.close()
 
 
+@attrs.frozen
+class RestoredStores:
+    """What :func:`restored_stores` gives: the chosen log entry, the checkpoint restored, the open local stores and
+    which backend restored each (``None``: it started empty)."""
+
+    entry: LogEntry | None
+    checkpoint: CheckpointV2 | None
+    stores: Mapping[str, LocalStore]
+    restored_by: Mapping[str, str | None]
+    metrics: Metrics
+
+
+@contextmanager
+def restored_stores(
+    config: Settings | Mapping[str, Any],
+    task_name: str,
+    *,
+    store_names: list[str] | None = None,
+    blob_store: BlobStore | None = None,
+    checkpoint: CheckpointChoice = "latest",
+    metrics: Metrics | None = None,
+) -> Iterator[RestoredStores]:
+    """Restore stores of ``task_name`` (all configured ones, or ``store_names``) under ``state.local.dir`` to a
+    checkpoint, exactly as :meth:`TaskStorage.open` does, and nothing more: no backup manager is created, so nothing
+    is swept, cleaned up or written to the blob store. For reading a checkpoint's state (``statebackend dump``) and
+    pre-warming a machine (``statebackend restore``). The stores are closed when the block ends."""
+    settings = config if isinstance(config, Settings) else Settings.from_config(config)
+    _check_name("task name", task_name)
+    names = list(settings.stores) if store_names is None else store_names
+    unknown = [name for name in names if name not in settings.stores]
+    if unknown:
+        raise ConfigError(f"no store {', '.join(map(repr, unknown))} in the config; configured stores: "
+                          f"{', '.join(sorted(settings.stores)) or 'none'}")
+    metrics = metrics or Metrics()
+    owns = blob_store is None
+    blob_store = blob_store or open_blob_store(settings.blob_store_url, settings.blob_store_options)
+    stores: dict[str, LocalStore] = {}
+    try:
+        for name in names:
+            store_settings = settings.stores[name]
+            stores[name] = LocalStore.open(
+                Path(settings.local_dir) / settings.job_name / task_name / name, name=name,
+                max_batch_bytes=store_settings.write_batch_max_bytes, map_size=store_settings.map_size,
+            )
+        checkpoint_log = CheckpointLog(blob_store, settings.job_name, task_name,
+                                       read_versions=settings.checkpoint_read_versions,
+                                       retained=settings.checkpoint_retained)
+        known = known_durable_seq(settings.local_dir, settings.job_name, task_name, list(stores))
+        checkpoint_log.raise_floor(known)
+        entry, _ = _choose_checkpoint(checkpoint_log, checkpoint, known, None)
+        if entry is not None and isinstance(entry.checkpoint, CheckpointV1) and known >= entry.seq:
+            raise InconsistentStateError(
+                f"task {task_name}: checkpoint #{entry.seq} reads as a V1 checkpoint (offsets only, no state), but "
+                f"this machine saw checkpoint #{known} durable as a V2 checkpoint with state: its V2 blob is missing "
+                f"or unreadable. Nothing was restored or cleared; put the V2 blob back"
+            )
+        restored = _as_v2(entry)
+        _check_serdes(settings, restored)
+
+        def context(factory_name: str, group: list[str]) -> BackendContext:
+            return BackendContext(
+                factory_name=factory_name, job_name=settings.job_name, task_name=task_name,
+                stores={name: stores[name] for name in group}, blob_store=blob_store, executor=_NoPool(),
+                metrics=metrics, options=settings.backend_options_for(factory_name), checkpoint_log=checkpoint_log,
+            )
+
+        restored_by = _logged_restore(settings, task_name, stores, entry, restored, context, metrics)
+        yield RestoredStores(entry, restored, stores, restored_by, metrics)
+    finally:
+        for store in stores.values():
+            store.close()
+        if owns:
+            blob_store.close()
+
+
+class _NoPool(Executor):
+    """The executor of a restore-only context: restore managers download on their own pool, never on this one."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        raise StateBackendError("a restore-only open runs no commits, uploads or cleanups")
+
+
 def _check_name(what: str, name: str) -> None:
     if not name or "/" in name or name in {".", ".."} or not name.replace("-", "").replace("_", "").replace(
         ".", ""
@@ -290,7 +373,8 @@ def known_durable_seq(
         try:
             found = read_local_checkpoint_binding(task_dir / name)
         except (CorruptDataError, IncompatibleFormatError, OSError) as exc:
-            log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc)
+            log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc,
+                        extra={"job": job_name, "task": task_name, "store": name})
             continue
         if found is None or found[1] is None:
             continue
@@ -352,7 +436,8 @@ def _as_v2(entry: LogEntry | None) -> CheckpointV2 | None:
     if entry is None:
         return None
     if isinstance(entry.checkpoint, CheckpointV1):
-        log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq)
+        log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq,
+                    extra={"seq": entry.seq})
         return None
     return entry.checkpoint
 
@@ -363,6 +448,42 @@ def _backup_groups(settings: Settings) -> dict[str, list[str]]:
         for factory_name in store_settings.backup_factories:
             groups.setdefault(factory_name, []).append(name)
     return groups
+
+
+def _logged_restore(
+    settings: Settings,
+    task_name: str,
+    stores: Mapping[str, LocalStore],
+    entry: LogEntry | None,
+    checkpoint: CheckpointV2 | None,
+    context: Callable[[str, list[str]], BackendContext],
+    metrics: Metrics,
+    failed: dict[str, list[str]] | None = None,
+) -> dict[str, str | None]:
+    """:func:`_restore`, logged at INFO when it starts and ends (with the bytes downloaded and the time taken), and
+    timed into ``restore.ms``. Job, task, checkpoint id and seq go into each record's ``extra``."""
+    extra = {"job": settings.job_name, "task": task_name,
+             "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint is not None else None,
+             "seq": entry.seq if entry is not None else None}
+    what = (f"checkpoint #{entry.seq} ({checkpoint.checkpoint_id})" if entry is not None and checkpoint is not None
+            else "no checkpoint (stores start empty)")
+    log.info("task %s of job %s: restoring %s into stores %s", task_name, settings.job_name, what,
+             ", ".join(stores) or "(none)", extra=extra)
+    bytes_before = metrics.counter("restore.bytes")
+    started = time.monotonic()
+    try:
+        restored_by = _restore(settings, stores, checkpoint, context, failed)
+    except BaseException as exc:
+        log.info("task %s of job %s: restore of %s failed after %.0f ms: %s", task_name, settings.job_name, what,
+                 (time.monotonic() - started) * 1000.0, exc, extra=extra)
+        raise
+    elapsed_ms = (time.monotonic() - started) * 1000.0
+    metrics.record("restore.ms", elapsed_ms)
+    downloaded = int(metrics.counter("restore.bytes") - bytes_before)
+    by = ", ".join(f"{name} from {factory or 'nothing (empty)'}" for name, factory in restored_by.items())
+    log.info("task %s of job %s: restored %s in %.0f ms, %d bytes downloaded (%s)", task_name, settings.job_name,
+             what, elapsed_ms, downloaded, by or "no stores", extra=dict(extra, bytes=downloaded, ms=round(elapsed_ms)))
+    return restored_by
 
 
 #: restore failures that fall back to the next backend: a blob missing, damaged, unreadable or unreachable
@@ -380,12 +501,14 @@ def _restore(
     store, the backends whose restore of it failed."""
     restored_by: dict[str, str | None] = {}
     candidates: dict[str, list[str]] = {}
-    for name, store_settings in settings.stores.items():
+    for name in stores:
+        store_settings = settings.stores[name]
         order = _restore_candidates(name, store_settings.restore_factories, store_settings.backup_factories,
                                     checkpoint)
         if not order:
             if stores[name].version is not None or stores[name].count() > 0:
-                log.info("store %s: no state in the checkpoint; clearing local data", name)
+                log.info("store %s: no state in the checkpoint; clearing local data", name,
+                         extra={"job": settings.job_name, "store": name})
             stores[name].replace_contents([], None)
             restored_by[name] = None
             continue
@@ -424,6 +547,8 @@ def _restore(
                     log.error(
                         "store %s: restore of checkpoint %s from the %s backend failed (%s); falling back to the %s "
                         "backend", name, checkpoint.checkpoint_id if checkpoint else None, factory_name, exc, rest[0],
+                        extra={"job": settings.job_name, "store": name,
+                               "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint else None},
                     )
                     next_round[name] = rest
                     continue
@@ -458,5 +583,6 @@ def _restore_candidates(
         log.warning(
             "store %s: checkpoint %s has no %s marker; restoring from the %s backend instead",
             store_name, checkpoint.checkpoint_id, preferred[0], usable[0],
+            extra={"store": store_name, "checkpoint_id": str(checkpoint.checkpoint_id)},
         )
     return usable

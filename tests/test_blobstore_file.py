@@ -7,6 +7,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from statebackend import cli
@@ -207,3 +208,25 @@ def test_create_if_missing_false_fails_open_and_validate_on_a_missing_directory_
         assert str(root) in message
         assert "does not exist" in message and "blob.store.create.if.missing=true" in message
     assert not (tmp_path / "mnt").exists()  # nothing of the blob store was created
+
+
+def test_a_crashed_writer_s_temp_file_is_an_abandoned_upload_and_only_it_is_removed(tmp_path: Path) -> None:
+    store = FileBlobStore(tmp_path)
+    store.put("job/task/a", b"finished", metadata={"created_at": "1"})
+    temp = tmp_path / "job" / "task" / f"{RESERVED_PREFIX}tmp.0123456789abcdef"
+    temp.write_bytes(b"half")
+    os.utime(temp, (1_000_000.0, 1_000_000.0))
+    (found,) = store.abandoned_uploads("job/")
+    assert found.kind == "temp file" and found.name == f"job/task/{RESERVED_PREFIX}tmp.0123456789abcdef"
+    assert found.size == 4 and found.age_s is not None and found.age_s > 86400
+    assert store.abandoned_uploads("other/") == []
+    outside = tmp_path.parent / f"{RESERVED_PREFIX}tmp.outside"
+    outside.write_bytes(b"not ours")
+    with pytest.raises(StorageError, match="not a temp file"):
+        store.remove_abandoned_upload(attrs.evolve(found, handle=str(outside)))
+    with pytest.raises(StorageError, match="not a temp file"):
+        store.remove_abandoned_upload(attrs.evolve(found, handle=str(tmp_path / "job" / "task" / "a")))
+    store.remove_abandoned_upload(found)
+    store.remove_abandoned_upload(found)  # idempotent
+    assert not temp.exists() and outside.exists() and store.get("job/task/a") == b"finished"
+    assert store.abandoned_uploads("") == []

@@ -291,5 +291,5 @@ def test_cli_refuses_a_url_with_userinfo_without_echoing_it(
     config = {"blob.store.url": "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@bucket/p"}
     status, _ = _cli(tmp_path, config, "checkpoints", "task-0")
     out, err = capsys.readouterr()
-    assert status == 2
+    assert status == 3  # a configuration error (docs/operations.md, exit codes)
     _assert_clean([out, err], ["wJalrXUtnFEMIK7MDENG"])

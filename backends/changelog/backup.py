@@ -208,7 +208,8 @@ class ChangelogBackupManager(TaskBackupManager):
                 # marker is for other data: start a new chain from a snapshot of the state at the first commit.
                 if recipe is not None and not ours:
                     log.warning("store %s: restored by the %s backend, not from this backend's recipe; the changelog "
-                                "chain starts anew from a snapshot at the next commit", name, restorer)
+                                "chain starts anew from a snapshot at the next commit", name, restorer,
+                                extra=self._log_extra(name))
                     self.context.metrics.increment("changelog.rebase.after.fallback")
                 lineage.seq = recipe.seq if recipe is not None else 0
                 lineage.base = None
@@ -235,7 +236,7 @@ class ChangelogBackupManager(TaskBackupManager):
                     # a sweep of another attempt may delete it any time now: naming it in a checkpoint is unsafe
                     self.context.metrics.increment("changelog.snapshot.too.old")
                     log.info("store %s: not adopting finished snapshot %s: older than half the gc grace period "
-                             "(or its age is unknown)", lineage.name, name)
+                             "(or its age is unknown)", lineage.name, name, extra=self._log_extra(lineage.name))
                     continue
                 lineage.base = snapshot
                 lineage.deltas = [d for d in lineage.deltas if d.seq > step.seq]
@@ -265,7 +266,8 @@ class ChangelogBackupManager(TaskBackupManager):
                                task=self.context.task_name, store=lineage.name)
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
             self.context.metrics.increment("changelog.snapshot.rejected")
-            log.warning("store %s: not adopting finished snapshot %s: %s", lineage.name, name, exc)
+            log.warning("store %s: not adopting finished snapshot %s: %s", lineage.name, name, exc,
+                        extra=self._log_extra(lineage.name))
             return False
         return _created_at(info.metadata)
 
@@ -386,7 +388,8 @@ class ChangelogBackupManager(TaskBackupManager):
                     break
             if stale:
                 log.warning("task %s: changelog sweep ran longer than a quarter of the gc grace period since its "
-                            "mark; stopped (the next sweep marks anew)", self.context.task_name)
+                            "mark; stopped (the next sweep marks anew)", self.context.task_name,
+                            extra=self._log_extra())
                 self.context.metrics.increment("changelog.sweep.stopped")
                 break
             with lineage.lock:  # forget blobs gone meanwhile
@@ -395,7 +398,8 @@ class ChangelogBackupManager(TaskBackupManager):
         self.context.metrics.increment("changelog.sweeps")
         if deleted:
             self.context.metrics.increment("changelog.sweep.deleted", deleted)
-            log.info("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted)
+            log.debug("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted,
+                      extra=self._log_extra())
         return deleted
 
     def _past_grace(self, lineage: _Lineage, blob: str) -> bool:
@@ -444,6 +448,10 @@ class ChangelogBackupManager(TaskBackupManager):
                         _close_when_ready(lineage.rebase_view)
                         lineage.rebase_view = None
                     lineage.commits_since_snapshot = -1
+
+    def _log_extra(self, store: str | None = None) -> dict[str, object]:
+        """Fields for structured log handlers (``extra``): job, task and the store concerned."""
+        return {"job": self.context.job_name, "task": self.context.task_name, "store": store}
 
     def close(self) -> None:
         if self._closed:
@@ -633,7 +641,8 @@ class ChangelogBackupManager(TaskBackupManager):
         exc = background.exception()
         if exc is not None:
             self.context.metrics.increment("changelog.snapshot.failures")
-            log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc)
+            log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc,
+                        extra=self._log_extra(lineage.name))
             return
         snapshot = background.result()
         assert snapshot.name is not None
@@ -641,7 +650,7 @@ class ChangelogBackupManager(TaskBackupManager):
             self.context.metrics.increment("changelog.snapshot.too.old")
             log.warning("store %s: not adopting background snapshot %s: it was uploaded more than half of "
                         "changelog.gc.grace.period.ms ago (raise it above twice the longest snapshot upload)",
-                        lineage.name, snapshot.name)
+                        lineage.name, snapshot.name, extra=self._log_extra(lineage.name))
             return
         if lineage.commits_since_snapshot < 0:
             return  # the chain broke after this snapshot started: the pending re-base replaces it (keep the flag)

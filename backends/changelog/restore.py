@@ -85,7 +85,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
                     break
         if start_index == len(steps) - 1:
             metrics.increment("restore.stores.reused")
-            log.info("store %s: local state already is checkpoint version %s", name, local)
+            log.info("store %s: local state already is checkpoint version %s", name, local,
+                     extra={"job": self.context.job_name, "task": self.context.task_name, "store": name})
             return
         to_apply = steps[start_index + 1:] if start_index is not None else list(recipe.deltas)
         # prefetch every delta in parallel while the snapshot (if any) loads

@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from statebackend.errors import ConfigError, NotFoundError
+from statebackend.errors import ConfigError, NotFoundError, StorageError
 from statebackend.fsutil import atomic_write
 from statebackend.options import OptionSpec, parse_options
 from statebackend.redact import redact
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     from statebackend.blobstores.resilience import Resilience
 
 __all__ = [
+    "AbandonedUpload",
     "BlobInfo",
     "BlobStore",
     "blob_store_class",
@@ -67,6 +68,24 @@ class BlobInfo:
     name: str
     size: int
     metadata: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: types.MappingProxyType(dict(m)))
+
+
+@attrs.frozen
+class AbandonedUpload:
+    """A write that never finished and that no reader sees: a temp file of a ``file://`` store, an incomplete S3
+    multipart upload. Found by :meth:`BlobStore.abandoned_uploads`, removed by
+    :meth:`BlobStore.remove_abandoned_upload`."""
+
+    #: what it is, for people: ``temp file``, ``multipart upload``
+    kind: str
+    #: the blob name it was written for (a temp file: its path under the root)
+    name: str
+    #: seconds since it was started or last written (``None``: unknown)
+    age_s: float | None
+    #: bytes it holds (``None``: unknown)
+    size: int | None
+    #: the store's own handle (an upload id, a path)
+    handle: str
 
 
 _BAD_SEGMENTS = {"", ".", ".."}
@@ -197,6 +216,17 @@ class BlobStore(abc.ABC):
             self.delete(name)
 
     # -- optional capabilities: defaults that do nothing, overridden where a store has something to do ----------
+
+    def abandoned_uploads(self, prefix: str = "") -> builtins.list[AbandonedUpload] | None:
+        """Writes under ``prefix`` that never finished (a crashed writer's temp files, incomplete multipart
+        uploads), for a garbage collection. Default ``None``: this store cannot list them (Azure discards
+        uncommitted blocks by itself after 7 days; the memory store has none)."""
+        return None
+
+    def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
+        """Remove one of :meth:`abandoned_uploads` (idempotent). Default: the store lists none, so there is none to
+        remove."""
+        raise StorageError(f"{self.describe()} has no abandoned uploads to remove ({upload.kind} {upload.name!r})")
 
     def validate(self) -> None:
         """Check that the store is usable (its container, bucket or directory exists, the credentials work);

@@ -26,6 +26,7 @@ How the contract of :mod:`statebackend.blobstores.base` is met:
 
 from __future__ import annotations
 
+import builtins
 import errno
 import hashlib
 import json
@@ -34,13 +35,14 @@ import secrets
 import shutil
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, BinaryIO, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from statebackend.blobstores.base import BlobInfo, BlobStore, check_blob_name, check_metadata
+from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
 from statebackend.fsutil import atomic_write, fsync_dir
 from statebackend.options import OptionSpec, parse_bool
@@ -475,6 +477,43 @@ class FileBlobStore(BlobStore):
             except OSError:
                 return
             directory = os.path.dirname(directory)
+
+    def abandoned_uploads(self, prefix: str = "") -> builtins.list[AbandonedUpload]:
+        """Temp files (``.statebackend~tmp.*``) under ``prefix`` left by writers that crashed; a write in progress
+        shows here too, young: a caller removes only those older than its grace period."""
+        root = self._ready_root()
+        directory = prefix.rpartition("/")[0]
+        base = os.path.join(root, *directory.split("/")) if directory else root
+        now = time.time()
+        found: builtins.list[AbandonedUpload] = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith(RESERVED_PREFIX))
+            relative = os.path.relpath(dirpath, root).replace(os.sep, "/")
+            relative = "" if relative == "." else relative + "/"
+            for filename in sorted(filenames):
+                name = relative + filename
+                if not filename.startswith(_TEMP_PREFIX) or not name.startswith(prefix):
+                    continue
+                try:
+                    info = os.stat(os.path.join(dirpath, filename))
+                except FileNotFoundError:
+                    continue  # finished or removed meanwhile
+                found.append(AbandonedUpload(kind="temp file", name=name, age_s=max(0.0, now - info.st_mtime),
+                                             size=info.st_size, handle=os.path.join(dirpath, filename)))
+        return found
+
+    def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
+        root = self._ready_root()
+        path = os.path.realpath(upload.handle)
+        if (os.path.commonpath([path, os.path.realpath(root)]) != os.path.realpath(root)
+                or not os.path.basename(path).startswith(_TEMP_PREFIX)):
+            raise StorageError(f"{upload.handle!r} is not a temp file of {self.describe()}; not removed")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise self._storage_error("delete", path, exc) from exc
 
     def _walk(self, directory: str, name_prefix: str, partial: str) -> Iterator[str]:
         try:

@@ -32,6 +32,7 @@ in its own ``options``.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import queue
@@ -42,7 +43,7 @@ from typing import Any, BinaryIO, TypeVar
 
 import attrs
 
-from statebackend.blobstores.base import BlobInfo, BlobStore
+from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore
 from statebackend.concurrency import LazyPool
 from statebackend.errors import AlreadyExistsError, NotFoundError, TransientStorageError
 from statebackend.metrics import Metrics
@@ -454,6 +455,14 @@ class ResilientBlobStore(BlobStore):
         """Create the container/bucket when missing; delegates to the inner store. Retried like any idempotent
         request (an existing container is success), so one cut reply at open does not fail the task."""
         self.resilience.call("create_resources", self.inner.create_resources)
+
+    def abandoned_uploads(self, prefix: str = "") -> builtins.list[AbandonedUpload] | None:
+        """Delegates to the inner store, retried like any read."""
+        return self.resilience.call("abandoned_uploads", lambda: self.inner.abandoned_uploads(prefix))
+
+    def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
+        """Delegates to the inner store, retried (removal is idempotent)."""
+        self.resilience.call("remove_abandoned_upload", lambda: self.inner.remove_abandoned_upload(upload))
 
     def close(self) -> None:
         try:

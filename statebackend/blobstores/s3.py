@@ -29,6 +29,7 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 from __future__ import annotations
 
 import builtins
+import datetime
 import functools
 import http.client
 import logging
@@ -40,7 +41,7 @@ from contextlib import contextmanager
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
+from statebackend.blobstores.base import AbandonedUpload, BlobInfo, check_blob_name, check_metadata
 from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
     PartedBlobStore,
@@ -317,6 +318,39 @@ class S3BlobStore(PartedBlobStore):
                 Metadata=checked,
                 MetadataDirective="REPLACE",
             )
+
+    @sdk_boundary
+    def abandoned_uploads(self, prefix: str = "") -> builtins.list[AbandonedUpload]:
+        """Multipart uploads under ``prefix`` that were never completed nor aborted (a writer that crashed mid
+        upload); an upload in progress shows here too, young."""
+        root = self._root()
+        found: builtins.list[AbandonedUpload] = []
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix}
+        now = datetime.datetime.now(datetime.UTC)
+        while True:
+            with self._errors(prefix or "(all)"):
+                page = self._client.list_multipart_uploads(**kwargs)
+            for upload in page.get("Uploads") or []:
+                key, upload_id, initiated = upload.get("Key"), upload.get("UploadId"), upload.get("Initiated")
+                if not isinstance(key, str) or not key.startswith(root) or not upload_id:
+                    continue
+                age = (now - initiated).total_seconds() if isinstance(initiated, datetime.datetime) else None
+                found.append(AbandonedUpload(kind="multipart upload", name=key[len(root):], age_s=age, size=None,
+                                             handle=str(upload_id)))
+            if not page.get("IsTruncated"):
+                return found
+            kwargs["KeyMarker"] = page.get("NextKeyMarker")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
+
+    @sdk_boundary
+    def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
+        with self._errors(upload.name):
+            try:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(upload.name),
+                                                    UploadId=upload.handle)
+            except boto_errors.ClientError as exc:
+                if _code(exc) != "NoSuchUpload":  # aborted or completed meanwhile: nothing left to remove
+                    raise
 
     # -- large transfers: multipart upload and parallel ranged reads ----------------------------------------------
 

@@ -257,6 +257,15 @@ class BlobStoreContract(MetadataPortabilityContract):
         assert store.exists("present")
         assert not store.exists("absent")
 
+    def test_finished_writes_are_never_listed_as_abandoned_uploads(self, store: BlobStore) -> None:
+        """``abandoned_uploads`` is optional (``None``: the store cannot list them); a store that lists them never
+        lists a write that finished, so a garbage collection never removes a blob."""
+        store.put("done/a", b"x")
+        store.put("done/b", b"y" * 1000, create_only=True)
+        found = store.abandoned_uploads("done/")
+        assert found is None or found == []
+        assert sorted(store.list("done/")) == ["done/a", "done/b"]
+
     # -- delete -------------------------------------------------------------------------------------------------
 
     def test_delete_then_get_raises_not_found(self, store: BlobStore) -> None:

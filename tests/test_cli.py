@@ -1,0 +1,615 @@
+"""The ``statebackend`` command: every command against a file:// blob store, and (slow) against moto's S3 server.
+
+Each test runs ``main([...])`` in-process, as a user would run the command, and checks exit codes, output and what
+happened on the blob store. The closed-pipe test runs the installed script in a real shell pipeline."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from statebackend.checkpoint import CheckpointLog, CheckpointV2
+
+from statebackend import TaskStorage
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.cli import EXIT_CODES, main
+from statebackend.cli._common import NoExecutor
+from statebackend.config import Settings
+from statebackend.contracts import BackendContext, StateBackendAdmin
+from statebackend.metrics import Metrics
+from statebackend.registry import resolve_factory
+from tests.servers import ServerProcess
+
+OLD = f"{time.time() - 7 * 86400:.3f}"  # a created_at a week ago: past any grace period used here
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    path.write_text("".join(f"{key}={value}\n" for key, value in config.items()))
+    return path
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def make_job(config: dict[str, Any], tasks: tuple[str, ...] = ("task-0", "task-1"), runs: int = 5) -> dict[str, dict]:
+    """Commit ``runs`` times per task; returns the expected state of store ``counts`` per task after each run."""
+    states: dict[str, dict] = {}
+    for task in tasks:
+        history = []
+        for run in range(runs):
+            with TaskStorage.open(config, task) as storage:
+                counts = storage.store("counts")
+                for user in ("ada", "bob", f"u{run}"):
+                    counts.put(user, (counts.get(user) or 0) + 1)
+                storage.commit_durably({"clicks": str(run)})
+                history.append(dict(counts.items()))
+        states[task] = {"history": history}
+    return states
+
+
+def base_config(tmp_path: Path, url: str, **extra: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "job.name": "clicks",
+        "state.local.dir": str(tmp_path / "state"),
+        "blob.store.url": url,
+        "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+        "changelog.snapshot.interval.commits": 2,
+    }
+    config.update(extra)
+    return config
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, dict]]]:
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri())
+    states = make_job(config)
+    yield write_config(tmp_path / "job.properties", config), config, states
+
+
+def blobs_of(config: dict[str, Any]) -> BlobStore:
+    return open_blob_store(config["blob.store.url"], {k[len("blob.store."):]: v for k, v in config.items()
+                                                     if k.startswith("blob.store.") and k != "blob.store.url"})
+
+
+def state_of_blob_store(config: dict[str, Any]) -> dict[str, tuple[bytes, dict[str, str]]]:
+    with blobs_of(config) as store:
+        return {name: (store.get(name), dict(store.head(name).metadata)) for name in store.list("")}
+
+
+# -- basics: version, help, exit codes, options ---------------------------------------------------------------
+
+
+def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "--version")
+    assert code == 0 and out.startswith("statebackend ")
+    module = subprocess.run([sys.executable, "-m", "statebackend.cli", "--version"], capture_output=True, text=True,
+                            timeout=60, check=False)
+    assert module.returncode == 0 and module.stdout == out
+    code, out, _ = cli(capsys, "--help")
+    assert code == 0 and "checkpoints" in out and "gc" in out and "exit codes" in out
+
+
+def test_exit_codes_are_distinct_and_documented(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], tmp_path: Path
+) -> None:
+    path, _, _ = job
+    assert cli(capsys, "checkpoints", str(path), "task-0", "--no-such-option")[0] == 2  # usage
+    assert cli(capsys, "frobnicate", str(path))[0] == 2
+    code, _, err = cli(capsys, "checkpoints", str(tmp_path / "missing.properties"), "task-0")
+    assert code == 3 and "cannot read config file" in err  # configuration
+    code, _, err = cli(capsys, "checkpoints", str(path), "task-0", "-D", "task.checkpoint.retained=zero")
+    assert code == 3 and "task.checkpoint.retained" in err
+    code, _, err = cli(capsys, "checkpoints", str(path), "task-0", "-D", "novalue")
+    assert code == 2 and "KEY=VALUE" in err
+    assert len(set(EXIT_CODES)) == len(EXIT_CODES) and {0, 1, 2, 3, 4, 5, 6} <= set(EXIT_CODES)
+    operations = (Path(__file__).parent.parent / "docs" / "operations.md").read_text()
+    for code in EXIT_CODES:
+        assert f"| {code} |" in operations, f"exit code {code} is not documented in docs/operations.md"
+
+
+def test_options_are_accepted_before_and_after_the_command(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, _, _ = job
+    code, out, _ = cli(capsys, "-D", "job.name=other", "checkpoints", str(path), "task-0", "--json",
+                       "-D", "job.name=clicks")
+    assert code == 0 and [row["seq"] for row in json.loads(out)] == [1, 2, 3, 4, 5]  # the later -D wins
+    code, out, _ = cli(capsys, "--json", "checkpoints", str(path), "task-0")
+    assert code == 0 and json.loads(out)[0]["seq"] == 1
+    code, _, err = cli(capsys, "checkpoints", str(path), "task-0", "-D", "job.name=other")
+    assert code == 4 and "'other'" in err
+
+
+def test_validate(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, _, _ = job
+    code, out, _ = cli(capsys, "validate", str(path))
+    assert code == 0 and out.startswith("changelog: OK (FileBlobStore(")
+    code, out, _ = cli(capsys, "validate", str(path), "--json")
+    assert code == 0 and json.loads(out) == [{"backend": "changelog", "result": "OK",
+                                              "blob_store": json.loads(out)[0]["blob_store"]}]
+
+
+# -- listings -------------------------------------------------------------------------------------------------
+
+
+def test_jobs_tasks_stores(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, config, _ = job
+    code, out, _ = cli(capsys, "jobs", str(path), "--json")
+    (row,) = json.loads(out)
+    assert code == 0 and row["job"] == "clicks" and row["tasks"] == 2 and row["checkpoints"] == 10
+    assert row["configured"] is True
+    code, out, _ = cli(capsys, "jobs", str(path))
+    assert code == 0 and out.splitlines()[0].split() == ["JOB", "TASKS", "CHECKPOINTS", "BLOBS"]
+
+    code, out, _ = cli(capsys, "tasks", str(path), "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["task"] for r in rows] == ["task-0", "task-1"]
+    with blobs_of(config) as store:
+        newest = CheckpointLog(store, "clicks", "task-1").latest()
+    assert newest is not None and isinstance(newest.checkpoint, CheckpointV2)
+    assert rows[1]["newest_seq"] == 5 and rows[1]["stores"] == ["counts"]
+    millis = newest.checkpoint.checkpoint_id.millis
+    assert rows[1]["newest_time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + \
+        f".{millis % 1000:03d}Z"
+    code, _, err = cli(capsys, "tasks", str(path), "--job", "nojob")
+    assert code == 4 and "nojob" in err
+
+    code, out, _ = cli(capsys, "stores", str(path), "task-0", "--json")
+    (store_row,) = json.loads(out)
+    assert code == 0 and store_row["store"] == "counts" and store_row["in_newest_checkpoint"] == ["changelog"]
+    assert store_row["configured"] is True and store_row["blobs"] > 0
+    code, _, err = cli(capsys, "stores", str(path), "task-9")
+    assert code == 4 and "task-0, task-1" in err
+
+
+def test_checkpoints_times_and_sizes(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, config, _ = job
+    code, out, _ = cli(capsys, "checkpoints", str(path), "task-0", "--json")
+    rows = json.loads(out)
+    assert code == 0 and [r["seq"] for r in rows] == [1, 2, 3, 4, 5]
+    with blobs_of(config) as store:
+        entry = CheckpointLog(store, "clicks", "task-0").read(5)
+        assert isinstance(entry.checkpoint, CheckpointV2)
+        marker = entry.checkpoint.markers_for("changelog")["counts"]
+        recipe_blobs = [s["name"] for s in [json.loads(marker)["snapshot"], *json.loads(marker)["deltas"]]
+                        if s and s["name"]]
+        expected = sum(store.head(name).size for name in recipe_blobs)
+    assert rows[-1]["bytes"] == expected > 0
+    assert rows[-1]["checkpoint_id"] == str(entry.checkpoint.checkpoint_id)
+    millis = entry.checkpoint.checkpoint_id.millis
+    assert rows[-1]["time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + \
+        f".{millis % 1000:03d}Z"
+    assert rows[-1]["input_offsets"] == {"clicks": "4"}
+    code, out, _ = cli(capsys, "checkpoints", str(path), "task-0")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:3] == ["SEQ", "CHECKPOINT", "ID"] and lines[-1].startswith("#5 ")
+    assert str(entry.checkpoint.checkpoint_id) in lines[-1] and "clicks=4" in lines[-1]
+
+
+def test_checkpoints_of_an_unknown_task_is_an_error(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, _, _ = job
+    code, out, err = cli(capsys, "checkpoints", str(path), "task-9")
+    assert code == 4 and out == ""
+    assert err.startswith("statebackend: not found: task 'task-9'") and "task-0, task-1" in err
+
+
+# -- inspect and verify -----------------------------------------------------------------------------------------
+
+
+def test_inspect(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, _, _ = job
+    code, out, _ = cli(capsys, "inspect", str(path), "task-0", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["seq"] == 5 and data["input_offsets"] == {"clicks": "4"}
+    described = data["markers"]["changelog"]["counts"]["description"]
+    assert described["kind"] == "changelog recipe" and described["seq"] == 5 and described["missing"] == 0
+    assert [s["kind"] for s in described["steps"]] == ["snapshot", "delta"]
+    assert described["bytes"] == sum(s["bytes"] for s in described["steps"]) == data["bytes"]
+    assert data["serdes"] == {"counts": {"key": "string", "msg": "integer"}}
+    by_id = json.loads(cli(capsys, "inspect", str(path), "task-0", "--json", "-c", data["checkpoint_id"])[1])
+    assert by_id["seq"] == 5
+    older = json.loads(cli(capsys, "inspect", str(path), "task-0", "--json", "-c", "2")[1])
+    assert older["seq"] == 2 and older["input_offsets"] == {"clicks": "1"}
+    code, out, _ = cli(capsys, "inspect", str(path), "task-0")
+    assert code == 0 and "checkpoint #5 of task task-0" in out and "kind=snapshot" in out and "kind=delta" in out
+    assert cli(capsys, "inspect", str(path), "task-0", "-c", "99")[0] == 4
+    assert cli(capsys, "inspect", str(path), "task-0", "-c", "1-1")[0] == 4
+    assert cli(capsys, "inspect", str(path), "task-0", "-c", "yesterday")[0] == 2
+
+
+def _recipe_blobs(config: dict[str, Any], task: str, seq: int) -> list[str]:
+    with blobs_of(config) as store:
+        entry = CheckpointLog(store, "clicks", task).read(seq)
+    assert isinstance(entry.checkpoint, CheckpointV2)
+    marker = json.loads(entry.checkpoint.markers_for("changelog")["counts"])
+    return [s["name"] for s in [marker["snapshot"], *marker["deltas"]] if s and s["name"]]
+
+
+def test_verify_ok_damaged_and_missing(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, config, _ = job
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 0 and out.splitlines()[-1].endswith("OK: 1 markers, every blob present and sound")
+    snapshot, delta = _recipe_blobs(config, "task-0", 5)
+    before = state_of_blob_store(config)
+    with blobs_of(config) as store:
+        data = bytearray(store.get(delta))
+        data[len(data) // 2] ^= 0xFF
+        store.put(delta, bytes(data))
+    code, out, _ = cli(capsys, "verify", str(path), "task-0", "--json")
+    result = json.loads(out)
+    assert code == 5 and result["result"] == "failed"
+    (problem,) = result["markers"][0]["problems"]
+    assert delta in problem
+    with blobs_of(config) as store:
+        store.delete(snapshot)
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 5 and f"{snapshot}" in out and "missing" in out and "FAILED" in out
+    # another checkpoint (task-1) is untouched; verify wrote nothing
+    assert cli(capsys, "verify", str(path), "task-1")[0] == 0
+    after = state_of_blob_store(config)
+    assert set(after) == set(before) - {snapshot}
+    assert cli(capsys, "verify", str(path), "task-0", "--store", "nosuch")[0] == 4
+
+
+def test_verify_a_damaged_checkpoint_blob(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    path, config, _ = job
+    name = "clicks/task-0/checkpoints/000000000005.v2.json"
+    with blobs_of(config) as store:
+        store.put(name, store.get(name).replace(b'"clicks"', b'"clickz"'))
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 5 and out.startswith("FAILED      checkpoint latest of task task-0") and name in out
+    code, out, _ = cli(capsys, "verify", str(path), "task-0", "-c", "4", "--json")
+    assert code == 0 and json.loads(out)["result"] == "ok"
+
+
+def test_verify_a_delta_of_another_task_put_under_the_name(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, config, _ = job
+    _, delta0 = _recipe_blobs(config, "task-0", 5)
+    _, delta1 = _recipe_blobs(config, "task-1", 5)
+    with blobs_of(config) as store:
+        store.put(delta0, store.get(delta1))  # intact, but not the blob task-0's recipe names
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 5 and "is intact but is not the delta the checkpoint names" in out
+
+
+def _fullcopy_job(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    config = base_config(tmp_path, (tmp_path / "fc-blobs").as_uri(), **{"stores.counts.backup.factories": "fullcopy"})
+    make_job(config, tasks=("task-0",), runs=2)
+    return write_config(tmp_path / "fullcopy.properties", config), config
+
+
+def test_a_backend_that_does_not_describe_or_verify_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path, config = _fullcopy_job(tmp_path)
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 6 and "UNVERIFIED" in out and "the fullcopy backend does not verify its markers" in out
+    code, out, _ = cli(capsys, "inspect", str(path), "task-0", "--json")
+    item = json.loads(out)["markers"]["fullcopy"]["counts"]
+    assert code == 0 and item["description"] is None and "does not describe" in item["note"] and item["marker"]
+    code, out, _ = cli(capsys, "checkpoints", str(path), "task-0", "--json")
+    assert code == 0 and json.loads(out)[-1]["bytes"] is None  # unknown, never a made-up number
+    # gc keeps every blob under that backend's prefix, however old
+    with blobs_of(config) as store:
+        names = [n for n in store.list("clicks/task-0/counts/fullcopy/")]
+        for name in names:
+            store.set_metadata(name, {"created_at": OLD})
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--json")
+    report = json.loads(out)
+    assert code == 0 and names and all(item["action"] == "keep" for item in report["items"])
+    assert {item["blob"] for item in report["items"]} == set(names)
+    with blobs_of(config) as store:
+        assert list(store.list("clicks/task-0/counts/fullcopy/")) == names
+
+
+def test_a_dual_commit_job_with_blobsnapshot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """changelog and blobsnapshot side by side: the command works with whatever each backend's admin says."""
+    config = base_config(tmp_path, (tmp_path / "dual").as_uri(),
+                         **{"stores.counts.backup.factories": "changelog,blobsnapshot"})
+    states = make_job(config, tasks=("task-0",), runs=3)
+    path = write_config(tmp_path / "dual.properties", config)
+    with blobs_of(config) as store:
+        context = BackendContext(factory_name="blobsnapshot", job_name="clicks", task_name="task-0", stores={},
+                                 blob_store=store, checkpoint_log=CheckpointLog(store, "clicks", "task-0"),
+                                 executor=NoExecutor(), metrics=Metrics(),
+                                 options=Settings.from_config(config).backend_options_for("blobsnapshot"))
+        admin = type(resolve_factory("blobsnapshot").factory.admin(context))
+    # whatever the blob-snapshot admin implements (its three methods are optional), the command follows it
+    describes = admin.describe_marker is not StateBackendAdmin.describe_marker
+    verifies = admin.verify_marker is not StateBackendAdmin.verify_marker
+    accounts = admin.referenced_blobs is not StateBackendAdmin.referenced_blobs
+    before = state_of_blob_store(config)
+    code, out, _ = cli(capsys, "verify", str(path), "task-0", "--json")
+    statuses = {m["backend"]: m["status"] for m in json.loads(out)["markers"]}
+    assert statuses == {"changelog": "ok", "blobsnapshot": "ok" if verifies else "unverified"}
+    assert code == (0 if verifies else 6)
+    code, out, _ = cli(capsys, "inspect", str(path), "task-0", "--json")
+    item = json.loads(out)["markers"]["blobsnapshot"]["counts"]
+    assert code == 0 and (item["description"] is not None) == describes
+    rows = json.loads(cli(capsys, "checkpoints", str(path), "task-0", "--json")[1])
+    assert (rows[-1]["bytes"] is not None) == accounts
+    # dump from each backend's marker gives the same state, and writes nothing
+    for backend in ("changelog", "blobsnapshot"):
+        code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-D",
+                           f"stores.counts.restore.factory={backend}")
+        assert code == 0
+        assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
+            states["task-0"]["history"][-1]
+    report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
+    if not accounts:
+        kept = [i for i in report["items"] if "/blobsnapshot/" in i["blob"]]
+        assert kept and all(i["action"] == "keep" and "does not say" in i["reason"] for i in kept)
+    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply")[0] == 0
+    assert cli(capsys, "dump", str(path), "task-0", "counts", "-D", "stores.counts.restore.factory=blobsnapshot")[0] == 0
+    assert state_of_blob_store(config).keys() <= before.keys()
+
+
+def test_progress_bar_on_a_terminal_only(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, _, _ = job
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["verify", str(path), "task-0"]) == 0
+    assert "verify:" in terminal.getvalue() and "/1 [" in terminal.getvalue()  # a bar over the one marker
+    terminal.truncate(0)
+    assert main(["verify", str(path), "task-0", "--no-progress"]) == 0
+    assert terminal.getvalue().strip("\x00") == ""
+
+
+# -- restore and dump -------------------------------------------------------------------------------------------
+
+
+def test_restore_prewarms_a_machine(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], tmp_path: Path
+) -> None:
+    path, config, states = job
+    target = tmp_path / "prewarmed"
+    code, out, _ = cli(capsys, "restore", str(path), "task-0", str(target), "--json")
+    result = json.loads(out)
+    assert code == 0 and result["seq"] == 5 and result["stores"] == {"counts": {"restored_by": "changelog",
+                                                                                "keys": 7}}
+    assert result["bytes_downloaded"] > 0
+    # the task opened on that directory finds its state there and downloads nothing
+    with TaskStorage.open(dict(config, **{"state.local.dir": str(target)}), "task-0") as storage:
+        assert dict(storage.store("counts").items()) == states["task-0"]["history"][-1]
+        assert storage.metrics.counter("restore.stores.reused") == 1
+        assert storage.metrics.counter("restore.bytes") == 0
+    code, out, _ = cli(capsys, "restore", str(path), "task-0", str(tmp_path / "older"), "-c", "2")
+    assert code == 0 and out.startswith("restored checkpoint #2 ")
+
+
+def test_dump_is_read_only_json_lines(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, config, states = job
+    before = state_of_blob_store(config)
+
+    def no_task_storage(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("dump must not open a full TaskStorage")
+
+    monkeypatch.setattr(TaskStorage, "open", no_task_storage)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-D", "changelog.gc.interval.commits=1",
+                       "-D", "changelog.gc.grace.period.ms=0")
+    records = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and {r["key"]: r["value"] for r in records} == states["task-0"]["history"][-1]
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-c", "2")
+    assert {json.loads(line)["key"]: json.loads(line)["value"] for line in out.splitlines()} == \
+        states["task-0"]["history"][1]
+    code, out, _ = cli(capsys, "dump", str(path), "task-1", "counts", "--raw")
+    first = json.loads(out.splitlines()[0])
+    assert base64.b64decode(first["key_base64"]) == b"ada" and len(base64.b64decode(first["value_base64"])) == 8
+    assert state_of_blob_store(config) == before  # nothing written, swept or deleted
+    code, _, err = cli(capsys, "dump", str(path), "task-0", "nosuch")
+    assert code == 4 and "nosuch" in err
+    assert cli(capsys, "dump", str(path), "task-9", "counts")[0] == 4
+
+
+def test_dump_of_a_store_the_config_no_longer_has(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
+                         **{"stores.old.backup.factories": "changelog", "stores.old.key.serde": "string",
+                            "stores.old.msg.serde": "json"})
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("old").put("ada", {"clicks": [1, 2]})
+        storage.commit_durably({"clicks": "1"})
+    without = {k: v for k, v in config.items() if not k.startswith("stores.old.")}
+    path = write_config(tmp_path / "dropped.properties", without)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "old")
+    assert code == 0 and [json.loads(x) for x in out.splitlines()] == [{"key": "ada", "value": {"clicks": [1, 2]}}]
+
+
+def test_dump_into_a_closed_pipe_is_quiet(job: tuple[Path, dict, dict], tmp_path: Path) -> None:
+    path, config, _ = job
+    with TaskStorage.open(config, "task-0") as storage:
+        counts = storage.store("counts")
+        for i in range(20_000):
+            counts.put(f"key-{i:06d}", i)
+        storage.commit_durably({"clicks": "5"})
+    script = shutil.which("statebackend", path=str(Path(sys.executable).parent))
+    assert script is not None
+    pipeline = subprocess.run(["bash", "-c", f'set -o pipefail; "{script}" dump "{path}" task-0 counts | head -n 2'],
+                              capture_output=True, text=True, timeout=120, check=False)
+    assert pipeline.stdout.count("\n") == 2 and json.loads(pipeline.stdout.splitlines()[0])["key"] == "ada"
+    assert pipeline.stderr == ""
+    assert pipeline.returncode == 141
+
+
+# -- gc ---------------------------------------------------------------------------------------------------------
+
+
+def _plant_garbage(config: dict[str, Any], root: Path | None) -> dict[str, str]:
+    """Garbage of every kind, old (created_at a week ago), plus a young and an ageless blob that must stay."""
+    planted = {
+        "orphaned task": "clicks/task-7/counts/changelog/delta/000000000001-aaaa.delta",
+        "orphaned store": "clicks/task-0/dropped/changelog/delta/000000000001-bbbb.delta",
+        "unreferenced blob": "clicks/task-0/counts/changelog/delta/000000000001-cccc.delta",
+        "young": "clicks/task-0/counts/changelog/delta/000000000002-dddd.delta",
+        "ageless": "clicks/task-1/counts/changelog/delta/000000000002-eeee.delta",
+        "other job": "otherjob/task-0/counts/changelog/delta/000000000001-ffff.delta",
+    }
+    with blobs_of(config) as store:
+        for kind, name in planted.items():
+            metadata = {"created_at": f"{time.time():.3f}"} if kind == "young" else \
+                {} if kind == "ageless" else {"created_at": OLD}
+            store.put(name, b"garbage", metadata=metadata)
+    if root is not None:
+        temp = root / "clicks" / "task-0" / "counts" / "changelog" / "delta" / ".statebackend~tmp.0123456789abcdef"
+        temp.write_bytes(b"half a delta")
+        os.utime(temp, (time.time() - 7 * 86400, time.time() - 7 * 86400))
+        planted["abandoned upload"] = "clicks/task-0/counts/changelog/delta/.statebackend~tmp.0123456789abcdef"
+    return planted
+
+
+def test_gc_dry_run_then_apply(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict],
+                               tmp_path: Path) -> None:
+    path, config, states = job
+    planted = _plant_garbage(config, tmp_path / "blobs")
+    before = state_of_blob_store(config)
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["applied"] is False
+    by_blob = {item["blob"]: item for item in report["items"]}
+    for kind in ("orphaned task", "orphaned store", "unreferenced blob", "abandoned upload"):
+        assert by_blob[planted[kind]]["kind"] == kind and by_blob[planted[kind]]["action"] == "delete", kind
+    assert by_blob[planted["young"]]["action"] == "keep" and "younger" in by_blob[planted["young"]]["reason"]
+    assert by_blob[planted["ageless"]]["action"] == "keep" and "age is unknown" in by_blob[planted["ageless"]]["reason"]
+    assert planted["other job"] not in by_blob
+    assert all(name in planted.values() for name in by_blob)  # nothing a checkpoint needs is listed
+    assert state_of_blob_store(config) == before  # a dry run deletes nothing
+    assert (tmp_path / "blobs" / planted["abandoned upload"]).exists()
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h")
+    assert code == 0 and "dry run, nothing deleted" in out and "run again with --apply" in out
+
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h", "--apply")
+    assert code == 0 and "DELETED" in out
+    after = state_of_blob_store(config)
+    deleted = {planted[k] for k in ("orphaned task", "orphaned store", "unreferenced blob")}
+    assert set(after) == set(before) - deleted
+    assert not (tmp_path / "blobs" / planted["abandoned upload"]).exists()
+    for task in ("task-0", "task-1"):  # every checkpoint still restores
+        assert cli(capsys, "verify", str(path), task)[0] == 0
+        for seq in (1, 5):
+            code, out, _ = cli(capsys, "dump", str(path), task, "counts", "-c", str(seq))
+            assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
+                states[task]["history"][seq - 1]
+    assert cli(capsys, "gc", str(path), "--grace", "nonsense")[0] == 2
+
+
+def test_gc_drops_a_task_named_by_the_operator(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, config, states = job
+    before = state_of_blob_store(config)
+    code, _, err = cli(capsys, "gc", str(path), "--drop-task", "task-9")
+    assert code == 4 and "task-9" in err
+    code, out, _ = cli(capsys, "gc", str(path), "--drop-task", "task-1", "--json")
+    dropped = [i for i in json.loads(out)["items"] if i["kind"] == "dropped task"]
+    assert code == 0 and {i["blob"] for i in dropped} == {n for n in before if n.startswith("clicks/task-1/")}
+    assert state_of_blob_store(config) == before
+    assert cli(capsys, "gc", str(path), "--drop-task", "task-1", "--apply")[0] == 0
+    after = state_of_blob_store(config)
+    assert set(after) == {n for n in before if not n.startswith("clicks/task-1/")}
+    assert cli(capsys, "checkpoints", str(path), "task-1")[0] == 4
+    assert cli(capsys, "verify", str(path), "task-0")[0] == 0
+    assert [json.loads(x)["key"] for x in cli(capsys, "dump", str(path), "task-0", "counts")[1].splitlines()] == \
+        sorted(states["task-0"]["history"][-1])
+
+
+# -- against a real server (moto's S3) ---------------------------------------------------------------------------
+
+
+def _every_command(capsys: pytest.CaptureFixture[str], config: dict[str, Any], tmp_path: Path) -> Path:
+    """Every command on a job of one task on a server; returns the config file."""
+    states = make_job(config, tasks=("task-0",), runs=4)
+    path = write_config(tmp_path / "server.properties", config)
+    assert cli(capsys, "validate", str(path))[0] == 0
+    assert json.loads(cli(capsys, "jobs", str(path), "--json")[1])[0]["checkpoints"] == 4
+    assert [t["task"] for t in json.loads(cli(capsys, "tasks", str(path), "--json")[1])] == ["task-0"]
+    assert json.loads(cli(capsys, "stores", str(path), "task-0", "--json")[1])[0]["store"] == "counts"
+    rows = json.loads(cli(capsys, "checkpoints", str(path), "task-0", "--json")[1])
+    assert [r["seq"] for r in rows] == [1, 2, 3, 4] and all(r["bytes"] > 0 for r in rows)
+    assert cli(capsys, "checkpoints", str(path), "task-5")[0] == 4
+    described = json.loads(cli(capsys, "inspect", str(path), "task-0", "--json")[1])
+    assert described["markers"]["changelog"]["counts"]["description"]["missing"] == 0
+    assert cli(capsys, "verify", str(path), "task-0")[0] == 0
+    code, out, _ = cli(capsys, "restore", str(path), "task-0", str(tmp_path / "warm"), "--json")
+    assert code == 0 and json.loads(out)["stores"]["counts"]["keys"] == 6
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts")
+    assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
+        states["task-0"]["history"][-1]
+    with blobs_of(config) as store:  # an orphaned store's old blob: gc deletes it, the checkpoints still verify
+        store.put("clicks/task-0/dropped/changelog/delta/000000000001-aaaa.delta", b"old",
+                  metadata={"created_at": OLD})
+    report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
+    assert {item["kind"]: item["action"] for item in report["items"]}["orphaned store"] == "delete"
+    return path
+
+
+@pytest.mark.azure
+@pytest.mark.slow
+def test_every_command_against_azurite(
+    capsys: pytest.CaptureFixture[str], azurite_connection: str, tmp_path: Path
+) -> None:
+    config = base_config(tmp_path, f"az://t{uuid.uuid4().hex[:20]}/state",
+                         **{"blob.store.connection.string": azurite_connection})
+    path = _every_command(capsys, config, tmp_path)
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--json")
+    report = json.loads(out)
+    assert code == 0 and any("cannot list abandoned uploads" in note for note in report["notes"])
+    with blobs_of(config) as store:
+        assert not list(store.list("clicks/task-0/dropped/"))
+    assert cli(capsys, "verify", str(path), "task-0")[0] == 0
+    _, out, _ = cli(capsys, "checkpoints", str(path), "task-0", "--json", "-v")
+    assert "AccountKey" not in out and "Eby8vdM02" not in out  # the connection string's key never shows
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_every_command_against_the_s3_server(
+    capsys: pytest.CaptureFixture[str], s3_server: ServerProcess, tmp_path: Path
+) -> None:
+    bucket = f"t-{uuid.uuid4().hex[:20]}"
+    config = base_config(tmp_path, f"s3://{bucket}/state", **{"blob.store.endpoint.url": s3_server.endpoint})
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server.endpoint)
+    path = _every_command(capsys, config, tmp_path)
+    # an abandoned multipart upload goes too
+    upload = client.create_multipart_upload(Bucket=bucket, Key="state/clicks/task-0/counts/changelog/delta/x.delta")
+    assert upload["UploadId"]
+    report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
+    kinds = {item["kind"]: item for item in report["items"]}
+    assert kinds["abandoned upload"]["blob"] == "clicks/task-0/counts/changelog/delta/x.delta"
+    assert kinds["abandoned upload"]["action"] == "delete" and kinds["orphaned store"]["action"] == "delete"
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the dry run left it
+    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply")[0] == 0
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+    with blobs_of(config) as store:
+        assert not list(store.list("clicks/task-0/dropped/"))
+    assert cli(capsys, "verify", str(path), "task-0")[0] == 0
