@@ -2,5 +2,6 @@
 background) and an index blob per commit listing the live runs (docs/formats-blobsnapshot.md, seed 002).
 
 Mirrors the contracts: backup.py (TaskBackupManager), restore.py (TaskRestoreManager), admin.py (StateBackendAdmin),
-factory.py (StateBackendFactory), format.py (blob names, run entries and the index blob written into checkpoints as the marker).
+factory.py (StateBackendFactory), format.py (blob names, run entries and the index blob written into checkpoints as
+the marker).
 """

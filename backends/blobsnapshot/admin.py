@@ -1,11 +1,19 @@
-"""Admin of the blob-snapshot backend: the blob store must exist and accept create-only writes, reads and deletes."""
+"""Admin of the blob-snapshot backend: the blob store must exist and accept create-only writes, reads and deletes; a
+marker (an index blob's name) is described, its blobs named and verified for the ``statebackend`` command
+(``inspect``, ``verify``, ``gc``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import attrs
+from statebackend.backends.blobsnapshot.backup import read_index, read_run
+from statebackend.backends.blobsnapshot.format import RunIndex, chain_problem, run_name
 
 from statebackend.blobstores.admin import BlobStoreBackendAdmin
 from statebackend.contracts import BackendContext, StateBackendAdmin
+from statebackend.errors import NotFoundError, StateBackendError
+from statebackend.recordfile import iter_records
 
 __all__ = ["BlobSnapshotAdmin"]
 
@@ -13,3 +21,73 @@ __all__ = ["BlobSnapshotAdmin"]
 @attrs.define
 class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
     context: BackendContext
+
+    def describe_marker(self, store: str, marker: str) -> dict[str, Any]:
+        """The index: its runs (level, versions, records) with each blob's size (``None``: missing), the key count
+        and the total bytes a full restore downloads. Reads the index and the runs' sizes; never writes."""
+        index = self._index(store, marker)
+        blob_store = self.context.blob_store
+        total = 0
+        missing = 0
+        runs = []
+        for run in index.runs:
+            name = run_name(self.context.blob_prefix(store), run.hash)
+            size: int | None
+            try:
+                size = blob_store.head(name).size
+                total += size
+            except NotFoundError:
+                size = None
+                missing += 1
+            runs.append({"blob": name, "bytes": size, "level": "base" if run.base else run.level,
+                         "first_seq": run.first_seq, "last_seq": run.last_seq, "records": run.records})
+        index_bytes = blob_store.head(marker).size
+        return {
+            "kind": "blobsnapshot index",
+            "index": marker,
+            "seq": index.seq,
+            "checkpoint_id": index.checkpoint_id,
+            "keys": index.key_count,
+            "runs": len(index.runs),
+            "blobs": len(index.runs) + 1,
+            "missing": missing,
+            "bytes": total + index_bytes,
+            "run_list": runs,
+        }
+
+    def referenced_blobs(self, store: str, marker: str) -> set[str]:
+        """The index blob and every run it lists."""
+        index = self._index(store, marker)
+        return {marker, *index.blob_names(self.context.blob_prefix(store))}
+
+    def verify_marker(self, store: str, marker: str) -> list[str]:
+        """The index (checksum, binding to its name, chain shape) and every run it lists, downloaded and checked as
+        restore checks them (size, content hash, header lineage, digest, record order and count). Nothing is
+        applied or written."""
+        try:
+            index = self._index(store, marker)
+        except StateBackendError as exc:
+            return [str(exc)]
+        problems = []
+        shape = chain_problem(index.runs, index.seq)
+        if shape is not None:
+            problems.append(f"index blob {marker}: {shape}")
+        context = self.context
+        prefix = context.blob_prefix(store)
+        for run in index.runs:
+            name = run_name(prefix, run.hash)
+            try:
+                data = read_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                                task=context.task_name, store=store)
+                count = sum(1 for _ in iter_records(data, name=name, verified=True))
+            except StateBackendError as exc:
+                problems.append(f"store {store}: {exc}")
+                continue
+            if count != run.records:
+                problems.append(f"store {store}: run {name} holds {count} records where index {marker} lists "
+                                f"{run.records}")
+        return problems
+
+    def _index(self, store: str, marker: str) -> RunIndex:
+        context = self.context
+        return read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)

@@ -19,10 +19,10 @@ Compaction (one at a time per store, on a process-wide compaction thread; never 
 by a commit): size-tiered. When ``compaction.fanout`` runs of one level exist, the oldest of them are merged into one
 run of the next level (newest value per key, tombstones kept). When the runs above the bottom run (the base, or the
 first run of a chain that began on the empty store) add up to ``compaction.full.ratio`` times its size, a new base
-run is written from an LMDB read view of the last committed version (the local store already is the merge of every run). The result is uploaded in
-the background and a later commit's index lists it in place of its inputs; it is recorded in the store dir, so a
-result that an open closed before adopting is adopted by the next open. Write amplification and space bound:
-docs/formats-blobsnapshot.md.
+run is written from an LMDB read view of the last committed version (the local store already is the merge of every
+run). The result is uploaded in the background and a later commit's index lists it in place of its inputs; it is
+recorded in the store dir, so a result that an open closed before adopting is adopted by the next open. Write
+amplification and space bound: docs/formats-blobsnapshot.md.
 
 Garbage of failed or abandoned uploads is removed by a mark-and-sweep (:meth:`BlobSnapshotBackupManager.sweep`,
 every ``gc.interval.commits`` commits and at init with ``gc.on.init``): the mark is every index a checkpoint in the
@@ -365,7 +365,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             index = self._read_index(marker, state.name)
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
             log.warning("store %s: cannot read the checkpoint's blobsnapshot index (%s); the next commit uploads a "
-                        "base run of the whole store", state.name, exc)
+                        "base run of the whole store", state.name, exc, extra=self._extra(state.name))
             return
         state.previous, state.previous_name = index, marker
         state.retained.append((marker, index))
@@ -374,7 +374,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             # this backend's restore failed (a run may be missing or damaged), or the store holds other data: the
             # chain must not be continued
             log.warning("store %s: the local data is not this backend's index %s (restored by %s); the next commit "
-                        "uploads a base run", state.name, marker, context.restored_by.get(state.name))
+                        "uploads a base run", state.name, marker, context.restored_by.get(state.name),
+                        extra=self._extra(state.name))
             context.metrics.increment("blobsnapshot.rebase.after.fallback")
             return
         state.runs = list(index.runs)
@@ -402,7 +403,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         except FileNotFoundError:
             return
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-            log.warning("store %s: ignoring unreadable compaction record %s (%s)", state.name, record, exc)
+            log.warning("store %s: ignoring unreadable compaction record %s (%s)", state.name, record, exc,
+                        extra=self._extra(state.name))
             record.unlink(missing_ok=True)
             return
         if replace_runs(state.runs, compacted.inputs, compacted.output) is None:
@@ -590,7 +592,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     return False  # same name, same content: an earlier try wrote it first
                 if found == "absent":
                     log.warning("store %s: run %s was reported taken but holds no blob of its length; writing it "
-                                "again", state.name, name)
+                                "again", state.name, name, extra=self._extra(state.name))
                 blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
         state.uploaded_at[run.hash] = created_at
         crashpoint("blobsnapshot.upload.run_uploaded")
@@ -606,7 +608,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             return "absent"
         if info.size != run.size:
             log.warning("run %s: the blob store reports %d bytes where the run has %d; not taken as present",
-                        name, info.size, run.size)
+                        name, info.size, run.size, extra=self._extra(state.name))
             return "absent"
         if run.hash in state.durable_runs or not blob_store.supports_metadata:
             return "reusable"
@@ -662,7 +664,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         exc = compaction.exception()
         if exc is not None:
             self.context.metrics.increment("blobsnapshot.compaction.failures")
-            log.warning("store %s: compaction failed (tried again later): %s", state.name, exc)
+            log.warning("store %s: compaction failed (tried again later): %s", state.name, exc,
+                        extra=self._extra(state.name))
             return runs
         compacted = compaction.result()
         if compacted is None or compacted.generation != state.generation:
@@ -677,7 +680,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             if not path.exists():
                 self.context.metrics.increment("blobsnapshot.compaction.too.old")
                 log.warning("store %s: not adopting compacted run %s: uploaded more than half of "
-                            "blobsnapshot.gc.grace.period.ms ago", state.name, compacted.output.hash)
+                            "blobsnapshot.gc.grace.period.ms ago", state.name, compacted.output.hash,
+                            extra=self._extra(state.name))
                 return runs
             now = self.clock()
             try:
@@ -686,7 +690,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             except StateBackendError as exc:
                 self.context.metrics.increment("blobsnapshot.compaction.failures")
                 log.warning("store %s: could not write compacted run %s again (compacting later): %s", state.name,
-                            compacted.output.hash, exc)
+                            compacted.output.hash, exc, extra=self._extra(state.name))
                 return runs
             compacted = attrs.evolve(compacted, uploaded_at=now)
             self.context.metrics.increment("blobsnapshot.compaction.refreshed")
@@ -793,7 +797,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 index = self._read_index(marker, state.name)
             except NotFoundError:
                 # a late cleanup of a checkpoint that already fell out of retention: nothing left to do
-                log.debug("store %s: cleanup of %s found it gone already", state.name, marker)
+                log.debug("store %s: cleanup of %s found it gone already", state.name, marker,
+                          extra=self._extra(state.name))
                 return
         self._make_durable(state, marker, index)
         crashpoint("blobsnapshot.cleanup.expiry_removed")
@@ -841,13 +846,13 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             index = state.pending.pop(marker)
             if marker in in_log:
                 log.info("store %s: index %s belongs to a checkpoint that landed although its write was reported "
-                         "failed; kept as durable", state.name, marker)
+                         "failed; kept as durable", state.name, marker, extra=self._extra(state.name))
                 self._make_durable(state, marker, index)
                 state.retained.append((marker, index))
                 self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
             else:
                 log.debug("store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
-                          "it after the grace period", state.name, marker)
+                          "it after the grace period", state.name, marker, extra=self._extra(state.name))
 
     def _make_durable(self, state: _StoreState, marker: str, index: RunIndex) -> None:
         """Seed 002's remove-TTL: a durable checkpoint's index and runs never expire."""
@@ -855,7 +860,10 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         if not blob_store.supports_metadata:
             state.durable_runs |= index.run_hashes()
             return
-        durable = {DURABLE_AT: f"{self.clock():.3f}"}
+        # the expiry goes; the age restarts now, so a collection by age (a sweep, `statebackend gc`) of a blob that
+        # later falls out of retention still waits a grace period from here
+        now = f"{self.clock():.3f}"
+        durable = {CREATED_AT: now, DURABLE_AT: now}
         for digest in sorted(index.run_hashes() - state.durable_runs):
             name = run_name(state.prefix, digest)
             try:
@@ -863,7 +871,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             except NotFoundError:
                 self.context.metrics.increment("blobsnapshot.runs.missing")
                 log.error("store %s: run %s of durable index %s is missing; that checkpoint cannot be restored "
-                          "from blobsnapshot; the next commit uploads a base run", state.name, name, marker)
+                          "from blobsnapshot; the next commit uploads a base run", state.name, name, marker,
+                          extra=self._extra(state.name))
                 state.uploaded.discard(digest)
                 if any(run.hash == digest for run in state.runs):
                     state.needs_base = True
@@ -871,17 +880,19 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             except StateBackendError as exc:
                 # not fatal to retention: the run stays out of durable_runs and the next index using it retries
                 self.context.metrics.increment("blobsnapshot.ttl.failures")
-                log.warning("store %s: could not remove the expiry of run %s: %s", state.name, name, exc)
+                log.warning("store %s: could not remove the expiry of run %s: %s", state.name, name, exc,
+                            extra=self._extra(state.name))
                 continue
             state.durable_runs.add(digest)
             self.context.metrics.increment("blobsnapshot.ttl.removed")
         try:
             blob_store.set_metadata(marker, durable)
         except NotFoundError:
-            log.error("store %s: durable index %s is missing", state.name, marker)
+            log.error("store %s: durable index %s is missing", state.name, marker, extra=self._extra(state.name))
         except StateBackendError as exc:
             self.context.metrics.increment("blobsnapshot.ttl.failures")
-            log.warning("store %s: could not remove the expiry of index %s: %s", state.name, marker, exc)
+            log.warning("store %s: could not remove the expiry of index %s: %s", state.name, marker, exc,
+                        extra=self._extra(state.name))
 
     # -- mark and sweep -----------------------------------------------------------------------------------------
 
@@ -908,12 +919,13 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                         del live[marker]
                         continue
                     complete = False
-                    log.warning("store %s: sweep cannot find live index %s; runs are left alone", state.name, marker)
+                    log.warning("store %s: sweep cannot find live index %s; runs are left alone", state.name, marker,
+                                extra=self._extra(state.name))
                     continue
                 except (CorruptDataError, IncompatibleFormatError) as exc:
                     complete = False  # its runs (or chunks) are unknown: deleting "unreferenced" ones could hurt it
                     log.warning("store %s: sweep cannot read live index %s (%s); runs are left alone",
-                                state.name, marker, exc)
+                                state.name, marker, exc, extra=self._extra(state.name))
                     continue
             referenced |= index.run_hashes()
         indexes_deleted = 0
@@ -941,9 +953,13 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         metrics.increment("blobsnapshot.sweep.runs.deleted", runs_deleted)
         metrics.increment("blobsnapshot.sweep.indexes.deleted", indexes_deleted)
         if runs_deleted or indexes_deleted:
-            log.info("store %s: sweep deleted %d unreferenced runs and %d indexes", state.name, runs_deleted,
-                     indexes_deleted)
+            log.debug("store %s: sweep deleted %d unreferenced runs and %d indexes", state.name, runs_deleted,
+                      indexes_deleted, extra=self._extra(state.name))
         return SweepReport(indexes_deleted, runs_deleted, not complete)
+
+    def _extra(self, store: str, **fields: object) -> dict[str, object]:
+        """Key fields of a log record, for structured handlers."""
+        return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
 
     def _checkpoint_log(self) -> CheckpointLog:
         """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
@@ -976,7 +992,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             if CREATED_AT in metadata:
                 return now - float(metadata[CREATED_AT]) >= grace
         except ValueError:
-            log.warning("blob %s has unreadable age metadata %r; treating it as new", name, dict(metadata))
+            log.warning("blob %s has unreadable age metadata %r; treating it as new", name, dict(metadata),
+                        extra=self._extra(state.name))
             return False
         if DURABLE_AT in metadata:
             # no age: its expiry was removed when a durable checkpoint used it, and no retained one does any more

@@ -92,7 +92,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         local = store.version
         if local == index.version:
             metrics.increment("restore.stores.reused")
-            log.info("store %s: local state already is %s", name, marker)
+            log.info("store %s: local state already is %s", name, marker, extra=self._extra(name))
             return
         start = next((i + 1 for i in range(len(index.runs) - 1, -1, -1) if index.runs[i].version == local), None)
         to_apply = list(index.runs[start:]) if start is not None else list(index.runs)
@@ -124,7 +124,8 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             for future in downloads.values():
                 future.cancel()
         self._finish(name, store, index, marker)
-        log.info("store %s: restored from %s (%d of %d runs applied)", name, marker, len(to_apply), len(index.runs))
+        log.info("store %s: restored from %s (%d of %d runs applied)", name, marker, len(to_apply), len(index.runs),
+                 extra=self._extra(name))
 
     def _records(self, name: str, prefix: str, run: RunEntry, download: Future[bytes]) -> RecordReader:
         data = download.result()  # raises the run's NotFoundError / CorruptDataError
@@ -153,6 +154,10 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         local = Path(store.path) / CACHE_DIR / run.hash
         return read_run(context.blob_store, prefix, run, index=marker, job=context.job_name, task=context.task_name,
                         store=name, local=local)
+
+    def _extra(self, store: str, **fields: object) -> dict[str, object]:
+        """Key fields of a log record, for structured handlers."""
+        return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
 
     def _check_interrupt(self, name: str) -> None:
         if self._interrupted.is_set():
