@@ -403,3 +403,178 @@ def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> 
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
         assert contents(task) == model
+
+
+# -- replays, records and lineages that held ---------------------------------------------------------------------------
+
+EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0,
+         "blobsnapshot.compaction.full.ratio": 0.3}
+
+
+def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: int = 300) -> None:
+    """40 updates and 10 deletes over ``keys`` keys, different each round."""
+    store = task.store("counts")
+    for i in range(50):
+        key = f"key-{(i * 53 + round_no * 97) % keys:05d}".encode()
+        if i % 5 == 4:
+            store.delete(key)
+            model.pop(key, None)
+        else:
+            value = f"r{round_no}-{i}".encode() * 3
+            store.put(key, value)
+            model[key] = value
+
+
+def settle(task: TaskStorage) -> None:
+    compaction = manager_of(task)._states["counts"].compaction
+    if compaction is not None:
+        compaction.exception(timeout=60)
+
+
+@pytest.mark.parametrize("back", [1, 2, 3])
+def test_a_replay_to_an_older_checkpoint_in_the_same_dir_with_a_compaction_record_restores_exactly(
+        tmp_path: Path, back: int) -> None:
+    """A Spark replay restores an older checkpoint (fence_seq = the head) in the same local dir, which holds the newer
+    state and the compaction record the superseded batches left. The redo and the commits after it (with merges and
+    full compactions at almost every commit) restore exactly the replayed history, warm and cold; nothing of the
+    superseded batches leaks in."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path, **EAGER, **{"task.checkpoint.retained": 5})
+    model: dict[bytes, bytes] = {}
+    models: list[dict[bytes, bytes]] = []
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        put_all(task, model, base_keys(300))
+        task.commit_durably({"input": "base"})
+        models.append(dict(model))
+        for round_no in range(9):
+            churn(task, model, round_no)
+            task.commit_durably({"input": str(round_no)})
+            models.append(dict(model))
+        settle(task)
+        entries = task.checkpoint_log.entries()
+    replayed = dict(models[-1 - back])
+    chosen = entries[-1 - back]
+    assert chosen.checkpoint.input_offsets == {"input": str(8 - back)}
+    with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=chosen, fence_seq=entries[-1].seq) as replay:
+        assert contents(replay) == replayed
+        for round_no in range(100, 106):
+            churn(replay, replayed, round_no)
+            replay.commit_durably({"input": f"redo-{round_no}"})
+            settle(replay)
+        assert contents(replay) == replayed
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as warm:
+        assert contents(warm) == replayed
+        churn(warm, replayed, 200)
+        warm.commit_durably({"input": "after"})
+        settle(warm)
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as cold:
+        assert contents(cold) == replayed
+
+
+@pytest.mark.xfail(strict=True, reason="a chain run uploaded long ago whose cached copy is gone fails every later "
+                                       "commit ('the next commit uploads a base run' never happens: needs_base stays "
+                                       "False because the run is in 'uploaded')")
+def test_a_lost_cached_copy_of_an_old_undurable_run_costs_one_commit_not_all_later_ones(tmp_path: Path) -> None:
+    """Commit 2's run is uploaded, its index write fails: the run stays in the chain (its change is in LMDB only
+    there). Its cached copy is then lost (a disk cleaner, an operator freeing space). Past half the grace period the
+    next commit must write it again and cannot: it fails saying the next commit uploads a base run. That next commit
+    must then succeed, and the state restore exactly."""
+    clock = FakeClock()
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        manager_of(task).clock = clock
+        state = manager_of(task)._states["counts"]
+        put_all(task, model, base_keys())
+        task.commit_durably({"input": "0"})
+        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        put_all(task, model, {b"key-00007": b"second"})
+        with pytest.raises(Exception, match="injected failure"):
+            task.commit_durably({"input": "1"})
+        lost = state.cached(state.runs[-1])
+        assert lost.exists()
+        lost.unlink()
+        clock.now += 0.6 * GRACE_MS / 1000.0
+        put_all(task, model, {b"key-00011": b"third"})
+        with pytest.raises(Exception, match="base run"):
+            task.commit_durably({"input": "2"})
+        put_all(task, model, {b"key-00013": b"fourth"})
+        task.commit_durably({"input": "3"})  # the promised base run
+        assert task.metrics.counter("blobsnapshot.base.runs") == 1
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
+        assert contents(task) == model
+
+
+# -- a random history of faults, reopens, wipes and replays against a model -------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6))
+def test_random_faults_reopens_wipes_and_replays_restore_exactly_the_last_durable_checkpoint(
+        tmp_path: Path, seed: int) -> None:
+    """Commits that fail at a run, index or checkpoint write, checkpoints that land with their reply lost, reopens in
+    the same dir, wiped dirs and Spark-style replays of the previous checkpoint, with merges and full compactions at
+    almost every commit: every open restores exactly the newest durable checkpoint (or the replayed one)."""
+    import random
+
+    rng = random.Random(seed)
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = make_config(tmp_path, **EAGER, **{"task.checkpoint.retained": 3, "blobsnapshot.gc.interval.commits": 4,
+                                               "blobsnapshot.gc.grace.period.ms": 0})
+    model: dict[bytes, bytes] = {}
+    models: dict[str, dict[bytes, bytes]] = {}
+    newest: str | None = None  # the label of the newest durable checkpoint (by seq: a replay's redo supersedes)
+    task = TaskStorage.open(config, "task-0", blob_store=blobs)
+    try:
+        for step in range(60):
+            label = f"s{step}"
+            action = rng.random()
+            churn(task, model, step)
+            if action < 0.55:
+                task.commit_durably({"input": label})
+                models[label], newest = dict(model), label
+            elif action < 0.75:
+                where = rng.choice(["/runs/", "/index/", "/checkpoints/"])
+                lose = where == "/checkpoints/" and rng.random() < 0.5
+                if lose:
+                    blobs.lose_reply, blobs.replies_to_lose = (lambda name, w=where: w in name), 1
+                else:
+                    blobs.fail, blobs.failures_left = (lambda name, w=where: w in name), 1
+                try:
+                    task.commit_durably({"input": label})
+                    landed = True
+                except Exception:  # noqa: BLE001 - the injected failure
+                    landed = lose
+                blobs.failures_left = blobs.replies_to_lose = 0
+                if landed:
+                    models[label], newest = dict(model), label
+            settle(task)
+            if rng.random() < 0.3 and newest is not None:
+                task.close()
+                kind = rng.choice(["reopen", "wipe", "replay"])
+                if kind == "wipe":
+                    shutil.rmtree(tmp_path / "local")
+                entries = task.checkpoint_log.entries()
+                expected = newest
+                if kind == "replay" and len(entries) >= 2:
+                    chosen = entries[-2]
+                    task = TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=chosen,
+                                            fence_seq=entries[-1].seq)
+                    expected = chosen.checkpoint.input_offsets["input"]
+                else:
+                    task = TaskStorage.open(config, "task-0", blob_store=blobs)
+                assert task.restored is not None
+                assert task.restored.input_offsets["input"] == expected, (step, kind)
+                model = dict(models[expected])
+                assert contents(task) == model, (step, kind)
+        task.close()
+        shutil.rmtree(tmp_path / "local")
+        task = TaskStorage.open(config, "task-0", blob_store=blobs.inner)
+        assert newest is not None and task.restored is not None
+        assert task.restored.input_offsets["input"] == newest
+        assert contents(task) == models[newest]
+    finally:
+        task.close()
