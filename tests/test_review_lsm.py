@@ -578,3 +578,100 @@ def test_random_faults_reopens_wipes_and_replays_restore_exactly_the_last_durabl
         assert contents(task) == models[newest]
     finally:
         task.close()
+
+
+def test_commits_whose_write_batch_spilled_restore_exactly_cold_and_by_catch_up(tmp_path: Path) -> None:
+    """A write batch over its bound spills to LMDB before the flush (the version is cleared then); the change set
+    still holds every change, so each run does: a cold restore and a catch-up from an older local copy give exactly
+    the state, tombstones of keys put and deleted across spills included."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path, **EAGER, **{"stores.counts.write.batch.max.bytes": "2KiB"})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        put_all(task, model, base_keys(300))
+        task.commit_durably({"input": "0"})
+        for round_no in range(1, 4):
+            for repeat in range(3):  # the same keys put, deleted and put again across spills
+                churn(task, model, round_no * 10 + repeat)
+            task.commit_durably({"input": str(round_no)})
+            settle(task)
+    shutil.copytree(tmp_path / "local", tmp_path / "older")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+        for round_no in range(4, 7):
+            for repeat in range(3):
+                churn(task, model, round_no * 10 + repeat)
+            task.commit_durably({"input": str(round_no)})
+            settle(task)
+    shutil.rmtree(tmp_path / "local")
+    shutil.copytree(tmp_path / "older", tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+        assert task.metrics.counter("restore.stores.full") + task.metrics.counter("restore.stores.caught.up") == 1
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.metrics.counter("restore.stores.full") == 1
+        assert contents(task) == model
+
+
+# -- restore fallback between the two backends of a dual commit, both orders --------------------------------------------
+
+DUAL = {**EAGER, "stores.counts.backup.factories": "changelog,blobsnapshot",
+        "changelog.snapshot.interval.commits": 3, "task.checkpoint.retained": 3}
+
+
+def restored_by(task: TaskStorage) -> str | None:
+    return task.commit_manager.backups[0].manager.context.restored_by["counts"]  # type: ignore[attr-defined]
+
+
+def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> str:
+    """Delete the newest blob (by name order: a run or delta of the newest commit) the checkpoint's marker of
+    ``factory`` needs, other than the marker itself, so that backend's restore fails on a missing blob."""
+    checkpoint = task.commit_manager.last_checkpoint
+    assert checkpoint is not None
+    marker = checkpoint.markers_for(factory)["counts"]
+    if factory == "blobsnapshot":
+        index = RunIndex.decode(blobs.get(marker), name=marker)
+        victim = run_name(PREFIX, index.runs[-1].hash)
+    else:
+        prefix = "job/task-0/counts/changelog/"
+        names = sorted(name for name in blobs.list(prefix) if name != marker and "/delta" in name)
+        assert names, list(blobs.list(prefix))
+        victim = names[-1]
+    blobs.delete(victim)
+    return victim
+
+
+@pytest.mark.parametrize(("broken", "fallback"), [("blobsnapshot", "changelog"), ("changelog", "blobsnapshot")])
+def test_a_fallback_restore_in_either_order_rebases_the_broken_backend_and_both_stay_exact(
+        tmp_path: Path, broken: str, fallback: str) -> None:
+    """restore.factories=<broken>,<fallback>: the broken backend's blob of the newest checkpoint is missing, so the
+    other one restores; the broken one must start anew (restore_failures), not continue its chain. After more commits
+    (with compactions), each backend alone restores exactly, cold."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path, **DUAL)
+    config["stores.counts.restore.factories"] = f"{broken},{fallback}"
+    del config["stores.counts.restore.factory"]
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        put_all(task, model, base_keys(300))
+        task.commit_durably({"input": "0"})
+        for round_no in range(1, 5):
+            churn(task, model, round_no)
+            task.commit_durably({"input": str(round_no)})
+            settle(task)
+        _damage_newest(blobs, task, broken)
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert restored_by(task) == fallback
+        assert contents(task) == model
+        for round_no in range(5, 10):
+            churn(task, model, round_no)
+            task.commit_durably({"input": str(round_no)})
+            settle(task)
+    for alone in (broken, fallback):
+        shutil.rmtree(tmp_path / "local")
+        only = {**config, "stores.counts.restore.factories": alone}
+        with TaskStorage.open(only, "task-0", blob_store=blobs) as task:
+            assert restored_by(task) == alone
+            assert contents(task) == model, f"restored by {alone} alone"
