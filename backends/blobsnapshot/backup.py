@@ -539,6 +539,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             if run.hash in state.durable_runs or uploaded_at is None or self._young_enough(uploaded_at):
                 return
             if not state.cached(run).exists():
+                state.needs_base = True
                 raise StateBackendError(
                     f"store {state.name}: run {run_name(state.prefix, run.hash)} was uploaded more than half of "
                     f"blobsnapshot.gc.grace.period.ms ago and no durable checkpoint names it; it is not cached "
@@ -546,6 +547,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 )
         path = state.cached(run)
         if not path.exists():
+            state.needs_base = True
             raise StateBackendError(
                 f"store {state.name}: run {run_name(state.prefix, run.hash)} is neither uploaded nor staged; the next "
                 f"commit uploads a base run"
@@ -646,8 +648,10 @@ class BlobSnapshotBackupManager(TaskBackupManager):
 
     def _young_enough(self, uploaded_at: float | None) -> bool:
         """Whether a blob this manager uploaded at ``uploaded_at`` may still be named by a new index: younger than
-        half the grace period, so no sweep (whose own deletions stop after a quarter of it) can take it."""
-        return uploaded_at is not None and self.clock() - uploaded_at < self.grace_period_ms / 2000.0
+        half the grace period, so no sweep (whose own deletions stop after a quarter of it) can take it, and younger
+        than half its ``ttl.ms``, so it has not expired (a sweep deletes an expired blob whatever its grace)."""
+        window = min(self.grace_period_ms, self.ttl_ms) / 2000.0
+        return uploaded_at is not None and self.clock() - uploaded_at < window
 
     # -- compaction ---------------------------------------------------------------------------------------------
 

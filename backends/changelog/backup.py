@@ -438,16 +438,16 @@ class ChangelogBackupManager(TaskBackupManager):
         return self.context.checkpoint_log
 
     def abort(self, checkpoint_id: CheckpointId) -> None:
-        """Another backend's snapshot failed after ours ran: the change sets we kept for upload are closed, so the
-        chain cannot get this commit's delta. Re-base on a fresh snapshot at the next commit."""
+        """A snapshot of this commit failed (another backend's, before or after ours ran): the commit flushed every
+        store, but the change sets are closed, so the chain cannot get this commit's delta (nor, when ours never
+        ran, even a step for it). Re-base on a fresh snapshot at the next commit."""
         for lineage in self._lineages.values():
             with lineage.lock:
-                if lineage.to_encode or lineage.rebase_view is not None:
-                    lineage.to_encode.clear()
-                    if lineage.rebase_view is not None:
-                        _close_when_ready(lineage.rebase_view)
-                        lineage.rebase_view = None
-                    lineage.commits_since_snapshot = -1
+                lineage.to_encode.clear()
+                if lineage.rebase_view is not None:
+                    _close_when_ready(lineage.rebase_view)
+                    lineage.rebase_view = None
+                lineage.commits_since_snapshot = -1
 
     def _log_extra(self, store: str | None = None) -> dict[str, object]:
         """Fields for structured log handlers (``extra``): job, task and the store concerned."""
