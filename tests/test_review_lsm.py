@@ -790,3 +790,46 @@ def test_a_merge_adopted_after_its_ttl_is_not_named_expired(tmp_path: Path) -> N
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
         assert contents(task) == model
+
+
+@pytest.mark.xfail(strict=True, reason="a run found present and young is recorded as uploaded with no age; a later "
+                                       "commit past the grace period names it without writing it again")
+def test_a_run_found_present_and_young_is_still_refreshed_when_a_much_later_index_names_it(tmp_path: Path) -> None:
+    """Commit 2's run lands with its reply lost; commit 3, soon after, finds it present and young (reused, not
+    written) and fails itself at its index write. Commit 4 comes more than the grace period later: the run must be
+    written again before index 4 names it (it was found with an age, and that age is now past the grace period).
+    If it is taken as fresh, another attempt's sweep between index 4 and its checkpoint deletes it."""
+    clock = FakeClock()
+    blobs = ControlledBlobStore(MemoryBlobStore())
+    config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
+    model: dict[bytes, bytes] = {}
+    try:
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            manager_of(task).clock = clock
+            put_all(task, model, base_keys())
+            task.commit_durably({"input": "0"})
+            blobs.lose_reply, blobs.replies_to_lose = (lambda name: "/runs/" in name), 1
+            put_all(task, model, {b"key-00007": b"second"})
+            with pytest.raises(Exception, match="reply was lost"):
+                task.commit_durably({"input": "1"})
+            clock.now += 10.0
+            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            put_all(task, model, {b"key-00009": b"third"})
+            with pytest.raises(Exception, match="injected failure"):
+                task.commit_durably({"input": "2"})
+            clock.now += 1.5 * GRACE_MS / 1000.0
+            blobs.hold = lambda name: "/checkpoints/" in name
+            put_all(task, model, {b"key-00011": b"fourth"})
+            pending = task.commit({"input": "3"})
+            assert pending is not None
+            assert blobs.held.wait(30)
+            _zombie_sweep(tmp_path, config, blobs.inner, clock.now)
+            blobs.release.set()
+            pending.result(timeout=30)
+            index = latest_index(blobs.inner, task)
+            assert missing_runs(blobs.inner, index) == [], "the acknowledged checkpoint names a deleted run"
+    finally:
+        blobs.release.set()
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
+        assert contents(task) == model
