@@ -1,8 +1,9 @@
 """Review of the blob-snapshot LSM backend (issue 10): attempts to lose, alter, mix or resurrect acknowledged state, or
 to delete a blob a retained checkpoint needs. Some tests demonstrated a problem when written (a run not written
 locally, a dual commit whose other snapshot failed first in either order, a run or merge found present with an old
-age, an index naming a run past its ttl, a lost cached copy failing every later commit); those are fixed and the tests
-stay as regression tests. The others check a property that was found to hold."""
+age, an index naming a run past its ttl, a lost cached copy failing every later commit, a run found present and young
+reused without its age, a lost run unnoticed when the other backend of a dual commit restored first); those are fixed
+and the tests stay as regression tests. The others check a property that was found to hold."""
 
 from __future__ import annotations
 
@@ -792,8 +793,6 @@ def test_a_merge_adopted_after_its_ttl_is_not_named_expired(tmp_path: Path) -> N
         assert contents(task) == model
 
 
-@pytest.mark.xfail(strict=True, reason="a run found present and young is recorded as uploaded with no age; a later "
-                                       "commit past the grace period names it without writing it again")
 def test_a_run_found_present_and_young_is_still_refreshed_when_a_much_later_index_names_it(tmp_path: Path) -> None:
     """Commit 2's run lands with its reply lost; commit 3, soon after, finds it present and young (reused, not
     written) and fails itself at its index write. Commit 4 comes more than the grace period later: the run must be
@@ -835,8 +834,6 @@ def test_a_run_found_present_and_young_is_still_refreshed_when_a_much_later_inde
         assert contents(task) == model
 
 
-@pytest.mark.xfail(strict=True, reason="in a dual commit, a blobsnapshot run lost from the blob store goes unnoticed "
-                                       "when changelog restores first: the chain keeps naming it in every new index")
 def test_a_lost_run_is_noticed_when_the_other_backend_of_a_dual_commit_restored_first(tmp_path: Path) -> None:
     """restore.factories=changelog,blobsnapshot, a dual commit. The bottom run of blobsnapshot's chain is lost from
     the blob store. The next open is restored by changelog (blobsnapshot is never tried, so restore_failures is empty)

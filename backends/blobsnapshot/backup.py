@@ -378,6 +378,18 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                         extra=self._extra(state.name))
             context.metrics.increment("blobsnapshot.rebase.after.fallback")
             return
+        restorer = context.restored_by.get(state.name, context.factory_name)
+        if restorer != context.factory_name:
+            # another backend restored the store (it came first in restore.factories): this backend's runs were never
+            # read at this open, so a lost or cut run would go unnoticed while every later index named it. One head()
+            # per run (at most 1 + (fanout - 1) x levels) says whether the chain can be continued.
+            lost = self._runs_not_whole(state, index)
+            if lost:
+                log.warning("store %s: run %s of index %s (and %d more) is missing or cut; restored by %s, the next "
+                            "commit uploads a base run", state.name, lost[0], marker, len(lost) - 1, restorer,
+                            extra=self._extra(state.name))
+                context.metrics.increment("blobsnapshot.rebase.after.fallback")
+                return
         state.runs = list(index.runs)
         state.needs_base = False
         state.uploaded.update(index.run_hashes())
@@ -392,6 +404,20 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 self._make_durable(state, marker, index)
             else:
                 state.durable_runs = index.run_hashes()
+
+    def _runs_not_whole(self, state: _StoreState, index: RunIndex) -> list[str]:
+        """The runs of ``index`` the blob store does not hold at their exact length."""
+        blob_store = self.context.blob_store
+        lost = []
+        for run in index.runs:
+            name = run_name(state.prefix, run.hash)
+            try:
+                if blob_store.head(name).size == run.size:
+                    continue
+            except NotFoundError:
+                pass
+            lost.append(name)
+        return lost
 
     def _adopt_recorded_compaction(self, state: _StoreState) -> None:
         """A compaction an earlier open finished but could not list in an index: adopt it at the next upload if its
@@ -536,8 +562,10 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         garbage); the same bytes under the same name, with a fresh age."""
         if run.hash in state.uploaded:
             uploaded_at = state.uploaded_at.get(run.hash)
-            if run.hash in state.durable_runs or uploaded_at is None or self._young_enough(uploaded_at):
+            if run.hash in state.durable_runs or self._young_enough(uploaded_at):
                 return
+            if not self.context.blob_store.supports_metadata:
+                return  # no age on the blob store: a sweep counts it from when it first saw it, nothing to refresh
             if not state.cached(run).exists():
                 state.needs_base = True
                 raise StateBackendError(
@@ -579,8 +607,9 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         refresh = run.hash in state.uploaded  # an old upload no durable index names: write it again, same bytes
         created_at = self.clock()
         if not refresh:
-            found = self._present(state, name, run)
+            found, age = self._present(state, name, run)
             if found == "reusable":
+                self._found_at(state, run, age)
                 return False
             refresh = found == "too old"
         if refresh:
@@ -589,8 +618,9 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             try:
                 blob_store.put_file(name, path, create_only=True, metadata=self._new_metadata(created_at))
             except AlreadyExistsError:
-                found = self._present(state, name, run)
+                found, age = self._present(state, name, run)
                 if found == "reusable":
+                    self._found_at(state, run, age)
                     return False  # same name, same content: an earlier try wrote it first
                 if found == "absent":
                     log.warning("store %s: run %s was reported taken but holds no blob of its length; writing it "
@@ -600,25 +630,33 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         crashpoint("blobsnapshot.upload.run_uploaded")
         return True
 
-    def _present(self, state: _StoreState, name: str, run: RunEntry) -> str:
+    def _present(self, state: _StoreState, name: str, run: RunEntry) -> tuple[str, float | None]:
         """``"absent"`` (no blob of the run's length under ``name``), ``"reusable"`` or ``"too old"`` (see
-        :meth:`_put_run`)."""
+        :meth:`_put_run`), with the blob's age (its ``created_at``) when known."""
         blob_store = self.context.blob_store
         try:
             info = blob_store.head(name)
         except NotFoundError:
-            return "absent"
+            return "absent", None
         if info.size != run.size:
             log.warning("run %s: the blob store reports %d bytes where the run has %d; not taken as present",
                         name, info.size, run.size, extra=self._extra(state.name))
-            return "absent"
-        if run.hash in state.durable_runs or not blob_store.supports_metadata:
-            return "reusable"
+            return "absent", None
         try:
-            created = float(info.metadata[CREATED_AT])
+            created: float | None = float(info.metadata[CREATED_AT])
         except (KeyError, ValueError):
-            return "too old"  # no age we can read (durable once and since dropped, or written by another tool)
-        return "reusable" if self._young_enough(created) else "too old"
+            created = None  # no age we can read (durable once and since dropped, or written by another tool)
+        if run.hash in state.durable_runs or not blob_store.supports_metadata:
+            return "reusable", created
+        return ("reusable", created) if self._young_enough(created) else ("too old", created)
+
+    def _found_at(self, state: _StoreState, run: RunEntry, created: float | None) -> None:
+        """A run found present is as old as its blob: a later index names it only while that age allows (else it is
+        written again), as for a run this manager uploaded."""
+        if created is not None:
+            state.uploaded_at[run.hash] = created
+        else:
+            state.uploaded_at.pop(run.hash, None)
 
     def _put_index(self, marker: str, index: RunIndex) -> None:
         data = index.encode()
@@ -771,7 +809,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             metrics.increment("blobsnapshot.compaction.runs")
         metrics.increment("blobsnapshot.compactions.full" if output.base else "blobsnapshot.compactions.merge")
         crashpoint("blobsnapshot.compaction.uploaded")
-        compacted = _Compacted(inputs, output, generation, state.uploaded_at.get(output.hash, self.clock()))
+        compacted = _Compacted(inputs, output, generation, state.uploaded_at.get(output.hash))
         record = Path(state.store.path) / COMPACTED_FILE
         partial = record.with_name(record.name + ".partial")
         partial.write_text(json.dumps(compacted.to_json()))
