@@ -19,6 +19,7 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
+from statebackend.spark.held import DEFAULT_BOUND
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,9 @@ class StatefulForeachBatch:
     mode: str = "rows"
     sink: Sink | None = None
     on_replay: str = "redo"
+    #: bytes of each task's output held in memory until its commit is durable; beyond, it waits in a spill file under
+    #: ``state.local.dir/.spill/``
+    output_memory_bytes: int = DEFAULT_BOUND
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -57,6 +61,9 @@ class StatefulForeachBatch:
             raise ConfigError(f"StatefulForeachBatch on_replay {self.on_replay!r} is not one of {', '.join(ON_REPLAY)}")
         if not self.key_columns:
             raise ConfigError("StatefulForeachBatch needs at least one key column to partition the input by")
+        if type(self.output_memory_bytes) is not int or self.output_memory_bytes < 0:
+            raise ConfigError(f"StatefulForeachBatch output_memory_bytes must be an int >= 0, got "
+                              f"{self.output_memory_bytes!r}")
         if type(self.num_tasks) is not int or self.num_tasks < 1:
             raise ConfigError(f"StatefulForeachBatch num_tasks must be a positive int, got {self.num_tasks!r}")
         if self.mode != "rows" and self.output_schema is None:
@@ -131,6 +138,7 @@ class StatefulForeachBatch:
             on_replay=self.on_replay,
             input_columns=tuple(batch_df.columns),
             output_schema=output_schema,
+            output_memory_bytes=self.output_memory_bytes,
         )
 
     def _struct(self, spark: SparkSession) -> StructType:

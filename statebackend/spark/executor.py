@@ -8,6 +8,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import StateBackendError, StoreLockedError
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name
+from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
 from statebackend.task import TaskStorage, known_durable_seq
 
 log = logging.getLogger(__name__)
@@ -124,12 +126,14 @@ class TaskRunner:
     on_replay: str
     input_columns: tuple[str, ...]
     output_schema: Any = None
+    #: bytes of a task's output held in memory until its commit is durable; the rest waits in a spill file
+    output_memory_bytes: int = DEFAULT_BOUND
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
         counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
-        outputs, stats = self._run(index, lambda stores: list(self.fn(stores, counted) or ()), counted)
-        return iter([*outputs, StatsRecord(stats)])
+        outputs, stats = self._run(index, lambda stores: self._held().extend(self.fn(stores, counted) or ()), counted)
+        return chain(outputs, [StatsRecord(stats)])
 
     def run_rows_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Rows mode over Arrow (Spark Connect has no RDDs): Rows in, the function's rows out as Arrow batches."""
@@ -142,29 +146,31 @@ class TaskRunner:
                     yield Row(**record)
 
         counted = _Counted(iter(()))
-        outputs, stats = self._run(_partition_index(), lambda stores: list(self.fn(stores, rows()) or ()), counted)
-        return iter(self._with_stats(_rows_to_batches(outputs, self.output_schema), stats))
+        outputs, stats = self._run(_partition_index(),
+                                   lambda stores: self._held().extend(self.fn(stores, rows()) or ()), counted)
+        return self._with_stats(_rows_to_batches(outputs, self.output_schema), stats)
 
     def run_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         counted = _Counted(batches, size=lambda batch: batch.num_rows)
-        outputs, stats = self._run(_partition_index(), lambda stores: _arrow_batches(self.fn(stores, counted)),
+        outputs, stats = self._run(_partition_index(),
+                                   lambda stores: self._held().extend(_arrow_batches(self.fn(stores, counted))),
                                    counted)
-        return iter(self._with_stats(outputs, stats))
+        return self._with_stats(outputs, stats)
 
     def run_pandas(self, frames: Iterator[Any]) -> Iterator[Any]:
         import pandas as pd
 
-        def work(stores: TaskStores) -> list[Any]:
+        def work(stores: TaskStores) -> HeldOutput:
             parts = list(frames)
             frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(self.input_columns))
             counted.count = len(frame)
-            return _pandas_frames(self.fn(stores, frame))
+            return self._held().extend(_pandas_frames(self.fn(stores, frame)))
 
         counted = _Counted(iter(()))
         outputs, stats = self._run(_partition_index(), work, counted)
-        return iter(_pandas_with_stats(outputs, stats, self.output_schema))
+        return _pandas_with_stats(outputs, stats, self.output_schema)
 
-    def _with_stats(self, batches: list[Any], stats: TaskStats) -> list[Any]:
+    def _with_stats(self, batches: Iterable[Any], stats: TaskStats) -> Iterator[Any]:
         """The output batches with :data:`STATS_COLUMN` (null) appended, then one row carrying ``stats``."""
         import pickle
 
@@ -172,15 +178,22 @@ class TaskRunner:
 
         schema = self.output_schema
         field = pa.field(STATS_COLUMN, pa.binary())
-        out = [batch.append_column(field, pa.nulls(batch.num_rows, pa.binary())) for batch in batches]
+        for batch in batches:
+            yield batch.append_column(field, pa.nulls(batch.num_rows, pa.binary()))
         nulls = [pa.nulls(1, f.type) for f in schema]
-        out.append(pa.RecordBatch.from_arrays(
+        yield pa.RecordBatch.from_arrays(
             [*nulls, pa.array([pickle.dumps(stats)], pa.binary())],
-            schema=pa.schema([*(f.with_nullable(True) for f in schema), field])))
-        return out
+            schema=pa.schema([*(f.with_nullable(True) for f in schema), field]))
 
-    def _run(self, index: int, work: Callable[[TaskStores], list[Any]],
-             counted: _Counted) -> tuple[list[Any], TaskStats]:
+    def _held(self) -> HeldOutput:
+        """Where this task's output waits for its durable commit (spilling under ``state.local.dir``)."""
+        local_dir = self.config.get("state.local.dir")
+        if local_dir is None:
+            local_dir = Settings.from_config(self.config).local_dir
+        return HeldOutput(self.output_memory_bytes, Path(str(local_dir)) / SPILL_DIR)
+
+    def _run(self, index: int, work: Callable[[TaskStores], HeldOutput],
+             counted: _Counted) -> tuple[Iterable[Any], TaskStats]:
         started = time.monotonic()
         context = TaskContext.get()
         attempt = context.attemptNumber() if context is not None else 0
@@ -226,7 +239,11 @@ class TaskRunner:
             with storage:
                 outputs = work(TaskStores(storage, index, self.batch_id))
                 processed = time.monotonic()
-                storage.commit_durably({BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks)})
+                try:
+                    storage.commit_durably({BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks)})
+                except BaseException:
+                    outputs.close()  # its spill file goes with the failed attempt
+                    raise
                 committed = time.monotonic()
                 sync_samples = storage.metrics.samples("commit.sync.ms")
                 committed_seq = storage.commit_manager.next_seq - 1
@@ -236,7 +253,7 @@ class TaskRunner:
                 open_ms=(opened - started) * 1000.0, process_ms=(processed - opened) * 1000.0,
                 commit_ms=(committed - processed) * 1000.0,
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
-                input_rows=counted.count, output_rows=sum(_size(o) for o in outputs), private_dir=private is not None,
+                input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
             )
             return outputs, stats
         finally:
@@ -245,29 +262,32 @@ class TaskRunner:
                 shutil.rmtree(private, ignore_errors=True)
 
 
-def _arrow_batches(result: Any) -> list[Any]:
+def _arrow_batches(result: Any) -> Iterator[Any]:
+    """The function's arrow-mode output as record batches, one at a time (a generator's are never all in memory)."""
     import pyarrow as pa
 
     if result is None:
-        return []
+        return
     if isinstance(result, pa.Table):
-        return result.to_batches()
-    if isinstance(result, pa.RecordBatch):
-        return [result]
-    batches: list[Any] = []
-    for item in result:
-        batches.extend(_arrow_batches(item))
-    return batches
+        yield from result.to_batches()
+    elif isinstance(result, pa.RecordBatch):
+        yield result
+    else:
+        for item in result:
+            yield from _arrow_batches(item)
 
 
-def _rows_to_batches(rows: list[Any], schema: Any) -> list[Any]:
-    """The function's output rows (tuples, Rows or dicts) as Arrow batches of the declared output ``schema``."""
+#: output rows per Arrow batch in rows mode over Arrow
+_ROWS_PER_BATCH = 1 << 16
+
+
+def _rows_to_batches(rows: Iterable[Any], schema: Any) -> Iterator[Any]:
+    """The function's output rows (tuples, Rows or dicts) as Arrow batches of the declared output ``schema``, at most
+    64Ki rows at a time."""
     import pyarrow as pa
 
-    if not rows:
-        return []
     names = schema.names
-    records = []
+    records: list[dict[str, Any]] = []
     for row in rows:
         if isinstance(row, Mapping):
             records.append(dict(row))
@@ -281,41 +301,35 @@ def _rows_to_batches(rows: list[Any], schema: Any) -> list[Any]:
                     f"({', '.join(names)}): {values!r}"
                 )
             records.append(dict(zip(names, values, strict=True)))
-    return pa.Table.from_pylist(records, schema=schema).to_batches()
+        if len(records) >= _ROWS_PER_BATCH:
+            yield from pa.Table.from_pylist(records, schema=schema).to_batches()
+            records = []
+    if records:
+        yield from pa.Table.from_pylist(records, schema=schema).to_batches()
 
 
-def _pandas_with_stats(frames: list[Any], stats: TaskStats, schema: Any) -> list[Any]:
+def _pandas_with_stats(frames: Iterable[Any], stats: TaskStats, schema: Any) -> Iterator[Any]:
     """The output frames with :data:`STATS_COLUMN` (None) added, then a one-row frame carrying ``stats``."""
     import pickle
 
     import pandas as pd
 
-    out = []
     for frame in frames:
         frame = frame.copy(deep=False)
         frame[STATS_COLUMN] = None
-        out.append(frame)
+        yield frame
     record: dict[str, Any] = {name: pd.Series([None], dtype=object) for name in schema.names}
     record[STATS_COLUMN] = pd.Series([pickle.dumps(stats)], dtype=object)
-    out.append(pd.DataFrame(record))
-    return out
+    yield pd.DataFrame(record)
 
 
-def _pandas_frames(result: Any) -> list[Any]:
+def _pandas_frames(result: Any) -> Iterator[Any]:
     import pandas as pd
 
     if result is None:
-        return []
+        return
     if isinstance(result, pd.DataFrame):
-        return [result]
-    return [frame for item in result for frame in _pandas_frames(item)]
-
-
-def _size(output: Any) -> int:
-    if hasattr(output, "num_rows"):
-        return int(output.num_rows)
-    if hasattr(output, "shape"):
-        return int(output.shape[0])
-    return 1
-
-
+        yield result
+    else:
+        for item in result:
+            yield from _pandas_frames(item)
