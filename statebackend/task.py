@@ -58,11 +58,22 @@ from statebackend.errors import (
     StorageError,
 )
 from statebackend.metrics import Metrics
+from statebackend.metrics import prometheus as prom
+from statebackend.metrics.otel import otel_sink
+from statebackend.redact import redact
 from statebackend.registry import resolve_factory
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
 
-__all__ = ["RestoredStores", "TaskStorage", "known_durable_seq", "restored_stores"]
+__all__ = [
+    "RestoredStores",
+    "TaskStorage",
+    "export_on_close",
+    "known_durable_seq",
+    "restored_stores",
+    "start_exporters",
+    "task_metrics",
+]
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +118,11 @@ class TaskStorage:
         given entry's own seq fences."""
         settings = config if isinstance(config, Settings) else Settings.from_config(config)
         _check_name("task name", task_name)
-        metrics = metrics or Metrics()
+        metrics = metrics or task_metrics(settings, task_name)
         owns = blob_store is None
         blob_store = blob_store or open_blob_store(settings.blob_store_url, settings.blob_store_options)
+        if owns:
+            blob_store.use_metrics(metrics)  # a store the caller gave counts where the caller said
         if owns and settings.blob_store_options.get("create.if.missing"):
             create_blob_store_resources(blob_store)  # before the first read: listing a missing bucket fails
         executor = executor or shared_commit_pool(settings.commit_pool_size)
@@ -190,6 +203,8 @@ class TaskStorage:
                 serdes={name: {"key": s.key_serde, "msg": s.msg_serde} for name, s in settings.stores.items()},
             )
         except BaseException:
+            if owns:
+                blob_store.use_metrics(None)
             for binding in backups:  # background work started by init() must not outlive the stores
                 binding.manager.close()
             for store in stores.values():
@@ -197,6 +212,7 @@ class TaskStorage:
             if owns:
                 blob_store.close()
             raise
+        start_exporters(settings, metrics)
         return cls(
             settings=settings,
             task_name=task_name,
@@ -260,6 +276,7 @@ class TaskStorage:
                 store.close()
             if self._owns_blob_store:
                 self.blob_store.close()
+            export_on_close(self.settings, self.task_name, self.metrics)
 
     def __enter__(self) -> Self:
         return self
@@ -348,6 +365,57 @@ class _NoPool(Executor):
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         raise StateBackendError("a restore-only open runs no commits, uploads or cleanups")
+
+
+def task_metrics(settings: Settings, task_name: str) -> Metrics:
+    """A fresh registry for one open of a task: labelled ``job_name`` and ``task``, mirrored into OpenTelemetry
+    unless ``metrics.otel=off`` (a no-op when the API is not installed or no SDK is)."""
+    labels = {"job_name": settings.job_name, "task": task_name}
+    sink = otel_sink(labels) if settings.metrics_otel != "off" else None
+    return Metrics(labels=labels, sink=sink)
+
+
+def _exports_prometheus(settings: Settings) -> bool:
+    return (settings.metrics_prometheus_port is not None or settings.metrics_prometheus_textfile_dir is not None
+            or settings.metrics_prometheus_push_url is not None)
+
+
+def start_exporters(settings: Settings, metrics: Metrics) -> None:
+    """With a Prometheus exporter configured: register ``metrics`` with the process collector and start the endpoint
+    (once per process). Never fails the task: an endpoint that cannot bind is logged."""
+    if not _exports_prometheus(settings):
+        return
+    prom.PROCESS.register(metrics)
+    port = settings.metrics_prometheus_port
+    if port is not None:
+        try:
+            prom.serve(settings.metrics_prometheus_host, port)
+        except OSError as exc:
+            log.warning("metrics endpoint not started on %s:%d (metrics.prometheus.host, metrics.prometheus.port): "
+                        "%s", settings.metrics_prometheus_host, port, exc)
+
+
+def export_on_close(settings: Settings, task_name: str, metrics: Metrics) -> None:
+    """A task closed: keep its series in the process collector and write or push them where configured. Never
+    fails the close: a failure is logged."""
+    if not _exports_prometheus(settings):
+        return
+    prom.PROCESS.retire(metrics)
+    if settings.metrics_prometheus_textfile_dir is None and settings.metrics_prometheus_push_url is None:
+        return
+    series = prom.PROCESS.collect(job_name=settings.job_name, task=task_name)
+    if settings.metrics_prometheus_textfile_dir is not None:
+        try:
+            prom.write_textfile(settings.metrics_prometheus_textfile_dir, settings.job_name, task_name, series)
+        except OSError as exc:
+            log.warning("task %s: metrics textfile not written to %s (metrics.prometheus.textfile.dir): %s",
+                        task_name, settings.metrics_prometheus_textfile_dir, exc)
+    if settings.metrics_prometheus_push_url is not None:
+        try:
+            prom.push(settings.metrics_prometheus_push_url, settings.job_name, task_name, series)
+        except OSError as exc:
+            log.warning("task %s: metrics not pushed to %s (metrics.prometheus.push.url): %s", task_name,
+                        redact(settings.metrics_prometheus_push_url), redact(str(exc)))
 
 
 def _check_name(what: str, name: str) -> None:

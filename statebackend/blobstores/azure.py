@@ -361,7 +361,8 @@ class AzureBlobStore(PartedBlobStore):
         run_all(
             part_pool(self.max_concurrency),
             [
-                functools.partial(self._request, "stage_block", functools.partial(stage, i), True)
+                functools.partial(self._request, "stage_block", functools.partial(stage, i), True,
+                                  sent=ranges[i][1] - ranges[i][0])
                 for i in range(len(ranges))
             ],
         )

@@ -16,8 +16,8 @@ Implementations are thread-safe: the commit pool calls one store from many threa
 
 A store declares the ``blob.store.*`` options it takes once, in :attr:`BlobStore.options` (specs without the
 prefix): config validates a URL's options against its scheme's schema, and ``from_url`` receives them parsed, defaults
-filled. Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``supports_metadata``) are part
-of the contract with defaults that do nothing; a store overrides what it has to do.
+filled. Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``,
+``supports_metadata``) are part of the contract with defaults that do nothing; a store overrides what it has to do.
 
 Scheme registry (fsspec style): short scheme -> dotted path, imported lazily, with an install hint.
 """
@@ -44,6 +44,7 @@ from statebackend.redact import redact
 
 if TYPE_CHECKING:
     from statebackend.blobstores.resilience import Resilience
+    from statebackend.metrics import Metrics
 
 __all__ = [
     "AbandonedUpload",
@@ -241,6 +242,11 @@ class BlobStore(abc.ABC):
         requests per operation (parts of large transfers) keeps ``resilience`` to retry and hedge each request on its
         own and returns True; the default returns False (the wrapper then retries whole operations)."""
         return False
+
+    def use_metrics(self, metrics: Metrics | None) -> None:
+        """Count this store's requests (attempts, retries, hedges, bytes, latency) into ``metrics`` from now on
+        (``None``: stop). Stores whose requests go through the resilience layer (az://, s3://) count them; the
+        default (file://, memory://) has no requests to count."""
 
     def describe(self) -> str:
         """How this store names itself in error messages."""

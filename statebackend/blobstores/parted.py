@@ -126,11 +126,17 @@ class PartedBlobStore(BlobStore):
         return True
 
     def _request(
-        self, operation: str, attempt: Callable[[], T], hedge: bool, is_own_write: Callable[[], bool] | None = None
+        self,
+        operation: str,
+        attempt: Callable[[], T],
+        hedge: bool,
+        is_own_write: Callable[[], bool] | None = None,
+        *,
+        sent: int = 0,
     ) -> T:
         if self._resilience is None:
             return attempt()
-        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write)
+        return self._resilience.call(operation, attempt, hedge=hedge, is_own_write=is_own_write, sent=sent)
 
     def _secrets(self) -> tuple[str, ...]:
         """The secrets this store's messages must never show (registered globally too)."""
@@ -153,6 +159,7 @@ class PartedBlobStore(BlobStore):
             lambda: self.put(name, data, create_only=create_only, metadata=metadata),
             True,
             own if create_only else None,
+            sent=len(data),
         )
         return True
 

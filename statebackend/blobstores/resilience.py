@@ -61,7 +61,8 @@ _log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: metric names (counters and samples in :class:`~statebackend.metrics.Metrics`)
+#: metric names (statebackend/metrics/catalogue.py); all but the read-backs are labelled with the ``operation``
+METRIC_REQUESTS = "blob_store.requests"  # also labelled with the ``outcome``: ok or error
 METRIC_ATTEMPTS = "blob_store.attempts_per_request"
 METRIC_RETRIES = "blob_store.retries"
 METRIC_HEDGES = "blob_store.hedges"
@@ -69,6 +70,8 @@ METRIC_TIMEOUTS = "blob_store.attempt_timeouts"
 METRIC_LATENCY = "blob_store.latency_s"
 METRIC_FAILURES = "blob_store.failed_requests"
 METRIC_READ_BACKS = "blob_store.create_only_read_backs"
+METRIC_BYTES_SENT = "blob_store.bytes.sent"
+METRIC_BYTES_RECEIVED = "blob_store.bytes.received"
 
 _OURS, _OTHER, _ABSENT, _UNKNOWN = "ours", "other", "absent", "unknown"
 
@@ -148,10 +151,13 @@ class Resilience:
         *,
         hedge: bool = False,
         is_own_write: Callable[[], bool] | None = None,
+        sent: int = 0,
     ) -> T:
         """Run ``attempt()`` until it succeeds, fails for good, or runs out of attempts.
 
         ``hedge``: the operation is a read or an idempotent write, so parallel attempts are allowed.
+        ``sent``: the payload bytes the request writes (counted once when it succeeds; a read's bytes are counted
+        from its result).
         ``is_own_write``: for create-only writes; called when :class:`AlreadyExistsError` follows more than one
         attempt of ours, or when the last attempt failed with a transient error; returns whether the stored blob is
         exactly what we wrote (then the call succeeds), raises :class:`NotFoundError` when there is none.
@@ -182,13 +188,20 @@ class Resilience:
 
             self._attempt_pool.get().submit(run)
 
-        def finish(outcome: str) -> None:
-            if self.metrics is not None:
-                self.metrics.record(METRIC_ATTEMPTS, launched)
-                self.metrics.record(METRIC_LATENCY, self.clock() - started)
-                self.metrics.record(f"{METRIC_LATENCY}.{operation}", self.clock() - started)
-                if outcome != "ok":
-                    self.metrics.increment(METRIC_FAILURES)
+        def finish(outcome: str, value: Any = None) -> None:
+            metrics = self.metrics
+            if metrics is None:
+                return
+            metrics.increment(METRIC_REQUESTS, 1, operation=operation, outcome=outcome)
+            metrics.record(METRIC_ATTEMPTS, launched, operation=operation)
+            metrics.record(METRIC_LATENCY, self.clock() - started, operation=operation)
+            if outcome != "ok":
+                metrics.increment(METRIC_FAILURES, 1, operation=operation)
+                return
+            if sent:
+                metrics.increment(METRIC_BYTES_SENT, sent, operation=operation)
+            if isinstance(value, (bytes, bytearray)):
+                metrics.increment(METRIC_BYTES_RECEIVED, len(value), operation=operation)
 
         def hedge_allowed() -> bool:
             return (
@@ -215,7 +228,7 @@ class Resilience:
                 for number in active:
                     if now - attempt_started[number] >= settings.request_timeout_s:
                         timed_out.add(number)
-                        self._count(METRIC_TIMEOUTS)
+                        self._count(METRIC_TIMEOUTS, operation)
                         last_error = TransientStorageError(
                             f"{operation} attempt {number} got no answer within "
                             f"{settings.request_timeout_s:.3g}s (blob.store.request.timeout.ms)"
@@ -223,7 +236,7 @@ class Resilience:
                 active = in_flight - timed_out
                 if active and hedge_allowed() and now - attempt_started[max(active)] >= settings.hedge_after_s:
                     hedges += 1
-                    self._count(METRIC_HEDGES)
+                    self._count(METRIC_HEDGES, operation)
                     launch()
                     continue
                 if active:
@@ -233,7 +246,7 @@ class Resilience:
                 number, ok, value = item
                 in_flight.discard(number)
                 if ok:
-                    finish("ok")
+                    finish("ok", value)
                     return value  # type: ignore[no-any-return]
                 if isinstance(value, AlreadyExistsError) and is_own_write is not None and launched > 1:
                     verdict = self._read_back(is_own_write)
@@ -270,7 +283,7 @@ class Resilience:
                 raise scrub_chain(last_error)
             delay = self.backoff_s(retries)
             retries += 1
-            self._count(METRIC_RETRIES)
+            self._count(METRIC_RETRIES, operation)
             _log.debug("retrying %s in %.3fs after: %s", operation, delay, last_error)
             self.sleep(delay)
             # an abandoned attempt may have answered meanwhile: take its success, forget its failure
@@ -281,7 +294,7 @@ class Resilience:
                     break
                 in_flight.discard(number)
                 if ok:
-                    finish("ok")
+                    finish("ok", value)
                     return value  # type: ignore[no-any-return]
             launch()
 
@@ -305,9 +318,12 @@ class Resilience:
         error.__cause__ = taken
         return scrub_chain(error)  # type: ignore[return-value]
 
-    def _count(self, name: str) -> None:
+    def _count(self, name: str, operation: str | None = None) -> None:
         if self.metrics is not None:
-            self.metrics.increment(name)
+            if operation is None:
+                self.metrics.increment(name)
+            else:
+                self.metrics.increment(name, 1, operation=operation)
 
     def close(self) -> None:
         # abandoned attempts finish on their own (SDK timeouts bound them); do not block the caller on them
@@ -376,6 +392,9 @@ class ResilientBlobStore(BlobStore):
     def metrics(self, value: Metrics | None) -> None:
         self.resilience.metrics = value
 
+    def use_metrics(self, metrics: Metrics | None) -> None:
+        self.resilience.metrics = metrics
+
     def describe(self) -> str:
         return self.inner.describe()
 
@@ -402,6 +421,7 @@ class ResilientBlobStore(BlobStore):
             lambda: self.inner.put(name, payload, create_only=create_only, metadata=metadata),
             hedge=True,
             is_own_write=is_own_write if create_only else None,
+            sent=len(payload),
         )
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:

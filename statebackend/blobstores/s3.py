@@ -399,7 +399,8 @@ class S3BlobStore(PartedBlobStore):
             uploaded = run_all(
                 part_pool(self.max_concurrency),
                 [
-                    functools.partial(self._request, "upload_part", functools.partial(upload, i), True)
+                    functools.partial(self._request, "upload_part", functools.partial(upload, i), True,
+                                      sent=ranges[i][1] - ranges[i][0])
                     for i in range(len(ranges))
                 ],
             )

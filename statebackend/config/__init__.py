@@ -11,10 +11,10 @@ Contract:
 - Values may be strings (as a properties file or Spark conf gives them) or already-typed Python values; a ``None``
   value counts as unset. A bool is never accepted where a number is expected.
 - A wrong value names the key, the bad value and what is allowed. An unknown key under a prefix statebackend owns
-  (``job.``, ``state.``, ``blob.store.``, ``stores.<name>.``, ``task.``, ``<used-factory>.``) is an error with a
-  "did you mean" for typos, so a misspelled key never silently falls back to its default. Keys under other prefixes
-  (``spark.*``, another system's) are kept in ``raw`` and ignored, except a near miss of one of our keys
-  (``tsak.commit.ms``), which is reported as a typo.
+  (``job.``, ``state.``, ``blob.store.``, ``stores.<name>.``, ``task.``, ``metrics.``, ``<used-factory>.``) is an
+  error with a "did you mean" for typos, so a misspelled key never silently falls back to its default. Keys under
+  other prefixes (``spark.*``, another system's) are kept in ``raw`` and ignored, except a near miss of one of our
+  keys (``tsak.commit.ms``), which is reported as a typo.
 - All problems are collected and raised as one :class:`~statebackend.errors.ConfigError`: its first line is the
   first problem, and each problem has its own line, so a user fixes everything in one go.
 - Settings are immutable and picklable (they travel to Spark executors); their repr hides credentials.

@@ -1,11 +1,12 @@
-"""The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``blob.store.url`` and
-``stores.<name>.*``. The other ``blob.store.*`` keys are declared by the blob stores, each in its class's ``options``
+"""The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``metrics.*``, ``blob.store.url``
+and ``stores.<name>.*``. The other ``blob.store.*`` keys are declared by the blob stores, each in its class's ``options``
 (statebackend.blobstores), and validated against the schema of the URL's scheme. docs/configuration.md lists every
 one (a test checks it)."""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,11 +21,14 @@ from statebackend.options import (
     parse_str,
     value_error,
 )
+from statebackend.redact import redact
 
 #: job and store names: they become parts of blob names and directory names
 NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 
 SERDES = ("bytes", "string", "integer", "json", "pickle")
+
+METRICS_OTEL = ("auto", "on", "off")
 
 
 def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
@@ -32,6 +36,14 @@ def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
     if len(set(versions)) != len(versions):
         raise value_error(key, raw, "a version is listed twice", "a comma-separated list of 1 and 2, no repeats")
     return versions
+
+
+def _parse_push_url(key: str, raw: Any) -> str:
+    url = parse_str()(key, raw)
+    if not re.fullmatch(r"https?://[^\s/@]+(/\S*)?", url):
+        raise value_error(key, redact(url), "not an http(s) URL without credentials",
+                          "http://host:port or https://host:port/path")
+    return url
 
 
 _DEFAULT_POOL_SIZE = min(32, 4 * (os.cpu_count() or 1))
@@ -73,6 +85,26 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
     "task.checkpoint.retained": OptionSpec(
         parse_int(min=1), 10, "checkpoints kept in the checkpoint log; older ones and what only they need are deleted"
     ),
+    "metrics.otel": OptionSpec(
+        parse_choice(*METRICS_OTEL),
+        "auto",
+        "mirror metrics into the OpenTelemetry metrics API: auto (when opentelemetry-api is installed), on (required), "
+        "off",
+    ),
+    "metrics.prometheus.port": OptionSpec(
+        parse_int(min=0, max=65535),
+        None,
+        "serve the process's metrics at http://<host>:<port>/metrics (0: a free port; unset: no endpoint)",
+    ),
+    "metrics.prometheus.host": OptionSpec(
+        parse_str(), "127.0.0.1", "address the metrics endpoint binds (0.0.0.0 or :: to be scraped from elsewhere)"
+    ),
+    "metrics.prometheus.textfile.dir": OptionSpec(
+        parse_path(), None, "write each task's metrics to <dir>/statebackend-<job>-<task>.prom when it closes"
+    ),
+    "metrics.prometheus.push.url": OptionSpec(
+        _parse_push_url, None, "PUT each task's metrics to this Pushgateway when it closes"
+    ),
 }
 
 #: ``stores.<name>.<key>`` -> spec
@@ -99,4 +131,4 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "lmdb.map.size": OptionSpec(parse_bytes(min=1 << 20), "1TiB", "LMDB map size: the largest the store can grow"),
 }
 
-OWNED_PREFIXES = ("job.", "state.", "blob.store.", "stores.", "task.")
+OWNED_PREFIXES = ("job.", "state.", "blob.store.", "stores.", "task.", "metrics.")

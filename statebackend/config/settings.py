@@ -4,6 +4,7 @@ docstring for the contract)."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
 import re
 from collections.abc import Iterator, Mapping
@@ -81,6 +82,12 @@ class Settings:
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(repr=_redacted_nested_repr)
     #: the configuration as given, every key, including the ones other systems own (values as given)
     raw: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
+    #: ``metrics.*``: OpenTelemetry mirroring (auto, on, off) and the Prometheus exporters (``None``: off)
+    metrics_otel: str = "auto"
+    metrics_prometheus_port: int | None = None
+    metrics_prometheus_host: str = "127.0.0.1"
+    metrics_prometheus_textfile_dir: Path | None = None
+    metrics_prometheus_push_url: str | None = attrs.field(default=None, repr=lambda url: repr(redact(url)))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -135,6 +142,11 @@ class _SettingsParser:
         if url is not None and not (isinstance(url, str) and url.strip() == ""):
             values["blob.store.url"] = self._url()
         blob_store_options = self._blob_store_options(values.get("blob.store.url"))
+        if values["metrics.otel"] == "on" and importlib.util.find_spec("opentelemetry") is None:
+            self.problems.append(
+                "metrics.otel='on' is not valid: the opentelemetry-api package is not installed; allowed: auto or off, "
+                "or install it: pip install 'statebackend[otel]'"
+            )
         self._undeclared_stores()
         stores = {name: self._store(name) for name in sorted(self.store_keys)}
         backend_options = self._backend_options()
@@ -157,6 +169,11 @@ class _SettingsParser:
             checkpoint_retained=values["task.checkpoint.retained"],
             backend_options=_ReadOnlyMapping(backend_options),
             raw=_ReadOnlyMapping(dict(self.config)),
+            metrics_otel=values["metrics.otel"],
+            metrics_prometheus_port=values["metrics.prometheus.port"],
+            metrics_prometheus_host=values["metrics.prometheus.host"],
+            metrics_prometheus_textfile_dir=values["metrics.prometheus.textfile.dir"],
+            metrics_prometheus_push_url=values["metrics.prometheus.push.url"],
         )
 
     def _classify_keys(self) -> None:
