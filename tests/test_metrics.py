@@ -1,0 +1,366 @@
+"""Metrics through standards (issue 13): the catalogue is what the code emits and what docs/operations.md lists;
+histograms merge exactly; the Prometheus output (endpoint, textfile, push) parses with Prometheus's own parser and
+moves with real commits and restores, on file:// and on real servers (blob-store requests and bytes); the
+OpenTelemetry API receives the same metrics (read with the SDK's in-memory reader)."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from prometheus_client.parser import text_string_to_metric_families
+
+from statebackend import TaskStorage
+from statebackend.errors import ConfigError
+from statebackend.metrics import HistogramData, Metrics, MetricsSnapshot
+from statebackend.metrics import otel as sb_otel
+from statebackend.metrics import prometheus as prom
+from statebackend.metrics.catalogue import CATALOGUE, MS_BUCKETS
+from tests.servers import ServerProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _config(root: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "job.name": f"j{uuid.uuid4().hex[:8]}",
+        "state.local.dir": str(root / "state"),
+        "blob.store.url": (root / "blobs").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": "changelog,blobsnapshot",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+        **extra,
+    }
+
+
+def _run(config: dict[str, Any], commits: int, task: str = "task-0") -> None:
+    with TaskStorage.open(config, task) as storage:
+        counts = storage.store("counts")
+        base = int(storage.restored.input_offsets["n"]) if storage.restored else 0
+        for n in range(commits):
+            counts.put(f"k{n % 3}", n)
+            storage.commit_durably({"n": str(base + n + 1)})
+
+
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus text, parsed by prometheus_client: (sample name, labels) -> value."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    """The sum of the samples ``name`` whose labels include ``labels``."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
+
+
+# -- the catalogue, the code and the docs ------------------------------------------------------------------------
+
+
+def _names_in_code() -> set[str]:
+    names: set[str] = set()
+    literal = re.compile(r"""\.(?:increment|record)\(\s*(f?)"([a-z_.{}]+)"?""")
+    for folder in ("statebackend", "backends", "checkpoint"):
+        for path in (ROOT / folder).rglob("*.py"):
+            if path.name == "catalogue.py":
+                continue
+            text = path.read_text()
+            for is_f, name in literal.findall(text):
+                if is_f and "{kind}" in name:
+                    names.update(name.replace("{kind}", kind) for kind in ("delta", "snapshot"))
+                elif not is_f:
+                    names.add(name)
+            names.update(re.findall(r'^METRIC_[A-Z_]+ = "([a-z_.]+)"', text, re.MULTILINE))
+    return names
+
+
+def test_every_metric_in_the_catalogue_is_emitted_by_the_code_and_every_emitted_one_is_in_the_catalogue() -> None:
+    in_code = _names_in_code()
+    assert "commit.sync.ms" in in_code and "blob_store.requests" in in_code  # the scan finds both kinds of call
+    assert sorted(set(CATALOGUE) - in_code) == [], "declared but never emitted"
+    assert sorted(in_code - set(CATALOGUE)) == [], "emitted but not declared in statebackend/metrics/catalogue.py"
+
+
+def test_operations_md_lists_every_metric_with_its_prometheus_name_type_and_unit() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    for spec in CATALOGUE.values():
+        row = rows.get(f"`{spec.name}`")
+        assert row is not None, f"docs/operations.md has no row for {spec.name}"
+        assert f"`{spec.prometheus}`" in row and spec.kind in row and f"`{spec.unit}`" in row, row
+
+
+# -- the registry ----------------------------------------------------------------------------------------------
+
+
+def test_histograms_merge_exactly_across_tasks() -> None:
+    a, b, both = Metrics(labels={"task": "a"}), Metrics(labels={"task": "b"}), Metrics()
+    for value in (0.5, 3, 3, 70, 400_000):
+        a.record("commit.sync.ms", value)
+        both.record("commit.sync.ms", value)
+    for value in (1, 9000):
+        b.record("commit.sync.ms", value)
+        both.record("commit.sync.ms", value)
+    merged = MetricsSnapshot.merged([a.export(), b.export()]).relabel(drop=["task"])
+    histogram = merged.histogram("commit.sync.ms")
+    expected = both.export().histogram("commit.sync.ms")
+    assert histogram is not None and expected is not None
+    assert (histogram.counts, histogram.count, histogram.sum, histogram.min, histogram.max) == (
+        expected.counts, expected.count, expected.sum, expected.min, expected.max)
+    assert histogram.bounds == MS_BUCKETS and histogram.counts[-1] == 1  # 400 s lands above the last bound
+    with pytest.raises(ValueError, match="different bucket bounds"):
+        histogram.merge(HistogramData.empty((1.0, 2.0)))
+
+
+def test_labelled_counters_are_queried_by_any_subset_of_their_labels() -> None:
+    metrics = Metrics()
+    metrics.increment("blob_store.requests", 1, operation="put", outcome="ok")
+    metrics.increment("blob_store.requests", 2, operation="get", outcome="ok")
+    metrics.increment("blob_store.requests", 1, operation="get", outcome="error")
+    assert metrics.counter("blob_store.requests") == 4
+    assert metrics.counter("blob_store.requests", operation="get") == 3
+    assert metrics.counter("blob_store.requests", outcome="error") == 1
+    assert metrics.snapshot()["blob_store.requests{operation=get,outcome=ok}"] == 2
+
+
+def test_the_text_format_escapes_label_values_and_converts_milliseconds_to_seconds() -> None:
+    metrics = Metrics(labels={"job_name": 'a"b\\c', "task": "t\n1"})
+    metrics.record("commit.sync.ms", 1500)
+    metrics.increment("thirdparty.widgets", 2)  # not in the catalogue: still exported, as a counter
+    samples = _samples(prom.render(metrics.export()))
+    labels = {"job_name": 'a"b\\c', "task": "t\n1"}
+    assert _value(samples, "statebackend_commit_sync_seconds_sum", **labels) == 1.5
+    assert _value(samples, "statebackend_commit_sync_seconds_bucket", le="1.0", **labels) == 0
+    assert _value(samples, "statebackend_commit_sync_seconds_bucket", le="2.5", **labels) == 1
+    assert _value(samples, "statebackend_thirdparty_widgets_total", **labels) == 2
+
+
+# -- configuration ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "value", "allowed"), [
+    ("metrics.otel", "maybe", "one of auto, on, off"),
+    ("metrics.prometheus.port", "70000", "from 0 to 65535"),
+    ("metrics.prometheus.textfile.dir", "", "a non-empty directory path"),
+    ("metrics.prometheus.push.url", "http://user:pw@gateway:9091", "http://host:port"),
+])
+def test_a_wrong_metrics_value_names_the_key_and_what_is_allowed(
+    tmp_path: Path, key: str, value: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        TaskStorage.open(_config(tmp_path, **{key: value}), "task-0")
+    assert key in str(caught.value) and allowed in str(caught.value)
+    assert "pw" not in str(caught.value)
+
+
+def test_a_misspelled_metrics_key_is_reported_with_the_right_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="did you mean metrics.prometheus.port"):
+        TaskStorage.open(_config(tmp_path, **{"metrics.prometheus.prot": "9000"}), "task-0")
+
+
+# -- Prometheus ------------------------------------------------------------------------------------------------
+
+
+def test_the_textfile_holds_the_tasks_metrics_after_commits_and_a_restore(tmp_path: Path) -> None:
+    textfiles = tmp_path / "textfiles"
+    config = _config(tmp_path, **{"metrics.prometheus.textfile.dir": str(textfiles)})
+    _run(config, commits=3)
+    shutil.rmtree(tmp_path / "state")  # the next open restores in full from the blob store
+    _run(config, commits=2)
+    path = textfiles / f"statebackend-{config['job.name']}-task-0.prom"
+    samples = _samples(path.read_text())
+    mine = {"job_name": config["job.name"], "task": "task-0"}
+    assert _value(samples, "statebackend_commits_total", **mine) == 5  # both opens, merged in the process
+    assert _value(samples, "statebackend_commit_sync_seconds_count", **mine) == 5
+    assert _value(samples, "statebackend_commit_uploaded_bytes_total", **mine) > 0
+    assert _value(samples, "statebackend_restore_stores_full_total", **mine) == 1
+    assert _value(samples, "statebackend_restore_downloaded_bytes_total", **mine) > 0
+    assert _value(samples, "statebackend_restore_seconds_count", **mine) == 2
+    assert [p.name for p in textfiles.iterdir()] == [path.name]  # no temp file left
+
+
+@pytest.mark.slow
+def test_the_endpoint_serves_every_task_of_the_process_after_real_commits(tmp_path: Path) -> None:
+    config = _config(tmp_path, **{"metrics.prometheus.port": 0})
+    _run(config, commits=2, task="task-0")
+    with TaskStorage.open(config, "task-1") as live:  # a live task is read at scrape time
+        live.store("counts").put("x", 1)
+        live.commit_durably({"n": "1"})
+        server = prom.serve("127.0.0.1", 0)  # the one the first open started
+        with urllib.request.urlopen(server.url, timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            samples = _samples(response.read().decode())
+    job = config["job.name"]
+    assert _value(samples, "statebackend_commits_total", job_name=job, task="task-0") == 2
+    assert _value(samples, "statebackend_commits_total", job_name=job, task="task-1") == 1
+    assert _value(samples, "statebackend_commit_duration_seconds_count", job_name=job) == 3
+    assert _value(samples, "statebackend_changelog_delta_uploads_total", job_name=job) == 3
+    assert _value(samples, "statebackend_blobsnapshot_indexes_uploaded_total", job_name=job) == 3
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(server.url.replace("/metrics", "/other"), timeout=10)
+
+
+@pytest.mark.slow
+def test_a_port_that_cannot_be_bound_is_logged_and_the_task_runs(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="statebackend.task"):
+            _run(_config(tmp_path, **{"metrics.prometheus.port": port}), commits=1)
+    assert any("metrics.prometheus.port" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.slow
+def test_a_closing_task_pushes_its_metrics_to_the_gateway(tmp_path: Path) -> None:
+    received: list[tuple[str, str, bytes]] = []
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 - the http.server name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, self.headers["Content-Type"], body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        config = _config(tmp_path, **{"metrics.prometheus.push.url": f"http://127.0.0.1:{server.server_address[1]}"})
+        _run(config, commits=2)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(received) == 1
+    path, content_type, body = received[0]
+    assert path == f"/metrics/job/statebackend/job_name/{config['job.name']}/task/task-0"
+    assert content_type.startswith("text/plain; version=0.0.4")
+    assert _value(_samples(body.decode()), "statebackend_commits_total") == 2
+
+
+def _remote_config(tmp_path: Path, kind: str, server: Any) -> dict[str, Any]:
+    config = _config(tmp_path, **{"metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"),
+                                  "blob.store.part.size.bytes": "5MiB"})
+    config["stores.counts.backup.factories"] = "changelog"
+    config["stores.counts.msg.serde"] = "bytes"
+    if kind == "s3":
+        config["blob.store.url"] = f"s3://t-{uuid.uuid4().hex[:20]}/state"
+        config["blob.store.endpoint.url"] = server.endpoint
+    else:
+        config["blob.store.url"] = f"az://t{uuid.uuid4().hex[:20]}/state"
+        config["blob.store.connection.string"] = server
+    return config
+
+
+@pytest.fixture(params=["s3", "azure"])
+def remote(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
+    if request.param == "s3":
+        yield "s3", request.getfixturevalue("s3_server")
+    else:
+        yield "azure", request.getfixturevalue("azurite_connection")
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+@pytest.mark.azure
+def test_blob_store_request_and_byte_counters_move_on_a_real_server(
+    tmp_path: Path, remote: tuple[str, ServerProcess | str]
+) -> None:
+    kind, server = remote
+    config = _remote_config(tmp_path, kind, server)
+    big = os.urandom(6 << 20)  # one incompressible 6 MiB value: its delta goes up in two parts
+    with TaskStorage.open(config, "task-0") as task:
+        task.store("counts").put("big", big)
+        task.commit_durably({"n": "1"})
+        counted = task.metrics
+        assert counted.counter("blob_store.bytes.sent") >= len(big)
+    shutil.rmtree(tmp_path / "state")
+    with TaskStorage.open(config, "task-0") as task:
+        assert task.store("counts").get("big") == big
+        assert task.metrics.counter("blob_store.bytes.received") >= len(big)
+    textfile = tmp_path / "textfiles" / f"statebackend-{config['job.name']}-task-0.prom"
+    samples = _samples(textfile.read_text())
+    part = "upload_part" if kind == "s3" else "stage_block"
+    delta_bytes = _value(samples, "statebackend_changelog_delta_bytes_sum")
+    assert len(big) < delta_bytes < len(big) + (64 << 10)  # the value and the delta's framing
+    assert _value(samples, "statebackend_blob_store_requests_total", operation=part, outcome="ok") == 2
+    assert _value(samples, "statebackend_blob_store_sent_bytes_total", operation=part) == delta_bytes
+    assert _value(samples, "statebackend_blob_store_requests_total", operation="put", outcome="ok") >= 1
+    assert _value(samples, "statebackend_blob_store_sent_bytes_total", operation="put") > 0  # the checkpoint
+    assert _value(samples, "statebackend_blob_store_received_bytes_total", operation="get") >= delta_bytes
+    assert _value(samples, "statebackend_blob_store_request_seconds_count", operation="list") >= 2
+    assert _value(samples, "statebackend_blob_store_attempts_per_request_count") == _value(
+        samples, "statebackend_blob_store_requests_total")
+    assert _value(samples, "statebackend_restore_stores_full_total") == 1
+
+
+# -- OpenTelemetry ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def otel_reader() -> Iterator[InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    sb_otel.set_meter_provider(provider)
+    try:
+        yield reader
+    finally:
+        sb_otel.set_meter_provider(None)
+        provider.shutdown()
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    out: dict[str, list[Any]] = {}
+    for resource in data.resource_metrics if data is not None else ():
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                out.setdefault(metric.name, []).extend(metric.data.data_points)
+                out.setdefault(f"{metric.name}:unit", []).append(metric.unit)
+    return out
+
+
+def test_opentelemetry_receives_the_metrics_of_commits_and_a_restore(
+    tmp_path: Path, otel_reader: InMemoryMetricReader
+) -> None:
+    config = _config(tmp_path)
+    _run(config, commits=3)
+    shutil.rmtree(tmp_path / "state")
+    _run(config, commits=1)
+    points = _points(otel_reader)
+    mine = {"job_name": config["job.name"], "task": "task-0"}
+    commits = [p for p in points["statebackend.commit.count"] if dict(p.attributes) == mine]
+    assert sum(p.value for p in commits) == 4
+    assert sum(p.value for p in points["statebackend.restore.stores.full"] if dict(p.attributes) == mine) == 1
+    assert sum(p.value for p in points["statebackend.restore.bytes"]) > 0
+    sync = [p for p in points["statebackend.commit.sync.ms"] if dict(p.attributes) == mine]
+    assert len(sync) == 1 and isinstance(sync[0], HistogramDataPoint)
+    assert sync[0].count == 4 and tuple(sync[0].explicit_bounds) == MS_BUCKETS  # the catalogue's mergeable buckets
+    assert points["statebackend.commit.sync.ms:unit"] == ["ms"]
+    assert sum(p.count for p in points["statebackend.restore.ms"] if dict(p.attributes) == mine) == 2
+
+
+def test_metrics_otel_off_mirrors_nothing(tmp_path: Path, otel_reader: InMemoryMetricReader) -> None:
+    _run(_config(tmp_path, **{"metrics.otel": "off"}), commits=2)
+    assert "statebackend.commit.count" not in _points(otel_reader)
