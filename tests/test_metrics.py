@@ -234,7 +234,7 @@ def test_a_closing_task_pushes_its_metrics_to_the_gateway(tmp_path: Path) -> Non
     received: list[tuple[str, str, bytes]] = []
 
     class Gateway(http.server.BaseHTTPRequestHandler):
-        def do_PUT(self) -> None:  # noqa: N802 - the http.server name
+        def do_PUT(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             received.append((self.path, self.headers["Content-Type"], body))
             self.send_response(200)

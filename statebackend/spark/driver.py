@@ -17,9 +17,11 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
+from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
 from statebackend.spark.held import DEFAULT_BOUND
+from statebackend.task import start_exporters
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ class StatefulForeachBatch:
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
+    #: the metrics of every task attempt of the last batch, merged (labels ``job_name``, ``task="all"``), and of all
+    #: batches so far (exported by the driver's own Prometheus exporters when its config sets ``metrics.prometheus.*``)
+    last_batch_metrics: MetricsSnapshot = attrs.field(init=False, factory=MetricsSnapshot)
+    metrics: Metrics = attrs.field(init=False, factory=Metrics)
     _previous: Any = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
 
@@ -74,7 +80,8 @@ class StatefulForeachBatch:
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
         # Spark conf (spark.statebackend.*), which is read again at every batch
         active = SparkSession.getActiveSession()
-        Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
+        settings = Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
+        start_exporters(settings, self.metrics)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
         """Run micro-batch ``batch_id``; hand the output to the sink, or return it (persisted until the next call)."""
@@ -120,6 +127,10 @@ class StatefulForeachBatch:
             output = persisted.where(stats_column.isNull()).drop(STATS_COLUMN)
         self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
         self.history.extend(self.last_batch_stats)
+        self.last_batch_metrics = MetricsSnapshot.merged(
+            s.metrics for s in self.last_batch_stats if s.metrics is not None
+        ).relabel(task="all")
+        self.metrics.merge(self.last_batch_metrics)
         if self.sink is None:
             self._previous = persisted
             return output

@@ -19,9 +19,10 @@ from statebackend.blobstores.base import open_blob_store
 from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import StateBackendError, StoreLockedError
+from statebackend.metrics import MetricsSnapshot
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
-from statebackend.task import TaskStorage, known_durable_seq
+from statebackend.task import TaskStorage, known_durable_seq, task_metrics
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,8 @@ class TaskStats:
     input_rows: int
     output_rows: int
     private_dir: bool
+    #: what the attempt counted (commits, restores, blob-store requests), mergeable: the driver adds them up per batch
+    metrics: MetricsSnapshot | None = None
 
 
 class _Counted:
@@ -200,6 +203,8 @@ class TaskRunner:
         settings = Settings.from_config(self.config)
         name = task_name(index)
         blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
+        metrics = task_metrics(settings, name)
+        blob_store.use_metrics(metrics)
         private: Path | None = None
         try:
             checkpoint_log = CheckpointLog(
@@ -220,11 +225,12 @@ class TaskRunner:
                 skipped = TaskStats(
                     batch_id=self.batch_id, task_index=index, attempt=attempt, base_seq=latest.seq, committed_seq=0,
                     open_ms=(time.monotonic() - started) * 1000.0, process_ms=0.0, commit_ms=0.0,
-                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False)
+                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=metrics.export())
                 return [], skipped
             base = base_checkpoint(checkpoint_log, latest, name, self.batch_id, self.num_tasks)
             try:
-                storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head)
+                storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
+                                           metrics=metrics)
             except StoreLockedError:
                 # Another attempt of this task runs on this machine (speculation, or a retry while the first one
                 # is still winding down): work in a private copy restored from the blob store; the commit protocol
@@ -234,7 +240,7 @@ class TaskRunner:
                             private)
                 private_settings = attrs.evolve(settings, local_dir=private)
                 storage = TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base,
-                                           fence_seq=head)
+                                           fence_seq=head, metrics=metrics)
             opened = time.monotonic()
             with storage:
                 outputs = work(TaskStores(storage, index, self.batch_id))
@@ -254,6 +260,7 @@ class TaskRunner:
                 commit_ms=(committed - processed) * 1000.0,
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
+                metrics=metrics.export(),
             )
             return outputs, stats
         finally:
