@@ -212,7 +212,7 @@ class TaskStorage:
             if owns:
                 blob_store.close()
             raise
-        start_exporters(settings, metrics)
+        start_exporters(settings, metrics, task_name)
         return cls(
             settings=settings,
             task_name=task_name,
@@ -380,12 +380,14 @@ def _exports_prometheus(settings: Settings) -> bool:
             or settings.metrics_prometheus_push_url is not None)
 
 
-def start_exporters(settings: Settings, metrics: Metrics) -> None:
-    """With a Prometheus exporter configured: register ``metrics`` with the process collector and start the endpoint
-    (once per process). Never fails the task: an endpoint that cannot bind is logged."""
+def start_exporters(settings: Settings, metrics: Metrics, task_name: str | None = None) -> None:
+    """With a Prometheus exporter configured: register ``metrics`` with the process collector (labelled with the job
+    and ``task_name`` when it has no labels of its own) and start the endpoint (once per process). Never fails the
+    task: an endpoint that cannot bind is logged."""
     if not _exports_prometheus(settings):
         return
-    prom.PROCESS.register(metrics)
+    labels = {"job_name": settings.job_name, "task": task_name} if task_name and not metrics.labels else None
+    prom.PROCESS.register(metrics, labels)
     port = settings.metrics_prometheus_port
     if port is not None:
         try:

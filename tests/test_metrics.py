@@ -364,3 +364,14 @@ def test_opentelemetry_receives_the_metrics_of_commits_and_a_restore(
 def test_metrics_otel_off_mirrors_nothing(tmp_path: Path, otel_reader: InMemoryMetricReader) -> None:
     _run(_config(tmp_path, **{"metrics.otel": "off"}), commits=2)
     assert "statebackend.commit.count" not in _points(otel_reader)
+
+
+def test_a_registry_given_without_labels_is_exported_under_the_task_it_counted_for(tmp_path: Path) -> None:
+    config = _config(tmp_path, **{"metrics.prometheus.textfile.dir": str(tmp_path / "textfiles")})
+    mine = Metrics()
+    with TaskStorage.open(config, "task-7", metrics=mine) as task:
+        task.store("counts").put("a", 1)
+        task.commit_durably({"n": "1"})
+    assert mine.counter("commit.count") == 1
+    text = (tmp_path / "textfiles" / f"statebackend-{config['job.name']}-task-7.prom").read_text()
+    assert _value(_samples(text), "statebackend_commits_total", job_name=config["job.name"], task="task-7") == 1

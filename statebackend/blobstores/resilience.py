@@ -19,6 +19,9 @@ Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
   project are deterministic or content-addressed, so the same name with the same bytes is the same blob. A first
   and only attempt refused with :class:`AlreadyExistsError` stands: nothing of this call could have landed.
 - Every error leaves with its ``__cause__``/``__context__`` chain scrubbed (statebackend.redact.scrub_chain).
+- With a :class:`~statebackend.metrics.Metrics` set (``use_metrics``), each request is counted by operation: its
+  outcome, attempts, latency (retries and hedges included), retries, hedges, attempt timeouts, and the payload bytes
+  of a success (the ``blob_store.*`` metrics of statebackend/metrics/catalogue.py).
 - Hedged or retried *overwrites* may land late (an abandoned attempt can reach the server after the call returned):
   safe because this project never rewrites a name with different bytes; see docs/blobstores.md.
 
@@ -156,11 +159,11 @@ class Resilience:
         """Run ``attempt()`` until it succeeds, fails for good, or runs out of attempts.
 
         ``hedge``: the operation is a read or an idempotent write, so parallel attempts are allowed.
-        ``sent``: the payload bytes the request writes (counted once when it succeeds; a read's bytes are counted
-        from its result).
         ``is_own_write``: for create-only writes; called when :class:`AlreadyExistsError` follows more than one
         attempt of ours, or when the last attempt failed with a transient error; returns whether the stored blob is
         exactly what we wrote (then the call succeeds), raises :class:`NotFoundError` when there is none.
+        ``sent``: the payload bytes the request writes (counted once when it succeeds; a read's bytes are counted
+        from its result).
         """
         settings = self.settings
         started = self.clock()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -216,7 +217,7 @@ class Metrics:
     sink: MetricsSink | None = attrs.field(default=None, kw_only=True)
     _counters: dict[SeriesKey, float] = attrs.field(init=False, factory=dict)
     _histograms: dict[SeriesKey, HistogramData] = attrs.field(init=False, factory=dict)
-    _samples: dict[SeriesKey, list[float]] = attrs.field(init=False, factory=dict)
+    _samples: dict[SeriesKey, deque[float]] = attrs.field(init=False, factory=dict)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
     def increment(self, name: str, amount: float = 1, /, **labels: str) -> None:
@@ -232,12 +233,9 @@ class Metrics:
             histogram = self._histograms.get(key)
             if histogram is None:
                 histogram = self._histograms[key] = HistogramData.empty(spec_for(name, HISTOGRAM).buckets)
-                self._samples[key] = []
+                self._samples[key] = deque(maxlen=self.max_samples)
             histogram.add(value)
-            samples = self._samples[key]
-            samples.append(value)
-            if len(samples) > self.max_samples:
-                del samples[: len(samples) - self.max_samples]
+            self._samples[key].append(value)
         if self.sink is not None:
             self.sink.record(name, value, labels)
 
@@ -271,7 +269,7 @@ class Metrics:
                 mine = self._histograms.get(key)
                 if mine is None:
                     self._histograms[key] = histogram.copy()
-                    self._samples[key] = []
+                    self._samples[key] = deque(maxlen=self.max_samples)
                 else:
                     mine.merge(histogram)
 
@@ -281,7 +279,7 @@ class Metrics:
         with self._lock:
             out: dict[str, Any] = {_display(k): v for k, v in self._counters.items()}
             for key, histogram in self._histograms.items():
-                samples = self._samples.get(key) or []
+                samples = list(self._samples.get(key) or ())
                 out[_display(key)] = {
                     "count": histogram.count,
                     "sum": histogram.sum,

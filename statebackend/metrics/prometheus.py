@@ -23,6 +23,7 @@ import os
 import threading
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from statebackend.fsutil import atomic_write
@@ -102,26 +103,28 @@ class ProcessCollector:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._live: dict[int, Metrics] = {}
+        self._live: dict[int, tuple[Metrics, dict[str, str]]] = {}
         self._retired = MetricsSnapshot()
 
-    def register(self, metrics: Metrics) -> None:
+    def register(self, metrics: Metrics, labels: Mapping[str, str] | None = None) -> None:
+        """Serve ``metrics`` from now on; ``labels`` are set on its series (for a registry built without them)."""
         with self._lock:
-            self._live[id(metrics)] = metrics
+            self._live[id(metrics)] = (metrics, dict(labels or {}))
 
     def retire(self, metrics: Metrics) -> None:
         """The task closed: keep what it counted, merged with the closed tasks' series."""
         with self._lock:
-            if self._live.pop(id(metrics), None) is not None:
-                self._retired.merge(metrics.export())
+            found = self._live.pop(id(metrics), None)
+            if found is not None:
+                self._retired.merge(_labelled(*found))
 
     def collect(self, **labels: str) -> MetricsSnapshot:
         """Every series (of those whose labels include ``labels``)."""
         with self._lock:
             live = list(self._live.values())
             total = MetricsSnapshot().merge(self._retired)
-        for metrics in live:
-            total.merge(metrics.export())
+        for metrics, extra in live:
+            total.merge(_labelled(metrics, extra))
         if not labels:
             return total
         wanted = set(labels.items())
@@ -134,6 +137,11 @@ class ProcessCollector:
         with self._lock:
             self._live.clear()
             self._retired = MetricsSnapshot()
+
+
+def _labelled(metrics: Metrics, labels: Mapping[str, str]) -> MetricsSnapshot:
+    snapshot = metrics.export()
+    return snapshot.relabel(**labels) if labels else snapshot
 
 
 #: the collector of this process: what the endpoint serves

@@ -200,7 +200,8 @@ class TaskRunner:
         started = time.monotonic()
         context = TaskContext.get()
         attempt = context.attemptNumber() if context is not None else 0
-        settings = Settings.from_config(self.config)
+        # metrics.prometheus.port is the driver's endpoint: Python workers would fight over it (textfile or push here)
+        settings = attrs.evolve(Settings.from_config(self.config), metrics_prometheus_port=None)
         name = task_name(index)
         blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
         metrics = task_metrics(settings, name)
