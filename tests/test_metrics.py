@@ -75,18 +75,21 @@ def _value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
 
 
 def _names_in_code() -> set[str]:
+    """Every metric name the code counts under: the dotted string literals in ``.increment(``/``.record(`` calls
+    (an f-string's ``{kind}`` is delta or snapshot), and the blob stores' METRIC_ constants."""
     names: set[str] = set()
-    literal = re.compile(r"""\.(?:increment|record)\(\s*(f?)"([a-z_.{}]+)"?""")
+    literal = re.compile(r'(f?)"([a-z_]+\.[a-z_.{}]+)"')
     for folder in ("statebackend", "backends", "checkpoint"):
         for path in (ROOT / folder).rglob("*.py"):
             if path.name == "catalogue.py":
                 continue
             text = path.read_text()
-            for is_f, name in literal.findall(text):
-                if is_f and "{kind}" in name:
-                    names.update(name.replace("{kind}", kind) for kind in ("delta", "snapshot"))
-                elif not is_f:
-                    names.add(name)
+            for call in re.findall(r"\.(?:increment|record)\((.*)", text):
+                for is_f, name in literal.findall(call):
+                    if is_f and "{kind}" in name:
+                        names.update(name.replace("{kind}", kind) for kind in ("delta", "snapshot"))
+                    elif not is_f:
+                        names.add(name)
             names.update(re.findall(r'^METRIC_[A-Z_]+ = "([a-z_.]+)"', text, re.MULTILINE))
     return names
 
