@@ -22,9 +22,7 @@ import math
 import os
 import threading
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from statebackend.fsutil import atomic_write
 from statebackend.metrics import HistogramData, Labels, Metrics, MetricsSnapshot
@@ -155,6 +153,8 @@ class MetricsServer:
     """An HTTP server answering ``GET /metrics`` with :data:`PROCESS` rendered, on a daemon thread."""
 
     def __init__(self, host: str, port: int, collector: ProcessCollector = PROCESS) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # only a process that serves pays for it
+
         collect = collector.collect
 
         class Handler(BaseHTTPRequestHandler):
@@ -233,6 +233,8 @@ def write_textfile(directory: str | os.PathLike[str], job_name: str, task_name: 
 def push(url: str, job_name: str, task_name: str, snapshot: MetricsSnapshot, *, timeout_s: float = 5.0) -> None:
     """PUT ``snapshot`` to a Pushgateway at ``url`` under the grouping key ``job=statebackend``, ``job_name``,
     ``task`` (a PUT replaces the group's previous push). Raises :class:`OSError` when the gateway fails."""
+    import urllib.request  # only a process that pushes pays for it
+
     quote = urllib.parse.quote
     target = (f"{url.rstrip('/')}/metrics/job/statebackend/job_name/{quote(job_name, safe='')}"
               f"/task/{quote(task_name, safe='')}")
