@@ -132,6 +132,16 @@ def test_histograms_merge_exactly_across_tasks() -> None:
         histogram.merge(HistogramData.empty((1.0, 2.0)))
 
 
+def test_quantiles_of_a_merged_histogram_fall_in_the_right_bucket() -> None:
+    histogram = HistogramData.empty(MS_BUCKETS)
+    for value in [3.0] * 90 + [700.0] * 10:
+        histogram.add(value)
+    assert 2.0 <= histogram.quantile(0.5) <= 5.0  # the bucket (2, 5] holds the median
+    assert 500.0 <= histogram.quantile(0.95) <= 700.0  # clamped to the observed max
+    assert HistogramData.empty(MS_BUCKETS).quantile(0.5) == 0.0
+    assert histogram.to_dict()["buckets"][5.0] == 90 and histogram.to_dict()["buckets"]["+Inf"] == 0
+
+
 def test_labelled_counters_are_queried_by_any_subset_of_their_labels() -> None:
     metrics = Metrics()
     metrics.increment("blob_store.requests", 1, operation="put", outcome="ok")
@@ -378,3 +388,50 @@ def test_a_registry_given_without_labels_is_exported_under_the_task_it_counted_f
     assert mine.counter("commit.count") == 1
     text = (tmp_path / "textfiles" / f"statebackend-{config['job.name']}-task-7.prom").read_text()
     assert _value(_samples(text), "statebackend_commits_total", job_name=config["job.name"], task="task-7") == 1
+
+
+# -- the blob store's requests (the resilience layer, without a server) --------------------------------------------
+
+
+def test_retries_hedges_failures_and_bytes_are_counted_per_operation() -> None:
+    from statebackend.blobstores.memory import MemoryBlobStore
+    from statebackend.blobstores.resilience import ResilientBlobStore
+    from statebackend.errors import NotFoundError, TransientStorageError
+    from tests.faults import ScriptedBlobStore
+
+    scripted = ScriptedBlobStore(MemoryBlobStore())
+    failures = iter([TransientStorageError("503"), TransientStorageError("reset")])
+    release = threading.Event()
+
+    def before(operation: str, name: str) -> None:
+        if operation == "put":
+            failure = next(failures, None)
+            if failure is not None:
+                raise failure
+        if operation == "get" and name == "slow" and not release.is_set():
+            release.set()
+            threading.Event().wait(0.5)  # the first get of "slow" hangs long enough for one hedge to answer
+
+    scripted.before = before
+    store = ResilientBlobStore(scripted, base_delay_s=0, hedge_after_s=0.05, request_timeout_s=30)
+    metrics = Metrics()
+    store.use_metrics(metrics)
+    store.put("blob", b"12345")  # two transient failures, then success
+    store.put("slow", b"ab")
+    assert store.get("slow") == b"ab"  # answered by the hedge
+    with pytest.raises(NotFoundError):
+        store.get("absent")
+    store.use_metrics(None)
+    store.put("uncounted", b"x")
+    store.close()
+    assert metrics.counter("blob_store.retries", operation="put") == 2
+    assert metrics.counter("blob_store.requests", operation="put", outcome="ok") == 2
+    assert metrics.counter("blob_store.bytes.sent", operation="put") == 7
+    assert metrics.counter("blob_store.hedges", operation="get") == 1
+    assert metrics.counter("blob_store.bytes.received", operation="get") == 2
+    assert metrics.counter("blob_store.requests", operation="get", outcome="error") == 1
+    assert metrics.counter("blob_store.failed_requests", operation="get") == 1
+    attempts = metrics.histogram("blob_store.attempts_per_request", operation="put")
+    assert attempts is not None and attempts.sum == 4 and attempts.count == 2
+    latency = metrics.histogram("blob_store.latency_s")
+    assert latency is not None and latency.count == 4
