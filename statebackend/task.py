@@ -203,8 +203,6 @@ class TaskStorage:
                 serdes={name: {"key": s.key_serde, "msg": s.msg_serde} for name, s in settings.stores.items()},
             )
         except BaseException:
-            if owns:
-                blob_store.use_metrics(None)
             for binding in backups:  # background work started by init() must not outlive the stores
                 binding.manager.close()
             for store in stores.values():
