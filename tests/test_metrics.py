@@ -435,3 +435,22 @@ def test_retries_hedges_failures_and_bytes_are_counted_per_operation() -> None:
     assert attempts is not None and attempts.sum == 4 and attempts.count == 2
     latency = metrics.histogram("blob_store.latency_s")
     assert latency is not None and latency.count == 4
+
+
+def test_opentelemetry_data_points_carry_the_requests_own_labels(otel_reader: InMemoryMetricReader) -> None:
+    from statebackend.blobstores.memory import MemoryBlobStore
+    from statebackend.blobstores.resilience import ResilientBlobStore
+
+    store = ResilientBlobStore(MemoryBlobStore())
+    task = {"job_name": "j", "task": "t"}
+    store.use_metrics(Metrics(labels=task, sink=sb_otel.otel_sink(task)))
+    store.put("a", b"xyz")
+    assert store.get("a") == b"xyz"
+    store.close()
+    points = _points(otel_reader)
+    requests = {(p.attributes["operation"], p.attributes["outcome"]): p.value
+                for p in points["statebackend.blob_store.requests"] if p.attributes["job_name"] == "j"}
+    assert requests == {("put", "ok"): 1, ("get", "ok"): 1}
+    received = [p for p in points["statebackend.blob_store.bytes.received"] if p.attributes["task"] == "t"]
+    assert [(p.attributes["operation"], p.value) for p in received] == [("get", 3)]
+    assert points["statebackend.blob_store.latency_s:unit"] == ["s"]
