@@ -142,6 +142,20 @@ def test_quantiles_of_a_merged_histogram_fall_in_the_right_bucket() -> None:
     assert histogram.to_dict()["buckets"][5.0] == 90 and histogram.to_dict()["buckets"]["+Inf"] == 0
 
 
+def test_a_registry_pickles_with_its_series_and_without_its_sink() -> None:
+    import pickle
+
+    metrics = Metrics(labels={"job_name": "j", "task": "t"}, sink=sb_otel.otel_sink({"job_name": "j", "task": "t"}))
+    metrics.increment("commit.count", 2)
+    metrics.record("commit.sync.ms", 7.0)
+    copy = pickle.loads(pickle.dumps(metrics))
+    assert copy.sink is None and copy.labels == {"job_name": "j", "task": "t"}
+    assert copy.counter("commit.count") == 2 and copy.samples("commit.sync.ms") == [7.0]
+    copy.record("commit.sync.ms", 9.0)  # a working registry, with its own lock
+    assert copy.export().histogram("commit.sync.ms").count == 2  # type: ignore[union-attr]
+    assert metrics.export().histogram("commit.sync.ms").count == 1  # type: ignore[union-attr]
+
+
 def test_labelled_counters_are_queried_by_any_subset_of_their_labels() -> None:
     metrics = Metrics()
     metrics.increment("blob_store.requests", 1, operation="put", outcome="ok")

@@ -273,6 +273,14 @@ class Metrics:
                 else:
                     mine.merge(histogram)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickles with its series (a Spark Connect server receives the driver's callable pickled); the sink does
+        not travel: it mirrors into the process it was made in."""
+        with self._lock:
+            state = (dict(self._counters), {k: h.copy() for k, h in self._histograms.items()},
+                     {k: list(v) for k, v in self._samples.items()})
+        return (_rebuilt, (self.max_samples, dict(self.labels), *state))
+
     def snapshot(self) -> dict[str, Any]:
         """Counters as numbers; histograms as count, sum, p50, p95, max (percentiles of the most recent values).
         A labelled series is keyed ``name{label=value,...}``."""
@@ -289,3 +297,16 @@ class Metrics:
                 }
             return out
 
+
+def _rebuilt(
+    max_samples: int,
+    labels: dict[str, str],
+    counters: dict[SeriesKey, float],
+    histograms: dict[SeriesKey, HistogramData],
+    samples: dict[SeriesKey, list[float]],
+) -> Metrics:
+    metrics = Metrics(max_samples, labels=labels)
+    metrics._counters.update(counters)
+    metrics._histograms.update(histograms)
+    metrics._samples.update({k: deque(v, maxlen=max_samples) for k, v in samples.items()})
+    return metrics

@@ -57,6 +57,7 @@ class StatefulForeachBatch:
     #: batches so far (exported by the driver's own Prometheus exporters when its config sets ``metrics.prometheus.*``)
     last_batch_metrics: MetricsSnapshot = attrs.field(init=False, factory=MetricsSnapshot)
     metrics: Metrics = attrs.field(init=False, factory=Metrics)
+    _exporting: bool = attrs.field(init=False, default=False)
     _previous: Any = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
 
@@ -80,8 +81,7 @@ class StatefulForeachBatch:
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
         # Spark conf (spark.statebackend.*), which is read again at every batch
         active = SparkSession.getActiveSession()
-        settings = Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
-        start_exporters(settings, self.metrics)
+        Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
         """Run micro-batch ``batch_id``; hand the output to the sink, or return it (persisted until the next call)."""
@@ -91,6 +91,9 @@ class StatefulForeachBatch:
         spark = batch_df.sparkSession
         remote = is_connect(spark)
         config = effective_config(spark, self.config)
+        if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
+            start_exporters(Settings.from_config(config), self.metrics)
+            self._exporting = True
         partitioned = batch_df.repartition(self.num_tasks, *self.key_columns)
         if self.mode == "rows" and not remote:
             # classic Spark: rows through an RDD, each task's stats as its output's last element
