@@ -15,6 +15,9 @@ from typing import Any
 def main(workdir: str) -> None:
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    # an ephemeral port for the local Connect server (pyspark's test mode, where the client asks the server's JVM for
+    # its port): the default 15002 collides with any other Connect server on the machine
+    os.environ["SPARK_TESTING"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
     from pyspark.sql import SparkSession
 
