@@ -14,6 +14,12 @@ A ``Serde`` has a ``name`` (the value of ``stores.<name>.key.serde`` / ``stores.
 Wrong Python types raise ``TypeError`` (nothing is written); a value of the right type that the serde cannot encode
 (a string with a lone surrogate, a float NaN in JSON, an unpicklable object) raises :class:`SerdeError`; bytes that
 cannot be decoded raise ``CorruptDataError``.
+Whole arrays: ``encode_many(serde, objs)`` and ``decode_many(serde, datas)`` convert a sequence in one call, with the
+same results and errors as ``to_bytes`` / ``from_bytes`` item by item (the first bad item raises, naming it as the
+per-item call does). The built-in serdes do it with their ``to_bytes_many`` / ``from_bytes_many`` (type checks and
+packing over the whole array; ``string`` and ``bytes`` also take an Arrow string / binary array without a Python
+call per item); any other serde is called item by item. Arrow arrays (anything with ``to_pylist``) are accepted by
+every serde; a null in one is refused like ``None``; numpy arrays and pandas Series are taken as their ``tolist()``.
 ``prefix_preserving`` says whether ``to_bytes(p)`` being a prefix of ``to_bytes(k)`` follows from ``p`` being a prefix
 of ``k``; typed prefix iteration needs it.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
@@ -37,6 +44,8 @@ __all__ = [
     "PickleSerde",
     "Serde",
     "StringSerde",
+    "decode_many",
+    "encode_many",
     "get_serde",
 ]
 
@@ -69,6 +78,17 @@ class BytesSerde:
     def from_bytes(self, data: bytes) -> bytes:
         return bytes(data)
 
+    def to_bytes_many(self, objs: Any) -> list[bytes]:
+        if _is_arrow(objs) and _arrow_type(objs) in ("binary", "large_binary") and not objs.null_count:
+            return list(objs.to_pylist())
+        items = _as_list(objs)
+        if not set(map(type, items)) <= {bytes}:
+            return [self.to_bytes(obj) for obj in items]  # raises for the first bad item
+        return items
+
+    def from_bytes_many(self, datas: Sequence[bytes]) -> list[bytes]:
+        return [bytes(d) for d in datas]
+
 
 @attrs.frozen
 class StringSerde:
@@ -95,6 +115,23 @@ class StringSerde:
             return bytes(data).decode("utf-8")
         except UnicodeDecodeError as exc:
             raise CorruptDataError(f"string serde: stored bytes are not valid UTF-8 ({exc})") from exc
+
+    def to_bytes_many(self, objs: Any) -> list[bytes]:
+        if _is_arrow(objs) and _arrow_type(objs) in ("string", "large_string") and not objs.null_count:
+            return list(objs.cast("binary").to_pylist())  # Arrow strings are valid UTF-8 already: no re-encoding
+        items = _as_list(objs)
+        if set(map(type, items)) <= {str}:
+            try:
+                return [obj.encode("utf-8") for obj in items]
+            except UnicodeEncodeError:
+                pass  # the per-item call below raises the SerdeError naming the bad string
+        return [self.to_bytes(obj) for obj in items]
+
+    def from_bytes_many(self, datas: Sequence[bytes]) -> list[str]:
+        try:
+            return [d.decode("utf-8") for d in datas]
+        except (UnicodeDecodeError, AttributeError):
+            return [self.from_bytes(d) for d in datas]
 
 
 _INT64 = struct.Struct(">Q")
@@ -123,6 +160,24 @@ class IntegerSerde:
         if len(data) != 8:
             raise CorruptDataError(f"integer serde: expected 8 bytes, got {len(data)}")
         return int(_INT64.unpack(data)[0]) - _SIGN_BIT
+
+    def to_bytes_many(self, objs: Any) -> list[bytes]:
+        items = _as_list(objs)
+        if not items:
+            return []
+        if not (set(map(type, items)) <= {int} and -_SIGN_BIT <= min(items) and max(items) < _SIGN_BIT):
+            return [self.to_bytes(obj) for obj in items]  # raises for the first bad item
+        packed = struct.pack(f">{len(items)}Q", *[obj + _SIGN_BIT for obj in items])
+        return [packed[i:i + 8] for i in range(0, len(packed), 8)]
+
+    def from_bytes_many(self, datas: Sequence[bytes]) -> list[int]:
+        datas = list(datas)
+        if not datas:
+            return []
+        joined = b"".join(datas)
+        if len(joined) != 8 * len(datas) or min(map(len, datas)) != 8:
+            return [self.from_bytes(d) for d in datas]  # raises for the first bad item
+        return [v - _SIGN_BIT for v in struct.unpack(f">{len(datas)}Q", joined)]
 
 
 @attrs.frozen
@@ -171,6 +226,41 @@ _SERDES: dict[str, Serde] = {
 }
 
 SERDE_NAMES: tuple[str, ...] = tuple(_SERDES)
+
+
+def _is_arrow(objs: Any) -> bool:
+    return hasattr(objs, "to_pylist") and hasattr(objs, "null_count")
+
+
+def _arrow_type(objs: Any) -> str:
+    return str(getattr(objs, "type", ""))
+
+
+def _as_list(objs: Any) -> list[Any]:
+    """A list of the items of a sequence, an iterable or an Arrow array (a null becomes ``None``)."""
+    if isinstance(objs, list):
+        return objs
+    if hasattr(objs, "to_pylist"):
+        return list(objs.to_pylist())
+    if hasattr(objs, "tolist"):  # numpy arrays, pandas Series: their items as Python objects
+        return list(objs.tolist())
+    return list(objs)
+
+
+def encode_many(serde: Serde, objs: Any) -> list[bytes]:
+    """``[serde.to_bytes(o) for o in objs]`` in one call (see the module docstring)."""
+    many = getattr(serde, "to_bytes_many", None)
+    if many is not None:
+        return list(many(objs))
+    return [serde.to_bytes(obj) for obj in _as_list(objs)]
+
+
+def decode_many(serde: Serde, datas: Sequence[bytes]) -> list[Any]:
+    """``[serde.from_bytes(d) for d in datas]`` in one call (see the module docstring)."""
+    many = getattr(serde, "from_bytes_many", None)
+    if many is not None:
+        return list(many(datas))
+    return [serde.from_bytes(data) for data in datas]
 
 
 def get_serde(name: str) -> Serde:

@@ -20,6 +20,10 @@ Contract:
   of every checkpoint: "dirty", ``version is None``), and cleared. The next flush's change set is the k-way merge of
   the runs and the final batch (later runs win), so neither the store nor the change set holds more than one batch
   in memory. The batch exceeds the bound by at most the one record that crossed it.
+- ``get_many`` / ``put_many`` / ``delete_many`` / ``write_many`` (the vectorized path) give exactly what ``get`` /
+  ``put`` / ``delete`` key by key give, overlay, tombstones and spills included; a bad key or value raises before anything of
+  the call reaches the batch. Reads use one LMDB read transaction and one multi-get; writes are one dict update when
+  no key repeats or is already in the batch and no spill is due, else they fall back to the per-key loop.
 - ``count()`` is LMDB's entry count (O(1), kept by LMDB itself). With a non-empty batch it is adjusted by looking up
   each batch key in LMDB (a put of an absent key adds one, a delete of a present key removes one): O(batch), no cost
   per write.
@@ -56,7 +60,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from os import PathLike
 from pathlib import Path
 from types import TracebackType
@@ -203,6 +207,25 @@ class LocalStore:
     def contains(self, key: bytes) -> bool:
         return self.get(key) is not None
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (``None`` where absent), in their order: what ``get`` gives for each, from one LMDB
+        read transaction and one multi-get (in C), with the pending batches and the write batch laid over it."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        if not keys:
+            return []
+        layers = [*(p.index for p in self._applier.pending), self._batch]  # taken before LMDB is read: see applier
+        with self._env.begin(db=self._data_db) as txn:
+            stored = dict(txn.cursor().getmulti(keys))
+        values: list[Any] = list(map(stored.get, keys))
+        for layer in layers:  # oldest first: a later layer wins
+            if not layer or layer.keys().isdisjoint(keys):
+                continue
+            values = [old if new is None else new for old, new in zip(values, map(layer.get, keys))]
+        if any(v is TOMBSTONE for v in values):
+            values = [None if v is TOMBSTONE else v for v in values]
+        return values
+
     def iter_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Records whose key starts with ``prefix``, in key order, batch included."""
         if not isinstance(prefix, bytes):
@@ -300,6 +323,40 @@ class LocalStore:
     def delete_all(self, keys: Iterable[bytes]) -> None:
         for key in keys:
             self.delete(key)
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """``put(keys[i], values[i])`` for each ``i``, in order (a later duplicate key wins), with the same result,
+        spills included. Every key and value is checked before any reaches the batch: a bad one raises and writes
+        nothing. The common case (distinct keys, none in the batch yet, no spill due) is one dict update in C."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        values = list(values)
+        if len(values) != len(keys):
+            raise ValueError(f"store {self.name!r}: put_many got {len(keys)} keys and {len(values)} values")
+        if not set(map(type, values)) <= {bytes}:
+            bad = next(v for v in values if not isinstance(v, bytes))
+            raise TypeError(f"store {self.name!r}: value must be bytes, got {type(bad).__name__}")
+        self._write_many(keys, values, sum(map(len, keys)) + sum(map(len, values)))
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        """``delete(k)`` for each key, with the same result; every key is checked before any reaches the batch."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        self._write_many(keys, [TOMBSTONE] * len(keys), sum(map(len, keys)))
+
+    def write_many(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None:
+        """Puts and deletes (``None``) in order: what ``put`` / ``delete`` one by one do, spills included; every key
+        and value is checked before any reaches the batch."""
+        self._check_open()
+        keys = self._check_keys(keys)
+        values = list(values)
+        if len(values) != len(keys):
+            raise ValueError(f"store {self.name!r}: write_many got {len(keys)} keys and {len(values)} values")
+        if not set(map(type, values)) <= {bytes, type(None)}:
+            bad = next(v for v in values if not isinstance(v, bytes) and v is not None)
+            raise TypeError(f"store {self.name!r}: value must be bytes, got {type(bad).__name__}")
+        size = sum(map(len, keys)) + sum(len(v) for v in values if v is not None)
+        self._write_many(keys, [TOMBSTONE if v is None else v for v in values], size)
 
     def flush(self, version: LocalVersion) -> ChangeSet:
         """Freeze the batch as the change set since the previous flush (spill runs included) and hand it to the
@@ -428,6 +485,27 @@ class LocalStore:
                 f"store {self.name!r}: key of {len(key)} bytes; keys must be 1 to {self._max_key_size} bytes "
                 f"(LMDB's limit); hash or shorten longer keys"
             )
+
+    def _check_keys(self, keys: Sequence[bytes]) -> list[bytes]:
+        """``keys`` as a list, each checked as ``_check_key`` does (in C for the common case)."""
+        keys = list(keys)
+        if keys and not (set(map(type, keys)) <= {bytes} and 0 < min(map(len, keys))
+                         and max(map(len, keys)) <= self._max_key_size):
+            for key in keys:  # the first bad key raises the per-key error
+                self._check_key(key)
+        return keys
+
+    def _write_many(self, keys: list[bytes], values: list[Any], size: int) -> None:
+        """Write checked ``keys``/``values`` (``size``: their bytes, tombstones counting 0) to the batch, exactly as
+        ``_write`` one by one would."""
+        batch = self._batch
+        if (self._batch_bytes + size <= self.max_batch_bytes and len(set(keys)) == len(keys)
+                and batch.keys().isdisjoint(keys)):
+            batch.update(zip(keys, values))  # no key replaced, no spill: the per-key path ends in the same state
+            self._batch_bytes += size
+            return
+        for key, value in zip(keys, values):
+            self._write(key, value)
 
     def _write(self, key: bytes, value: Any) -> None:
         self._check_open()

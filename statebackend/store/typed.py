@@ -6,7 +6,12 @@ Contract:
 
 - Both views offer ``get``, ``contains``, ``put``, ``delete``, ``put_all``, ``delete_all``, ``iter_prefix``,
   ``iter_range``, ``items``, ``count`` and ``name``, with the store's semantics (the write batch is seen; iterations
-  are snapshots) and nothing else public.
+  are snapshots), and the vectorized ``get_many``, ``put_many``, ``delete_many`` and ``update_many``, which give
+  exactly what the per-key calls give in a loop, and nothing else public.
+- The vectorized calls take sequences (lists, tuples) or, on ``TypedStore``, Arrow arrays of the serde's type;
+  ``update_many(keys, fn)`` reads every key once, calls ``fn`` with their values (``None`` where absent) and writes
+  what it returns (``None`` deletes), encoding the keys once. A bad key or value raises before anything of the call
+  is written.
 - ``BytesStore`` passes calls through unchanged: the same bytes, results and errors as the store.
 - ``TypedStore`` converts keys and values with its two serdes. ``iter_prefix`` needs a key serde that keeps prefixes
   (``bytes``, ``string``), else ``ConfigError``; ``iter_range`` follows byte order, which equals the object order for
@@ -15,13 +20,13 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import attrs
 
 from statebackend.errors import ConfigError
-from statebackend.serdes import Serde
+from statebackend.serdes import Serde, decode_many, encode_many
 
 
 class StoreOps(Protocol):
@@ -35,6 +40,10 @@ class StoreOps(Protocol):
     def delete(self, key: bytes) -> None: ...
     def put_all(self, items: Iterable[tuple[bytes, bytes]]) -> None: ...
     def delete_all(self, keys: Iterable[bytes]) -> None: ...
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None: ...
+    def delete_many(self, keys: Sequence[bytes]) -> None: ...
+    def write_many(self, keys: Sequence[bytes], values: Sequence[bytes | None]) -> None: ...
     def iter_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]: ...
     def iter_range(self, start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]: ...
     def items(self) -> Iterator[tuple[bytes, bytes]]: ...
@@ -75,6 +84,21 @@ class BytesStore:
 
     def delete_all(self, keys: Iterable[bytes]) -> None:
         self._store.delete_all(keys)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """The values of ``keys`` (``None`` where absent), in their order, in one call."""
+        return self._store.get_many(keys)
+
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+        """``put(keys[i], values[i])`` for each ``i``, in one call; nothing is written when a key or value is bad."""
+        self._store.put_many(keys, values)
+
+    def delete_many(self, keys: Sequence[bytes]) -> None:
+        self._store.delete_many(keys)
+
+    def update_many(self, keys: Sequence[bytes], fn: Callable[[list[bytes | None]], Sequence[bytes | None]]) -> None:
+        """Read ``keys``, write ``fn(values)`` (``None`` deletes); see the module docstring."""
+        _update_many(self._store, list(keys), fn, None)
 
     def iter_prefix(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         """Records whose key starts with ``prefix``, in key order."""
@@ -129,6 +153,22 @@ class TypedStore:
     def delete_all(self, keys: Iterable[Any]) -> None:
         self._store.delete_all(self.key_serde.to_bytes(k) for k in keys)
 
+    def get_many(self, keys: Sequence[Any] | Any) -> list[Any]:
+        """The values of ``keys`` (``None`` where absent), in their order, in one call."""
+        raw = self._store.get_many(encode_many(self.key_serde, keys))
+        return _decode_values(self.value_serde, raw)
+
+    def put_many(self, keys: Sequence[Any] | Any, values: Sequence[Any] | Any) -> None:
+        """``put(keys[i], values[i])`` for each ``i``, in one call; nothing is written when a key or value is bad."""
+        self._store.put_many(encode_many(self.key_serde, keys), encode_many(self.value_serde, values))
+
+    def delete_many(self, keys: Sequence[Any] | Any) -> None:
+        self._store.delete_many(encode_many(self.key_serde, keys))
+
+    def update_many(self, keys: Sequence[Any] | Any, fn: Callable[[list[Any]], Sequence[Any]]) -> None:
+        """Read ``keys``, write ``fn(values)`` (``None`` deletes), encoding the keys once; see the module docstring."""
+        _update_many(self._store, encode_many(self.key_serde, keys), fn, self.value_serde)
+
     def iter_prefix(self, prefix: Any) -> Iterator[tuple[Any, Any]]:
         if not getattr(self.key_serde, "prefix_preserving", False):
             raise ConfigError(
@@ -153,3 +193,32 @@ class TypedStore:
         from_key, from_value = self.key_serde.from_bytes, self.value_serde.from_bytes
         for key, value in records:
             yield from_key(key), from_value(value)
+
+
+def _decode_values(serde: Serde, raw: list[bytes | None]) -> list[Any]:
+    """Decode the present values in one call; ``None`` stays ``None``."""
+    present = [v for v in raw if v is not None]
+    decoded = iter(decode_many(serde, present))
+    if len(present) == len(raw):
+        return list(decoded)
+    return [None if v is None else next(decoded) for v in raw]
+
+
+def _update_many(store: StoreOps, keys: list[bytes], fn: Callable[[list[Any]], Sequence[Any]],
+                 serde: Serde | None) -> None:
+    """Read ``keys`` once, write ``fn``'s values (``None`` deletes) in order. ``fn`` sees the values as they were
+    before the call, also for a key given twice."""
+    raw = store.get_many(keys)
+    new = list(fn(raw if serde is None else _decode_values(serde, raw)))
+    if len(new) != len(keys):
+        raise ValueError(f"store {store.name!r}: update_many's function returned {len(new)} values for {len(keys)} keys")
+    if serde is None:
+        store.write_many(keys, new)
+        return
+    present = [v for v in new if v is not None]
+    encoded = encode_many(serde, present)
+    if len(present) == len(keys):
+        store.put_many(keys, encoded)
+        return
+    values = iter(encoded)
+    store.write_many(keys, [None if v is None else next(values) for v in new])
