@@ -23,6 +23,14 @@ What it does, per state size N (keys spread over 4 tasks by ``key index % 4``, o
    after wiping the local dir (full restore from the blob store), and, wiped again, with the 4 tasks opening in
    parallel threads. Each restore is checked: key count and the values of the last round's keys.
 
+With ``--api`` it instead compares the per-key and the vectorized state API on one task's share of the state
+(N/4 keys, string keys and integer values, as the Spark count keeps them), in one run, alternating round by round
+between two tasks of equal state: each round reads and increments U/4 distinct random keys, either key by key
+(``get`` + ``put``) or in one call each (``get_many`` + ``put_many``), then commits durably. Per round: the processing
+time (and updates per second), the sync part and the durable time of the commit::
+
+    python bench/commit.py --api --keys 1000000 --updates 10000,50000 --commits 20
+
 Nothing here is a test: the numbers depend on the machine and its load (recorded in the result file).
 """
 
@@ -360,6 +368,83 @@ def print_report(result: dict[str, Any]) -> None:
               f"updates/commit: {ratio['ratio']:.2f}")
 
 
+def run_api_comparison(keys: int, updates_settings: list[int], commits: int, workdir_root: Path) -> dict[str, Any]:
+    """Per-key vs vectorized read-modify-write on one task's share of ``keys``; see the module docstring."""
+    workdir = Path(tempfile.mkdtemp(prefix="bench-api-", dir=workdir_root))
+    config = make_config(workdir)
+    config.update({f"stores.{STORE}.key.serde": "string", f"stores.{STORE}.msg.serde": "integer"})
+    share = keys // TASKS
+    names = [f"k{i:08d}" for i in range(share)]
+    tasks = {api: TaskStorage.open(config, f"task-{api}", metrics=Metrics()) for api in ("per-key", "vectorized")}
+    try:
+        for task in tasks.values():
+            task.store(STORE).put_many(names, [1] * share)
+            task.commit_durably({"input": "load"})
+        drain_maintenance()
+        rng = random.Random(5)
+        phases = []
+        offset = 0
+        for updates in updates_settings:
+            per_task = updates // TASKS
+            rows: dict[str, list[tuple[float, float, float]]] = {api: [] for api in tasks}
+            for r in range(commits):
+                chosen = [names[i] for i in rng.sample(range(share), per_task)]
+                for api, task in tasks.items():
+                    store = task.store(STORE)
+                    started = time.perf_counter()
+                    if api == "per-key":
+                        for key in chosen:
+                            store.put(key, (store.get(key) or 0) + 1)
+                    else:
+                        store.put_many(chosen, [(v or 0) + 1 for v in store.get_many(chosen)])
+                    processed = time.perf_counter()
+                    pending = task.commit({"input": str(offset + r)})
+                    synced = time.perf_counter()
+                    if pending is None:
+                        raise RuntimeError("commit skipped although the previous one was durable")
+                    pending.result()
+                    durable = time.perf_counter()
+                    rows[api].append(((processed - started) * 1000.0, (synced - processed) * 1000.0,
+                                      (durable - processed) * 1000.0))
+            offset += commits
+            for api, samples in rows.items():
+                process_p50, process_p95 = p50_p95([x[0] for x in samples])
+                sync_p50, sync_p95 = p50_p95([x[1] for x in samples])
+                durable_p50, durable_p95 = p50_p95([x[2] for x in samples])
+                phases.append({"updates_per_commit": updates, "updates_per_task": per_task, "api": api,
+                               "process_ms_p50": process_p50, "process_ms_p95": process_p95,
+                               "updates_per_s": per_task / (process_p50 / 1000.0),
+                               "sync_ms_p50": sync_p50, "sync_ms_p95": sync_p95,
+                               "durable_ms_p50": durable_p50, "durable_ms_p95": durable_p95})
+        # both tasks applied the same increments: their states must be equal
+        states = [dict(task.store(STORE).items()) for task in tasks.values()]
+        if states[0] != states[1] or sum(states[0].values()) != share + commits * sum(
+                u // TASKS for u in updates_settings):
+            raise AssertionError("the per-key and the vectorized task ended in different states")
+    finally:
+        for task in tasks.values():
+            task.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {"keys": keys, "keys_per_task": share, "phases": phases}
+
+
+def print_api_report(result: dict[str, Any]) -> None:
+    rows = []
+    for phase in result["phases"]:
+        rows.append([phase["updates_per_task"], phase["api"], phase["process_ms_p50"], phase["process_ms_p95"],
+                     int(phase["updates_per_s"]), phase["sync_ms_p50"], phase["sync_ms_p95"],
+                     phase["durable_ms_p50"], phase["durable_ms_p95"]])
+    print()
+    print(format_table(["updates/task", "API", "process p50 ms", "process p95 ms", "updates/s (p50)",
+                        "sync p50 ms", "sync p95 ms", "durable p50 ms", "durable p95 ms"], rows))
+    by = {(p["updates_per_task"], p["api"]): p for p in result["phases"]}
+    for (per_task, api), phase in by.items():
+        if api == "vectorized":
+            base = by[(per_task, "per-key")]
+            print(f"{per_task} updates/task: vectorized processing {phase['process_ms_p50'] / base['process_ms_p50']:.2f}x"
+                  f" of per-key, sync part {phase['sync_ms_p50'] / base['sync_ms_p50']:.2f}x")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", default="1000000", help="total keys, comma-separated for several sizes")
@@ -367,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--commits", type=int, default=20, help="commits per updates setting")
     parser.add_argument("--workdir", default=tempfile.gettempdir(), help="where the temp dirs go")
     parser.add_argument("--keep", action="store_true", help="keep the local and blob dirs")
+    parser.add_argument("--api", action="store_true", help="compare the per-key and the vectorized API instead")
     args = parser.parse_args(argv)
     sizes = [int(k) for k in args.keys.split(",")]
     updates = [int(u) for u in args.updates.split(",")]
@@ -376,6 +462,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_info()
     print(f"machine: {machine['cpus']} CPUs, {machine['memory_gib']} GiB, load {machine['load_average']}, "
           f"Python {machine['python']}")
+    if args.api:
+        api_result: dict[str, Any] = {
+            "benchmark": "commit-api",
+            "command": " ".join(["python", "bench/commit.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": machine,
+            "sizes": [run_api_comparison(k, updates, args.commits, Path(args.workdir)) for k in sizes],
+        }
+        for size in api_result["sizes"]:
+            print(f"\n{size['keys']:,} keys ({size['keys_per_task']:,} per task)")
+            print_api_report(size)
+        print(f"\nresult: {write_result('commit-api', api_result)}")
+        return 0
     result: dict[str, Any] = {
         "benchmark": "commit",
         "command": " ".join(["python", "bench/commit.py", *(argv if argv is not None else sys.argv[1:])]),
