@@ -47,6 +47,9 @@ class StatefulForeachBatch:
     mode: str = "rows"
     sink: Sink | None = None
     on_replay: str = "redo"
+    #: keep each task open in its Python worker after its durable commit, for that task's next batch in the same
+    #: worker (``statebackend.spark.kept``); False: open and close the task every batch
+    keep_open: bool = True
     #: bytes of each task's output held in memory until its commit is durable; beyond, it waits in a spill file under
     #: ``state.local.dir/.spill/``
     output_memory_bytes: int = DEFAULT_BOUND
@@ -153,6 +156,7 @@ class StatefulForeachBatch:
             input_columns=tuple(batch_df.columns),
             output_schema=output_schema,
             output_memory_bytes=self.output_memory_bytes,
+            keep_open=self.keep_open,
         )
 
     def _struct(self, spark: SparkSession) -> StructType:

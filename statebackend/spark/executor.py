@@ -4,6 +4,7 @@ commits durably, and only then hands its output back."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -20,6 +21,7 @@ from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import StateBackendError, StoreLockedError
 from statebackend.metrics import MetricsSnapshot
+from statebackend.spark import kept
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
 from statebackend.task import TaskStorage, known_durable_seq, task_metrics
@@ -68,6 +70,8 @@ class TaskStats:
     private_dir: bool
     #: what the attempt counted (commits, restores, blob-store requests), mergeable: the driver adds them up per batch
     metrics: MetricsSnapshot | None = None
+    #: the task was kept open from an earlier batch in this worker (no open, no restore, no close)
+    kept_open: bool = False
 
 
 class _Counted:
@@ -129,6 +133,8 @@ class TaskRunner:
     on_replay: str
     input_columns: tuple[str, ...]
     output_schema: Any = None
+    #: park the task after its durable commit for the next batch in this worker (``statebackend.spark.kept``)
+    keep_open: bool = False
     #: bytes of a task's output held in memory until its commit is durable; the rest waits in a spill file
     output_memory_bytes: int = DEFAULT_BOUND
 
@@ -203,17 +209,33 @@ class TaskRunner:
         # metrics.prometheus.port is the driver's endpoint: Python workers would fight over it (textfile or push here)
         settings = attrs.evolve(Settings.from_config(self.config), metrics_prometheus_port=None)
         name = task_name(index)
-        blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
-        metrics = task_metrics(settings, name)
-        blob_store.use_metrics(metrics)
+        key = kept.task_key(settings.local_dir, settings.job_name, name)
+        task_dir = Path(settings.local_dir) / settings.job_name / name
+        parked = kept.take(key) if self.keep_open else None
+        fingerprint = repr(sorted((k, repr(v)) for k, v in self.config.items()))
+        if parked is not None and parked.fingerprint != fingerprint:
+            parked.close()
+            parked = None
+        if parked is not None:
+            blob_store, metrics = parked.blob_store, parked.storage.metrics
+        else:
+            blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
+            metrics = task_metrics(settings, name)
+            blob_store.use_metrics(metrics)
         private: Path | None = None
+        storage: TaskStorage | None = None
+        prior: MetricsSnapshot | None = None
+        handed_on = False
         try:
-            checkpoint_log = CheckpointLog(
-                blob_store, settings.job_name, name,
-                write_versions=settings.checkpoint_write_versions,
-                read_versions=settings.checkpoint_read_versions,
-                retained=settings.checkpoint_retained,
-            )
+            if parked is not None:
+                checkpoint_log = parked.storage.checkpoint_log
+            else:
+                checkpoint_log = CheckpointLog(
+                    blob_store, settings.job_name, name,
+                    write_versions=settings.checkpoint_write_versions,
+                    read_versions=settings.checkpoint_read_versions,
+                    retained=settings.checkpoint_retained,
+                )
             # the local CHECKPOINT-V2 bounds what the listing must show; the head seen here fences the commit
             known = known_durable_seq(settings.local_dir, settings.job_name, name)
             latest, head = checkpoint_log.latest_and_head(at_least=known)
@@ -223,27 +245,33 @@ class TaskRunner:
                     and batch_of(latest, name, self.num_tasks) == self.batch_id):
                 log.info("%s: batch %d already committed as checkpoint #%d; skipping it", name, self.batch_id,
                          latest.seq)
+                exported = kept.export_since(metrics, parked.exported if parked is not None else None)
+                if parked is not None:
+                    parked.exported = metrics.export()
+                    kept.park(key, parked)  # nothing was done: it is parked again (the next batch checks it)
+                    handed_on = True
                 skipped = TaskStats(
                     batch_id=self.batch_id, task_index=index, attempt=attempt, base_seq=latest.seq, committed_seq=0,
                     open_ms=(time.monotonic() - started) * 1000.0, process_ms=0.0, commit_ms=0.0,
-                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=metrics.export())
+                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=exported)
                 return [], skipped
             base = base_checkpoint(checkpoint_log, latest, name, self.batch_id, self.num_tasks)
-            try:
-                storage = TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
-                                           metrics=metrics)
-            except StoreLockedError:
-                # Another attempt of this task runs on this machine (speculation, or a retry while the first one
-                # is still winding down): work in a private copy restored from the blob store; the commit protocol
-                # decides which attempt wins.
-                private = Path(settings.local_dir) / ATTEMPTS_DIR / uuid.uuid4().hex
-                log.warning("%s attempt %d: local stores are locked by another attempt; using %s", name, attempt,
-                            private)
-                private_settings = attrs.evolve(settings, local_dir=private)
-                storage = TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base,
-                                           fence_seq=head, metrics=metrics)
+            if parked is not None and parked.is_current(latest, head, base):
+                storage = parked.storage
+            else:
+                if parked is not None:
+                    # the log moved on (another attempt committed), a replay, or the local dir changed: reopen
+                    log.info("%s: the task kept open at checkpoint #%d is not current (newest #%s, base #%s); "
+                             "reopening it", name, parked.seq, head, base.seq if base is not None else None)
+                    parked.storage.close()
+                    # what the closed task did since its last export (e.g. while parked) counts in this batch
+                    prior = kept.export_since(metrics, parked.exported)
+                    parked = None
+                    metrics = task_metrics(settings, name)  # a fresh registry for the fresh open
+                    blob_store.use_metrics(metrics)
+                storage, private = self._open(settings, name, task_dir, blob_store, base, head, attempt, metrics)
             opened = time.monotonic()
-            with storage:
+            try:
                 outputs = work(TaskStores(storage, index, self.batch_id))
                 processed = time.monotonic()
                 try:
@@ -252,8 +280,20 @@ class TaskRunner:
                     outputs.close()  # its spill file goes with the failed attempt
                     raise
                 committed = time.monotonic()
-                sync_samples = storage.metrics.samples("commit.sync.ms")
-                committed_seq = storage.commit_manager.next_seq - 1
+            except BaseException:
+                storage.close()
+                raise
+            sync_samples = storage.metrics.samples("commit.sync.ms")
+            committed_seq = storage.commit_manager.next_seq - 1
+            snapshot = metrics.export()
+            exported = kept.export_since(metrics, parked.exported if parked is not None else None, snapshot)
+            if prior is not None:
+                exported = prior.merge(exported)
+            if self.keep_open and private is None and _process_outlives_task(context):
+                kept.park(key, kept.KeptTask.after_commit(storage, blob_store, fingerprint, task_dir, snapshot))
+                handed_on = True
+            else:
+                storage.close()
             stats = TaskStats(
                 batch_id=self.batch_id, task_index=index, attempt=attempt,
                 base_seq=base.seq if base is not None else 0, committed_seq=committed_seq,
@@ -261,13 +301,50 @@ class TaskRunner:
                 commit_ms=(committed - processed) * 1000.0,
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
-                metrics=metrics.export(),
+                metrics=exported, kept_open=parked is not None,
             )
             return outputs, stats
         finally:
-            blob_store.close()
+            if not handed_on:
+                if parked is not None and storage is None:
+                    parked.storage.close()
+                blob_store.close()
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)
+
+    def _open(self, settings: Settings, name: str, task_dir: Path, blob_store: Any, base: Any, head: int,
+              attempt: int, metrics: Any) -> tuple[TaskStorage, Path | None]:
+        """Open the task at ``base`` fenced at ``head``; when another process has it parked, ask it to hand the task
+        over; when another attempt holds it, work in a private copy."""
+        try:
+            return TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
+                                    metrics=metrics), None
+        except StoreLockedError:
+            if self.keep_open and kept.parked_elsewhere(task_dir):
+                deadline = time.monotonic() + kept.HANDOVER_TIMEOUT_S
+                with kept.request_handover(task_dir):
+                    while time.monotonic() < deadline:
+                        time.sleep(0.002)
+                        try:
+                            return TaskStorage.open(settings, name, blob_store=blob_store, checkpoint=base,
+                                                    fence_seq=head, metrics=metrics), None
+                        except StoreLockedError:
+                            continue
+        # Another attempt of this task runs on this machine (speculation, or a retry while the first one is still
+        # winding down): work in a private copy restored from the blob store; the commit protocol decides which
+        # attempt wins.
+        private = Path(settings.local_dir) / ATTEMPTS_DIR / uuid.uuid4().hex
+        log.warning("%s attempt %d: local stores are locked by another attempt; using %s", name, attempt, private)
+        private_settings = attrs.evolve(settings, local_dir=private)
+        return TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
+                                metrics=metrics), private
+
+
+def _process_outlives_task(context: Any) -> bool:
+    """Whether this process runs later tasks too: a Spark Python worker only with worker reuse on (the daemon gets
+    ``SPARK_REUSE_WORKER``); a worker that exits after its task would take a parked task's background snapshot and
+    cleanups with it every time. Outside a Spark task (the caller runs tasks itself): yes."""
+    return context is None or bool(os.environ.get("SPARK_REUSE_WORKER"))
 
 
 def _arrow_batches(result: Any) -> Iterator[Any]:

@@ -1,0 +1,251 @@
+"""Tasks kept open between micro-batches in a reused Python worker.
+
+Spark reuses its Python workers (``spark.python.worker.reuse``, on by default), so the process that ran task ``t`` of
+batch ``b`` often runs task ``t`` of batch ``b+1`` too. After a durable commit the executor *parks* the task here,
+open (LMDB environments, backup managers with their chains and background snapshots, the blob store), instead of
+closing it; the next batch of that task in this process takes it back when the checkpoint log confirms it is still
+current. Contract:
+
+- A parked task is whole: its last commit is durable, its write batches are empty, nothing of it runs on the task
+  thread. Its background work (a snapshot, cleanups) goes on while it is parked; nothing waits for it.
+- Taking one back is allowed only when the listing the executor makes anyway for the batch (the fencing listing,
+  docs/architecture.md "Trust") shows that the newest checkpoint is exactly the one this task committed last (same
+  sequence number, same checkpoint id, no newer one), the batch's base is that checkpoint (not a replay), and each
+  store directory still holds the environment the task has open (same file; a wiped directory is a new one). Else
+  the parked task is closed and the batch opens the task afresh (restore), as before. The commit after a take-back
+  writes ``head + 1`` exactly as a fresh open fenced at that head would: fencing is unchanged.
+- A parked task holds its stores' locks. Another process of this machine that needs the task (Spark ran it in
+  another worker) finds ``PARKED`` in the task directory naming a live process, writes ``HANDOVER`` there, and waits
+  (up to ``HANDOVER_TIMEOUT_S``) for the lock: a watcher thread in the parking process closes the parked task and
+  so releases it. A task that is not parked (an attempt running) is never handed over: the requester then works in
+  a private directory, as before.
+- Everything parked dies with the process: that is a process exit without close, which the stores and backends
+  already survive (``UNSYNCED`` under the same boot id is fine; staged files are swept at the next open).
+  ``release_all()`` closes every parked task of this process (for tests, and for code that wants to open a parked
+  task's stores itself in the same process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+from statebackend.blobstores.base import BlobStore
+from statebackend.checkpoint import LogEntry
+from statebackend.metrics import HistogramData, Metrics, MetricsSnapshot
+from statebackend.store.directory import DATA_DIR
+from statebackend.task import TaskStorage
+
+__all__ = ["HANDOVER_TIMEOUT_S", "KeptTask", "export_since", "park", "release_all", "request_handover", "take"]
+
+log = logging.getLogger(__name__)
+
+PARKED_FILE = "PARKED"
+HANDOVER_FILE = "HANDOVER"
+#: how long an opener waits for another process to hand a parked task over before it works in a private directory
+HANDOVER_TIMEOUT_S = 10.0
+#: how often the watcher looks for handover requests (one stat per parked task)
+WATCH_INTERVAL_S = 0.005
+
+
+@attrs.define(eq=False)
+class KeptTask:
+    """A task parked after a durable commit, and what proves it is still current."""
+
+    storage: TaskStorage
+    blob_store: BlobStore
+    #: the configuration it was opened with (a batch with another configuration never takes it)
+    fingerprint: str
+    #: the checkpoint it committed last: its sequence number and id
+    seq: int
+    checkpoint_id: str
+    #: per store directory, (device, inode) of the LMDB data file the task has open
+    files: dict[str, tuple[int, int]]
+    task_dir: Path
+    #: the task's metrics as last handed to the driver (a batch hands on only what happened since)
+    exported: MetricsSnapshot | None = None
+
+    @classmethod
+    def after_commit(cls, storage: TaskStorage, blob_store: BlobStore, fingerprint: str, task_dir: Path,
+                     exported: MetricsSnapshot | None = None) -> KeptTask:
+        last = storage.commit_manager.last_checkpoint
+        assert last is not None  # parked only after a durable commit
+        return cls(storage=storage, blob_store=blob_store, fingerprint=fingerprint,
+                   seq=storage.commit_manager.next_seq - 1, checkpoint_id=str(last.checkpoint_id),
+                   files={str(s.path): _data_file(s.path) for s in storage.stores.values()}, task_dir=task_dir,
+                   exported=exported)
+
+    def is_current(self, latest: LogEntry | None, head: int, base: LogEntry | None) -> bool:
+        """Whether the batch may go on with this task as it is (see the module docstring)."""
+        if latest is None or base is None or base.seq != latest.seq or head != latest.seq or latest.seq != self.seq:
+            return False
+        if str(getattr(latest.checkpoint, "checkpoint_id", None)) != self.checkpoint_id:
+            return False
+        if self.storage.commit_manager.next_seq != head + 1:
+            return False
+        if any(store.batch_bytes or store.spill_runs for store in self.storage.stores.values()):
+            return False
+        return all(_data_file(Path(path)) == ident for path, ident in self.files.items())
+
+    def close(self) -> None:
+        try:
+            self.storage.close()
+        finally:
+            self.blob_store.close()
+
+
+_lock = threading.Lock()
+_parked: dict[tuple[str, str, str], KeptTask] = {}
+_watcher: threading.Thread | None = None
+
+
+def task_key(local_dir: str | Path, job_name: str, task_name: str) -> tuple[str, str, str]:
+    return (str(Path(local_dir).resolve()), job_name, task_name)
+
+
+def take(key: tuple[str, str, str]) -> KeptTask | None:
+    """Take the task parked under ``key`` out of the registry (the caller owns it now), or ``None``."""
+    with _lock:
+        kept = _parked.pop(key, None)
+    if kept is not None:
+        with contextlib.suppress(OSError):
+            (kept.task_dir / PARKED_FILE).unlink()
+    return kept
+
+
+def park(key: tuple[str, str, str], kept: KeptTask) -> None:
+    """Park ``kept`` (the caller gives it up); a task already parked under ``key`` is closed."""
+    global _watcher
+    with contextlib.suppress(OSError):
+        (kept.task_dir / PARKED_FILE).write_text(str(os.getpid()))
+    with _lock:
+        previous = _parked.pop(key, None)
+        _parked[key] = kept
+        if _watcher is None or not _watcher.is_alive():
+            _watcher = threading.Thread(target=_watch, name="statebackend-kept-tasks", daemon=True)
+            _watcher.start()
+    if previous is not None and previous is not kept:
+        _close_quietly(previous)
+
+
+def release_all() -> int:
+    """Close every task parked by this process; returns how many."""
+    with _lock:
+        kept = list(_parked.values())
+        _parked.clear()
+    for task in kept:
+        with contextlib.suppress(OSError):
+            (task.task_dir / PARKED_FILE).unlink()
+        _close_quietly(task)
+    return len(kept)
+
+
+def parked_elsewhere(task_dir: Path) -> bool:
+    """Whether another live process of this machine has the task parked (so a handover can be asked for)."""
+    try:
+        pid = int((task_dir / PARKED_FILE).read_text().strip() or "0")
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and _alive(pid)
+
+
+@contextlib.contextmanager
+def request_handover(task_dir: Path) -> Iterator[None]:
+    """Ask the process that has the task parked to close it; the request is withdrawn when the block ends."""
+    request = task_dir / HANDOVER_FILE
+    try:
+        request.write_text(str(os.getpid()))
+    except OSError:
+        pass
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            request.unlink()
+
+
+def _watch() -> None:
+    """Close a parked task another process asked for (``HANDOVER`` from a live process), until nothing is parked."""
+    while True:
+        time.sleep(WATCH_INTERVAL_S)
+        with _lock:
+            if not _parked:
+                global _watcher
+                _watcher = None
+                return
+            wanted = [key for key, kept in _parked.items() if _handover_asked(kept.task_dir)]
+            released = [_parked.pop(key) for key in wanted]
+        for kept in released:
+            with contextlib.suppress(OSError):
+                (kept.task_dir / PARKED_FILE).unlink()
+            log.info("%s: handing the parked task over to another process", kept.storage.task_name)
+            _close_quietly(kept)
+
+
+def _handover_asked(task_dir: Path) -> bool:
+    try:
+        pid = int((task_dir / HANDOVER_FILE).read_text().strip() or "0")
+    except (OSError, ValueError):
+        return False
+    return pid != os.getpid() and _alive(pid)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def export_since(metrics: Metrics, previous: MetricsSnapshot | None,
+                 current: MetricsSnapshot | None = None) -> MetricsSnapshot:
+    """What ``metrics`` gained since the snapshot ``previous`` (all of it when ``None``): counters and histogram counts
+    and sums subtracted; a histogram's min and max are those of its whole life (the interval's cannot be known).
+    The driver adds up the tasks' snapshots of each batch, so a task kept open must not hand on the same counts
+    twice."""
+    now = current if current is not None else metrics.export()
+    if previous is None:
+        return now
+    out = MetricsSnapshot()
+    for key, value in now.counters.items():
+        gained = value - previous.counters.get(key, 0)
+        if gained:
+            out.counters[key] = gained
+    for key, histogram in now.histograms.items():
+        before = previous.histograms.get(key)
+        if before is None or before.bounds != histogram.bounds:
+            out.histograms[key] = histogram.copy()
+            continue
+        if histogram.count == before.count:
+            continue
+        out.histograms[key] = HistogramData(
+            histogram.bounds, [a - b for a, b in zip(histogram.counts, before.counts)],
+            histogram.count - before.count, histogram.sum - before.sum, histogram.min, histogram.max)
+    return out
+
+
+def _data_file(store_dir: Path) -> tuple[int, int]:
+    try:
+        st = (store_dir / DATA_DIR / "data.mdb").stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)
+
+
+def _close_quietly(kept: KeptTask) -> None:
+    try:
+        kept.close()
+    except Exception as exc:  # noqa: BLE001 - a parked task's close only releases; its commits are durable
+        log.warning("%s: closing a parked task failed: %s", kept.storage.task_name, exc)
