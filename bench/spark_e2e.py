@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,7 +40,22 @@ NUM_TASKS = 4
 
 
 def count_keys(stores: Any, batches: Any) -> None:
-    """statebackend's side: add each key's occurrences in the batch to its stored count (Arrow, no output)."""
+    """statebackend's side: add each key's occurrences in the batch to its stored count (Arrow, no output), with the
+    vectorized state API: one get_many and one put_many per task and batch."""
+    import pyarrow as pa
+
+    received = list(batches)
+    if not received:
+        return
+    grouped = pa.Table.from_batches(received).group_by("key").aggregate([("key", "count")])
+    keys, added = grouped.column("key"), grouped.column("key_count").to_pylist()
+    counts = stores["counts"]
+    counts.put_many(keys, [(old or 0) + n for old, n in zip(counts.get_many(keys), added)])
+    return
+
+
+def count_keys_per_key(stores: Any, batches: Any) -> None:
+    """The same with the per-key API (``--per-key``)."""
     import pyarrow as pa
 
     received = list(batches)
@@ -51,6 +66,65 @@ def count_keys(stores: Any, batches: Any) -> None:
     for key, n in zip(grouped.column("key").to_pylist(), grouped.column("key_count").to_pylist()):
         counts.put(key, (counts.get(key) or 0) + n)
     return
+
+
+def aggregate_only(batches: Any) -> Any:
+    """The floor's task: the same Arrow aggregation as ``count_keys``, and no state."""
+    import pyarrow as pa
+
+    received = list(batches)
+    if received:
+        pa.Table.from_batches(received).group_by("key").aggregate([("key", "count")])
+    return iter(())
+
+
+def no_state_batch(batch_df: Any, batch_id: int) -> None:
+    """The no-state floor: the same shuffle into 4 tasks and the same Python aggregation per task, one action."""
+    batch_df.repartition(NUM_TASKS, "key").mapInArrow(aggregate_only, "key string").write.format("noop") \
+        .mode("overwrite").save()
+
+
+class DirWatcher:
+    """Every file that appears under a directory while it runs, with its largest size seen (polled every 100 ms in a
+    thread of the driver, outside the batches): the bytes written, also of files deleted later by retention."""
+
+    def __init__(self, root: Path) -> None:
+        import threading
+
+        self.root = root
+        self.sizes: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.scan()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self.scan()
+
+    def scan(self) -> None:
+        for path in (self.root.rglob("*") if self.root.exists() else ()):
+            try:
+                if path.is_file():
+                    key = str(path)
+                    self.sizes[key] = max(self.sizes.get(key, 0), path.stat().st_size)
+            except OSError:
+                continue
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes.values())
+
+
+def dir_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
 
 
 def write_input(directory: Path, keys: int, updates: int, batches: int, seed: int = 11) -> int:
@@ -95,7 +169,19 @@ def run_spark_state_store(spark: Any, source: Path, work: Path) -> list[dict[str
     return rows
 
 
-def run_statebackend(spark: Any, source: Path, work: Path) -> tuple[list[dict[str, Any]], dict[str, object]]:
+def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
+    stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
+    query = (stream.writeStream.foreachBatch(no_state_batch).option("checkpointLocation", str(work / "floor-checkpoint"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    if query.exception() is not None:
+        raise RuntimeError(f"the no-state query failed: {query.exception()}")
+    return [{"batch": p["batchId"], "duration_ms": p["durationMs"]["triggerExecution"]}
+            for p in query.recentProgress if p["numInputRows"] > 0]
+
+
+def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
+                     keep_open: bool = True) -> tuple[list[dict[str, Any]], dict[str, object], int]:
     config: dict[str, object] = {
         "job.name": "bench",
         "state.local.dir": str(work / "sb-local"),
@@ -105,12 +191,15 @@ def run_statebackend(spark: Any, source: Path, work: Path) -> tuple[list[dict[st
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }
-    job = StatefulForeachBatch(count_keys, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
-                               output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None)
+    job = StatefulForeachBatch(fn, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
+                               output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
+                               keep_open=keep_open)
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
-    query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(work / "sb-spark-checkpoint"))
-             .trigger(availableNow=True).start())
-    query.awaitTermination()
+    with DirWatcher(work / "sb-blobs") as blobs:
+        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(work / "sb-spark-checkpoint"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination()
+        time.sleep(3)  # a background snapshot started by the last batches is written in this time
     if query.exception() is not None:
         raise RuntimeError(f"the statebackend query failed: {query.exception()}")
     rows = []
@@ -125,8 +214,9 @@ def run_statebackend(spark: Any, source: Path, work: Path) -> tuple[list[dict[st
             "commit_sum_ms": sum(s.commit_ms for s in stats),
             "sync_max_ms": max(s.commit_sync_ms for s in stats),
             "open_max_ms": max(s.open_ms for s in stats),
+            "kept_open": sum(s.kept_open for s in stats),
         })
-    return rows, config
+    return rows, config, blobs.total
 
 
 def summary(values: list[float]) -> str:
@@ -142,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="distinct keys updated per batch; one run per value (default 10000 50000)")
     parser.add_argument("--batches", type=int, default=20, help="update batches after the load batch (default 20)")
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir, deleted at the end")
+    parser.add_argument("--per-key", action="store_true", help="statebackend's count with the per-key API")
+    parser.add_argument("--close-every-batch", action="store_true",
+                        help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
     args = parser.parse_args(argv)
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="statebackend-bench-spark-"))
@@ -161,34 +254,67 @@ def main(argv: list[str] | None = None) -> int:
             work = work_root / f"updates-{updates}"
             total_rows = write_input(work / "input", args.keys, updates, args.batches)
             spark_rows = run_spark_state_store(spark, work / "input", work)
-            sb_rows, config = run_statebackend(spark, work / "input", work)
+            spark_bytes = dir_bytes(work / "spark-rocksdb-checkpoint" / "state")
+            floor_rows = run_floor(spark, work / "input", work)
+            sb_rows, config, sb_bytes = run_statebackend(
+                spark, work / "input", work, count_keys_per_key if args.per_key else count_keys,
+                keep_open=not args.close_every_batch)
             state = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)")
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows
             failed |= not ok
             print(f"## {updates} updated keys per batch\n")
-            print("| batch | Spark+RocksDB batch ms | Spark commitTimeMs (sum of 4) | statebackend batch ms | "
-                  "statebackend durable commit ms (max / sum of 4) | statebackend sync part ms (max) |")
-            print("|---:|---:|---:|---:|---:|---:|")
+            print("| batch | no-state floor batch ms | Spark+RocksDB batch ms | Spark commitTimeMs (sum of 4) | "
+                  "statebackend batch ms | statebackend durable commit ms (max / sum of 4) | "
+                  "statebackend sync part ms (max) | open ms (max) | tasks kept open |")
+            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
             by_batch = {row["batch"]: row for row in sb_rows}
+            floor_by_batch = {row["batch"]: row for row in floor_rows}
             for row in spark_rows:
                 sb = by_batch.get(row["batch"])
+                fl = floor_by_batch.get(row["batch"])
                 sb_cells = (f"{sb['duration_ms']} | {sb['commit_max_ms']:.0f} / {sb['commit_sum_ms']:.0f} | "
-                            f"{sb['sync_max_ms']:.0f}") if sb else "- | - | -"
-                print(f"| {row['batch']} | {row['duration_ms']} | {row['commit_ms']} | {sb_cells} |")
+                            f"{sb['sync_max_ms']:.0f} | {sb['open_max_ms']:.0f} | {sb['kept_open']}"
+                            ) if sb else "- | - | - | - | -"
+                print(f"| {row['batch']} | {fl['duration_ms'] if fl else '-'} | {row['duration_ms']} | "
+                      f"{row['commit_ms']} | {sb_cells} |")
             steady_spark = [r for r in spark_rows if r["batch"] > 0]
             steady_sb = [r for r in sb_rows if r["batch"] > 0]
+            steady_floor = [r for r in floor_rows if r["batch"] > 0]
             print("\np50 / p95 over the update batches (batch 0, the load, left out):\n")
             print("| | batch ms | commit ms |")
             print("|---|---:|---:|")
+            print(f"| no-state floor (same shuffle and Arrow aggregation, no state) | "
+                  f"{summary([r['duration_ms'] for r in steady_floor])} | - |")
             print(f"| Spark + RocksDB (changelog checkpointing) | {summary([r['duration_ms'] for r in steady_spark])} "
                   f"| {summary([r['commit_ms'] for r in steady_spark])} (sum of 4 partitions) |")
             print(f"| statebackend foreachBatch | {summary([r['duration_ms'] for r in steady_sb])} | "
                   f"{summary([r['commit_max_ms'] for r in steady_sb])} (slowest task, durable); "
                   f"{summary([r['commit_sum_ms'] for r in steady_sb])} (sum of 4); sync part "
                   f"{summary([r['sync_max_ms'] for r in steady_sb])} (slowest task) |")
+            med = statistics.median
+            floor50 = med([r["duration_ms"] for r in steady_floor])
+            spark50 = med([r["duration_ms"] for r in steady_spark])
+            sb50 = med([r["duration_ms"] for r in steady_sb])
+            spark_c50 = med([r["commit_ms"] for r in steady_spark])
+            spark_c95 = percentile([r["commit_ms"] for r in steady_spark], 0.95)
+            batches_run = len(spark_rows)
+            print("\nRatios (p50 unless said):\n")
+            print(f"- batch: statebackend / Spark {sb50 / spark50:.2f}x; statebackend / floor {sb50 / floor50:.2f}x; "
+                  f"Spark / floor {spark50 / floor50:.2f}x; above the floor: statebackend {sb50 - floor50:.0f} ms, "
+                  f"Spark {spark50 - floor50:.0f} ms ({(sb50 - floor50) / max(1.0, spark50 - floor50):.2f}x)")
+            for basis, column in (("slowest task", "commit_max_ms"), ("sum of 4 tasks", "commit_sum_ms")):
+                values = [r[column] for r in steady_sb]
+                print(f"- durable commit ({basis}) / Spark commitTimeMs: p50 {med(values) / spark_c50:.2f}x, "
+                      f"p95 {percentile(values, 0.95) / spark_c95:.2f}x")
+            print(f"- bytes written per batch (all {batches_run} batches, load included; snapshots included): "
+                  f"statebackend {sb_bytes / batches_run / 1e6:.2f} MB (blob store: deltas, snapshots, checkpoints), "
+                  f"Spark {spark_bytes / batches_run / 1e6:.2f} MB (state dir: changelogs, snapshots), "
+                  f"{sb_bytes / max(1, spark_bytes):.2f}x")
+            kept_share = sum(r["kept_open"] for r in steady_sb) / max(1, NUM_TASKS * len(steady_sb))
+            print(f"- tasks kept open (taken back without open or restore): {kept_share:.0%} of update-batch tasks")
             print(f"\nstatebackend state check: {keys} keys, counts sum to {counted} of {total_rows} input rows: "
-                  f"{'OK' if ok else 'FAIL'}\n")
+                  f"{'OK' if ok else 'FAIL'}\n", flush=True)
     finally:
         spark.stop()
         if args.work_dir is None:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import re
+import sys
 import threading
 import types
 from collections.abc import Mapping
@@ -202,12 +204,37 @@ def _instantiate(canonical: str, target: str, hint: str | None) -> StateBackendF
 
 
 def _entry_points() -> dict[str, tuple[str, str | None]]:
-    """Entry-point name -> (dotted path, distribution name), read fresh so newly installed packages are seen."""
+    """Entry-point name -> (dotted path, distribution name). Scanning every installed distribution's metadata costs
+    milliseconds (a Spark task parses its config every batch), so the scan is kept while ``sys.path`` and the
+    modification times of its directories are unchanged: installing or removing a package changes its directory's
+    time, so newly installed packages are still seen."""
+    key = _path_state()
+    with _LOCK:
+        cached = _ENTRY_POINTS_CACHE.get(key)
+    if cached is not None:
+        return dict(cached)
     found: dict[str, tuple[str, str | None]] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else None
         found.setdefault(ep.name, (f"{ep.module}:{ep.attr}" if ep.attr else ep.module, dist))
+    with _LOCK:
+        _ENTRY_POINTS_CACHE.clear()
+        _ENTRY_POINTS_CACHE[key] = dict(found)
     return found
+
+
+def _path_state() -> tuple[tuple[str, int], ...]:
+    state = []
+    for entry in sys.path:
+        try:
+            state.append((entry, os.stat(entry or ".").st_mtime_ns))
+        except OSError:
+            state.append((entry, -1))
+    return tuple(state)
+
+
+#: the last entry-point scan, by the state of sys.path it was made under
+_ENTRY_POINTS_CACHE: dict[tuple[tuple[str, int], ...], dict[str, tuple[str, str | None]]] = {}
 
 
 def _dist_hint(dist: str | None) -> str:
