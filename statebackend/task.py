@@ -261,7 +261,10 @@ class TaskStorage:
             raise StateBackendError(f"task {self.task_name}: commit was skipped")
         return pending.result(timeout)
 
-    def close(self) -> None:
+    def close(self, *, sync_local: bool = True) -> None:
+        """Wait for the commit in flight and its cleanups, close the backends and the stores. ``sync_local=False``
+        leaves the local stores unsynced (``LocalStore.close(sync=False)``): for a task handed straight to another
+        process of this machine."""
         if self._closed:
             return
         self._closed = True
@@ -271,7 +274,7 @@ class TaskStorage:
                 binding.manager.close()
         finally:
             for store in self.stores.values():
-                store.close()
+                store.close(sync=sync_local)
             if self._owns_blob_store:
                 self.blob_store.close()
             export_on_close(self.settings, self.task_name, self.metrics)

@@ -372,7 +372,7 @@ def test_a_local_dir_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> 
 
 #: what users may do with a store; everything else public on ``LocalStore`` is for backends
 USER_OPERATIONS = {"name", "get", "contains", "put", "delete", "put_all", "delete_all", "iter_prefix", "iter_range",
-                   "items", "count"}
+                   "items", "count", "get_many", "put_many", "delete_many"}
 
 
 @pytest.mark.parametrize(("serdes", "typed"), [(("bytes", "bytes"), False), (("string", "integer"), False),
@@ -405,3 +405,22 @@ def test_task_store_gives_users_the_user_operations_only(
             assert view.get(b"k") == b"v" and dict(view.iter_prefix(b"")) == {b"k": b"v"} and view.count() == 1
             with pytest.raises(TypeError, match="key must be bytes"):  # the same errors as the store's
                 view.put("k", b"v")
+
+
+def test_close_without_sync_leaves_unsynced_like_a_process_exit(tmp_path: Path) -> None:
+    """close(sync=False) (a task handed to another process): the data is kept under the same boot id, and counts as
+    possibly torn after a machine crash, exactly as after a killed process."""
+    from statebackend.store import UNSYNCED_FILE
+
+    store_dir = tmp_path / "s"
+    store = LocalStore.open(store_dir, name="s")
+    store.put(b"k", b"v")
+    store.flush(LocalVersion("1-1", "aa")).close()
+    store.close(sync=False)
+    assert (store_dir / UNSYNCED_FILE).exists()
+    with LocalStore.open(store_dir, name="s") as same_boot:
+        assert same_boot.get(b"k") == b"v" and same_boot.version == LocalVersion("1-1", "aa")
+        same_boot.close(sync=False)
+    (store_dir / UNSYNCED_FILE).write_text("another-boot-id\n")
+    with LocalStore.open(store_dir, name="s") as after_machine_crash:
+        assert after_machine_crash.get(b"k") is None and after_machine_crash.version is None

@@ -16,8 +16,8 @@ current. Contract:
   writes ``head + 1`` exactly as a fresh open fenced at that head would: fencing is unchanged.
 - A parked task holds its stores' locks. Another process of this machine that needs the task (Spark ran it in
   another worker) finds ``PARKED`` in the task directory naming a live process, writes ``HANDOVER`` there, and waits
-  (up to ``HANDOVER_TIMEOUT_S``) for the lock: a watcher thread in the parking process closes the parked task and
-  so releases it. A task that is not parked (an attempt running) is never handed over: the requester then works in
+  (up to ``HANDOVER_TIMEOUT_S``) for the lock: a watcher thread in the parking process closes the parked task (without
+  syncing its stores: ``UNSYNCED`` stays, as after a process exit) and so releases it. A task that is not parked (an attempt running) is never handed over: the requester then works in
   a private directory, as before.
 - Everything parked dies with the process: that is a process exit without close, which the stores and backends
   already survive (``UNSYNCED`` under the same boot id is fine; staged files are swept at the next open).
@@ -94,9 +94,9 @@ class KeptTask:
             return False
         return all(_data_file(Path(path)) == ident for path, ident in self.files.items())
 
-    def close(self) -> None:
+    def close(self, *, sync_local: bool = True) -> None:
         try:
-            self.storage.close()
+            self.storage.close(sync_local=sync_local)
         finally:
             self.blob_store.close()
 
@@ -186,7 +186,7 @@ def _watch() -> None:
             with contextlib.suppress(OSError):
                 (kept.task_dir / PARKED_FILE).unlink()
             log.info("%s: handing the parked task over to another process", kept.storage.task_name)
-            _close_quietly(kept)
+            _close_quietly(kept, sync_local=False)  # the next opener is waiting: no sync (UNSYNCED stays)
 
 
 def _handover_asked(task_dir: Path) -> bool:
@@ -244,8 +244,8 @@ def _data_file(store_dir: Path) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def _close_quietly(kept: KeptTask) -> None:
+def _close_quietly(kept: KeptTask, *, sync_local: bool = True) -> None:
     try:
-        kept.close()
+        kept.close(sync_local=sync_local)
     except Exception as exc:  # noqa: BLE001 - a parked task's close only releases; its commits are durable
         log.warning("%s: closing a parked task failed: %s", kept.storage.task_name, exc)
