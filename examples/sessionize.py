@@ -46,38 +46,45 @@ class Sessionize:
         sessions, expiry, clock = stores["sessions"], stores["expiry"], stores["clock"]
         closed: list[tuple[str, int, int, int]] = []
         now = clock.get("now") or 0
-        for row in sorted(rows, key=lambda r: (r.ts, r.user)):
+        events = sorted(rows, key=lambda r: (r.ts, r.user))
+        # Every user's session read in one call (the vectorized API), worked on in memory, written back in one call
+        users = sorted({row.user for row in events})
+        current: dict[str, dict[str, int] | None] = dict(zip(users, sessions.get_many(users)))
+        expiry_changes: dict[str, str | None] = {}  # expiry key -> user, or None to delete it
+        for row in events:
             now = max(now, row.ts)
-            session = sessions.get(row.user)
+            session = current[row.user]
             if session is not None and row.ts - session["end"] > self.gap:
-                closed.append(_close(row.user, session, sessions, expiry))
+                closed.append((row.user, session["start"], session["end"], session["events"]))
+                expiry_changes[_expiry_key(session["end"], row.user)] = None
                 session = None
             if session is None:
                 session = {"start": row.ts, "end": row.ts, "events": 0}
             else:
-                expiry.delete(_expiry_key(session["end"], row.user))
+                expiry_changes[_expiry_key(session["end"], row.user)] = None
             session["start"] = min(session["start"], row.ts)
             session["end"] = max(session["end"], row.ts)
             session["events"] += 1
-            sessions.put(row.user, session)
-            expiry.put(_expiry_key(session["end"], row.user), row.user)
+            current[row.user] = session
+            expiry_changes[_expiry_key(session["end"], row.user)] = row.user
+        sessions.put_many(users, [current[user] for user in users])
+        expiry.delete_many([key for key, user in expiry_changes.items() if user is None])
+        expiry.put_many([key for key, user in expiry_changes.items() if user is not None],
+                        [user for user in expiry_changes.values() if user is not None])
         clock.put("now", now)
         # Every session whose end is more than gap before the clock can no longer grow (events arrive in time order
         # across batches): emit it and drop its state.
         due = list(expiry.iter_range(None, _expiry_key(now - self.gap, "")))
-        for _, user in due:
-            closed.append(_close(user, sessions.get(user), sessions, expiry))
+        due_users = [user for _, user in due]
+        for user, session in zip(due_users, sessions.get_many(due_users)):
+            closed.append((user, session["start"], session["end"], session["events"]))
+        sessions.delete_many(due_users)
+        expiry.delete_many([key for key, _ in due])
         return closed
 
 
 def _expiry_key(end: int, user: str) -> str:
     return f"{max(end, 0):012d}|{user}"
-
-
-def _close(user: str, session: dict[str, int], sessions: Any, expiry: Any) -> tuple[str, int, int, int]:
-    sessions.delete(user)
-    expiry.delete(_expiry_key(session["end"], user))
-    return (user, session["start"], session["end"], session["events"])
 
 
 def batch_sessions(events: list[tuple[str, int]], gap: int) -> set[tuple[str, int, int, int]]:

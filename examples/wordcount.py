@@ -38,16 +38,14 @@ def count_words(stores: Any, batches: Any) -> Any:
 
     counts = stores["counts"]
     received = list(batches)
-    words: list[str] = []
-    totals: list[int] = []
-    if received:
-        grouped = pa.Table.from_batches(received).group_by("word").aggregate([("word", "count")])
-        for word, n in zip(grouped.column("word").to_pylist(), grouped.column("word_count").to_pylist()):
-            total = (counts.get(word) or 0) + n
-            counts.put(word, total)
-            words.append(word)
-            totals.append(total)
-    return pa.table({"word": pa.array(words, pa.string()), "count": pa.array(totals, pa.int64())})
+    if not received:
+        return pa.table({"word": pa.array([], pa.string()), "count": pa.array([], pa.int64())})
+    grouped = pa.Table.from_batches(received).group_by("word").aggregate([("word", "count")])
+    words = grouped.column("word")
+    # the vectorized state API: every word's count read in one call and written back in one call
+    totals = [(old or 0) + n for old, n in zip(counts.get_many(words), grouped.column("word_count").to_pylist())]
+    counts.put_many(words, totals)
+    return pa.table({"word": words, "count": pa.array(totals, pa.int64())})
 
 
 def count_words_rows(stores: Any, rows: Any) -> list[tuple[str, int]]:
