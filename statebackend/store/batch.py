@@ -45,8 +45,13 @@ def first(item: tuple[bytes, Any]) -> bytes:
 
 
 def sorted_records(batch: dict[bytes, Any]) -> list[tuple[bytes, bytes | None]]:
-    """The batch as change records sorted by key (a tombstone becomes ``None``)."""
-    return [(k, None if v is TOMBSTONE else v) for k, v in sorted(batch.items(), key=first)]
+    """The batch as change records sorted by key (a tombstone becomes ``None``). Sorts the keys themselves (no key
+    function) and looks the values up in C; only a batch with tombstones takes a pass in Python."""
+    keys = sorted(batch)
+    values = list(map(batch.__getitem__, keys))
+    if TOMBSTONE in values:  # identity first: bytes never equal the tombstone
+        return [(k, None if v is TOMBSTONE else v) for k, v in zip(keys, values)]
+    return list(zip(keys, values))
 
 
 def overlay(layers: Iterable[dict[bytes, Any]], start: bytes | None, end: bytes | None, *, as_dict: bool = False) -> Any:

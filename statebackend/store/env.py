@@ -96,11 +96,12 @@ def set_version(txn: lmdb.Transaction[bytes], meta_db: Any, version: LocalVersio
 
 
 def apply_records(txn: lmdb.Transaction[bytes], db: Any, records: Iterable[tuple[bytes, bytes | None]]) -> None:
-    """Write put (value) / delete (``None``) records into ``db``."""
+    """Write put (value) / delete (``None``) records into ``db`` (one record per key, as a change set has them): the
+    puts in one ``putmulti`` (in C), then the deletes."""
+    records = records if isinstance(records, list) else list(records)
     cursor = txn.cursor(db=db)
-    for key, value in records:
-        if value is None:
-            if cursor.set_key(key):
-                cursor.delete()
-        else:
-            cursor.put(key, value)
+    deletes = [key for key, value in records if value is None]
+    cursor.putmulti([record for record in records if record[1] is not None] if deletes else records)
+    for key in deletes:
+        if cursor.set_key(key):
+            cursor.delete()
