@@ -18,7 +18,7 @@ import json
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import lmdb
@@ -101,7 +101,8 @@ def apply_records(txn: lmdb.Transaction[bytes], db: Any, records: Iterable[tuple
     records = records if isinstance(records, list) else list(records)
     cursor = txn.cursor(db=db)
     deletes = [key for key, value in records if value is None]
-    cursor.putmulti([record for record in records if record[1] is not None] if deletes else records)
+    puts = [record for record in records if record[1] is not None] if deletes else records
+    cursor.putmulti(cast("list[tuple[bytes, bytes]]", puts))
     for key in deletes:
         if cursor.set_key(key):
             cursor.delete()
