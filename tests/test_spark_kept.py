@@ -150,3 +150,14 @@ def test_a_task_parked_in_another_process_is_handed_over(tmp_path: Path) -> None
     assert not private_dir and (base_seq, committed_seq) == (1, 2)   # handed over: it used the local stores
     assert kept._parked == {}                                          # this process let it go
     assert state_now(config) == ({"a": 2, "c": 1}, 2)
+
+
+def test_parking_more_than_the_bound_closes_the_task_parked_longest_ago(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setattr(kept, "MAX_PARKED", 2)
+    configs = [make_config(tmp_path / f"job{i}") for i in range(3)]
+    for config in configs:
+        run_kept(config, 0, "a")
+    assert len(kept._parked) == 2
+    assert {key[0] for key in kept._parked} == {str((tmp_path / f"job{i}" / "local").resolve()) for i in (1, 2)}
+    # the evicted task was closed: its stores open in this process again, and its state is whole
+    assert task_state(configs[0]) == ({"a": 1}, 1)

@@ -19,6 +19,8 @@ current. Contract:
   (up to ``HANDOVER_TIMEOUT_S``) for the lock: a watcher thread in the parking process closes the parked task (without
   syncing its stores: ``UNSYNCED`` stays, as after a process exit) and so releases it. A task that is not parked (an attempt running) is never handed over: the requester then works in
   a private directory, as before.
+- At most ``MAX_PARKED`` tasks are parked per process (each holds its stores' environments and locks); parking one
+  more closes the one parked longest ago.
 - Everything parked dies with the process: that is a process exit without close, which the stores and backends
   already survive (``UNSYNCED`` under the same boot id is fine; staged files are swept at the next open).
   ``release_all()`` closes every parked task of this process (for tests, and for code that wants to open a parked
@@ -53,6 +55,8 @@ HANDOVER_FILE = "HANDOVER"
 HANDOVER_TIMEOUT_S = 10.0
 #: how often the watcher looks for handover requests (one stat per parked task)
 WATCH_INTERVAL_S = 0.005
+#: at most this many tasks parked per process; parking one more closes the one parked longest ago
+MAX_PARKED = 64
 
 
 @attrs.define(eq=False)
@@ -126,13 +130,19 @@ def park(key: tuple[str, str, str], kept: KeptTask) -> None:
     with contextlib.suppress(OSError):
         (kept.task_dir / PARKED_FILE).write_text(str(os.getpid()))
     with _lock:
-        previous = _parked.pop(key, None)
+        evicted = [_parked.pop(key)] if key in _parked else []
+        while len(_parked) >= MAX_PARKED:  # oldest first: dicts keep insertion order
+            evicted.append(_parked.pop(next(iter(_parked))))
         _parked[key] = kept
         if _watcher is None or not _watcher.is_alive():
             _watcher = threading.Thread(target=_watch, name="statebackend-kept-tasks", daemon=True)
             _watcher.start()
-    if previous is not None and previous is not kept:
-        _close_quietly(previous)
+    for previous in evicted:
+        if previous is not kept:
+            with contextlib.suppress(OSError):
+                if previous.task_dir != kept.task_dir:
+                    (previous.task_dir / PARKED_FILE).unlink()
+            _close_quietly(previous)
 
 
 def release_all() -> int:
