@@ -7,7 +7,8 @@ Run from the repository root::
 
 Per update batch it takes, from Spark's own query progress: ``triggerExecution`` (the batch) and ``addBatch`` (the
 ``foreachBatch`` call; the rest is Spark's streaming bookkeeping: offsets, the file listing, its commit log); on the
-driver, inside ``foreachBatch``: the one action that runs the tasks (a write to the noop sink) and the rest of ours
+driver, inside ``foreachBatch``: the actions (``save``, ``collect``, ``count``: the one that runs the tasks, and any
+other) and the rest of ours
 (building the task function, the accumulator, the sink call, unpersist); per task, from ``TaskStats`` and timers in
 the task function: opening or taking back the task, the Arrow conversion and aggregation, the state calls
 (``get_many`` + ``put_many``), the durable commit and its sync part. Tasks run two at a time (``local[2]``), so a
@@ -61,25 +62,28 @@ class Timed:
         self.calls: dict[int, dict[str, float]] = {}
 
     def __call__(self, batch_df: Any, batch_id: int) -> Any:
-        from pyspark.sql import DataFrameWriter
-
-        original = DataFrameWriter.save
         record = self.calls.setdefault(int(batch_id), {"action_ms": 0.0})
+        frame, writer = type(batch_df), type(batch_df.write)  # Spark 4's classic classes override the base ones
+        originals = [(writer, "save", writer.save), (frame, "collect", frame.collect), (frame, "count", frame.count)]
 
-        def save(writer: Any, *args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return original(writer, *args, **kwargs)
-            finally:
-                record["action_ms"] += (time.perf_counter() - started) * 1000.0
+        def timed(original: Any) -> Any:
+            def action(self: Any, *args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    record["action_ms"] += (time.perf_counter() - started) * 1000.0
+            return action
 
-        DataFrameWriter.save = save  # type: ignore[method-assign]
+        for owner, name, original in originals:
+            setattr(owner, name, timed(original))
         started = time.perf_counter()
         try:
             return self.inner(batch_df, batch_id)
         finally:
             record["call_ms"] = (time.perf_counter() - started) * 1000.0
-            DataFrameWriter.save = original  # type: ignore[method-assign]
+            for owner, name, original in originals:
+                setattr(owner, name, original)
 
 
 def run(spark: Any, source: Path, work: Path, fn: Any, name: str) -> dict[int, dict[str, float]]:
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{p50([ours[b]['batch_ms'] - ours[b]['add_batch_ms'] for b in steady])} |")
             print(f"| foreachBatch call (addBatch) | {p50([floor[b]['add_batch_ms'] for b in steady if b in floor])}"
                   f" | {p50([ours[b]['add_batch_ms'] for b in steady])} |")
-            print(f"| - the action (shuffle + tasks) | "
+            print(f"| - its actions (shuffle + tasks) | "
                   f"{p50([floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
                   f"{p50([ours_fn.calls[b]['action_ms'] for b in steady])} |")
             print(f"| - the rest of the call (driver side) | "

@@ -266,3 +266,22 @@ def test_streaming_query_over_files_stopped_and_restarted_from_its_checkpoint(sp
     assert sorted({s.batch_id for s in second.history}) == [3, 4]  # resumed from Spark's checkpoint, nothing redone
     assert [b for b, _ in outputs] == [0, 1, 2, 3, 4]
     assert state_of(spark, config) == batch_count(spark, list(range(5)))
+
+
+def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: Any) -> None:
+    """A classic session's conf is read again only when its hash code changed; every change is seen."""
+    from statebackend.spark.driver import spark_conf_keys
+
+    key = "spark.statebackend.task.checkpoint.retained"
+    try:
+        spark.conf.set(key, "7")
+        assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"
+        assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"   # from the cache
+        spark.conf.set(key, "8")
+        assert spark_conf_keys(spark)["task.checkpoint.retained"] == "8"
+        spark.conf.set("spark.statebackend.job.name", "other")
+        assert spark_conf_keys(spark) == {"task.checkpoint.retained": "8", "job.name": "other"}
+    finally:
+        spark.conf.unset(key)
+        spark.conf.unset("spark.statebackend.job.name")
+    assert spark_conf_keys(spark) == {}

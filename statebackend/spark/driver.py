@@ -126,9 +126,9 @@ class StatefulForeachBatch:
                 mapped = partitioned.mapInArrow(runner.run_arrow if self.mode == "arrow" else runner.run_rows_arrow,
                                                 extended)
             persisted = mapped.persist(StorageLevel.MEMORY_AND_DISK)
-            # the one action that runs the tasks and fills the cache: a write to the noop sink has one stage after
-            # the shuffle, where count() adds a second one (its final aggregate) to every batch
-            persisted.write.format("noop").mode("overwrite").save()
+            # The one action that runs the tasks: it collects their stats rows, and computing any part of a persisted
+            # DataFrame caches its partitions whole, so the output is cached by it too (one job with one stage after
+            # the shuffle; a count() first would add a job, and a second stage for its final aggregate).
             stats_column = col(STATS_COLUMN)
             stats = [pickle.loads(row[0]) for row in
                      persisted.where(stats_column.isNotNull()).select(stats_column).collect()]
@@ -180,8 +180,34 @@ def is_connect(spark: SparkSession) -> bool:
 SPARK_CONF_PREFIX = "spark.statebackend."
 
 
+#: classic sessions: (session, hash code of its conf) -> the statebackend keys read from it
+_CONF_CACHE: dict[int, tuple[Any, int, dict[str, str]]] = {}
+
+
 def spark_conf_keys(spark: SparkSession) -> dict[str, str]:
-    """The statebackend keys set in the session's Spark conf (``spark.statebackend.*``), prefix removed."""
+    """The statebackend keys set in the session's Spark conf (``spark.statebackend.*``), prefix removed.
+
+    On a classic session, reading the whole conf through py4j costs two round trips per entry (tens of ms every
+    batch), so the keys are read again only when the conf's Java hash code (the sum of its entries' hashes: any
+    change of a key or value changes it) differs from the last read's."""
+    java_conf = getattr(getattr(spark, "conf", None), "_jconf", None)
+    if java_conf is not None:
+        try:
+            code = int(java_conf.getAllAsJava().hashCode())
+        except Exception:  # noqa: BLE001 - no such call on this Spark version: read the whole conf below
+            code = None
+        if code is not None:
+            cached = _CONF_CACHE.get(id(spark))
+            if cached is not None and cached[0] is spark and cached[1] == code:
+                return dict(cached[2])
+            keys = _read_conf_keys(spark)
+            _CONF_CACHE.clear()
+            _CONF_CACHE[id(spark)] = (spark, code, keys)
+            return dict(keys)
+    return _read_conf_keys(spark)
+
+
+def _read_conf_keys(spark: SparkSession) -> dict[str, str]:
     try:
         entries = dict(spark.conf.getAll)  # Spark 4: a property, on classic and Connect sessions alike
     except (AttributeError, TypeError):
