@@ -161,3 +161,15 @@ def test_parking_more_than_the_bound_closes_the_task_parked_longest_ago(tmp_path
     assert {key[0] for key in kept._parked} == {str((tmp_path / f"job{i}" / "local").resolve()) for i in (1, 2)}
     # the evicted task was closed: its stores open in this process again, and its state is whole
     assert task_state(configs[0]) == ({"a": 1}, 1)
+
+
+def test_a_kept_task_hands_the_driver_only_what_happened_in_each_batch(tmp_path: Path) -> None:
+    """The driver adds the tasks' metrics up batch by batch: a task kept open hands on what happened since its last
+    batch, not its whole life (one commit per batch, every batch)."""
+    config = make_config(tmp_path)
+    commits = []
+    for batch in range(4):
+        _, stats = run_kept(config, batch, "a")
+        assert stats.metrics is not None
+        commits.append((stats.kept_open, stats.metrics.counter("commit.count")))
+    assert commits == [(False, 1), (True, 1), (True, 1), (True, 1)]
