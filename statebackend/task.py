@@ -404,6 +404,12 @@ def export_on_close(settings: Settings, task_name: str, metrics: Metrics) -> Non
     if not _exports_prometheus(settings):
         return
     prom.PROCESS.retire(metrics)
+    export_now(settings, task_name)
+
+
+def export_now(settings: Settings, task_name: str) -> None:
+    """Write or push the task's series where configured (a task kept open between batches does so after each batch,
+    since it is not closed). Never fails: a failure is logged."""
     if settings.metrics_prometheus_textfile_dir is None and settings.metrics_prometheus_push_url is None:
         return
     series = prom.PROCESS.collect(job_name=settings.job_name, task=task_name)

@@ -24,7 +24,7 @@ from statebackend.metrics import MetricsSnapshot
 from statebackend.spark import kept
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
-from statebackend.task import TaskStorage, known_durable_seq, task_metrics
+from statebackend.task import TaskStorage, export_now, known_durable_seq, task_metrics
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +290,7 @@ class TaskRunner:
             if prior is not None:
                 exported = prior.merge(exported)
             if self.keep_open and private is None and _process_outlives_task(context):
+                export_now(settings, name)  # what a close would write or push: the task stays open
                 kept.park(key, kept.KeptTask.after_commit(storage, blob_store, fingerprint, task_dir, snapshot))
                 handed_on = True
             else:
