@@ -49,6 +49,9 @@ OPERATIONS_PER_COMMIT = 80
 BACKUP_FACTORIES_ENV = "CRASH_CHILD_BACKUP_FACTORIES"
 RESTORE_FACTORY_ENV = "CRASH_CHILD_RESTORE_FACTORY"
 VALUE_REPEAT_ENV = "CRASH_CHILD_VALUE_REPEAT"
+#: a JSON object of ``blob.store.*`` keys (a real server's store, e.g. ``s3://`` with its endpoint): the child commits
+#: there instead of the crashing ``file://`` store under the work dir (tests/test_random_kills.py)
+BLOB_CONFIG_ENV = "CRASH_CHILD_BLOB_CONFIG"
 DEFAULT_VALUE_REPEAT = 3
 
 
@@ -151,9 +154,14 @@ def _kind(name: str) -> str:
 
 
 def run(workdir: Path, report: Path, commits: int) -> None:
-    blob_store = CrashingFileBlobStore(str(blobs_dir(workdir)))
     settings = config(workdir, os.environ.get(BACKUP_FACTORIES_ENV) or "changelog",
                       os.environ.get(RESTORE_FACTORY_ENV) or None)
+    blob_config = os.environ.get(BLOB_CONFIG_ENV)
+    blob_store: FileBlobStore | None = None
+    if blob_config:
+        settings.update(json.loads(blob_config))  # TaskStorage opens the configured store itself
+    else:
+        blob_store = CrashingFileBlobStore(str(blobs_dir(workdir)))
     value_repeat = int(os.environ.get(VALUE_REPEAT_ENV) or DEFAULT_VALUE_REPEAT)
     with TaskStorage.open(settings, TASK, blob_store=blob_store) as task:
         store = task.store(STORE)

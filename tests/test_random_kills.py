@@ -12,12 +12,14 @@ commits until killed), kills it after a random delay, and checks:
 3. what the child restored at its start (its report) was exactly the durable checkpoint of the round before;
 4. every other round, a fresh process on a copy with the local dir wiped restores exactly the durable checkpoint.
 
-The delays come from a seeded generator: ``STATEBACKEND_KILL_SEED`` replays another sequence (the default is fixed,
+It runs on the file:// store (the crash child's own) for each backend, and on moto's S3 server and Azurite with both
+backends. The delays come from a seeded generator: ``STATEBACKEND_KILL_SEED`` replays another sequence (the default is fixed,
 so a failure reproduces).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -25,12 +27,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
-from statebackend.checkpoint import read_local_checkpoint
+from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
-from tests.crash_child import BACKUP_FACTORIES_ENV, STORE, TASK, expected_state
+from statebackend.blobstores.base import open_blob_store
+from tests.crash_child import BACKUP_FACTORIES_ENV, BLOB_CONFIG_ENV, STORE, TASK, expected_state
 from tests.test_crash import REPO, _contents, _durable_commit, _report, _reported_durable, work
 
 __all__ = ["work"]  # the RAM-backed temp dir fixture of tests/test_crash.py
@@ -42,12 +46,51 @@ SEED = int(os.environ.get("STATEBACKEND_KILL_SEED", "20261124"))
 @pytest.mark.slow
 @pytest.mark.parametrize("backends", ["changelog", "blobsnapshot", "changelog,blobsnapshot"])
 def test_random_sigkills_never_lose_an_acknowledged_commit(work: Path, backends: str) -> None:
-    rng = random.Random(f"{SEED}-{backends}")
+    _kill_rounds(work, backends, None)
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_random_sigkills_on_the_s3_server(work: Path, s3_server: object) -> None:
+    """The same on moto's S3 server: kills also land between a multipart upload's parts and its completion."""
+    _kill_rounds(work, "changelog,blobsnapshot", {
+        "blob.store.url": f"s3://t-{uuid.uuid4().hex[:20]}/state",
+        "blob.store.endpoint.url": s3_server.endpoint,  # type: ignore[attr-defined]
+        "blob.store.create.if.missing": True,
+    })
+
+
+@pytest.mark.slow
+@pytest.mark.azure
+def test_random_sigkills_on_azurite(work: Path, azurite_connection: str) -> None:
+    _kill_rounds(work, "changelog,blobsnapshot", {
+        "blob.store.url": f"az://t{uuid.uuid4().hex[:20]}/state",
+        "blob.store.connection.string": azurite_connection,
+        "blob.store.create.if.missing": True,
+    })
+
+
+def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | None) -> None:
+    rng = random.Random(f"{SEED}-{backends}-{blob_config is not None}")
     workdir = work / "run"
     workdir.mkdir()
     env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env[BACKUP_FACTORIES_ENV] = backends
+    if blob_config is not None:
+        env[BLOB_CONFIG_ENV] = json.dumps(blob_config)
+
+    def durable_commit(directory: Path) -> int:
+        if blob_config is None:
+            return _durable_commit(directory)
+        options = {key[len("blob.store."):]: value for key, value in blob_config.items() if key != "blob.store.url"}
+        with open_blob_store(str(blob_config["blob.store.url"]), options) as store:
+            entry = CheckpointLog(store, "job", TASK).latest()
+        return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
+    if blob_config is not None:  # a first child creates the bucket or container (a kill may come before it can)
+        first = _child_with(workdir, work / "first.json", env)
+        assert first.returncode == 0, first.stderr[-3000:]
+        assert _report(work / "first.json")["restored"] == 0
     durable_before = 0
     killed_with_commits = 0
     for round_number in range(ROUNDS):
@@ -65,7 +108,7 @@ def test_random_sigkills_never_lose_an_acknowledged_commit(work: Path, backends:
         assert child.returncode == -signal.SIGKILL, f"{where}: the child exited by itself:\n{stderr[-3000:]}"
 
         reported = _reported_durable(workdir)
-        durable = _durable_commit(workdir)
+        durable = durable_commit(workdir)
         assert reported >= acknowledged_before_kill
         assert durable >= reported, f"{where}: commit {reported} was acknowledged, the log holds only {durable}"
         assert reported <= durable <= reported + 1, f"{where}: more than the commit in flight landed unreported"
