@@ -200,16 +200,18 @@ def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
             for p in query.recentProgress if p["numInputRows"] > 0]
 
 
-def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
-                     keep_open: bool = True) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int]]:
+def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
+                     backend: str = "changelog", options: dict[str, str] | None = None,
+                     ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int]]:
     config: dict[str, object] = {
         "job.name": "bench",
         "state.local.dir": str(work / "sb-local"),
         "blob.store.url": f"file://{work / 'sb-blobs'}",
         "blob.store.create.if.missing": "true",
-        "stores.counts.backup.factories": "changelog",
+        "stores.counts.backup.factories": backend,
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
+        **(options or {}),
     }
     job = StatefulForeachBatch(fn, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
                                output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
@@ -253,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=20, help="update batches after the load batch (default 20)")
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir, deleted at the end")
     parser.add_argument("--per-key", action="store_true", help="statebackend's count with the per-key API")
+    parser.add_argument("--backend", choices=["changelog", "blobsnapshot"], default="changelog",
+                        help="statebackend's backend for the counts store (default changelog)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more statebackend config key (repeatable), e.g. changelog.snapshot.interval.commits=50")
     parser.add_argument("--close-every-batch", action="store_true",
                         help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
     args = parser.parse_args(argv)
@@ -269,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         print(f"# Spark {spark.version}, local[2], {os.cpu_count()} CPUs, {args.keys} keys, {NUM_TASKS} partitions, "
-              f"{args.batches} update batches\n")
+              f"{args.batches} update batches; statebackend: {args.backend} backend"
+              f"{', ' + ', '.join(args.option) if args.option else ''}\n")
         for updates in args.updates:
             work = work_root / f"updates-{updates}"
             total_rows = write_input(work / "input", args.keys, updates, args.batches)
@@ -279,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
             floor_rows = run_floor(spark, work / "input", work)
             sb_rows, config, sb_bytes = run_statebackend(
                 spark, work / "input", work, count_keys_per_key if args.per_key else count_keys,
-                keep_open=not args.close_every_batch)
+                keep_open=not args.close_every_batch, backend=args.backend,
+                options=dict(option.split("=", 1) for option in args.option))
             state = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)")
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows
