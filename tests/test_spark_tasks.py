@@ -3,6 +3,7 @@ restores, what it refuses, and two attempts of one task at once (one commit wins
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,26 @@ def test_batch_older_than_the_newest_committed_one_is_refused(tmp_path: Path) ->
     with pytest.raises(StateBackendError, match="checkpoint location was reset"):
         run(config, 1, "a")
     assert task_state(config) == ({"a": 3}, 3)
+
+
+def test_batch_whose_previous_batchs_checkpoint_is_gone_is_refused_not_restored_from_older_state(
+        tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    for batch_id in range(3):
+        run(config, batch_id, "a")
+    # batch 2's checkpoint disappears from the blob store, and the machine that knew of it is gone (local dir wiped):
+    # only Spark's batch id can tell that batch 2 was acknowledged
+    checkpoints = tmp_path / "blobs" / "wordcount" / "task-0" / "checkpoints"
+    newest = list(checkpoints.glob(f"{3:012d}.v*.json"))  # checkpoint #3 (batch 2), in every version written
+    assert newest, sorted(path.name for path in checkpoints.iterdir())
+    for path in newest:
+        path.unlink()
+    shutil.rmtree(tmp_path / "local")
+    with pytest.raises(StateBackendError, match=r"batches 2\.\.2 are missing"):
+        run(config, 3, "a")
+    with TaskStorage.open(config, "task-0") as task:  # nothing was committed on top of the older state
+        assert task.commit_manager.next_seq - 1 == 2
+        assert dict(task.store("counts").items()) == {"a": 2}
 
 
 def test_changing_the_number_of_tasks_is_refused(tmp_path: Path) -> None:

@@ -51,8 +51,19 @@ def base_checkpoint(
     if latest is None:
         return None
     newest_batch = batch_of(latest, name, num_tasks)
-    if newest_batch < batch_id:
+    if newest_batch == batch_id - 1:
         return latest  # the normal case: one checkpoint read
+    if newest_batch < batch_id:
+        # Spark starts batch B only once B-1 has finished, and every task commits every batch: a newest checkpoint
+        # older than B-1 means the checkpoints after it are gone (deleted, or the blob store was rolled back).
+        # Restoring it would silently drop acknowledged batches.
+        raise StateBackendError(
+            f"{name}: Spark runs batch {batch_id} but the newest checkpoint of this task is of batch {newest_batch} "
+            f"(checkpoint #{latest.seq} in {checkpoint_log.blob_store.describe()}): the checkpoints of batches "
+            f"{newest_batch + 1}..{batch_id - 1} are missing from the blob store (deleted, or the store was restored "
+            "from an older copy). Refusing to restore older state: bring the missing checkpoints back, or start over "
+            "with a new job.name and a new Spark checkpoint location"
+        )
     if newest_batch > batch_id:
         raise StateBackendError(
             f"{name}: Spark runs batch {batch_id} but the state already committed batch {newest_batch} (checkpoint "
