@@ -12,7 +12,12 @@ gap longer than ``--gap`` seconds. Per task, statebackend keeps two stores:
   the sessions that are due, never a scan of all state.
 
 Each task's clock is the largest event time it has seen (kept in a third store, ``clock``). After each batch, every
-session that ended more than ``gap`` before that clock is emitted as closed and deleted from both stores. At the end
+session that ended more than ``gap`` before that clock is emitted as closed and deleted from both stores.
+
+Event time only moves when events come: a task whose users all go quiet would keep their open sessions forever. So
+``sessions`` and ``expiry`` also have a time to live in processing time (``stores.<name>.ttl.ms``, ``--idle-ttl``,
+default 24h): a session nobody wrote for that long is invisible to reads and swept from state, without a line of
+code here (such a session is dropped, not emitted). The demo's run lasts seconds, so its TTL never fires. At the end
 the closed sessions plus the still-open ones (read back from the blob store) are compared with a batch
 sessionization of all events; the script prints OK or FAIL and exits 1 on FAIL.
 """
@@ -77,7 +82,8 @@ class Sessionize:
         due = list(expiry.iter_range(None, _expiry_key(now - self.gap, "")))
         due_users = [user for _, user in due]
         for user, session in zip(due_users, sessions.get_many(due_users)):
-            closed.append((user, session["start"], session["end"], session["events"]))
+            if session is not None:  # None: the session outlived its TTL (idle too long) and is gone already
+                closed.append((user, session["start"], session["end"], session["events"]))
         sessions.delete_many(due_users)
         expiry.delete_many([key for key, _ in due])
         return closed
@@ -133,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=500)
     parser.add_argument("--gap", type=int, default=30, help="session gap timeout in seconds (default 30)")
     parser.add_argument("--tasks", type=int, default=4)
+    parser.add_argument("--idle-ttl", default="24h",
+                        help="processing-time TTL of open sessions nobody wrote (stores.<name>.ttl.ms; default 24h)")
     parser.add_argument("--state-dir", type=Path, default=None, help="default: a new temp dir")
     args = parser.parse_args(argv)
 
@@ -149,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
         "stores.sessions.msg.serde": "json",
         "stores.expiry.msg.serde": "string",
         "stores.clock.msg.serde": "integer",
+        # abandoned sessions leave state by themselves (the expiry index entry with its session)
+        "stores.sessions.ttl.ms": args.idle_ttl,
+        "stores.expiry.ttl.ms": args.idle_ttl,
     }
     closed: list[tuple[str, int, int, int]] = []
 

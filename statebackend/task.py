@@ -46,7 +46,7 @@ from statebackend.checkpoint import (
     read_local_checkpoint_binding,
 )
 from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager, shared_commit_pool
-from statebackend.config import Settings
+from statebackend.config import Settings, StoreSettings
 from statebackend.contracts import BackendContext
 from statebackend.errors import (
     ConfigError,
@@ -64,6 +64,7 @@ from statebackend.redact import redact
 from statebackend.registry import resolve_factory
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
+from statebackend.store.ttl import ENVELOPE, TtlStore, wall_clock_ms
 
 __all__ = [
     "RestoredStores",
@@ -97,6 +98,10 @@ class TaskStorage:
     _owns_blob_store: bool = False
     _closed: bool = attrs.field(init=False, default=False)
     _last_commit: float = attrs.field(init=False, factory=time.monotonic)
+    #: the time (ms since the epoch) TTL stores read and write at; None: the wall clock at each call. The Spark
+    #: executor fixes it per batch, so a replayed batch sees the keys its first run saw
+    ttl_now_ms: int | None = attrs.field(init=False, default=None)
+    _ttl_views: dict[str, TtlStore] = attrs.field(init=False, factory=dict)
 
     @classmethod
     def open(
@@ -200,7 +205,7 @@ class TaskStorage:
                 next_seq=head + 1,  # the fence: from the restore decision, never from a later listing
                 id_generator=id_generator,
                 last_checkpoint=restored,
-                serdes={name: {"key": s.key_serde, "msg": s.msg_serde} for name, s in settings.stores.items()},
+                serdes={name: recorded_serdes(s) for name, s in settings.stores.items()},
             )
         except BaseException:
             for binding in backups:  # background work started by init() must not outlive the stores
@@ -234,12 +239,34 @@ class TaskStorage:
                 f"no store {name!r} in this task; configured stores: {', '.join(sorted(self.stores)) or 'none'}"
             ) from None
         store_settings = self.settings.stores[name]
+        ops: LocalStore | TtlStore = store if store_settings.ttl_ms is None else self._ttl_view(name)
         if not typed or (store_settings.key_serde == "bytes" and store_settings.msg_serde == "bytes"):
-            return BytesStore(store)
-        return store.typed(get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde))
+            return BytesStore(ops)
+        return TypedStore(ops, get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde))
+
+    def now_ms(self) -> int:
+        """The time TTL stores read and write at: :attr:`ttl_now_ms`, or the wall clock."""
+        return wall_clock_ms() if self.ttl_now_ms is None else self.ttl_now_ms
+
+    def _ttl_view(self, name: str) -> TtlStore:
+        view = self._ttl_views.get(name)
+        if view is None:
+            ttl_ms = self.settings.stores[name].ttl_ms
+            assert ttl_ms is not None
+            view = self._ttl_views[name] = TtlStore(self.stores[name], ttl_ms, self.now_ms)
+        return view
+
+    def _sweep_expired(self) -> None:
+        """Before a commit: each TTL store's sweep deletes the expired keys among the next ``ttl.sweep.keys``."""
+        for name, store_settings in self.settings.stores.items():
+            if store_settings.ttl_ms is not None and store_settings.ttl_sweep_keys > 0:
+                deleted = self._ttl_view(name).sweep(store_settings.ttl_sweep_keys)
+                if deleted:
+                    self.metrics.increment("ttl.keys.expired", deleted)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit every store with ``input_offsets`` (see :class:`TaskCommitManager`)."""
+        self._sweep_expired()
         return self.commit_manager.commit(input_offsets)
 
     def commit_if_due(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
@@ -256,6 +283,7 @@ class TaskStorage:
         """Commit and wait until the checkpoint is durable, blocking on a previous upload if one runs. A failure of
         an earlier commit is not raised here (it is logged once if nobody saw it): this commit includes its changes."""
         self.commit_manager.wait(timeout, raise_failure=False)
+        self._sweep_expired()
         pending = self.commit_manager.commit(input_offsets)
         if pending is None:  # cannot happen after wait(); kept so a skip is never silently taken for durable
             raise StateBackendError(f"task {self.task_name}: commit was skipped")
@@ -489,6 +517,14 @@ def _choose_checkpoint(
     raise ConfigError(f"checkpoint choice {choice!r}: use 'latest', a LogEntry, a predicate or None")
 
 
+def recorded_serdes(store_settings: StoreSettings) -> dict[str, str]:
+    """What a checkpoint records of how a store's bytes read: its serdes, and ``envelope: ttl`` with a TTL."""
+    recorded = {"key": store_settings.key_serde, "msg": store_settings.msg_serde}
+    if store_settings.ttl_ms is not None:
+        recorded["envelope"] = ENVELOPE
+    return recorded
+
+
 def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
     """A store's serdes must be those its state was written with: else its bytes would read as garbage."""
     if checkpoint is None:
@@ -505,6 +541,17 @@ def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
                     f"{written[part]!r} (checkpoint {checkpoint.checkpoint_id}); set stores.{name}.{part}.serde="
                     f"{written[part]}, or migrate the data into a new store"
                 )
+        envelope = written.get("envelope")
+        if (envelope == ENVELOPE) != (store_settings.ttl_ms is not None):
+            problems.append(
+                f"stores.{name}.ttl.ms is set but store {name!r} was written without a TTL (checkpoint "
+                f"{checkpoint.checkpoint_id}): its values carry no expiry. Unset stores.{name}.ttl.ms, or copy the "
+                "data into a new store that has it"
+                if envelope is None else
+                f"store {name!r} was written with a TTL (checkpoint {checkpoint.checkpoint_id}): its values carry "
+                f"an expiry that reads without stores.{name}.ttl.ms would take for data. Set stores.{name}.ttl.ms "
+                "(any duration: the stored expiries stay), or copy the data into a new store"
+            )
     if problems:
         raise ConfigError("\n".join(problems))
 

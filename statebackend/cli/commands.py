@@ -25,6 +25,7 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.metrics import Metrics
 from statebackend.serdes import get_serde
+from statebackend.store.ttl import ENVELOPE, batch_clock, unwrap
 from statebackend.task import restored_stores
 
 __all__ = ["COMMANDS"]
@@ -364,11 +365,20 @@ def dump(run: Run) -> int:
                              checkpoint=_seq_is(entry.seq)) as restored:
             local = restored.stores[store]
             key_serde, value_serde = get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde)
+            ttl = store_settings.ttl_ms is not None
+            now = batch_clock(entry.checkpoint)
             for key, value in run.progress(local.items(), total=local.count(), desc="dump"):
-                if run.args.raw:
+                if run.args.raw:  # the stored bytes (with a TTL: the envelope, expired keys included)
                     record: dict[str, Any] = {"key_base64": _b64(key), "value_base64": _b64(value)}
                 else:
+                    expiry = None
+                    if ttl:  # keys expired at the checkpoint's batch clock are left out, as reads do
+                        expiry, value = unwrap(value, store=store)
+                        if expiry <= now:
+                            continue
                     record = {**_field("key", key_serde.from_bytes(key)), **_field("value", value_serde.from_bytes(value))}
+                    if expiry is not None:
+                        record["expires_at_ms"] = expiry
                 run.print(json.dumps(record, ensure_ascii=False))
     return EXIT_OK
 
@@ -384,9 +394,12 @@ def _store_of_checkpoint(run: Run, entry: LogEntry, store: str) -> dict[str, str
                             f"{', '.join(sorted(run.settings.stores)) or 'none'}) nor in checkpoint #{entry.seq} of "
                             f"task {run.args.task}")
     serdes = cp.serdes.get(store, {}) if isinstance(cp, CheckpointV2) else {}
-    return {f"stores.{store}.backup.factories": ",".join(backends),
+    keys = {f"stores.{store}.backup.factories": ",".join(backends),
             f"stores.{store}.key.serde": serdes.get("key", "bytes"),
             f"stores.{store}.msg.serde": serdes.get("msg", "bytes")}
+    if serdes.get("envelope") == ENVELOPE:  # its values carry an expiry; the duration does not matter to a reader
+        keys[f"stores.{store}.ttl.ms"] = "1"
+    return keys
 
 
 def _seq_is(seq: int) -> Callable[[LogEntry], bool]:

@@ -129,6 +129,16 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
         parse_bytes(min=1), "64MiB", "memory bound of the write batch between two commits; a larger batch spills"
     ),
     "lmdb.map.size": OptionSpec(parse_bytes(min=1 << 20), "1TiB", "LMDB map size: the largest the store can grow"),
+    "ttl.ms": OptionSpec(
+        parse_duration_ms(min=1), None,
+        "time to live of a key after its last write (unset: keys live until deleted); expired keys are invisible to "
+        "reads and removed by the sweep. Set it when the store is created: it cannot be turned on or off later",
+    ),
+    "ttl.sweep.keys": OptionSpec(
+        parse_int(min=0), 10_000,
+        "keys the TTL sweep examines at each commit, continuing where the last one stopped; expired ones are deleted "
+        "(0: never sweep; expired keys stay invisible)",
+    ),
 }
 
 OWNED_PREFIXES = ("job.", "state.", "blob.store.", "stores.", "task.", "metrics.")

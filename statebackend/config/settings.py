@@ -40,6 +40,9 @@ class StoreSettings:
     msg_serde: str
     write_batch_max_bytes: int
     map_size: int
+    #: time to live of a key after its last write (None: no TTL); ``ttl_sweep_keys``: keys examined per commit
+    ttl_ms: int | None = None
+    ttl_sweep_keys: int = 10_000
 
     @property
     def restore_factory(self) -> str:
@@ -334,6 +337,8 @@ class _SettingsParser:
             msg_serde=parsed["msg.serde"],
             write_batch_max_bytes=parsed["write.batch.max.bytes"],
             map_size=parsed["lmdb.map.size"],
+            ttl_ms=parsed["ttl.ms"],
+            ttl_sweep_keys=parsed["ttl.sweep.keys"],
         )
 
     def _resolve(self, key: str, name: str) -> ResolvedFactory | None:

@@ -85,6 +85,8 @@ _SPECS = [
              "commits that blocked on the previous upload (after task.commit.max.delay.ms)"),
     _counter("commit.timeouts", "statebackend_commit_timeouts_total",
              "commits that failed after blocking task.commit.timeout.ms"),
+    _counter("ttl.keys.expired", "statebackend_ttl_expired_keys_total",
+             "expired keys the TTL sweep deleted before a commit (stores with stores.<name>.ttl.ms)"),
     _histogram("commit.sync.ms", "statebackend_commit_sync_seconds",
                "the part of a commit that stops processing (flush and snapshot)", "ms", MS_BUCKETS),
     _histogram("commit.total.ms", "statebackend_commit_duration_seconds",

@@ -8,12 +8,16 @@ from collections.abc import Callable
 
 from statebackend.checkpoint import CheckpointLog, LogEntry
 from statebackend.errors import ConfigError, StateBackendError
+from statebackend.store.ttl import CLOCK_OFFSET
 
 log = logging.getLogger(__name__)
 
 #: input offset keys of every checkpoint the driver writes
 BATCH_OFFSET = "batch"
 TASKS_OFFSET = "tasks"
+#: the batch's clock (ms since the epoch), chosen by the driver when the batch first ran: TTL stores read and write at
+#: it, and a replay of the batch reads it back from the task's checkpoint of that batch, so it sees the same keys
+NOW_OFFSET = CLOCK_OFFSET
 #: under ``state.local.dir``: private directories of concurrent attempts of a task on one machine
 ATTEMPTS_DIR = ".attempts"
 

@@ -21,6 +21,7 @@ from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
 from statebackend.spark.held import DEFAULT_BOUND
+from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import start_exporters
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,7 @@ class StatefulForeachBatch:
             output_schema=output_schema,
             output_memory_bytes=self.output_memory_bytes,
             keep_open=self.keep_open,
+            now_ms=wall_clock_ms(),
         )
 
     def _struct(self, spark: SparkSession) -> StructType:

@@ -22,8 +22,17 @@ from statebackend.config import Settings
 from statebackend.errors import StateBackendError, StoreLockedError
 from statebackend.metrics import MetricsSnapshot
 from statebackend.spark import kept
-from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, TASKS_OFFSET, base_checkpoint, batch_of, task_name
+from statebackend.spark.batches import (
+    ATTEMPTS_DIR,
+    BATCH_OFFSET,
+    NOW_OFFSET,
+    TASKS_OFFSET,
+    base_checkpoint,
+    batch_of,
+    task_name,
+)
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
+from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage, export_now, known_durable_seq, task_metrics
 
 log = logging.getLogger(__name__)
@@ -137,6 +146,8 @@ class TaskRunner:
     keep_open: bool = False
     #: bytes of a task's output held in memory until its commit is durable; the rest waits in a spill file
     output_memory_bytes: int = DEFAULT_BOUND
+    #: the batch's clock for TTL stores (ms since the epoch), chosen by the driver; None: the wall clock at the task
+    now_ms: int | None = None
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
@@ -271,11 +282,14 @@ class TaskRunner:
                     blob_store.use_metrics(metrics)
                 storage, private = self._open(settings, name, task_dir, blob_store, base, head, attempt, metrics)
             opened = time.monotonic()
+            now_ms = self._batch_clock(latest, name)
+            storage.ttl_now_ms = now_ms
             try:
                 outputs = work(TaskStores(storage, index, self.batch_id))
                 processed = time.monotonic()
                 try:
-                    storage.commit_durably({BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks)})
+                    storage.commit_durably({BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks),
+                                            NOW_OFFSET: str(now_ms)})
                 except BaseException:
                     outputs.close()  # its spill file goes with the failed attempt
                     raise
@@ -312,6 +326,15 @@ class TaskRunner:
                 blob_store.close()
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)
+
+    def _batch_clock(self, latest: Any, name: str) -> int:
+        """The batch's clock: the one this task's checkpoint of this very batch recorded (a replay of a committed
+        batch sees what its first run saw), else the driver's (or, without one, the wall clock)."""
+        if latest is not None and batch_of(latest, name, self.num_tasks) == self.batch_id:
+            recorded = latest.checkpoint.input_offsets.get(NOW_OFFSET)
+            if recorded is not None and str(recorded).isdigit():
+                return int(recorded)
+        return self.now_ms if self.now_ms is not None else wall_clock_ms()
 
     def _open(self, settings: Settings, name: str, task_dir: Path, blob_store: Any, base: Any, head: int,
               attempt: int, metrics: Any) -> tuple[TaskStorage, Path | None]:

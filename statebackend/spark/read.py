@@ -16,6 +16,7 @@ from pyspark.sql.types import BinaryType, DataType, LongType, StringType, Struct
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, NotFoundError
 from statebackend.spark.batches import at_or_below, task_name
+from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class _StateReader:
                             f"checkpoints were deleted by retention, task.checkpoint.retained="
                             f"{settings.checkpoint_retained})"
                         )
+                    storage.ttl_now_ms = batch_clock(storage.restored)  # a TTL store: the keys its batch saw
                     raw = storage.store(self.store, typed=False)
                     for key, value in raw.items():
                         yield (name, _column_value(store_settings.key_serde, key),
