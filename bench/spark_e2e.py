@@ -145,22 +145,24 @@ def load_end(query: Any) -> float:
     return 0.0
 
 
-def write_input(directory: Path, keys: int, updates: int, batches: int, seed: int = 11) -> int:
-    """Parquet files batch-0000 (every key) .. batch-N (``updates`` distinct random keys each); returns total rows."""
+def write_input(directory: Path, keys: int, updates: int, batches: int, seed: int = 11, first: int = 0) -> int:
+    """Parquet files batch-0000 (every key) .. batch-N (``updates`` distinct random keys each); returns total rows.
+    ``first`` > 0 appends update batches ``first .. first + batches - 1`` to an existing input."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    directory.mkdir(parents=True)
-    rng = np.random.default_rng(seed)
+    directory.mkdir(parents=True, exist_ok=first > 0)
+    rng = np.random.default_rng(seed + first)
     total = 0
     now = time.time() - 10 * (batches + 1)
-    for batch in range(batches + 1):
+    for batch in range(first, first + batches + (1 if first == 0 else 0)):
         ids = np.arange(keys) if batch == 0 else rng.choice(keys, size=min(updates, keys), replace=False)
         column = pa.array([f"k{i:08d}" for i in ids.tolist()], pa.string())
         path = directory / f"batch-{batch:04d}.parquet"
         pq.write_table(pa.table({"key": column}), path)
-        os.utime(path, (now + 10 * batch, now + 10 * batch))  # the file source orders files by modification time
+        stamp = now + 10 * (batch - first)
+        os.utime(path, (stamp, stamp))  # the file source orders files by modification time
         total += len(column)
     return total
 
@@ -201,7 +203,7 @@ def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
 
 
 def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
-                     backend: str = "changelog", options: dict[str, str] | None = None,
+                     backend: str = "changelog", options: dict[str, str] | None = None, num_tasks: int = NUM_TASKS,
                      ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int]]:
     config: dict[str, object] = {
         "job.name": "bench",
@@ -213,7 +215,7 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
         "stores.counts.msg.serde": "integer",
         **(options or {}),
     }
-    job = StatefulForeachBatch(fn, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
+    job = StatefulForeachBatch(fn, key_columns=["key"], num_tasks=num_tasks, config=config,
                                output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
                                keep_open=keep_open)
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
@@ -241,6 +243,28 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
     return rows, config, (blobs.total(), blobs.total(after=load_end(query)))
 
 
+def rescale_step(spark: Any, work: Path, args: Any, updates: int, total_rows: int, fn: Any) -> bool:
+    """Three more update batches with ``num_tasks=args.rescale_to`` on the same state and Spark checkpoint: the first
+    is rescaled (each new task takes its key groups from the old tasks' checkpoints). Prints their times; checks."""
+    more = 3
+    total_rows += write_input(work / "input", args.keys, updates, more, first=args.batches + 1)
+    rows, config, _ = run_statebackend(
+        spark, work / "input", work, fn, keep_open=not args.close_every_batch, backend=args.backend,
+        options=dict(option.split("=", 1) for option in args.option), num_tasks=args.rescale_to)
+    print(f"### Rescale: {NUM_TASKS} -> {args.rescale_to} tasks ({more} more update batches)\n")
+    print("| batch | statebackend batch ms | open ms (max; the rescaled batch: restore of the key groups) | "
+          "durable commit ms (max) |")
+    print("|---:|---:|---:|---:|")
+    for row in rows:
+        print(f"| {row['batch']} | {row['duration_ms']} | {row['open_max_ms']:.0f} | {row['commit_max_ms']:.0f} |")
+    state = read_state(spark, config, "counts", num_tasks=args.rescale_to).selectExpr("count(*)", "sum(value)")
+    keys, counted = state.first()
+    ok = keys == args.keys and counted == total_rows and len(rows) == more
+    print(f"\nstatebackend state check after the rescale: {keys} keys in {args.rescale_to} tasks, counts sum to "
+          f"{counted} of {total_rows} input rows: {'OK' if ok else 'FAIL'}\n", flush=True)
+    return ok
+
+
 def summary(values: list[float]) -> str:
     if not values:
         return "-"
@@ -259,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="statebackend's backend for the counts store (default changelog)")
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="one more statebackend config key (repeatable), e.g. changelog.snapshot.interval.commits=50")
+    parser.add_argument("--rescale-to", type=int, default=6, metavar="N",
+                        help="then run 3 more update batches with num_tasks=N on the same state (0: skip; default 6)")
     parser.add_argument("--close-every-batch", action="store_true",
                         help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
     args = parser.parse_args(argv)
@@ -348,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- tasks kept open (taken back without open or restore): {kept_share:.0%} of update-batch tasks")
             print(f"\nstatebackend state check: {keys} keys, counts sum to {counted} of {total_rows} input rows: "
                   f"{'OK' if ok else 'FAIL'}\n", flush=True)
+            if args.rescale_to:
+                failed |= not rescale_step(spark, work, args, updates, total_rows, count_keys_per_key
+                                           if args.per_key else count_keys)
     finally:
         spark.stop()
         if args.work_dir is None:

@@ -120,11 +120,80 @@ def test_batch_whose_previous_batchs_checkpoint_is_gone_is_refused_not_restored_
         assert dict(task.store("counts").items()) == {"a": 2}
 
 
-def test_changing_the_number_of_tasks_is_refused(tmp_path: Path) -> None:
+def route_words(words: list[str], num_tasks: int, key_groups: int | None) -> dict[int, list[str]]:
+    """Which task each word goes to, as the driver routes rows (Spark's hash, in Python)."""
+    from statebackend.spark.keygroups import key_group, spark_hash, task_of_group
+
+    routed: dict[int, list[str]] = {t: [] for t in range(num_tasks)}
+    for word in words:
+        if key_groups is None:
+            routed[spark_hash([word], ["string"]) % num_tasks].append(word)
+        else:
+            routed[task_of_group(key_group([word], ["string"], key_groups), num_tasks, key_groups)].append(word)
+    return routed
+
+
+def run_all(config: dict[str, object], batch_id: int, words: list[str], num_tasks: int,
+            key_groups: int | None) -> None:
+    for task, task_words in route_words(words, num_tasks, key_groups).items():
+        runner = TaskRunner(fn=count_rows, config=config, batch_id=batch_id, input_columns=("word",),
+                            num_tasks=num_tasks, on_replay="redo", key_groups=key_groups, key_types=("string",))
+        list(runner.run_rows(task, iter(rows(*task_words))))
+
+
+def tasks_state(config: dict[str, object], num_tasks: int) -> dict[int, dict[str, int]]:
+    state = {}
+    for task in range(num_tasks):
+        with TaskStorage.open(config, f"task-{task}") as storage:
+            state[task] = dict(storage.store("counts").items())
+    return state
+
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+@pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
+def test_rescaling_gives_each_task_exactly_the_keys_of_its_key_groups(tmp_path: Path, backend: str) -> None:
+    config = make_config(tmp_path, **{"stores.counts.backup.factories": backend})
+    if backend != "changelog":
+        del config["changelog.snapshot.interval.commits"]
+    expected: dict[str, int] = {}
+    for batch_id, num_tasks in enumerate([2, 2, 3, 3, 1, 4]):
+        words = WORDS[batch_id * 7: batch_id * 7 + 30]
+        run_all(config, batch_id, words, num_tasks, key_groups=8)
+        for word in words:
+            expected[word] = expected.get(word, 0) + 1
+        state = tasks_state(config, num_tasks)
+        routed = route_words(sorted(expected), num_tasks, 8)
+        for task in range(num_tasks):  # each task holds exactly its key groups' keys, with every count right
+            assert state[task] == {w: expected[w] for w in routed[task]}, (batch_id, num_tasks, task)
+
+
+def test_changing_the_number_of_key_groups_is_refused(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    run(config, 0, "a")
-    with pytest.raises(ConfigError, match="num_tasks=2"):
-        run(config, 1, "a", num_tasks=3)
+    run_all(config, 0, ["a", "b"], 2, key_groups=8)
+    with pytest.raises(ConfigError, match="key_groups=8"):
+        run_all(config, 1, ["a"], 2, key_groups=16)
+
+
+def test_state_written_before_key_groups_migrates_at_the_first_batch(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run_all(config, 0, WORDS[:40], 2, key_groups=None)  # hashed modulo num_tasks, no key_groups offset
+    run_all(config, 1, WORDS[20:50], 2, key_groups=8)
+    expected = {w: 1 for w in WORDS[:50]} | {w: 2 for w in WORDS[20:40]}
+    routed = route_words(sorted(expected), 2, 8)
+    state = tasks_state(config, 2)
+    assert state == {t: {w: expected[w] for w in routed[t]} for t in range(2)}
+
+
+def test_a_rescaled_batch_replayed_after_a_task_committed_it_is_redone_from_the_old_layout(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    run_all(config, 0, WORDS[:30], 2, key_groups=8)
+    run_all(config, 1, WORDS[10:40], 3, key_groups=8)  # rescaled: every task committed batch 1
+    run_all(config, 1, WORDS[10:40], 3, key_groups=8)  # Spark re-runs it: redone from the 2-task batch 0
+    expected = {w: 1 for w in WORDS[:40]} | {w: 2 for w in WORDS[10:30]}
+    routed = route_words(sorted(expected), 3, 8)
+    assert tasks_state(config, 3) == {t: {w: expected[w] for w in routed[t]} for t in range(3)}
 
 
 def test_replay_whose_base_was_deleted_by_retention_is_refused(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
 from statebackend.spark.held import DEFAULT_BOUND
+from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import start_exporters
 
@@ -54,6 +55,12 @@ class StatefulForeachBatch:
     #: bytes of each task's output held in memory until its commit is durable; beyond, it waits in a spill file under
     #: ``state.local.dir/.spill/``
     output_memory_bytes: int = DEFAULT_BOUND
+    #: the number of key groups the state is split into, fixed for the life of the state (recorded in every
+    #: checkpoint); ``num_tasks`` may change between runs up to it (``statebackend.spark.keygroups``)
+    key_groups: int = DEFAULT_KEY_GROUPS
+    #: ``key_of(store_name, key)``: the key column value(s) of a stored key, for stores whose keys are not the key
+    #: column value (one key column) or the tuple of them (several); used only when the state is rescaled
+    key_of: Callable[[str, Any], Any] | None = None
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -77,6 +84,15 @@ class StatefulForeachBatch:
                               f"{self.output_memory_bytes!r}")
         if type(self.num_tasks) is not int or self.num_tasks < 1:
             raise ConfigError(f"StatefulForeachBatch num_tasks must be a positive int, got {self.num_tasks!r}")
+        if type(self.key_groups) is not int or not 1 <= self.key_groups <= MAX_KEY_GROUPS:
+            raise ConfigError(f"StatefulForeachBatch key_groups must be an int from 1 to {MAX_KEY_GROUPS}, got "
+                              f"{self.key_groups!r}")
+        if self.num_tasks > self.key_groups:
+            raise ConfigError(f"StatefulForeachBatch num_tasks ({self.num_tasks}) cannot exceed key_groups "
+                              f"({self.key_groups}): each task owns at least one key group")
+        if self.key_of is not None and not callable(self.key_of):
+            raise ConfigError(f"StatefulForeachBatch key_of must be a function (store name, key) -> key column "
+                              f"value(s), got {self.key_of!r}")
         if self.mode != "rows" and self.output_schema is None:
             raise ConfigError(
                 f"StatefulForeachBatch mode {self.mode!r} needs output_schema (a StructType or a DDL string such as "
@@ -98,7 +114,7 @@ class StatefulForeachBatch:
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
             start_exporters(Settings.from_config(config), self.metrics)
             self._exporting = True
-        partitioned = batch_df.repartition(self.num_tasks, *self.key_columns)
+        partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
         if self.mode == "rows" and not remote:
             # classic Spark: rows through an RDD, each task's stats as its output's last element
             runner = self._runner(config, batch_id, None, batch_df)
@@ -161,7 +177,19 @@ class StatefulForeachBatch:
             output_memory_bytes=self.output_memory_bytes,
             keep_open=self.keep_open,
             now_ms=wall_clock_ms(),
+            key_groups=self.key_groups,
+            key_types=self._key_types(batch_df),
+            key_of=self.key_of,
         )
+
+    def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
+        """The Spark type names of the key columns (how a stored key hashes when the state is rescaled)."""
+        fields = {field.name: field.dataType for field in batch_df.schema.fields}
+        missing = [c for c in self.key_columns if c not in fields]
+        if missing:
+            raise ConfigError(f"StatefulForeachBatch key columns {missing} are not in the batch's columns "
+                              f"({', '.join(fields)})")
+        return tuple(fields[c].typeName() for c in self.key_columns)
 
     def _struct(self, spark: SparkSession) -> StructType:
         """The output schema as a StructType (a DDL string is parsed by Spark, once)."""

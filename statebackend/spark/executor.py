@@ -19,16 +19,21 @@ from pyspark import TaskContext
 from statebackend.blobstores.base import open_blob_store
 from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
-from statebackend.errors import StateBackendError, StoreLockedError
+from statebackend.errors import ConfigError, StateBackendError, StoreLockedError
 from statebackend.metrics import MetricsSnapshot
 from statebackend.spark import kept
 from statebackend.spark.batches import (
     ATTEMPTS_DIR,
     BATCH_OFFSET,
+    KEY_GROUPS_OFFSET,
     NOW_OFFSET,
+    RESCALE_DIR,
     TASKS_OFFSET,
-    base_checkpoint,
+    Layout,
+    Plan,
     batch_of,
+    layout_of,
+    plan_batch,
     task_name,
 )
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
@@ -148,6 +153,12 @@ class TaskRunner:
     output_memory_bytes: int = DEFAULT_BOUND
     #: the batch's clock for TTL stores (ms since the epoch), chosen by the driver; None: the wall clock at the task
     now_ms: int | None = None
+    #: key groups of the job (None: rows hashed modulo num_tasks, as before key groups) and the Spark type names of
+    #: the key columns (to find a stored key's key group when the state is rescaled)
+    key_groups: int | None = None
+    key_types: tuple[str, ...] = ()
+    #: (store name, decoded stored key) -> the key column value(s); None: the key itself
+    key_of: Callable[[str, Any], Any] | None = None
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
@@ -252,8 +263,9 @@ class TaskRunner:
             latest, head = checkpoint_log.latest_and_head(at_least=known)
             # every later listing (a replay's search for its base) must reach what is known durable too
             checkpoint_log.raise_floor(max(known, latest.seq if latest is not None else 0))
+            layout = Layout(self.num_tasks, self.key_groups)
             if (self.on_replay == "skip" and latest is not None
-                    and batch_of(latest, name, self.num_tasks) == self.batch_id):
+                    and batch_of(latest, name) == self.batch_id and layout_of(latest, name) == layout):
                 log.info("%s: batch %d already committed as checkpoint #%d; skipping it", name, self.batch_id,
                          latest.seq)
                 exported = kept.export_since(metrics, parked.exported if parked is not None else None)
@@ -266,8 +278,12 @@ class TaskRunner:
                     open_ms=(time.monotonic() - started) * 1000.0, process_ms=0.0, commit_ms=0.0,
                     commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=exported)
                 return [], skipped
-            base = base_checkpoint(checkpoint_log, latest, name, self.batch_id, self.num_tasks)
-            if parked is not None and parked.is_current(latest, head, base):
+            plan = plan_batch(checkpoint_log, latest, name, self.batch_id, layout,
+                              lambda other: CheckpointLog(blob_store, settings.job_name, other,
+                                                          read_versions=settings.checkpoint_read_versions,
+                                                          retained=settings.checkpoint_retained))
+            base = plan.base
+            if parked is not None and not plan.rescaled and parked.is_current(latest, head, base):
                 storage = parked.storage
             else:
                 if parked is not None:
@@ -281,6 +297,12 @@ class TaskRunner:
                     metrics = task_metrics(settings, name)  # a fresh registry for the fresh open
                     blob_store.use_metrics(metrics)
                 storage, private = self._open(settings, name, task_dir, blob_store, base, head, attempt, metrics)
+                if plan.rescaled:
+                    try:
+                        self._take_key_groups(storage, settings, blob_store, plan, index)
+                    except BaseException:
+                        storage.close()
+                        raise
             opened = time.monotonic()
             now_ms = self._batch_clock(latest, name)
             storage.ttl_now_ms = now_ms
@@ -288,8 +310,11 @@ class TaskRunner:
                 outputs = work(TaskStores(storage, index, self.batch_id))
                 processed = time.monotonic()
                 try:
-                    storage.commit_durably({BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks),
-                                            NOW_OFFSET: str(now_ms)})
+                    offsets = {BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks),
+                               NOW_OFFSET: str(now_ms)}
+                    if self.key_groups is not None:
+                        offsets[KEY_GROUPS_OFFSET] = str(self.key_groups)
+                    storage.commit_durably(offsets)
                 except BaseException:
                     outputs.close()  # its spill file goes with the failed attempt
                     raise
@@ -330,11 +355,72 @@ class TaskRunner:
     def _batch_clock(self, latest: Any, name: str) -> int:
         """The batch's clock: the one this task's checkpoint of this very batch recorded (a replay of a committed
         batch sees what its first run saw), else the driver's (or, without one, the wall clock)."""
-        if latest is not None and batch_of(latest, name, self.num_tasks) == self.batch_id:
+        if latest is not None and batch_of(latest, name) == self.batch_id:
             recorded = latest.checkpoint.input_offsets.get(NOW_OFFSET)
             if recorded is not None and str(recorded).isdigit():
                 return int(recorded)
         return self.now_ms if self.now_ms is not None else wall_clock_ms()
+
+    def _take_key_groups(self, storage: TaskStorage, settings: Settings, blob_store: Any, plan: Plan,
+                         index: int) -> None:
+        """A rescaled batch: fill the task's empty stores with the keys of the key groups it owns now, read from the
+        old tasks' checkpoints of the previous batch (each restored read-only into a scratch dir, then dropped).
+        Values are copied as stored (a TTL store's expiries included)."""
+        from statebackend.serdes import get_serde
+        from statebackend.spark.keygroups import key_group, key_group_range
+        from statebackend.task import restored_stores
+
+        if self.key_groups is None:
+            raise StateBackendError("rescaling needs key groups")
+        mine = key_group_range(index, self.num_tasks, self.key_groups)
+        previous = plan.previous
+        assert previous is not None
+        started, copied = time.monotonic(), 0
+        for old_name, entry in plan.sources:
+            scratch = Path(settings.local_dir) / RESCALE_DIR / uuid.uuid4().hex
+            try:
+                with restored_stores(attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store,
+                                     checkpoint=lambda candidate, seq=entry.seq: candidate.seq == seq) as old:
+                    for store_name, source in old.stores.items():
+                        key_serde = get_serde(settings.stores[store_name].key_serde)
+                        keys: list[bytes] = []
+                        values: list[bytes] = []
+                        for key, value in source.items():
+                            decoded = key_serde.from_bytes(key)
+                            columns = self._key_columns(store_name, decoded)
+                            try:
+                                group = key_group(columns, self.key_types, self.key_groups)
+                            except (TypeError, ConfigError) as exc:
+                                raise ConfigError(
+                                    f"{task_name(index)}: rescaling store {store_name!r}: its key {decoded!r} does not "
+                                    f"hash as the key columns ({', '.join(self.key_types)}): {exc}. A store's keys "
+                                    "must be the key column value (a tuple for several), or give "
+                                    "StatefulForeachBatch(key_of=...) mapping them to it"
+                                ) from exc
+                            if group in mine:
+                                keys.append(key)
+                                values.append(value)
+                        if keys:
+                            storage.stores[store_name].put_many(keys, values)
+                            copied += len(keys)
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        log.info("%s: took %d keys of key groups %d..%d from %s (%s) in %.0f ms", task_name(index), copied,
+                 mine.start, mine.stop - 1, ", ".join(n for n, _ in plan.sources), previous,
+                 (time.monotonic() - started) * 1000.0)
+
+    def _key_columns(self, store_name: str, key: Any) -> tuple[Any, ...]:
+        value = self.key_of(store_name, key) if self.key_of is not None else key
+        if len(self.key_types) == 1:
+            if isinstance(value, bytes) and self.key_types[0] == "string":
+                value = value.decode("utf-8")
+            return (value,)
+        if not isinstance(value, (tuple, list)) or len(value) != len(self.key_types):
+            raise ConfigError(
+                f"rescaling store {store_name!r}: its key {key!r} is not a tuple of the {len(self.key_types)} key "
+                "column values: give StatefulForeachBatch(key_of=...) mapping a stored key to them"
+            )
+        return tuple(value)
 
     def _open(self, settings: Settings, name: str, task_dir: Path, blob_store: Any, base: Any, head: int,
               attempt: int, metrics: Any) -> tuple[TaskStorage, Path | None]:

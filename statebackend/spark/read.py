@@ -15,7 +15,7 @@ from pyspark.sql.types import BinaryType, DataType, LongType, StringType, Struct
 
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, NotFoundError
-from statebackend.spark.batches import at_or_below, task_name
+from statebackend.spark.batches import TASKS_OFFSET, at_or_below, task_name
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 
@@ -100,6 +100,13 @@ class _StateReader:
                             f"read_state: {name} has no checkpoint at or below batch {self.checkpoint} (older "
                             f"checkpoints were deleted by retention, task.checkpoint.retained="
                             f"{settings.checkpoint_retained})"
+                        )
+                    tasks = storage.restored.input_offsets.get(TASKS_OFFSET) if storage.restored else None
+                    if tasks is not None and tasks != str(self.num_tasks):
+                        raise ConfigError(
+                            f"read_state: {name}'s checkpoint {storage.restored.checkpoint_id} is of a batch that ran "
+                            f"with num_tasks={tasks}, not num_tasks={self.num_tasks}: read the state with "
+                            f"num_tasks={tasks} (the number the query last ran with)"
                         )
                     storage.ttl_now_ms = batch_clock(storage.restored)  # a TTL store: the keys its batch saw
                     raw = storage.store(self.store, typed=False)
