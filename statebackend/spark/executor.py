@@ -380,7 +380,7 @@ class TaskRunner:
             scratch = Path(settings.local_dir) / RESCALE_DIR / uuid.uuid4().hex
             try:
                 with restored_stores(attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store,
-                                     checkpoint=lambda candidate, seq=entry.seq: candidate.seq == seq) as old:
+                                     checkpoint=_seq_is(entry.seq)) as old:
                     for store_name, source in old.stores.items():
                         key_serde = get_serde(settings.stores[store_name].key_serde)
                         keys: list[bytes] = []
@@ -448,6 +448,10 @@ class TaskRunner:
         private_settings = attrs.evolve(settings, local_dir=private)
         return TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
                                 metrics=metrics), private
+
+
+def _seq_is(seq: int) -> Callable[[Any], bool]:
+    return lambda entry: bool(entry.seq == seq)
 
 
 def _process_outlives_task(context: Any) -> bool:

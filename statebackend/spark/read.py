@@ -101,10 +101,11 @@ class _StateReader:
                             f"checkpoints were deleted by retention, task.checkpoint.retained="
                             f"{settings.checkpoint_retained})"
                         )
-                    tasks = storage.restored.input_offsets.get(TASKS_OFFSET) if storage.restored else None
-                    if tasks is not None and tasks != str(self.num_tasks):
+                    restored = storage.restored
+                    tasks = restored.input_offsets.get(TASKS_OFFSET) if restored is not None else None
+                    if restored is not None and tasks is not None and tasks != str(self.num_tasks):
                         raise ConfigError(
-                            f"read_state: {name}'s checkpoint {storage.restored.checkpoint_id} is of a batch that ran "
+                            f"read_state: {name}'s checkpoint {restored.checkpoint_id} is of a batch that ran "
                             f"with num_tasks={tasks}, not num_tasks={self.num_tasks}: read the state with "
                             f"num_tasks={tasks} (the number the query last ran with)"
                         )
