@@ -169,6 +169,16 @@ def test_rescaling_gives_each_task_exactly_the_keys_of_its_key_groups(tmp_path: 
             assert state[task] == {w: expected[w] for w in routed[task]}, (batch_id, num_tasks, task)
 
 
+def test_changing_num_tasks_with_too_few_retained_checkpoints_is_refused_before_anything_changes(
+        tmp_path: Path) -> None:
+    config = make_config(tmp_path, **{"task.checkpoint.retained": 2})
+    run_all(config, 0, WORDS[:20], 2, key_groups=8)
+    before = tasks_state(config, 2)
+    with pytest.raises(ConfigError, match=r"task.checkpoint.retained >= 3"):
+        run_all(config, 1, WORDS[:20], 3, key_groups=8)
+    assert tasks_state(config, 2) == before
+
+
 def test_changing_the_number_of_key_groups_is_refused(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     run_all(config, 0, ["a", "b"], 2, key_groups=8)

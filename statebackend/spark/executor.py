@@ -283,6 +283,15 @@ class TaskRunner:
                                                           read_versions=settings.checkpoint_read_versions,
                                                           retained=settings.checkpoint_retained))
             base = plan.base
+            if plan.rescaled and settings.checkpoint_retained < MIN_RETAINED_FOR_RESCALE:
+                # the old tasks' checkpoints of the previous batch are read by other tasks while this batch (and
+                # any replay of it) runs; a task's own commits of this batch must not have retention drop them
+                raise ConfigError(
+                    f"{name}: batch {self.batch_id} changes num_tasks ({plan.previous} -> num_tasks="
+                    f"{self.num_tasks}), which needs task.checkpoint.retained >= {MIN_RETAINED_FOR_RESCALE} (it is "
+                    f"{settings.checkpoint_retained}): the new tasks read the old tasks' checkpoints of the previous "
+                    "batch while other tasks commit. Raise it, or keep the old num_tasks"
+                )
             if parked is not None and not plan.rescaled and parked.is_current(latest, head, base):
                 storage = parked.storage
             else:
@@ -448,6 +457,11 @@ class TaskRunner:
         private_settings = attrs.evolve(settings, local_dir=private)
         return TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
                                 metrics=metrics), private
+
+
+#: the smallest task.checkpoint.retained a change of num_tasks runs with: a task commits a rescaled batch, and
+#: perhaps a replay of it, while other tasks still read its checkpoint of the previous batch
+MIN_RETAINED_FOR_RESCALE = 3
 
 
 def _seq_is(seq: int) -> Callable[[Any], bool]:
