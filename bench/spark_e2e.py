@@ -285,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="one more statebackend config key (repeatable), e.g. changelog.snapshot.interval.commits=50")
     parser.add_argument("--rescale-to", type=int, default=6, metavar="N",
                         help="then run 3 more update batches with num_tasks=N on the same state (0: skip; default 6)")
+    parser.add_argument("--cluster-batches", type=int, default=12, metavar="N",
+                        help="then a word count of N batches on local-cluster[2,1,1024] with and without affinity, "
+                             "counting the task-batches that moved executor (0: skip; default 12)")
     parser.add_argument("--close-every-batch", action="store_true",
                         help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
     args = parser.parse_args(argv)
@@ -381,7 +384,37 @@ def main(argv: list[str] | None = None) -> int:
         spark.stop()
         if args.work_dir is None:
             shutil.rmtree(work_root, ignore_errors=True)
+    if args.cluster_batches:
+        failed |= not cluster_step(args.cluster_batches)
     return 1 if failed else 0
+
+
+def cluster_step(batches: int, warm_up: int = 2) -> bool:
+    """The word count of tests/cluster_child.py on ``local-cluster[2,1,1024]`` (two executors, a local state dir
+    each), with affinity and without: how many task-batches after warm-up ran on another executor than the task's
+    previous batch (each such move restores or catches up), the batch p50, and the state check."""
+    from tests.test_spark_cluster import moves, run_cluster
+
+    print(f"## Two executors (local-cluster[2,1,1024]), 4 tasks, {batches} batches, {warm_up} of warm-up\n")
+    print("| affinity | task-batches moved | tasks taken back kept open | open ms p50 / max | batch ms p50 | state |")
+    print("|---|---:|---:|---:|---:|---|")
+    ok = True
+    for affinity in (True, False):
+        work = Path(tempfile.mkdtemp(prefix="statebackend-bench-cluster-"))
+        try:
+            result = run_cluster(work, batches, affinity)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        moved, counted = moves(result["attempts"], warm_up)
+        steady = [a for a in result["attempts"] if a["batch"] >= warm_up]
+        opens = [a["open_ms"] for a in steady]
+        kept = sum(a["kept_open"] for a in steady)
+        ok &= bool(result["state_ok"])
+        print(f"| {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | {kept} of "
+              f"{len(steady)} | {statistics.median(opens):.1f} / {max(opens):.0f} | "
+              f"{statistics.median(result['batch_ms'][warm_up:]):.0f} | {'OK' if result['state_ok'] else 'FAIL'} |")
+    print(flush=True)
+    return ok
 
 
 if __name__ == "__main__":

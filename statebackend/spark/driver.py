@@ -3,6 +3,7 @@ statistics that travel back."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +62,9 @@ class StatefulForeachBatch:
     #: ``key_of(store_name, key)``: the key column value(s) of a stored key, for stores whose keys are not the key
     #: column value (one key column) or the tuple of them (several); used only when the state is rescaled
     key_of: Callable[[str, Any], Any] | None = None
+    #: rows mode on classic Spark: run each task on the executor that ran it in the previous batch (where its local
+    #: state is), through a cached anchor partition per task (see :meth:`_anchored`); False: wherever Spark likes
+    affinity: bool = True
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -70,6 +74,8 @@ class StatefulForeachBatch:
     metrics: Metrics = attrs.field(init=False, factory=Metrics)
     _exporting: bool = attrs.field(init=False, default=False)
     _previous: Any = attrs.field(init=False, default=None)
+    #: (SparkContext, num_tasks, the anchor RDD) of :meth:`_anchored`
+    _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
@@ -118,7 +124,12 @@ class StatefulForeachBatch:
         if self.mode == "rows" and not remote:
             # classic Spark: rows through an RDD, each task's stats as its output's last element
             runner = self._runner(config, batch_id, None, batch_df)
-            rdd = partitioned.rdd.mapPartitionsWithIndex(runner.run_rows)
+            if self.affinity:
+                rows = partitioned.rdd
+                rdd = self._anchored(spark, rows).mapPartitionsWithIndex(
+                    functools.partial(runner.run_rows_anchored, rows._jrdd_deserializer))
+            else:
+                rdd = partitioned.rdd.mapPartitionsWithIndex(runner.run_rows)
             rdd.persist(StorageLevel.MEMORY_AND_DISK)
             rdd.count()  # the one action that runs the tasks; everything after reads the persisted output
             stats = [record.stats for record in rdd.filter(is_stats).collect()]
@@ -164,6 +175,32 @@ class StatefulForeachBatch:
         finally:
             persisted.unpersist()
         return None
+
+    def _anchored(self, spark: SparkSession, rows: Any) -> Any:
+        """``rows`` (one partition per task) zipped with the anchor: an RDD of ``num_tasks`` one-element partitions,
+        persisted and reused batch after batch. A partition is cached where it was first computed, inside the task
+        that ran it, and Spark prefers to run a task on the executor caching a partition of its first narrow parent
+        (``ExecutorCacheTaskLocation``, waiting up to ``spark.locality.wait`` for it), so task ``i`` returns to the
+        executor that ran it, whose local dir holds its state. When that executor is lost, the cached partition goes
+        with it and is computed again where task ``i`` runs next: its new home. The zip needs one element a side per
+        partition, so the zip is done in the JVM over each partition's serialized row batches gathered in one list
+        (``glom``: a task's input is held serialized in the executor's memory, as a whole) and the task unpickles the
+        batches itself: one Python worker per task, as without affinity, so tasks kept open in their worker are
+        taken back."""
+        from pyspark.rdd import RDD
+        from pyspark.serializers import AutoBatchedSerializer, CPickleSerializer
+
+        context = spark.sparkContext
+        if self._anchor is None or self._anchor[0] is not context or self._anchor[1] != self.num_tasks:
+            if self._anchor is not None:
+                self._anchor[2].unpersist()
+            anchor = context.parallelize(range(self.num_tasks), self.num_tasks).persist(StorageLevel.MEMORY_ONLY)
+            self._anchor = (context, self.num_tasks, anchor)
+        batches = self._anchor[2]._jrdd.zip(rows._jrdd.glom()).values()  # per partition: [pickled row batches]
+        jvm = context._jvm
+        assert jvm is not None
+        return RDD(jvm.org.apache.spark.api.python.SerDeUtil.javaToPython(batches), context,
+                   AutoBatchedSerializer(CPickleSerializer()))
 
     def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame) -> TaskRunner:
         return TaskRunner(

@@ -86,6 +86,9 @@ class TaskStats:
     metrics: MetricsSnapshot | None = None
     #: the task was kept open from an earlier batch in this worker (no open, no restore, no close)
     kept_open: bool = False
+    #: where the attempt ran: ``host:working directory`` of the executor (one per executor in standalone, YARN and
+    #: Kubernetes deployments), to see whether tasks stay with their state
+    executor: str = ""
 
 
 class _Counted:
@@ -165,6 +168,24 @@ class TaskRunner:
         counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
         outputs, stats = self._run(index, lambda stores: self._held().extend(self.fn(stores, counted) or ()), counted)
         return chain(outputs, [StatsRecord(stats)])
+
+    def run_rows_anchored(self, deserializer: Any, index: int, partition: Iterable[Any]) -> Iterator[Any]:
+        """Rows mode with affinity (the driver's ``_anchored``): the partition is one list of the task's serialized
+        row batches, each read with the rows' own ``deserializer``."""
+        from pyspark.serializers import BatchedSerializer
+
+        batched = isinstance(deserializer, BatchedSerializer)  # each element a pickled list of rows, else one row
+        loads = deserializer.serializer.loads if batched else deserializer.loads
+
+        def rows() -> Iterator[Any]:
+            for elements in partition:
+                for element in elements:
+                    if batched:
+                        yield from loads(bytes(element))
+                    else:
+                        yield loads(bytes(element))
+
+        return self.run_rows(index, rows())
 
     def run_rows_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Rows mode over Arrow (Spark Connect has no RDDs): Rows in, the function's rows out as Arrow batches."""
@@ -350,7 +371,7 @@ class TaskRunner:
                 commit_ms=(committed - processed) * 1000.0,
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
-                metrics=exported, kept_open=parked is not None,
+                metrics=exported, kept_open=parked is not None, executor=_executor(),
             )
             return outputs, stats
         finally:
@@ -457,6 +478,12 @@ class TaskRunner:
         private_settings = attrs.evolve(settings, local_dir=private)
         return TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
                                 metrics=metrics), private
+
+
+def _executor() -> str:
+    import socket
+
+    return f"{socket.gethostname()}:{os.getcwd()}"
 
 
 #: the smallest task.checkpoint.retained a change of num_tasks runs with: a task commits a rescaled batch, and

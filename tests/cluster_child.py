@@ -1,0 +1,82 @@
+"""A stateful word count on Spark's ``local-cluster[2,1,1024]`` master: two executor processes, each with its own
+working directory, so a relative ``state.local.dir`` is a separate local state dir per executor, as on separate
+machines. Used by tests/test_spark_cluster.py and bench/spark_e2e.py.
+
+Usage::
+
+    python -m tests.cluster_child <work dir> <batches> <affinity: 0|1> <report.json>
+
+Runs ``<batches>`` batches of 4 tasks (``StatefulForeachBatch`` called directly with each batch's DataFrame), then
+writes a JSON report: per task attempt its batch, task and executor; the batch times; whether the state read back
+from the blob store equals a plain count of all input; and the Spark work dir of the application (the executors'
+working directories are under it; the caller deletes it).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
+
+NUM_TASKS = 4
+
+
+def words(batch: int) -> list[str]:
+    return [f"w{(batch * 13 + i * i) % 97}" for i in range(400)]
+
+
+def count(stores: Any, rows: Any) -> list[tuple[str, int]]:
+    counts = stores["counts"]
+    totals: dict[str, int] = {}
+    for row in rows:
+        totals[row.word] = (totals.get(row.word) or counts.get(row.word) or 0) + 1
+    counts.put_many(list(totals), list(totals.values()))
+    return sorted(totals.items())
+
+
+def main(argv: list[str]) -> int:
+    work, batches, affinity, report = Path(argv[1]), int(argv[2]), argv[3] == "1", Path(argv[4])
+    config = {
+        "job.name": "cluster",
+        "state.local.dir": "statebackend-local",  # relative: each executor's own working directory
+        "blob.store.url": f"file://{work / 'blobs'}",
+        "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+    }
+    spark = local_spark_session("statebackend-cluster", master="local-cluster[2,1,1024]",
+                                conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        job = StatefulForeachBatch(count, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                                   output_schema="word string, count long", affinity=affinity)
+        times = []
+        for batch in range(batches):
+            started = time.monotonic()
+            job(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch).count()
+            times.append((time.monotonic() - started) * 1000.0)
+        expected: dict[str, int] = {}
+        for batch in range(batches):
+            for word in words(batch):
+                expected[word] = expected.get(word, 0) + 1
+        state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=NUM_TASKS).collect()}
+        spark_home = Path(__import__("pyspark").__file__).parent  # local-cluster's workers work under it
+        report.write_text(json.dumps({
+            "attempts": [{"batch": s.batch_id, "task": s.task_index, "executor": s.executor,
+                          "kept_open": s.kept_open, "open_ms": s.open_ms} for s in job.history],
+            "batch_ms": times,
+            "state_ok": state == expected,
+            "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
+        }))
+    finally:
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,55 @@
+"""Affinity on a multi-executor cluster: on Spark's ``local-cluster[2,1,1024]`` master (two executor processes, each
+with its own local state dir, as separate machines have), tasks stay on the executor holding their local state: after
+warm-up at most 10% of task-batches move, and the state is exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parent.parent
+WARM_UP = 2
+
+
+def run_cluster(tmp_path: Path, batches: int, affinity: bool) -> dict[str, Any]:
+    report = tmp_path / f"report-{int(affinity)}.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "tests.cluster_child", str(tmp_path), str(batches),
+                           "1" if affinity else "0", str(report)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-5000:]
+    result: dict[str, Any] = json.loads(report.read_text())
+    shutil.rmtree(result["app_work_dir"], ignore_errors=True)  # the executors' working dirs, local state included
+    return result
+
+
+def moves(attempts: list[dict[str, Any]], warm_up: int) -> tuple[int, int]:
+    """(task-batches after warm-up that ran on another executor than the task's previous batch, task-batches)."""
+    where: dict[int, str] = {}
+    moved = counted = 0
+    for attempt in sorted(attempts, key=lambda a: (a["batch"], a["task"])):
+        previous = where.get(attempt["task"])
+        if attempt["batch"] >= warm_up and previous is not None:
+            counted += 1
+            moved += previous != attempt["executor"]
+        where[attempt["task"]] = attempt["executor"]
+    return moved, counted
+
+
+def test_tasks_stay_with_their_state_on_a_two_executor_cluster(tmp_path: Path) -> None:
+    result = run_cluster(tmp_path, 12, affinity=True)
+    assert result["state_ok"]
+    executors = {a["executor"] for a in result["attempts"]}
+    assert len(executors) == 2, f"expected two executors, the tasks ran on {executors}"
+    moved, counted = moves(result["attempts"], WARM_UP)
+    assert counted == 4 * (12 - WARM_UP)
+    assert moved <= 0.1 * counted, f"{moved} of {counted} task-batches moved to another executor"
