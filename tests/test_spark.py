@@ -285,3 +285,15 @@ def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: An
         spark.conf.unset(key)
         spark.conf.unset("spark.statebackend.job.name")
     assert spark_conf_keys(spark) == {}
+
+
+def test_an_output_column_named_like_the_stats_column_is_refused(spark: Any, tmp_path: Path) -> None:
+    from statebackend.errors import ConfigError
+    from statebackend.spark.executor import STATS_COLUMN
+
+    job = StatefulForeachBatch(COUNTERS["arrow"], key_columns=["word"], num_tasks=NUM_TASKS,
+                               config=make_config(tmp_path), output_schema=f"word string, {STATS_COLUMN} binary",
+                               mode="arrow")
+    with pytest.raises(ConfigError, match=STATS_COLUMN):
+        job(spark.createDataFrame([("a",)], "word string"), 0)
+    assert not (tmp_path / "blobs").exists() or not any((tmp_path / "blobs").rglob("*.json"))  # nothing committed

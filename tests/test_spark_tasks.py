@@ -237,6 +237,9 @@ def test_first_batch_replayed_starts_from_empty_state(tmp_path: Path) -> None:
         ({"num_tasks": 0}, "num_tasks must be a positive int"),
         ({"key_columns": []}, "at least one key column"),
         ({"on_replay": "ignore"}, "on_replay 'ignore'"),
+        ({"key_groups": 0}, "key_groups must be an int from 1 to 32768"),
+        ({"num_tasks": 9, "key_groups": 8}, r"num_tasks \(9\) cannot exceed key_groups \(8\)"),
+        ({"key_of": "word"}, "key_of must be a function"),
     ],
 )
 def test_wrong_arguments_are_refused_on_the_driver(tmp_path: Path, options: dict[str, Any], message: str) -> None:

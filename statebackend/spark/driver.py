@@ -145,6 +145,11 @@ class StatefulForeachBatch:
                     "tasks run"
                 )
             schema = self._struct(spark)
+            if STATS_COLUMN in schema.fieldNames():
+                raise ConfigError(
+                    f"StatefulForeachBatch output_schema has a column named {STATS_COLUMN!r}, the column the tasks' "
+                    "statistics travel in: rename it"
+                )
             runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df)
             extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
                                    StructField(STATS_COLUMN, BinaryType(), True)])
