@@ -396,23 +396,25 @@ def cluster_step(batches: int, warm_up: int = 2) -> bool:
     from tests.test_spark_cluster import moves, run_cluster
 
     print(f"## Two executors (local-cluster[2,1,1024]), 4 tasks, {batches} batches, {warm_up} of warm-up\n")
-    print("| affinity | task-batches moved | tasks taken back kept open | open ms p50 / max | batch ms p50 | state |")
-    print("|---|---:|---:|---:|---:|---|")
+    print("| mode | affinity | task-batches moved | tasks taken back kept open | open ms p50 / max | batch ms p50 | "
+          "state |")
+    print("|---|---|---:|---:|---:|---:|---|")
     ok = True
-    for affinity in (True, False):
+    for mode, affinity in (("rows", True), ("rows", False), ("arrow", True), ("arrow", False)):
         work = Path(tempfile.mkdtemp(prefix="statebackend-bench-cluster-"))
         try:
-            result = run_cluster(work, batches, affinity)
+            result = run_cluster(work, batches, affinity, mode)
         finally:
             shutil.rmtree(work, ignore_errors=True)
         moved, counted = moves(result["attempts"], warm_up)
         steady = [a for a in result["attempts"] if a["batch"] >= warm_up]
         opens = [a["open_ms"] for a in steady]
         kept = sum(a["kept_open"] for a in steady)
-        ok &= bool(result["state_ok"])
-        print(f"| {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | {kept} of "
+        ok &= bool(result["state_ok"]) and bool(result["outputs_ok"])
+        print(f"| {mode} | {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | {kept} of "
               f"{len(steady)} | {statistics.median(opens):.1f} / {max(opens):.0f} | "
-              f"{statistics.median(result['batch_ms'][warm_up:]):.0f} | {'OK' if result['state_ok'] else 'FAIL'} |")
+              f"{statistics.median(result['batch_ms'][warm_up:]):.0f} | "
+              f"{'OK' if result['state_ok'] and result['outputs_ok'] else 'FAIL'} |")
     print(flush=True)
     return ok
 

@@ -4,7 +4,7 @@ machines. Used by tests/test_spark_cluster.py and bench/spark_e2e.py.
 
 Usage::
 
-    python -m tests.cluster_child <work dir> <batches> <affinity: 0|1> <report.json>
+    python -m tests.cluster_child <work dir> <batches> <affinity: 0|1> <report.json> [rows|arrow|pandas]
 
 Runs ``<batches>`` batches of 4 tasks (``StatefulForeachBatch`` called directly with each batch's DataFrame), then
 writes a JSON report: per task attempt its batch, task and executor; the batch times; whether the state read back
@@ -38,8 +38,35 @@ def count(stores: Any, rows: Any) -> list[tuple[str, int]]:
     return sorted(totals.items())
 
 
+def count_arrow(stores: Any, batches: Any) -> Any:
+    import pyarrow as pa
+
+    seen: dict[str, int] = {}
+    for batch in batches:
+        for word in batch.column("word").to_pylist():
+            seen[word] = seen.get(word, 0) + 1
+    words_seen = sorted(seen)
+    totals = [(old or 0) + seen[w] for w, old in zip(words_seen, stores["counts"].get_many(words_seen), strict=True)]
+    stores["counts"].put_many(words_seen, totals)
+    return pa.table({"word": pa.array(words_seen, pa.string()), "count": pa.array(totals, pa.int64())})
+
+
+def count_pandas(stores: Any, frame: Any) -> Any:
+    import pandas as pd
+
+    seen = frame.groupby("word").size()
+    words_seen = [str(w) for w in seen.index]
+    totals = [(old or 0) + int(n) for old, n in zip(stores["counts"].get_many(words_seen), seen.values, strict=True)]
+    stores["counts"].put_many(words_seen, totals)
+    return pd.DataFrame({"word": words_seen, "count": totals})
+
+
+FUNCTIONS = {"rows": count, "arrow": count_arrow, "pandas": count_pandas}
+
+
 def main(argv: list[str]) -> int:
     work, batches, affinity, report = Path(argv[1]), int(argv[2]), argv[3] == "1", Path(argv[4])
+    mode = argv[5] if len(argv) > 5 else "rows"
     config = {
         "job.name": "cluster",
         "state.local.dir": "statebackend-local",  # relative: each executor's own working directory
@@ -53,12 +80,15 @@ def main(argv: list[str]) -> int:
                                 conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)})
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        job = StatefulForeachBatch(count, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                   output_schema="word string, count long", affinity=affinity)
+        job = StatefulForeachBatch(FUNCTIONS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                                   output_schema="word string, count long", affinity=affinity, mode=mode)
         times = []
+        outputs: list[list[tuple[str, int]]] = []
         for batch in range(batches):
             started = time.monotonic()
-            job(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch).count()
+            output = job(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch)
+            assert output is not None
+            outputs.append(sorted((row.word, row["count"]) for row in output.collect()))
             times.append((time.monotonic() - started) * 1000.0)
         expected: dict[str, int] = {}
         for batch in range(batches):
@@ -71,11 +101,21 @@ def main(argv: list[str]) -> int:
                           "kept_open": s.kept_open, "open_ms": s.open_ms} for s in job.history],
             "batch_ms": times,
             "state_ok": state == expected,
+            "outputs_ok": all(out == _expected_output(batch) for batch, out in enumerate(outputs)),
             "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
         }))
     finally:
         spark.stop()
     return 0
+
+
+def _expected_output(batch: int) -> list[tuple[str, int]]:
+    """Each word of a batch with its count over all batches up to it."""
+    totals: dict[str, int] = {}
+    for b in range(batch + 1):
+        for word in words(b):
+            totals[word] = totals.get(word, 0) + 1
+    return sorted((w, totals[w]) for w in set(words(batch)))
 
 
 if __name__ == "__main__":

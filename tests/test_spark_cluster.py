@@ -20,11 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 WARM_UP = 2
 
 
-def run_cluster(tmp_path: Path, batches: int, affinity: bool) -> dict[str, Any]:
-    report = tmp_path / f"report-{int(affinity)}.json"
+def run_cluster(tmp_path: Path, batches: int, affinity: bool, mode: str = "rows") -> dict[str, Any]:
+    report = tmp_path / f"report-{int(affinity)}-{mode}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "tests.cluster_child", str(tmp_path), str(batches),
-                           "1" if affinity else "0", str(report)],
+                           "1" if affinity else "0", str(report), mode],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-5000:]
     result: dict[str, Any] = json.loads(report.read_text())
@@ -45,9 +45,10 @@ def moves(attempts: list[dict[str, Any]], warm_up: int) -> tuple[int, int]:
     return moved, counted
 
 
-def test_tasks_stay_with_their_state_on_a_two_executor_cluster(tmp_path: Path) -> None:
-    result = run_cluster(tmp_path, 12, affinity=True)
-    assert result["state_ok"]
+@pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
+def test_tasks_stay_with_their_state_on_a_two_executor_cluster(tmp_path: Path, mode: str) -> None:
+    result = run_cluster(tmp_path, 12, affinity=True, mode=mode)
+    assert result["state_ok"] and result["outputs_ok"]
     executors = {a["executor"] for a in result["attempts"]}
     assert len(executors) == 2, f"expected two executors, the tasks ran on {executors}"
     moved, counted = moves(result["attempts"], WARM_UP)

@@ -121,19 +121,30 @@ class StatefulForeachBatch:
             start_exporters(Settings.from_config(config), self.metrics)
             self._exporting = True
         partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
-        if self.mode == "rows" and not remote:
+        # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
+        # to choose from (the DataFrame route, Arrow all the way, cannot be pinned)
+        through_rdd = not remote and (self.mode == "rows" or (self.affinity and _executors(spark) > 1))
+        if through_rdd:
             # classic Spark: rows through an RDD, each task's stats as its output's last element
-            runner = self._runner(config, batch_id, None, batch_df)
-            if self.affinity:
-                rows = partitioned.rdd
-                rdd = self._anchored(spark, rows).mapPartitionsWithIndex(
-                    functools.partial(runner.run_rows_anchored, rows._jrdd_deserializer))
+            if self.mode == "rows":
+                runner = self._runner(config, batch_id, None, batch_df)
+                task: Any = runner.run_rows
+                schema: Any = self.output_schema
             else:
-                rdd = partitioned.rdd.mapPartitionsWithIndex(runner.run_rows)
+                schema = self._struct(spark)
+                runner = attrs.evolve(self._runner(config, batch_id, to_arrow_schema(schema), batch_df),
+                                      input_schema=to_arrow_schema(batch_df.schema))
+                task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
+            rows = partitioned.rdd
+            if self.affinity:
+                rdd = self._anchored(spark, rows).mapPartitionsWithIndex(
+                    functools.partial(runner.run_anchored, task, rows._jrdd_deserializer))
+            else:
+                rdd = rows.mapPartitionsWithIndex(task)
             rdd.persist(StorageLevel.MEMORY_AND_DISK)
             rdd.count()  # the one action that runs the tasks; everything after reads the persisted output
             stats = [record.stats for record in rdd.filter(is_stats).collect()]
-            output = _rows_frame(spark, rdd.filter(is_output), self.output_schema)
+            output = _rows_frame(spark, rdd.filter(is_output), schema)
             persisted: Any = rdd
         else:
             # Arrow all the way (the only route under Spark Connect, which has no RDDs): each task's stats in one
@@ -240,6 +251,14 @@ class StatefulForeachBatch:
         if self._parsed_schema is None:
             self._parsed_schema = spark.createDataFrame([], self.output_schema).schema
         return self._parsed_schema
+
+
+def _executors(spark: SparkSession) -> int:
+    """How many executors the application has now (classic Spark; local mode: 1)."""
+    try:
+        return max(1, int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1)  # minus the driver's
+    except Exception:  # noqa: BLE001 - no such call here: take it as one executor (no affinity needed)
+        return 1
 
 
 def is_connect(spark: SparkSession) -> bool:

@@ -162,6 +162,8 @@ class TaskRunner:
     key_types: tuple[str, ...] = ()
     #: (store name, decoded stored key) -> the key column value(s); None: the key itself
     key_of: Callable[[str, Any], Any] | None = None
+    #: the Arrow schema of the input rows (arrow and pandas modes through an RDD of Rows)
+    input_schema: Any = None
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
@@ -169,9 +171,38 @@ class TaskRunner:
         outputs, stats = self._run(index, lambda stores: self._held().extend(self.fn(stores, counted) or ()), counted)
         return chain(outputs, [StatsRecord(stats)])
 
-    def run_rows_anchored(self, deserializer: Any, index: int, partition: Iterable[Any]) -> Iterator[Any]:
-        """Rows mode with affinity (the driver's ``_anchored``): the partition is one list of the task's serialized
-        row batches, each read with the rows' own ``deserializer``."""
+    def run_arrow_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+        """Arrow mode through an RDD of Rows (affinity on a multi-executor cluster): the input rows become record
+        batches of ``input_schema``, the function's output batches become rows, then a :class:`StatsRecord`."""
+        counted = _Counted(iter(rows))
+        outputs, stats = self._run(
+            index,
+            lambda stores: self._held().extend(_arrow_batches(self.fn(stores, _rows_to_input_batches(
+                counted, self.input_schema)))),
+            counted)
+        return chain(_batches_to_rows(outputs, self.output_schema), [StatsRecord(stats)])
+
+    def run_pandas_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
+        """Pandas mode through an RDD of Rows (affinity on a multi-executor cluster)."""
+        import pyarrow as pa
+
+        def work(stores: TaskStores) -> HeldOutput:
+            batches = list(_rows_to_input_batches(iter(rows), self.input_schema))
+            frame = pa.Table.from_batches(batches, schema=self.input_schema).to_pandas()
+            counted.count = len(frame)
+            return self._held().extend(
+                pa.Table.from_pandas(part, schema=self.output_schema, preserve_index=False)
+                for part in _pandas_frames(self.fn(stores, frame)))
+
+        counted = _Counted(iter(()))
+        outputs, stats = self._run(index, work, counted)
+        return chain(_batches_to_rows(outputs, self.output_schema), [StatsRecord(stats)])
+
+    def run_anchored(self, run: Callable[[int, Iterable[Any]], Iterator[Any]], deserializer: Any, index: int,
+                     partition: Iterable[Any]) -> Iterator[Any]:
+        """A task with affinity (the driver's ``_anchored``): the partition is one list of the task's serialized
+        row batches, each read with the rows' own ``deserializer``; ``run`` (``run_rows``, ``run_arrow_from_rows``,
+        ``run_pandas_from_rows``) gets the rows."""
         from pyspark.serializers import BatchedSerializer
 
         batched = isinstance(deserializer, BatchedSerializer)  # each element a pickled list of rows, else one row
@@ -185,7 +216,7 @@ class TaskRunner:
                     else:
                         yield loads(bytes(element))
 
-        return self.run_rows(index, rows())
+        return run(index, rows())
 
     def run_rows_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
         """Rows mode over Arrow (Spark Connect has no RDDs): Rows in, the function's rows out as Arrow batches."""
@@ -546,6 +577,34 @@ def _rows_to_batches(rows: Iterable[Any], schema: Any) -> Iterator[Any]:
             records = []
     if records:
         yield from pa.Table.from_pylist(records, schema=schema).to_batches()
+
+
+def _rows_to_input_batches(rows: Iterable[Any], schema: Any) -> Iterator[Any]:
+    """Spark Rows as Arrow record batches of ``schema`` (its columns in order), at most 64Ki rows at a time."""
+    import pyarrow as pa
+
+    chunk: list[tuple[Any, ...]] = []
+
+    def batch() -> Any:
+        columns = list(zip(*chunk, strict=True)) if chunk else [() for _ in schema]
+        return pa.RecordBatch.from_arrays([pa.array(column, type=field.type) for column, field in
+                                           zip(columns, schema, strict=True)], schema=schema)
+
+    for row in rows:
+        chunk.append(tuple(row))
+        if len(chunk) >= _ROWS_PER_BATCH:
+            yield batch()
+            chunk = []
+    if chunk:
+        yield batch()
+
+
+def _batches_to_rows(batches: Iterable[Any], schema: Any) -> Iterator[tuple[Any, ...]]:
+    """Arrow record batches (or tables) as tuples in ``schema``'s column order."""
+    names = schema.names
+    for batch in batches:
+        columns = [batch.column(name).to_pylist() for name in names]
+        yield from zip(*columns, strict=True)
 
 
 def _pandas_with_stats(frames: Iterable[Any], stats: TaskStats, schema: Any) -> Iterator[Any]:
