@@ -62,8 +62,9 @@ class StatefulForeachBatch:
     #: ``key_of(store_name, key)``: the key column value(s) of a stored key, for stores whose keys are not the key
     #: column value (one key column) or the tuple of them (several); used only when the state is rescaled
     key_of: Callable[[str, Any], Any] | None = None
-    #: rows mode on classic Spark: run each task on the executor that ran it in the previous batch (where its local
-    #: state is), through a cached anchor partition per task (see :meth:`_anchored`); False: wherever Spark likes
+    #: classic Spark: run each task on the executor that ran it in the previous batch (where its local state is),
+    #: through a cached anchor partition per task (see :meth:`_anchored`): rows mode always, arrow and pandas modes
+    #: when there is more than one executor (through an RDD of Rows); False: wherever Spark likes
     affinity: bool = True
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
