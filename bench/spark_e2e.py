@@ -5,6 +5,12 @@ Run from the repository root (the reference workload of docs/benchmarks.md; a fe
 
     python -m bench.spark_e2e                                   # 1M keys, 4 partitions, 10k and 50k updates, 20 batches
     python -m bench.spark_e2e --keys 200000 --batches 8         # a quick run
+    python -m bench.spark_e2e --backend blobsnapshot            # statebackend's store on the blob-snapshot backend
+
+After each update size, a rescale step (``--rescale-to 6``; 0 skips it): three more update batches with 6 tasks on the
+4-task state, the first of them rescaled. At the end, a two-executor step (``--cluster-batches 12``; 0 skips it): the
+word count of tests/cluster_child.py on ``local-cluster[2,1,1024]``, rows and arrow modes, with and without affinity,
+counting the task-batches that ran on another executor than their previous batch.
 
 Input, identical for both, as Parquet files read one per micro-batch (``maxFilesPerTrigger=1``): batch 0 holds every
 key once (it loads the state: ``--keys`` keys), each later batch holds ``--updates`` distinct keys drawn at random, so
