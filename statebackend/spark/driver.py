@@ -78,6 +78,7 @@ class StatefulForeachBatch:
     #: (SparkContext, num_tasks, the anchor RDD) of :meth:`_anchored`
     _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
+    _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.mode not in MODES:
@@ -237,7 +238,14 @@ class StatefulForeachBatch:
         )
 
     def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
-        """The Spark type names of the key columns (how a stored key hashes when the state is rescaled)."""
+        """The Spark type names of the key columns (how a stored key hashes when the state is rescaled). Read once
+        per StatefulForeachBatch: a streaming query's batches share one schema, and reading it costs a py4j round
+        trip and a JSON parse every batch."""
+        if self._key_type_names is None:
+            self._key_type_names = self._read_key_types(batch_df)
+        return self._key_type_names
+
+    def _read_key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
         fields = {field.name: field.dataType for field in batch_df.schema.fields}
         missing = [c for c in self.key_columns if c not in fields]
         if missing:

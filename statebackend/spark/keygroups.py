@@ -198,9 +198,27 @@ def partition_tags(num_tasks: int) -> tuple[int, ...]:
 def route(batch_df: Any, key_columns: Sequence[str], num_tasks: int, key_groups: int) -> Any:
     """``batch_df`` repartitioned into ``num_tasks`` partitions, partition ``t`` holding exactly the rows of the key
     groups task ``t`` owns (DataFrame API only: works under Spark Connect too)."""
-    from pyspark.sql import functions as F
+    return batch_df.repartition(num_tasks, _partition_column(tuple(key_columns), num_tasks, key_groups,
+                                                             _is_connect(batch_df)))
 
-    group = F.pmod(F.hash(*(F.col(c) for c in key_columns)), F.lit(key_groups))
-    task = F.floor(group * F.lit(num_tasks) / F.lit(key_groups)).cast("int")
-    tags = F.array(*(F.lit(tag) for tag in partition_tags(num_tasks)))
-    return batch_df.repartition(num_tasks, F.element_at(tags, task + F.lit(1)))
+
+def _is_connect(batch_df: Any) -> bool:
+    return type(batch_df).__module__.startswith("pyspark.sql.connect")
+
+
+_COLUMNS: dict[tuple[tuple[str, ...], int, int, bool], Any] = {}
+
+
+def _partition_column(key_columns: tuple[str, ...], num_tasks: int, key_groups: int, connect: bool) -> Any:
+    """The partition expression, built once per (key columns, tasks, key groups): building it costs a dozen py4j
+    round trips on classic Spark, tens of ms a batch. A column of names only is not bound to a DataFrame."""
+    key = (key_columns, num_tasks, key_groups, connect)
+    column = _COLUMNS.get(key)
+    if column is None:
+        from pyspark.sql import functions as F
+
+        group = F.pmod(F.hash(*(F.col(c) for c in key_columns)), F.lit(key_groups))
+        task = F.floor(group * F.lit(num_tasks) / F.lit(key_groups)).cast("int")
+        tags = F.array(*(F.lit(tag) for tag in partition_tags(num_tasks)))
+        column = _COLUMNS[key] = F.element_at(tags, task + F.lit(1))
+    return column
