@@ -4,6 +4,7 @@ commit failed."""
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -11,10 +12,10 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
-from statebackend.errors import CommitError
+from statebackend.errors import CommitError, StateBackendError
 from statebackend.spark import TaskRunner
 from statebackend.spark.executor import StatsRecord, is_output
-from statebackend.spark.held import SPILL_DIR, HeldOutput
+from statebackend.spark.held import _SPILL_CHUNK, SPILL_DIR, HeldOutput
 from tests.test_spark import make_config
 
 
@@ -71,3 +72,25 @@ def test_a_failed_commit_leaves_no_spill_file(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(CommitError, match="injected"):
         list(runner.run_rows(0, iter([Row(word="a")])))
     assert list((tmp_path / "local" / SPILL_DIR).iterdir()) == []
+
+
+
+@pytest.mark.parametrize("chunks_kept", [0, 1, 2])
+def test_a_spill_file_cut_short_is_an_error_not_fewer_rows(tmp_path: Path, chunks_kept: int) -> None:
+    """A spill file that lost its tail where a pickled chunk ends (or all of it) must never read back as a shorter
+    output: the task's commit is durable, so its output comes back whole or the task fails."""
+    held = HeldOutput(0, tmp_path / "spill").extend((f"word-{i}", i) for i in range(3 * _SPILL_CHUNK))
+    assert held.spilled and held.spilled_items == 3 * _SPILL_CHUNK
+    assert held._file is not None and held._path is not None
+    held._file.flush()  # three whole chunks on disk
+    whole = held._path.read_bytes()
+    ends = []
+    with open(held._path, "rb") as source:
+        for _ in range(3):
+            pickle.load(source)
+            ends.append(source.tell())
+    assert ends[-1] == len(whole)
+    held._path.write_bytes(whole[:ends[chunks_kept - 1]] if chunks_kept else b"")
+    with pytest.raises(StateBackendError, match="spill file"):
+        list(held)
+    assert list((tmp_path / "spill").iterdir()) == []  # the file goes all the same

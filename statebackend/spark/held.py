@@ -3,7 +3,8 @@
 A task hands its output to Spark only after its commit is durable (no output of state that is not durable), so the
 whole output of a task waits somewhere. :class:`HeldOutput` keeps it in memory up to a byte bound and spills the rest
 to a file in the task's local state directory (``<state.local.dir>/.spill/``), in order; iterating gives every item
-back in the order it came, and the file is deleted when the iteration ends or the holder is closed.
+back in the order it came (a file cut short or damaged is a ``StateBackendError``, never fewer items), and the
+file is deleted when the iteration ends or the holder is closed.
 
 Sizes: an Arrow batch counts its buffers (``nbytes``), a pandas frame its memory (``memory_usage(deep=True)``), a row
 an estimate from a sample (every 64th row's ``sys.getsizeof`` with its fields'), so holding rows costs no pickling
@@ -19,6 +20,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+from statebackend.errors import StateBackendError
 
 __all__ = ["DEFAULT_BOUND", "SPILL_DIR", "HeldOutput"]
 
@@ -70,13 +73,24 @@ class HeldOutput:
                 self._flush_chunk()
                 assert self._file is not None
                 self._file.close()
+                read = 0
                 with open(self._path, "rb") as source:
                     while True:
                         try:
                             chunk = pickle.load(source)
                         except EOFError:
                             break
+                        except pickle.UnpicklingError as exc:
+                            raise StateBackendError(
+                                f"the task's output spill file {self._path} is damaged ({exc}): its output is lost "
+                                "with it; the task fails (its retry redoes the batch)") from exc
+                        read += len(chunk)
                         yield from chunk
+                if read != self.spilled_items:  # cut where a chunk ends: never hand on a shorter output
+                    raise StateBackendError(
+                        f"the task's output spill file {self._path} holds {read} of the {self.spilled_items} items "
+                        "written to it (cut short): its output is lost with it; the task fails (its retry redoes the "
+                        "batch)")
         finally:
             self.close()
 
