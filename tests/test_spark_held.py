@@ -94,3 +94,18 @@ def test_a_spill_file_cut_short_is_an_error_not_fewer_rows(tmp_path: Path, chunk
     with pytest.raises(StateBackendError, match="spill file"):
         list(held)
     assert list((tmp_path / "spill").iterdir()) == []  # the file goes all the same
+
+
+def test_a_function_failing_after_its_output_spilled_leaves_no_spill_file(tmp_path: Path) -> None:
+    def spill_then_fail(stores: Any, rows: Any) -> Any:
+        many_rows(stores, rows)
+        for i in range(5000):
+            yield (f"out-{i}", i)
+        raise RuntimeError("boom after spilling")
+
+    config = make_config(tmp_path)
+    runner = TaskRunner(fn=spill_then_fail, config=config, batch_id=0, num_tasks=1, on_replay="redo",
+                        input_columns=("word",), output_memory_bytes=2048)
+    with pytest.raises(RuntimeError, match="boom after spilling"):
+        list(runner.run_rows(0, iter([Row(word="a")])))
+    assert list((tmp_path / "local" / SPILL_DIR).iterdir()) == []

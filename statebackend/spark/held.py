@@ -49,8 +49,12 @@ class HeldOutput:
         self._chunk: list[Any] = []
 
     def extend(self, items: Iterable[Any]) -> HeldOutput:
-        for item in items:
-            self.append(item)
+        try:
+            for item in items:
+                self.append(item)
+        except BaseException:
+            self.close()  # the output goes with the failed attempt, and so does its spill file
+            raise
         return self
 
     def append(self, item: Any) -> None:
