@@ -268,15 +268,27 @@ def test_streaming_query_over_files_stopped_and_restarted_from_its_checkpoint(sp
     assert state_of(spark, config) == batch_count(spark, list(range(5)))
 
 
-def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: Any) -> None:
-    """A classic session's conf is read again only when its hash code changed; every change is seen."""
+def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: Any, monkeypatch: Any) -> None:
+    """A classic session's conf is read again only when its text changed, also through a new Python wrapper of the
+    same session (``foreachBatch`` hands each batch one); every change is seen."""
+    from pyspark.sql import SparkSession
+
+    from statebackend.spark import driver
     from statebackend.spark.driver import spark_conf_keys
 
+    reads: list[int] = []
+    read_keys = driver._read_java_map_keys
+    monkeypatch.setattr(driver, "_read_java_map_keys", lambda entries: reads.append(1) or read_keys(entries))
     key = "spark.statebackend.task.checkpoint.retained"
     try:
         spark.conf.set(key, "7")
         assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"
+        assert len(reads) == 1
         assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"   # from the cache
+        wrapper = SparkSession(spark.sparkContext, spark._jsparkSession)
+        assert wrapper is not spark
+        assert spark_conf_keys(wrapper)["task.checkpoint.retained"] == "7"   # from the cache too
+        assert len(reads) == 1
         spark.conf.set(key, "8")
         assert spark_conf_keys(spark)["task.checkpoint.retained"] == "8"
         spark.conf.set("spark.statebackend.job.name", "other")

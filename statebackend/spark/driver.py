@@ -280,31 +280,42 @@ def is_connect(spark: SparkSession) -> bool:
 SPARK_CONF_PREFIX = "spark.statebackend."
 
 
-#: classic sessions: (session, hash code of its conf) -> the statebackend keys read from it
-_CONF_CACHE: dict[int, tuple[Any, int, dict[str, str]]] = {}
+#: classic sessions: the text of the last conf read (``toString`` of the Java map: every key and value) -> the
+#: statebackend keys in it. Keyed by content, not by session: ``foreachBatch`` hands every batch a new Python wrapper
+#: of the query's session, and equal confs give equal keys.
+_CONF_CACHE: dict[str, dict[str, str]] = {}
 
 
 def spark_conf_keys(spark: SparkSession) -> dict[str, str]:
     """The statebackend keys set in the session's Spark conf (``spark.statebackend.*``), prefix removed.
 
-    On a classic session, reading the whole conf through py4j costs two round trips per entry (tens of ms every
-    batch), so the keys are read again only when the conf's Java hash code (the sum of its entries' hashes: any
-    change of a key or value changes it) differs from the last read's."""
+    On a classic session, reading the conf entry by entry through py4j costs two round trips per entry, and the end of
+    py4j's iteration is a Java exception that PySpark converts with a dozen more (together tens of ms, every batch).
+    So one round trip fetches the conf's text (``toString`` of its Java map: every key and value); the keys are read
+    again only when that text differs from the last read's."""
     java_conf = getattr(getattr(spark, "conf", None), "_jconf", None)
     if java_conf is not None:
         try:
-            code = int(java_conf.getAllAsJava().hashCode())
+            entries = java_conf.getAllAsJava()
+            text = str(entries.toString())
         except Exception:  # noqa: BLE001 - no such call on this Spark version: read the whole conf below
-            code = None
-        if code is not None:
-            cached = _CONF_CACHE.get(id(spark))
-            if cached is not None and cached[0] is spark and cached[1] == code:
-                return dict(cached[2])
-            keys = _read_conf_keys(spark)
-            _CONF_CACHE.clear()
-            _CONF_CACHE[id(spark)] = (spark, code, keys)
-            return dict(keys)
+            text = None
+        if text is not None:
+            cached = _CONF_CACHE.get(text)
+            if cached is None:
+                cached = _read_java_map_keys(entries)
+                _CONF_CACHE.clear()
+                _CONF_CACHE[text] = cached
+            return dict(cached)
     return _read_conf_keys(spark)
+
+
+def _read_java_map_keys(entries: Any) -> dict[str, str]:
+    """The statebackend keys of a Java ``Map<String, String>``: its keys as one array (indexed, not iterated: no
+    exception at the end), then the values of ours only."""
+    names = [str(name) for name in entries.keySet().toArray()]
+    return {name[len(SPARK_CONF_PREFIX):]: str(entries.get(name)) for name in names
+            if name.startswith(SPARK_CONF_PREFIX) and len(name) > len(SPARK_CONF_PREFIX)}
 
 
 def _read_conf_keys(spark: SparkSession) -> dict[str, str]:
