@@ -79,6 +79,8 @@ class StatefulForeachBatch:
     _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
+    #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
+    _local_context: Any = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.mode not in MODES:
@@ -125,7 +127,7 @@ class StatefulForeachBatch:
         partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
         # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
         # to choose from (the DataFrame route, Arrow all the way, cannot be pinned)
-        through_rdd = not remote and (self.mode == "rows" or (self.affinity and _executors(spark) > 1))
+        through_rdd = not remote and (self.mode == "rows" or (self.affinity and self._executors(spark) > 1))
         if through_rdd:
             # classic Spark: rows through an RDD, each task's stats as its output's last element
             if self.mode == "rows":
@@ -220,6 +222,17 @@ class StatefulForeachBatch:
         return RDD(jvm.org.apache.spark.api.python.SerDeUtil.javaToPython(batches), context,
                    AutoBatchedSerializer(CPickleSerializer()))
 
+    def _executors(self, spark: SparkSession) -> int:
+        """How many executors the application has. ``local[...]`` has one for its whole life: its count is read once
+        (three py4j round trips a batch otherwise); elsewhere (``local-cluster``, a cluster manager) every batch, as
+        executors come and go."""
+        context = spark.sparkContext
+        if self._local_context is not context:
+            if not _is_local_master(context.master):
+                return _executors(spark)
+            self._local_context = context
+        return 1
+
     def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame) -> TaskRunner:
         return TaskRunner(
             fn=self.fn,
@@ -260,6 +273,11 @@ class StatefulForeachBatch:
         if self._parsed_schema is None:
             self._parsed_schema = spark.createDataFrame([], self.output_schema).schema
         return self._parsed_schema
+
+
+def _is_local_master(master: str) -> bool:
+    """``local``, ``local[n]``, ``local[*]``, ``local[n, f]``: one executor in the driver (not ``local-cluster``)."""
+    return master == "local" or master.startswith("local[")
 
 
 def _executors(spark: SparkSession) -> int:

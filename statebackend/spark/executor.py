@@ -280,13 +280,12 @@ class TaskRunner:
         started = time.monotonic()
         context = TaskContext.get()
         attempt = context.attemptNumber() if context is not None else 0
-        # metrics.prometheus.port is the driver's endpoint: Python workers would fight over it (textfile or push here)
-        settings = attrs.evolve(Settings.from_config(self.config), metrics_prometheus_port=None)
+        fingerprint = repr(sorted((k, repr(v)) for k, v in self.config.items()))
+        settings = _task_settings(self.config, fingerprint)
         name = task_name(index)
         key = kept.task_key(settings.local_dir, settings.job_name, name)
         task_dir = Path(settings.local_dir) / settings.job_name / name
         parked = kept.take(key) if self.keep_open else None
-        fingerprint = repr(sorted((k, repr(v)) for k, v in self.config.items()))
         if parked is not None and parked.fingerprint != fingerprint:
             parked.close()
             parked = None
@@ -509,6 +508,24 @@ class TaskRunner:
         private_settings = attrs.evolve(settings, local_dir=private)
         return TaskStorage.open(private_settings, name, blob_store=blob_store, checkpoint=base, fence_seq=head,
                                 metrics=metrics), private
+
+
+#: a worker's parsed settings by config fingerprint: every batch of a job unpickles the same config, and parsing it
+#: (every key, every backend's options) costs milliseconds per task and batch
+_SETTINGS: dict[str, Settings] = {}
+_SETTINGS_KEPT = 16
+
+
+def _task_settings(config: Mapping[str, Any], fingerprint: str) -> Settings:
+    """The task's settings: ``config`` parsed, with no Prometheus port (it is the driver's endpoint: Python workers
+    would fight over it; they write a textfile or push)."""
+    settings = _SETTINGS.get(fingerprint)
+    if settings is None:
+        settings = attrs.evolve(Settings.from_config(config), metrics_prometheus_port=None)
+        if len(_SETTINGS) >= _SETTINGS_KEPT:
+            _SETTINGS.pop(next(iter(_SETTINGS)))
+        _SETTINGS[fingerprint] = settings
+    return settings
 
 
 def _executor() -> str:

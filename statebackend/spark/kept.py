@@ -57,6 +57,8 @@ HANDOVER_TIMEOUT_S = 10.0
 WATCH_INTERVAL_S = 0.005
 #: at most this many tasks parked per process; parking one more closes the one parked longest ago
 MAX_PARKED = 64
+#: the watcher thread ends after this long with nothing parked
+WATCH_IDLE_EXIT_S = 30.0
 
 
 @attrs.define(eq=False)
@@ -182,14 +184,23 @@ def request_handover(task_dir: Path) -> Iterator[None]:
 
 
 def _watch() -> None:
-    """Close a parked task another process asked for (``HANDOVER`` from a live process), until nothing is parked."""
+    """Close a parked task another process asked for (``HANDOVER`` from a live process), until nothing has been parked
+    for ``WATCH_IDLE_EXIT_S`` (a task is taken out and parked again every batch: starting a thread each time cost
+    milliseconds per task and batch)."""
+    idle_since: float | None = None
     while True:
         time.sleep(WATCH_INTERVAL_S)
         with _lock:
             if not _parked:
-                global _watcher
-                _watcher = None
-                return
+                now = time.monotonic()
+                if idle_since is None:
+                    idle_since = now
+                if now - idle_since >= WATCH_IDLE_EXIT_S:
+                    global _watcher
+                    _watcher = None
+                    return
+                continue
+            idle_since = None
             wanted = [key for key, kept in _parked.items() if _handover_asked(kept.task_dir)]
             released = [_parked.pop(key) for key in wanted]
         for kept in released:
