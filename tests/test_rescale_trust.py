@@ -7,10 +7,20 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from pyspark.sql import Row
 
-from statebackend.spark.keygroups import hash_long, spark_hash
+from statebackend.errors import ConfigError
+from statebackend.spark import TaskRunner
+from statebackend.spark.executor import is_output
+from statebackend.spark.keygroups import hash_long, key_group, spark_hash, task_of_group
+from tests.test_spark import count_rows
+from tests.test_spark import make_config as counts_config
+
+K = 8
 
 
 @pytest.fixture
@@ -48,4 +58,57 @@ def _zone(name: str) -> datetime.tzinfo:
     from zoneinfo import ZoneInfo
 
     return ZoneInfo(name)
+
+
+def route(words: list[str], num_tasks: int) -> dict[int, list[str]]:
+    routed: dict[int, list[str]] = {t: [] for t in range(num_tasks)}
+    for word in words:
+        routed[task_of_group(key_group([word], ["string"], K), num_tasks, K)].append(word)
+    return routed
+
+
+def run_task(config: dict[str, object], fn: Any, batch_id: int, task: int, num_tasks: int, words: list[str],
+             now: int | None = None) -> list[Any]:
+    runner = TaskRunner(fn=fn, config=config, batch_id=batch_id, num_tasks=num_tasks, on_replay="redo",
+                        input_columns=("word",), now_ms=now, key_groups=K, key_types=("string",))
+    return [item for item in runner.run_rows(task, iter([Row(word=w) for w in words])) if is_output(item)]
+
+
+def run_tasks(config: dict[str, object], fn: Any, batch_id: int, num_tasks: int, words: list[str],
+              now: int | None = None, only: tuple[int, ...] | None = None) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for task, task_words in route(words, num_tasks).items():
+        if only is None or task in only:
+            out.update(dict(run_task(config, fn, batch_id, task, num_tasks, task_words, now)))
+    return out
+
+
+def count_with_total(stores: Any, rows: Any) -> list[tuple[str, int]]:
+    """Word count that also keeps a per-task total under a key no row has: the task's state is not keyed by its
+    rows' key column alone."""
+    rows = list(rows)
+    out = count_rows(stores, iter(rows))
+    counts = stores["counts"]
+    counts.put("#total", (counts.get("#total") or 0) + len(rows))
+    return out
+
+
+WORDS = [f"w{i}" for i in range(40)]
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_key_held_by_a_task_not_owning_its_key_group_fails_the_rescale_instead_of_being_merged(
+        tmp_path: Path, legacy: bool) -> None:
+    config = counts_config(tmp_path)
+    if legacy:  # state written before key groups: rows hashed modulo num_tasks
+        for task in range(2):
+            words = [w for w in WORDS if spark_hash([w], ["string"]) % 2 == task]
+            runner = TaskRunner(fn=count_with_total, config=config, batch_id=0, num_tasks=2, on_replay="redo",
+                                input_columns=("word",))
+            list(runner.run_rows(task, iter([Row(word=w) for w in words])))
+    else:
+        run_tasks(config, count_with_total, 0, 2, WORDS)
+    # every old task holds "#total": taking them all into one new task would keep one and drop the other silently
+    with pytest.raises(ConfigError, match=r"'#total'.*task-[01].*does not own"):
+        run_tasks(config, count_with_total, 1, 3, WORDS)
 

@@ -428,7 +428,7 @@ class TaskRunner:
         old tasks' checkpoints of the previous batch (each restored read-only into a scratch dir, then dropped).
         Values are copied as stored (a TTL store's expiries included)."""
         from statebackend.serdes import get_serde
-        from statebackend.spark.keygroups import key_group, key_group_range
+        from statebackend.spark.keygroups import key_group_range, spark_hash
         from statebackend.task import restored_stores
 
         if self.key_groups is None:
@@ -438,6 +438,10 @@ class TaskRunner:
         assert previous is not None
         started, copied = time.monotonic(), 0
         for old_name, entry in plan.sources:
+            old_index = int(old_name.rsplit("-", 1)[1])
+            # what the old task was routed: its key groups, or (state before key groups) hash modulo its num_tasks
+            held = (key_group_range(old_index, previous.tasks, previous.key_groups)
+                    if previous.key_groups is not None else None)
             scratch = Path(settings.local_dir) / RESCALE_DIR / uuid.uuid4().hex
             try:
                 with restored_stores(attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store,
@@ -450,7 +454,7 @@ class TaskRunner:
                             decoded = key_serde.from_bytes(key)
                             columns = self._key_columns(store_name, decoded)
                             try:
-                                group = key_group(columns, self.key_types, self.key_groups)
+                                hashed = spark_hash(columns, self.key_types)
                             except (TypeError, ConfigError) as exc:
                                 raise ConfigError(
                                     f"{task_name(index)}: rescaling store {store_name!r}: its key {decoded!r} does not "
@@ -458,6 +462,18 @@ class TaskRunner:
                                     "must be the key column value (a tuple for several), or give "
                                     "StatefulForeachBatch(key_of=...) mapping them to it"
                                 ) from exc
+                            group = hashed % self.key_groups
+                            if (group not in held) if held is not None else hashed % previous.tasks != old_index:
+                                # the old task was never routed this key's rows: the store is not keyed by the key
+                                # columns (or key_of maps it wrong); each old task may hold its own such key, and
+                                # taking them into one new task would keep one and drop the others silently
+                                raise ConfigError(
+                                    f"{task_name(index)}: rescaling store {store_name!r}: its key {decoded!r} is held "
+                                    f"by {old_name}, but its key columns ({', '.join(self.key_types)}) hash to key "
+                                    f"group {group}, which {old_name} does not own under {previous}: the rows of this "
+                                    "key never went to that task. A store's keys must be the key column value (a "
+                                    "tuple for several), or give StatefulForeachBatch(key_of=...) mapping them to it"
+                                )
                             if group in mine:
                                 keys.append(key)
                                 values.append(value)
