@@ -19,6 +19,8 @@ from statebackend.spark.executor import is_output
 from statebackend.spark.keygroups import hash_long, key_group, spark_hash, task_of_group
 from tests.test_spark import count_rows
 from tests.test_spark import make_config as counts_config
+from tests.test_ttl import count_words
+from tests.test_ttl import make_config as ttl_config
 
 K = 8
 
@@ -111,4 +113,18 @@ def test_a_key_held_by_a_task_not_owning_its_key_group_fails_the_rescale_instead
     # every old task holds "#total": taking them all into one new task would keep one and drop the other silently
     with pytest.raises(ConfigError, match=r"'#total'.*task-[01].*does not own"):
         run_tasks(config, count_with_total, 1, 3, WORDS)
+
+
+def test_a_task_never_restores_its_checkpoint_of_an_abandoned_attempt_of_the_previous_batch(tmp_path: Path) -> None:
+    """Batch 1 first runs with 3 tasks and only task-2 commits; the query is restarted with 2 tasks, which replay
+    batch 1 (a new driver: a new clock); then batch 2 runs with 3 tasks again. Task-2's own newest checkpoint is batch
+    1 with this very layout, but batch 1 is the 2-task replay's: task-2 takes its key groups from it."""
+    config = ttl_config(tmp_path, **{"stores.last.ttl.ms": 10_000, "job.name": "sessions"})
+    assert run_tasks(config, count_words, 0, 2, WORDS, now=0) == {w: 1 for w in WORDS}
+    stale = run_tasks(config, count_words, 1, 3, WORDS, now=1_000, only=(2,))  # the others fail: batch 1 fails
+    assert stale and set(stale.values()) == {2}
+    # the restart replays batch 1 with 2 tasks much later: every key expired (at 10_000) and counts from 1
+    assert run_tasks(config, count_words, 1, 2, WORDS, now=20_000) == {w: 1 for w in WORDS}
+    # batch 2 with 3 tasks: every word was counted once since it expired, whatever task holds it now
+    assert run_tasks(config, count_words, 2, 3, WORDS, now=21_000) == {w: 2 for w in WORDS}
 

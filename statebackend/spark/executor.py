@@ -164,6 +164,9 @@ class TaskRunner:
     key_of: Callable[[str, Any], Any] | None = None
     #: the Arrow schema of the input rows (arrow and pandas modes through an RDD of Rows)
     input_schema: Any = None
+    #: the driver ran batch ``batch_id - 1`` to its end with this layout (every task committed it): a task's own
+    #: checkpoint of it is the previous batch's state without asking task-0's log (``plan_batch``)
+    previous_seen: bool = False
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
@@ -333,7 +336,8 @@ class TaskRunner:
             plan = plan_batch(checkpoint_log, latest, name, self.batch_id, layout,
                               lambda other: CheckpointLog(blob_store, settings.job_name, other,
                                                           read_versions=settings.checkpoint_read_versions,
-                                                          retained=settings.checkpoint_retained))
+                                                          retained=settings.checkpoint_retained),
+                              previous_seen=self.previous_seen)
             base = plan.base
             if plan.rescaled and settings.checkpoint_retained < MIN_RETAINED_FOR_RESCALE:
                 # the old tasks' checkpoints of the previous batch are read by other tasks while this batch (and
