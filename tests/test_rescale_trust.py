@@ -17,6 +17,7 @@ from statebackend.errors import ConfigError
 from statebackend.spark import TaskRunner
 from statebackend.spark.executor import is_output
 from statebackend.spark.keygroups import hash_long, key_group, spark_hash, task_of_group
+from statebackend.task import TaskStorage
 from tests.test_spark import count_rows
 from tests.test_spark import make_config as counts_config
 from tests.test_ttl import count_words
@@ -128,3 +129,14 @@ def test_a_task_never_restores_its_checkpoint_of_an_abandoned_attempt_of_the_pre
     # batch 2 with 3 tasks: every word was counted once since it expired, whatever task holds it now
     assert run_tasks(config, count_words, 2, 3, WORDS, now=21_000) == {w: 2 for w in WORDS}
 
+
+def test_a_clock_that_goes_back_never_brings_an_expired_key_back(tmp_path: Path) -> None:
+    """A driver whose wall clock is behind the previous batch's (a restart on another machine, a clock step): the
+    batch runs at the clock its base checkpoint recorded, so a key expired at an earlier batch stays expired."""
+    config = ttl_config(tmp_path, **{"stores.last.ttl.sweep.keys": 0})  # nothing swept: expired keys stay stored
+    assert run_task(config, count_words, 0, 0, 1, ["a"], now=100_000) == [("a", 1)]  # lives until 100_100
+    assert run_task(config, count_words, 1, 0, 1, ["b"], now=200_000) == [("b", 1)]  # a has expired
+    assert run_task(config, count_words, 2, 0, 1, ["a"], now=100_050) == [("a", 1)]  # the clock went back
+    with TaskStorage.open(config, "task-0") as storage:
+        assert storage.restored is not None
+        assert int(storage.restored.input_offsets["now.ms"]) == 200_000

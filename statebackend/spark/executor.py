@@ -369,7 +369,7 @@ class TaskRunner:
                         storage.close()
                         raise
             opened = time.monotonic()
-            now_ms = self._batch_clock(latest, name)
+            now_ms = self._batch_clock(latest, name, plan)
             storage.ttl_now_ms = now_ms
             try:
                 outputs = work(TaskStores(storage, index, self.batch_id))
@@ -417,14 +417,18 @@ class TaskRunner:
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)
 
-    def _batch_clock(self, latest: Any, name: str) -> int:
+    def _batch_clock(self, latest: Any, name: str, plan: Plan) -> int:
         """The batch's clock: the one this task's checkpoint of this very batch recorded (a replay of a committed
-        batch sees what its first run saw), else the driver's (or, without one, the wall clock)."""
+        batch sees what its first run saw), else the driver's (or, without one, the wall clock), never earlier than
+        the clock of the checkpoints the batch starts from: a driver clock behind the previous batch's (a restart on
+        another machine, a clock step) would make keys that batch saw expired visible again."""
         if latest is not None and batch_of(latest, name) == self.batch_id:
-            recorded = latest.checkpoint.input_offsets.get(NOW_OFFSET)
-            if recorded is not None and str(recorded).isdigit():
-                return int(recorded)
-        return self.now_ms if self.now_ms is not None else wall_clock_ms()
+            recorded = _recorded_clock(latest)
+            if recorded is not None:
+                return recorded
+        now = self.now_ms if self.now_ms is not None else wall_clock_ms()
+        starts = [plan.base] if plan.base is not None else [entry for _, entry in plan.sources]
+        return max([now, *(clock for clock in map(_recorded_clock, starts) if clock is not None)])
 
     def _take_key_groups(self, storage: TaskStorage, settings: Settings, blob_store: Any, plan: Plan,
                          index: int) -> None:
@@ -540,6 +544,12 @@ def _executor() -> str:
 #: the smallest task.checkpoint.retained a change of num_tasks runs with: a task commits a rescaled batch, and
 #: perhaps a replay of it, while other tasks still read its checkpoint of the previous batch
 MIN_RETAINED_FOR_RESCALE = 3
+
+
+def _recorded_clock(entry: Any) -> int | None:
+    """The batch clock a checkpoint recorded (``now.ms``), if any."""
+    recorded = entry.checkpoint.input_offsets.get(NOW_OFFSET)
+    return int(recorded) if recorded is not None and str(recorded).isdigit() else None
 
 
 def _seq_is(seq: int) -> Callable[[Any], bool]:
