@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import Row
 
-from statebackend.errors import ConfigError
+from statebackend.errors import ConfigError, StateBackendError
 from statebackend.spark import TaskRunner
 from statebackend.spark.executor import is_output
 from statebackend.spark.keygroups import hash_long, key_group, spark_hash, task_of_group
@@ -140,3 +140,38 @@ def test_a_clock_that_goes_back_never_brings_an_expired_key_back(tmp_path: Path)
     with TaskStorage.open(config, "task-0") as storage:
         assert storage.restored is not None
         assert int(storage.restored.input_offsets["now.ms"]) == 200_000
+
+
+def read_all(config: dict[str, object], num_tasks: int, checkpoint: str | int = "latest") -> list[tuple[str, Any]]:
+    from statebackend.spark.read import _StateReader
+
+    reader = _StateReader(config, "counts", checkpoint, num_tasks, None)
+    return [(key, value) for _, key, value in reader.read(range(num_tasks))]
+
+
+def test_read_state_refuses_a_rescale_committed_by_some_tasks_only(tmp_path: Path) -> None:
+    """The batch that grows 2 -> 3 tasks is committed by task-0 and task-1, not task-2: the keys of task-2's key
+    groups are only in the 2-task checkpoints. read_state(num_tasks=3) must not return the state without them."""
+    config = counts_config(tmp_path)
+    run_tasks(config, count_rows, 0, 2, WORDS)
+    assert sorted(read_all(config, 2)) == sorted((w, 1) for w in WORDS)
+    run_tasks(config, count_rows, 1, 3, WORDS, only=(0, 1))
+    for checkpoint in ("latest", 1):
+        with pytest.raises(StateBackendError, match="task-2"):
+            read_all(config, 3, checkpoint)
+    run_tasks(config, count_rows, 1, 3, WORDS, only=(2,))  # the replay completes the batch
+    assert sorted(read_all(config, 3)) == sorted((w, 2) for w in WORDS)
+
+
+def test_read_state_refuses_a_migration_to_key_groups_committed_by_some_tasks_only(tmp_path: Path) -> None:
+    """State written before key groups (hash modulo num_tasks) moves to key groups with the same num_tasks; only
+    task-0 committed that batch: task-1's keys are spread the old way, a read would give keys twice and miss others."""
+    config = counts_config(tmp_path)
+    for task in range(2):
+        words = [w for w in WORDS if spark_hash([w], ["string"]) % 2 == task]
+        runner = TaskRunner(fn=count_rows, config=config, batch_id=0, num_tasks=2, on_replay="redo",
+                            input_columns=("word",))
+        list(runner.run_rows(task, iter([Row(word=w) for w in words])))
+    run_tasks(config, count_rows, 1, 2, WORDS, only=(0,))
+    with pytest.raises(StateBackendError, match="key_groups"):
+        read_all(config, 2)
