@@ -89,18 +89,23 @@ class Plan:
 
 def plan_batch(
     checkpoint_log: CheckpointLog, latest: LogEntry | None, name: str, batch_id: int, layout: Layout,
-    open_log: Callable[[str], CheckpointLog],
+    open_log: Callable[[str], CheckpointLog], *, previous_seen: bool = False,
 ) -> Plan:
     """Where a task of ``batch_id`` under ``layout`` starts from (``open_log(task)``: another task's checkpoint log).
 
     The layout of the previous batch is that of task-0's newest checkpoint below ``batch_id`` (task-0 runs in every
     layout, and every task commits every batch). When it is this batch's layout, the task restores its own newest
     checkpoint below ``batch_id``; otherwise the batch is *rescaled* for this task: it starts from the old tasks'
-    checkpoints of the previous batch, keeping the keys of the key groups it owns now."""
-    own = _newest_below(checkpoint_log, latest, name, batch_id)
-    if own is not None and batch_of(own, name) == batch_id - 1 and layout_of(own, name) == layout:
-        return Plan(own)  # the normal case: the previous batch ran with this layout
+    checkpoints of the previous batch, keeping the keys of the key groups it owns now.
+
+    A task's own checkpoint of the previous batch in this layout may be of an abandoned attempt (the batch failed,
+    and was replayed with another num_tasks that this task is not part of): only task-0's log tells. It is read
+    unless ``previous_seen``: the driver itself ran the previous batch to its end with this layout."""
     zero = task_name(0)
+    own = _newest_below(checkpoint_log, latest, name, batch_id)
+    if (own is not None and batch_of(own, name) == batch_id - 1 and layout_of(own, name) == layout
+            and (previous_seen or name == zero)):
+        return Plan(own)  # the normal case: the previous batch ran with this layout
     if name == zero:
         first = own
     else:

@@ -81,6 +81,8 @@ class StatefulForeachBatch:
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
+    #: (batch id, num_tasks, key_groups) of the last batch whose tasks all committed under this object
+    _completed: tuple[int, int, int] | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         if self.mode not in MODES:
@@ -181,6 +183,7 @@ class StatefulForeachBatch:
             stats = [pickle.loads(row[0]) for row in
                      persisted.where(stats_column.isNotNull()).select(stats_column).collect()]
             output = persisted.where(stats_column.isNull()).drop(STATS_COLUMN)
+        self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
         self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
         self.history.extend(self.last_batch_stats)
         self.last_batch_metrics = MetricsSnapshot.merged(
@@ -248,6 +251,7 @@ class StatefulForeachBatch:
             key_groups=self.key_groups,
             key_types=self._key_types(batch_df),
             key_of=self.key_of,
+            previous_seen=self._completed == (int(batch_id) - 1, self.num_tasks, self.key_groups),
         )
 
     def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:

@@ -164,6 +164,9 @@ class TaskRunner:
     key_of: Callable[[str, Any], Any] | None = None
     #: the Arrow schema of the input rows (arrow and pandas modes through an RDD of Rows)
     input_schema: Any = None
+    #: the driver ran batch ``batch_id - 1`` to its end with this layout (every task committed it): a task's own
+    #: checkpoint of it is the previous batch's state without asking task-0's log (``plan_batch``)
+    previous_seen: bool = False
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
@@ -332,7 +335,8 @@ class TaskRunner:
             plan = plan_batch(checkpoint_log, latest, name, self.batch_id, layout,
                               lambda other: CheckpointLog(blob_store, settings.job_name, other,
                                                           read_versions=settings.checkpoint_read_versions,
-                                                          retained=settings.checkpoint_retained))
+                                                          retained=settings.checkpoint_retained),
+                              previous_seen=self.previous_seen)
             base = plan.base
             if plan.rescaled and settings.checkpoint_retained < MIN_RETAINED_FOR_RESCALE:
                 # the old tasks' checkpoints of the previous batch are read by other tasks while this batch (and
@@ -364,7 +368,7 @@ class TaskRunner:
                         storage.close()
                         raise
             opened = time.monotonic()
-            now_ms = self._batch_clock(latest, name)
+            now_ms = self._batch_clock(latest, name, plan)
             storage.ttl_now_ms = now_ms
             try:
                 outputs = work(TaskStores(storage, index, self.batch_id))
@@ -412,14 +416,18 @@ class TaskRunner:
             if private is not None:
                 shutil.rmtree(private, ignore_errors=True)
 
-    def _batch_clock(self, latest: Any, name: str) -> int:
+    def _batch_clock(self, latest: Any, name: str, plan: Plan) -> int:
         """The batch's clock: the one this task's checkpoint of this very batch recorded (a replay of a committed
-        batch sees what its first run saw), else the driver's (or, without one, the wall clock)."""
+        batch sees what its first run saw), else the driver's (or, without one, the wall clock), never earlier than
+        the clock of the checkpoints the batch starts from: a driver clock behind the previous batch's (a restart on
+        another machine, a clock step) would make keys that batch saw expired visible again."""
         if latest is not None and batch_of(latest, name) == self.batch_id:
-            recorded = latest.checkpoint.input_offsets.get(NOW_OFFSET)
-            if recorded is not None and str(recorded).isdigit():
-                return int(recorded)
-        return self.now_ms if self.now_ms is not None else wall_clock_ms()
+            recorded = _recorded_clock(latest)
+            if recorded is not None:
+                return recorded
+        now = self.now_ms if self.now_ms is not None else wall_clock_ms()
+        starts = [plan.base] if plan.base is not None else [entry for _, entry in plan.sources]
+        return max([now, *(clock for clock in map(_recorded_clock, starts) if clock is not None)])
 
     def _take_key_groups(self, storage: TaskStorage, settings: Settings, blob_store: Any, plan: Plan,
                          index: int) -> None:
@@ -427,7 +435,7 @@ class TaskRunner:
         old tasks' checkpoints of the previous batch (each restored read-only into a scratch dir, then dropped).
         Values are copied as stored (a TTL store's expiries included)."""
         from statebackend.serdes import get_serde
-        from statebackend.spark.keygroups import key_group, key_group_range
+        from statebackend.spark.keygroups import key_group_range, spark_hash
         from statebackend.task import restored_stores
 
         if self.key_groups is None:
@@ -437,6 +445,10 @@ class TaskRunner:
         assert previous is not None
         started, copied = time.monotonic(), 0
         for old_name, entry in plan.sources:
+            old_index = int(old_name.rsplit("-", 1)[1])
+            # what the old task was routed: its key groups, or (state before key groups) hash modulo its num_tasks
+            held = (key_group_range(old_index, previous.tasks, previous.key_groups)
+                    if previous.key_groups is not None else None)
             scratch = Path(settings.local_dir) / RESCALE_DIR / uuid.uuid4().hex
             try:
                 with restored_stores(attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store,
@@ -449,7 +461,7 @@ class TaskRunner:
                             decoded = key_serde.from_bytes(key)
                             columns = self._key_columns(store_name, decoded)
                             try:
-                                group = key_group(columns, self.key_types, self.key_groups)
+                                hashed = spark_hash(columns, self.key_types)
                             except (TypeError, ConfigError) as exc:
                                 raise ConfigError(
                                     f"{task_name(index)}: rescaling store {store_name!r}: its key {decoded!r} does not "
@@ -457,6 +469,18 @@ class TaskRunner:
                                     "must be the key column value (a tuple for several), or give "
                                     "StatefulForeachBatch(key_of=...) mapping them to it"
                                 ) from exc
+                            group = hashed % self.key_groups
+                            if (group not in held) if held is not None else hashed % previous.tasks != old_index:
+                                # the old task was never routed this key's rows: the store is not keyed by the key
+                                # columns (or key_of maps it wrong); each old task may hold its own such key, and
+                                # taking them into one new task would keep one and drop the others silently
+                                raise ConfigError(
+                                    f"{task_name(index)}: rescaling store {store_name!r}: its key {decoded!r} is held "
+                                    f"by {old_name}, but its key columns ({', '.join(self.key_types)}) hash to key "
+                                    f"group {group}, which {old_name} does not own under {previous}: the rows of this "
+                                    "key never went to that task. A store's keys must be the key column value (a "
+                                    "tuple for several), or give StatefulForeachBatch(key_of=...) mapping them to it"
+                                )
                             if group in mine:
                                 keys.append(key)
                                 values.append(value)
@@ -537,6 +561,12 @@ def _executor() -> str:
 #: the smallest task.checkpoint.retained a change of num_tasks runs with: a task commits a rescaled batch, and
 #: perhaps a replay of it, while other tasks still read its checkpoint of the previous batch
 MIN_RETAINED_FOR_RESCALE = 3
+
+
+def _recorded_clock(entry: Any) -> int | None:
+    """The batch clock a checkpoint recorded (``now.ms``), if any."""
+    recorded = entry.checkpoint.input_offsets.get(NOW_OFFSET)
+    return int(recorded) if recorded is not None and str(recorded).isdigit() else None
 
 
 def _seq_is(seq: int) -> Callable[[Any], bool]:

@@ -128,9 +128,7 @@ def _hash_value(value: Any, type_name: str, seed: int) -> int:
         import datetime
 
         if isinstance(value, datetime.datetime):
-            epoch = datetime.datetime(1970, 1, 1, tzinfo=value.tzinfo)
-            delta = value - epoch
-            value = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+            value = _epoch_micros(value, local=type_name == "timestamp")
         return hash_long(_as_int(value), seed)
     if type_name == "float":
         number = float(value)
@@ -146,6 +144,23 @@ def _hash_value(value: Any, type_name: str, seed: int) -> int:
         return hash_long(bits, seed)
     raise ConfigError(f"key columns of type {type_name!r} cannot be rescaled by key group; supported: "
                       f"{', '.join(HASHABLE_TYPES)}")
+
+
+def _epoch_micros(value: Any, *, local: bool) -> int:
+    """Microseconds since the epoch of a datetime as Spark holds it. Aware: its instant. Naive: for a ``timestamp``
+    column the process's local time (PySpark's ``TimestampType.fromInternal`` gives the task's rows local naive
+    datetimes), for ``timestamp_ntz`` the wall-clock time taken as UTC."""
+    import datetime
+
+    if value.tzinfo is None and local:
+        # a plain datetime (a pandas Timestamp's own timestamp() takes naive as UTC), fold kept: an ambiguous local
+        # time is the one the row's instant gave
+        plain = datetime.datetime(value.year, value.month, value.day, value.hour, value.minute, value.second,
+                                  fold=value.fold)
+        return int(plain.timestamp()) * 1_000_000 + value.microsecond
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=None if value.tzinfo is None else datetime.UTC)
+    delta = value - epoch  # aware minus UTC: the instants' difference, whatever the zone's offset at either
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
 def _as_int(value: Any) -> int:

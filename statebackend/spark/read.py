@@ -13,9 +13,10 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
+from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
-from statebackend.errors import ConfigError, NotFoundError
-from statebackend.spark.batches import TASKS_OFFSET, at_or_below, task_name
+from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 
@@ -109,11 +110,46 @@ class _StateReader:
                             f"with num_tasks={tasks}, not num_tasks={self.num_tasks}: read the state with "
                             f"num_tasks={tasks} (the number the query last ran with)"
                         )
+                    self._check_like_task_zero(settings, storage, name)
                     storage.ttl_now_ms = batch_clock(storage.restored)  # a TTL store: the keys its batch saw
                     raw = storage.store(self.store, typed=False)
                     for key, value in raw.items():
                         yield (name, _column_value(store_settings.key_serde, key),
                                _column_value(store_settings.msg_serde, value))
+
+    def _check_like_task_zero(self, settings: Settings, storage: TaskStorage, name: str) -> None:
+        """The task's checkpoint must be spread like task-0's (which runs in every layout) and of its batch or a
+        neighbour (a batch in progress): a task with none, with another spread, or an older one, means a batch that
+        changed num_tasks or moved to key groups was committed by some tasks only; the keys it moved are then in no
+        task read, or in two."""
+        zero = task_name(0)
+        if name == zero:
+            return
+        zero_log = CheckpointLog(storage.blob_store, settings.job_name, zero,
+                                 read_versions=settings.checkpoint_read_versions,
+                                 retained=settings.checkpoint_retained)
+        entry = (zero_log.latest() if self.checkpoint == "latest"
+                 else zero_log.find(at_or_below(zero, int(self.checkpoint), self.num_tasks)))
+        if entry is None:
+            return  # task-0 has nothing to read: neither has the job (its checkpoint offsets are checked above)
+        theirs = entry.checkpoint.input_offsets
+        mine = storage.restored.input_offsets if storage.restored is not None else None
+        if (mine is None or mine.get(KEY_GROUPS_OFFSET) != theirs.get(KEY_GROUPS_OFFSET)
+                or mine.get(TASKS_OFFSET) != theirs.get(TASKS_OFFSET)
+                or not str(mine.get(BATCH_OFFSET, "")).isdigit() or not str(theirs.get(BATCH_OFFSET, "")).isdigit()
+                or abs(int(mine[BATCH_OFFSET]) - int(theirs[BATCH_OFFSET])) > 1):
+            def spread(offsets: Mapping[str, str] | None) -> str:
+                if offsets is None:
+                    return "no checkpoint"
+                return (f"batch {offsets.get(BATCH_OFFSET)}, num_tasks={offsets.get(TASKS_OFFSET)}, "
+                        f"key_groups={offsets.get(KEY_GROUPS_OFFSET, 'none')}")
+
+            raise StateBackendError(
+                f"read_state: {name} has {spread(mine)} but {zero} has {spread(theirs)}: the batch that changed "
+                "num_tasks (or moved the state to key groups) was committed by some tasks only, so reading each task's "
+                "checkpoint would miss keys or give them twice. Let the query run that batch to its end, or read a "
+                "batch id before it"
+            )
 
 
 def _column_type(serde: str) -> DataType:
