@@ -262,6 +262,12 @@ class CheckpointLog:
             )
         return entry
 
+    def read_written(self, seq: int) -> LogEntry | None:
+        """Entry ``seq`` as this log writes it (its first write version), read by name without a listing; ``None``
+        when there is no such blob. For a reader that knows the sequence number a writer took."""
+        _check_seq(seq)
+        return self._read_entry(seq, {self.write_versions[0]})
+
     def seqs(self) -> list[int]:
         """Seqs that have a readable version, ascending."""
         return sorted(seq for seq, versions in self._listing().items() if versions & set(self.read_versions))

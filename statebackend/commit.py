@@ -160,6 +160,12 @@ class TaskCommitManager:
         self._raise_previous_failure()
         return self._commit_now(dict(input_offsets))
 
+    @property
+    def write_outcome_unknown(self) -> bool:
+        """A checkpoint write's reply was lost and nothing read it back yet: the next commit may take the seq after
+        it (see :meth:`_resolve_uncertain`), so that commit's seq is not known before its checkpoint is written."""
+        return self._uncertain is not None
+
     def wait(self, timeout: float | None = None, *, raise_failure: bool = True) -> CheckpointV2 | None:
         """Wait for the commit in flight (if any) to end; raise its failure unless it was already reported (or
         ``raise_failure`` is false: then it is logged, once, and counts as reported). Returns the newest durable

@@ -282,12 +282,18 @@ class TaskStorage:
     def commit_durably(self, input_offsets: Mapping[str, str], timeout: float | None = None) -> CheckpointV2:
         """Commit and wait until the checkpoint is durable, blocking on a previous upload if one runs. A failure of
         an earlier commit is not raised here (it is logged once if nobody saw it): this commit includes its changes."""
+        return self.commit_now(input_offsets, timeout).result(timeout)
+
+    def commit_now(self, input_offsets: Mapping[str, str], timeout: float | None = None) -> PendingCommit:
+        """Commit, never skipped: wait for a previous upload if one runs (its failure is not raised, as in
+        :meth:`commit_durably`), then run the sync part and return the pending commit, whose upload goes on beside
+        whatever the caller does next."""
         self.commit_manager.wait(timeout, raise_failure=False)
         self._sweep_expired()
         pending = self.commit_manager.commit(input_offsets)
         if pending is None:  # cannot happen after wait(); kept so a skip is never silently taken for durable
             raise StateBackendError(f"task {self.task_name}: commit was skipped")
-        return pending.result(timeout)
+        return pending
 
     def close(self, *, sync_local: bool = True) -> None:
         """Wait for the commit in flight and its cleanups, close the backends and the stores. ``sync_local=False``

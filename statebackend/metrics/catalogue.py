@@ -196,6 +196,13 @@ _SPECS = [
              "runs marked durable (their expiry removed) once a checkpoint naming them is durable"),
     _counter("blobsnapshot.ttl.failures", "statebackend_blobsnapshot_ttl_failures_total",
              "expiry marks that could not be removed"),
+    # -- the Spark driver (statebackend/spark/driver.py) ----------------------------------------------------------
+    _counter("spark.batch.reruns", "statebackend_spark_batch_reruns_total",
+             "batches the driver ran again, every task waiting for its checkpoint, because a checkpoint a task did "
+             "not wait for was not in its log (statebackend.spark.confirm)"),
+    _histogram("spark.confirm.ms", "statebackend_spark_confirm_seconds",
+               "time the driver spent confirming the checkpoints tasks did not wait for, per batch", "ms",
+               MS_BUCKETS),
     # -- blob stores: each request of az:// and s3:// (statebackend/blobstores/resilience.py) --------------------------
     _counter("blob_store.requests", "statebackend_blob_store_requests_total",
              "requests to the blob store (a part of a large transfer is one request), by operation and outcome",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import pickle
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -16,10 +17,12 @@ from pyspark.sql.functions import col
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, StructField, StructType
 
+from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
+from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
@@ -66,6 +69,12 @@ class StatefulForeachBatch:
     #: through a cached anchor partition per task (see :meth:`_anchored`): rows mode always, arrow and pandas modes
     #: when there is more than one executor (through an RDD of Rows); False: wherever Spark likes
     affinity: bool = True
+    #: a task kept open in a reused worker hands its output on right after the sync part of its commit, its upload
+    #: going on beside the next tasks; the driver reads every such checkpoint back from the task's log before the
+    #: batch ends (``statebackend.spark.confirm``), and runs the batch again, every task waiting for its checkpoint,
+    #: when one is not there within ``confirm_timeout_s``. False: every task waits for its own checkpoint
+    confirm_on_driver: bool = True
+    confirm_timeout_s: float = 60.0
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -81,6 +90,11 @@ class StatefulForeachBatch:
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
+    #: ((blob store URL, options), the blob store) the driver confirms checkpoints in
+    _confirm_store: tuple[tuple[str, str], BlobStore] | None = attrs.field(init=False, default=None)
+    #: wall time of the last batch's call (tasks, confirmation, a run again) and of its confirmation, in ms
+    last_batch_ms: float = attrs.field(init=False, default=0.0)
+    last_confirm_ms: float = attrs.field(init=False, default=0.0)
     #: (batch id, num_tasks, key_groups) of the last batch whose tasks all committed under this object
     _completed: tuple[int, int, int] | None = attrs.field(init=False, default=None)
 
@@ -121,11 +135,49 @@ class StatefulForeachBatch:
             self._previous.unpersist()
             self._previous = None
         spark = batch_df.sparkSession
-        remote = is_connect(spark)
         config = effective_config(spark, self.config)
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
             start_exporters(Settings.from_config(config), self.metrics)
             self._exporting = True
+        started = time.monotonic()
+        persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=self.confirm_on_driver)
+        ran = time.monotonic()
+        problems = self._unconfirmed(config, stats)
+        self.last_confirm_ms = (time.monotonic() - ran) * 1000.0
+        if any(s.pending_checkpoint_id for s in stats):
+            self.metrics.record("spark.confirm.ms", self.last_confirm_ms)
+        if problems:
+            self.metrics.increment("spark.batch.reruns")
+            # A checkpoint a task did not wait for is not in its log (its upload failed, its worker died with it, or
+            # another attempt wrote there): nothing of this run reaches the sink. The batch runs again with every
+            # task waiting for its own checkpoint: a replay (tasks whose checkpoint landed redo the batch).
+            log.warning("batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again with "
+                        "every task waiting for its checkpoint", batch_id, len(problems), "; ".join(problems))
+            self.history.extend(sorted(stats, key=lambda s: (s.task_index, s.attempt)))
+            persisted.unpersist()
+            persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False)
+        self.last_batch_ms = (time.monotonic() - started) * 1000.0
+        self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
+        self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
+        self.history.extend(self.last_batch_stats)
+        self.last_batch_metrics = MetricsSnapshot.merged(
+            s.metrics for s in self.last_batch_stats if s.metrics is not None
+        ).relabel(task="all")
+        self.metrics.merge(self.last_batch_metrics)
+        if self.sink is None:
+            self._previous = persisted
+            return output
+        try:
+            self.sink(output, int(batch_id))
+        finally:
+            persisted.unpersist()
+        return None
+
+    def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *,
+                   confirm_on_driver: bool) -> tuple[Any, DataFrame, list[TaskStats]]:
+        """Run the batch's tasks (the one action): the persisted output, the output as a DataFrame, the stats."""
+        spark = batch_df.sparkSession
+        remote = is_connect(spark)
         partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
         # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
         # to choose from (the DataFrame route, Arrow all the way, cannot be pinned)
@@ -133,12 +185,12 @@ class StatefulForeachBatch:
         if through_rdd:
             # classic Spark: rows through an RDD, each task's stats as its output's last element
             if self.mode == "rows":
-                runner = self._runner(config, batch_id, None, batch_df)
+                runner = self._runner(config, batch_id, None, batch_df, confirm_on_driver)
                 task: Any = runner.run_rows
                 schema: Any = self.output_schema
             else:
                 schema = self._struct(spark)
-                runner = attrs.evolve(self._runner(config, batch_id, to_arrow_schema(schema), batch_df),
+                runner = attrs.evolve(self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver),
                                       input_schema=to_arrow_schema(batch_df.schema))
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
             rows = partitioned.rdd
@@ -167,7 +219,7 @@ class StatefulForeachBatch:
                     f"StatefulForeachBatch output_schema has a column named {STATS_COLUMN!r}, the column the tasks' "
                     "statistics travel in: rename it"
                 )
-            runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df)
+            runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver)
             extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
                                    StructField(STATS_COLUMN, BinaryType(), True)])
             if self.mode == "pandas":
@@ -183,21 +235,19 @@ class StatefulForeachBatch:
             stats = [pickle.loads(row[0]) for row in
                      persisted.where(stats_column.isNotNull()).select(stats_column).collect()]
             output = persisted.where(stats_column.isNull()).drop(STATS_COLUMN)
-        self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
-        self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
-        self.history.extend(self.last_batch_stats)
-        self.last_batch_metrics = MetricsSnapshot.merged(
-            s.metrics for s in self.last_batch_stats if s.metrics is not None
-        ).relabel(task="all")
-        self.metrics.merge(self.last_batch_metrics)
-        if self.sink is None:
-            self._previous = persisted
-            return output
-        try:
-            self.sink(output, int(batch_id))
-        finally:
-            persisted.unpersist()
-        return None
+        return persisted, output, stats
+
+    def _unconfirmed(self, config: Mapping[str, Any], stats: Sequence[TaskStats]) -> list[str]:
+        """Why the checkpoints of tasks that did not wait for them are not confirmed durable (``confirm``)."""
+        if not any(s.pending_checkpoint_id for s in stats):
+            return []
+        settings = Settings.from_config(config)
+        key = (settings.blob_store_url, repr(sorted((k, repr(v)) for k, v in settings.blob_store_options.items())))
+        if self._confirm_store is None or self._confirm_store[0] != key:
+            if self._confirm_store is not None:
+                self._confirm_store[1].close()
+            self._confirm_store = (key, open_blob_store(settings.blob_store_url, settings.blob_store_options))
+        return unconfirmed_checkpoints(self._confirm_store[1], settings, stats, self.confirm_timeout_s)
 
     def _anchored(self, spark: SparkSession, rows: Any) -> Any:
         """``rows`` (one partition per task) zipped with the anchor: an RDD of ``num_tasks`` one-element partitions,
@@ -236,7 +286,8 @@ class StatefulForeachBatch:
             self._local_context = context
         return 1
 
-    def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame) -> TaskRunner:
+    def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame,
+                confirm_on_driver: bool = False) -> TaskRunner:
         return TaskRunner(
             fn=self.fn,
             config=config,
@@ -252,6 +303,7 @@ class StatefulForeachBatch:
             key_types=self._key_types(batch_df),
             key_of=self.key_of,
             previous_seen=self._completed == (int(batch_id) - 1, self.num_tasks, self.key_groups),
+            confirm_on_driver=confirm_on_driver,
         )
 
     def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ from pyspark import TaskContext
 
 from statebackend.blobstores.base import open_blob_store
 from statebackend.checkpoint import CheckpointLog
+from statebackend.commit import PendingCommit
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, StateBackendError, StoreLockedError
 from statebackend.metrics import MetricsSnapshot
@@ -89,6 +90,11 @@ class TaskStats:
     #: where the attempt ran: ``host:working directory`` of the executor (one per executor in standalone, YARN and
     #: Kubernetes deployments), to see whether tasks stay with their state
     executor: str = ""
+    #: the id of the checkpoint (``committed_seq``) this attempt committed without waiting for it to be durable (its
+    #: upload goes on in the worker, where the task stays open): the driver confirms it in the task's log before the
+    #: batch ends. Empty: the checkpoint was durable before the task handed its output on. ``commit_ms`` is then the
+    #: sync part only
+    pending_checkpoint_id: str = ""
 
 
 class _Counted:
@@ -167,6 +173,10 @@ class TaskRunner:
     #: the driver ran batch ``batch_id - 1`` to its end with this layout (every task committed it): a task's own
     #: checkpoint of it is the previous batch's state without asking task-0's log (``plan_batch``)
     previous_seen: bool = False
+    #: the driver confirms each task's checkpoint in the log before the batch ends, so a task that stays open in its
+    #: worker (``keep_open`` and a reused worker) hands its output on right after the sync part of its commit, its
+    #: upload going on beside the next tasks; False: every task waits until its checkpoint is durable
+    confirm_on_driver: bool = False
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
@@ -293,6 +303,8 @@ class TaskRunner:
             parked.close()
             parked = None
         if parked is not None:
+            parked.settle(settings.commit_timeout_ms / 1000.0)  # its last commit, if it went on after its batch
+        if parked is not None:
             blob_store, metrics = parked.blob_store, parked.storage.metrics
         else:
             blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
@@ -300,6 +312,7 @@ class TaskRunner:
             blob_store.use_metrics(metrics)
         private: Path | None = None
         storage: TaskStorage | None = None
+        pending: PendingCommit | None = None
         prior: MetricsSnapshot | None = None
         handed_on = False
         try:
@@ -378,7 +391,14 @@ class TaskRunner:
                                NOW_OFFSET: str(now_ms)}
                     if self.key_groups is not None:
                         offsets[KEY_GROUPS_OFFSET] = str(self.key_groups)
-                    storage.commit_durably(offsets)
+                    stays_open = self.keep_open and private is None and _process_outlives_task(context)
+                    if (stays_open and self.confirm_on_driver
+                            and not storage.commit_manager.write_outcome_unknown):
+                        # the upload goes on in this worker, where the task stays parked; the driver confirms the
+                        # checkpoint before the batch ends (a worker that dies first: the driver redoes the batch)
+                        pending = storage.commit_now(offsets)
+                    else:
+                        storage.commit_durably(offsets)
                 except BaseException:
                     outputs.close()  # its spill file goes with the failed attempt
                     raise
@@ -387,14 +407,15 @@ class TaskRunner:
                 storage.close()
                 raise
             sync_samples = storage.metrics.samples("commit.sync.ms")
-            committed_seq = storage.commit_manager.next_seq - 1
+            committed_seq = pending.seq if pending is not None else storage.commit_manager.next_seq - 1
             snapshot = metrics.export()
             exported = kept.export_since(metrics, parked.exported if parked is not None else None, snapshot)
             if prior is not None:
                 exported = prior.merge(exported)
-            if self.keep_open and private is None and _process_outlives_task(context):
+            if stays_open:
                 export_now(settings, name)  # what a close would write or push: the task stays open
-                kept.park(key, kept.KeptTask.after_commit(storage, blob_store, fingerprint, task_dir, snapshot))
+                kept.park(key, kept.KeptTask.after_commit(storage, blob_store, fingerprint, task_dir, snapshot,
+                                                          pending=pending))
                 handed_on = True
             else:
                 storage.close()
@@ -406,6 +427,7 @@ class TaskRunner:
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
                 metrics=exported, kept_open=parked is not None, executor=_executor(),
+                pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "",
             )
             return outputs, stats
         finally:

@@ -41,6 +41,8 @@ import attrs
 
 from statebackend.blobstores.base import BlobStore
 from statebackend.checkpoint import LogEntry
+from statebackend.commit import PendingCommit
+from statebackend.errors import StateBackendError
 from statebackend.metrics import HistogramData, Metrics, MetricsSnapshot
 from statebackend.store.directory import DATA_DIR
 from statebackend.task import TaskStorage
@@ -80,13 +82,28 @@ class KeptTask:
 
     @classmethod
     def after_commit(cls, storage: TaskStorage, blob_store: BlobStore, fingerprint: str, task_dir: Path,
-                     exported: MetricsSnapshot | None = None) -> KeptTask:
-        last = storage.commit_manager.last_checkpoint
-        assert last is not None  # parked only after a durable commit
-        return cls(storage=storage, blob_store=blob_store, fingerprint=fingerprint,
-                   seq=storage.commit_manager.next_seq - 1, checkpoint_id=str(last.checkpoint_id),
+                     exported: MetricsSnapshot | None = None, *, pending: PendingCommit | None = None) -> KeptTask:
+        """The task after its batch's commit: durable, or ``pending`` (its upload goes on while the task is parked;
+        the driver confirms it, and the next take-back settles it first)."""
+        if pending is not None:
+            seq, checkpoint_id = pending.seq, str(pending.checkpoint_id)
+        else:
+            last = storage.commit_manager.last_checkpoint
+            assert last is not None  # parked only after a commit
+            seq, checkpoint_id = storage.commit_manager.next_seq - 1, str(last.checkpoint_id)
+        return cls(storage=storage, blob_store=blob_store, fingerprint=fingerprint, seq=seq,
+                   checkpoint_id=checkpoint_id,
                    files={str(s.path): _data_file(s.path) for s in storage.stores.values()}, task_dir=task_dir,
                    exported=exported)
+
+    def settle(self, timeout: float) -> None:
+        """Wait for the commit the task was parked with, however it ends (a failure is logged, not raised): the
+        take-back's :meth:`is_current` then sees whether it became durable (the log's newest, and the next seq)."""
+        try:
+            self.storage.commit_manager.wait(timeout, raise_failure=False)
+        except StateBackendError as exc:
+            log.info("%s: the commit the task was parked with did not become durable: %s", self.storage.task_name,
+                     exc)
 
     def is_current(self, latest: LogEntry | None, head: int, base: LogEntry | None) -> bool:
         """Whether the batch may go on with this task as it is (see the module docstring)."""

@@ -1,0 +1,127 @@
+"""The driver confirms the checkpoints tasks did not wait for (``StatefulForeachBatch(confirm_on_driver=True)``, the
+default): what it accepts, what it refuses, and a streaming query whose Python workers die by SIGKILL at checkpoint
+writes, often after their task has handed its output on, which keeps exact state and hands every batch's output to
+the sink exactly as a batch count gives it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from statebackend.blobstores.base import open_blob_store
+from statebackend.config import Settings
+from statebackend.spark.confirm import unconfirmed_checkpoints
+from statebackend.spark.executor import TaskStats
+from statebackend.task import TaskStorage
+from tests.test_spark import batch_words, make_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _stats(task_index: int, seq: int, checkpoint_id: str) -> TaskStats:
+    return TaskStats(batch_id=1, task_index=task_index, attempt=0, base_seq=seq - 1, committed_seq=seq, open_ms=0.0,
+                     process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=1, output_rows=0,
+                     private_dir=False, pending_checkpoint_id=checkpoint_id)
+
+
+def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    settings = Settings.from_config(config)
+    with TaskStorage.open(config, "task-0") as task:
+        task.store("counts").put("a", 1)
+        first = task.commit_durably({"batch": "0"})
+        task.store("counts").put("a", 2)
+        pending = task.commit_now({"batch": "1"})
+        second = pending.result()
+    blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
+    try:
+        assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(second.checkpoint_id))], 1.0) == []
+        # another attempt's checkpoint at that seq: refused at once, naming both
+        wrong = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(first.checkpoint_id))], 30.0)
+        assert len(wrong) == 1 and "another attempt's" in wrong[0] and str(second.checkpoint_id) in wrong[0]
+        # not there (yet): refused after the bound
+        missing = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 3, "1-1")], 0.2)
+        assert len(missing) == 1 and "not in the log" in missing[0]
+        # a task that waited for its own checkpoint needs no confirmation
+        assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 9, "")], 0.0) == []
+    finally:
+        blob_store.close()
+
+
+CHILD = '''
+import json, sys
+from pathlib import Path
+sys.path.insert(0, {repo!r})
+from statebackend.spark import StatefulForeachBatch, local_spark_session
+from tests.test_spark import count_rows
+
+root = Path(sys.argv[1])
+config = {config!r}
+outputs = root / "outputs.jsonl"
+
+def sink(frame, batch_id):
+    rows = sorted((r["word"], r["count"]) for r in frame.collect())
+    with open(outputs, "a") as out:
+        out.write(json.dumps({{"batch": batch_id, "rows": rows}}) + "\\n")
+
+# local[2,8]: a task whose worker is killed under it is retried (local mode retries none by default)
+spark = local_spark_session("confirm-child", master="local[2,8]", conf={{"spark.sql.shuffle.partitions": "2"}})
+job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config,
+                           output_schema="word string, count long", sink=sink, confirm_timeout_s=3.0)
+stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(root / "input")).withColumnRenamed("value", "word")
+query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(root / "spark-checkpoint"))
+         .trigger(availableNow=True).start())
+query.awaitTermination()
+assert query.exception() is None, query.exception()
+print(json.dumps({{"deferred": sum(1 for s in job.history if s.pending_checkpoint_id),
+                   "reruns": job.metrics.export().counter("spark.batch.reruns")}}))
+spark.stop()
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_workers_killed_at_checkpoint_writes_lose_no_batch_and_sink_each_output_once(tmp_path: Path) -> None:
+    """Each Python worker dies by SIGKILL at its third checkpoint write: often in the upload a task left running
+    after handing its output on, so the driver does not find that checkpoint and runs the batch again."""
+    config = make_config(tmp_path)
+    source = tmp_path / "input"
+    source.mkdir()
+    batches = 6
+    for batch in range(batches):
+        (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
+        os.utime(source / f"part-{batch:03d}.txt", (1_000_000 + batch, 1_000_000 + batch))
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(repo=str(REPO), config=config))
+    env = {**os.environ, "STATEBACKEND_CRASH_AT": "commit.before_checkpoint_write:3",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    child = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True,
+                           text=True, timeout=600, check=False)
+    assert child.returncode == 0, child.stderr[-3000:]
+    summary = json.loads(child.stdout.strip().splitlines()[-1])
+    assert summary["deferred"] > 0  # tasks did hand their output on before their checkpoint was durable
+    assert summary["reruns"] >= 1  # and a worker died with an upload of one: the driver ran that batch again
+
+    expected: dict[str, int] = {}
+    wanted_outputs = []
+    for batch in range(batches):
+        totals: dict[str, int] = {}
+        for word in batch_words(batch):
+            expected[word] = expected.get(word, 0) + 1
+            totals[word] = expected[word]
+        wanted_outputs.append(sorted(totals.items()))
+    delivered = [json.loads(line) for line in (tmp_path / "outputs.jsonl").read_text().splitlines()]
+    assert [d["batch"] for d in delivered] == list(range(batches))  # each batch's output reached the sink once
+    assert [[tuple(r) for r in d["rows"]] for d in delivered] == wanted_outputs
+    state: dict[str, int] = {}
+    for task in range(3):
+        with TaskStorage.open(config, f"task-{task}") as opened:
+            for word, count in opened.store("counts").items():
+                assert word not in state
+                state[word] = count
+    assert state == expected
