@@ -3,6 +3,7 @@ catch-up by deltas, re-upload of a failed delta, retention of deltas)."""
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
@@ -11,6 +12,7 @@ import pytest
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, ConfigError
+from statebackend.recordfile import FORMAT_VERSION, read_header
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
@@ -37,6 +39,11 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
         assert task.metrics.counter("changelog.blobs.deleted") > 0
     deltas = list(blobs.list("job/task-0/counts/changelog/delta/"))
     assert len(deltas) < 12
+    snapshots = list(blobs.list("job/task-0/counts/changelog/snapshot/"))
+    assert snapshots
+    # deltas and snapshots are written in the record file's newest version
+    assert {read_header(blobs.get(name), name=name).format_version for name in deltas + snapshots} == {
+        FORMAT_VERSION} == {3}
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -93,7 +100,8 @@ def test_bytes_uploaded_follow_the_change_not_the_state(tmp_path: Path) -> None:
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000})
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         store = task.store("counts")
-        store.put_all((f"key-{i:07d}".encode(), b"x" * 20) for i in range(50_000))
+        # values that do not compress away (sequential keys and equal values shrink to a few KB as byte planes)
+        store.put_all((f"key-{i:07d}".encode(), random.Random(i).randbytes(20)) for i in range(50_000))
         task.commit_durably({"input": "load"})
         before = task.metrics.counter("commit.bytes.uploaded")
         for i in range(0, 50_000, 500):

@@ -5,9 +5,10 @@ never overwritten: they are the record of what an older release wrote, and tests
 this release still reads them. When FORMAT_VERSION changes, run this again to add the new version's samples.
 expected-v<N>.json holds, per sample, the header fields and the records (hex; null for a delete).
 
-The "blocks" sample is written with a block budget of a few dozen bytes (the writer's own logic, with a smaller
-``_BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format allows any
-block size up to BLOCK_MAX_RECORDS records; readers must not depend on the default.
+The "fixed" samples (added with version 3) hold keys of one length and 8-byte values, which version 3 stores as byte
+planes. The "blocks" sample is written with a block budget of a few dozen bytes (the writer's own logic, with a
+smaller ``_BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format
+allows any block size up to BLOCK_MAX_RECORDS records; readers must not depend on the default.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ BLOCKS_RECORDS: list[tuple[bytes, bytes | None]] = [
 ]
 #: block budget (key+value bytes) of the blocks sample
 SMALL_BLOCK_BYTES = 24
+#: keys of one length and 8-byte big-endian counters, as a store of string keys and integer values holds them (from
+#: version 3 on, both columns are byte planes), with deletes, whose values are not in the value column
+FIXED_RECORDS: list[tuple[bytes, bytes | None]] = [
+    (b"k%08d" % (i * 4), None if i % 11 == 5 else (i * i % 1000).to_bytes(8, "big")) for i in range(200)
+]
 
 
 def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], str]]:
@@ -54,6 +60,9 @@ def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], s
         "snapshot-zstd": (snapshot, SNAPSHOT_RECORDS, "zstd"),
         "delta-empty-zstd": (delta, [], "zstd"),
         "delta-blocks-zstd": (delta, BLOCKS_RECORDS, "zstd"),
+        "delta-fixed-none": (delta, FIXED_RECORDS, "none"),
+        "delta-fixed-zstd": (delta, FIXED_RECORDS, "zstd"),
+        "snapshot-fixed-zstd": (snapshot, [(k, v) for k, v in FIXED_RECORDS if v is not None], "zstd"),
     }
 
 
