@@ -23,6 +23,10 @@ class TestChangelogBackend(BackendContract):
     extra_config: ClassVar[dict[str, Any]] = {"changelog.snapshot.interval.commits": 3}
 
 
+#: the blob prefix of store counts of task-0 (``BackendContext.blob_prefix``), under which its recipe names blobs
+PREFIX = "job/task-0/counts/changelog/"
+
+
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
     return TestChangelogBackend().make_config(tmp_path, **extra)
 
@@ -182,10 +186,11 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
         own_chain = set(manager._lineages["counts"].recipe().blob_names())  # type: ignore[attr-defined]
     entries = CheckpointLog(inner, "job", "task-0").entries()
     referenced = {
-        n for e in entries for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).blob_names()
+        n for e in entries
+        for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).blob_names()
     }
     stored = set(inner.list("job/task-0/counts/changelog/"))
-    newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).seq for e in entries)
+    newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).seq for e in entries)
     unreferenced_old = {n for n in stored - referenced if int(n.rsplit("/", 1)[-1].split("-")[0]) <= newest}
     assert unreferenced_old - own_chain == set()
     for entry in entries:
@@ -212,7 +217,7 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
             adopted += task.metrics.counter("changelog.snapshot.adopted")
             write_round(task, batch, model)
             checkpoint = task.commit_durably({"batch": str(batch)})
-            recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+            recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
             longest_chain = max(longest_chain, len(recipe.deltas))
     assert adopted >= 3
     assert longest_chain <= 2 * 3 + 1
@@ -291,7 +296,7 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
         assert task.metrics.counter("changelog.snapshot.adopted") == 0
         write_round(task, 10, model)
         checkpoint = task.commit_durably({"input": "10"})
-        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert victim not in set(recipe.blob_names())
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -340,7 +345,7 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
         checkpoint = task.commit_durably({"input": "5"})
         assert task.metrics.counter("changelog.snapshot.failures") == 0
         assert task.metrics.counter("changelog.snapshot.adopted") == 1
-        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is not None and recipe.snapshot.seq == 2
     assert not staged.exists()  # uploaded, then removed by the upload itself
     shutil.rmtree(tmp_path / "local")
@@ -372,7 +377,7 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
             if lineage.background is not None:
                 lineage.background.exception(timeout=30)
             if len(checkpoints) >= 2:
-                older, newer = (Recipe.decode(c.markers_for("changelog")["counts"]) for c in checkpoints[-2:])
+                older, newer = (Recipe.decode(c.markers_for("changelog")["counts"], prefix=PREFIX) for c in checkpoints[-2:])
                 if set(older.blob_names()) - set(newer.blob_names()):
                     break  # the older retained checkpoint needs blobs the newer one does not
         else:
@@ -500,7 +505,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
         assert task.metrics.counter("changelog.rebase.old.blobs") == 1
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})
-        recipe = Recipe.decode(latest.markers_for("changelog")["counts"])
+        recipe = Recipe.decode(latest.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is not None and not recipe.deltas
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as check:
@@ -525,7 +530,7 @@ def test_a_finished_snapshot_older_than_half_the_grace_period_is_not_adopted_at_
         assert task.metrics.counter("changelog.snapshot.adopted") == 0
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})
-        assert finished not in set(Recipe.decode(latest.markers_for("changelog")["counts"]).blob_names())
+        assert finished not in set(Recipe.decode(latest.markers_for("changelog")["counts"], prefix=PREFIX).blob_names())
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as check:
         assert check.restored == latest
