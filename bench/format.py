@@ -1,10 +1,12 @@
 """Micro benchmark of the changelog file format: records/s for encode and decode, every format version in one run.
 
-Run from the repository root: ``python -m bench.format [record_count]`` (1M by default). Two record shapes: the
-reference one (keys of 20 bytes, values of 10 bytes, as the brief; every block has uniform lengths) and a varied one
-(keys of 14-30 bytes, values of 0-39 bytes). Decode is timed three ways: bytes with the verify-first pass iter_records
-does by default, bytes already verified, and a stream (one pass, checked while reading); then the stream is loaded
-into a fresh LMDB store with ``LocalStore.replace_contents`` (putmulti in append mode), as a full restore does.
+Run from the repository root: ``python -m bench.format [record_count]`` (1M by default). Three record shapes: the
+reference one (keys of 20 bytes, values of 10 bytes, as the brief; every block has uniform lengths), a varied one
+(keys of 14-30 bytes, values of 0-39 bytes) and counters (keys ``k00012345`` of the ``string`` serde, values of the
+``integer`` serde, 8 bytes, small random counts: the store of the bytes benchmark in docs/benchmarks.md). Decode is
+timed three ways: bytes with the verify-first pass iter_records does by default, bytes already verified, and a
+stream (one pass, checked while reading); then the stream is loaded into a fresh LMDB store with
+``LocalStore.replace_contents`` (putmulti in append mode), as a full restore does.
 """
 
 from __future__ import annotations
@@ -33,11 +35,17 @@ def varied_records(record_count: int) -> list[tuple[bytes, bytes | None]]:
                   for i in range(record_count))
 
 
+def counter_records(record_count: int) -> list[tuple[bytes, bytes | None]]:
+    rnd = random.Random(5)
+    # the integer serde: 8 bytes big-endian with the sign bit flipped, so bytes sort as numbers
+    return [(b"k%08d" % (i * 4), ((1 << 63) + rnd.randrange(1, 60)).to_bytes(8, "big")) for i in range(record_count)]
+
+
 def main(record_count: int = 1_000_000) -> None:
     header = FileHeader(kind="snapshot", job="bench", task="0", store="counts", checkpoint_id="0-0", token="t",
                         seq=1, base_seq=1)
     gc.disable()  # the consumer decides about GC; 1M result tuples would otherwise time the collector, not us
-    for shape, make in (("reference", reference_records), ("varied", varied_records)):
+    for shape, make in (("reference", reference_records), ("varied", varied_records), ("counters", counter_records)):
         records = make(record_count)
         for compression in ("zstd", "none"):
             for version in SUPPORTED_FORMAT_VERSIONS:

@@ -9,10 +9,12 @@ Contract:
 - A file is ``header | body | footer`` (byte layout and the reasons for it: docs/formats-changelog.md). The header
   carries the magic, the format version, the kind, the compression and the lineage (:class:`FileHeader`) under its
   own CRC-32, so :func:`read_header` can trust the first bytes alone. The body holds the records in strictly
-  increasing key order, as one zstd stream when compressed: version 2 (written by default) as columnar blocks of up
-  to 64Ki records that CPython decodes with a few C calls per block; version 1 (still read, and written when a header
-  asks for it) as one 9-byte prefix per record. The fixed-size footer holds the record count, the body's
-  byte length and a BLAKE2b-128 digest of everything before the digest, then an end marker.
+  increasing key order, as one zstd stream when compressed: version 3 (written by default) as columnar blocks of up
+  to 64Ki records that CPython decodes with a few C calls per block, a column whose records all have one length
+  stored as byte planes under that length; version 2 (still read, and written when a header asks for it) as the
+  same blocks with every length stored; version 1 (likewise) as one 9-byte prefix per record. The fixed-size footer
+  holds the record count, the body's byte length and a BLAKE2b-128 digest of everything before the digest, then an
+  end marker.
 - :func:`write_file` streams: memory stays bounded whatever the record count, and ``out`` is never seeked. When the
   input is bad (keys not strictly increasing, a delete in a snapshot) it raises :class:`StateBackendError` before the
   footer is written, so what was written is never a valid file; the caller deletes it.
@@ -58,6 +60,7 @@ __all__ = [
     "MAGIC",
     "MAGIC_END",
     "MAX_HEADER_METADATA_BYTES",
+    "PLANES_MAX_LENGTH",
     "SUPPORTED_FORMAT_VERSIONS",
     "FileHeader",
     "FileStats",
@@ -74,10 +77,10 @@ __all__ = [
 
 MAGIC = b"SBCHLOG\x00"
 MAGIC_END = b"SBCHEND\x00"
-#: the version this release writes by default (a header with ``format_version=1`` still gets version 1)
-FORMAT_VERSION = 2
+#: the version this release writes by default (a header with ``format_version=1`` or ``2`` still gets that version)
+FORMAT_VERSION = 3
 #: every version this release reads and writes; a stored sample of each lives in tests/data/changelog/
-SUPPORTED_FORMAT_VERSIONS = (1, 2)
+SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
 
 KIND_DELTA = "delta"
 KIND_SNAPSHOT = "snapshot"
@@ -121,12 +124,22 @@ _BLOCK_BYTES = 1 << 20
 _PACK_WHOLE_MAX = 4096
 _PACK_CACHE_MAX = 1024
 
-#: version 2 block header: record count u32, flags u8, key bytes u32, value bytes u32; then (flag _FLAG_OPS) n op
-#: bytes, n key lengths u32, n value lengths u32, the keys concatenated, the values concatenated
+#: version 2 and 3 block header: record count u32, flags u8, key bytes u32, value bytes u32; then (flag _FLAG_OPS) n
+#: op bytes, the key lengths (n u32; version 3 with _FLAG_KEYS_FIXED: one u32), the value lengths (n u32, 0 for a
+#: delete; version 3 with _FLAG_VALUES_FIXED: one u32, the length of every put's value), the keys concatenated (with
+#: _FLAG_KEYS_FIXED as byte planes), the values concatenated (with _FLAG_VALUES_FIXED the puts' values as byte planes)
 _BLOCK_HEADER = struct.Struct("<IBII")
 _BLOCK_HEADER_SIZE = _BLOCK_HEADER.size  # 13
 _unpack_block_header = _BLOCK_HEADER.unpack_from
 _FLAG_OPS = 1  # the block has an op byte per record (it holds a delete); without it every record is a put
+_FLAG_KEYS_FIXED = 2  # version 3: every key has one length, stored once; the keys are stored as byte planes
+_FLAG_VALUES_FIXED = 4  # version 3: every put's value has one length, stored once; their values as byte planes
+#: the flags a block of each columnar version may carry
+_VALID_FLAGS = {2: _FLAG_OPS, 3: _FLAG_OPS | _FLAG_KEYS_FIXED | _FLAG_VALUES_FIXED}
+#: the version 3 writer stores a column of one length as byte planes up to this length: short fixed-size keys and
+#: values (ids, counters, timestamps) are where bytes at one position repeat across records; a longer record's own
+#: byte order is worth more to zstd than the alignment (any length is read)
+PLANES_MAX_LENGTH = 64
 #: the writer closes a block at this many records or once its keys and values reach _BLOCK_BYTES; the reader refuses
 #: a bigger count, so a corrupt count cannot make it allocate more than a few MiB of lengths
 BLOCK_MAX_RECORDS = 1 << 16
@@ -265,8 +278,11 @@ def write_file(
         def emit_body(data: bytes) -> None:
             emit(compress(data))
 
-    write_body = _write_body_v1 if version == 1 else _write_body_v2
-    count, raw_bytes = write_body(records, emit_body, allow_delete=header.kind in _DELETE_KINDS)
+    allow_delete = header.kind in _DELETE_KINDS
+    if version == 1:
+        count, raw_bytes = _write_body_v1(records, emit_body, allow_delete=allow_delete)
+    else:
+        count, raw_bytes = _write_body_columnar(records, emit_body, allow_delete=allow_delete, planes=version >= 3)
     if finish is not None:
         emit(finish())
 
@@ -285,12 +301,13 @@ def encode(header: FileHeader, records: Iterable[tuple[bytes, bytes | None]], **
     return out.getvalue()
 
 
-def _write_body_v2(records: Iterable[tuple[bytes, bytes | None]], emit: Callable[[bytes], None], *,
-                   allow_delete: bool) -> tuple[int, int]:
-    """Version 2 body: columnar blocks. Returns (record count, key+value bytes).
+def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]], emit: Callable[[bytes], None], *,
+                         allow_delete: bool, planes: bool) -> tuple[int, int]:
+    """Version 2 and 3 body: columnar blocks. Returns (record count, key+value bytes).
 
     Records are taken from the input a chunk at a time and split into columns by C calls (``zip``, ``map(len)``),
-    so the writer runs a few Python statements per chunk, not per record.
+    so the writer runs a few Python statements per chunk, not per record. With ``planes`` (version 3) a column whose
+    records all have one length (at most PLANES_MAX_LENGTH) is written as that length once and its bytes as planes.
     """
     source = iter(records)
     count = 0
@@ -326,17 +343,81 @@ def _write_body_v2(records: Iterable[tuple[bytes, bytes | None]], emit: Callable
         if not keys:
             return count, raw_bytes
         _check_block_input(keys, values, previous, count, has_delete=has_delete, allow_delete=allow_delete)
+        n = len(keys)
         key_bytes = sum(key_lengths)
-        parts = [_BLOCK_HEADER.pack(len(keys), _FLAG_OPS if has_delete else 0, key_bytes, size - key_bytes)]
+        flags = _FLAG_OPS if has_delete else 0
+        parts = [b""]  # the block header, once the flags are known
         if has_delete:
             parts.append(bytes(_OP_DELETE if value is None else _OP_PUT for value in values))
-        parts += (_u32_bytes(key_lengths), _u32_bytes(value_lengths), b"".join(keys),
-                  # filter(None) drops deletes (and empty values, which add no bytes)
-                  b"".join(filter(None, values)) if has_delete else b"".join(values))  # type: ignore[arg-type]
+        # a delete has no value: the value column holds the puts' values only
+        puts: list[bytes] = ([value for value in values if value is not None] if has_delete
+                             else values)  # type: ignore[assignment]
+        key_length = key_lengths[0]
+        keys_fixed = planes and key_length <= PLANES_MAX_LENGTH and key_lengths.count(key_length) == n
+        value_length = len(puts[0]) if puts else 0
+        values_fixed = (planes and bool(puts) and value_length <= PLANES_MAX_LENGTH
+                        and (list(map(len, puts)) if has_delete else value_lengths).count(value_length) == len(puts))
+        if keys_fixed:
+            flags |= _FLAG_KEYS_FIXED
+            parts.append(_u32_bytes([key_length]))
+        else:
+            parts.append(_u32_bytes(key_lengths))
+        if values_fixed:
+            flags |= _FLAG_VALUES_FIXED
+            parts.append(_u32_bytes([value_length]))
+        else:
+            parts.append(_u32_bytes(value_lengths))
+        joined_keys = b"".join(keys)
+        parts.append(_to_planes(joined_keys, n, key_length) if keys_fixed else joined_keys)
+        joined_values = b"".join(puts)
+        parts.append(_to_planes(joined_values, len(puts), value_length) if values_fixed else joined_values)
+        parts[0] = _BLOCK_HEADER.pack(n, flags, key_bytes, size - key_bytes)
         emit(b"".join(parts))
-        count += len(keys)
+        count += n
         raw_bytes += size
         previous = keys[-1]
+
+
+def _to_planes(data: bytes, n: int, length: int) -> bytes:
+    """``n`` records of ``length`` bytes each (``data``, concatenated) as byte planes: the first byte of every record,
+    then the second byte of every record, and so on. Records of one length in key order share bytes at the same
+    position (a key's prefix, a small number's high bytes), which planes put next to each other for zstd.
+
+    One C slice per plane, or per record when there are fewer records than bytes per record."""
+    if n <= 1 or length <= 1:
+        return data  # one record, or one plane: the planes are the data itself
+    if length <= n:
+        return b"".join([data[i::length] for i in range(length)])
+    out = bytearray(len(data))
+    for j in range(n):
+        out[j::n] = data[j * length:(j + 1) * length]
+    return bytes(out)
+
+
+def _from_planes(data: bytes, start: int, n: int, length: int) -> Sequence[bytes]:
+    """The ``n`` records of ``length`` bytes each stored as byte planes in ``data[start:start + n * length]``
+    (the inverse of :func:`_to_planes`): one C slice assignment per plane, then one struct call cuts the records;
+    one slice per record when there are fewer records than bytes per record."""
+    view = memoryview(data)[start:start + n * length]
+    if length <= n:
+        out = bytearray(n * length)
+        for i in range(length):
+            out[i::length] = view[i * n:(i + 1) * n]
+        return _fixed_struct(n, length).unpack_from(out)
+    return [bytes(view[j::n]) for j in range(n)]
+
+
+#: compiled structs cutting n records of one length, by (n, length): most blocks of a store share one
+_FIXED_STRUCTS: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _fixed_struct(n: int, length: int) -> struct.Struct:
+    compiled = _FIXED_STRUCTS.get((n, length))
+    if compiled is None:
+        if len(_FIXED_STRUCTS) >= 16:
+            _FIXED_STRUCTS.clear()
+        compiled = _FIXED_STRUCTS[(n, length)] = struct.Struct("<" + f"{length}s" * n)
+    return compiled
 
 
 def _check_block_input(keys: list[bytes], values: list[bytes | None], previous: bytes | None, first_index: int, *,
@@ -463,7 +544,7 @@ def verify(data: bytes, *, name: str) -> FileHeader:
                                       allow_delete=allow_delete, emit=False))
     else:
         found = _drain(_parse_blocks(_body_reader(data, header_end, body_end, compression, name=name), name=name,
-                                     allow_delete=allow_delete, emit=False))
+                                     allow_delete=allow_delete, version=header.format_version, emit=False))
     _check_count(found, count, name=name)
     return header
 
@@ -501,7 +582,8 @@ def iter_records(source: bytes | BinaryIO, *, name: str, verified: bool = False)
                                               check_count))
         read = _body_reader(data, header_end, body_end, compression, name=name)
         return RecordReader(header, chain.from_iterable(
-            _then(_parse_blocks(read, name=name, allow_delete=allow_delete), check_count)))
+            _then(_parse_blocks(read, name=name, allow_delete=allow_delete, version=header.format_version),
+                  check_count)))
     return _open_stream(source, name=name)
 
 
@@ -717,15 +799,17 @@ def _read_exactly(read: Callable[[int], bytes], size: int) -> bytes:
     return b"".join(parts)
 
 
-def _parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool,
+def _parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool, version: int,
                   emit: bool = True) -> Generator[Iterator[Record], None, int]:
-    """Version 2: one ``zip(keys, values)`` per block of the uncompressed body (read with ``read(size)``), every
-    block checked before it is yielded; returns the record count when done.
+    """Versions 2 and 3: one ``zip(keys, values)`` per block of the uncompressed body (read with ``read(size)``),
+    every block checked before it is yielded; returns the record count when done.
 
     Per block, the lengths are read as u32 arrays, and the keys and values are cut by one ``struct`` call whose
-    format (``"5s3s..."``) is built from the lengths: C does the per-record work. ``emit=False`` builds no values and
-    yields nothing (what verify needs).
+    format (``"5s3s..."``) is built from the lengths: C does the per-record work. A version 3 column of one length
+    is put back from its byte planes by one slice assignment per plane, then cut by one cached struct. ``emit=False``
+    builds no values and yields nothing (what verify needs).
     """
+    valid_flags = _VALID_FLAGS[version]
     count = 0
     offset = 0  # body offset of the current block, for messages
     previous: bytes | None = None  # the last key of the previous block
@@ -737,38 +821,76 @@ def _parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool
             raise CorruptDataError(f"{name}: the body ends inside the header of the block at body byte {offset} "
                                    f"(record {count}); the file is truncated or corrupt")
         n, flags, key_bytes, value_bytes = _unpack_block_header(head)
-        if not 0 < n <= BLOCK_MAX_RECORDS or flags & ~_FLAG_OPS:
+        if not 0 < n <= BLOCK_MAX_RECORDS or flags & ~valid_flags:
             raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has record count {n} "
-                                   f"and flags {flags}; a valid block has 1..{BLOCK_MAX_RECORDS} records and flags "
-                                   f"0 or {_FLAG_OPS}; the file is corrupt")
+                                   f"and flags {flags}; a valid version {version} block has 1..{BLOCK_MAX_RECORDS} "
+                                   f"records and flags within {valid_flags}; the file is corrupt")
         has_ops = flags & _FLAG_OPS
         if has_ops and not allow_delete:
             raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has op bytes, not a "
                                    "valid snapshot record block (a snapshot holds puts only)")
+        keys_fixed = flags & _FLAG_KEYS_FIXED
+        values_fixed = flags & _FLAG_VALUES_FIXED
         ops_size = n if has_ops else 0
-        size = ops_size + 8 * n + key_bytes + value_bytes
+        key_lengths_size = 4 if keys_fixed else 4 * n
+        value_lengths_size = 4 if values_fixed else 4 * n
+        data_start = ops_size + key_lengths_size + value_lengths_size
+        size = data_start + key_bytes + value_bytes
         block = _read_exactly(read, size)
         if len(block) < size:
             raise CorruptDataError(f"{name}: the body ends inside the block at body byte {offset} (records {count} "
                                    f"to {count + n - 1}: {len(block)} of {size} bytes); the file is truncated or "
                                    "corrupt")
-        key_lengths = _u32_array(block, ops_size, n)
-        value_lengths = _u32_array(block, ops_size + 4 * n, n)
-        cut = _block_struct(key_lengths, value_lengths, n, emit)
-        # the struct's size is the sum of the lengths it cuts: compare it (free) rather than summing the arrays
-        if cut.size != (key_bytes + value_bytes if emit else key_bytes) or (
-                not emit and sum(value_lengths) != value_bytes):
-            raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has key and value "
-                                   f"lengths that do not add up to its {key_bytes} key and {value_bytes} value "
-                                   "bytes; the file is corrupt")
-        ops = block[:ops_size]
-        deletes = _check_ops(ops, value_lengths, offset, count, name=name) if has_ops else []
-        unpacked = cut.unpack_from(block, ops_size + 8 * n)
-        keys = unpacked[:n] if emit else unpacked
+        deletes = _delete_positions(block[:ops_size], offset, count, name=name) if has_ops else []
+        if not (keys_fixed or values_fixed):  # version 2's layout: one struct cuts keys and values
+            key_lengths = _u32_array(block, ops_size, n)
+            value_lengths = _u32_array(block, ops_size + 4 * n, n)
+            cut = _block_struct(key_lengths, value_lengths, n, emit)
+            # the struct's size is the sum of the lengths it cuts: compare it (free) rather than summing the arrays
+            if cut.size != (key_bytes + value_bytes if emit else key_bytes) or (
+                    not emit and sum(value_lengths) != value_bytes):
+                _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name)
+            _check_deletes_have_no_value(deletes, value_lengths, offset, count, name=name)
+            unpacked = cut.unpack_from(block, data_start)
+            keys: Sequence[bytes] = unpacked[:n] if emit else unpacked
+            values: Sequence[bytes | None] = unpacked[n:]
+        else:
+            puts = n - len(deletes)
+            if keys_fixed:
+                (key_length,) = _u32_array(block, ops_size, 1)
+                if key_length * n != key_bytes:
+                    _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name,
+                                       detail=f"{n} keys of length {key_length}")
+                keys = _from_planes(block, data_start, n, key_length)
+            else:
+                key_cut = _column_struct(_u32_array(block, ops_size, n), n)
+                if key_cut.size != key_bytes:
+                    _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name)
+                keys = key_cut.unpack_from(block, data_start)
+            value_start = data_start + key_bytes
+            if values_fixed:
+                (value_length,) = _u32_array(block, ops_size + key_lengths_size, 1)
+                if value_length * puts != value_bytes:
+                    _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name,
+                                       detail=f"{puts} values of length {value_length}")
+                if emit:
+                    values = _from_planes(block, value_start, puts, value_length)
+                    if deletes:
+                        values = _with_deletes(values, deletes)
+            else:
+                value_lengths = _u32_array(block, ops_size + key_lengths_size, n)
+                _check_deletes_have_no_value(deletes, value_lengths, offset, count, name=name)
+                if emit:
+                    value_cut = _column_struct(value_lengths, n)
+                    if value_cut.size != value_bytes:
+                        _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name)
+                    values = value_cut.unpack_from(block, value_start)
+                elif sum(value_lengths) != value_bytes:
+                    _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name)
+            deletes = deletes if not values_fixed else []  # the Nones are in place already
         if not (all(map(lt, keys, islice(keys, 1, None))) and (previous is None or previous < keys[0])):
             _raise_out_of_order(keys, previous, offset, count, name=name)
         if emit:
-            values: Sequence[bytes | None] = unpacked[n:]
             if deletes:
                 values = list(values)
                 for index in deletes:  # a Python step per delete only, never per put
@@ -787,8 +909,31 @@ def _u32_array(block: bytes, start: int, n: int) -> array[int]:
     return numbers
 
 
-def _check_ops(ops: bytes, value_lengths: array[int], offset: int, first_index: int, *, name: str) -> list[int]:
-    """Check a block's op bytes (puts and deletes only, deletes without a value); the positions of its deletes."""
+def _with_deletes(puts: Sequence[bytes], deletes: list[int]) -> list[bytes | None]:
+    """The values of a block whose column holds the puts' values only: ``None`` at each delete's position (in
+    increasing order), the puts' values in order around them. A Python step per delete; runs of puts are copied
+    by slices."""
+    values: list[bytes | None] = []
+    taken = 0  # puts' values placed so far
+    position = 0  # the record the next value is for
+    for index in deletes:
+        run = index - position
+        values += puts[taken:taken + run]
+        values.append(None)
+        taken += run
+        position = index + 1
+    values += puts[taken:]
+    return values
+
+
+def _raise_bad_lengths(offset: int, first_index: int, key_bytes: int, value_bytes: int, *, name: str,
+                       detail: str = "key and value lengths") -> None:
+    raise CorruptDataError(f"{name}: the block at body byte {offset} (record {first_index}) has {detail} that do "
+                           f"not add up to its {key_bytes} key and {value_bytes} value bytes; the file is corrupt")
+
+
+def _delete_positions(ops: bytes, offset: int, first_index: int, *, name: str) -> list[int]:
+    """Check a block's op bytes (puts and deletes only); the positions of its deletes, in increasing order."""
     if ops.count(_OP_PUT) + ops.count(_OP_DELETE) != len(ops):
         index = next(i for i, op in enumerate(ops) if op not in (_OP_PUT, _OP_DELETE))
         raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} has op "
@@ -797,12 +942,17 @@ def _check_ops(ops: bytes, value_lengths: array[int], offset: int, first_index: 
     find = ops.find
     index = find(_OP_DELETE)
     while index >= 0:  # bytes.find in C: a Python step per delete, none per put
-        if value_lengths[index]:
-            raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} is a "
-                                   f"delete with value length {value_lengths[index]}, not a valid delta record")
         deletes.append(index)
         index = find(_OP_DELETE, index + 1)
     return deletes
+
+
+def _check_deletes_have_no_value(deletes: list[int], value_lengths: array[int], offset: int, first_index: int, *,
+                                 name: str) -> None:
+    for index in deletes:
+        if value_lengths[index]:
+            raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} is a "
+                                   f"delete with value length {value_lengths[index]}, not a valid delta record")
 
 
 def _raise_out_of_order(keys: Sequence[bytes], previous: bytes | None, offset: int, first_index: int, *,
@@ -853,6 +1003,15 @@ def _block_struct(key_lengths: array[int], value_lengths: array[int], n: int, em
             _UNIFORM_STRUCTS.clear()
         _UNIFORM_STRUCTS[(n, key_length, value_length)] = compiled
     return compiled
+
+
+def _column_struct(lengths: array[int], n: int) -> struct.Struct:
+    """The struct that cuts one column of ``n`` records of the given lengths (a version 3 block whose other column
+    is stored as planes)."""
+    length = lengths[0]
+    if lengths.count(length) == n:
+        return _fixed_struct(n, length)
+    return struct.Struct("<" + "".join(map(_LENGTH_FORMATS.__getitem__, lengths)))
 
 
 def _then(items: Generator[Any, None, int], done: Callable[[int], None]) -> Iterator[Any]:
@@ -940,7 +1099,8 @@ def _stream_records(body: _StreamBody, header: FileHeader, compression: str, hea
 
     if header.format_version != 1:
         read = _zstd_read(body, name=name) if compression == "zstd" else body.read
-        return chain.from_iterable(_then(_parse_blocks(read, name=name, allow_delete=allow_delete), finish))
+        return chain.from_iterable(_then(_parse_blocks(read, name=name, allow_delete=allow_delete,
+                                                       version=header.format_version), finish))
     if compression == "zstd":
         # zstandard's stub asks for IO[bytes]; its reader only ever calls read(), which _StreamBody has
         reader: Any = zstandard.ZstdDecompressor().stream_reader(body, read_size=_BLOCK_BYTES,  # type: ignore[arg-type]

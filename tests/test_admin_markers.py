@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.changelog.marker import Recipe, Step
 from statebackend.checkpoint import CheckpointLog
 
 from statebackend import TaskStorage
@@ -18,6 +19,9 @@ from statebackend.contracts import BackendContext, StateBackendAdmin
 from statebackend.errors import CorruptDataError
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
+
+#: the blob prefix of store s of task t, under which its recipe names blobs
+PREFIX = "job/t/s/changelog/"
 
 
 class _Plain(StateBackendAdmin):
@@ -57,8 +61,8 @@ def _admin(config: dict[str, Any], store: BlobStore) -> StateBackendAdmin:
 
 def test_changelog_describes_names_and_verifies_its_recipe(tmp_path: Path) -> None:
     config, marker = _job(tmp_path)
-    recipe = json.loads(marker)
-    names = {step["name"] for step in [recipe["snapshot"], *recipe["deltas"]] if step and step["name"]}
+    recipe = Recipe.decode(marker, prefix=PREFIX)
+    names = set(recipe.blob_names())
     with open_blob_store(config["blob.store.url"]) as store:
         admin = _admin(config, store)
         assert admin.referenced_blobs("s", marker) == names
@@ -67,12 +71,15 @@ def test_changelog_describes_names_and_verifies_its_recipe(tmp_path: Path) -> No
         assert described["bytes"] == sum(store.head(name).size for name in names)
         assert admin.verify_marker("s", marker) == []
 
-        # a recipe with a gap in its chain, and one whose delta is gone
-        assert recipe["snapshot"]["seq"] == 3 and [d["seq"] for d in recipe["deltas"]] == [4, 5]
-        gapped = dict(recipe, deltas=recipe["deltas"][1:])  # snapshot 3, then delta 5
+        # a recipe with a gap in its chain (format 2 cannot spell one; a format 1 marker can), and one whose delta is
+        # gone
+        assert recipe.snapshot is not None and recipe.snapshot.seq == 3 and [d.seq for d in recipe.deltas] == [4, 5]
+        gapped = {"format": 1, "snapshot": _format_1_step(recipe.snapshot),
+                  "deltas": [_format_1_step(recipe.deltas[1])]}  # snapshot 3, then delta 5
         assert admin.verify_marker("s", json.dumps(gapped)) == [
             "store s: the recipe jumps from seq 3 to seq 5; a delta of the chain is missing from the marker"]
-        last = recipe["deltas"][-1]["name"]
+        last = recipe.deltas[-1].name
+        assert last is not None
         store.delete(last)
         described = admin.describe_marker("s", marker)
         assert described is not None and described["missing"] == 1
@@ -87,11 +94,19 @@ def test_changelog_describes_names_and_verifies_its_recipe(tmp_path: Path) -> No
         assert "not valid JSON" in problem
 
 
+def _format_1_step(step: Step) -> dict[str, object]:
+    return {"seq": step.seq, "checkpoint_id": step.checkpoint_id, "token": step.token, "name": step.name}
+
+
 def test_changelog_verify_names_a_snapshot_of_another_store(tmp_path: Path) -> None:
+    """Store s's blobs under store other's names: intact, and refused because their headers say they are s's."""
     config, marker = _job(tmp_path)
-    recipe = json.loads(marker)
-    assert recipe["snapshot"] is not None
+    recipe = Recipe.decode(marker, prefix=PREFIX)
+    assert recipe.snapshot is not None
     with open_blob_store(config["blob.store.url"]) as store:
+        for name in recipe.blob_names():
+            store.put(name.replace("/s/", "/other/"), store.get(name))
         admin = _admin(config, store)
         wrong_store = admin.verify_marker("other", marker)  # the blobs say they are store s's
-        assert wrong_store and all("is intact but is not the" in p for p in wrong_store)
+        assert len(wrong_store) == len(list(recipe.blob_names()))
+        assert all("is intact but is not the" in p for p in wrong_store)

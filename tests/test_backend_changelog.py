@@ -3,6 +3,7 @@ catch-up by deltas, re-upload of a failed delta, retention of deltas)."""
 
 from __future__ import annotations
 
+import random
 import shutil
 from pathlib import Path
 from typing import Any, ClassVar
@@ -11,6 +12,7 @@ import pytest
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, ConfigError
+from statebackend.recordfile import FORMAT_VERSION, read_header
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
@@ -19,6 +21,10 @@ from statebackend.testing.controlled import ControlledBlobStore
 class TestChangelogBackend(BackendContract):
     backup_factories: ClassVar[str] = "changelog"
     extra_config: ClassVar[dict[str, Any]] = {"changelog.snapshot.interval.commits": 3}
+
+
+#: the blob prefix of store counts of task-0 (``BackendContext.blob_prefix``), under which its recipe names blobs
+PREFIX = "job/task-0/counts/changelog/"
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
@@ -37,6 +43,11 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
         assert task.metrics.counter("changelog.blobs.deleted") > 0
     deltas = list(blobs.list("job/task-0/counts/changelog/delta/"))
     assert len(deltas) < 12
+    snapshots = list(blobs.list("job/task-0/counts/changelog/snapshot/"))
+    assert snapshots
+    # deltas and snapshots are written in the record file's newest version
+    assert {read_header(blobs.get(name), name=name).format_version for name in deltas + snapshots} == {
+        FORMAT_VERSION} == {3}
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -93,7 +104,8 @@ def test_bytes_uploaded_follow_the_change_not_the_state(tmp_path: Path) -> None:
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000})
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         store = task.store("counts")
-        store.put_all((f"key-{i:07d}".encode(), b"x" * 20) for i in range(50_000))
+        # values that do not compress away (sequential keys and equal values shrink to a few KB as byte planes)
+        store.put_all((f"key-{i:07d}".encode(), random.Random(i).randbytes(20)) for i in range(50_000))
         task.commit_durably({"input": "load"})
         before = task.metrics.counter("commit.bytes.uploaded")
         for i in range(0, 50_000, 500):
@@ -174,10 +186,11 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
         own_chain = set(manager._lineages["counts"].recipe().blob_names())  # type: ignore[attr-defined]
     entries = CheckpointLog(inner, "job", "task-0").entries()
     referenced = {
-        n for e in entries for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).blob_names()
+        n for e in entries
+        for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).blob_names()
     }
     stored = set(inner.list("job/task-0/counts/changelog/"))
-    newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"]).seq for e in entries)
+    newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).seq for e in entries)
     unreferenced_old = {n for n in stored - referenced if int(n.rsplit("/", 1)[-1].split("-")[0]) <= newest}
     assert unreferenced_old - own_chain == set()
     for entry in entries:
@@ -204,7 +217,7 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
             adopted += task.metrics.counter("changelog.snapshot.adopted")
             write_round(task, batch, model)
             checkpoint = task.commit_durably({"batch": str(batch)})
-            recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+            recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
             longest_chain = max(longest_chain, len(recipe.deltas))
     assert adopted >= 3
     assert longest_chain <= 2 * 3 + 1
@@ -283,7 +296,7 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
         assert task.metrics.counter("changelog.snapshot.adopted") == 0
         write_round(task, 10, model)
         checkpoint = task.commit_durably({"input": "10"})
-        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert victim not in set(recipe.blob_names())
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -332,7 +345,7 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
         checkpoint = task.commit_durably({"input": "5"})
         assert task.metrics.counter("changelog.snapshot.failures") == 0
         assert task.metrics.counter("changelog.snapshot.adopted") == 1
-        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"])
+        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is not None and recipe.snapshot.seq == 2
     assert not staged.exists()  # uploaded, then removed by the upload itself
     shutil.rmtree(tmp_path / "local")
@@ -364,7 +377,7 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
             if lineage.background is not None:
                 lineage.background.exception(timeout=30)
             if len(checkpoints) >= 2:
-                older, newer = (Recipe.decode(c.markers_for("changelog")["counts"]) for c in checkpoints[-2:])
+                older, newer = (Recipe.decode(c.markers_for("changelog")["counts"], prefix=PREFIX) for c in checkpoints[-2:])
                 if set(older.blob_names()) - set(newer.blob_names()):
                     break  # the older retained checkpoint needs blobs the newer one does not
         else:
@@ -492,7 +505,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
         assert task.metrics.counter("changelog.rebase.old.blobs") == 1
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})
-        recipe = Recipe.decode(latest.markers_for("changelog")["counts"])
+        recipe = Recipe.decode(latest.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is not None and not recipe.deltas
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as check:
@@ -517,7 +530,7 @@ def test_a_finished_snapshot_older_than_half_the_grace_period_is_not_adopted_at_
         assert task.metrics.counter("changelog.snapshot.adopted") == 0
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})
-        assert finished not in set(Recipe.decode(latest.markers_for("changelog")["counts"]).blob_names())
+        assert finished not in set(Recipe.decode(latest.markers_for("changelog")["counts"], prefix=PREFIX).blob_names())
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as check:
         assert check.restored == latest

@@ -157,7 +157,7 @@ def _run_task(task_name: str, backend: str, local: Path, blobs: BlobStore, url: 
 def _needed(backend: str, blobs: BlobStore, checkpoint: Any) -> dict[str, list[str]]:
     marker = checkpoint.markers_for(backend)["counts"]
     if backend == "changelog":
-        recipe = Recipe.decode(marker)
+        recipe = Recipe.decode(marker, prefix=f"{JOB}/task-0/counts/changelog/")
         assert recipe.snapshot is not None and recipe.snapshot.name is not None, "the scenario needs a snapshot"
         deltas = [d.name for d in recipe.deltas if d.name is not None]
         assert deltas, "the scenario needs deltas after the snapshot"

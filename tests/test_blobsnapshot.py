@@ -21,7 +21,7 @@ from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
-from statebackend.recordfile import iter_records
+from statebackend.recordfile import FORMAT_VERSION, iter_records, read_header
 from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
@@ -254,6 +254,18 @@ def test_deletes_are_tombstones_in_the_run_and_restore_exactly(tmp_path: Path) -
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
+
+
+def test_runs_are_written_in_the_newest_record_file_version(tmp_path: Path) -> None:
+    """Runs use the shared record file format; they get its newest version (byte planes for keys of one length)."""
+    blobs = MemoryBlobStore()
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(make_config(tmp_path), "task-0", blob_store=blobs) as task:
+        fill(task, model, 0, 500, "a")
+        checkpoint = task.commit_durably({"input": "0"})
+    data = blobs.get(run_name(PREFIX, read_marker_index(blobs, checkpoint).runs[-1].hash))
+    assert read_header(data, name="run").format_version == FORMAT_VERSION == 3
+    assert dict(iter_records(data, name="run")) == model
 
 
 def test_index_names_its_previous_index_and_appends_the_new_run(tmp_path: Path) -> None:

@@ -34,7 +34,9 @@ DELTA = FileHeader(kind="delta", job="job", task="task-3", store="counts", check
 SNAPSHOT = FileHeader(kind="snapshot", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
                       token="tok", seq=5, base_seq=5)
 SMALL_DELTA = [(b"a", b"1"), (b"b", None), (b"c", b""), (b"d\xff", b"value-d")]
-VERSIONS = [1, 2]
+#: keys of one length, puts' values of one length: both columns are byte planes in version 3
+FIXED_DELTA = [(b"k01", b"\x00\x00\x00\x07"), (b"k02", None), (b"k05", b"\x00\x00\x01\x00")]
+VERSIONS = [1, 2, 3]
 
 
 def in_version(header: FileHeader, version: int) -> FileHeader:
@@ -113,8 +115,46 @@ def block_of(records: list[tuple[bytes, bytes | None]], *, ops: bytes | None = N
             + struct.pack(f"<{len(keys)}I", *lengths) + b"".join(keys) + b"".join(values))
 
 
+def planes(column: list[bytes]) -> bytes:
+    """Records of one length as byte planes, written out byte by byte (independently of the writer's slicing)."""
+    return bytes(record[i] for i in range(len(column[0]) if column else 0) for record in column)
+
+
+def fixed_block_of(records: list[tuple[bytes, bytes | None]], *, keys_fixed: bool = True, values_fixed: bool = True,
+                   count: int | None = None, key_length: int | None = None, value_length: int | None = None,
+                   key_bytes: int | None = None, value_bytes: int | None = None) -> bytes:
+    """A version 3 block built by hand, a column of one length as byte planes; the keyword arguments override what a
+    correct writer would put there."""
+    keys = [key for key, _ in records]
+    puts = [value for _, value in records if value is not None]
+    has_deletes = len(puts) < len(records)
+    flags = (1 if has_deletes else 0) | (2 if keys_fixed else 0) | (4 if values_fixed else 0)
+    parts = [b""]
+    if has_deletes:
+        parts.append(bytes(2 if value is None else 1 for _, value in records))
+    if keys_fixed:
+        parts.append(struct.pack("<I", len(keys[0]) if key_length is None else key_length))
+    else:
+        parts.append(struct.pack(f"<{len(keys)}I", *map(len, keys)))
+    if values_fixed:
+        parts.append(struct.pack("<I", len(puts[0]) if value_length is None else value_length))
+    else:
+        parts.append(struct.pack(f"<{len(keys)}I", *(len(value or b"") for _, value in records)))
+    parts.append(planes(keys) if keys_fixed else b"".join(keys))
+    parts.append(planes(puts) if values_fixed else b"".join(puts))
+    parts[0] = struct.pack("<IBII", len(records) if count is None else count, flags,
+                           sum(map(len, keys)) if key_bytes is None else key_bytes,
+                           sum(map(len, puts)) if value_bytes is None else value_bytes)
+    return b"".join(parts)
+
+
 def body_in(version: int, records: list[tuple[bytes, bytes | None]]) -> bytes:
-    return body_of(records) if version == 1 else block_of(records)
+    if version == 1:
+        return body_of(records)
+    if version == 2:
+        return block_of(records)
+    return fixed_block_of(records, keys_fixed=len({len(key) for key, _ in records}) == 1,
+                          values_fixed=len({len(value) for _, value in records if value is not None}) == 1)
 
 
 # ------------------------------------------------------------------------------------------------------- round trips
@@ -123,12 +163,21 @@ def body_in(version: int, records: list[tuple[bytes, bytes | None]]) -> bytes:
 @st.composite
 def files(draw: st.DrawFn) -> tuple[FileHeader, list[tuple[bytes, bytes | None]], str]:
     header = in_version(draw(st.sampled_from([DELTA, SNAPSHOT])), draw(st.sampled_from(VERSIONS)))
-    values = st.binary(max_size=40) if header.kind == "snapshot" else st.one_of(st.none(), st.binary(max_size=40))
-    records = sorted(draw(st.dictionaries(st.binary(max_size=24), values, max_size=60)).items())
+    # keys and values of one length (fixed-length columns, byte planes in version 3), of a few lengths, or of any
+    key_size = draw(st.integers(min_value=0, max_value=24))
+    value_size = draw(st.integers(min_value=0, max_value=12))
+    key_lengths = draw(st.sampled_from([[key_size], [key_size, key_size + 1], None]))
+    value_lengths = draw(st.sampled_from([[value_size], [0, value_size], None]))
+    keys = (st.binary(max_size=24) if key_lengths is None
+            else st.sampled_from(key_lengths).flatmap(lambda n: st.binary(min_size=n, max_size=n)))
+    puts = (st.binary(max_size=40) if value_lengths is None
+            else st.sampled_from(value_lengths).flatmap(lambda n: st.binary(min_size=n, max_size=n)))
+    values = puts if header.kind == "snapshot" else st.one_of(st.none(), puts)
+    records = sorted(draw(st.dictionaries(keys, values, max_size=60)).items())
     return header, records, draw(st.sampled_from(["none", "zstd"]))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(files())
 def test_round_trip_returns_the_records_and_header_from_bytes_and_stream(
     case: tuple[FileHeader, list[tuple[bytes, bytes | None]], str],
@@ -166,14 +215,15 @@ def test_records_straddling_blocks_and_a_record_bigger_than_blocks_round_trip(co
 
 
 def uncompressed_blocks(data: bytes) -> list[tuple[int, int, int]]:
-    """(record count, flags, key+value bytes) of each block of an uncompressed version 2 file."""
+    """(record count, flags, key+value bytes) of each block of an uncompressed version 2 or 3 file."""
     body = data[fmt.header_size(data[:16], name="x"):-fmt.FOOTER_SIZE]
     blocks = []
     position = 0
     while position < len(body):
         count, flags, key_bytes, value_bytes = struct.unpack_from("<IBII", body, position)
         blocks.append((count, flags, key_bytes + value_bytes))
-        position += 13 + (count if flags else 0) + 8 * count + key_bytes + value_bytes
+        lengths = (4 if flags & 2 else 4 * count) + (4 if flags & 4 else 4 * count)
+        position += 13 + (count if flags & 1 else 0) + lengths + key_bytes + value_bytes
     return blocks
 
 
@@ -187,12 +237,76 @@ def test_version_2_cuts_blocks_at_the_record_cap_and_at_about_a_mebibyte() -> No
     assert sum(count for count, _, _ in blocks) == 300
     assert len(blocks) >= 4
     assert all(size <= 2 * (1 << 20) for _, _, size in blocks)
-    assert {flags for _, flags, _ in blocks} == {1}  # every block holds a delete, so every block has op bytes
+    # every block holds a delete, so every block has op bytes; keys of one length, values longer than planes take
+    assert {flags for _, flags, _ in blocks} == {1 | 2}
 
 
-def test_a_block_without_deletes_has_no_op_bytes() -> None:
-    data = encode(DELTA, [(b"a", b"1"), (b"b", b"2")], compression="none")
-    assert uncompressed_blocks(data) == [(2, 0, 4)]
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_block_without_deletes_has_no_op_bytes(version: int) -> None:
+    data = encode(in_version(DELTA, version), [(b"a", b"1"), (b"bb", b"2")], compression="none")
+    assert uncompressed_blocks(data) == [(2, 0 if version == 2 else 4, 5)]
+
+
+def test_version_3_stores_a_column_of_one_length_once_and_as_byte_planes() -> None:
+    records: list[tuple[bytes, bytes | None]] = [(b"k%04d" % i, b"%08d" % (i * i)) for i in range(300)]
+    data = encode(SNAPSHOT, records, compression="none")
+    assert uncompressed_blocks(data) == [(300, 2 | 4, 300 * 13)]
+    body = data[fmt.header_size(data[:16], name="x"):-fmt.FOOTER_SIZE]
+    assert body == fixed_block_of(records)  # the layout as docs/formats-changelog.md describes it, built by hand
+    keys_start = 13 + 4 + 4
+    assert body[keys_start:keys_start + 600] == b"k" * 300 + b"0" * 300  # every key's first byte, then second byte
+    values_start = keys_start + 300 * 5
+    assert body[values_start:values_start + 900] == b"0" * 900  # the first three value planes (i * i < 10 ** 5)
+
+
+def test_version_3_value_planes_hold_the_puts_only_and_deletes_keep_their_place() -> None:
+    records: list[tuple[bytes, bytes | None]] = [
+        (b"k%03d" % i, None if i % 7 in (0, 3) else b"v%03d" % i) for i in range(100)]
+    data = encode(DELTA, records, compression="none")
+    assert uncompressed_blocks(data) == [(100, 1 | 2 | 4, 400 + 4 * sum(v is not None for _, v in records))]
+    body = data[fmt.header_size(data[:16], name="x"):-fmt.FOOTER_SIZE]
+    assert body == fixed_block_of(records)
+    assert list(iter_records(data, name="f")) == records
+    assert list(iter_records(io.BytesIO(data), name="f")) == records
+
+
+@pytest.mark.parametrize(("records", "flags"), [
+    pytest.param([(b"a", b"x" * (fmt.PLANES_MAX_LENGTH + 1)), (b"b", b"y" * (fmt.PLANES_MAX_LENGTH + 1))], 2,
+                 id="values-longer-than-planes-take"),
+    pytest.param([(b"a", b"1"), (b"bb", b"2")], 4, id="keys-of-two-lengths"),
+    pytest.param([(b"a", b"1"), (b"b", b"22"), (b"c", None)], 1 | 2, id="values-of-two-lengths"),
+    pytest.param([(b"a", None), (b"b", None)], 1 | 2, id="deletes-only"),
+    pytest.param([(b"a", b""), (b"b", b""), (b"c", None)], 1 | 2 | 4, id="empty-values"),
+    pytest.param([(b"", b"v")], 2 | 4, id="one-empty-key"),
+])
+def test_version_3_uses_planes_only_for_a_column_of_one_short_length(records: list[tuple[bytes, bytes | None]],
+                                                                      flags: int) -> None:
+    data = encode(DELTA, records, compression="none")
+    assert [block_flags for _, block_flags, _ in uncompressed_blocks(data)] == [flags]
+    assert list(iter_records(data, name="f")) == records
+    assert list(iter_records(io.BytesIO(data), name="f")) == records
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_small_blocks_of_fixed_and_varied_columns_round_trip(data: st.DataObject) -> None:
+    """Many blocks per file (a block budget of a few bytes): blocks with one key length or several, one value length
+    or several, empty values and deletes follow each other in one file, in every columnar version."""
+    version = data.draw(st.sampled_from([2, 3]))
+    key_size = data.draw(st.integers(min_value=1, max_value=6))
+    keys = st.one_of(st.binary(min_size=key_size, max_size=key_size), st.binary(max_size=8))
+    values = st.one_of(st.none(), st.just(b""), st.binary(min_size=8, max_size=8), st.binary(max_size=12))
+    records = sorted(data.draw(st.dictionaries(keys, values, max_size=80)).items())
+    budget = data.draw(st.integers(min_value=1, max_value=64))
+    default = fmt._BLOCK_BYTES
+    fmt._BLOCK_BYTES = budget
+    try:
+        encoded = encode(in_version(DELTA, version), records, compression=data.draw(st.sampled_from(["none", "zstd"])))
+    finally:
+        fmt._BLOCK_BYTES = default
+    assert verify(encoded, name="f") == in_version(DELTA, version)
+    assert list(iter_records(encoded, name="f")) == records
+    assert list(iter_records(TrickleReader(encoded, 5), name="f")) == records
 
 
 def test_version_2_records_come_from_c_iterators_chained_per_block() -> None:
@@ -262,8 +376,8 @@ def test_a_delete_in_a_snapshot_is_rejected(version: int) -> None:
 
 
 def test_a_format_version_this_release_does_not_write_is_refused() -> None:
-    with pytest.raises(StateBackendError, match=r"writes format versions \[1, 2\], the header asks for 3"):
-        encode(in_version(DELTA, 3), SMALL_DELTA)
+    with pytest.raises(StateBackendError, match=r"writes format versions \[1, 2, 3\], the header asks for 4"):
+        encode(in_version(DELTA, 4), SMALL_DELTA)
 
 
 def test_unknown_compression_lists_the_allowed_ones() -> None:
@@ -281,11 +395,13 @@ def test_file_header_rejects_a_delta_whose_base_is_not_the_previous_version() ->
 # ---------------------------------------------------------------------------------------------------- corruption
 
 
+@pytest.mark.parametrize("records", [SMALL_DELTA, FIXED_DELTA], ids=["varied", "fixed"])
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("mask", [0x01, 0x80, 0xFF])
-def test_every_flipped_byte_is_detected(compression: str, mask: int, version: int) -> None:
-    data = encode(in_version(DELTA, version), SMALL_DELTA, compression=compression)
+def test_every_flipped_byte_is_detected(compression: str, mask: int, version: int,
+                                        records: list[tuple[bytes, bytes | None]]) -> None:
+    data = encode(in_version(DELTA, version), records, compression=compression)
     for position in range(len(data)):
         corrupt = bytearray(data)
         corrupt[position] ^= mask
@@ -309,10 +425,12 @@ def test_a_flipped_body_byte_yields_nothing_from_bytes(version: int) -> None:
     assert yielded == []
 
 
+@pytest.mark.parametrize("records", [SMALL_DELTA, FIXED_DELTA], ids=["varied", "fixed"])
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_every_truncation_is_detected(compression: str, version: int) -> None:
-    data = encode(in_version(DELTA, version), SMALL_DELTA, compression=compression)
+def test_every_truncation_is_detected(compression: str, version: int,
+                                      records: list[tuple[bytes, bytes | None]]) -> None:
+    data = encode(in_version(DELTA, version), records, compression=compression)
     for length in range(len(data)):
         cut = data[:length]
         with pytest.raises(CorruptDataError, match="truncated|bad magic|end marker|footer") as info:
@@ -330,8 +448,8 @@ def test_bad_magic_is_named() -> None:
 
 def test_a_newer_format_version_is_incompatible_and_names_the_versions() -> None:
     data = bytearray(encode(DELTA, SMALL_DELTA))
-    struct.pack_into("<H", data, 8, 3)
-    with pytest.raises(IncompatibleFormatError, match=r"future: changelog format version 3 .*supported: \[1, 2\]"):
+    struct.pack_into("<H", data, 8, 4)
+    with pytest.raises(IncompatibleFormatError, match=r"future: changelog format version 4 .*supported: \[1, 2, 3\]"):
         read_header(bytes(data), name="future")
     with pytest.raises(IncompatibleFormatError):
         list(iter_records(io.BytesIO(bytes(data)), name="future"))
@@ -387,9 +505,9 @@ def test_a_delete_in_a_snapshot_file_is_rejected_by_the_reader(version: int) -> 
 
 @pytest.mark.parametrize(("block", "message"), [
     pytest.param(block_of([(b"a", b"1")], count=0),
-                 "record count 0 and flags 0; a valid block has 1..65536 records", id="no-records"),
+                 "record count 0 and flags 0; a valid version 3 block has 1..65536 records", id="no-records"),
     pytest.param(block_of([(b"a", b"1")], count=fmt.BLOCK_MAX_RECORDS + 1), "record count 65537", id="too-many"),
-    pytest.param(block_of([(b"a", b"1")], flags=2), "flags 2", id="unknown-flag"),
+    pytest.param(block_of([(b"a", b"1")], flags=8), "flags 8; .* flags within 7", id="unknown-flag"),
     pytest.param(block_of([(b"a", b"1"), (b"b", b"2")], key_bytes=1),
                  "lengths that do not add up to its 1 key and 2 value bytes", id="key-bytes-too-small"),
     pytest.param(block_of([(b"a", b"1"), (b"b", b"22")], value_lengths=[3, 1]),
@@ -414,6 +532,60 @@ def test_every_inconsistent_version_2_block_is_named_by_the_reader(block: bytes,
             continue
         with pytest.raises(CorruptDataError, match=message):
             read()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("flags", [2, 4, 6])
+def test_a_version_2_block_with_a_version_3_flag_is_refused(flags: int) -> None:
+    data = hand_built(in_version(DELTA, 2), block_of([(b"a", b"1")], flags=flags), count=1)
+    for read in every_reading(data):
+        with pytest.raises(CorruptDataError, match=f"flags {flags}; a valid version 2 block .* flags within 1"):
+            read()  # type: ignore[operator]
+
+
+TWO_FIXED = [(b"ab", b"12345678"), (b"cd", b"87654321")]
+
+
+@pytest.mark.parametrize(("block", "message"), [
+    pytest.param(fixed_block_of(TWO_FIXED, key_length=3),
+                 "2 keys of length 3 that do not add up to its 4 key and 16 value bytes", id="key-length"),
+    pytest.param(fixed_block_of(TWO_FIXED, value_length=7),
+                 "2 values of length 7 that do not add up to its 4 key and 16 value bytes", id="value-length"),
+    pytest.param(fixed_block_of(TWO_FIXED, key_length=0xFFFF_FFFF),
+                 "2 keys of length 4294967295", id="huge-key-length"),
+    pytest.param(fixed_block_of(TWO_FIXED, values_fixed=False, key_bytes=3, value_bytes=17),
+                 "keys of length 2 that do not add up to its 3 key", id="key-bytes-with-value-lengths"),
+    pytest.param(fixed_block_of(TWO_FIXED, keys_fixed=False, value_bytes=15, key_bytes=5),
+                 "key and value lengths that do not add up to its 5 key", id="key-lengths-with-fixed-values"),
+    pytest.param(fixed_block_of([(b"ab", b"12345678"), (b"cd", None)], value_length=4),
+                 "1 values of length 4 that do not add up to its 4 key and 8 value bytes", id="puts-only-length"),
+    # keys as planes, value lengths per record: a valid block (the delete's length 0), whatever the value bytes
+    pytest.param(fixed_block_of([(b"ab", b"12"), (b"cd", None)], values_fixed=False)[:-2] + b"\x00\x00",
+                 None, id="fixed-keys-varied-values-valid"),
+    pytest.param(fixed_block_of([(b"cd", b"1"), (b"ab", b"2")]), "record 1 .*keys must strictly increase",
+                 id="planes-out-of-order"),
+    pytest.param(fixed_block_of(TWO_FIXED)[:-1], r"ends inside the block at body byte 0 \(records 0 to 1",
+                 id="cut-planes"),
+])
+def test_every_inconsistent_version_3_block_is_named_by_the_reader(block: bytes, message: str | None) -> None:
+    """A corrupt single length is caught against the block's byte counts before anything is allocated for it."""
+    data = hand_built(DELTA, block, count=2)
+    for read in every_reading(data):
+        if message is None:
+            assert read() is not None  # type: ignore[operator]
+            continue
+        with pytest.raises(CorruptDataError, match=message):
+            read()  # type: ignore[operator]
+
+
+def test_a_version_3_file_built_by_hand_reads_back() -> None:
+    """The reader follows the documented layout, not only the writer: planes built byte by byte, mixed blocks."""
+    first: list[tuple[bytes, bytes | None]] = [(b"a%02d" % i, b"%04d" % i) for i in range(30)]
+    second: list[tuple[bytes, bytes | None]] = [(b"b%02d" % i, None if i % 4 == 0 else b"%d" % i) for i in range(30)]
+    third: list[tuple[bytes, bytes | None]] = [(b"c" * i, None if i == 3 else b"xyz") for i in range(1, 9)]
+    body = fixed_block_of(first) + fixed_block_of(second, values_fixed=False) + fixed_block_of(third, keys_fixed=False)
+    data = hand_built(DELTA, body, count=68)
+    for read in every_reading(data)[1:]:
+        assert read() == first + second + third  # type: ignore[operator]
 
 
 def test_a_huge_corrupt_block_size_in_a_stream_is_a_truncation_not_a_huge_allocation() -> None:
@@ -457,8 +629,8 @@ def test_writer_still_writes_every_version_byte_for_byte(name: str) -> None:
 
 
 def test_the_default_is_the_newest_version() -> None:
-    assert fmt.FORMAT_VERSION == max(fmt.SUPPORTED_FORMAT_VERSIONS) == 2
-    assert read_header(encode(attrs.evolve(DELTA), []), name="f").format_version == 2
+    assert fmt.FORMAT_VERSION == max(fmt.SUPPORTED_FORMAT_VERSIONS) == 3
+    assert read_header(encode(attrs.evolve(DELTA), []), name="f").format_version == 3
 
 
 # ------------------------------------------------------------------------------------------- inside a transaction
@@ -491,3 +663,10 @@ def test_a_delta_with_a_wrong_count_applies_nothing(tmp_path: pathlib.Path) -> N
         with pytest.raises(CorruptDataError, match="record count mismatch"):
             store.apply_changes(iter_records(data, name="delta", verified=True), LocalVersion("2-1", "bb"))
         assert list(store.items()) == [(b"old", b"1")]
+
+
+def test_the_stored_version_3_samples_hold_blocks_of_every_column_layout() -> None:
+    """The samples stand for what version 3 writes: planes for both columns (with deletes), for keys only, neither."""
+    assert [flags for _, flags, _ in uncompressed_blocks((SAMPLES / "v3-delta-fixed-none.sbchlog").read_bytes())] == [7]
+    assert [flags for _, flags, _ in uncompressed_blocks((SAMPLES / "v3-snapshot-none.sbchlog").read_bytes())] == [2]
+    assert [flags for _, flags, _ in uncompressed_blocks((SAMPLES / "v3-delta-none.sbchlog").read_bytes())] == [1]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.changelog.marker import Recipe
 from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
 from statebackend import TaskStorage
@@ -188,8 +189,7 @@ def test_checkpoints_times_and_sizes(capsys: pytest.CaptureFixture[str], job: tu
         entry = CheckpointLog(store, "clicks", "task-0").read(5)
         assert isinstance(entry.checkpoint, CheckpointV2)
         marker = entry.checkpoint.markers_for("changelog")["counts"]
-        recipe_blobs = [s["name"] for s in [json.loads(marker)["snapshot"], *json.loads(marker)["deltas"]]
-                        if s and s["name"]]
+        recipe_blobs = list(Recipe.decode(marker, prefix="clicks/task-0/counts/changelog/").blob_names())
         expected = sum(store.head(name).size for name in recipe_blobs)
     assert rows[-1]["bytes"] == expected > 0
     assert rows[-1]["checkpoint_id"] == str(entry.checkpoint.checkpoint_id)
@@ -240,8 +240,8 @@ def _recipe_blobs(config: dict[str, Any], task: str, seq: int) -> list[str]:
     with blobs_of(config) as store:
         entry = CheckpointLog(store, "clicks", task).read(seq)
     assert isinstance(entry.checkpoint, CheckpointV2)
-    marker = json.loads(entry.checkpoint.markers_for("changelog")["counts"])
-    return [s["name"] for s in [marker["snapshot"], *marker["deltas"]] if s and s["name"]]
+    marker = entry.checkpoint.markers_for("changelog")["counts"]
+    return list(Recipe.decode(marker, prefix=f"clicks/{task}/counts/changelog/").blob_names())
 
 
 def test_verify_ok_damaged_and_missing(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:

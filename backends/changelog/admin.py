@@ -26,7 +26,7 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
     def describe_marker(self, store: str, marker: str) -> dict[str, Any]:
         """The recipe: the snapshot it starts from and the deltas after it, each with its blob's size (``None``:
         the blob is missing; an empty commit has no blob), and the total bytes a full restore downloads."""
-        recipe = Recipe.decode(marker, source=f"store {store}")
+        recipe = Recipe.decode(marker, prefix=self.context.blob_prefix(store), source=f"store {store}")
         blob_store = self.context.blob_store
         total = 0
         missing = 0
@@ -58,14 +58,14 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         }
 
     def referenced_blobs(self, store: str, marker: str) -> set[str]:
-        return set(Recipe.decode(marker, source=f"store {store}").blob_names())
+        return set(Recipe.decode(marker, prefix=self.context.blob_prefix(store), source=f"store {store}").blob_names())
 
     def verify_marker(self, store: str, marker: str) -> list[str]:
         """Every blob of the recipe downloaded and checked as restore checks it (magic, header CRC, digest, record
         order and count, and that its header names this job, task, store, seq and version), and the chain of steps
         checked for gaps. Nothing is applied; a snapshot goes through a temp file, so memory stays bounded."""
         try:
-            recipe = Recipe.decode(marker, source=f"store {store}")
+            recipe = Recipe.decode(marker, prefix=self.context.blob_prefix(store), source=f"store {store}")
         except (CorruptDataError, IncompatibleFormatError) as exc:
             return [str(exc)]
         problems: list[str] = []

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
-from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding
+from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding, delta_name, snapshot_name
 from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
 from statebackend.concurrency import SharedPools
@@ -121,14 +121,6 @@ def _seq_of(blob: str) -> int | None:
     return int(digits) if sep and digits.isdigit() else None
 
 
-def delta_name(prefix: str, seq: int, token: str) -> str:
-    return f"{prefix}delta/{seq:012d}-{token}.delta"
-
-
-def snapshot_name(prefix: str, seq: int, token: str) -> str:
-    return f"{prefix}snapshot/{seq:012d}-{token}.snap"
-
-
 @attrs.define(eq=False)
 class _Lineage:
     """The backup state of one store."""
@@ -188,7 +180,8 @@ class ChangelogBackupManager(TaskBackupManager):
             for stale in staging.iterdir():  # left by a crashed process (its commits never became durable), not in
                 _unlink_unless_in_flight(stale)  # flight for an earlier open in this process whose close timed out
             lineage = _Lineage(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
-            recipe = Recipe.decode(markers[name], source=f"store {name}") if name in markers else None
+            recipe = (Recipe.decode(markers[name], prefix=lineage.prefix, source=f"store {name}") if name in markers
+                      else None)
             head = recipe.head if recipe is not None else None
             # which backend restored the store at open (absent: a context built outside TaskStorage, taken as this
             # one). Restored by another backend (this one's restore failed: a blob of the chain may be missing), the
@@ -306,7 +299,7 @@ class ChangelogBackupManager(TaskBackupManager):
                     lineage.commits_since_snapshot += 1
                     lineage.bytes_since_snapshot += change.raw_bytes
                     self._maybe_start_background_snapshot(lineage, change)
-                markers[name] = lineage.recipe().encode()
+                markers[name] = lineage.recipe().encode(prefix=lineage.prefix)
         return markers
 
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
@@ -348,13 +341,15 @@ class ChangelogBackupManager(TaskBackupManager):
                 continue
             for name, marker in entry.checkpoint.markers_for(self.context.factory_name).items():
                 if name in marked:
-                    recipe = Recipe.decode(marker, source=f"store {name} in checkpoint #{entry.seq}")
+                    recipe = Recipe.decode(marker, prefix=self._lineages[name].prefix,
+                                           source=f"store {name} in checkpoint #{entry.seq}")
                     marked[name].update(recipe.blob_names())
         head = entries[-1] if entries else None
         if head is not None and isinstance(head.checkpoint, CheckpointV2):
             for name, marker in head.checkpoint.markers_for(self.context.factory_name).items():
                 if name in newest_seq:
-                    newest_seq[name] = Recipe.decode(marker, source=f"store {name} in checkpoint #{head.seq}").seq
+                    newest_seq[name] = Recipe.decode(marker, prefix=self._lineages[name].prefix,
+                                                     source=f"store {name} in checkpoint #{head.seq}").seq
         grace = self.gc_grace_period_ms / 1000.0
         deleted = 0
         stale = False
@@ -471,7 +466,7 @@ class ChangelogBackupManager(TaskBackupManager):
     # -- upload -------------------------------------------------------------------------------------------------
 
     def _upload_store(self, lineage: _Lineage, marker: str) -> str:
-        recipe = Recipe.decode(marker, source=f"store {lineage.name}")
+        recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {lineage.name}")
         # every file this upload stages or re-sends is in flight until it returns: cleanup leaves them alone
         with _staged_in_flight([lineage.staging / Path(name).name for name in recipe.blob_names()]):
             return self._upload_recipe(lineage, recipe, marker)
@@ -669,7 +664,7 @@ class ChangelogBackupManager(TaskBackupManager):
     def _cleanup(self, markers: StoreMarkers) -> None:
         for name, marker in markers.items():
             lineage = self._lineages[name]
-            recipe = Recipe.decode(marker, source=f"store {name}")
+            recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {name}")
             with lineage.lock:
                 # idempotent and order-proof: a repeated or late cleanup must not take a slot of the window (that
                 # would drop a recipe a retained checkpoint still needs); the window is ordered by seq, newest last
@@ -696,7 +691,8 @@ class ChangelogBackupManager(TaskBackupManager):
             if garbage:
                 self.context.metrics.increment("changelog.blobs.deleted", len(garbage))
             self._drop_abandoned_staged_files(lineage, recipe)
-        heads = [Recipe.decode(marker, source=f"store {name}").seq for name, marker in markers.items()]
+        heads = [Recipe.decode(marker, prefix=self._lineages[name].prefix, source=f"store {name}").seq
+                 for name, marker in markers.items()]
         if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
             self.sweep()
 

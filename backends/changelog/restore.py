@@ -54,7 +54,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
         for name in self.context.stores:
             if name in markers:
-                self._recipes[name] = Recipe.decode(markers[name], source=f"store {name}")
+                self._recipes[name] = Recipe.decode(markers[name], prefix=self.context.blob_prefix(name),
+                                                    source=f"store {name}")
 
     def interrupt(self) -> None:
         """Ask a running restore to stop at the next step."""

@@ -5,9 +5,14 @@ never overwritten: they are the record of what an older release wrote, and tests
 this release still reads them. When FORMAT_VERSION changes, run this again to add the new version's samples.
 expected-v<N>.json holds, per sample, the header fields and the records (hex; null for a delete).
 
-The "blocks" sample is written with a block budget of a few dozen bytes (the writer's own logic, with a smaller
-``_BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format allows any
-block size up to BLOCK_MAX_RECORDS records; readers must not depend on the default.
+Marker samples (the changelog backend's recipe, inside each checkpoint): ``marker-v1.json`` was written by the release
+before marker format 2, with its own encoder; ``marker-v<MARKER_FORMAT>.json`` holds the same recipes as the current
+format writes them, added by this script when the marker format changes. Each lists the steps the markers decode to.
+
+The "fixed" samples (added with version 3) hold keys of one length and 8-byte values, which version 3 stores as byte
+planes. The "blocks" sample is written with a block budget of a few dozen bytes (the writer's own logic, with a
+smaller ``_BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format
+allows any block size up to BLOCK_MAX_RECORDS records; readers must not depend on the default.
 """
 
 from __future__ import annotations
@@ -15,11 +20,14 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+from typing import Any
 
 import attrs
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
+
+from statebackend.backends.changelog.marker import MARKER_FORMAT, Recipe, Step
 
 from statebackend import recordfile as fmt
 from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
@@ -40,6 +48,11 @@ BLOCKS_RECORDS: list[tuple[bytes, bytes | None]] = [
 ]
 #: block budget (key+value bytes) of the blocks sample
 SMALL_BLOCK_BYTES = 24
+#: keys of one length and 8-byte big-endian counters, as a store of string keys and integer values holds them (from
+#: version 3 on, both columns are byte planes), with deletes, whose values are not in the value column
+FIXED_RECORDS: list[tuple[bytes, bytes | None]] = [
+    (b"k%08d" % (i * 4), None if i % 11 == 5 else (i * i % 1000).to_bytes(8, "big")) for i in range(200)
+]
 
 
 def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], str]]:
@@ -54,6 +67,9 @@ def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], s
         "snapshot-zstd": (snapshot, SNAPSHOT_RECORDS, "zstd"),
         "delta-empty-zstd": (delta, [], "zstd"),
         "delta-blocks-zstd": (delta, BLOCKS_RECORDS, "zstd"),
+        "delta-fixed-none": (delta, FIXED_RECORDS, "none"),
+        "delta-fixed-zstd": (delta, FIXED_RECORDS, "zstd"),
+        "snapshot-fixed-zstd": (snapshot, [(k, v) for k, v in FIXED_RECORDS if v is not None], "zstd"),
     }
 
 
@@ -69,7 +85,31 @@ def encode_sample(label: str, header: FileHeader, records: list[tuple[bytes, byt
         fmt._BLOCK_BYTES = default
 
 
+def recipe_from_steps(steps: list[list[Any]]) -> Recipe:
+    """A recipe from the ``expected`` steps of a marker sample: ``[kind, seq, checkpoint id, token, blob name]``."""
+    made = [(kind, Step(seq, checkpoint_id, token, name)) for kind, seq, checkpoint_id, token, name in steps]
+    snapshot = next((step for kind, step in made if kind == "snapshot"), None)
+    return Recipe(snapshot=snapshot, deltas=tuple(step for kind, step in made if kind == "delta"))
+
+
+def write_marker_samples() -> None:
+    """``marker-v<MARKER_FORMAT>.json``: the recipes of marker-v1.json (written by the release before marker format
+    2, with that release's encoder) as this release encodes them, unless the file exists."""
+    path = HERE / f"marker-v{MARKER_FORMAT}.json"
+    if path.exists():
+        print(f"kept {path.name}")
+        return
+    first = json.loads((HERE / "marker-v1.json").read_text())
+    markers = {label: recipe_from_steps(steps).encode(prefix=first["prefix"])
+               for label, steps in first["expected"].items()}
+    document = {"prefix": first["prefix"], "markers": markers, "expected": first["expected"],
+                "written_by": f"make_samples.py, marker format {MARKER_FORMAT}"}
+    path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {path.name}")
+
+
 def main() -> None:
+    write_marker_samples()
     version = FORMAT_VERSION
     expected_path = HERE / f"expected-v{version}.json"
     expected = json.loads(expected_path.read_text()) if expected_path.exists() else {}
