@@ -10,15 +10,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from statebackend.blobstores.base import open_blob_store
 from statebackend.config import Settings
+from statebackend.spark import StatefulForeachBatch
 from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import TaskStats
 from statebackend.task import TaskStorage
-from tests.test_spark import batch_words, make_config
+from tests.test_spark import NUM_TASKS, batch_words, count_arrow, make_config, state_of
+
+pytest_plugins = ["tests.spark_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,7 +76,8 @@ def sink(frame, batch_id):
 # local[2,8]: a task whose worker is killed under it is retried (local mode retries none by default)
 spark = local_spark_session("confirm-child", master="local[2,8]", conf={{"spark.sql.shuffle.partitions": "2"}})
 job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config,
-                           output_schema="word string, count long", sink=sink, confirm_timeout_s=3.0)
+                           output_schema="word string, count long", sink=sink, confirm_on_driver=True,
+                           confirm_timeout_s=3.0)
 stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(root / "input")).withColumnRenamed("value", "word")
 query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(root / "spark-checkpoint"))
          .trigger(availableNow=True).start())
@@ -125,3 +130,44 @@ def test_workers_killed_at_checkpoint_writes_lose_no_batch_and_sink_each_output_
                 assert word not in state
                 state[word] = count
     assert state == expected
+
+
+def count_arrow_quietly_until(batch: int) -> Any:
+    """``count_arrow``, with no output for batches before ``batch``."""
+
+    def fn(stores: Any, batches: Any) -> Any:
+        output = count_arrow(stores, batches)
+        return output if stores.batch_id >= batch else None
+
+    return fn
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.parametrize("confirm_on_driver", [False, True])
+def test_output_after_batches_without_any_reaches_the_sink_exactly(
+        spark: Any, tmp_path: Path, confirm_on_driver: bool) -> None:
+    """After a batch without output the driver no longer keeps the output (the one action writes to Spark's noop
+    sink, the stats travel in an observed metric); the first batch that has output after all is run again keeping
+    it (a replay), and the sink gets exactly a batch count's output, the state exact, the next batches kept."""
+    config = make_config(tmp_path)
+    delivered: dict[int, list[tuple[str, int]]] = {}
+
+    def sink(frame: Any, batch_id: int) -> None:
+        delivered[batch_id] = sorted((row["word"], row["count"]) for row in frame.collect())
+
+    job = StatefulForeachBatch(count_arrow_quietly_until(3), key_columns=["word"], num_tasks=NUM_TASKS,
+                               config=config, output_schema="word string, count long", mode="arrow", sink=sink,
+                               confirm_on_driver=confirm_on_driver)
+    expected: dict[str, int] = {}
+    for batch_id in range(5):
+        job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
+        totals: dict[str, int] = {}
+        for word in batch_words(batch_id):
+            expected[word] = expected.get(word, 0) + 1
+            totals[word] = expected[word]
+        assert delivered[batch_id] == (sorted(totals.items()) if batch_id >= 3 else []), batch_id
+    reruns = job.metrics.export().counter("spark.batch.reruns")
+    assert reruns == 1  # batch 3, once: from then on the output is kept
+    assert sorted({s.batch_id for s in job.history if s.output_rows}) == [3, 4]
+    assert state_of(spark, config) == expected
