@@ -12,8 +12,8 @@ from typing import Any
 
 import attrs
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Observation, SparkSession
-from pyspark.sql.functions import col, collect_list
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import col
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, StructField, StructType
 
@@ -73,10 +73,9 @@ class StatefulForeachBatch:
     #: upload going on beside the next tasks; the driver reads every such checkpoint back from the task's log before
     #: the batch ends (``statebackend.spark.confirm``), and runs the batch again, every task waiting for its
     #: checkpoint, when one is not there within ``confirm_timeout_s``. False: every task waits for its own
-    #: checkpoint. None (default): True when the blob store's uploads wait on the network (az://, s3://), False on
-    #: a local directory (see :meth:`_confirm_on_driver`). Needs ``on_replay="redo"`` and
-    #: ``task.checkpoint.retained >= 2`` (a run again is a replay), else every task waits
-    confirm_on_driver: bool | None = None
+    #: checkpoint. Needs ``on_replay="redo"`` and ``task.checkpoint.retained >= 2`` (a run again is a replay),
+    #: else every task waits
+    confirm_on_driver: bool = True
     confirm_timeout_s: float = 60.0
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -93,10 +92,6 @@ class StatefulForeachBatch:
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
-    #: whether any batch had output (then every batch keeps its output for the sink), batches run, observations
-    _output_seen: bool = attrs.field(init=False, default=False)
-    _batches_run: int = attrs.field(init=False, default=0)
-    _observations: int = attrs.field(init=False, default=0)
     #: ((blob store URL, options), the blob store) the driver confirms checkpoints in
     _confirm_store: tuple[tuple[str, str], BlobStore] | None = attrs.field(init=False, default=None)
     #: wall time of the last batch's call (tasks, confirmation, a run again) and of its confirmation, in ms
@@ -151,40 +146,26 @@ class StatefulForeachBatch:
         # a run again of this batch (below) is a replay: tasks whose checkpoint of it landed redo it from the
         # previous batch's checkpoint, which must still be there
         can_run_again = self.on_replay == "redo" and settings.checkpoint_retained >= 2
-        confirm = can_run_again and self._confirm_on_driver(settings)
-        persist = not can_run_again or self._output_expected(spark)
+        confirm = can_run_again and self.confirm_on_driver
         while True:
-            persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirm,
-                                                       persist_output=persist)
+            persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirm)
             ran = time.monotonic()
             problems = self._unconfirmed(settings, stats)
             self.last_confirm_ms = (time.monotonic() - ran) * 1000.0
             if any(s.pending_checkpoint_id for s in stats):
                 self.metrics.record("spark.confirm.ms", self.last_confirm_ms)
-            dropped = not persist and any(s.output_rows for s in stats)
-            if not problems and not dropped:
+            if not problems:
                 break
-            # Nothing of this run reaches the sink: the batch runs again, a replay (tasks whose checkpoint of it
-            # landed redo it from the previous batch's). Either a checkpoint a task did not wait for is not in its
-            # log (its upload failed, its worker died with it, or another attempt wrote there): then every task
-            # waits for its own; or tasks had output although none was expected, and the one action dropped it:
-            # then the output is kept (persisted) from now on.
+            # A checkpoint a task did not wait for is not in its log (its upload failed, its worker died with it, or
+            # another attempt wrote there): nothing of this run reaches the sink. The batch runs again with every
+            # task waiting for its own checkpoint: a replay (tasks whose checkpoint landed redo the batch from the
+            # previous batch's).
             self.metrics.increment("spark.batch.reruns")
+            log.warning("batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again with "
+                        "every task waiting for its checkpoint", batch_id, len(problems), "; ".join(problems))
             self.history.extend(sorted(stats, key=lambda s: (s.task_index, s.attempt)))
-            if persisted is not None:
-                persisted.unpersist()
-            if problems:
-                log.warning("batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again "
-                            "with every task waiting for its checkpoint", batch_id, len(problems), "; ".join(problems))
-                confirm = False
-            if dropped:
-                log.info("batch %d: tasks had output where the previous batches had none; running the batch again "
-                         "keeping its output", batch_id)
-                self._output_seen = True
-                persist = True
-        if any(s.output_rows for s in stats):
-            self._output_seen = True
-        self._batches_run += 1
+            persisted.unpersist()
+            confirm = False
         self.last_batch_ms = (time.monotonic() - started) * 1000.0
         self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
         self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
@@ -193,37 +174,18 @@ class StatefulForeachBatch:
             s.metrics for s in self.last_batch_stats if s.metrics is not None
         ).relabel(task="all")
         self.metrics.merge(self.last_batch_metrics)
-        if output is None:  # no output, none kept
-            output = spark.createDataFrame([], self._struct(spark))
         if self.sink is None:
             self._previous = persisted
             return output
         try:
             self.sink(output, int(batch_id))
         finally:
-            if persisted is not None:
-                persisted.unpersist()
+            persisted.unpersist()
         return None
 
-    def _output_expected(self, spark: SparkSession) -> bool:
-        """Whether to keep (persist) this batch's output for the sink: yes for the first batch and once any batch had
-        output; no after batches without any (the one action then writes to Spark's ``noop`` sink, the tasks' stats
-        travelling in an observed metric: no cache of the output to build and scan, about a third of a small
-        batch's time above the no-state floor here). Spark Connect and the RDD route always keep it."""
-        return self._output_seen or self._batches_run == 0 or is_connect(spark)
-
-    def _confirm_on_driver(self, settings: Settings) -> bool:
-        """``confirm_on_driver``, or when ``None``: whether the blob store's uploads wait on the network (then a task
-        hands its output on before its upload ends). On a local directory an upload is CPU and local disk work, which
-        on a busy executor only competes with the next task (measured: batches slower, docs/benchmarks-spark.md)."""
-        if self.confirm_on_driver is not None:
-            return self.confirm_on_driver
-        return not settings.blob_store_url.startswith(("file:", "memory:"))
-
     def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *,
-                   confirm_on_driver: bool, persist_output: bool) -> tuple[Any, DataFrame | None, list[TaskStats]]:
-        """Run the batch's tasks (the one action): the persisted output, the output as a DataFrame, the stats. Not
-        ``persist_output`` (the DataFrame route only): the output goes to Spark's ``noop`` sink (``None, None``)."""
+                   confirm_on_driver: bool) -> tuple[Any, DataFrame, list[TaskStats]]:
+        """Run the batch's tasks (the one action): the persisted output, the output as a DataFrame, the stats."""
         spark = batch_df.sparkSession
         remote = is_connect(spark)
         partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
@@ -275,13 +237,6 @@ class StatefulForeachBatch:
             else:
                 mapped = partitioned.mapInArrow(runner.run_arrow if self.mode == "arrow" else runner.run_rows_arrow,
                                                 extended)
-            if not persist_output and not remote:
-                # the one action writes to the noop sink; the stats come back as an observed metric
-                observation = Observation(f"statebackend-{self._observations}")
-                self._observations += 1
-                mapped.observe(observation, collect_list(col(STATS_COLUMN)).alias("stats")).write.format(
-                    "noop").mode("overwrite").save()
-                return None, None, [pickle.loads(bytes(blob)) for blob in observation.get["stats"]]
             persisted = mapped.persist(StorageLevel.MEMORY_AND_DISK)
             # The one action that runs the tasks: it collects their stats rows, and computing any part of a persisted
             # DataFrame caches its partitions whole, so the output is cached by it too (one job with one stage after
