@@ -60,6 +60,7 @@ from statebackend.errors import (
     CorruptDataError,
     InconsistentStateError,
     NotFoundError,
+    StateBackendError,
 )
 
 __all__ = ["MAX_SEQ", "CheckpointLog", "Listing", "LogEntry"]
@@ -159,6 +160,11 @@ class CheckpointLog:
 
     # -- writing ------------------------------------------------------------------------------------------------
 
+    @property
+    def commit_point_version(self) -> int:
+        """The version written first, create-only: the blob whose existence makes a checkpoint durable."""
+        return 2 if 2 in self.write_versions else self.write_versions[0]
+
     def binding(self, seq: int) -> Binding:
         """What a blob of checkpoint ``seq`` must say it is."""
         return Binding(self.job_name, self.task_name, seq)
@@ -173,7 +179,7 @@ class CheckpointLog:
         _check_seq(seq)
         if not isinstance(checkpoint, CheckpointV2):
             raise TypeError(f"the checkpoint log writes CheckpointV2, got {type(checkpoint).__name__}")
-        first = 2 if 2 in self.write_versions else self.write_versions[0]
+        first = self.commit_point_version
         order = [first, *(v for v in self.write_versions if v != first)]
         binding = self.binding(seq)
         for index, version in enumerate(order):
@@ -263,10 +269,16 @@ class CheckpointLog:
         return entry
 
     def read_written(self, seq: int) -> LogEntry | None:
-        """Entry ``seq`` as this log writes it (its first write version), read by name without a listing; ``None``
-        when there is no such blob. For a reader that knows the sequence number a writer took."""
+        """Entry ``seq`` as this log writes its commit point (:attr:`commit_point_version`), read by name without a
+        listing; ``None`` when there is no such blob. For a reader that knows the sequence number a writer took."""
         _check_seq(seq)
-        return self._read_entry(seq, {self.write_versions[0]})
+        version = self.commit_point_version
+        if version not in self.read_versions:
+            raise StateBackendError(
+                f"task {self.task_name!r}: checkpoints are written as version {version}, which "
+                f"task.checkpoint.read.versions {self.read_versions} does not read"
+            )
+        return self._read_entry(seq, {version})
 
     def seqs(self) -> list[int]:
         """Seqs that have a readable version, ascending."""

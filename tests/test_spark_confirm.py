@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 
 from statebackend.blobstores.base import open_blob_store
 from statebackend.config import Settings
 from statebackend.spark import StatefulForeachBatch
-from statebackend.spark.confirm import unconfirmed_checkpoints
+from statebackend.spark.batches import ATTEMPT_OFFSET
+from statebackend.spark.confirm import ConfirmationError, unconfirmed_checkpoints
 from statebackend.spark.executor import TaskStats
 from statebackend.task import TaskStorage
 from tests.test_spark import NUM_TASKS, batch_words, count_arrow, make_config, state_of
@@ -27,10 +29,10 @@ pytest_plugins = ["tests.spark_fixtures"]
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _stats(task_index: int, seq: int, checkpoint_id: str) -> TaskStats:
+def _stats(task_index: int, seq: int, checkpoint_id: str, token: str = "") -> TaskStats:
     return TaskStats(batch_id=1, task_index=task_index, attempt=0, base_seq=seq - 1, committed_seq=seq, open_ms=0.0,
                      process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=1, output_rows=0,
-                     private_dir=False, pending_checkpoint_id=checkpoint_id)
+                     private_dir=False, pending_checkpoint_id=checkpoint_id, attempt_token=token)
 
 
 def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_path: Path) -> None:
@@ -40,19 +42,29 @@ def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_pa
         task.store("counts").put("a", 1)
         first = task.commit_durably({"batch": "0"})
         task.store("counts").put("a", 2)
-        pending = task.commit_now({"batch": "1"})
+        pending = task.commit_now({"batch": "1", ATTEMPT_OFFSET: "token-a"})
         second = pending.result()
     blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
     try:
-        assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(second.checkpoint_id))], 1.0) == []
-        # another attempt's checkpoint at that seq: refused at once, naming both
-        wrong = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(first.checkpoint_id))], 30.0)
-        assert len(wrong) == 1 and "another attempt's" in wrong[0] and str(second.checkpoint_id) in wrong[0]
+        second_id = str(second.checkpoint_id)
+        assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, second_id, "token-a")], 1.0) == []
+        # another attempt's checkpoint at that seq: refused at once, naming both; by its id, or, with the same id
+        # (two attempts can issue one), by its attempt token
+        wrong = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(first.checkpoint_id), "token-a")],
+                                        30.0)
+        assert len(wrong) == 1 and "another attempt's" in wrong[0] and second_id in wrong[0]
+        twin = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, second_id, "token-b")], 30.0)
+        assert len(twin) == 1 and "token-a" in twin[0] and "token-b" in twin[0]
         # not there (yet): refused after the bound
         missing = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 3, "1-1")], 0.2)
         assert len(missing) == 1 and "not in the log" in missing[0]
         # a task that waited for its own checkpoint needs no confirmation
         assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 9, "")], 0.0) == []
+        # a checkpoint the driver cannot read at all (here: written in a version the config does not read) is an
+        # error of its own, not a missing checkpoint (the driver then stops confirming)
+        unreadable = attrs.evolve(settings, checkpoint_read_versions=(1,))
+        with pytest.raises(ConfirmationError, match="does not read"):
+            unconfirmed_checkpoints(blob_store, unreadable, [_stats(0, 2, second_id, "token-a")], 1.0)
     finally:
         blob_store.close()
 

@@ -20,6 +20,9 @@ TASKS_OFFSET = "tasks"
 #: the batch's clock (ms since the epoch), chosen by the driver when the batch first ran: TTL stores read and write at
 #: it, and a replay of the batch reads it back from the task's checkpoint of that batch, so it sees the same keys
 NOW_OFFSET = CLOCK_OFFSET
+#: a random token per task attempt and commit: two attempts may issue the same checkpoint id (ids follow the
+#: restored checkpoint's when the clock is behind it), the driver's confirmation tells them apart by this
+ATTEMPT_OFFSET = "attempt"
 #: under ``state.local.dir``: private directories of concurrent attempts of a task on one machine
 ATTEMPTS_DIR = ".attempts"
 #: under ``state.local.dir``: scratch restores of old tasks' checkpoints while a rescaled batch takes its key groups

@@ -10,8 +10,13 @@ checkpoint) makes the driver run the batch again with every task waiting for its
 of the batch: tasks whose checkpoint did land redo it from the previous batch's (docs/spark.md).
 
 A checkpoint present under its name was written by a create-only write: it is durable. Its writer removes it again
-only when its fencing listing finds a newer checkpoint of the task, which needs another attempt that restored this
-very checkpoint and committed after it: a redo of the same batch, or a later batch, never a lost one.
+only when its fencing listing finds a newer checkpoint of the task: either another attempt restored this very
+checkpoint and committed after it (a redo of the same batch, or a later batch: the state holds the batch), or the
+writer is a zombie whose sequence number retention had freed, which cannot be the attempt the driver is confirming,
+since the driver's batch is the newest the task ran. Two attempts may issue the same checkpoint id (ids follow the
+restored checkpoint's when the clock is behind it), so each commit also records a random attempt token (input offset
+``attempt``), compared too. Only a task's first attempt in a batch's first run leaves its upload running; retries,
+speculative copies and replays wait for their checkpoint before their output leaves the task.
 """
 
 from __future__ import annotations
@@ -24,10 +29,10 @@ from statebackend.blobstores.base import BlobStore
 from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import StateBackendError, TransientStorageError
-from statebackend.spark.batches import task_name
+from statebackend.spark.batches import ATTEMPT_OFFSET, task_name
 from statebackend.spark.executor import TaskStats
 
-__all__ = ["unconfirmed_checkpoints"]
+__all__ = ["ConfirmationError", "unconfirmed_checkpoints"]
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +41,17 @@ FIRST_POLL_S = 0.001
 LONGEST_POLL_S = 0.05
 
 
+class ConfirmationError(StateBackendError):
+    """The driver cannot read the task checkpoints it must confirm (its access to the blob store, or the log's
+    versions), as opposed to a checkpoint not being there."""
+
+
 def unconfirmed_checkpoints(blob_store: BlobStore, settings: Settings, stats: Sequence[TaskStats],
                             timeout_s: float) -> list[str]:
     """Of the task attempts in ``stats`` that did not wait for their checkpoint, why each one whose checkpoint is not
-    in its task's log within ``timeout_s`` (absent, or another checkpoint at its sequence number) is not confirmed;
-    empty when every checkpoint is there."""
+    in its task's log within ``timeout_s`` (absent, or another attempt's checkpoint at its sequence number: another
+    checkpoint id or attempt token) is not confirmed; empty when every checkpoint is there. Raises
+    :class:`ConfirmationError` when a checkpoint cannot be read at all (not a transient fault)."""
     waiting = [(s, _log(blob_store, settings, s)) for s in stats if s.pending_checkpoint_id]
     problems: list[str] = []
     deadline = time.monotonic() + timeout_s
@@ -55,15 +66,18 @@ def unconfirmed_checkpoints(blob_store: BlobStore, settings: Settings, stats: Se
                 still.append((attempt, checkpoint_log))  # read it again below, until the deadline
                 continue
             except StateBackendError as exc:
-                problems.append(f"{name}: checkpoint #{attempt.committed_seq} cannot be read: {exc}")
-                continue
+                raise ConfirmationError(
+                    f"{name}: checkpoint #{attempt.committed_seq} cannot be read from {blob_store.describe()} on the "
+                    f"driver: {exc}") from exc
             if entry is None:
                 still.append((attempt, checkpoint_log))
                 continue
             found = str(getattr(entry.checkpoint, "checkpoint_id", ""))
-            if found != attempt.pending_checkpoint_id:
-                problems.append(f"{name}: checkpoint #{attempt.committed_seq} is {found}, another attempt's, not "
-                                f"{attempt.pending_checkpoint_id} as attempt {attempt.attempt} committed it")
+            token = entry.checkpoint.input_offsets.get(ATTEMPT_OFFSET, "")
+            if found != attempt.pending_checkpoint_id or token != attempt.attempt_token:
+                problems.append(f"{name}: checkpoint #{attempt.committed_seq} is {found} (attempt token {token!r}), "
+                                f"another attempt's, not {attempt.pending_checkpoint_id} (attempt token "
+                                f"{attempt.attempt_token!r}) as attempt {attempt.attempt} committed it")
         waiting = still
         if not waiting:
             break

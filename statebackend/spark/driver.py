@@ -22,7 +22,7 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
-from statebackend.spark.confirm import unconfirmed_checkpoints
+from statebackend.spark.confirm import ConfirmationError, unconfirmed_checkpoints
 from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
@@ -73,8 +73,8 @@ class StatefulForeachBatch:
     #: upload going on beside the next tasks; the driver reads every such checkpoint back from the task's log before
     #: the batch ends (``statebackend.spark.confirm``), and runs the batch again, every task waiting for its
     #: checkpoint, when one is not there within ``confirm_timeout_s``. False: every task waits for its own
-    #: checkpoint. Needs ``on_replay="redo"`` and ``task.checkpoint.retained >= 2`` (a run again is a replay),
-    #: else every task waits
+    #: checkpoint. Needs ``on_replay="redo"`` and ``task.checkpoint.retained >= 3`` (a run again is a replay), and
+    #: no ``spark.speculation``; else every task waits
     confirm_on_driver: bool = True
     confirm_timeout_s: float = 60.0
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
@@ -92,6 +92,8 @@ class StatefulForeachBatch:
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
+    #: why the driver stopped confirming checkpoints (it could not read one), or None
+    _confirm_off: str | None = attrs.field(init=False, default=None)
     #: ((blob store URL, options), the blob store) the driver confirms checkpoints in
     _confirm_store: tuple[tuple[str, str], BlobStore] | None = attrs.field(init=False, default=None)
     #: wall time of the last batch's call (tasks, confirmation, a run again) and of its confirmation, in ms
@@ -143,19 +145,14 @@ class StatefulForeachBatch:
             self._exporting = True
         started = time.monotonic()
         settings = Settings.from_config(config)
-        # a run again of this batch (below) is a replay: tasks whose checkpoint of it landed redo it from the
-        # previous batch's checkpoint, which must still be there
-        can_run_again = self.on_replay == "redo" and settings.checkpoint_retained >= 2
-        confirm = can_run_again and self.confirm_on_driver
-        while True:
-            persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirm)
-            ran = time.monotonic()
-            problems = self._unconfirmed(settings, stats)
-            self.last_confirm_ms = (time.monotonic() - ran) * 1000.0
-            if any(s.pending_checkpoint_id for s in stats):
-                self.metrics.record("spark.confirm.ms", self.last_confirm_ms)
-            if not problems:
-                break
+        persisted, output, stats = self._run_tasks(batch_df, batch_id, config,
+                                                   confirm_on_driver=self._confirms(spark, settings))
+        try:
+            problems = self._confirm(settings, stats)
+        except BaseException:
+            persisted.unpersist()
+            raise
+        if problems:
             # A checkpoint a task did not wait for is not in its log (its upload failed, its worker died with it, or
             # another attempt wrote there): nothing of this run reaches the sink. The batch runs again with every
             # task waiting for its own checkpoint: a replay (tasks whose checkpoint landed redo the batch from the
@@ -163,9 +160,12 @@ class StatefulForeachBatch:
             self.metrics.increment("spark.batch.reruns")
             log.warning("batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again with "
                         "every task waiting for its checkpoint", batch_id, len(problems), "; ".join(problems))
-            self.history.extend(sorted(stats, key=lambda s: (s.task_index, s.attempt)))
+            discarded = sorted(stats, key=lambda s: (s.task_index, s.attempt))
+            self.history.extend(discarded)
+            self.metrics.merge(MetricsSnapshot.merged(s.metrics for s in discarded if s.metrics is not None)
+                               .relabel(task="all"))
             persisted.unpersist()
-            confirm = False
+            persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False)
         self.last_batch_ms = (time.monotonic() - started) * 1000.0
         self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
         self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
@@ -247,10 +247,36 @@ class StatefulForeachBatch:
             output = persisted.where(stats_column.isNull()).drop(STATS_COLUMN)
         return persisted, output, stats
 
-    def _unconfirmed(self, settings: Settings, stats: Sequence[TaskStats]) -> list[str]:
-        """Why the checkpoints of tasks that did not wait for them are not confirmed durable (``confirm``)."""
+    def _confirms(self, spark: SparkSession, settings: Settings) -> bool:
+        """Whether this batch's tasks may hand their output on before their checkpoint is durable: ``confirm_on_driver``
+        and a run again possible (a replay: ``on_replay="redo"`` and the previous batch's checkpoint kept through a
+        run again and a retry in it: ``task.checkpoint.retained >= 3``), not with speculation (two attempts of a task
+        would both hand output on), and not after the driver failed to read a checkpoint."""
+        if not self.confirm_on_driver or self._confirm_off is not None:
+            return False
+        if self.on_replay != "redo" or settings.checkpoint_retained < 3:
+            return False
+        return not _speculation(spark)
+
+    def _confirm(self, settings: Settings, stats: Sequence[TaskStats]) -> list[str]:
+        """Why the checkpoints of tasks that did not wait for them are not confirmed durable (empty: all are). A
+        checkpoint the driver cannot read at all (no access to the blob store from the driver, say) is reported once
+        and turns the confirmation off for good: the batch then runs again, and every later batch's tasks wait."""
         if not any(s.pending_checkpoint_id for s in stats):
             return []
+        started = time.monotonic()
+        try:
+            problems = self._unconfirmed(settings, stats)
+        except ConfirmationError as exc:
+            log.error("the driver cannot confirm task checkpoints (%s); from now on every task waits for its own "
+                      "checkpoint (StatefulForeachBatch(confirm_on_driver=False) says so from the start)", exc)
+            self._confirm_off = str(exc)
+            problems = [str(exc)]
+        self.last_confirm_ms = (time.monotonic() - started) * 1000.0
+        self.metrics.record("spark.confirm.ms", self.last_confirm_ms)
+        return problems
+
+    def _unconfirmed(self, settings: Settings, stats: Sequence[TaskStats]) -> list[str]:
         key = (settings.blob_store_url, repr(sorted((k, repr(v)) for k, v in settings.blob_store_options.items())))
         if self._confirm_store is None or self._confirm_store[0] != key:
             if self._confirm_store is not None:
@@ -296,7 +322,7 @@ class StatefulForeachBatch:
         return 1
 
     def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame,
-                confirm_on_driver: bool = False) -> TaskRunner:
+                confirm_on_driver: bool) -> TaskRunner:
         return TaskRunner(
             fn=self.fn,
             config=config,
@@ -338,6 +364,14 @@ class StatefulForeachBatch:
         if self._parsed_schema is None:
             self._parsed_schema = spark.createDataFrame([], self.output_schema).schema
         return self._parsed_schema
+
+
+def _speculation(spark: SparkSession) -> bool:
+    """Whether Spark may run speculative copies of tasks (``spark.speculation``)."""
+    try:
+        return str(spark.conf.get("spark.speculation", "false")).strip().lower() == "true"
+    except Exception:  # noqa: BLE001 - a conf that cannot be read: assume the worst
+        return True
 
 
 def _is_local_master(master: str) -> bool:

@@ -1,10 +1,12 @@
 """The executor side of a micro-batch: one task opens its stores at the batch's base, runs the user function,
-commits durably, and only then hands its output back."""
+commits, and hands its output back once its checkpoint is durable, or, when the task stays open in its worker and
+the driver confirms checkpoints (``statebackend.spark.confirm``), right after the sync part of its commit."""
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import time
 import uuid
@@ -24,6 +26,7 @@ from statebackend.errors import ConfigError, StateBackendError, StoreLockedError
 from statebackend.metrics import MetricsSnapshot
 from statebackend.spark import kept
 from statebackend.spark.batches import (
+    ATTEMPT_OFFSET,
     ATTEMPTS_DIR,
     BATCH_OFFSET,
     KEY_GROUPS_OFFSET,
@@ -92,9 +95,10 @@ class TaskStats:
     executor: str = ""
     #: the id of the checkpoint (``committed_seq``) this attempt committed without waiting for it to be durable (its
     #: upload goes on in the worker, where the task stays open): the driver confirms it in the task's log before the
-    #: batch ends. Empty: the checkpoint was durable before the task handed its output on. ``commit_ms`` is then the
-    #: sync part only
+    #: batch ends, with ``attempt_token`` (its input offset ``attempt``). Empty: the checkpoint was durable before the
+    #: task handed its output on. ``commit_ms`` is then the sync part only
     pending_checkpoint_id: str = ""
+    attempt_token: str = ""
 
 
 class _Counted:
@@ -381,6 +385,8 @@ class TaskRunner:
                         storage.close()
                         raise
             opened = time.monotonic()
+            token = secrets.token_hex(8)
+            replaying = latest is not None and batch_of(latest, name) == self.batch_id
             now_ms = self._batch_clock(latest, name, plan)
             storage.ttl_now_ms = now_ms
             try:
@@ -391,14 +397,18 @@ class TaskRunner:
                                NOW_OFFSET: str(now_ms)}
                     if self.key_groups is not None:
                         offsets[KEY_GROUPS_OFFSET] = str(self.key_groups)
+                    offsets[ATTEMPT_OFFSET] = token
                     stays_open = self.keep_open and private is None and _process_outlives_task(context)
-                    if (stays_open and self.confirm_on_driver
+                    pending = storage.commit_now(offsets)
+                    # Only a first attempt of a batch's first run leaves its upload running: the task stays parked
+                    # in this worker and the driver confirms the checkpoint before the batch ends (a worker that dies
+                    # first: the driver runs the batch again). A retry, a speculative copy or a replay waits, so the
+                    # output of an attempt whose commit lost never leaves it. So does a commit whose seq may still
+                    # move (a previous checkpoint write's reply was lost: its read-back decides).
+                    if not (stays_open and self.confirm_on_driver and attempt == 0 and not replaying
                             and not storage.commit_manager.write_outcome_unknown):
-                        # the upload goes on in this worker, where the task stays parked; the driver confirms the
-                        # checkpoint before the batch ends (a worker that dies first: the driver redoes the batch)
-                        pending = storage.commit_now(offsets)
-                    else:
-                        storage.commit_durably(offsets)
+                        pending.result()
+                        pending = None
                 except BaseException:
                     outputs.close()  # its spill file goes with the failed attempt
                     raise
@@ -427,7 +437,7 @@ class TaskRunner:
                 commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
                 metrics=exported, kept_open=parked is not None, executor=_executor(),
-                pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "",
+                pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "", attempt_token=token,
             )
             return outputs, stats
         finally:

@@ -6,8 +6,10 @@ open (LMDB environments, backup managers with their chains and background snapsh
 closing it; the next batch of that task in this process takes it back when the checkpoint log confirms it is still
 current. Contract:
 
-- A parked task is whole: its last commit is durable, its write batches are empty, nothing of it runs on the task
-  thread. Its background work (a snapshot, cleanups) goes on while it is parked; nothing waits for it.
+- A parked task is whole: its write batches are empty, nothing of it runs on the task thread, and its last commit
+  is durable or (the driver confirms checkpoints: ``TaskStats.pending_checkpoint_id``) in flight, its upload going
+  on while it is parked. Its background work (an upload, a snapshot, cleanups) goes on while it is parked; a
+  take-back first waits for the commit the task was parked with (:meth:`KeptTask.settle`).
 - Taking one back is allowed only when the listing the executor makes anyway for the batch (the fencing listing,
   docs/architecture.md "Trust") shows that the newest checkpoint is exactly the one this task committed last (same
   sequence number, same checkpoint id, no newer one), the batch's base is that checkpoint (not a replay), and each
@@ -102,8 +104,8 @@ class KeptTask:
         try:
             self.storage.commit_manager.wait(timeout, raise_failure=False)
         except StateBackendError as exc:
-            log.info("%s: the commit the task was parked with did not become durable: %s", self.storage.task_name,
-                     exc)
+            log.warning("%s: the commit the task was parked with did not become durable: %s",
+                        self.storage.task_name, exc)
 
     def is_current(self, latest: LogEntry | None, head: int, base: LogEntry | None) -> bool:
         """Whether the batch may go on with this task as it is (see the module docstring)."""
