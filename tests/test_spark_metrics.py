@@ -41,7 +41,10 @@ def test_the_driver_merges_every_tasks_metrics_per_batch_and_serves_them(spark: 
         "metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"),
         "metrics.prometheus.port": 0,
     }
-    job = StatefulForeachBatch(count_words, key_columns=["word"], num_tasks=NUM_TASKS, config=config)
+    # tasks wait for their checkpoints: a task that hands its output on first (the driver confirming its checkpoint)
+    # hands its upload's metrics on with its next batch
+    job = StatefulForeachBatch(count_words, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               confirm_on_driver=False)
     words = [(f"w{i % 17}",) for i in range(60)]
     job(spark.createDataFrame(words, "word string"), 0)
     first = job.last_batch_metrics
