@@ -62,10 +62,10 @@ def test_a_task_whose_output_spills_returns_it_whole_after_its_commit(tmp_path: 
 def test_a_failed_commit_leaves_no_spill_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from statebackend.task import TaskStorage
 
-    def fail(self: Any, offsets: Any) -> None:
+    def fail(self: Any, offsets: Any, timeout: Any = None) -> None:
         raise CommitError("injected: the commit failed")
 
-    monkeypatch.setattr(TaskStorage, "commit_durably", fail)
+    monkeypatch.setattr(TaskStorage, "commit_now", fail)
     config = make_config(tmp_path)
     runner = TaskRunner(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
                         input_columns=("word",), output_memory_bytes=2048)
