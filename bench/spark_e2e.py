@@ -210,6 +210,7 @@ def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
 
 def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
                      backend: str = "changelog", options: dict[str, str] | None = None, num_tasks: int = NUM_TASKS,
+                     confirm_on_driver: bool | None = None,
                      ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int]]:
     config: dict[str, object] = {
         "job.name": "bench",
@@ -223,7 +224,7 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
     }
     job = StatefulForeachBatch(fn, key_columns=["key"], num_tasks=num_tasks, config=config,
                                output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
-                               keep_open=keep_open)
+                               keep_open=keep_open, confirm_on_driver=confirm_on_driver)
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
     with DirWatcher(work / "sb-blobs") as blobs:
         query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(work / "sb-spark-checkpoint"))
@@ -321,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cluster-batches", type=int, default=12, metavar="N",
                         help="then a word count of N batches on local-cluster[2,1,1024] with and without affinity, "
                              "counting the task-batches that moved executor (0: skip; default 12)")
+    parser.add_argument("--confirm-on-driver", choices=["auto", "on", "off"], default="auto",
+                        help="StatefulForeachBatch(confirm_on_driver=...): None (auto: on for az:// and s3://, off for "
+                             "file://), True or False (default auto)")
     parser.add_argument("--close-every-batch", action="store_true",
                         help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
     args = parser.parse_args(argv)
@@ -349,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
             sb_rows, config, sb_bytes = run_statebackend(
                 spark, work / "input", work, count_keys_per_key if args.per_key else count_keys,
                 keep_open=not args.close_every_batch, backend=args.backend,
-                options=dict(option.split("=", 1) for option in args.option))
+                options=dict(option.split("=", 1) for option in args.option),
+                confirm_on_driver={"auto": None, "on": True, "off": False}[args.confirm_on_driver])
             state = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)")
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows

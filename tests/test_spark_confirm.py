@@ -1,5 +1,5 @@
-"""The driver confirms the checkpoints tasks did not wait for (``StatefulForeachBatch(confirm_on_driver=True)``, the
-default): what it accepts, what it refuses, and a streaming query whose Python workers die by SIGKILL at checkpoint
+"""The driver confirms the checkpoints tasks did not wait for (``StatefulForeachBatch(confirm_on_driver=True)``; the
+default on remote blob stores): what it accepts, what it refuses, and a streaming query whose Python workers die by SIGKILL at checkpoint
 writes, often after their task has handed its output on, which keeps exact state and hands every batch's output to
 the sink exactly as a batch count gives it."""
 
@@ -109,7 +109,7 @@ def test_workers_killed_at_checkpoint_writes_lose_no_batch_and_sink_each_output_
     config = make_config(tmp_path)
     source = tmp_path / "input"
     source.mkdir()
-    batches = 6
+    batches = 4
     for batch in range(batches):
         (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
         os.utime(source / f"part-{batch:03d}.txt", (1_000_000 + batch, 1_000_000 + batch))

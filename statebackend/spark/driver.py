@@ -73,9 +73,11 @@ class StatefulForeachBatch:
     #: upload going on beside the next tasks; the driver reads every such checkpoint back from the task's log before
     #: the batch ends (``statebackend.spark.confirm``), and runs the batch again, every task waiting for its
     #: checkpoint, when one is not there within ``confirm_timeout_s``. False: every task waits for its own
-    #: checkpoint. Needs ``on_replay="redo"`` and ``task.checkpoint.retained >= 3`` (a run again is a replay), and
-    #: no ``spark.speculation``; else every task waits
-    confirm_on_driver: bool = True
+    #: checkpoint. None (default): True when the blob store's uploads wait on the network (``az://``, ``s3://``),
+    #: False on a local directory (``file://``: measured, the durable latency of a commit doubles for a few percent
+    #: of batch time, docs/benchmarks-spark.md). Needs ``on_replay="redo"`` and ``task.checkpoint.retained >= 3`` (a
+    #: run again is a replay), and no ``spark.speculation``; else every task waits
+    confirm_on_driver: bool | None = None
     confirm_timeout_s: float = 60.0
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -252,7 +254,10 @@ class StatefulForeachBatch:
         and a run again possible (a replay: ``on_replay="redo"`` and the previous batch's checkpoint kept through a
         run again and a retry in it: ``task.checkpoint.retained >= 3``), not with speculation (two attempts of a task
         would both hand output on), and not after the driver failed to read a checkpoint."""
-        if not self.confirm_on_driver or self._confirm_off is not None:
+        wanted = self.confirm_on_driver
+        if wanted is None:  # a remote store: the task's worker is free for the next task while its upload waits
+            wanted = settings.blob_store_url.startswith(("az:", "s3:"))
+        if not wanted or self._confirm_off is not None:
             return False
         if self.on_replay != "redo" or settings.checkpoint_retained < 3:
             return False
