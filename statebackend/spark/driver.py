@@ -202,8 +202,9 @@ class StatefulForeachBatch:
                 schema: Any = self.output_schema
             else:
                 schema = self._struct(spark)
-                runner = attrs.evolve(self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver),
-                                      input_schema=to_arrow_schema(batch_df.schema))
+                runner = attrs.evolve(
+                    self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver),
+                    input_schema=to_arrow_schema(batch_df.schema))
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
             rows = partitioned.rdd
             if self.affinity:
