@@ -322,7 +322,7 @@ class StatefulForeachBatch:
         executors come and go."""
         context = spark.sparkContext
         if self._local_context is not context:
-            if not _is_local_master(context.master):
+            if not _is_local_master(context.master or ""):
                 return _executors(spark)
             self._local_context = context
         return 1
