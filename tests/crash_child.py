@@ -167,7 +167,11 @@ def run(workdir: Path, report: Path, commits: int) -> None:
         store = task.store(STORE)
         restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
         contents = {key.hex(): value.hex() for key, value in store.items()}
-        report.write_text(json.dumps({"restored": restored, "contents": contents}))
+        # whole or absent (written aside, then renamed): a kill may land while it is written, and the parent reads
+        # an existing report as "the child got past its open"
+        partial = report.with_name(report.name + ".partial")
+        partial.write_text(json.dumps({"restored": restored, "contents": contents}))
+        os.replace(partial, report)
         durable_log = os.open(workdir / "durable.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             for n in range(restored + 1, restored + commits + 1):
