@@ -1,6 +1,6 @@
 """Bytes uploaded per commit by the changelog backend, by kind, and what the snapshot interval costs at restore.
 
-Run from the repository root: ``python -m bench.bytes [--updates 2500,12500] [--commits 60] [--intervals 20]
+Run from the repository root: ``python -m bench.bytes [--updates 2500,12500] [--commits 60] [--policies 20:0,100:1]
 [--restore]``. One task of the Spark benchmark's state (250,000 keys ``k%08d`` of the ``string`` serde, ``integer``
 values: 1M keys in 4 tasks), on a ``file://`` blob store; each commit increments U random keys (2,500 and 12,500 per
 task are the Spark benchmark's 10k and 50k updates per batch). Every byte written to the blob store is counted by
@@ -75,23 +75,36 @@ def counting_uploads() -> Iterator[tuple[collections.Counter[str], collections.C
         file_blobs.FileBlobStore._write_metadata = original_metadata  # type: ignore[method-assign]
 
 
-def config(root: Path, interval: int) -> dict[str, Any]:
+def config(root: Path, interval: int, ratio: float = 0.0) -> dict[str, Any]:
     return {"job.name": "j", "state.local.dir": str(root / "local"), "blob.store.url": (root / "blobs").as_uri(),
             "blob.store.create.if.missing": True, "stores.counts.backup.factories": "changelog",
             "stores.counts.key.serde": "string", "stores.counts.msg.serde": "integer",
-            "changelog.snapshot.interval.commits": interval, "changelog.snapshot.interval.bytes": 1 << 62}
+            "changelog.snapshot.interval.commits": interval, "changelog.snapshot.interval.ratio": ratio,
+            "changelog.snapshot.interval.bytes": 1 << 62}
+
+
+#: the key of index i: "regular" (every 4th key of 1M, as before 2026-11-25: sorted planes compress to almost nothing)
+#: or "spark" (the Spark benchmark's: one task's share of 1M keys picked by hash, so the gaps are irregular)
+KEY_SHAPES = ("spark", "regular")
+_shape = ["spark"]
+_spark_keys: list[int] = []
 
 
 def keys_of(indexes: Iterator[int] | range | list[int]) -> list[str]:
-    return [f"k{i * 4:08d}" for i in indexes]
+    if _shape[0] == "regular":
+        return [f"k{i * 4:08d}" for i in indexes]
+    if not _spark_keys:
+        _spark_keys.extend(sorted(random.Random(7).sample(range(1_000_000), 250_000)))
+    return [f"k{_spark_keys[i % len(_spark_keys)] + 1_000_000 * (i // len(_spark_keys)):08d}" for i in indexes]
 
 
-def bytes_per_commit(keys: int, updates: int, commits: int, interval: int) -> dict[str, Any]:
+def bytes_per_commit(keys: int, updates: int, commits: int, interval: int, ratio: float = 0.0) -> dict[str, Any]:
     """Bytes per commit by kind, the initial load not counted."""
     root = Path(tempfile.mkdtemp(prefix="bench-bytes-"))
     rng = random.Random(1)
     try:
-        with counting_uploads() as (written, blobs, on), TaskStorage.open(config(root, interval), "task-0") as task:
+        with counting_uploads() as (written, blobs, on), \
+                TaskStorage.open(config(root, interval, ratio), "task-0") as task:
             store = task.store("counts")
             store.put_many(keys_of(range(keys)), [1] * keys)
             task.commit_durably({"batch": "0"})
@@ -107,7 +120,7 @@ def bytes_per_commit(keys: int, updates: int, commits: int, interval: int) -> di
     finally:
         shutil.rmtree(root, ignore_errors=True)
     per_commit = {kind: written[kind] / commits for kind in KINDS}
-    return {"keys": keys, "updates": updates, "commits": commits, "interval": interval,
+    return {"keys": keys, "updates": updates, "commits": commits, "interval": interval, "ratio": ratio,
             "bytes_per_commit": per_commit, "total_per_commit": sum(per_commit.values()),
             "blobs": {kind: blobs[kind] for kind in KINDS},
             "bytes_per_blob": {kind: written[kind] / blobs[kind] for kind in KINDS if blobs[kind]}}
@@ -146,21 +159,26 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=250_000)
     parser.add_argument("--updates", default="2500,12500")
     parser.add_argument("--commits", type=int, default=60)
-    parser.add_argument("--intervals", default="20", help="changelog.snapshot.interval.commits values")
+    parser.add_argument("--policies", default="20:0,100:1", help="snapshot policies, each "
+                        "changelog.snapshot.interval.commits:changelog.snapshot.interval.ratio (default: the old "
+                        "fixed interval of 20, and the defaults since 2026-11-25)")
+    parser.add_argument("--key-shape", choices=KEY_SHAPES, default="spark")
     parser.add_argument("--restore", action="store_true", help="also time restores after chains of deltas")
     parser.add_argument("--chains", default="0,19,39,59")
     parser.add_argument("--restore-keys", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
+    _shape[0] = args.key_shape
     updates = [int(u) for u in args.updates.split(",")]
     result: dict[str, Any] = {"machine": machine_info(), "bytes": [], "restore": []}
-    for interval in (int(i) for i in args.intervals.split(",")):
+    for policy in args.policies.split(","):
+        interval, ratio = int(policy.split(":")[0]), float(policy.split(":")[1])
         for count in updates:
-            row = bytes_per_commit(args.keys, count, args.commits, interval)
+            row = bytes_per_commit(args.keys, count, args.commits, interval, ratio)
             result["bytes"].append(row)
             parts = "  ".join(f"{kind} {row['bytes_per_commit'][kind]:,.0f}" for kind in KINDS)
             snapshot_blob = row["bytes_per_blob"].get("snapshot", 0)
-            print(f"interval {interval:>3}, {count:>6,} updates/commit: {parts}  total "
+            print(f"interval {interval:>3} ratio {ratio:g}, {count:>6,} updates/commit: {parts}  total "
                   f"{row['total_per_commit']:,.0f} B/commit (snapshot blob {snapshot_blob:,.0f} B)", flush=True)
     if args.restore:
         chains = [int(c) for c in args.chains.split(",")]

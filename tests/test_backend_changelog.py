@@ -56,7 +56,8 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
 
 def test_older_local_copy_catches_up_by_applying_only_missing_deltas(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100})
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100,
+                                     "changelog.snapshot.interval.ratio": 0})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(3):
@@ -101,7 +102,8 @@ def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path
 
 def test_bytes_uploaded_follow_the_change_not_the_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000})
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
+                                     "changelog.snapshot.interval.ratio": 0})
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         store = task.store("counts")
         # values that do not compress away (sequential keys and equal values shrink to a few KB as byte planes)
@@ -233,6 +235,7 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
 def test_failed_retry_of_an_older_delta_keeps_this_commits_delta_staged_and_needs_no_rebase(tmp_path: Path) -> None:
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
+                                     "changelog.snapshot.interval.ratio": 0,
                                      "task.commit.async.failures.tolerated": 5})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -264,7 +267,8 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
     from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.gc.interval.commits": 0})
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.snapshot.interval.ratio": 0,
+                                     "changelog.gc.interval.commits": 0})
     snapshots = "job/task-0/counts/changelog/snapshot/"
     model: dict[bytes, bytes] = {}
     for task_name in ("task-1", "task-0"):  # task-1: another task's snapshot of the same seq
@@ -421,7 +425,7 @@ def test_sweep_leaves_a_young_delta_of_a_replay_still_committing_below_the_heads
     inner.supports_metadata = metadata
     blobs = ControlledBlobStore(inner)
     extra = {"changelog.gc.interval.commits": 0, "task.checkpoint.retained": 10,
-             "changelog.snapshot.interval.commits": 1000}
+             "changelog.snapshot.interval.commits": 1000, "changelog.snapshot.interval.ratio": 0}
     config = config_for(tmp_path, **extra)
     model: dict[bytes, bytes] = {}
     models: list[dict[bytes, bytes]] = []

@@ -26,7 +26,7 @@ def config_for(local: Path, factories: str = "changelog", url: str | None = None
         "state.local.dir": str(local),
         "blob.store.url": url or f"memory://{uuid.uuid4().hex}",
         "stores.counts.backup.factories": factories,
-        "changelog.snapshot.interval.commits": 1000,
+        "changelog.snapshot.interval.commits": 1000, "changelog.snapshot.interval.ratio": 0,
     }
     config.update(extra)
     return config

@@ -80,7 +80,8 @@ def config_for(local: Path, factories: str = "changelog", **extra: Any) -> dict[
         "state.local.dir": str(local),
         "blob.store.url": f"memory://{uuid.uuid4().hex}",
         "stores.counts.backup.factories": factories,
-        "changelog.snapshot.interval.commits": 1000,  # deltas only: a restore reads every delta
+        "changelog.snapshot.interval.commits": 1000,
+"changelog.snapshot.interval.ratio": 0,  # deltas only: a restore reads every delta
     }
     config.update(extra)
     return config

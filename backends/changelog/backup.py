@@ -145,6 +145,9 @@ class _Lineage:
     rebase_view: Future[ReadView] | None = None
     commits_since_snapshot: int = 0
     bytes_since_snapshot: int = 0
+    #: file bytes of blobs of this store whose size this manager knows (it uploaded them, or looked them up at
+    #: init): the snapshot interval ratio weighs the deltas since the base against the base
+    blob_bytes: dict[str, int] = attrs.field(factory=dict)
     background: Future[Step] | None = None
     #: the blob the running background snapshot writes (never swept while it runs)
     background_name: str | None = None
@@ -165,6 +168,8 @@ class ChangelogBackupManager(TaskBackupManager):
     compression: str
     compression_level: int
     retained: int
+    #: a snapshot is due once the delta files after the base hold this many times the base's bytes (0: off)
+    snapshot_interval_ratio: float = 1.0
     gc_interval_commits: int = 20
     gc_grace_period_ms: int = 3_600_000
     #: wall clock (seconds since the epoch) for blob ages and the sweep's time bound; tests may replace it
@@ -194,6 +199,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 lineage.retained.append(recipe)
                 lineage.commits_since_snapshot = len(recipe.deltas)
                 self._adopt_finished_snapshot(lineage)
+                self._look_up_sizes(lineage)
             elif store.version is None and store.count() == 0:
                 lineage.seq = recipe.seq if recipe is not None else 0  # an empty store: the chain starts empty
             else:
@@ -240,6 +246,30 @@ class ChangelogBackupManager(TaskBackupManager):
                 lineage.bytes_since_snapshot = 0
                 self.context.metrics.increment("changelog.snapshot.adopted")
                 return
+
+    def _look_up_sizes(self, lineage: _Lineage) -> None:
+        """In the background, the sizes the snapshot interval ratio needs of a chain this manager did not write: the
+        base's (a snapshot, or the first delta on the empty store) and the newest delta's, which stands for the
+        deltas of unknown size. Until they are known, only the commit and byte intervals apply."""
+        if self.snapshot_interval_ratio <= 0:
+            return
+        names = [step.name for step in lineage.recipe().steps() if step.name is not None]
+        wanted = [name for name in dict.fromkeys(names[:1] + names[-1:]) if name not in lineage.blob_bytes]
+        if not wanted or self._closed:
+            return
+
+        def look_up() -> None:
+            for name in wanted:
+                try:
+                    size = self.context.blob_store.head(name).size
+                except Exception as exc:  # noqa: BLE001 - only an estimate is lost; restore checks every blob
+                    log.debug("store %s: size of %s unknown: %s", lineage.name, name, exc,
+                              extra=self._log_extra(lineage.name))
+                    return
+                with lineage.lock:
+                    lineage.blob_bytes.setdefault(name, size)
+
+        maintenance_pool().submit(look_up)
 
     def _whole_and_bound(self, lineage: _Lineage, snapshot: Step) -> float | None | bool:
         """Whether the blob ``snapshot`` names is whole (header, end marker, body length: two ranged reads) and is
@@ -590,6 +620,7 @@ class ChangelogBackupManager(TaskBackupManager):
         blob_store = self.context.blob_store
         created_at = self.clock()  # before the put: a sweep never sees the blob younger than it is
         metadata = {CREATED_AT: f"{created_at:.3f}"} if blob_store.supports_metadata else None
+        size = staged.stat().st_size
         try:
             blob_store.put_file(name, staged, create_only=True, metadata=metadata)
         except AlreadyExistsError:
@@ -598,13 +629,44 @@ class ChangelogBackupManager(TaskBackupManager):
             pass
         with lineage.lock:
             lineage.uploaded_at[name] = created_at
+            lineage.blob_bytes[name] = size
         staged.unlink(missing_ok=True)
 
     # -- background snapshots ----------------------------------------------------------------------------------
 
+    def _ratio_due(self, lineage: _Lineage) -> bool:
+        """Whether the delta files after the base (estimated where their sizes are unknown) hold
+        ``snapshot.interval.ratio`` times the base's bytes. Without a snapshot, the chain's first delta (loaded in
+        bulk onto the empty store at restore, as a snapshot is) is the base. A restore downloads and applies at
+        most the base plus that ratio of it, and the snapshots' bytes, amortized, follow the change: about the
+        deltas' bytes over the ratio per commit, where a fixed commit interval costs the whole state's."""
+        ratio = self.snapshot_interval_ratio
+        if ratio <= 0:
+            return False
+        names = [step.name for step in lineage.deltas if step.name is not None]
+        if lineage.base is not None:
+            base, chain = lineage.base.name, names
+        elif names:
+            base, chain = names[0], names[1:]
+        else:
+            return False
+        base_bytes = lineage.blob_bytes.get(base) if base is not None else None
+        if base_bytes is None or not chain:
+            return False
+        known = [lineage.blob_bytes[name] for name in chain if name in lineage.blob_bytes]
+        if not known:
+            known = [lineage.blob_bytes[name] for name in names if name in lineage.blob_bytes and name != base]
+            if not known:
+                return False
+            estimate = sum(known) / len(known) * len(chain)
+        else:
+            estimate = sum(known) + sum(known) / len(known) * (len(chain) - len(known))
+        return estimate >= ratio * base_bytes
+
     def _maybe_start_background_snapshot(self, lineage: _Lineage, change: ChangeSet) -> None:
         due = (lineage.commits_since_snapshot >= self.snapshot_interval_commits
-               or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes)
+               or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes
+               or self._ratio_due(lineage))
         if not due or lineage.background is not None or self._closed:
             return
         view = change.read_view()  # a future: an LMDB read transaction on this version, once it is applied
@@ -688,6 +750,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 with lineage.lock:
                     lineage.uploaded.discard(blob)
                     lineage.uploaded_at.pop(blob, None)
+                    lineage.blob_bytes.pop(blob, None)
             if garbage:
                 self.context.metrics.increment("changelog.blobs.deleted", len(garbage))
             self._drop_abandoned_staged_files(lineage, recipe)

@@ -9,7 +9,7 @@ from statebackend.backends.changelog.admin import ChangelogAdmin
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.backends.changelog.restore import ChangelogRestoreManager
 
-from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_duration_ms, parse_int
+from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_duration_ms, parse_float, parse_int
 from statebackend.contracts import BackendContext, StateBackendFactory
 
 __all__ = ["ChangelogStateBackendFactory"]
@@ -19,8 +19,12 @@ class ChangelogStateBackendFactory(StateBackendFactory):
     """Per-commit delta files plus background materialized snapshots."""
 
     options: Mapping[str, Any] = {
+        "snapshot.interval.ratio": OptionSpec(
+            parse_float(min=0.0), 1.0,
+            "take a background snapshot once the delta files since the last one hold this many times its bytes "
+            "(0: off): a restore then downloads at most 1 + this many snapshots' worth"),
         "snapshot.interval.commits": OptionSpec(
-            parse_int(min=1), 20, "take a background snapshot after this many commits since the last one"),
+            parse_int(min=1), 100, "... or after this many commits since the last one, whatever their size"),
         "snapshot.interval.bytes": OptionSpec(
             parse_bytes(), 64 << 20, "... or after this many bytes of change since the last one"),
         "compression": OptionSpec(parse_choice("zstd", "none"), "zstd", "compression of delta and snapshot files"),
@@ -37,6 +41,7 @@ class ChangelogStateBackendFactory(StateBackendFactory):
         return ChangelogBackupManager(
             context=context,
             snapshot_interval_commits=options["snapshot.interval.commits"],
+            snapshot_interval_ratio=options["snapshot.interval.ratio"],
             snapshot_interval_bytes=options["snapshot.interval.bytes"],
             compression=options["compression"],
             compression_level=options["compression.level"],
