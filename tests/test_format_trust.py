@@ -550,3 +550,18 @@ def test_a_format_1_recipe_with_a_gap_is_refused_naming_the_seqs(chain: Chain, t
     errors: list[str] = []
     assert restore_with_marker(chain, tmp_path, json.dumps(document), local=None, errors=errors) is None
     assert f"jumps from seq {gone['seq'] - 1} to seq {gone['seq'] + 1}" in errors[0] and "store counts" in errors[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_marker_changed_in_one_character_is_refused_or_restores_exactly(chain: Chain, tmp_path: Path,
+                                                                         data: st.DataObject) -> None:
+    """As in a checkpoint without a checksum (blob format 1, still read): one character of the marker changed to one
+    that keeps it likely to parse (a digit, a hex digit, JSON punctuation)."""
+    marker = chain.head.checkpoint.markers_for("changelog")["counts"]
+    position = data.draw(st.integers(min_value=0, max_value=len(marker) - 1))
+    character = data.draw(st.sampled_from('0123456789abcdef,[]"-'))
+    changed = marker[:position] + character + marker[position + 1:]
+    assume(changed != marker)
+    local = data.draw(st.sampled_from([None, chain.behind]))
+    assert restore_with_marker(chain, tmp_path, changed, local=local) in (None, chain.model)
