@@ -16,6 +16,7 @@ failed check. Downloads run on a private pool, never on the shared commit pool.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
 import threading
@@ -30,7 +31,7 @@ from statebackend.backends.changelog.marker import Recipe, Step, check_blob_bind
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
-from statebackend.errors import NotFoundError, StateBackendError
+from statebackend.errors import CorruptDataError, NotFoundError, StateBackendError
 from statebackend.recordfile import KIND_DELTA, KIND_SNAPSHOT, FileHeader, check_digest, iter_records
 from statebackend.store import LocalStore
 
@@ -54,8 +55,10 @@ class ChangelogRestoreManager(TaskRestoreManager):
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
         for name in self.context.stores:
             if name in markers:
-                self._recipes[name] = Recipe.decode(markers[name], prefix=self.context.blob_prefix(name),
-                                                    source=f"store {name}")
+                assert checkpoint is not None
+                recipe = Recipe.decode(markers[name], prefix=self.context.blob_prefix(name), source=f"store {name}")
+                _check_recipe(recipe, str(checkpoint.checkpoint_id), name, markers[name])
+                self._recipes[name] = recipe
 
     def interrupt(self) -> None:
         """Ask a running restore to stop at the next step."""
@@ -161,6 +164,33 @@ def _puts_only(reader: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[b
     for key, value in reader:
         if value is not None:
             yield key, value
+
+
+def _check_recipe(recipe: Recipe, checkpoint_id: str, store: str, marker: str) -> None:
+    """Refuse, before anything is loaded, a recipe that would restore other state than its checkpoint's, though each
+    blob it names is intact and the one its step names:
+
+    - a gap in the versions (a format 1 marker spells every seq out, so it can skip one; format 2 cannot): the state
+      would miss a commit's changes;
+    - a last step that is not this checkpoint's version: every commit appends its own version to the recipe it writes
+      into its checkpoint, so a recipe ending anywhere else had steps dropped from its end or is another
+      checkpoint's."""
+    for before, after in itertools.pairwise(recipe.steps()):
+        if after.seq != before.seq + 1:
+            raise CorruptDataError(
+                f"store {store}: the changelog recipe of checkpoint {checkpoint_id} jumps from seq {before.seq} to "
+                f"seq {after.seq}; a delta of the chain is missing from the marker and the state would miss its "
+                f"changes. Nothing was restored from it: restore an older checkpoint or from another backend's marker"
+            )
+    head = recipe.head
+    if head is None or head.checkpoint_id != checkpoint_id:
+        ends = f"ends at the version of checkpoint {head.checkpoint_id}" if head is not None else "has no step"
+        raise CorruptDataError(
+            f"store {store}: the changelog recipe of checkpoint {checkpoint_id} {ends}, not at the checkpoint's own "
+            f"version: the marker was altered or belongs to another checkpoint, and would restore other state. "
+            f"Nothing was restored from it: restore an older checkpoint or from another backend's marker "
+            f"(marker: {marker[:200]})"
+        )
 
 
 def _check_lineage(header: FileHeader, step: Step, store: str, context: BackendContext, *, kind: str) -> None:

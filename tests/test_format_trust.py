@@ -1,0 +1,567 @@
+"""Trust of the on-blob formats: the record file (version 3 above all) and the changelog marker (format 2, and
+format 1 as still read).
+
+A damaged, cut, extended or re-sealed record file is refused with a CorruptDataError-family error or decodes to
+what was written, never to anything else; adversarial lengths cost no big allocation. A marker edited inside a
+checkpoint (seq shifted, a step dropped, duplicated or moved, tokens or checkpoint ids swapped between steps) is
+refused, or restores exactly the state of the checkpoint: never another state."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import io
+import itertools
+import json
+import shutil
+import struct
+import tracemalloc
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from statebackend.backends.changelog.marker import Recipe, Step
+from statebackend.checkpoint import CheckpointLog, CheckpointV2
+
+from statebackend import recordfile as fmt
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
+from statebackend.recordfile import FileHeader, encode, iter_records, verify
+from statebackend.task import TaskStorage
+from statebackend.testing.backend_contract import contents, write_round
+from tests.test_backend_changelog import PREFIX, config_for
+
+DELTA = FileHeader(kind="delta", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
+                   token="0123456789abcdef", seq=7, base_seq=6)
+SNAPSHOT = attrs.evolve(DELTA, kind="snapshot", base_seq=7)
+RUN = attrs.evolve(DELTA, kind="run", base_seq=0)
+BAD = (CorruptDataError, IncompatibleFormatError)
+
+Records = list[tuple[bytes, "bytes | None"]]
+
+
+class Trickle(io.RawIOBase):
+    """An unseekable stream that hands out at most ``step`` bytes per read."""
+
+    def __init__(self, data: bytes, step: int) -> None:
+        self._data = memoryview(data)
+        self._pos = 0
+        self._step = step
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self._step, len(self._data) - self._pos)
+        buffer[:n] = self._data[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+
+def encode_small_blocks(header: FileHeader, records: Records, *, budget: int, compression: str) -> bytes:
+    """Blocks of about ``budget`` bytes, so a small file has many blocks (boundaries to damage)."""
+    default = fmt._BLOCK_BYTES
+    fmt._BLOCK_BYTES = budget
+    try:
+        return encode(header, records, compression=compression)
+    finally:
+        fmt._BLOCK_BYTES = default
+
+
+def outcome(read: Callable[[], list[Any]]) -> tuple[str, object]:
+    """("ok", records) or ("error", the error's class), any other exception propagating (a test failure)."""
+    try:
+        return "ok", read()
+    except BAD as exc:
+        assert str(exc), "an error must say what is wrong"
+        return "error", type(exc)
+
+
+def every_reading(data: bytes, name: str = "blob-under-test") -> list[tuple[str, object]]:
+    """The outcome of verify + every reader (bytes, bytes already verified by digest, streams of two read sizes)."""
+
+    def verified() -> list[Any]:
+        verify(data, name=name)
+        return list(iter_records(data, name=name, verified=True))
+
+    return [outcome(verified),
+            outcome(lambda: list(iter_records(data, name=name))),
+            outcome(lambda: list(iter_records(io.BytesIO(data), name=name))),
+            outcome(lambda: list(iter_records(Trickle(data, 7), name=name)))]
+
+
+def assert_refused_everywhere(data: bytes, name: str = "blob-under-test") -> None:
+    for result in every_reading(data, name):
+        assert result[0] == "error", f"a damaged file decoded: {result}"
+
+
+def sections(data: bytes) -> tuple[int, int]:
+    """(header end, body end) of a well-formed file."""
+    header_end = fmt.header_size(data[:fmt.HEADER_PREFIX_SIZE], name="f")
+    return header_end, len(data) - fmt.FOOTER_SIZE
+
+
+def reseal(data: bytes, *, body_length: int | None = None) -> bytes:
+    """``data`` with its header CRC, footer body length and digest made right again, as a writer that meant to write
+    these bytes would have: whatever it then decodes to, the checksums cannot tell."""
+    header_end = fmt.header_size(data[:fmt.HEADER_PREFIX_SIZE], name="f")
+    metadata_end = header_end - 4
+    out = bytearray(data)
+    out[metadata_end:header_end] = struct.pack("<I", zlib.crc32(bytes(out[:metadata_end])))
+    body_end = len(out) - fmt.FOOTER_SIZE
+    count, _, _, _ = struct.unpack_from("<QQ16s8s", out, body_end)
+    covered = struct.pack("<QQ", count, body_end - header_end if body_length is None else body_length)
+    out[body_end:body_end + 16] = covered
+    digest = hashlib.blake2b(bytes(out[:body_end + 16]), digest_size=16).digest()
+    out[body_end + 16:body_end + 32] = digest
+    return bytes(out)
+
+
+def uncompressed_body(records: Records, header: FileHeader = DELTA, budget: int = 24) -> bytes:
+    data = encode_small_blocks(header, records, budget=budget, compression="none")
+    header_end, body_end = sections(data)
+    return data[header_end:body_end]
+
+
+def file_with_body(body: bytes, count: int, header: FileHeader = DELTA) -> bytes:
+    """A whole uncompressed file around ``body`` (any bytes), checksums right."""
+    shell = encode(header, [], compression="none")
+    header_end, _ = sections(shell)
+    footer = struct.pack("<QQ16s8s", count, len(body), b"\x00" * 16, fmt.MAGIC_END)
+    return reseal(shell[:header_end] + body + footer)
+
+
+# ------------------------------------------------------------------------------------------------------ records
+
+KEY_LENGTHS = st.integers(min_value=0, max_value=70)  # around PLANES_MAX_LENGTH (64) too
+
+
+@st.composite
+def record_lists(draw: st.DrawFn, *, deletes: bool = True) -> Records:
+    """Sorted unique records, often with a column of one length (byte planes), sometimes differing in one record."""
+    n = draw(st.integers(min_value=0, max_value=40))
+    key_length = draw(st.one_of(st.none(), KEY_LENGTHS))
+    value_length = draw(st.one_of(st.none(), st.integers(min_value=0, max_value=70)))
+    key = (st.binary(min_size=key_length, max_size=key_length) if key_length is not None
+           else st.binary(max_size=12))
+    value = (st.binary(min_size=value_length, max_size=value_length) if value_length is not None
+             else st.binary(max_size=80))
+    if deletes:
+        value = st.one_of(value, st.none())
+    records = sorted(draw(st.dictionaries(key, value, max_size=n)).items())
+    if records and draw(st.booleans()):  # the last record alone of another length
+        last_key, last_value = records[-1]
+        records[-1] = (last_key, (last_value or b"") + b"\xff")
+    return records
+
+
+def check_round_trip(header: FileHeader, records: Records, *, compression: str, budget: int | None = None) -> None:
+    if budget is None:
+        data = encode(header, records, compression=compression)
+    else:
+        data = encode_small_blocks(header, records, budget=budget, compression=compression)
+    assert verify(data, name="f") == header
+    for result in every_reading(data):
+        assert result == ("ok", records)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("records", [
+    [],
+    [(b"", b"")],
+    [(b"", None)],
+    [(b"only", b"one")],
+    [(b"k\x00", b"")] + [(bytes([0x6b, i]), b"") for i in range(1, 5)],  # every value empty
+    [(bytes([i]) * 3, bytes([255 - i]) * 8) for i in range(100)],  # every key and value of one length
+    [(bytes([i]) * 3, bytes([i]) * 8) for i in range(9)] + [(b"\xff" * 3, b"x" * 9)],  # the last value 1 longer
+    [(bytes([i]) * 3, b"v" * 4) for i in range(9)] + [(b"\xff" * 4, b"v" * 4)],  # the last key 1 longer
+    [(b"a", b"x" * 64), (b"b", b"y" * 64)],  # at PLANES_MAX_LENGTH
+    [(b"a", b"x" * 65), (b"b", b"y" * 65)],  # just over it
+    [(b"a" * 64, b"1"), (b"b" * 64, b"2")],
+    [(b"a", None), (b"b", None), (b"c", None)],  # deletes only
+    [(b"a", None), (b"b", b"1234"), (b"c", None), (b"d", b"5678")],  # planes around deletes
+    [("\u00e9t\u00e9".encode(), "\u2603".encode()), (b"\xf0\x9f\x92\xa9", b"\x00\xff\x00")],
+    [(b"big", bytes(range(256)) * 1200), (b"bigger", b"\x01" * (3 << 20))],  # values above the block size
+], ids=lambda records: f"{len(records)}-records")
+def test_version_3_round_trips_the_edge_cases(records: Records, compression: str) -> None:
+    check_round_trip(DELTA, records, compression=compression)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(records=record_lists(), compression=st.sampled_from(["none", "zstd"]),
+       budget=st.sampled_from([None, 1, 16, 200]), kind=st.sampled_from(["delta", "run", "snapshot"]))
+def test_version_3_round_trips_any_records_in_any_blocks(records: Records, compression: str, budget: int | None,
+                                                         kind: str) -> None:
+    header = {"delta": DELTA, "run": RUN, "snapshot": SNAPSHOT}[kind]
+    if kind == "snapshot":
+        records = [(key, b"" if value is None else value) for key, value in records]
+    check_round_trip(header, records, compression=compression, budget=budget)
+
+
+# ------------------------------------------------------------------------------------ damage without re-sealing
+
+#: several blocks of every layout: fixed keys and values, fixed keys with deletes, varied, one of a kind
+MULTI_BLOCK = sorted(
+    [(b"a%03d" % i, b"%08d" % i) for i in range(6)]
+    + [(b"b%03d" % i, None if i % 2 else b"%04d" % i) for i in range(5)]
+    + [(b"c" * (i + 1), b"v" * i) for i in range(5)]
+    + [(b"d", None)]
+)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_every_cut_and_every_flip_of_a_many_block_version_3_file_is_refused(compression: str) -> None:
+    """Every offset, the block, plane and section boundaries among them: a cut, a flip of each bit pattern, a
+    byte dropped or doubled there."""
+    data = encode_small_blocks(DELTA, MULTI_BLOCK, budget=24, compression=compression)
+    assert every_reading(data) == [("ok", MULTI_BLOCK)] * 4
+    for position in range(len(data)):
+        assert_refused_everywhere(data[:position])
+        assert_refused_everywhere(data[:position] + data[position + 1:])
+        assert_refused_everywhere(data[:position] + data[position:position + 1] * 2 + data[position + 1:])
+        for mask in (0x01, 0x80):
+            damaged = bytearray(data)
+            damaged[position] ^= mask
+            assert_refused_everywhere(bytes(damaged))
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+@pytest.mark.parametrize("garbage", [b"\x00", b"\x00" * fmt.FOOTER_SIZE, fmt.MAGIC_END, b"x" * 1000])
+def test_appended_garbage_is_refused(compression: str, garbage: bytes) -> None:
+    data = encode_small_blocks(DELTA, MULTI_BLOCK, budget=24, compression=compression)
+    assert_refused_everywhere(data + garbage)
+    assert_refused_everywhere(data + data[-fmt.FOOTER_SIZE:])  # a second copy of the footer
+    assert_refused_everywhere(data + data)  # the file twice
+
+
+@settings(max_examples=150, deadline=None)
+@given(records=record_lists(), compression=st.sampled_from(["none", "zstd"]), data=st.data())
+def test_any_damage_to_a_version_3_file_is_refused_never_decoded_otherwise(records: Records, compression: str,
+                                                                           data: st.DataObject) -> None:
+    original = encode_small_blocks(DELTA, records, budget=20, compression=compression)
+    damaged = bytearray(original)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
+        position = data.draw(st.integers(min_value=0, max_value=len(damaged) - 1))
+        how = data.draw(st.sampled_from(["set", "xor", "insert", "delete"]))
+        if how == "set":
+            damaged[position] = data.draw(st.integers(0, 255))
+        elif how == "xor":
+            damaged[position] ^= data.draw(st.integers(1, 255))
+        elif how == "insert":
+            damaged[position:position] = data.draw(st.binary(min_size=1, max_size=8))
+        else:
+            del damaged[position:position + data.draw(st.integers(1, 8))]
+    assume(bytes(damaged) != original)
+    assert_refused_everywhere(bytes(damaged))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("job", "jab"), ("task", "task-4"), ("store", "cownts"), ("seq", 8), ("token", "fedcba9876543210"),
+    ("checkpoint_id", "1700000000000-2"),
+])
+def test_a_header_field_changed_and_its_crc_made_right_still_fails_the_digest(field: str, value: object) -> None:
+    data = encode(DELTA, MULTI_BLOCK, compression="zstd")
+    header_end, _ = sections(data)
+    other = attrs.evolve(DELTA, **{field: value, **({"base_seq": 7} if field == "seq" else {})})
+    other_header = encode(other, [], compression="zstd")[:sections(encode(other, [], compression="zstd"))[0]]
+    assert len(other_header) == header_end  # same length: only the digest can tell
+    assert_refused_everywhere(other_header + data[header_end:])
+
+
+# --------------------------------------------------------------------------- re-sealed: structure alone decides
+
+
+def check_consistent_or_refused(data: bytes, header: FileHeader = DELTA) -> None:
+    """Every reader agrees; what is accepted is a well-formed record list whose count the footer states."""
+    results = every_reading(data)
+    assert all(result == results[0] for result in results), results
+    if results[0][0] == "ok":
+        records = results[0][1]
+        assert isinstance(records, list)
+        keys = [key for key, _ in records]
+        assert all(a < b for a, b in itertools.pairwise(keys))
+        if header.kind == "snapshot":
+            assert all(value is not None for _, value in records)
+        count = struct.unpack_from("<Q", data, len(data) - fmt.FOOTER_SIZE)[0]
+        assert len(records) == count
+
+
+@settings(max_examples=200, deadline=None)
+@given(records=record_lists(), data=st.data(), kind=st.sampled_from(["delta", "snapshot"]))
+def test_a_re_sealed_version_3_body_is_refused_or_read_alike_by_every_reader(records: Records, data: st.DataObject,
+                                                                              kind: str) -> None:
+    """Damage a checksum cannot see (the file re-sealed after it): the block structure alone must refuse it or read
+    it the same way everywhere, never crash, hang or allocate by a corrupt length."""
+    header = SNAPSHOT if kind == "snapshot" else DELTA
+    if kind == "snapshot":
+        records = [(key, b"" if value is None else value) for key, value in records]
+    original = encode_small_blocks(header, records, budget=20, compression="none")
+    header_end, body_end = sections(original)
+    assume(body_end > header_end)
+    body = bytearray(original[header_end:body_end])
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        position = data.draw(st.integers(min_value=0, max_value=len(body) - 1))
+        body[position] = data.draw(st.integers(0, 255))
+    check_consistent_or_refused(reseal(original[:header_end] + bytes(body) + original[body_end:]), header)
+
+
+def block(n: int, flags: int, key_bytes: int, value_bytes: int, rest: bytes) -> bytes:
+    return struct.pack("<IBII", n, flags, key_bytes, value_bytes) + rest
+
+
+@pytest.mark.parametrize("body,message", [
+    # huge lengths: refused as what they are, reading no more than the body holds
+    (block(1 << 16, 2 | 4, 0xFFFFFFFF, 0xFFFFFFFF, b"\x01\x00\x00\x00" * 2), "ends inside the block"),
+    (block(1, 0, 0xFFFFFFFF, 0, b"\xff\xff\xff\xff\x00\x00\x00\x00"), "ends inside the block"),
+    (block((1 << 16) + 1, 0, 1, 1, b""), "record count"),
+    (block(0, 0, 0, 0, b""), "record count"),
+    (block(1, 8, 0, 0, b"\x00" * 8), "flags"),
+    # a fixed key length that does not add up (a product that would overflow 32 bits)
+    (block(1 << 16, 2, 1 << 16, 0, struct.pack("<I", 1 << 16) + b"\x00" * 4 * (1 << 16)), "ends inside|add up"),
+    (block(2, 2, 4, 0, struct.pack("<I", 0x80000002) + b"\x00" * 8 + b"abcd"), "add up"),
+    (block(2, 4, 2, 6, b"\x01\x00\x00\x00\x01\x00\x00\x00" + struct.pack("<I", 0x80000003) + b"abxyzxyz"), "add up"),
+    # fixed values with deletes: the column holds the puts' values only
+    (block(2, 1 | 4, 2, 4, b"\x02\x01" + b"\x01\x00\x00\x00" * 2 + b"\x04\x00\x00\x00" + b"ab" + b"wxyz" + b"\x00"),
+     "ends inside|add up|left over|block"),
+    (block(2, 1 | 4, 2, 8, b"\x02\x01" + b"\x01\x00\x00\x00" * 2 + b"\x04\x00\x00\x00" + b"ab" + b"wxyzwxyz"),
+     "add up"),
+    # zero-length fixed keys: two empty keys are not increasing
+    (block(2, 2 | 4, 0, 2, b"\x00\x00\x00\x00\x01\x00\x00\x00" + b"xy"), "strictly increase|not after"),
+    (block(1, 1, 1, 1, b"\x03" + b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"kv"), "op 3"),
+    (block(1, 1, 1, 1, b"\x02" + b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"kv"), "delete with value length"),
+])
+def test_adversarial_version_3_blocks_are_refused_cheaply_and_named(body: bytes, message: str) -> None:
+    data = file_with_body(body, count=2)
+    tracemalloc.start()
+    try:
+        for reading in (lambda: verify(data, name="blob-x"), lambda: list(iter_records(data, name="blob-x")),
+                        lambda: list(iter_records(io.BytesIO(data), name="blob-x"))):
+            with pytest.raises(CorruptDataError, match=message) as info:
+                reading()
+            assert "blob-x" in str(info.value)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"refusing a {len(data)}-byte file allocated {peak} bytes"
+
+
+def test_a_non_canonical_but_unambiguous_block_reads_as_what_it_says() -> None:
+    """A fixed value column of a block of deletes only holds no value: whatever length it states, the block is the
+    deletes (nothing else can be read from it), so accepting it loads nothing wrong."""
+    body = block(2, 1 | 4, 2, 0, b"\x02\x02" + b"\x01\x00\x00\x00" * 2 + b"\x09\x00\x00\x00" + b"ab")
+    assert every_reading(file_with_body(body, count=2)) == [("ok", [(b"a", None), (b"b", None)])] * 4
+
+
+# ------------------------------------------------------------------------------------------ the marker, edited
+
+
+def steps_of(document: dict[str, Any]) -> list[list[Any]]:
+    return document["deltas"]  # type: ignore[no-any-return]
+
+
+def swap(steps: list[list[Any]], i: int, field: int | None) -> None:
+    """Steps ``i`` and ``i + 1`` swapped whole (``field`` None) or one field of theirs swapped."""
+    if field is None:
+        steps[i], steps[i + 1] = steps[i + 1], steps[i]
+    else:
+        steps[i][field], steps[i + 1][field] = steps[i + 1][field], steps[i][field]
+
+
+def format_2_edits(marker: str) -> Iterator[tuple[str, str]]:
+    """(what, edited marker) for every edit of the recipe the trust rules list."""
+    original = json.loads(marker)
+    deltas = steps_of(original)
+
+    def edited(change: Callable[[dict[str, Any]], None]) -> str:
+        document = copy.deepcopy(original)
+        change(document)
+        return json.dumps(document, separators=(",", ":"))
+
+    def shift(by: int) -> Callable[[dict[str, Any]], None]:
+        def change(document: dict[str, Any]) -> None:
+            document["seq"] += by
+            if document["snapshot"] is not None:
+                document["snapshot"][0] += by
+        return change
+
+    def set_seq(by: int) -> Callable[[dict[str, Any]], None]:
+        return lambda document: document.__setitem__("seq", document["seq"] + by)
+
+    yield "every seq shifted up", edited(shift(1))
+    yield "every seq shifted down", edited(shift(-1))
+    yield "the deltas' seq shifted up", edited(set_seq(1))
+    for index in range(len(deltas)):
+        yield f"delta {index} dropped", edited(lambda d, i=index: steps_of(d).pop(i))
+        yield f"delta {index} twice", edited(lambda d, i=index: steps_of(d).insert(i, list(steps_of(d)[i])))
+    for index in range(len(deltas) - 1):
+        yield f"deltas {index} and {index + 1} swapped", edited(lambda d, i=index: swap(steps_of(d), i, None))
+        yield f"tokens of deltas {index} and {index + 1} swapped", edited(lambda d, i=index: swap(steps_of(d), i, 1))
+        yield (f"checkpoint ids of deltas {index} and {index + 1} swapped",
+               edited(lambda d, i=index: swap(steps_of(d), i, 0)))
+    if original["snapshot"] is not None and deltas:
+        def snapshot_token_swap(document: dict[str, Any]) -> None:
+            document["snapshot"][2], steps_of(document)[0][1] = steps_of(document)[0][1], document["snapshot"][2]
+
+        yield "tokens of the snapshot and delta 0 swapped", edited(snapshot_token_swap)
+        yield "the snapshot's checkpoint id swapped with delta 0's", edited(
+            lambda d: (d["snapshot"].__setitem__(1, steps_of(d)[0][0]), steps_of(d)[0].__setitem__(0,
+                                                                                                    original["snapshot"][1])))
+
+
+def format_1(recipe: Recipe) -> dict[str, Any]:
+    def step(s: Step) -> dict[str, object]:
+        return {"seq": s.seq, "checkpoint_id": s.checkpoint_id, "token": s.token, "name": s.name}
+
+    return {"format": 1, "snapshot": None if recipe.snapshot is None else step(recipe.snapshot),
+            "deltas": [step(d) for d in recipe.deltas]}
+
+
+def format_1_edits(recipe: Recipe) -> Iterator[tuple[str, str]]:
+    """Edits of the recipe as a format 1 marker (every step's seq and blob name spelled out, as an older release
+    wrote them): whole steps dropped, doubled or moved."""
+    original = format_1(recipe)
+    deltas = original["deltas"]
+    for index in range(len(deltas)):
+        document = copy.deepcopy(original)
+        document["deltas"].pop(index)
+        yield f"format 1: delta {index} dropped", json.dumps(document)
+        document = copy.deepcopy(original)
+        document["deltas"].insert(index, dict(deltas[index]))
+        yield f"format 1: delta {index} twice", json.dumps(document)
+    for index in range(len(deltas) - 1):
+        document = copy.deepcopy(original)
+        document["deltas"][index], document["deltas"][index + 1] = deltas[index + 1], deltas[index]
+        yield f"format 1: deltas {index} and {index + 1} swapped", json.dumps(document)
+    if original["snapshot"] is not None:
+        document = copy.deepcopy(original)
+        document["snapshot"] = dict(deltas[0]) | {"name": original["snapshot"]["name"]}
+        yield "format 1: the snapshot claims delta 0's version", json.dumps(document)
+
+
+@attrs.frozen
+class Chain:
+    blobs: MemoryBlobStore
+    config: dict[str, object]
+    model: dict[bytes, bytes]
+    head: Any  # the head LogEntry
+    behind: Path  # a copy of the local state dir a few commits behind the head
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
+    """A store's chain: a snapshot, deltas after it, one of them a commit that changed nothing."""
+    tmp_path = tmp_path_factory.mktemp("chain")
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3})
+    model: dict[bytes, bytes] = {}
+    behind = tmp_path / "behind"
+    for round_no in range(9):
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            if round_no != 7:  # round 7 commits no change: a step without a blob
+                write_round(task, round_no, model, keys=20)
+            task.commit_durably({"input": str(round_no)})
+            head = task.checkpoint_log.latest()
+        if round_no == 5:
+            shutil.copytree(tmp_path / "local", behind)
+    recipe = Recipe.decode(head.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is not None and len(recipe.deltas) >= 3
+    assert any(step.name is None for step in recipe.deltas) and any(step.name for step in recipe.deltas)
+    return Chain(blobs, config, model, head, behind)
+
+
+def restore_with_marker(chain: Chain, tmp_path: Path, marker: str, *, local: Path | None,
+                        errors: list[str] | None = None) -> dict[bytes, bytes] | None:
+    """Write the head checkpoint again with ``marker`` (its checksum made right: only the recipe decides), restore
+    into a fresh local dir (or a copy of ``local``); the store's contents, or None when the restore refused (its
+    message appended to ``errors``)."""
+    blobs = MemoryBlobStore()
+    for name in chain.blobs.list(""):
+        blobs.put(name, chain.blobs.get(name))
+    old = chain.head.checkpoint
+    CheckpointLog(blobs, "job", "task-0").write(chain.head.seq + 1, CheckpointV2(
+        old.checkpoint_id, old.input_offsets, {"changelog": {"counts": marker}}, old.serdes))
+    config = dict(chain.config, **{"state.local.dir": str(tmp_path / "local")})
+    shutil.rmtree(tmp_path / "local", ignore_errors=True)
+    if local is not None:
+        shutil.copytree(local, tmp_path / "local")
+    try:
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            return contents(task)
+    except StateBackendError as exc:
+        assert str(exc)
+        if errors is not None:
+            errors.append(str(exc))
+        return None
+
+
+def test_the_chain_restores_exactly_with_its_own_marker(chain: Chain, tmp_path: Path) -> None:
+    marker = chain.head.checkpoint.markers_for("changelog")["counts"]
+    assert restore_with_marker(chain, tmp_path, marker, local=None) == chain.model
+    assert restore_with_marker(chain, tmp_path, marker, local=chain.behind) == chain.model
+
+
+def all_edits(chain: Chain) -> list[tuple[str, str]]:
+    marker = chain.head.checkpoint.markers_for("changelog")["counts"]
+    recipe = Recipe.decode(marker, prefix=PREFIX)
+    return [*format_2_edits(marker), *format_1_edits(recipe)]
+
+
+def test_an_edited_marker_is_refused_or_restores_exactly_never_another_state(chain: Chain, tmp_path: Path) -> None:
+    wrong = []
+    refused = 0
+    for what, marker in all_edits(chain):
+        for local in (None, chain.behind):
+            restored = restore_with_marker(chain, tmp_path, marker, local=local)
+            if restored is None:
+                refused += 1
+            elif restored != chain.model:
+                wrong.append(f"{what} ({'caught up' if local else 'full'} restore)")
+    assert wrong == [], f"edited markers restored another state: {wrong}"
+    assert refused > 0
+
+
+def test_a_recipe_cut_short_at_its_end_is_refused_naming_the_store_and_both_versions(chain: Chain,
+                                                                                     tmp_path: Path) -> None:
+    """Each blob of the shorter recipe is intact and bound to its step: only the checkpoint's own version, which the
+    last step of every recipe a commit writes is, tells that the last commit's changes would be missing."""
+    marker = json.loads(chain.head.checkpoint.markers_for("changelog")["counts"])
+    marker["deltas"].pop()
+    errors: list[str] = []
+    assert restore_with_marker(chain, tmp_path, json.dumps(marker), local=None, errors=errors) is None
+    assert len(errors) == 1 and "store counts" in errors[0] and "not at the checkpoint's own version" in errors[0]
+    assert str(chain.head.checkpoint.checkpoint_id) in errors[0]
+    errors.clear()
+    empty = '{"format":2,"snapshot":null,"deltas":[]}'
+    assert restore_with_marker(chain, tmp_path, empty, local=chain.behind, errors=errors) is None
+    assert "has no step" in errors[0]
+
+
+def test_a_format_1_recipe_with_a_gap_is_refused_naming_the_seqs(chain: Chain, tmp_path: Path) -> None:
+    """Format 1 spells each step's seq and blob out: a step left out of the middle leaves every other blob bound to
+    its own step; the gap in the seqs is what tells."""
+    recipe = Recipe.decode(chain.head.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    document = format_1(recipe)
+    gone = document["deltas"].pop(0)
+    errors: list[str] = []
+    assert restore_with_marker(chain, tmp_path, json.dumps(document), local=None, errors=errors) is None
+    assert f"jumps from seq {gone['seq'] - 1} to seq {gone['seq'] + 1}" in errors[0] and "store counts" in errors[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_marker_changed_in_one_character_is_refused_or_restores_exactly(chain: Chain, tmp_path: Path,
+                                                                         data: st.DataObject) -> None:
+    """As in a checkpoint without a checksum (blob format 1, still read): one character of the marker changed to one
+    that keeps it likely to parse (a digit, a hex digit, JSON punctuation)."""
+    marker = chain.head.checkpoint.markers_for("changelog")["counts"]
+    position = data.draw(st.integers(min_value=0, max_value=len(marker) - 1))
+    character = data.draw(st.sampled_from('0123456789abcdef,[]"-'))
+    changed = marker[:position] + character + marker[position + 1:]
+    assume(changed != marker)
+    local = data.draw(st.sampled_from([None, chain.behind]))
+    assert restore_with_marker(chain, tmp_path, changed, local=local) in (None, chain.model)
