@@ -457,7 +457,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     """A store's chain: a snapshot, deltas after it, one of them a commit that changed nothing."""
     tmp_path = tmp_path_factory.mktemp("chain")
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3})
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.snapshot.interval.ratio": 0})
     model: dict[bytes, bytes] = {}
     behind = tmp_path / "behind"
     for round_no in range(9):

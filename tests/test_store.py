@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -325,6 +326,22 @@ def test_apply_changes_with_verified_order_equals_the_checked_path(tmp_path: Pat
             assert store.apply_changes(iter(records), v(2), verified_order=verified) == len(records)
             results.append((list(store.items()), store.version))
     assert results[0] == results[1] == ([(b"a", b"1"), (b"c", b"3"), (b"e", b"5"), (b"z", b"26")], v(2))
+
+
+def test_apply_change_sets_applies_them_in_order_in_one_transaction_or_none_of_them(tmp_path: Path) -> None:
+    sets = [[(b"a", b"1"), (b"b", None)], [(b"a", b"2"), (b"c", b"3")], [(b"c", None), (b"d", b"4")]]
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.replace_contents([(b"b", b"old"), (b"z", b"26")], v(1))
+        assert store.apply_change_sets((iter(records) for records in sets), v(4)) == 6
+        assert (list(store.items()), store.version) == ([(b"a", b"2"), (b"d", b"4"), (b"z", b"26")], v(4))
+
+        def failing() -> Iterator[list[tuple[bytes, bytes | None]]]:
+            yield [(b"e", b"5")]
+            raise StateBackendError("the third delta is damaged")
+
+        with pytest.raises(StateBackendError, match="damaged"):
+            store.apply_change_sets(failing(), v(6))
+        assert (list(store.items()), store.version) == ([(b"a", b"2"), (b"d", b"4"), (b"z", b"26")], v(4))
 
 
 def test_flush_and_read_view_requests_never_wait_for_an_apply_in_progress(tmp_path: Path) -> None:
