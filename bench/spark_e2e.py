@@ -119,6 +119,8 @@ class DirWatcher:
 
     def scan(self) -> None:
         for path in (self.root.rglob("*") if self.root.exists() else ()):
+            if "~tmp." in path.name or path.name.endswith(".partial"):
+                continue  # a blob being written aside: counted once, under its name, after the rename
             try:
                 if path.is_file():
                     key = str(path)
@@ -131,6 +133,51 @@ class DirWatcher:
     def total(self, after: float = 0.0) -> int:
         """Bytes of the files that appeared after ``after`` (unix time)."""
         return sum(size for key, size in self.sizes.items() if self.first_seen[key] > after)
+
+    def by_kind(self, after: float = 0.0) -> dict[str, tuple[int, int]]:
+        """(bytes, files) by kind of the files that appeared after ``after``."""
+        kinds: dict[str, tuple[int, int]] = {}
+        for key, size in self.sizes.items():
+            if self.first_seen[key] > after:
+                kind = statebackend_kind(key)
+                total, files = kinds.get(kind, (0, 0))
+                kinds[kind] = (total + size, files + 1)
+        return kinds
+
+
+#: (bytes, files) by kind of file
+Kinds = dict[str, tuple[int, int]]
+
+
+def statebackend_kind(path: str) -> str:
+    for kind, part in (("delta", "/delta/"), ("snapshot", "/snapshot/"), ("checkpoint", "/checkpoints/")):
+        if part in path:
+            return kind
+    return "other"
+
+
+def spark_kind(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    for kind, ends in (("changelog", ".changelog"), ("snapshot", ".zip"), ("sst", ".sst"), ("crc", ".crc")):
+        if name.endswith(ends):
+            return kind
+    return "other"
+
+
+def dir_bytes_by_kind(root: Path, after: float = 0.0) -> dict[str, tuple[int, int]]:
+    """(bytes, files) by kind of the files under ``root`` last modified after ``after``."""
+    kinds: dict[str, tuple[int, int]] = {}
+    for path in (root.rglob("*") if root.exists() else ()):
+        if path.is_file() and path.stat().st_mtime > after:
+            kind = spark_kind(str(path))
+            total, files = kinds.get(kind, (0, 0))
+            kinds[kind] = (total + path.stat().st_size, files + 1)
+    return kinds
+
+
+def kinds_text(kinds: dict[str, tuple[int, int]], batches: int) -> str:
+    return ", ".join(f"{kind} {total / batches / 1e3:.1f} KB ({files} files)"
+                     for kind, (total, files) in sorted(kinds.items(), key=lambda item: -item[1][0]))
 
 
 def dir_bytes(root: Path, after: float = 0.0) -> int:
@@ -211,7 +258,7 @@ def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
 def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
                      backend: str = "changelog", options: dict[str, str] | None = None, num_tasks: int = NUM_TASKS,
                      confirm_on_driver: bool | None = None,
-                     ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int]]:
+                     ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int, Kinds]]:
     config: dict[str, object] = {
         "job.name": "bench",
         "state.local.dir": str(work / "sb-local"),
@@ -251,7 +298,8 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
             "open_max_ms": max(s.open_ms for s in stats),
             "kept_open": sum(s.kept_open for s in stats),
         })
-    return rows, config, (blobs.total(), blobs.total(after=load_end(query)))
+    loaded = load_end(query)
+    return rows, config, (blobs.total(), blobs.total(after=loaded), blobs.by_kind(after=loaded))
 
 
 def durable_commit_ms(history: list[Any]) -> dict[int, list[float]]:
@@ -408,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sb_bytes[1] / updates_run / 1e6:.3f} MB (blob store: deltas, snapshots, checkpoints), Spark "
                   f"{spark_bytes[1] / updates_run / 1e6:.3f} MB (state dir: changelogs, snapshots), "
                   f"{sb_bytes[1] / max(1, spark_bytes[1]):.2f}x")
+            print(f"  - by kind, per update batch: statebackend {kinds_text(sb_bytes[2], updates_run)}; Spark "
+                  f"{kinds_text(dir_bytes_by_kind(spark_state, after=spark_rows[0]['load_end']), updates_run)}")
             print(f"- bytes written per batch, all {batches_run} batches (the load included): statebackend "
                   f"{sb_bytes[0] / batches_run / 1e6:.3f} MB, Spark {spark_bytes[0] / batches_run / 1e6:.3f} MB, "
                   f"{sb_bytes[0] / max(1, spark_bytes[0]):.2f}x")
