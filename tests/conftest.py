@@ -7,7 +7,9 @@ and stop it by process id at the end. A server that cannot start fails the tests
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,3 +46,28 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
         server.stop()
         for key in added:
             os.environ.pop(key, None)
+
+
+class _TimeWithoutPauses:
+    """``time`` for azure-storage-blob's ``_download`` module, whose ``sleep`` returns at once."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _azure_download_retries_without_fixed_pause() -> Iterator[None]:
+    """azure-storage-blob reads the body of a download again after a hard-coded ``time.sleep(1)`` when the reply was
+    cut (``azure.storage.blob._download``; not its retry policy, which the Azure store turns off, and not
+    configurable). The fault tests cut download replies on purpose, hundreds of times; the fault proxy's faults do
+    not depend on time, so the pause changes no outcome, it only costs a second each. The SDK's requests, its
+    re-reads and their number are unchanged."""
+    from azure.storage.blob import _download
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_download, "time", _TimeWithoutPauses())
+        yield
