@@ -71,3 +71,25 @@ def _azure_download_retries_without_fixed_pause() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(_download, "time", _TimeWithoutPauses())
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _botocore_reads_its_models_once() -> Iterator[None]:
+    """Every S3 store opens its own boto3 session (statebackend.blobstores.s3), and each new session's data loader
+    reads and parses botocore's bundled JSON models (the S3 service model, endpoint rules, partitions) again: about
+    0.1 s per store, and the suite opens hundreds. Here the sessions share one loader per data path, which caches
+    what it has parsed; the models are read-only files, so the clients, their requests and every outcome are the
+    same."""
+    from botocore import session as botocore_session
+
+    create_loader = botocore_session.create_loader
+    loaders: dict[Any, Any] = {}
+
+    def shared_loader(search_paths_string: Any = None) -> Any:
+        if search_paths_string not in loaders:
+            loaders[search_paths_string] = create_loader(search_paths_string)
+        return loaders[search_paths_string]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(botocore_session, "create_loader", shared_loader)
+        yield
