@@ -4,12 +4,14 @@ machines. Used by tests/test_spark_cluster.py and bench/spark_e2e.py.
 
 Usage::
 
-    python -m tests.cluster_child <work dir> <batches> <affinity: 0|1> <report.json> [rows|arrow|pandas]
+    python -m tests.cluster_child <work dir> <batches> <affinity: 0|1> <report.json> [<mode>[,<mode>...]]
 
-Runs ``<batches>`` batches of 4 tasks (``StatefulForeachBatch`` called directly with each batch's DataFrame), then
-writes a JSON report: per task attempt its batch, task and executor; the batch times; whether the state read back
-from the blob store equals a plain count of all input; and the Spark work dir of the application (the executors'
-working directories are under it; the caller deletes it).
+with modes out of ``rows`` (the default), ``arrow`` and ``pandas``. Per mode, one after the other on the same cluster
+(each its own job: job name, blob store under ``<work dir>/<mode>`` and local state dir), runs ``<batches>`` batches
+of 4 tasks (``StatefulForeachBatch`` called directly with each batch's DataFrame). Then writes a JSON report: under
+``modes``, per mode, per task attempt its batch, task and executor, the batch times, whether the state read back from
+the blob store equals a plain count of all input; and the Spark work dir of the application (the executors' working
+directories are under it; the caller deletes it).
 """
 
 from __future__ import annotations
@@ -66,47 +68,56 @@ FUNCTIONS = {"rows": count, "arrow": count_arrow, "pandas": count_pandas}
 
 def main(argv: list[str]) -> int:
     work, batches, affinity, report = Path(argv[1]), int(argv[2]), argv[3] == "1", Path(argv[4])
-    mode = argv[5] if len(argv) > 5 else "rows"
+    modes = (argv[5] if len(argv) > 5 else "rows").split(",")
+    spark = local_spark_session("statebackend-cluster", master="local-cluster[2,1,1024]",
+                                conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)})
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        # the modes run one after the other in the same application (starting a cluster costs tens of seconds), each
+        # as its own job: its own job name, blob store and local state dir
+        results = {mode: run_mode(spark, work / mode, batches, affinity, mode) for mode in modes}
+        spark_home = Path(__import__("pyspark").__file__).parent  # local-cluster's workers work under it
+        report.write_text(json.dumps({
+            "modes": results,
+            "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
+        }))
+    finally:
+        spark.stop()
+    return 0
+
+
+def run_mode(spark: Any, work: Path, batches: int, affinity: bool, mode: str) -> dict[str, Any]:
     config = {
-        "job.name": "cluster",
-        "state.local.dir": "statebackend-local",  # relative: each executor's own working directory
+        "job.name": f"cluster-{mode}",
+        "state.local.dir": f"statebackend-local-{mode}",  # relative: each executor's own working directory
         "blob.store.url": f"file://{work / 'blobs'}",
         "blob.store.create.if.missing": "true",
         "stores.counts.backup.factories": "changelog",
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }
-    spark = local_spark_session("statebackend-cluster", master="local-cluster[2,1,1024]",
-                                conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)})
-    spark.sparkContext.setLogLevel("ERROR")
-    try:
-        job = StatefulForeachBatch(FUNCTIONS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                   output_schema="word string, count long", affinity=affinity, mode=mode)
-        times = []
-        outputs: list[list[tuple[str, int]]] = []
-        for batch in range(batches):
-            started = time.monotonic()
-            output = job(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch)
-            assert output is not None
-            outputs.append(sorted((row.word, row["count"]) for row in output.collect()))
-            times.append((time.monotonic() - started) * 1000.0)
-        expected: dict[str, int] = {}
-        for batch in range(batches):
-            for word in words(batch):
-                expected[word] = expected.get(word, 0) + 1
-        state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=NUM_TASKS).collect()}
-        spark_home = Path(__import__("pyspark").__file__).parent  # local-cluster's workers work under it
-        report.write_text(json.dumps({
-            "attempts": [{"batch": s.batch_id, "task": s.task_index, "executor": s.executor,
-                          "kept_open": s.kept_open, "open_ms": s.open_ms} for s in job.history],
-            "batch_ms": times,
-            "state_ok": state == expected,
-            "outputs_ok": all(out == _expected_output(batch) for batch, out in enumerate(outputs)),
-            "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
-        }))
-    finally:
-        spark.stop()
-    return 0
+    job = StatefulForeachBatch(FUNCTIONS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema="word string, count long", affinity=affinity, mode=mode)
+    times = []
+    outputs: list[list[tuple[str, int]]] = []
+    for batch in range(batches):
+        started = time.monotonic()
+        output = job(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch)
+        assert output is not None
+        outputs.append(sorted((row.word, row["count"]) for row in output.collect()))
+        times.append((time.monotonic() - started) * 1000.0)
+    expected: dict[str, int] = {}
+    for batch in range(batches):
+        for word in words(batch):
+            expected[word] = expected.get(word, 0) + 1
+    state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=NUM_TASKS).collect()}
+    return {
+        "attempts": [{"batch": s.batch_id, "task": s.task_index, "executor": s.executor,
+                      "kept_open": s.kept_open, "open_ms": s.open_ms} for s in job.history],
+        "batch_ms": times,
+        "state_ok": state == expected,
+        "outputs_ok": all(out == _expected_output(batch) for batch, out in enumerate(outputs)),
+    }
 
 
 def _expected_output(batch: int) -> list[tuple[str, int]]:

@@ -7,7 +7,9 @@ and stop it by process id at the end. A server that cannot start fails the tests
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,3 +46,50 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProces
         server.stop()
         for key in added:
             os.environ.pop(key, None)
+
+
+class _TimeWithoutPauses:
+    """``time`` for azure-storage-blob's ``_download`` module, whose ``sleep`` returns at once."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds: float) -> None:
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _azure_download_retries_without_fixed_pause() -> Iterator[None]:
+    """azure-storage-blob reads the body of a download again after a hard-coded ``time.sleep(1)`` when the reply was
+    cut (``azure.storage.blob._download``; not its retry policy, which the Azure store turns off, and not
+    configurable). The fault tests cut download replies on purpose, hundreds of times; the fault proxy's faults do
+    not depend on time, so the pause changes no outcome, it only costs a second each. The SDK's requests, its
+    re-reads and their number are unchanged."""
+    from azure.storage.blob import _download
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_download, "time", _TimeWithoutPauses())
+        yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _botocore_reads_its_models_once() -> Iterator[None]:
+    """Every S3 store opens its own boto3 session (statebackend.blobstores.s3), and each new session's data loader
+    reads and parses botocore's bundled JSON models (the S3 service model, endpoint rules, partitions) again: about
+    0.1 s per store, and the suite opens hundreds. Here the sessions share one loader per data path, which caches
+    what it has parsed; the models are read-only files, so the clients, their requests and every outcome are the
+    same."""
+    from botocore import session as botocore_session
+
+    create_loader = botocore_session.create_loader
+    loaders: dict[Any, Any] = {}
+
+    def shared_loader(search_paths_string: Any = None) -> Any:
+        if search_paths_string not in loaders:
+            loaders[search_paths_string] = create_loader(search_paths_string)
+        return loaders[search_paths_string]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(botocore_session, "create_loader", shared_loader)
+        yield

@@ -153,10 +153,14 @@ class FaultProxy:
 
     def stop(self) -> None:
         self._stopped.set()
+        # wake the acceptor blocked in accept() and the connection threads blocked in select() now, rather than at
+        # their next 0.2 s timeout (a shut-down socket reads as closed; closing alone wakes neither)
+        _shutdown(self._listener)
         self._acceptor.join(timeout=5)
         with self._lock:
             sockets = list(self._sockets)
         for sock in sockets:
+            _shutdown(sock)
             _close(sock)
         for thread in list(self._threads):
             thread.join(timeout=5)
@@ -337,6 +341,13 @@ def _reset(sock: socket.socket) -> None:
     except OSError:
         pass
     _close(sock)
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected (any more)
 
 
 def _close(sock: socket.socket) -> None:

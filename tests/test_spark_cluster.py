@@ -20,16 +20,32 @@ REPO = Path(__file__).resolve().parent.parent
 WARM_UP = 2
 
 
-def run_cluster(tmp_path: Path, batches: int, affinity: bool, mode: str = "rows") -> dict[str, Any]:
-    report = tmp_path / f"report-{int(affinity)}-{mode}.json"
+MODES = ("rows", "arrow", "pandas")
+
+
+def run_cluster_modes(tmp_path: Path, batches: int, affinity: bool, modes: tuple[str, ...]) -> dict[str, Any]:
+    """Run tests/cluster_child.py once: the given modes one after the other on one cluster; mode -> its result."""
+    report = tmp_path / f"report-{int(affinity)}-{'-'.join(modes)}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "tests.cluster_child", str(tmp_path), str(batches),
-                           "1" if affinity else "0", str(report), mode],
+                           "1" if affinity else "0", str(report), ",".join(modes)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-5000:]
     result: dict[str, Any] = json.loads(report.read_text())
     shutil.rmtree(result["app_work_dir"], ignore_errors=True)  # the executors' working dirs, local state included
-    return result
+    return {mode: result["modes"][mode] for mode in modes}
+
+
+def run_cluster(tmp_path: Path, batches: int, affinity: bool, mode: str = "rows") -> dict[str, Any]:
+    """One mode on a cluster of its own (bench/spark_e2e.py)."""
+    return run_cluster_modes(tmp_path, batches, affinity, (mode,))[mode]
+
+
+@pytest.fixture(scope="module")
+def cluster_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The three modes with affinity, run on one two-executor cluster (starting one costs tens of seconds); each
+    mode is its own job, so each test below checks one mode as if it had had the cluster to itself."""
+    return run_cluster_modes(tmp_path_factory.mktemp("cluster"), 12, affinity=True, modes=MODES)
 
 
 def moves(attempts: list[dict[str, Any]], warm_up: int) -> tuple[int, int]:
@@ -45,9 +61,9 @@ def moves(attempts: list[dict[str, Any]], warm_up: int) -> tuple[int, int]:
     return moved, counted
 
 
-@pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
-def test_tasks_stay_with_their_state_on_a_two_executor_cluster(tmp_path: Path, mode: str) -> None:
-    result = run_cluster(tmp_path, 12, affinity=True, mode=mode)
+@pytest.mark.parametrize("mode", MODES)
+def test_tasks_stay_with_their_state_on_a_two_executor_cluster(cluster_results: dict[str, Any], mode: str) -> None:
+    result = cluster_results[mode]
     assert result["state_ok"] and result["outputs_ok"]
     executors = {a["executor"] for a in result["attempts"]}
     assert len(executors) == 2, f"expected two executors, the tasks ran on {executors}"
