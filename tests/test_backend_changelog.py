@@ -539,3 +539,184 @@ def test_a_finished_snapshot_older_than_half_the_grace_period_is_not_adopted_at_
     with TaskStorage.open(config, "task-0", blob_store=blobs) as check:
         assert check.restored == latest
         assert contents(check) == model
+
+
+# -- restore: the deltas after the snapshot apply in one LMDB transaction --------------------------------------------
+
+
+def _chain_of(tmp_path: Path, rounds: int, empty: set[int], interval: int) -> tuple[MemoryBlobStore, Any, dict, Path]:
+    """Commit ``rounds`` rounds, each in its own open (``empty``: rounds that change nothing), a snapshot every
+    ``interval`` commits; the blobs, the head checkpoint, the model at every local version, and the dir holding a
+    copy of the local state after each round (``<dir>/<round>``)."""
+    from statebackend.backends.changelog.marker import Recipe
+
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": interval,
+                                     "changelog.snapshot.interval.ratio": 0, "changelog.gc.interval.commits": 0})
+    model: dict[bytes, bytes] = {}
+    models: dict[Any, dict[bytes, bytes]] = {None: {}}
+    copies = tmp_path / "copies"
+    for round_no in range(rounds):
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            if round_no not in empty:
+                write_round(task, round_no, model)
+            checkpoint = task.commit_durably({"input": str(round_no)})
+            models[task.stores["counts"].version] = dict(model)
+        shutil.copytree(tmp_path / "local" / "job" / "task-0" / "counts", copies / str(round_no))
+    recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert [step.version for step in recipe.steps()][-1] in models
+    return blobs, checkpoint, models, copies
+
+
+def _restore_into(blobs: Any, checkpoint: Any, directory: Path,
+                  on_get: Any = None) -> tuple[Exception | None, Any, dict[bytes, bytes], float]:
+    """Restore the store counts of ``checkpoint`` from ``blobs`` into the local store at ``directory`` with the
+    changelog restore manager alone: the error (None: restored), the store's version and contents after it, and
+    the deltas it counts replayed."""
+    from statebackend.backends.changelog.restore import ChangelogRestoreManager
+    from statebackend.checkpoint import CheckpointLog
+
+    from statebackend.contracts import BackendContext
+    from statebackend.metrics import Metrics
+    from statebackend.store import LocalStore
+
+    with LocalStore.open(directory, name="counts") as store:
+        metrics = Metrics()
+        manager = ChangelogRestoreManager(BackendContext(
+            factory_name="changelog", job_name="job", task_name="task-0", stores={"counts": store},
+            blob_store=blobs, checkpoint_log=CheckpointLog(blobs, "job", "task-0"), executor=None,  # type: ignore[arg-type]
+            metrics=metrics))
+        if on_get is not None:
+            on_get(manager)
+        manager.init(checkpoint)
+        error = None
+        try:
+            manager.restore()
+        except Exception as exc:  # noqa: BLE001 - returned to the test
+            error = exc
+        return error, store.version, dict(store.items()), metrics.counter("restore.deltas.replayed")
+
+
+def _damaged(blobs: MemoryBlobStore, victim: str, how: str) -> MemoryBlobStore:
+    copy = MemoryBlobStore()
+    for name in blobs.list(""):
+        data = blobs.get(name)
+        if name != victim:
+            copy.put(name, data)
+        elif how == "flipped":
+            copy.put(name, data[:-20] + bytes([data[-20] ^ 1]) + data[-19:])
+        elif how == "truncated":
+            copy.put(name, data[:len(data) // 2])
+    return copy
+
+
+def test_a_bad_delta_anywhere_after_the_snapshot_aborts_the_whole_replay_at_a_step_the_next_restore_continues_from(
+    tmp_path: Path,
+) -> None:
+    """Full restore: the store stays at the snapshot's version with its contents; catch-up: at its own version.
+    Either way the next restore (the blob put back) reaches the head exactly."""
+    from statebackend.backends.changelog.marker import Recipe
+
+    from statebackend.errors import CorruptDataError, NotFoundError
+    from statebackend.store import LocalStore
+
+    blobs, checkpoint, models, copies = _chain_of(tmp_path, 9, empty={5, 8}, interval=3)
+    recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is not None and recipe.deltas[-1].name is None  # an empty commit ends the chain
+    named = [step.name for step in recipe.deltas if step.name is not None]
+    assert len(named) >= 2
+    head = recipe.deltas[-1].version
+    with LocalStore.open(copies / "5", name="counts") as store:
+        assert store.version == recipe.snapshot.version  # round 5 is the snapshot's: a catch-up of every delta
+    for victim in named:
+        for how, error in (("flipped", CorruptDataError), ("missing", NotFoundError), ("truncated", CorruptDataError)):
+            for start in (None, "5"):
+                local = tmp_path / f"restore-{victim[-12:]}-{how}-{start}"
+                if start is not None:
+                    shutil.copytree(copies / start, local)
+                failed, version, data, replayed = _restore_into(_damaged(blobs, victim, how), checkpoint, local)
+                assert isinstance(failed, error), (victim, how, start, failed)
+                assert version == recipe.snapshot.version and data == models[version], (victim, how, start)
+                assert replayed == 0
+                failed, version, data, replayed = _restore_into(blobs, checkpoint, local)
+                assert failed is None and version == head and data == models[head]
+                assert replayed == len(named)
+
+
+def test_a_catch_up_restore_with_a_bad_delta_leaves_the_store_at_its_own_older_version(tmp_path: Path) -> None:
+    from statebackend.backends.changelog.marker import Recipe
+
+    from statebackend.errors import CorruptDataError
+
+    blobs, checkpoint, models, copies = _chain_of(tmp_path, 9, empty={5, 8}, interval=3)
+    recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    named = [step for step in recipe.deltas if step.name is not None]
+    local = tmp_path / "behind"
+    shutil.copytree(copies / "6", local)  # at the first delta after the snapshot
+    assert _restore_into(blobs, checkpoint, tmp_path / "probe")[1] == recipe.deltas[-1].version
+    failed, version, data, replayed = _restore_into(_damaged(blobs, named[-1].name, "flipped"), checkpoint, local)
+    assert isinstance(failed, CorruptDataError)
+    assert version == named[0].version and data == models[version] and replayed == 0
+    failed, version, data, replayed = _restore_into(blobs, checkpoint, local)
+    assert (failed, version, data, replayed) == (None, recipe.deltas[-1].version, models[version], len(named) - 1)
+
+
+def test_a_chain_without_snapshot_restores_with_empty_steps_at_its_start_middle_and_end_and_a_bad_delta_after_the_bulk_load(
+    tmp_path: Path,
+) -> None:
+    """The first delta loads in bulk onto the empty store (its own transaction), the rest in one more: a bad delta
+    after it leaves the store at the first delta's version; empty steps anywhere pass by."""
+    from statebackend.backends.changelog.marker import Recipe
+
+    from statebackend.errors import CorruptDataError
+
+    for empty in ({0, 3, 5}, {2, 5}):
+        base = tmp_path / "-".join(map(str, sorted(empty)))
+        blobs, checkpoint, models, _ = _chain_of(base, 6, empty=empty, interval=1000)
+        recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+        assert recipe.snapshot is None and [step.name is None for step in recipe.deltas] == [
+            r in empty for r in range(6)]
+        named = [step for step in recipe.deltas if step.name is not None]
+        head = recipe.deltas[-1].version
+        failed, version, data, replayed = _restore_into(blobs, checkpoint, base / "full")
+        assert (failed, version, data, replayed) == (None, head, models[head], len(named))
+        failed, version, data, replayed = _restore_into(_damaged(blobs, named[-1].name, "flipped"), checkpoint,
+                                                        base / "bad")
+        assert isinstance(failed, CorruptDataError)
+        # the bulk path ran only when the first step has a blob; else nothing is applied
+        expected = named[0].version if recipe.deltas[0].name is not None else None
+        assert version == expected and data == models[expected]
+        assert replayed == (1 if expected is not None else 0)
+        failed, version, data, _ = _restore_into(blobs, checkpoint, base / "bad")
+        assert (failed, version, data) == (None, head, models[head])
+
+
+def test_an_interrupt_during_the_replay_aborts_it_at_the_snapshot_and_the_next_restore_finishes(tmp_path: Path) -> None:
+    from statebackend.backends.changelog.marker import Recipe
+    from statebackend.backends.changelog.restore import RestoreInterrupted
+
+    blobs, checkpoint, models, _ = _chain_of(tmp_path, 9, empty={8}, interval=3)
+    recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is not None
+    last = [step.name for step in recipe.deltas if step.name is not None][-1]
+
+    class Interrupting(MemoryBlobStore):
+        manager: Any = None
+
+        def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+            if name == last:
+                self.manager.interrupt()  # while the chain replays (or before it starts): never half of it
+            return super().get(name, start=start, end=end)
+
+    interrupting = Interrupting()
+    for name in blobs.list(""):
+        interrupting.put(name, blobs.get(name))
+
+    def hook(manager: Any) -> None:
+        interrupting.manager = manager
+
+    failed, version, data, replayed = _restore_into(interrupting, checkpoint, tmp_path / "local-2", on_get=hook)
+    assert isinstance(failed, RestoreInterrupted)
+    assert version == recipe.snapshot.version and data == models[version] and replayed == 0
+    failed, version, data, _ = _restore_into(blobs, checkpoint, tmp_path / "local-2")
+    assert (failed, version, data) == (None, recipe.deltas[-1].version, models[version])

@@ -5,13 +5,15 @@ downloads at most the base plus that ratio of it."""
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
 from statebackend.backends.changelog.backup import maintenance_pool
 
+from statebackend.blobstores.base import BlobInfo
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.errors import ConfigError
+from statebackend.errors import ConfigError, TransientStorageError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, contents
 
@@ -124,3 +126,87 @@ def shutil_rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path)
+
+
+class LookUps(MemoryBlobStore):
+    """HEADs from the maintenance thread (the size look-up at open) wait for ``release`` while ``hold`` is set, or
+    fail while ``fail`` is set; every other call behaves as the memory store's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hold = False
+        self.fail = False
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.looked_up: list[str] = []
+
+    def head(self, name: str) -> BlobInfo:
+        if threading.current_thread().name.startswith("statebackend-maintenance"):
+            if self.fail:
+                raise TransientStorageError(f"injected: HEAD {name} failed")
+            if self.hold:
+                self.held.set()
+                assert self.release.wait(timeout=20), "the test never released the look-up"
+            self.looked_up.append(name)
+        return super().head(name)
+
+
+def test_a_look_up_held_past_the_close_of_its_task_blocks_neither_commits_nor_close_and_ends_harmlessly(
+    tmp_path: Path,
+) -> None:
+    blobs = LookUps()
+    config = config_for(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(3):
+            commit_round(task, round_no, model)
+    blobs.hold = True
+    task = TaskStorage.open(config, "task-0", blob_store=blobs)
+    try:
+        assert blobs.held.wait(timeout=10)  # the look-up runs, held in the maintenance thread
+        for round_no in range(3, 6):
+            commit_round(task, round_no, model)  # never waits for it
+    finally:
+        task.close()  # nor does the close: the look-up outlives the task, its blob store closed
+    assert blobs.looked_up == []
+    blobs.hold = False
+    blobs.release.set()
+    maintenance_pool().submit(lambda: None).result(timeout=10)  # the shared thread is free again
+    assert blobs.looked_up  # it finished without an error escaping
+    shutil_rmtree(tmp_path / "local")
+    seen: set[int] = set()
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+        maintenance_pool().submit(lambda: None).result(timeout=10)
+        for round_no in range(6, 40):  # this open's look-up worked: the ratio brings a snapshot
+            commit_round(task, round_no, model)
+            maintenance_pool().submit(lambda: None).result(timeout=10)
+            if snapshot_seqs(blobs, seen):
+                break
+    assert snapshot_seqs(blobs, seen), "no snapshot by the ratio after a look-up that outlived its task"
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_without_the_sizes_the_commit_cap_still_brings_the_snapshot(tmp_path: Path, fail: bool) -> None:
+    """The look-up at open fails: this manager never learns the base's size, the ratio cannot fire, the commit
+    interval does (a control run where the look-up works snapshots by the ratio, earlier)."""
+    blobs = LookUps()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.ratio": 0.1,
+                                     "changelog.snapshot.interval.commits": 9})
+    model: dict[bytes, bytes] = {}
+    seen: set[int] = set()
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        commit_round(task, 0, model)  # the load: 2,000 keys, the base; each round after changes 100 of them
+    blobs.fail = fail
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        maintenance_pool().submit(lambda: None).result(timeout=10)  # the look-up at open has run (or failed)
+        for round_no in range(1, 12):
+            commit_round(task, round_no, model)
+            maintenance_pool().submit(lambda: None).result(timeout=10)
+            snapshot_seqs(blobs, seen)
+        assert task.metrics.counter("changelog.snapshot.adopted") >= 1
+    seqs = snapshot_seqs(blobs, seen)
+    assert seqs and (seqs[0] == 9 if fail else seqs[0] < 9), seqs
+    shutil_rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
