@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from statebackend.backends.changelog.backup import maintenance_pool
+from statebackend.backends.changelog.backup import UNKNOWN_SIZES_INTERVAL_COMMITS, maintenance_pool
 
 from statebackend.blobstores.base import BlobInfo
 from statebackend.blobstores.memory import MemoryBlobStore
@@ -207,6 +207,26 @@ def test_without_the_sizes_the_commit_cap_still_brings_the_snapshot(tmp_path: Pa
         assert task.metrics.counter("changelog.snapshot.adopted") >= 1
     seqs = snapshot_seqs(blobs, seen)
     assert seqs and (seqs[0] == 9 if fail else seqs[0] < 9), seqs
+    shutil_rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+
+
+def test_a_task_opened_for_each_commit_whose_look_ups_never_answer_snapshots_at_the_old_interval_not_the_cap(
+    tmp_path: Path,
+) -> None:
+    """Without the sizes the ratio cannot weigh the chain: the snapshot comes after 20 commits (the fixed interval
+    of the first releases), not after ``snapshot.interval.commits`` (100), so a chain is never longer than before."""
+    blobs = LookUps()
+    blobs.fail = True
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100})
+    model: dict[bytes, bytes] = {}
+    seen: set[int] = set()
+    for round_no in range(25):
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            commit_round(task, round_no, model)
+        snapshot_seqs(blobs, seen)
+    assert snapshot_seqs(blobs, seen)[0] == UNKNOWN_SIZES_INTERVAL_COMMITS == 20
     shutil_rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model

@@ -74,6 +74,9 @@ log = logging.getLogger(__name__)
 
 STAGING_DIR = "changelog-staging"
 
+#: the snapshot interval in commits while the sizes the ratio weighs are unknown
+UNKNOWN_SIZES_INTERVAL_COMMITS = 20
+
 _maintenance_pools = SharedPools("statebackend-maintenance")
 
 
@@ -634,12 +637,14 @@ class ChangelogBackupManager(TaskBackupManager):
 
     # -- background snapshots ----------------------------------------------------------------------------------
 
-    def _ratio_due(self, lineage: _Lineage) -> bool:
+    def _ratio_due(self, lineage: _Lineage) -> bool | None:
         """Whether the delta files after the base (estimated where their sizes are unknown) hold
-        ``snapshot.interval.ratio`` times the base's bytes. Without a snapshot, the chain's first delta (loaded in
-        bulk onto the empty store at restore, as a snapshot is) is the base. A restore downloads and applies at
-        most the base plus that ratio of it, and the snapshots' bytes, amortized, follow the change: about the
-        deltas' bytes over the ratio per commit, where a fixed commit interval costs the whole state's."""
+        ``snapshot.interval.ratio`` times the base's bytes; None when no estimate can be made yet (the base's size,
+        or every delta's, unknown: a manager that inherited the chain before its look-up at open answered).
+        Without a snapshot, the chain's first delta (loaded in bulk onto the empty store at restore, as a snapshot
+        is) is the base. A restore downloads and applies at most the base plus that ratio of it, and the snapshots'
+        bytes, amortized, follow the change: about the deltas' bytes over the ratio per commit, where a fixed commit
+        interval costs the whole state's."""
         ratio = self.snapshot_interval_ratio
         if ratio <= 0:
             return False
@@ -650,23 +655,23 @@ class ChangelogBackupManager(TaskBackupManager):
             base, chain = names[0], names[1:]
         else:
             return False
-        base_bytes = lineage.blob_bytes.get(base) if base is not None else None
-        if base_bytes is None or not chain:
+        if not chain:
             return False
+        base_bytes = lineage.blob_bytes.get(base) if base is not None else None
         known = [lineage.blob_bytes[name] for name in chain if name in lineage.blob_bytes]
-        if not known:
-            known = [lineage.blob_bytes[name] for name in names if name in lineage.blob_bytes and name != base]
-            if not known:
-                return False
-            estimate = sum(known) / len(known) * len(chain)
-        else:
-            estimate = sum(known) + sum(known) / len(known) * (len(chain) - len(known))
+        if base_bytes is None or not known:
+            return None
+        estimate = sum(known) + sum(known) / len(known) * (len(chain) - len(known))
         return estimate >= ratio * base_bytes
 
     def _maybe_start_background_snapshot(self, lineage: _Lineage, change: ChangeSet) -> None:
+        by_ratio = self._ratio_due(lineage)
         due = (lineage.commits_since_snapshot >= self.snapshot_interval_commits
                or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes
-               or self._ratio_due(lineage))
+               or by_ratio is True
+               # sizes unknown (a task opened for each batch whose look-up has not answered yet): the fixed
+               # interval of the first releases, not the cap, bounds the chain
+               or (by_ratio is None and lineage.commits_since_snapshot >= UNKNOWN_SIZES_INTERVAL_COMMITS))
         if not due or lineage.background is not None or self._closed:
             return
         view = change.read_view()  # a future: an LMDB read transaction on this version, once it is applied
