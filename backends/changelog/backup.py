@@ -253,7 +253,7 @@ class ChangelogBackupManager(TaskBackupManager):
     def _look_up_sizes(self, lineage: _Lineage) -> None:
         """In the background, the sizes the snapshot interval ratio needs of a chain this manager did not write: the
         base's (a snapshot, or the first delta on the empty store) and the newest delta's, which stands for the
-        deltas of unknown size. Until they are known, only the commit and byte intervals apply."""
+        deltas of unknown size. Until they are known, the chain is bounded by UNKNOWN_SIZES_INTERVAL_COMMITS."""
         if self.snapshot_interval_ratio <= 0:
             return
         names = [step.name for step in lineage.recipe().steps() if step.name is not None]

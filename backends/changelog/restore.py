@@ -11,9 +11,10 @@ random token) and does the least work:
 The snapshot loads in one LMDB transaction and the deltas after it apply in one more, each recording the version
 it reaches, so a crash mid-restore leaves a store at a step of the recipe that the next restore recognises and
 continues from. Applying the deltas together copies each LMDB page they touch once instead of once per delta: a
-replay's cost is mostly those copies (random updates), so a long chain restores several times faster. Every blob is verified (magic, lineage, checksum, record
-count) before anything of it is applied; a snapshot is streamed inside the loading transaction, which aborts on a
-failed check. Downloads run on a private pool, never on the shared commit pool.
+replay's cost is mostly those copies (random updates), so a long chain restores several times faster. Every blob is
+verified (magic, lineage, checksum, record count) before anything of it is applied; a snapshot is streamed inside
+the loading transaction, which aborts on a failed check. Downloads run on a private pool, never on the shared commit
+pool.
 """
 
 from __future__ import annotations
