@@ -456,8 +456,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{sb_bytes[1] / updates_run / 1e6:.3f} MB (blob store: deltas, snapshots, checkpoints), Spark "
                   f"{spark_bytes[1] / updates_run / 1e6:.3f} MB (state dir: changelogs, snapshots), "
                   f"{sb_bytes[1] / max(1, spark_bytes[1]):.2f}x")
+            spark_kinds = dir_bytes_by_kind(spark_state, after=spark_rows[0]["load_end"])
             print(f"  - by kind, per update batch: statebackend {kinds_text(sb_bytes[2], updates_run)}; Spark "
-                  f"{kinds_text(dir_bytes_by_kind(spark_state, after=spark_rows[0]['load_end']), updates_run)}")
+                  f"{kinds_text(spark_kinds, updates_run)}")
+            if "snapshot" not in sb_bytes[2] or not ({"snapshot", "sst"} & set(spark_kinds)):
+                print("  - NOT AMORTIZED: a system wrote no snapshot in these batches (statebackend snapshots once "
+                      "its deltas reach the last snapshot's size, Spark's maintenance every 60 s); run more batches "
+                      "(--batches 60) for bytes with snapshots in them")
             print(f"- bytes written per batch, all {batches_run} batches (the load included): statebackend "
                   f"{sb_bytes[0] / batches_run / 1e6:.3f} MB, Spark {spark_bytes[0] / batches_run / 1e6:.3f} MB, "
                   f"{sb_bytes[0] / max(1, spark_bytes[0]):.2f}x")
