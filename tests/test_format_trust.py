@@ -35,6 +35,7 @@ from statebackend.recordfile import FileHeader, encode, iter_records, verify
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from tests.test_backend_changelog import PREFIX, config_for
+from tests.test_changelog_format import TrickleReader
 
 DELTA = FileHeader(kind="delta", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
                    token="0123456789abcdef", seq=7, base_seq=6)
@@ -43,24 +44,6 @@ RUN = attrs.evolve(DELTA, kind="run", base_seq=0)
 BAD = (CorruptDataError, IncompatibleFormatError)
 
 Records = list[tuple[bytes, "bytes | None"]]
-
-
-class Trickle(io.RawIOBase):
-    """An unseekable stream that hands out at most ``step`` bytes per read."""
-
-    def __init__(self, data: bytes, step: int) -> None:
-        self._data = memoryview(data)
-        self._pos = 0
-        self._step = step
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        n = min(len(buffer), self._step, len(self._data) - self._pos)
-        buffer[:n] = self._data[self._pos:self._pos + n]
-        self._pos += n
-        return n
 
 
 def encode_small_blocks(header: FileHeader, records: Records, *, budget: int, compression: str) -> bytes:
@@ -92,7 +75,7 @@ def every_reading(data: bytes, name: str = "blob-under-test") -> list[tuple[str,
     return [outcome(verified),
             outcome(lambda: list(iter_records(data, name=name))),
             outcome(lambda: list(iter_records(io.BytesIO(data), name=name))),
-            outcome(lambda: list(iter_records(Trickle(data, 7), name=name)))]
+            outcome(lambda: list(iter_records(TrickleReader(data, 7), name=name)))]
 
 
 def assert_refused_everywhere(data: bytes, name: str = "blob-under-test") -> None:
