@@ -4,7 +4,10 @@ Contract:
 
 - "Pending" means exactly this here and everywhere in the package: a batch that was flushed (its change set handed
   out) and is not yet in LMDB. ``submit`` queues one and returns at once; two process-wide threads apply them, one
-  store's applies in order, each in ONE write transaction that also records the batch's version.
+  store's applies in order, each in ONE write transaction that also records the batch's version. A batch may be
+  submitted held back (``start=False``): the commit holds its flush's batch until its upload is done, so the LMDB
+  write (CPU, page copies, I/O) does not run beside the encoding and fsyncs the commit waits for; a read view of it,
+  ``start``, or any later apply releases it.
 - Readers take ``pending`` (a tuple, replaced and never mutated) before they read LMDB; an entry leaves it only after
   its transaction committed. So a reader sees a pending batch in the overlay or in LMDB (or both, equal), never in
   neither.
@@ -80,10 +83,17 @@ class Applier:
         self.error: BaseException | None = None
         self.closed = False
 
-    def submit(self, batch: PendingBatch) -> None:
-        """Queue ``batch`` behind the pending ones and have the background threads apply it."""
+    def submit(self, batch: PendingBatch, *, start: bool = True) -> None:
+        """Queue ``batch`` behind the pending ones and have the background threads apply it; with ``start=False`` it
+        waits (in the overlay) for :meth:`start`, for a read view of it, or for anything that applies what is
+        pending (a later submit, ``apply_all``, a spill, close)."""
         with self._state_lock:
             self.pending = (*self.pending, batch)
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Have the background threads apply whatever is pending (nothing to do when nothing is)."""
         _applier_pool().submit(self._apply_in_background)
 
     def apply_all(self) -> None:
@@ -143,9 +153,12 @@ class Applier:
                     f"store {self.name!r}: no read view of {batch.version}: the store is closed, was replaced, or "
                     f"its flushed batch could not be applied"))
                 return future
-            if not batch.applied:
+            waiting = not batch.applied
+            if waiting:
                 batch.view_requests.append(future)
-                return future
+        if waiting:
+            self.start()  # a batch held back from the applier is applied once a view of it is asked for
+            return future
         # Already applied. Asked during the sync part of its commit, as documented, nothing can have written since;
         # the version check below catches a caller that asked too late.
         view = self._open_view()

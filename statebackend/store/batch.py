@@ -138,18 +138,25 @@ class ChangeSet:
         self._final = final
         self._closed = False
         self._finalizer = weakref.finalize(self, unlink_all, self._runs)
-        # One pass at flush time: O(change), and the exact numbers after dedupe.
-        length = 0
-        raw = 0
-        for key, value in self._merged():
-            length += 1
-            raw += len(key) + (len(value) if value is not None else 0)
-        self._length = length
-        self.raw_bytes = raw
+        # The exact numbers after dedupe, at flush time: O(change). Without spill runs the final batch is the whole
+        # change and C calls count it (this runs in the sync part of every commit); with runs, one merged pass.
+        if not runs:
+            self._length = len(final)
+            self.raw_bytes = _raw_bytes(final)
+        else:
+            length = 0
+            raw = 0
+            for key, value in self._merged():
+                length += 1
+                raw += len(key) + (len(value) if value is not None else 0)
+            self._length = length
+            self.raw_bytes = raw
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         if self._closed:
             raise StateBackendError(f"change set of {self.version} is closed; take the records before closing it")
+        if not self._runs:
+            return iter(self._final)  # no generator frame per record
         return self._merged()
 
     def __len__(self) -> int:
@@ -195,6 +202,14 @@ class ChangeSet:
                 continue
             previous = key
             yield key, value
+
+
+def _raw_bytes(records: list[tuple[bytes, bytes | None]]) -> int:
+    """Key and value bytes of ``records`` (a delete's value counts 0), in C calls."""
+    if not records:
+        return 0
+    keys, values = zip(*records)
+    return sum(map(len, keys)) + sum(map(len, filter(None, values)))
 
 
 def _ranked(

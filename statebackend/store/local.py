@@ -364,10 +364,11 @@ class LocalStore:
         size = sum(map(len, keys)) + sum(len(v) for v in values if v is not None)
         self._write_many(keys, [TOMBSTONE if v is None else v for v in values], size)
 
-    def flush(self, version: LocalVersion) -> ChangeSet:
+    def flush(self, version: LocalVersion, *, hold_apply: bool = False) -> ChangeSet:
         """Freeze the batch as the change set since the previous flush (spill runs included) and hand it to the
         background applier, which writes it to LMDB with ``version``. Never waits for an apply. The caller owns the
-        change set and closes it."""
+        change set and closes it. ``hold_apply``: the applier starts on it only at :meth:`start_apply` (or a read
+        view of it, or anything else that applies what is pending); reads see it in the overlay meanwhile."""
         if not isinstance(version, LocalVersion):
             raise TypeError(f"store {self.name!r}: flush needs a LocalVersion, got {type(version).__name__}")
         self._check_open()
@@ -380,8 +381,13 @@ class LocalStore:
         self._batch = {}
         self._batch_bytes = 0
         applier = self._applier
-        applier.submit(pending)
+        applier.submit(pending, start=not hold_apply)
         return ChangeSet(version, runs, final, view_source=lambda: applier.view_at(pending))
+
+    def start_apply(self) -> None:
+        """Let the background applier write the batches a flush held back (``flush(hold_apply=True)``)."""
+        if not self._closed:
+            self._applier.start()
 
     def apply_pending(self) -> None:
         """Apply every pending batch (flushed, not yet in LMDB), in order (normally done by the background applier;
