@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import shutil
+import threading
+import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
@@ -19,6 +21,7 @@ from statebackend.errors import CommitError, StateBackendError, StorageError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from tests.waiting import wait_until
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
@@ -184,3 +187,60 @@ def test_an_upload_failing_to_start_fails_the_commit_after_the_started_uploads_e
         held.set_result(real.result(timeout=30))  # the started upload ends after the commit's sync part returned
         with pytest.raises(CommitError, match="injected upload start failure"):
             pending.result(timeout=10)
+
+
+class _GatedUploads(MemoryBlobStore):
+    """Uploads of files (the deltas) wait for ``gate``, or fail when ``fail`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = False
+
+    def put_file(self, name: str, path: Any, **kwargs: Any) -> None:
+        assert self.gate.wait(30)
+        if self.fail:
+            raise StorageError(f"upload of {name} refused by the test")
+        super().put_file(name, path, **kwargs)
+
+
+def test_a_commit_holds_its_flushed_batch_out_of_lmdb_until_its_uploads_end_and_reads_see_it_meanwhile(
+    tmp_path: Path,
+) -> None:
+    blobs = _GatedUploads()
+    config = config_for(tmp_path, **{"task.commit.async.failures.tolerated": 1})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        local = task.stores["counts"]
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        wait_until(lambda: not local._applier.pending)
+
+        blobs.gate.clear()
+        write_round(task, 1, model)
+        pending = task.commit({"input": "1"})
+        assert pending is not None
+        time.sleep(0.2)  # time enough for an apply that was not held back
+        assert local._applier.pending, "the flushed batch reached LMDB while its upload was still going on"
+        assert contents(task) == model  # the overlay serves it
+        blobs.gate.set()
+        pending.result(timeout=30)
+        wait_until(lambda: not local._applier.pending)  # released once durable
+        assert local.version is not None and local.version.checkpoint_id == str(pending.checkpoint_id)
+
+        blobs.fail = True  # a failed commit releases its batch too
+        write_round(task, 2, model)
+        failed = task.commit({"input": "2"})
+        assert failed is not None
+        with pytest.raises(CommitError, match="refused by the test"):
+            failed.result(timeout=30)
+        wait_until(lambda: not local._applier.pending)
+        assert contents(task) == model
+        blobs.fail = False
+        write_round(task, 3, model)
+        task.commit_durably({"input": "3"})  # tolerated failure: carries round 2 as well
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import pytest
 from statebackend.errors import LocalDirError, StateBackendError, StoreLockedError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.testing.store_contract import LocalStoreContract, v
+from tests.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -441,3 +443,28 @@ def test_close_without_sync_leaves_unsynced_like_a_process_exit(tmp_path: Path) 
     (store_dir / UNSYNCED_FILE).write_text("another-boot-id\n")
     with LocalStore.open(store_dir, name="s") as after_machine_crash:
         assert after_machine_crash.get(b"k") is None and after_machine_crash.version is None
+
+
+def test_a_held_flush_waits_in_the_overlay_until_started_and_a_read_view_of_it_releases_it(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.put(b"a", b"1")
+        store.flush(v(1), hold_apply=True).close()
+        time.sleep(0.2)  # time enough for an apply that was not held back
+        assert store._applier.pending, "a held flush must not reach LMDB before start_apply"
+        assert store.get(b"a") == b"1" and list(store.items()) == [(b"a", b"1")]
+        store.start_apply()
+        wait_until(lambda: not store._applier.pending)
+        assert store.version == v(1)
+
+        store.put(b"b", b"2")
+        change = store.flush(v(2), hold_apply=True)  # e.g. a snapshot due at this commit asks for its view
+        with change.read_view().result(timeout=30) as view:
+            assert view.version == v(2) and list(view.items()) == [(b"a", b"1"), (b"b", b"2")]
+        change.close()
+        assert not store._applier.pending
+
+        store.put(b"c", b"3")
+        store.flush(v(3), hold_apply=True).close()
+    with LocalStore.open(tmp_path / "s", name="s") as reopened:  # close applied the held batch
+        assert reopened.version == v(3) and reopened.get(b"c") == b"3"
+
