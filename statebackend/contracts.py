@@ -97,6 +97,13 @@ class TaskBackupManager(abc.ABC):
         backend's snapshot raised): forget what it prepared, so the next commit starts clean. Its change sets are
         closed by the framework."""
 
+    def cancel_background(self) -> None:  # optional hook
+        """Called just before ``close()`` when another opener of the task waits for it (a parked task handed to
+        another process of the machine): stop background work ``close()`` would wait for (a snapshot, a compaction)
+        as soon as possible, uploading and naming nothing half done; the task's next owner does that work again when
+        it is due. A manager may decline (its chain too long to put off a snapshot again). The default does
+        nothing."""
+
     def close(self) -> None:  # optional hook
         """Release resources (background threads, open read transactions)."""
 

@@ -295,14 +295,22 @@ class TaskStorage:
             raise StateBackendError(f"task {self.task_name}: commit was skipped")
         return pending
 
-    def close(self, *, sync_local: bool = True) -> None:
+    def close(self, *, sync_local: bool = True, handover: bool = False) -> None:
         """Wait for the commit in flight and its cleanups, close the backends and the stores. ``sync_local=False``
         leaves the local stores unsynced (``LocalStore.close(sync=False)``): for a task handed straight to another
-        process of this machine."""
+        process of this machine. ``handover``: another opener waits for this close, so the backends first cancel
+        their background work (``TaskBackupManager.cancel_background``) instead of having close wait for it."""
         if self._closed:
             return
         self._closed = True
         try:
+            if handover:
+                for binding in self.commit_manager.backups:
+                    try:
+                        binding.manager.cancel_background()
+                    except Exception as exc:  # noqa: BLE001 - close then waits for the work, as without handover
+                        log.warning("task %s: %s could not cancel its background work: %s", self.task_name,
+                                    binding.factory_name, exc)
             self.commit_manager.close()
             for binding in self.commit_manager.backups:
                 binding.manager.close()

@@ -3,12 +3,15 @@ catch-up by deltas, re-upload of a failed delta, retention of deltas)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
+import threading
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from statebackend.backends.changelog.backup import maintenance_pool
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, ConfigError
@@ -39,6 +42,7 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
         for round_no in range(12):
             write_round(task, round_no, model)
             task.commit_durably({"input": str(round_no)})
+            maintenance_pool().submit(lambda: None).result(30)  # a snapshot started is done: the next commit adopts it
         assert task.metrics.counter("changelog.snapshot.adopted") >= 2
         assert task.metrics.counter("changelog.blobs.deleted") > 0
     deltas = list(blobs.list("job/task-0/counts/changelog/delta/"))
@@ -720,3 +724,75 @@ def test_an_interrupt_during_the_replay_aborts_it_at_the_snapshot_and_the_next_r
     assert version == recipe.snapshot.version and data == models[version] and replayed == 0
     failed, version, data, _ = _restore_into(blobs, checkpoint, tmp_path / "local-2")
     assert (failed, version, data) == (None, recipe.deltas[-1].version, models[version])
+
+
+def _endless_view_items(started: threading.Event) -> Any:
+    """A stand-in for ``ReadView.items``: strictly increasing records without end (a snapshot that never finishes
+    unless it is cancelled), announcing the first one."""
+
+    def items(view: Any) -> Any:
+        def records() -> Any:
+            started.set()
+            for i in itertools.count():
+                yield b"zz%012d" % i, b"v"
+
+        return records()
+
+    return items
+
+
+def test_a_handover_close_cancels_a_running_background_snapshot_and_the_chain_stays_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process waits for a parked task (``close(handover=True)``): a running background snapshot stops at its
+    next chunk instead of being waited for; nothing of it is uploaded or left staged, and the chain restores exactly,
+    from the local dir kept and wiped. A plain close still waits for a snapshot (a task opened per batch needs it)."""
+    from statebackend.store.view import ReadView
+
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100,
+                                     "changelog.snapshot.interval.ratio": 0.01})
+    model: dict[bytes, bytes] = {}
+    started = threading.Event()
+    task = TaskStorage.open(config, "task-0", blob_store=blobs)
+    for round_no in range(2):  # the base, then a delta whose uploaded size the ratio weighs at the next commit
+        write_round(task, round_no, model)
+        task.commit_durably({"input": str(round_no)})
+    monkeypatch.setattr(ReadView, "items", _endless_view_items(started))
+    write_round(task, 2, model)
+    task.commit_durably({"input": "2"})  # due by the ratio: a background snapshot starts, endless
+    assert started.wait(30), "no background snapshot started"
+    closer = threading.Thread(target=task.close, kwargs={"sync_local": False, "handover": True}, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "the handover close waited for the background snapshot"
+    monkeypatch.undo()
+    assert list(blobs.list(PREFIX + "snapshot/")) == []
+    staging = list((tmp_path / "local").rglob("*.snapshot*"))
+    assert staging == [], f"a cancelled snapshot left files behind: {staging}"
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as reopened:
+        assert contents(reopened) == model
+        maintenance_pool().submit(lambda: None).result(30)  # the look-up of the chain's sizes at open has answered
+        write_round(reopened, 3, model)
+        reopened.commit_durably({"input": "3"})  # the new owner snapshots when due: this plain close waits for it
+    assert len(list(blobs.list(PREFIX + "snapshot/"))) == 1
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as restored:
+        assert contents(restored) == model
+
+
+def test_a_handover_does_not_cancel_a_snapshot_once_the_chain_reached_the_commit_cap(tmp_path: Path) -> None:
+    """Handovers that keep interrupting snapshots must not let a chain grow without bound: at the cap
+    (``snapshot.interval.commits``) the handover close waits for the snapshot, which lands."""
+    blobs = MemoryBlobStore()
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.snapshot.interval.ratio": 0})
+    model: dict[bytes, bytes] = {}
+    task = TaskStorage.open(config, "task-0", blob_store=blobs)
+    for round_no in range(3):  # the third commit reaches the cap: a background snapshot starts
+        write_round(task, round_no, model)
+        task.commit_durably({"input": str(round_no)})
+    task.close(sync_local=False, handover=True)
+    assert len(list(blobs.list(PREFIX + "snapshot/"))) == 1
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as restored:
+        assert contents(restored) == model

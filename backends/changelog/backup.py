@@ -38,7 +38,8 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from itertools import chain, islice
 from pathlib import Path
 
 import attrs
@@ -76,6 +77,13 @@ STAGING_DIR = "changelog-staging"
 
 #: the snapshot interval in commits while the sizes the ratio weighs are unknown
 UNKNOWN_SIZES_INTERVAL_COMMITS = 20
+#: records a background snapshot reads between two checks that it was not cancelled (a handover waits for at most
+#: about this many records to be encoded)
+SNAPSHOT_CANCEL_CHUNK = 8192
+
+
+class SnapshotCancelled(StateBackendError):
+    """A background snapshot stopped because the task was handed to another opener; nothing of it was uploaded."""
 
 _maintenance_pools = SharedPools("statebackend-maintenance")
 
@@ -179,6 +187,8 @@ class ChangelogBackupManager(TaskBackupManager):
     clock: Callable[[], float] = time.time
     _lineages: dict[str, _Lineage] = attrs.field(init=False, factory=dict)
     _closed: bool = attrs.field(init=False, default=False)
+    #: background snapshots stop at their next check (:meth:`cancel_background`)
+    _cancelled: bool = attrs.field(init=False, default=False)
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -672,7 +682,7 @@ class ChangelogBackupManager(TaskBackupManager):
                # sizes unknown (a task opened for each batch whose look-up has not answered yet): the fixed
                # interval of the first releases, not the cap, bounds the chain
                or (by_ratio is None and lineage.commits_since_snapshot >= UNKNOWN_SIZES_INTERVAL_COMMITS))
-        if not due or lineage.background is not None or self._closed:
+        if not due or lineage.background is not None or self._closed or self._cancelled:
             return
         view = change.read_view()  # a future: an LMDB read transaction on this version, once it is applied
         step = lineage.deltas[-1]
@@ -681,18 +691,60 @@ class ChangelogBackupManager(TaskBackupManager):
         lineage.background = maintenance_pool().submit(self._background_snapshot, lineage, view, step, name)
 
     def _background_snapshot(self, lineage: _Lineage, view_future: Future[ReadView], step: Step, name: str) -> Step:
+        """Write and upload a snapshot of ``step``'s version from a read view. It stops (``SnapshotCancelled``) once
+        :meth:`cancel_background` was called: a parked task handed to another process that waits for it then waits
+        for at most a chunk of records, not the whole snapshot (the next owner of the chain snapshots when due)."""
+        self._raise_if_closed(name)  # queued behind another task's snapshot while this one closed
         view = view_future.result()
         try:
             # in flight while it is written and uploaded: on a slow network, commits past its seq become durable
             # meanwhile, and their cleanups must not take it for a file a re-base left behind
             with _staged_in_flight([lineage.staging / Path(name).name]):
-                self._write_and_upload(lineage, step, "snapshot", view.items(), name)
+                staged = self._stage(lineage, step, "snapshot", self._until_closed(view.items(), name), name)
+                with lineage.lock:
+                    lineage.fresh.discard(name)
+                view.close()  # the LMDB read transaction ends here, not after the upload
+                try:
+                    self._raise_if_closed(name)
+                except SnapshotCancelled:
+                    staged.unlink(missing_ok=True)
+                    raise
+                self._upload_staged_file(lineage, staged, name, "snapshot")
             crashpoint("changelog.background_snapshot.uploaded")
         finally:
             view.close()
         with lineage.lock:
             lineage.uploaded.add(name)
         return Step(step.seq, step.checkpoint_id, step.token, name)
+
+    def _until_closed(self, records: Iterator[tuple[bytes, bytes]], name: str) -> Iterator[tuple[bytes, bytes]]:
+        """``records``, taken a chunk at a time, with a check before each chunk that the snapshot was not cancelled
+        (one check per chunk: the records themselves flow through C)."""
+
+        def chunks() -> Iterator[list[tuple[bytes, bytes]]]:
+            while True:
+                self._raise_if_closed(name)
+                chunk = list(islice(records, SNAPSHOT_CANCEL_CHUNK))
+                if not chunk:
+                    return
+                yield chunk
+
+        return chain.from_iterable(chunks())
+
+    def _raise_if_closed(self, name: str) -> None:
+        if self._cancelled:
+            raise SnapshotCancelled(f"background snapshot {name} stopped: the task was handed to another opener")
+
+    def cancel_background(self) -> None:
+        """Stop the background snapshots (see the contract), unless a chain has reached
+        ``snapshot.interval.commits`` (the cap): then its snapshot has been put off long enough and close waits for
+        it, so handovers that keep interrupting snapshots cannot let a chain grow without bound."""
+        with ExitStack() as held:
+            for lineage in self._lineages.values():
+                held.enter_context(lineage.lock)
+            if all(lineage.commits_since_snapshot < self.snapshot_interval_commits
+                   for lineage in self._lineages.values()):
+                self._cancelled = True
 
     def _adopt_background_snapshot(self, lineage: _Lineage) -> None:
         background = lineage.background

@@ -119,9 +119,9 @@ class KeptTask:
             return False
         return all(_data_file(Path(path)) == ident for path, ident in self.files.items())
 
-    def close(self, *, sync_local: bool = True) -> None:
+    def close(self, *, sync_local: bool = True, handover: bool = False) -> None:
         try:
-            self.storage.close(sync_local=sync_local)
+            self.storage.close(sync_local=sync_local, handover=handover)
         finally:
             self.blob_store.close()
 
@@ -226,7 +226,9 @@ def _watch() -> None:
             with contextlib.suppress(OSError):
                 (kept.task_dir / PARKED_FILE).unlink()
             log.info("%s: handing the parked task over to another process", kept.storage.task_name)
-            _close_quietly(kept, sync_local=False)  # the next opener is waiting: no sync (UNSYNCED stays)
+            # the next opener is waiting: no sync (UNSYNCED stays), and a background snapshot stops (the new owner
+            # snapshots when due) instead of being waited for
+            _close_quietly(kept, sync_local=False, handover=True)
 
 
 def _handover_asked(task_dir: Path) -> bool:
@@ -284,8 +286,8 @@ def _data_file(store_dir: Path) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def _close_quietly(kept: KeptTask, *, sync_local: bool = True) -> None:
+def _close_quietly(kept: KeptTask, *, sync_local: bool = True, handover: bool = False) -> None:
     try:
-        kept.close(sync_local=sync_local)
+        kept.close(sync_local=sync_local, handover=handover)
     except Exception as exc:  # noqa: BLE001 - a parked task's close only releases; its commits are durable
         log.warning("%s: closing a parked task failed: %s", kept.storage.task_name, exc)
