@@ -245,8 +245,12 @@ class TaskCommitManager:
         # The flushed batches reach LMDB after the uploads: the LMDB write is not needed for durability, and beside
         # the delta's encoding and fsyncs it slows the wait for them (measured: docs/benchmarks.md). Reads see the
         # batches in the overlay meanwhile; a snapshot's read view of one releases it at once.
-        changes: dict[str, ChangeSet] = {name: store.flush(version, hold_apply=True)
-                                         for name, store in self.stores.items()}
+        try:
+            changes: dict[str, ChangeSet] = {name: store.flush(version, hold_apply=True)
+                                             for name, store in self.stores.items()}
+        except BaseException:
+            self._start_applies()  # the stores flushed before the one that failed
+            raise
         crashpoint("commit.after_flush")
         preliminary: dict[str, StoreMarkers] = {}
         try:

@@ -244,3 +244,26 @@ def test_a_commit_holds_its_flushed_batch_out_of_lmdb_until_its_uploads_end_and_
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
 
+
+
+def test_a_flush_failing_in_one_store_releases_the_batches_the_other_stores_held_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = config_for(tmp_path, **{"stores.other.backup.factories": "changelog"})
+    with TaskStorage.open(config, "task-0", blob_store=MemoryBlobStore()) as task:
+        first, second = list(task.stores.values())
+        first.put(b"k", b"1")
+        second.put(b"k", b"2")
+
+        real_flush = LocalStore.flush
+
+        def flush(store: LocalStore, *args: Any, **kwargs: Any) -> Any:
+            if store is second:
+                raise StorageError("flush refused by the test")
+            return real_flush(store, *args, **kwargs)
+
+        monkeypatch.setattr(LocalStore, "flush", flush)
+        with pytest.raises(StorageError, match="refused by the test"):
+            task.commit({"input": "0"})
+        wait_until(lambda: not first._applier.pending)  # the held batch of the store flushed first reached LMDB
+        assert first.version is not None and first.get(b"k") == b"1"
