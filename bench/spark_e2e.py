@@ -28,6 +28,7 @@ from the blob store must equal the number of input rows, and the number of keys 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -257,7 +258,7 @@ def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
 
 def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
                      backend: str = "changelog", options: dict[str, str] | None = None, num_tasks: int = NUM_TASKS,
-                     confirm_on_driver: bool | None = None,
+                     confirm_on_driver: bool | None = None, dump_stats: Path | None = None,
                      ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int, Kinds]]:
     config: dict[str, object] = {
         "job.name": "bench",
@@ -298,8 +299,37 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
             "open_max_ms": max(s.open_ms for s in stats),
             "kept_open": sum(s.kept_open for s in stats),
         })
+    if dump_stats is not None:
+        write_task_stats(dump_stats, job.history)
     loaded = load_end(query)
     return rows, config, (blobs.total(), blobs.total(after=loaded), blobs.by_kind(after=loaded))
+
+
+def _series(key: Any) -> str:
+    """A metric series key (name, labels) as one string."""
+    name, labels = key if isinstance(key, tuple) and len(key) == 2 else (key, ())
+    extra = ",".join(f"{k}={v}" for k, v in labels if k not in ("job_name", "task")) if labels else ""
+    return f"{name}{{{extra}}}" if extra else str(name)
+
+
+def write_task_stats(path: Path, history: list[Any]) -> None:
+    """Every task attempt's stats as JSON lines (times, where it ran, whether it was kept open, its counters and the
+    sums and maxima of its histograms): to see what a slow batch's tasks did."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as out:
+        for s in history:
+            metrics = s.metrics
+            record = {
+                "batch": s.batch_id, "task": s.task_index, "attempt": s.attempt, "open_ms": round(s.open_ms, 2),
+                "process_ms": round(s.process_ms, 2), "commit_ms": round(s.commit_ms, 2),
+                "sync_ms": round(s.commit_sync_ms, 2), "kept_open": s.kept_open, "private_dir": s.private_dir,
+                "executor": s.executor, "pending": bool(s.pending_checkpoint_id),
+                "counters": {} if metrics is None else {_series(k): v for k, v in metrics.counters.items()},
+                "histograms": {} if metrics is None else {
+                    _series(k): {"count": h.count, "sum": round(h.sum, 2), "max": round(h.max, 2)}
+                    for k, h in metrics.histograms.items() if h.count},
+            }
+            out.write(json.dumps(record, default=str) + "\n")
 
 
 def durable_commit_ms(history: list[Any]) -> dict[int, list[float]]:
@@ -375,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
                              "file://), True or False (default auto)")
     parser.add_argument("--close-every-batch", action="store_true",
                         help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
+    parser.add_argument("--dump-stats", type=Path, default=None, metavar="DIR",
+                        help="write every statebackend task attempt's stats to DIR/task-stats-<updates>.jsonl")
     args = parser.parse_args(argv)
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="statebackend-bench-spark-"))
@@ -402,7 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                 spark, work / "input", work, count_keys_per_key if args.per_key else count_keys,
                 keep_open=not args.close_every_batch, backend=args.backend,
                 options=dict(option.split("=", 1) for option in args.option),
-                confirm_on_driver={"auto": None, "on": True, "off": False}[args.confirm_on_driver])
+                confirm_on_driver={"auto": None, "on": True, "off": False}[args.confirm_on_driver],
+                dump_stats=args.dump_stats / f"task-stats-{updates}.jsonl" if args.dump_stats else None)
             state = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)")
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows
