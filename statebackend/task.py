@@ -26,6 +26,7 @@ Trust (docs/architecture.md, "Fencing" and "Short answers"):
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, Future
@@ -123,6 +124,7 @@ class TaskStorage:
         given entry's own seq fences."""
         settings = config if isinstance(config, Settings) else Settings.from_config(config)
         _check_name("task name", task_name)
+        shorten_thread_switch_interval(settings.thread_switch_interval_us)
         metrics = metrics or task_metrics(settings, task_name)
         owns = blob_store is None
         blob_store = blob_store or open_blob_store(settings.blob_store_url, settings.blob_store_options)
@@ -326,6 +328,22 @@ class TaskStorage:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def shorten_thread_switch_interval(microseconds: int) -> None:
+    """Lower the process's GIL switch interval to ``microseconds`` (0, or an interval already shorter: unchanged).
+
+    A task's background threads (commit uploads and checkpoint writes, the appliers, a parked task's handover) make
+    many short system calls beside CPU-bound processing on the task thread. Python's default interval (5 ms) is how
+    long a thread coming back from a system call may wait for the GIL while another thread runs Python: with CPU-bound
+    processing beside it, a durable commit's few dozen calls each waited up to that (measured in-process, 250k keys,
+    2,500 updates, one thread spinning beside the commit: durable p50 70-177 ms at 5 ms, 24 ms at 0.5 ms; a
+    handover's close 13-1430 ms against 11 ms). The setting is process-wide and only ever lowered."""
+    if microseconds <= 0:
+        return
+    wanted = microseconds / 1_000_000
+    if sys.getswitchinterval() > wanted:
+        sys.setswitchinterval(wanted)
 
 
 @attrs.frozen

@@ -109,6 +109,7 @@ def test_only_the_blob_store_url_is_required_and_everything_else_has_its_default
     assert s.checkpoint_write_versions == (2,)
     assert s.checkpoint_read_versions == (2, 1)
     assert s.checkpoint_retained == 10
+    assert s.thread_switch_interval_us == 500
     assert s.backend_options == {}
     assert s.raw == {"blob.store.url": URL}
 
@@ -627,3 +628,30 @@ def test_a_store_exists_only_when_its_backup_factories_are_set() -> None:
     alone = error_of({"blob.store.url": URL, "stores.sessions.key.serde": "string"})
     assert "declare it with stores.sessions.backup.factories=changelog" in alone
     assert settings(stores__counts__backup__factories="changelog").stores["counts"].key_serde == "bytes"
+
+
+@pytest.mark.parametrize(("raw", "message"), [(10, "too short"), (-1, "out of range"), (100_001, "out of range"),
+                                              ("fast", "not an integer")])
+def test_a_bad_thread_switch_interval_names_the_key_and_what_is_allowed(raw: object, message: str) -> None:
+    with pytest.raises(ConfigError, match=rf"task\.thread\.switch\.interval\.us.*{message}.*allowed"):
+        Settings.from_config({"blob.store.url": URL, "task.thread.switch.interval.us": raw})
+
+
+def test_opening_a_task_lowers_the_thread_switch_interval_and_never_raises_it(tmp_path: Path) -> None:
+    import sys
+
+    from statebackend.task import TaskStorage
+
+    before = sys.getswitchinterval()  # the test process's own, restored at the end
+    try:
+        config = {"blob.store.url": (tmp_path / "blobs").as_uri(), "blob.store.create.if.missing": True,
+                  "state.local.dir": str(tmp_path / "local")}
+        sys.setswitchinterval(0.005)
+        with TaskStorage.open({**config, "task.thread.switch.interval.us": 0}, "t"):
+            assert sys.getswitchinterval() == pytest.approx(0.005)
+        with TaskStorage.open(config, "t"):
+            assert sys.getswitchinterval() == pytest.approx(0.0005)
+        with TaskStorage.open({**config, "task.thread.switch.interval.us": 2000}, "t"):
+            assert sys.getswitchinterval() == pytest.approx(0.0005)  # only ever lowered
+    finally:
+        sys.setswitchinterval(before)

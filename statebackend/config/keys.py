@@ -38,6 +38,14 @@ def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
     return versions
 
 
+def _parse_switch_interval(key: str, raw: Any) -> int:
+    value = parse_int(min=0, max=100_000)(key, raw)
+    if 0 < value < 50:
+        raise value_error(key, raw, "too short: threads would trade the GIL more than they run",
+                          "0 (leave the interpreter's interval) or 50 to 100000 microseconds")
+    return value
+
+
 def _parse_push_url(key: str, raw: Any) -> str:
     url = parse_str()(key, raw)
     if not re.fullmatch(r"https?://[^\s/@]+(/\S*)?", url):
@@ -75,6 +83,13 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
         parse_int(min=1, max=1024),
         _DEFAULT_POOL_SIZE,
         "threads of the commit pool shared by the tasks of a process (default min(32, 4 x CPUs))",
+    ),
+    "task.thread.switch.interval.us": OptionSpec(
+        _parse_switch_interval,
+        500,
+        "at most this many microseconds between two GIL handovers of the process while threads compete (Python's "
+        "sys.setswitchinterval, only ever lowered; 0: left as it is), so the commit's and the appliers' threads are "
+        "not held up by milliseconds at each system call beside CPU-bound processing",
     ),
     "task.checkpoint.write.versions": OptionSpec(
         _parse_versions, "2", "checkpoint formats written at each commit, any of 1, 2"

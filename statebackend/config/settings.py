@@ -91,6 +91,9 @@ class Settings:
     metrics_prometheus_host: str = "127.0.0.1"
     metrics_prometheus_textfile_dir: Path | None = None
     metrics_prometheus_push_url: str | None = attrs.field(default=None, repr=lambda url: repr(redact(url)))
+    #: ``task.thread.switch.interval.us``: the longest a thread waits for the GIL while another runs Python (0: left
+    #: as the interpreter has it)
+    thread_switch_interval_us: int = 0
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -177,6 +180,7 @@ class _SettingsParser:
             metrics_prometheus_host=values["metrics.prometheus.host"],
             metrics_prometheus_textfile_dir=values["metrics.prometheus.textfile.dir"],
             metrics_prometheus_push_url=values["metrics.prometheus.push.url"],
+            thread_switch_interval_us=values["task.thread.switch.interval.us"],
         )
 
     def _classify_keys(self) -> None:
