@@ -548,3 +548,35 @@ def test_a_marker_changed_in_one_character_is_refused_or_restores_exactly(chain:
     assume(changed != marker)
     local = data.draw(st.sampled_from([None, chain.behind]))
     assert restore_with_marker(chain, tmp_path, changed, local=local) in (None, chain.model)
+
+
+def test_a_recipe_whose_snapshot_was_removed_is_refused_not_replayed_on_the_empty_store(chain: Chain,
+                                                                                        tmp_path: Path) -> None:
+    """``"snapshot": null`` with the deltas' seqs kept: each delta is intact and bound to its step, but the first
+    applies on the version before it (the snapshot's), not on the empty store; replaying them on an empty store
+    would restore a state without everything the snapshot held."""
+    marker = json.loads(chain.head.checkpoint.markers_for("changelog")["counts"])
+    snapshot_seq = marker["snapshot"][0]
+    assert snapshot_seq >= 1 and marker["seq"] == snapshot_seq + 1
+    marker["snapshot"] = None
+    for local in (None, chain.behind):
+        errors: list[str] = []
+        assert restore_with_marker(chain, tmp_path, json.dumps(marker), local=local, errors=errors) is None
+        assert "store counts" in errors[0] and f"starts at seq {snapshot_seq + 1} without a snapshot" in errors[0]
+
+
+def test_a_format_1_recipe_without_the_snapshot_or_its_blob_is_refused(chain: Chain, tmp_path: Path) -> None:
+    """Format 1 spells each step out: the snapshot left out, or kept without its blob (which no release wrote: a
+    snapshot step always names its file), would load the empty store under the deltas that follow it."""
+    recipe = Recipe.decode(chain.head.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is not None
+    without = format_1(recipe)
+    without["snapshot"] = None
+    no_blob = format_1(recipe)
+    no_blob["snapshot"]["name"] = None
+    for document, message in ((without, f"starts at seq {recipe.snapshot.seq + 1} without a snapshot"),
+                              (no_blob, f"a snapshot at seq {recipe.snapshot.seq} that names no blob")):
+        for local in (None, chain.behind):
+            errors: list[str] = []
+            assert restore_with_marker(chain, tmp_path, json.dumps(document), local=local, errors=errors) is None
+            assert "store counts" in errors[0] and message in errors[0], errors
