@@ -16,8 +16,9 @@ Contract:
   holds the record count, the body's byte length and a BLAKE2b-128 digest of everything before the digest, then an
   end marker.
 - :func:`write_file` streams: memory stays bounded whatever the record count, and ``out`` is never seeked. When the
-  input is bad (keys not strictly increasing, a delete in a snapshot) it raises :class:`StateBackendError` before the
-  footer is written, so what was written is never a valid file; the caller deletes it.
+  input is bad (keys not strictly increasing, a delete in a snapshot, a record bigger than :data:`MAX_BLOCK_BYTES`)
+  it raises :class:`StateBackendError` before the footer is written, so what was written is never a valid file; the
+  caller deletes it.
 - :func:`verify` checks a whole file in memory; :func:`iter_records` reads records in key order (for version 2 as
   C-level iterators chained block by block, so a C consumer such as LMDB's ``putmulti`` runs no Python frame per
   record). For a ``bytes``
@@ -27,6 +28,9 @@ Contract:
   store's ``replace_contents`` does).
 - Every failure to read is a :class:`CorruptDataError` that names the blob and says what is wrong, or an
   :class:`IncompatibleFormatError` for a format version newer than this release reads.
+- What a reader holds is bounded by what the file declares, and what it may declare is bounded (a block's keys and
+  values by :data:`MAX_BLOCK_BYTES`, the zstd window by 128 MiB): the digest is no secret, so a forged body that
+  decompresses to gigabytes is refused by the sizes it declares, before it is decompressed.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ __all__ = [
     "KIND_SNAPSHOT",
     "MAGIC",
     "MAGIC_END",
+    "MAX_BLOCK_BYTES",
     "MAX_HEADER_METADATA_BYTES",
     "PLANES_MAX_LENGTH",
     "SUPPORTED_FORMAT_VERSIONS",
@@ -147,8 +152,19 @@ BLOCK_MAX_RECORDS = 1 << 16
 #: it holds about one block plus one chunk, however big the records
 _WRITE_CHUNK = 1024
 _FIRST_RECORD_GUESS = 64 * 1024  # bytes per record assumed before any was seen: a first chunk of 16 records
+#: the most key and value bytes one block (versions 2 and 3) or one record (version 1) may hold. A reader refuses a
+#: block or record that declares more before it reads a byte of it: the digest is no secret, so a forged file whose
+#: small zstd body decompresses to gigabytes passes every checksum, and this is what bounds the memory it can make a
+#: reader take (about twice this: the block and its records). The writer never writes more: it closes a block
+#: before, and refuses a record bigger than this, which also keeps a block's u32 byte counts and lengths in range.
+#: 1025 MiB: at least every block an earlier release wrote of records up to _BLOCK_BYTES each (it closed a block
+#: once it reached _BLOCK_BYTES, after a chunk of at most _WRITE_CHUNK records). Read when called, not bound at import
+MAX_BLOCK_BYTES = (_WRITE_CHUNK + 1) * _BLOCK_BYTES
 #: a reader asks its source for at most this many bytes per call, so a corrupt block size costs no big allocation
 _READ_MAX = 16 << 20
+#: the largest zstd window a reader accepts (a frame asking for more is corrupt): 128 MiB, what level 22, the highest
+#: the backends allow, uses and libzstd's own default limit, stated here so what decompression may hold is explicit
+_MAX_WINDOW_BYTES = 1 << 27
 _PUT_OP_BYTES = b"\x01"
 _U32 = "I" if array("I").itemsize == 4 else "L"
 _BIG_ENDIAN = sys.byteorder == "big"
@@ -314,6 +330,7 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]], emit: Ca
     raw_bytes = 0
     previous: bytes | None = None  # the last key of the previous block
     record_size = _FIRST_RECORD_GUESS  # bytes per record in the last chunk, to size the next one
+    carried: list[tuple[bytes, bytes | None]] = []  # records taken for a block that would have held too much
     while True:
         keys: list[bytes] = []
         values: list[bytes | None] = []
@@ -323,7 +340,12 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]], emit: Ca
         has_delete = False
         while len(keys) < BLOCK_MAX_RECORDS and size < _BLOCK_BYTES:
             fits = (_BLOCK_BYTES - size) // record_size + 1
-            chunk = list(islice(source, min(_WRITE_CHUNK, BLOCK_MAX_RECORDS - len(keys), fits)))
+            take = min(_WRITE_CHUNK, BLOCK_MAX_RECORDS - len(keys), fits)
+            if carried:
+                chunk = carried[:take]
+                del carried[:take]
+            else:
+                chunk = list(islice(source, take))
             if not chunk:
                 break
             chunk_keys, chunk_values = zip(*chunk)
@@ -342,6 +364,13 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]], emit: Ca
             record_size = chunk_size // len(chunk) + 1
         if not keys:
             return count, raw_bytes
+        if size > MAX_BLOCK_BYTES:
+            # records bigger than the chunk was sized for: the block keeps what fits, the rest starts the next one
+            kept = _records_that_fit(keys, key_lengths, value_lengths, count)
+            carried[:0] = zip(keys[kept:], values[kept:])
+            del keys[kept:], values[kept:], key_lengths[kept:], value_lengths[kept:]
+            size = sum(key_lengths) + sum(value_lengths)
+            has_delete = None in values
         _check_block_input(keys, values, previous, count, has_delete=has_delete, allow_delete=allow_delete)
         n = len(keys)
         key_bytes = sum(key_lengths)
@@ -376,6 +405,29 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]], emit: Ca
         count += n
         raw_bytes += size
         previous = keys[-1]
+
+
+def _records_that_fit(keys: list[bytes], key_lengths: list[int], value_lengths: list[int], first_index: int) -> int:
+    """How many of a block's first records fit in MAX_BLOCK_BYTES (at least one); a first record bigger than that is
+    refused, naming it. Runs only for a block that would hold more (records of hundreds of MiB), never per record
+    otherwise."""
+    limit = MAX_BLOCK_BYTES
+    total = 0
+    for index, (key_length, value_length) in enumerate(zip(key_lengths, value_lengths)):
+        total += key_length + value_length
+        if total > limit:
+            if index == 0:
+                _raise_record_too_big(first_index, keys[0], key_length, value_length)
+            return index
+    return len(keys)
+
+
+def _raise_record_too_big(index: int, key: bytes, key_length: int, value_length: int) -> None:
+    raise StateBackendError(
+        f"record {index} (key {key[:64]!r}) has {key_length} key and {value_length} value bytes, more than the "
+        f"{MAX_BLOCK_BYTES} bytes a record file holds in one record or block (MAX_BLOCK_BYTES): no file can store "
+        "it; nothing valid was written, delete the output"
+    )
 
 
 def _to_planes(data: bytes, n: int, length: int) -> bytes:
@@ -474,6 +526,8 @@ def _write_body_v1(records: Iterable[tuple[bytes, bytes | None]], emit: Callable
                     f"a snapshot holds puts only, record {count} (key {key[:64]!r}) is a delete; "
                     "nothing valid was written, delete the output"
                 )
+            if klen > MAX_BLOCK_BYTES:
+                _raise_record_too_big(count, key, klen, 0)
             extend((_pack_record_prefix(_OP_DELETE, klen, 0), key))
             block += _RECORD_PREFIX_SIZE + klen
         else:
@@ -485,7 +539,9 @@ def _write_body_v1(records: Iterable[tuple[bytes, bytes | None]], emit: Callable
                 # one struct call per record instead of three list items: records of a store mostly share sizes
                 pack = pack_cache[(klen, vlen)] = struct.Struct(f"<BII{klen}s{vlen}s").pack
                 append(pack(_OP_PUT, klen, vlen, key, value))
-            else:
+            else:  # a cached shape is at most _PACK_WHOLE_MAX bytes: only a record packed here can be too big
+                if klen + vlen > MAX_BLOCK_BYTES:
+                    _raise_record_too_big(count, key, klen, vlen)
                 extend((_pack_record_prefix(_OP_PUT, klen, vlen), key, value))
             block += _RECORD_PREFIX_SIZE + klen + vlen
         prev = key
@@ -673,15 +729,21 @@ def _open_bytes(data: bytes, *, name: str, check_digest: bool) -> tuple[FileHead
 
 
 def _body_blocks(data: bytes, start: int, end: int, compression: str, *, name: str) -> Iterator[bytes]:
-    """The uncompressed body of an in-memory file, in blocks."""
+    """The uncompressed body of an in-memory file, in blocks. An uncompressed one is one block: it is in memory
+    already, so its records are cut from it whatever their size (MAX_BLOCK_BYTES bounds what a reader collects)."""
     if compression == "none":
         if end > start:
             yield data[start:end]
         return
     # read_across_frames: bytes after the first frame are decoded (and then fail) rather than silently ignored
-    reader = zstandard.ZstdDecompressor().stream_reader(memoryview(data)[start:end], read_size=_BLOCK_BYTES,
-                                                        read_across_frames=True)
+    reader = _decompressor().stream_reader(memoryview(data)[start:end], read_size=_BLOCK_BYTES,
+                                           read_across_frames=True)
     yield from _decompressed_blocks(reader, name=name)
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    """A decompressor whose window, the memory a frame makes it hold besides what it hands out, is bounded."""
+    return zstandard.ZstdDecompressor(max_window_size=_MAX_WINDOW_BYTES)
 
 
 def _decompressed_blocks(reader: Any, *, name: str) -> Iterator[bytes]:
@@ -703,6 +765,7 @@ def _parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
     """
     unpack = _unpack_record_prefix
     prefix_size = _RECORD_PREFIX_SIZE
+    limit = MAX_BLOCK_BYTES
     count = 0
     prev = b""
     base = 0  # body offset of buf[0], for messages
@@ -750,6 +813,10 @@ def _parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
         tail = buf[pos:]
         if len(tail) >= prefix_size:
             _, klen, vlen = unpack(tail, 0)
+            if klen + vlen > limit:  # checked before the record is collected: its bytes are not read
+                raise CorruptDataError(f"{name}: record {count} at body byte {base} declares {klen} key and {vlen} "
+                                       f"value bytes, more than the {limit} a record may hold (MAX_BLOCK_BYTES); "
+                                       "the file is corrupt")
             need = prefix_size + klen + vlen
             if need > 2 * _BLOCK_BYTES:
                 big = bytearray(tail)
@@ -770,8 +837,7 @@ def _body_reader(data: bytes, start: int, end: int, compression: str, *, name: s
 
 def _zstd_read(source: Any, *, name: str) -> Callable[[int], bytes]:
     # read_across_frames: bytes after the first frame are decoded (and then fail) rather than silently ignored
-    reader = zstandard.ZstdDecompressor().stream_reader(source, read_size=_BLOCK_BYTES, read_across_frames=True,
-                                                        closefd=False)
+    reader = _decompressor().stream_reader(source, read_size=_BLOCK_BYTES, read_across_frames=True, closefd=False)
 
     def read(size: int) -> bytes:
         try:
@@ -810,6 +876,7 @@ def _parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool
     builds no values and yields nothing (what verify needs).
     """
     valid_flags = _VALID_FLAGS[version]
+    limit = MAX_BLOCK_BYTES
     count = 0
     offset = 0  # body offset of the current block, for messages
     previous: bytes | None = None  # the last key of the previous block
@@ -825,6 +892,10 @@ def _parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool
             raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has record count {n} "
                                    f"and flags {flags}; a valid version {version} block has 1..{BLOCK_MAX_RECORDS} "
                                    f"records and flags within {valid_flags}; the file is corrupt")
+        if key_bytes + value_bytes > limit:  # checked before any of the block is read (or decompressed)
+            raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) declares {key_bytes} "
+                                   f"key and {value_bytes} value bytes, more than the {limit} a block may hold "
+                                   "(MAX_BLOCK_BYTES); the file is corrupt")
         has_ops = flags & _FLAG_OPS
         if has_ops and not allow_delete:
             raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has op bytes, not a "
@@ -1103,8 +1174,8 @@ def _stream_records(body: _StreamBody, header: FileHeader, compression: str, hea
                                                        version=header.format_version), finish))
     if compression == "zstd":
         # zstandard's stub asks for IO[bytes]; its reader only ever calls read(), which _StreamBody has
-        reader: Any = zstandard.ZstdDecompressor().stream_reader(body, read_size=_BLOCK_BYTES,  # type: ignore[arg-type]
-                                                                 read_across_frames=True, closefd=False)
+        reader: Any = _decompressor().stream_reader(body, read_size=_BLOCK_BYTES,  # type: ignore[arg-type]
+                                                    read_across_frames=True, closefd=False)
         blocks: Iterator[bytes] = _decompressed_blocks(reader, name=name)
     else:
         blocks = iter(lambda: body.read(_BLOCK_BYTES), b"")

@@ -796,3 +796,44 @@ def test_a_handover_does_not_cancel_a_snapshot_once_the_chain_reached_the_commit
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as restored:
         assert contents(restored) == model
+
+
+@pytest.mark.parametrize("restored_by", ["blobsnapshot", None])
+def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_from_a_bare_delta(
+        tmp_path: Path, restored_by: str | None) -> None:
+    """Another backend (or nothing) left the store empty and without a version while this backend's recipe is at
+    seq 3: the next commit's recipe starts from a snapshot at seq 4. Deltas after seq 1 without a snapshot are what
+    a recipe whose snapshot was removed looks like, which restore refuses; the new chain must not look like one."""
+    from statebackend.backends.changelog.backup import ChangelogBackupManager
+    from statebackend.backends.changelog.marker import Recipe
+    from statebackend.checkpoint import CheckpointLog
+
+    from statebackend.contracts import BackendContext
+    from statebackend.metrics import Metrics
+    from statebackend.store import LocalStore, LocalVersion
+
+    blobs, checkpoint, _, _ = _chain_of(tmp_path, 3, empty=set(), interval=1000)
+    recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is None and recipe.seq == 3
+    with LocalStore.open(tmp_path / "elsewhere", name="counts") as store:
+        assert store.version is None and store.count() == 0
+        manager = ChangelogBackupManager(
+            context=BackendContext(
+                factory_name="changelog", job_name="job", task_name="task-0", stores={"counts": store},
+                blob_store=blobs, checkpoint_log=CheckpointLog(blobs, "job", "task-0"), executor=None,  # type: ignore[arg-type]
+                metrics=Metrics(), restored_by={"counts": restored_by}),
+            snapshot_interval_commits=100, snapshot_interval_bytes=64 << 20, compression="zstd",
+            compression_level=3, retained=3, snapshot_interval_ratio=0)
+        try:
+            manager.init(checkpoint)
+            store.put(b"k", b"v")
+            change = store.flush(LocalVersion("1800000000000-1", "00000000000000aa"))
+            try:
+                markers = manager.snapshot(checkpoint.checkpoint_id, {"counts": change})
+            finally:
+                manager.abort(checkpoint.checkpoint_id)  # closes the read view the re-base holds
+                change.close()
+        finally:
+            manager.close()
+    after = Recipe.decode(markers["counts"], prefix=PREFIX)
+    assert after.snapshot is not None and after.snapshot.seq == 4 and after.deltas == ()

@@ -588,11 +588,16 @@ def test_a_version_3_file_built_by_hand_reads_back() -> None:
         assert read() == first + second + third  # type: ignore[operator]
 
 
-def test_a_huge_corrupt_block_size_in_a_stream_is_a_truncation_not_a_huge_allocation() -> None:
+@pytest.mark.parametrize(("value_bytes", "message"), [
+    (0xFFFF_FFF0, "declares 1 key and 4294967280 value bytes, more than the 1074790400 a block may hold"),  # ~4 GiB
+    (fmt.MAX_BLOCK_BYTES - 1, "ends inside the block at body byte 0"),  # within the cap: what the body holds
+])
+def test_a_huge_corrupt_block_size_in_a_stream_is_refused_or_a_truncation_not_a_huge_allocation(
+        value_bytes: int, message: str) -> None:
     block = block_of([(b"a", b"1")])
-    block = block[:9] + struct.pack("<I", 0xFFFF_FFF0) + block[13:]  # value bytes: ~4 GiB
+    block = block[:9] + struct.pack("<I", value_bytes) + block[13:]
     data = hand_built(DELTA, block, count=1)
-    with pytest.raises(CorruptDataError, match="ends inside the block at body byte 0"):
+    with pytest.raises(CorruptDataError, match=message):
         list(iter_records(TrickleReader(data, 4096), name="f"))
 
 

@@ -13,16 +13,18 @@ import hashlib
 import io
 import itertools
 import json
+import re
 import shutil
 import struct
 import tracemalloc
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import attrs
 import pytest
+import zstandard
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from statebackend.backends.changelog.marker import Recipe, Step
@@ -35,7 +37,7 @@ from statebackend.recordfile import FileHeader, encode, iter_records, verify
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from tests.test_backend_changelog import PREFIX, config_for
-from tests.test_changelog_format import TrickleReader
+from tests.test_changelog_format import TrickleReader, uncompressed_blocks
 
 DELTA = FileHeader(kind="delta", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
                    token="0123456789abcdef", seq=7, base_seq=6)
@@ -298,9 +300,11 @@ def block(n: int, flags: int, key_bytes: int, value_bytes: int, rest: bytes) -> 
 
 
 @pytest.mark.parametrize("body,message", [
-    # huge lengths: refused as what they are, reading no more than the body holds
-    (block(1 << 16, 2 | 4, 0xFFFFFFFF, 0xFFFFFFFF, b"\x01\x00\x00\x00" * 2), "ends inside the block"),
-    (block(1, 0, 0xFFFFFFFF, 0, b"\xff\xff\xff\xff\x00\x00\x00\x00"), "ends inside the block"),
+    # huge lengths: refused by the sizes the block declares, before any of it is read
+    (block(1 << 16, 2 | 4, 0xFFFFFFFF, 0xFFFFFFFF, b"\x01\x00\x00\x00" * 2), "more than the 1074790400 a block"),
+    (block(1, 0, 0xFFFFFFFF, 0, b"\xff\xff\xff\xff\x00\x00\x00\x00"), "more than the 1074790400 a block"),
+    # within the cap: reading no more than the body holds
+    (block(1, 0, 1 << 30, 0, b"\x00\x00\x00\x40\x00\x00\x00\x00"), "ends inside the block"),
     (block((1 << 16) + 1, 0, 1, 1, b""), "record count"),
     (block(0, 0, 0, 0, b""), "record count"),
     (block(1, 8, 0, 0, b"\x00" * 8), "flags"),
@@ -338,6 +342,162 @@ def test_a_non_canonical_but_unambiguous_block_reads_as_what_it_says() -> None:
     deletes (nothing else can be read from it), so accepting it loads nothing wrong."""
     body = block(2, 1 | 4, 2, 0, b"\x02\x02" + b"\x01\x00\x00\x00" * 2 + b"\x09\x00\x00\x00" + b"ab")
     assert every_reading(file_with_body(body, count=2)) == [("ok", [(b"a", None), (b"b", None)])] * 4
+
+
+# ----------------------------------------------------------------------- sizes: decompression bombs, huge records
+
+#: what a forged body really decompresses to, in zeros (the sizes it declares are far larger): enough that reading it
+#: would show in the peak, little enough to compress in milliseconds
+BOMB_BYTES = 64 << 20
+
+
+def zstd_file_with_body(prefix: bytes, header: FileHeader, count: int, zeros: int = BOMB_BYTES) -> bytes:
+    """A zstd file whose body decompresses to ``prefix`` and then ``zeros`` zero bytes (a few KiB compressed), its
+    checksums right: what a forger who recomputes the digest can make."""
+    compressor = zstandard.ZstdCompressor(level=3).compressobj()
+    parts = [compressor.compress(prefix)]
+    chunk = bytes(1 << 20)
+    for _ in range(zeros // len(chunk)):
+        parts.append(compressor.compress(chunk))
+    parts.append(compressor.flush())
+    body = b"".join(parts)
+    shell = encode(header, [], compression="zstd")
+    header_end, _ = sections(shell)
+    footer = struct.pack("<QQ16s8s", count, len(body), b"\x00" * 16, fmt.MAGIC_END)
+    return reseal(shell[:header_end] + body + footer)
+
+
+def peak_while_refused(data: bytes, message: str, name: str = "blob-bomb") -> int:
+    """The peak of Python allocations while verify and every reader (bytes, a seekable and an unseekable stream)
+    refuse ``data`` with a CorruptDataError naming ``name`` and matching ``message``."""
+    tracemalloc.start()
+    try:
+        for reading in (lambda: verify(data, name=name), lambda: list(iter_records(data, name=name, verified=True)),
+                        lambda: list(iter_records(io.BytesIO(data), name=name)),
+                        lambda: list(iter_records(TrickleReader(data, 1 << 16), name=name))):
+            with pytest.raises(CorruptDataError, match=message) as info:
+                reading()
+            assert name in str(info.value)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize(("version", "prefix", "message"), [
+    # a block declaring u32-max key bytes, and a block declaring one byte more than a block may hold
+    pytest.param(3, block(1, 0, 0xFFFFFFFF, 0, struct.pack("<II", 0xFFFFFFFF, 0)),
+                 "block at body byte 0 .* declares 4294967295 key and 0 value bytes, more than the 1074790400 a "
+                 "block may hold", id="v3-u32-max"),
+    pytest.param(3, block(1, 4, 1, fmt.MAX_BLOCK_BYTES, struct.pack("<II", 1, fmt.MAX_BLOCK_BYTES)),
+                 "declares 1 key and 1074790400 value bytes, more than the 1074790400", id="v3-one-byte-over"),
+    pytest.param(2, block(1, 0, 1 << 31, 1 << 31, struct.pack("<II", 1 << 31, 1 << 31)),
+                 "more than the 1074790400 a block", id="v2-2GiB-and-2GiB"),
+    # version 1: one record's prefix
+    pytest.param(1, struct.pack("<BII", 1, 0xFFFFFFFF, 0),
+                 "record 0 at body byte 0 declares 4294967295 key and 0 value bytes", id="v1-u32-max"),
+    pytest.param(1, struct.pack("<BII", 1, 1, fmt.MAX_BLOCK_BYTES), "more than the 1074790400 a record may hold",
+                 id="v1-one-byte-over"),
+])
+def test_a_forged_body_that_decompresses_to_more_than_a_block_may_hold_is_refused_before_it_is_read(
+        version: int, prefix: bytes, message: str) -> None:
+    """The digest is no secret: a few KiB of zstd that decompress to gigabytes pass every checksum. Each reader
+    refuses the block (or version 1 record) by the size it declares, before decompressing any of it: the peak stays
+    far below the 64 MiB the body really holds (reading them took twice that before the bound)."""
+    data = zstd_file_with_body(prefix, attrs.evolve(DELTA, format_version=version), count=1)
+    assert len(data) < 16 << 10
+    peak = peak_while_refused(data, message)
+    assert peak < 8 << 20, f"refusing a {len(data)}-byte forged file allocated {peak} bytes"
+
+
+def test_a_zstd_frame_asking_for_a_window_above_what_the_backends_write_is_refused() -> None:
+    """The window is what decompression holds besides its output: a frame may ask for at most the 128 MiB that
+    level 22, the highest level the backends allow, uses."""
+    body = uncompressed_body(MULTI_BLOCK)
+    written = encode(DELTA, MULTI_BLOCK, compression="zstd", level=22)
+    header_end, body_end = sections(written)
+    assert zstandard.get_frame_parameters(written[header_end:body_end]).window_size == 1 << 27
+    assert every_reading(written) == [("ok", MULTI_BLOCK)] * 4
+    for window_log, accepted in ((27, True), (28, False)):
+        params = zstandard.ZstdCompressionParameters.from_level(3, window_log=window_log)
+        compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
+        frame = compressor.compress(body) + compressor.flush()
+        assert zstandard.get_frame_parameters(frame).window_size == 1 << window_log
+        footer = struct.pack("<QQ16s8s", len(MULTI_BLOCK), len(frame), b"\x00" * 16, fmt.MAGIC_END)
+        data = reseal(written[:header_end] + frame + footer)
+        if accepted:
+            assert every_reading(data) == [("ok", MULTI_BLOCK)] * 4
+        else:
+            peak_while_refused(data, "does not decompress")
+
+
+class Claimed(bytes):
+    """Bytes that claim a length they do not hold: what the writer sees of a value of gigabytes (it takes lengths
+    by ``len``), without allocating one."""
+
+    claimed: int
+
+    def __new__(cls, data: bytes, claimed: int) -> Self:
+        made = super().__new__(cls, data)
+        made.claimed = claimed
+        return made
+
+    def __len__(self) -> int:
+        return self.claimed
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize(("records", "index", "sizes"), [
+    # a value past a u32 length, a key past it, and two values each within u32 whose block is not
+    pytest.param([(b"a", b"1"), (b"b", b"2"), (b"c", Claimed(b"x", 5 << 30))], 2, "1 key and 5368709120 value bytes",
+                 id="value-past-u32"),
+    pytest.param([(b"a", b"1"), (Claimed(b"b", 5 << 30), b"2")], 1, "5368709120 key and 1 value bytes",
+                 id="key-past-u32"),
+    pytest.param([(b"a", Claimed(b"x", 3 << 30)), (b"b", Claimed(b"y", 3 << 30))], 0,
+                 "1 key and 3221225472 value bytes", id="block-past-u32"),
+    pytest.param([(b"a", b"1"), (b"b", Claimed(b"y", fmt.MAX_BLOCK_BYTES))], 1, "1 key and 1074790400 value bytes",
+                 id="one-byte-over"),
+])
+def test_a_record_bigger_than_a_block_may_hold_is_refused_up_front_naming_it_and_the_limit(
+        version: int, records: Records, index: int, sizes: str) -> None:
+    """Not a struct or overflow error from packing a u32 field: the limit, below 4 GiB, is checked on the lengths
+    first, and every u32 field of a block is within it."""
+    assert fmt.MAX_BLOCK_BYTES < 1 << 32
+    key = records[index][0]
+    with pytest.raises(StateBackendError, match=re.escape(
+            f"record {index} (key {bytes(key)[:64]!r}) has {sizes}, more than the {fmt.MAX_BLOCK_BYTES} bytes")):
+        encode(attrs.evolve(DELTA, format_version=version), records, compression="none")
+
+
+def walk_blocks(data: bytes) -> list[tuple[int, int]]:
+    """(record count, key and value bytes) of each block of an uncompressed version 2 or 3 file."""
+    return [(count, size) for count, _, size in uncompressed_blocks(data)]
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("shape", ["planes", "varied"])
+def test_records_bigger_than_the_chunk_was_sized_for_are_carried_to_the_next_block_within_the_limit(
+        monkeypatch: pytest.MonkeyPatch, version: int, shape: str) -> None:
+    """With the limit lowered to 1000 bytes: a chunk of records far bigger than the ones before it is cut into
+    blocks of at most the limit, in order, across several blocks from one chunk; a record of exactly the limit is one
+    block; one byte more is refused, naming the record."""
+    monkeypatch.setattr(fmt, "MAX_BLOCK_BYTES", 1000)
+    if shape == "planes":  # keys and values of one length (planes), deletes among them
+        records: Records = [(b"k%03d" % i, None if i % 7 == 3 else b"%060d" % i) for i in range(60)]
+    else:
+        records = [(b"k%03d" % i, b"v" * (i * 37 % 400)) for i in range(60)]
+    records += [(b"x" * 10, b"y" * 990), (b"z", b"")]  # exactly the limit, then a small one
+    header = attrs.evolve(DELTA, format_version=version)
+    data = encode(header, records, compression="none")
+    blocks = walk_blocks(data)
+    assert len(blocks) >= 4 and all(size <= 1000 for _, size in blocks)
+    assert (1, 1000) in blocks and sum(count for count, _ in blocks) == len(records)
+    assert every_reading(data) == [("ok", records)] * 4
+    assert every_reading(encode(header, records, compression="zstd")) == [("ok", records)] * 4
+    too_big = [*records[:-1], (b"x" * 10 + b"!", b"y" * 990)]
+    with pytest.raises(StateBackendError, match=re.escape(
+            f"record {len(records) - 1} (key {b'x' * 10 + b'!'!r}) has 11 key and 990 value bytes, more than the "
+            "1000 bytes")):
+        encode(header, too_big, compression="zstd")
 
 
 # ------------------------------------------------------------------------------------------ the marker, edited
@@ -548,3 +708,35 @@ def test_a_marker_changed_in_one_character_is_refused_or_restores_exactly(chain:
     assume(changed != marker)
     local = data.draw(st.sampled_from([None, chain.behind]))
     assert restore_with_marker(chain, tmp_path, changed, local=local) in (None, chain.model)
+
+
+def test_a_recipe_whose_snapshot_was_removed_is_refused_not_replayed_on_the_empty_store(chain: Chain,
+                                                                                        tmp_path: Path) -> None:
+    """``"snapshot": null`` with the deltas' seqs kept: each delta is intact and bound to its step, but the first
+    applies on the version before it (the snapshot's), not on the empty store; replaying them on an empty store
+    would restore a state without everything the snapshot held."""
+    marker = json.loads(chain.head.checkpoint.markers_for("changelog")["counts"])
+    snapshot_seq = marker["snapshot"][0]
+    assert snapshot_seq >= 1 and marker["seq"] == snapshot_seq + 1
+    marker["snapshot"] = None
+    for local in (None, chain.behind):
+        errors: list[str] = []
+        assert restore_with_marker(chain, tmp_path, json.dumps(marker), local=local, errors=errors) is None
+        assert "store counts" in errors[0] and f"starts at seq {snapshot_seq + 1} without a snapshot" in errors[0]
+
+
+def test_a_format_1_recipe_without_the_snapshot_or_its_blob_is_refused(chain: Chain, tmp_path: Path) -> None:
+    """Format 1 spells each step out: the snapshot left out, or kept without its blob (which no release wrote: a
+    snapshot step always names its file), would load the empty store under the deltas that follow it."""
+    recipe = Recipe.decode(chain.head.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is not None
+    without = format_1(recipe)
+    without["snapshot"] = None
+    no_blob = format_1(recipe)
+    no_blob["snapshot"]["name"] = None
+    for document, message in ((without, f"starts at seq {recipe.snapshot.seq + 1} without a snapshot"),
+                              (no_blob, f"a snapshot at seq {recipe.snapshot.seq} that names no blob")):
+        for local in (None, chain.behind):
+            errors: list[str] = []
+            assert restore_with_marker(chain, tmp_path, json.dumps(document), local=local, errors=errors) is None
+            assert "store counts" in errors[0] and message in errors[0], errors

@@ -213,11 +213,13 @@ class ChangelogBackupManager(TaskBackupManager):
                 lineage.commits_since_snapshot = len(recipe.deltas)
                 self._adopt_finished_snapshot(lineage)
                 self._look_up_sizes(lineage)
-            elif store.version is None and store.count() == 0:
-                lineage.seq = recipe.seq if recipe is not None else 0  # an empty store: the chain starts empty
+            elif store.version is None and store.count() == 0 and (recipe is None or recipe.seq == 0):
+                lineage.seq = 0  # an empty store and no chain yet: the chain starts empty, its first delta at seq 1
             else:
                 # Restored by another backend (migration, or a fallback after this backend's restore failed) or the
-                # marker is for other data: start a new chain from a snapshot of the state at the first commit.
+                # marker is for other data: start a new chain from a snapshot of the state at the first commit. So
+                # too for an empty store whose recipe is past seq 0: deltas after seq 1 without a snapshot are what a
+                # recipe whose snapshot was removed looks like, and restore refuses them.
                 if recipe is not None and not ours:
                     log.warning("store %s: restored by the %s backend, not from this backend's recipe; the changelog "
                                 "chain starts anew from a snapshot at the next commit", name, restorer,

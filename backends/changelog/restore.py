@@ -195,7 +195,16 @@ def _check_recipe(recipe: Recipe, checkpoint_id: str, store: str, marker: str) -
       would miss a commit's changes;
     - a last step that is not this checkpoint's version: every commit appends its own version to the recipe it writes
       into its checkpoint, so a recipe ending anywhere else had steps dropped from its end or is another
-      checkpoint's."""
+      checkpoint's;
+    - deltas without a snapshot that do not start at seq 1: the first delta applies on the version before it, which
+      only the empty store is when that is version 0 (a ``"snapshot": null`` edited into a recipe would replay the
+      deltas on an empty store, without what the snapshot held). A chain that starts on an empty store at a later
+      seq is not written: the backup manager re-bases it on a snapshot;
+    - a snapshot step without a blob (format 1 can spell it; no release wrote it): it would load the empty store.
+
+    A delta step marked as having no blob (a commit that changed nothing) cannot be told from one whose blob was
+    dropped from the recipe: nothing else records that the commit changed something (docs/formats-changelog.md,
+    "Known limit")."""
     for before, after in itertools.pairwise(recipe.steps()):
         if after.seq != before.seq + 1:
             raise CorruptDataError(
@@ -203,6 +212,22 @@ def _check_recipe(recipe: Recipe, checkpoint_id: str, store: str, marker: str) -
                 f"seq {after.seq}; a delta of the chain is missing from the marker and the state would miss its "
                 f"changes. Nothing was restored from it: restore an older checkpoint or from another backend's marker"
             )
+    snapshot = recipe.snapshot
+    if snapshot is not None and snapshot.name is None:
+        raise CorruptDataError(
+            f"store {store}: the changelog recipe of checkpoint {checkpoint_id} has a snapshot at seq {snapshot.seq} "
+            f"that names no blob; a snapshot step always names its file, so the marker was altered, and the empty "
+            f"store would stand in for the snapshot. Nothing was restored from it: restore an older checkpoint or "
+            f"from another backend's marker"
+        )
+    if snapshot is None and recipe.deltas and recipe.deltas[0].seq != 1:
+        first = recipe.deltas[0].seq
+        raise CorruptDataError(
+            f"store {store}: the changelog recipe of checkpoint {checkpoint_id} starts at seq {first} without a "
+            f"snapshot: its first delta applies on version {first - 1}, not on the empty store (version 0), and the "
+            f"state would miss what version {first - 1} held (a snapshot removed from the marker?). Nothing was "
+            f"restored from it: restore an older checkpoint or from another backend's marker"
+        )
     head = recipe.head
     if head is None or head.checkpoint_id != checkpoint_id:
         ends = f"ends at the version of checkpoint {head.checkpoint_id}" if head is not None else "has no step"
