@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from concurrent import futures
 from pathlib import Path
 
 import pytest
@@ -453,7 +454,10 @@ def test_gc_deletes_runs_merged_away_once_out_of_retention_and_never_one_a_retai
         for round_no in range(14):
             rounds(task, model, round_no, 1)
             states[str(round_no)] = dict(model)
-            task.commit_manager.wait()  # the commit's cleanup (retention and a sweep) is done
+            task.commit_manager.wait()
+            with task.commit_manager._lock:  # the commit's cleanups (retention and a sweep) run after it: wait for them
+                cleanups = list(task.commit_manager._cleanups)
+            futures.wait(cleanups, timeout=60)
             needed = _runs_the_log_needs(blobs)
             present = set(blobs.list(PREFIX + "runs/"))
             assert needed <= present, f"round {round_no}: runs a retained index needs are gone: {needed - present}"
