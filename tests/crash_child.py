@@ -53,6 +53,10 @@ VALUE_REPEAT_ENV = "CRASH_CHILD_VALUE_REPEAT"
 #: there instead of the crashing ``file://`` store under the work dir (tests/test_random_kills.py)
 BLOB_CONFIG_ENV = "CRASH_CHILD_BLOB_CONFIG"
 DEFAULT_VALUE_REPEAT = 3
+#: under the workdir: written once the child has imported everything and starts its work (before it opens the task),
+#: so a parent that kills at random moments can count its delay from there, not from an interpreter start whose
+#: length depends on the machine's load
+STARTED_FILE = "child.started"
 
 
 def config(
@@ -154,6 +158,7 @@ def _kind(name: str) -> str:
 
 
 def run(workdir: Path, report: Path, commits: int) -> None:
+    (workdir / STARTED_FILE).write_text(str(os.getpid()))
     settings = config(workdir, os.environ.get(BACKUP_FACTORIES_ENV) or "changelog",
                       os.environ.get(RESTORE_FACTORY_ENV) or None)
     blob_config = os.environ.get(BLOB_CONFIG_ENV)

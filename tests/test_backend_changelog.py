@@ -837,3 +837,25 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
             manager.close()
     after = Recipe.decode(markers["counts"], prefix=PREFIX)
     assert after.snapshot is not None and after.snapshot.seq == 4 and after.deltas == ()
+
+
+def test_a_restore_removes_the_snapshot_copy_a_restore_killed_during_its_download_left_in_the_store_dir(
+        tmp_path: Path) -> None:
+    """A full restore downloads the snapshot into a temporary dir inside the store dir; a SIGKILL there (no finally
+    runs) leaves that copy, as big as the state. The next restore of the store (which holds its lock, so no other
+    restore can be using it) removes it: a task that keeps being killed while it restores must not fill the disk."""
+    from statebackend.backends.changelog.marker import Recipe
+
+    blobs, checkpoint, models, _ = _chain_of(tmp_path, 4, empty=set(), interval=2)
+    recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+    assert recipe.snapshot is not None and recipe.snapshot.name is not None
+    local = tmp_path / "killed-restore"
+    local.mkdir()
+    left = local / ".restore-k1ll3d"
+    left.mkdir()
+    (left / "snapshot").write_bytes(blobs.get(recipe.snapshot.name))
+    (left / "snapshot.partial").write_bytes(b"cut")
+    failed, version, data, _ = _restore_into(blobs, checkpoint, local)
+    assert (failed, version, data) == (None, recipe.head.version, models[recipe.head.version])
+    assert not left.exists()
+    assert not list(local.glob(".restore-*"))

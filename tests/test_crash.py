@@ -134,7 +134,10 @@ def _child(
 
 
 def _durable_commit(workdir: Path) -> int:
-    """The commit number of the newest checkpoint in the checkpoint log (0: none), read by this process."""
+    """The commit number of the newest checkpoint in the checkpoint log (0: none), read by this process. No blob
+    store root yet is no checkpoint: a child killed while it still imports never got to create it."""
+    if not blobs_dir(workdir).is_dir():
+        return 0
     entry = CheckpointLog(FileBlobStore(str(blobs_dir(workdir)), create=False), "job", TASK).latest()
     return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
 

@@ -5,7 +5,7 @@ tests/test_crash.py kills at each named step of the commit protocol; a kill at a
 LMDB writes, renames, background snapshots, compactions, sweeps and restores, wherever the process happens to be.
 The child is tests/crash_child.py (deterministic data: the state of checkpoint ``n`` is ``expected_state(n)``). Per
 backend a chain of rounds runs on one work dir: each round starts a child on the kept local dir (it restores, then
-commits until killed), kills it after a random delay, and checks:
+commits until killed), kills it a random delay after it starts its work (its imports done), and checks:
 
 1. the newest checkpoint in the log is at or past the last commit the child acknowledged (``durable.log``);
 2. the local ``CHECKPOINT-V2`` never claims more than the log holds;
@@ -34,7 +34,7 @@ import pytest
 from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
 from statebackend.blobstores.base import open_blob_store
-from tests.crash_child import BACKUP_FACTORIES_ENV, BLOB_CONFIG_ENV, STORE, TASK, expected_state
+from tests.crash_child import BACKUP_FACTORIES_ENV, BLOB_CONFIG_ENV, STARTED_FILE, STORE, TASK, expected_state
 from tests.test_crash import REPO, _contents, _durable_commit, _report, _reported_durable, work
 
 __all__ = ["work"]  # the RAM-backed temp dir fixture of tests/test_crash.py
@@ -96,10 +96,12 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
     for round_number in range(ROUNDS):
         report_path = work / f"round-{round_number}.json"
         delay = rng.uniform(0.2, 2.5)
+        (workdir / STARTED_FILE).unlink(missing_ok=True)
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.crash_child", str(workdir), str(report_path), "100000"],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
+        _wait_until_started(child, workdir)
         time.sleep(delay)
         acknowledged_before_kill = _reported_durable(workdir)
         child.send_signal(signal.SIGKILL)
@@ -147,3 +149,16 @@ def _child_with(workdir: Path, report: Path, env: dict[str, str]) -> subprocess.
         [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), "0"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=90, check=False,
     )
+
+
+def _wait_until_started(child: subprocess.Popen[str], workdir: Path) -> None:
+    """Until the child has imported everything and starts its work: the random delay counts from there, so a loaded
+    machine, where the interpreter and its imports take seconds, does not turn most rounds into kills during imports
+    (which test nothing and leave rounds without a commit). Kills still land in the open and restore."""
+    deadline = time.monotonic() + 120
+    while not (workdir / STARTED_FILE).exists():
+        if child.poll() is not None:
+            _, stderr = child.communicate()
+            raise AssertionError(f"the child exited before it started its work:\n{stderr[-3000:]}")
+        assert time.monotonic() < deadline, "the child did not start its work within 120 s"
+        time.sleep(0.01)

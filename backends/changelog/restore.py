@@ -13,14 +13,16 @@ it reaches, so a crash mid-restore leaves a store at a step of the recipe that t
 continues from. Applying the deltas together copies each LMDB page they touch once instead of once per delta: a
 replay's cost is mostly those copies (random updates), so a long chain restores several times faster. Every blob is
 verified (magic, lineage, checksum, record count) before anything of it is applied; a snapshot is streamed inside
-the loading transaction, which aborts on a failed check. Downloads run on a private pool, never on the shared commit
-pool.
+the loading transaction, which aborts on a failed check; its download waits in a temporary dir in the store dir, and
+the next restore of the store removes one that a killed restore left there. Downloads run on a private pool, never on
+the shared commit pool.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -48,6 +50,9 @@ from statebackend.store import LocalStore
 __all__ = ["ChangelogRestoreManager"]
 
 log = logging.getLogger(__name__)
+
+#: the temporary dir (in the store dir) a snapshot is downloaded into during a restore
+_DOWNLOAD_PREFIX = ".restore-"
 
 
 class RestoreInterrupted(StateBackendError, InterruptedError):
@@ -153,7 +158,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
         if snapshot is None or snapshot.name is None:
             store.replace_contents([], None)
             return
-        with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=".restore-") as tmp:
+        _remove_abandoned_downloads(Path(store.path))
+        with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=_DOWNLOAD_PREFIX) as tmp:
             local_copy = Path(tmp) / "snapshot"
             size = self._get(name, snapshot.name, KIND_SNAPSHOT, into=local_copy)
             self.context.metrics.increment("restore.bytes", size)
@@ -179,6 +185,15 @@ class ChangelogRestoreManager(TaskRestoreManager):
     def _check_interrupt(self, name: str) -> None:
         if self._interrupted.is_set():
             raise RestoreInterrupted(f"restore of store {name} interrupted; the next restore continues from here")
+
+
+def _remove_abandoned_downloads(store_dir: Path) -> None:
+    """Delete the snapshot downloads a restore killed mid-way (SIGKILL: no ``finally`` ran) left in the store dir.
+    Each is as big as the state, and a task killed again and again while it restores would pile them up until the
+    disk is full. The caller holds the store's lock, so no other restore is downloading into this dir."""
+    for leftover in store_dir.glob(f"{_DOWNLOAD_PREFIX}*"):
+        if leftover.is_dir() and not leftover.is_symlink():
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def _puts_only(reader: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
