@@ -109,7 +109,7 @@ def test_only_the_blob_store_url_is_required_and_everything_else_has_its_default
     assert s.checkpoint_write_versions == (2,)
     assert s.checkpoint_read_versions == (2, 1)
     assert s.checkpoint_retained == 10
-    assert s.thread_switch_interval_us == 500
+    assert s.thread_switch_interval_us == 200
     assert s.backend_options == {}
     assert s.raw == {"blob.store.url": URL}
 
@@ -650,8 +650,8 @@ def test_opening_a_task_lowers_the_thread_switch_interval_and_never_raises_it(tm
         with TaskStorage.open({**config, "task.thread.switch.interval.us": 0}, "t"):
             assert sys.getswitchinterval() == pytest.approx(0.005)
         with TaskStorage.open(config, "t"):
-            assert sys.getswitchinterval() == pytest.approx(0.0005)
+            assert sys.getswitchinterval() == pytest.approx(0.0002)
         with TaskStorage.open({**config, "task.thread.switch.interval.us": 2000}, "t"):
-            assert sys.getswitchinterval() == pytest.approx(0.0005)  # only ever lowered
+            assert sys.getswitchinterval() == pytest.approx(0.0002)  # only ever lowered
     finally:
         sys.setswitchinterval(before)

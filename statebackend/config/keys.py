@@ -86,7 +86,7 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
     ),
     "task.thread.switch.interval.us": OptionSpec(
         _parse_switch_interval,
-        500,
+        200,
         "at most this many microseconds between two GIL handovers of the process while threads compete (Python's "
         "sys.setswitchinterval, only ever lowered; 0: left as it is), so the commit's and the appliers' threads are "
         "not held up by milliseconds at each system call beside CPU-bound processing",
