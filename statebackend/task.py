@@ -337,8 +337,8 @@ def shorten_thread_switch_interval(microseconds: int) -> None:
     many short system calls beside CPU-bound processing on the task thread. Python's default interval (5 ms) is how
     long a thread coming back from a system call may wait for the GIL while another thread runs Python: with CPU-bound
     processing beside it, a durable commit's few dozen calls each waited up to that (``python -m bench.contention``:
-    durable p50 194 ms at 5 ms, 26 ms at 200 us, 7 ms with no thread beside it; a handover's close 1,776 ms against
-    99 ms). The setting is process-wide and only ever lowered."""
+    durable p50 216 ms at 5 ms, 31 ms at 200 us, 7 ms with no thread beside it; a handover's close 16.1 ms
+    against 1.3 ms). The setting is process-wide and only ever lowered."""
     if microseconds <= 0:
         return
     wanted = microseconds / 1_000_000
