@@ -246,10 +246,16 @@ class CheckpointLog:
     def find_and_head(
         self, predicate: Callable[[LogEntry], bool], at_least: int = 0
     ) -> tuple[LogEntry | None, int]:
-        """:meth:`find` and the head of the same listing (see :meth:`latest_and_head`)."""
+        """:meth:`find` and the head of the same listing (see :meth:`latest_and_head`). When the newest entry vanished
+        between the listing and its read and a re-list found newer ones (a zombie's checkpoint removed by its own
+        fencing while the next one landed), the head is at least the entry found: a head below it would fence a writer
+        on a log it already knows moved on."""
         listing = self._listing(at_least)
         head = max(listing, default=0)
-        return next((entry for entry in self._newest_first(listing) if predicate(entry)), None), head
+        found = next((entry for entry in self._newest_first(listing) if predicate(entry)), None)
+        if found is not None and found.seq > head:
+            head = found.seq
+        return found, head
 
     def head(self, at_least: int = 0) -> int:
         """The highest seq present in any version (0 for an empty log)."""

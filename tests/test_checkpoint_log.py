@@ -6,6 +6,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from statebackend.checkpoint import (
@@ -325,3 +326,31 @@ def test_local_checkpoint_file_is_the_canonical_json(tmp_path: Path) -> None:
     write_local_checkpoint(tmp_path, checkpoint(4))
     document = json.loads((tmp_path / LOCAL_CHECKPOINT_FILE).read_text("utf-8"))
     assert document["version"] == 2 and document["checkpoint_id"] == "1004-4"
+
+
+def test_a_newest_checkpoint_that_vanishes_under_a_newer_one_gives_that_one_and_a_head_that_reaches_it(
+    store: MemoryBlobStore,
+) -> None:
+    """A zombie's checkpoint #3 is listed, then removed by its own fencing while #4 lands: the re-list finds #4, and
+    the head handed out with it is at least #4 (a head below the chosen entry made the next writer's fence fail as a
+    bad argument)."""
+    writer = CheckpointLog(store, "job", "task-0")
+    for n in (1, 2, 3):
+        writer.write(n, checkpoint(n))
+    zombie = writer.blob_name(3, 2)
+
+    class Racing(MemoryBlobStore):
+        def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+            if name == zombie:  # between the listing and this read: #3 removed, #4 written
+                store.delete(zombie)
+                CheckpointLog(store, "job", "task-0").write(4, checkpoint(4))
+                raise NotFoundError(f"blob {name!r} not found")
+            return store.get(name, start=start, end=end)
+
+        def list(self, prefix: str = "") -> Any:
+            return store.list(prefix)
+
+    reader = CheckpointLog(Racing(), "job", "task-0")
+    entry, head = reader.latest_and_head()
+    assert entry is not None and entry.seq == 4 and entry.checkpoint == checkpoint(4)
+    assert head >= entry.seq
