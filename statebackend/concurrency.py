@@ -8,17 +8,20 @@
 - :func:`when_all`: a callback once every future is done, without a thread waiting (commit steps are chained so).
 - :func:`run_all`: run tasks on a pool, wait for all, return results in order; the first failure is raised once all
   have ended.
+- :func:`until_cancelled`: a stream of records that background work (a snapshot, a compaction) reads, stopping with an
+  error at the next chunk once the work is cancelled.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import chain, islice
 from typing import Any, TypeVar
 
-__all__ = ["LazyPool", "SharedPools", "run_all", "when_all"]
+__all__ = ["CANCEL_CHUNK", "LazyPool", "SharedPools", "run_all", "until_cancelled", "when_all"]
 
 T = TypeVar("T")
 
@@ -89,3 +92,26 @@ def run_all(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]])
     futures = [pool.submit(task) for task in tasks]
     concurrent.futures.wait(futures)
     return [future.result() for future in futures]
+
+
+#: records background work reads between two checks that it was not cancelled (a close that cancels it waits for at
+#: most about this many records to be processed)
+CANCEL_CHUNK = 8192
+
+
+def until_cancelled(records: Iterable[T], cancelled: Callable[[], bool],
+                    error: Callable[[], BaseException]) -> Iterator[T]:
+    """``records``, taken :data:`CANCEL_CHUNK` at a time, raising ``error()`` before a chunk once ``cancelled()``
+    (one check per chunk: the records themselves flow through C)."""
+    source = iter(records)
+
+    def chunks() -> Iterator[list[T]]:
+        while True:
+            if cancelled():
+                raise error()
+            chunk = list(islice(source, CANCEL_CHUNK))
+            if not chunk:
+                return
+            yield chunk
+
+    return chain.from_iterable(chunks())

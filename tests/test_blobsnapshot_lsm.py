@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import pytest
 from statebackend.backends.blobsnapshot.backup import COMPACTED_FILE, BlobSnapshotBackupManager
@@ -539,3 +540,52 @@ def test_undamaged_compacted_history_restores_exactly(
     with TaskStorage.open(config, "task-0", blob_store=copy_blob_store(blobs)) as task:
         assert task.metrics.counter("restore.runs.applied") == 3
         assert contents(task) == model and len(model) == index.key_count
+
+
+def test_a_handover_close_cancels_a_running_compaction_and_every_checkpoint_stays_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process waits for a parked task (``close(handover=True)``): a running compaction (a full one reads an
+    endless LMDB view here, a merge endless records) stops at its next chunk instead of being waited for; nothing of it
+    is uploaded or recorded, and the state restores exactly, from the local dir kept and wiped."""
+    from statebackend.backends.blobsnapshot import backup as blobsnapshot_backup
+
+    from statebackend.store.view import ReadView
+
+    started = threading.Event()
+
+    def endless(*args: Any, **kwargs: Any) -> Any:
+        def records() -> Any:
+            started.set()
+            i = 0
+            while True:
+                yield b"zz%012d" % i, b"v"
+                i += 1
+
+        return records()
+
+    monkeypatch.setattr(ReadView, "items", endless)
+    monkeypatch.setattr(blobsnapshot_backup, "_merge", endless)
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path, **EAGER)
+    model: dict[bytes, bytes] = {}
+    task = TaskStorage.open(config, "task-0", blob_store=blobs)
+    for round_no in range(6):
+        rounds(task, model, round_no, 1)
+        if started.is_set():
+            break
+    assert started.wait(30), "no compaction started"
+    runs_before = set(blobs.list(PREFIX + "runs/"))
+    closer = threading.Thread(target=task.close, kwargs={"sync_local": False, "handover": True}, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "the handover close waited for the compaction"
+    monkeypatch.undo()
+    assert set(blobs.list(PREFIX + "runs/")) == runs_before  # nothing of the compaction uploaded
+    assert not (tmp_path / "local" / "job" / "task-0" / "counts" / COMPACTED_FILE).exists()
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as reopened:
+        assert contents(reopened) == model
+        rounds(reopened, model, 6, 2)
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as restored:
+        assert contents(restored) == model

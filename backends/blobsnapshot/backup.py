@@ -69,7 +69,7 @@ from statebackend.backends.blobsnapshot.format import index_name as make_index_n
 from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
 from statebackend.blobstores.base import BlobStore
-from statebackend.concurrency import SharedPools
+from statebackend.concurrency import SharedPools, until_cancelled
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import (
@@ -186,6 +186,10 @@ class _Compacted:
                    RunEntry.from_json(document["output"]), generation, document.get("uploaded_at"))
 
 
+class CompactionCancelled(StateBackendError):
+    """A compaction stopped because the task was handed to another opener; nothing of it was uploaded."""
+
+
 @attrs.define(eq=False)
 class _StoreState:
     """The backup state of one store."""
@@ -258,6 +262,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     _states: dict[str, _StoreState] = attrs.field(init=False, factory=dict)
     _init_sweep: Future[SweepReport] | None = attrs.field(init=False, default=None)
     _closed: bool = attrs.field(init=False, default=False)
+    #: compactions stop at their next check (:meth:`cancel_background`)
+    _cancelled: bool = attrs.field(init=False, default=False)
 
     # -- contract -----------------------------------------------------------------------------------------------
 
@@ -742,9 +748,25 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         self.context.metrics.increment("blobsnapshot.compaction.adopted")
         return replaced
 
+    def cancel_background(self) -> None:
+        """Stop a running compaction at its next chunk of records, before it uploads anything (see the contract),
+        unless a store holds more than twice ``compaction.fanout`` runs: compactions put off that long are waited
+        for, so handovers that keep interrupting them cannot let the runs (and a restore's work) grow without
+        bound."""
+        limit = 2 * self.compaction_fanout
+        for state in self._states.values():
+            with state.state_lock:
+                if len(state.runs) > limit:
+                    return
+        self._cancelled = True
+
+    def _until_cancelled(self, records: Iterable[Any], state: _StoreState) -> Iterator[Any]:
+        return until_cancelled(records, lambda: self._cancelled, lambda: CompactionCancelled(
+            f"store {state.name}: compaction stopped: the task was handed to another opener"))
+
     def _maybe_compact(self, state: _StoreState, view: ReadView) -> bool:
         """Start a compaction when one is due and none runs; whether ``view`` was handed to it."""
-        if self._closed:
+        if self._closed or self._cancelled:
             return False
         with state.state_lock:
             if state.compaction is not None:
@@ -773,8 +795,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         last = inputs[-1]
         try:
             with _in_flight([state.staging, state.cache]):
-                output = self._write_run(state, view.items(), first_seq=1, last_seq=last.last_seq,
-                                         version=last.version, level=_BASE_LEVEL, base=True)
+                output = self._write_run(state, self._until_cancelled(view.items(), state), first_seq=1,
+                                         last_seq=last.last_seq, version=last.version, level=_BASE_LEVEL, base=True)
         finally:
             view.close()
         return self._publish_compaction(state, inputs, output, generation)
@@ -792,12 +814,16 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                              total=sum(run.records for run in inputs), drop_tombstones=inputs[0].first_seq == 1)
             del sources
             last = inputs[-1]
-            output = self._write_run(state, records, first_seq=inputs[0].first_seq, last_seq=last.last_seq,
-                                     version=last.version, level=max(run.level for run in inputs) + 1, base=False)
+            output = self._write_run(state, self._until_cancelled(records, state), first_seq=inputs[0].first_seq,
+                                     last_seq=last.last_seq, version=last.version,
+                                     level=max(run.level for run in inputs) + 1, base=False)
         return self._publish_compaction(state, inputs, output, generation)
 
     def _publish_compaction(self, state: _StoreState, inputs: tuple[RunEntry, ...], output: RunEntry,
                             generation: int) -> _Compacted:
+        if self._cancelled:  # written, not uploaded: the cached file goes with the next cleanup of the cache
+            raise CompactionCancelled(f"store {state.name}: compaction stopped before its upload: the task was "
+                                      "handed to another opener")
         with state.state_lock:
             state.compaction_output = output.hash
         crashpoint("blobsnapshot.compaction.written")

@@ -39,14 +39,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
-from itertools import chain, islice
 from pathlib import Path
 
 import attrs
 from statebackend.backends.changelog.marker import Recipe, Step, check_blob_binding, delta_name, snapshot_name
 from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
-from statebackend.concurrency import SharedPools
+from statebackend.concurrency import SharedPools, until_cancelled
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import (
@@ -77,9 +76,6 @@ STAGING_DIR = "changelog-staging"
 
 #: the snapshot interval in commits while the sizes the ratio weighs are unknown
 UNKNOWN_SIZES_INTERVAL_COMMITS = 20
-#: records a background snapshot reads between two checks that it was not cancelled (a handover waits for at most
-#: about this many records to be encoded)
-SNAPSHOT_CANCEL_CHUNK = 8192
 
 
 class SnapshotCancelled(StateBackendError):
@@ -720,18 +716,9 @@ class ChangelogBackupManager(TaskBackupManager):
         return Step(step.seq, step.checkpoint_id, step.token, name)
 
     def _until_closed(self, records: Iterator[tuple[bytes, bytes]], name: str) -> Iterator[tuple[bytes, bytes]]:
-        """``records``, taken a chunk at a time, with a check before each chunk that the snapshot was not cancelled
-        (one check per chunk: the records themselves flow through C)."""
-
-        def chunks() -> Iterator[list[tuple[bytes, bytes]]]:
-            while True:
-                self._raise_if_closed(name)
-                chunk = list(islice(records, SNAPSHOT_CANCEL_CHUNK))
-                if not chunk:
-                    return
-                yield chunk
-
-        return chain.from_iterable(chunks())
+        """``records``, stopping with :class:`SnapshotCancelled` at the next chunk once the snapshot is cancelled."""
+        return until_cancelled(records, lambda: self._cancelled, lambda: SnapshotCancelled(
+            f"background snapshot {name} stopped: the task was handed to another opener"))
 
     def _raise_if_closed(self, name: str) -> None:
         if self._cancelled:
