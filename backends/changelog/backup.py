@@ -81,6 +81,7 @@ UNKNOWN_SIZES_INTERVAL_COMMITS = 20
 class SnapshotCancelled(StateBackendError):
     """A background snapshot stopped because the task was handed to another opener; nothing of it was uploaded."""
 
+
 _maintenance_pools = SharedPools("statebackend-maintenance")
 
 
@@ -692,18 +693,18 @@ class ChangelogBackupManager(TaskBackupManager):
         """Write and upload a snapshot of ``step``'s version from a read view. It stops (``SnapshotCancelled``) once
         :meth:`cancel_background` was called: a parked task handed to another process that waits for it then waits
         for at most a chunk of records, not the whole snapshot (the next owner of the chain snapshots when due)."""
-        self._raise_if_closed(name)  # queued behind another task's snapshot while this one closed
+        self._raise_if_cancelled(name)  # queued behind another task's snapshot while this one closed
         view = view_future.result()
         try:
             # in flight while it is written and uploaded: on a slow network, commits past its seq become durable
             # meanwhile, and their cleanups must not take it for a file a re-base left behind
             with _staged_in_flight([lineage.staging / Path(name).name]):
-                staged = self._stage(lineage, step, "snapshot", self._until_closed(view.items(), name), name)
+                staged = self._stage(lineage, step, "snapshot", self._until_cancelled(view.items(), name), name)
                 with lineage.lock:
                     lineage.fresh.discard(name)
                 view.close()  # the LMDB read transaction ends here, not after the upload
                 try:
-                    self._raise_if_closed(name)
+                    self._raise_if_cancelled(name)
                 except SnapshotCancelled:
                     staged.unlink(missing_ok=True)
                     raise
@@ -715,14 +716,17 @@ class ChangelogBackupManager(TaskBackupManager):
             lineage.uploaded.add(name)
         return Step(step.seq, step.checkpoint_id, step.token, name)
 
-    def _until_closed(self, records: Iterator[tuple[bytes, bytes]], name: str) -> Iterator[tuple[bytes, bytes]]:
+    def _until_cancelled(self, records: Iterator[tuple[bytes, bytes]], name: str) -> Iterator[tuple[bytes, bytes]]:
         """``records``, stopping with :class:`SnapshotCancelled` at the next chunk once the snapshot is cancelled."""
-        return until_cancelled(records, lambda: self._cancelled, lambda: SnapshotCancelled(
-            f"background snapshot {name} stopped: the task was handed to another opener"))
+        return until_cancelled(records, lambda: self._cancelled, lambda: self._cancellation(name))
 
-    def _raise_if_closed(self, name: str) -> None:
+    def _raise_if_cancelled(self, name: str) -> None:
         if self._cancelled:
-            raise SnapshotCancelled(f"background snapshot {name} stopped: the task was handed to another opener")
+            raise self._cancellation(name)
+
+    @staticmethod
+    def _cancellation(name: str) -> SnapshotCancelled:
+        return SnapshotCancelled(f"background snapshot {name} stopped: the task was handed to another opener")
 
     def cancel_background(self) -> None:
         """Stop the background snapshots (see the contract), unless a chain has reached
