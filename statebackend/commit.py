@@ -316,6 +316,7 @@ class TaskCommitManager:
             return
 
         def after_uploads() -> None:
+            self.metrics.record("commit.upload.ms", (self.clock() - pending.started) * 1000.0)
             _close_all(changes)
             errors = [error for f in uploads.values() if (error := f.exception()) is not None]
             if errors:
@@ -332,6 +333,7 @@ class TaskCommitManager:
     def _write_checkpoint(
         self, pending: PendingCommit, input_offsets: dict[str, str], markers: dict[str, StoreMarkers]
     ) -> None:
+        writing_started = self.clock()
         try:
             checkpoint = CheckpointV2(
                 checkpoint_id=pending.checkpoint_id,
@@ -370,6 +372,7 @@ class TaskCommitManager:
         # (that would retry the same, taken, sequence number).
         crashpoint("commit.after_checkpoint_write")
         self._became_durable(pending.seq, checkpoint)
+        self.metrics.record("commit.checkpoint.ms", (self.clock() - writing_started) * 1000.0)
         with self._lock:  # an older commit's failure nobody saw is moot now: this checkpoint holds its changes
             if self._failure is not None and self._failure[1] is not pending:
                 log.warning("task %s: commit %s failed earlier (%s); checkpoint %s now holds its changes",

@@ -267,3 +267,17 @@ def test_a_flush_failing_in_one_store_releases_the_batches_the_other_stores_held
             task.commit({"input": "0"})
         wait_until(lambda: not first._applier.pending)  # the held batch of the store flushed first reached LMDB
         assert first.version is not None and first.get(b"k") == b"1"
+
+
+def test_a_durable_commit_records_its_upload_and_checkpoint_parts_within_its_total(tmp_path: Path) -> None:
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config_for(tmp_path), "task-0", blob_store=MemoryBlobStore()) as task:
+        for round_no in range(3):
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+        uploads = task.metrics.samples("commit.upload.ms")
+        checkpoints = task.metrics.samples("commit.checkpoint.ms")
+        totals = task.metrics.samples("commit.total.ms")
+    assert len(uploads) == len(checkpoints) == len(totals) == 3
+    for upload, checkpoint, total in zip(uploads, checkpoints, totals):
+        assert 0 <= upload and 0 <= checkpoint and upload + checkpoint <= total + 1e-6  # in sequence, inside it
