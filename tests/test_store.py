@@ -468,3 +468,22 @@ def test_a_held_flush_waits_in_the_overlay_until_started_and_a_read_view_of_it_r
     with LocalStore.open(tmp_path / "s", name="s") as reopened:  # close applied the held batch
         assert reopened.version == v(3) and reopened.get(b"c") == b"3"
 
+
+
+def test_a_flush_sorts_nothing_its_change_set_sorts_once_on_first_use_and_counts_exactly(tmp_path: Path) -> None:
+    with LocalStore.open(tmp_path / "s", name="s") as store:
+        store.put(b"a", b"old")
+        store.flush(v(1)).close()
+        store.put_many([b"d", b"b", b"c", b"a"], [b"4", b"2", b"3", b"1"])
+        store.put(b"b", b"22")  # overwritten: counted once
+        store.delete(b"c")  # a delete: its key counts, no value
+        change = store.flush(v(2), hold_apply=True)
+        assert change._final is not None and change._final._records is None, "the flush sorted in the sync part"
+        assert len(change) == 4 and change.raw_bytes == 4 + len(b"1") + len(b"22") + len(b"4")
+        expected = [(b"a", b"1"), (b"b", b"22"), (b"c", None), (b"d", b"4")]
+        assert list(change) == expected and list(change) == expected
+        assert store.get(b"b") == b"22" and store.get(b"c") is None  # the overlay, while the apply is held
+        store.start_apply()
+        wait_until(lambda: not store._applier.pending)
+        assert list(store.items()) == [(b"a", b"1"), (b"b", b"22"), (b"d", b"4")]
+        change.close()

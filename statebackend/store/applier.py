@@ -34,6 +34,7 @@ import attrs
 
 from statebackend.concurrency import SharedPools
 from statebackend.errors import StateBackendError, StorageError
+from statebackend.store.batch import SortedBatch
 from statebackend.store.env import LocalVersion
 from statebackend.store.view import ReadView
 
@@ -42,14 +43,18 @@ log = logging.getLogger("statebackend.store")
 
 @attrs.define(eq=False)
 class PendingBatch:
-    """A flushed batch on its way into LMDB: its sorted records, the batch dict itself (the overlay reads it) and the
-    view requests waiting for it."""
+    """A flushed batch on its way into LMDB: its records (sorted on first use), the batch dict itself (the overlay reads
+    it) and the view requests waiting for it."""
 
     version: LocalVersion
-    records: list[tuple[bytes, bytes | None]]
+    sorted_batch: SortedBatch
     index: dict[bytes, Any]
     applied: bool = False
     view_requests: list[Future[ReadView]] = attrs.field(factory=list)
+
+    @property
+    def records(self) -> list[tuple[bytes, bytes | None]]:
+        return self.sorted_batch.records()
 
 
 _applier_pools = SharedPools("statebackend-apply")

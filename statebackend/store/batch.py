@@ -14,6 +14,7 @@ Contract:
 from __future__ import annotations
 
 import heapq
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
@@ -52,6 +53,28 @@ def sorted_records(batch: dict[bytes, Any]) -> list[tuple[bytes, bytes | None]]:
     if TOMBSTONE in values:  # identity first: bytes never equal the tombstone
         return [(k, None if v is TOMBSTONE else v) for k, v in zip(keys, values)]
     return list(zip(keys, values))
+
+
+class SortedBatch:
+    """A frozen write batch and its change records sorted by key (:func:`sorted_records`), sorted once, on first use,
+    by whichever thread needs them first (the commit's upload encoding the delta, the applier, a snapshot's view):
+    not in the sync part of the commit, which stops processing. Sorting 12,500 keys in random order costs 3.6 ms."""
+
+    __slots__ = ("_lock", "_records", "batch")
+
+    def __init__(self, batch: dict[bytes, Any]) -> None:
+        self.batch = batch  # never written again: a flush hands the store a new dict
+        self._lock = threading.Lock()
+        self._records: list[tuple[bytes, bytes | None]] | None = None
+
+    def records(self) -> list[tuple[bytes, bytes | None]]:
+        records = self._records
+        if records is None:
+            with self._lock:
+                records = self._records
+                if records is None:
+                    records = self._records = sorted_records(self.batch)
+        return records
 
 
 def overlay(layers: Iterable[dict[bytes, Any]], start: bytes | None, end: bytes | None, *, as_dict: bool = False) -> Any:
@@ -129,20 +152,24 @@ class ChangeSet:
         self,
         version: LocalVersion,
         runs: list[Path],
-        final: list[tuple[bytes, bytes | None]],
+        final: SortedBatch,
         view_source: Callable[[], Future[ReadView]] | None = None,
+        *,
+        final_bytes: int | None = None,
     ) -> None:
         self.version = version
         self._view_source = view_source
         self._runs = tuple(runs)
-        self._final = final
+        self._final: SortedBatch | None = final
         self._closed = False
         self._finalizer = weakref.finalize(self, unlink_all, self._runs)
-        # The exact numbers after dedupe, at flush time: O(change). Without spill runs the final batch is the whole
-        # change and C calls count it (this runs in the sync part of every commit); with runs, one merged pass.
+        # The exact numbers after dedupe, at flush time: O(change), and without sorting anything when there are no
+        # spill runs (this runs in the sync part of every commit): the final batch is then the whole change, one
+        # record per key, and ``final_bytes`` (what the store counted as it wrote) its bytes. With runs, one merged
+        # pass.
         if not runs:
-            self._length = len(final)
-            self.raw_bytes = _raw_bytes(final)
+            self._length = len(final.batch)
+            self.raw_bytes = final_bytes if final_bytes is not None else _raw_bytes(final.records())
         else:
             length = 0
             raw = 0
@@ -156,7 +183,7 @@ class ChangeSet:
         if self._closed:
             raise StateBackendError(f"change set of {self.version} is closed; take the records before closing it")
         if not self._runs:
-            return iter(self._final)  # no generator frame per record
+            return iter(self._final_records())  # no generator frame per record
         return self._merged()
 
     def __len__(self) -> int:
@@ -180,7 +207,7 @@ class ChangeSet:
 
     def close(self) -> None:
         self._closed = True
-        self._final = []
+        self._final = None
         self._finalizer()
 
     def __enter__(self) -> Self:
@@ -189,13 +216,17 @@ class ChangeSet:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _final_records(self) -> list[tuple[bytes, bytes | None]]:
+        final = self._final
+        return [] if final is None else final.records()
+
     def _merged(self) -> Iterator[tuple[bytes, bytes | None]]:
         if not self._runs:
-            yield from self._final
+            yield from self._final_records()
             return
         # Rank -i sorts later runs first among equal keys; the first record of each key is the one that wins.
         streams = [_ranked(read_run(path), -i) for i, path in enumerate(self._runs)]
-        streams.append(_ranked(iter(self._final), -len(self._runs)))
+        streams.append(_ranked(iter(self._final_records()), -len(self._runs)))
         previous: bytes | None = None
         for key, _rank, value in heapq.merge(*streams):
             if key == previous:

@@ -9,7 +9,8 @@ Contract:
   keys. An iteration works on a snapshot (an LMDB read transaction plus a sorted copy of the batch in its range), so
   writing while iterating is safe and not seen by that iteration.
 - ``flush(version)`` freezes the batch and returns the ``ChangeSet``: every key written since the previous flush,
-  sorted, one record per key. It costs the sort of the change and nothing that grows with the state: the frozen
+  sorted (on first use, by whichever thread needs the records first), one record per key. It costs O(1) besides
+  counting the change, and nothing that grows with the state: the frozen
   batch is applied to LMDB (in ONE write transaction that also records ``version`` in the meta db) by a background
   applier thread, while reads keep seeing it as an overlay between the new batch and LMDB. Whatever must see LMDB at
   a version waits for that apply: ``version``, ``read_view()``, spills, restores, ``close()``; a backend that wants
@@ -74,7 +75,7 @@ from statebackend.fsutil import fsync_dir
 from statebackend.serdes import Serde
 from statebackend.store import bulk
 from statebackend.store.applier import Applier, PendingBatch
-from statebackend.store.batch import TOMBSTONE, ChangeSet, merge_overlay, overlay, sorted_records
+from statebackend.store.batch import TOMBSTONE, ChangeSet, SortedBatch, merge_overlay, overlay, sorted_records
 from statebackend.store.directory import DATA_DIR, clear_unsynced, guard_unsynced, lock_store_dir, release_lock
 from statebackend.store.env import (
     MAX_KEY_SIZE,
@@ -373,8 +374,9 @@ class LocalStore:
             raise TypeError(f"store {self.name!r}: flush needs a LocalVersion, got {type(version).__name__}")
         self._check_open()
         self._applier.raise_error()
-        final = sorted_records(self._batch)
-        pending = PendingBatch(version=version, records=final, index=self._batch)
+        final = SortedBatch(self._batch)  # sorted by the first thread that needs it, not here
+        final_bytes = self._batch_bytes
+        pending = PendingBatch(version=version, sorted_batch=final, index=self._batch)
         runs = self._runs
         self._runs = []
         self._run_prefix = secrets.token_hex(6)
@@ -382,7 +384,7 @@ class LocalStore:
         self._batch_bytes = 0
         applier = self._applier
         applier.submit(pending, start=not hold_apply)
-        return ChangeSet(version, runs, final, view_source=lambda: applier.view_at(pending))
+        return ChangeSet(version, runs, final, view_source=lambda: applier.view_at(pending), final_bytes=final_bytes)
 
     def start_apply(self) -> None:
         """Let the background applier write the batches a flush held back (``flush(hold_apply=True)``)."""
