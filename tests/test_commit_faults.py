@@ -5,7 +5,6 @@ from __future__ import annotations
 import errno
 import shutil
 import threading
-import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
@@ -21,7 +20,7 @@ from statebackend.errors import CommitError, StateBackendError, StorageError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
-from tests.waiting import wait_until
+from tests.waiting import drain_appliers, wait_until
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
@@ -221,7 +220,7 @@ def test_a_commit_holds_its_flushed_batch_out_of_lmdb_until_its_uploads_end_and_
         write_round(task, 1, model)
         pending = task.commit({"input": "1"})
         assert pending is not None
-        time.sleep(0.2)  # time enough for an apply that was not held back
+        drain_appliers()  # an apply submitted at the flush would have ended by now
         assert local._applier.pending, "the flushed batch reached LMDB while its upload was still going on"
         assert contents(task) == model  # the overlay serves it
         blobs.gate.set()

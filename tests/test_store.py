@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from statebackend.errors import LocalDirError, StateBackendError, StoreLockedError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.testing.store_contract import LocalStoreContract, v
-from tests.waiting import wait_until
+from tests.waiting import drain_appliers, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -449,7 +448,7 @@ def test_a_held_flush_waits_in_the_overlay_until_started_and_a_read_view_of_it_r
     with LocalStore.open(tmp_path / "s", name="s") as store:
         store.put(b"a", b"1")
         store.flush(v(1), hold_apply=True).close()
-        time.sleep(0.2)  # time enough for an apply that was not held back
+        drain_appliers()  # an apply submitted at the flush would have ended by now
         assert store._applier.pending, "a held flush must not reach LMDB before start_apply"
         assert store.get(b"a") == b"1" and list(store.items()) == [(b"a", b"1")]
         store.start_apply()

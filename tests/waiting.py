@@ -1,7 +1,9 @@
-"""Waiting in tests for what background threads do: a condition polled until true, failing the test after a bound."""
+"""Waiting in tests for what background threads do: a condition polled until true, failing the test after a bound;
+the LMDB appliers drained of every apply submitted so far."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -12,3 +14,15 @@ def wait_until(condition: Callable[[], object], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.01)
+
+
+def drain_appliers(timeout: float = 30.0) -> None:
+    """Return once every apply submitted to the process's applier threads before this call has ended: one job per
+    thread that waits at a barrier with this thread. The pool takes jobs in order and a thread takes a job only after
+    its previous one, so when every thread is at the barrier, every earlier job is done."""
+    from statebackend.store.applier import APPLIER_THREADS, _applier_pool
+
+    barrier = threading.Barrier(APPLIER_THREADS + 1)
+    for _ in range(APPLIER_THREADS):
+        _applier_pool().submit(barrier.wait, timeout)
+    barrier.wait(timeout)

@@ -60,9 +60,13 @@ class PendingBatch:
 _applier_pools = SharedPools("statebackend-apply")
 
 
+#: threads of the process-wide applier pool
+APPLIER_THREADS = 2
+
+
 def _applier_pool() -> ThreadPoolExecutor:
     """The process-wide threads that apply flushed batches to LMDB (one store's applies are serialized by its lock)."""
-    return _applier_pools.get(2)
+    return _applier_pools.get(APPLIER_THREADS)
 
 
 class Applier:
