@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             good = keys == args.keys and counted == total
             ok &= good
             print(f"\n{name}: {keys} keys, counts sum to {counted} of {total} rows: {'OK' if good else 'FAIL'}")
+        for name, variant in (("driver confirms", confirmed), ("tasks wait", waiting)):
+            counters = variant.metrics.export()
+            print(f"{name}: reruns {counters.counter('spark.batch.reruns')}, stats missing "
+                  f"{counters.counter('spark.task.stats.missing')}")
         return 0 if ok else 1
     finally:
         spark.stop()

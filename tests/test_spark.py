@@ -309,3 +309,90 @@ def test_an_output_column_named_like_the_stats_column_is_refused(spark: Any, tmp
     with pytest.raises(ConfigError, match=STATS_COLUMN):
         job(spark.createDataFrame([("a",)], "word string"), 0)
     assert not (tmp_path / "blobs").exists() or not any((tmp_path / "blobs").rglob("*.json"))  # nothing committed
+
+
+@pytest.mark.parametrize("mode", ["rows", "arrow"])
+def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the_output_it_held(
+        spark: Any, tmp_path: Path, mode: str) -> None:
+    """Classic Spark: rows go through a persisted RDD, arrow through a local checkpoint of the mapped DataFrame
+    (local mode); either way the stats come through the accumulator, not as a row or column of the output, and the
+    output is freed once the sink has had it."""
+    config = make_config(tmp_path)
+    sunk: list[tuple[int, list[str], list[tuple[str, int]]]] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        sunk.append((batch_id, frame.columns, sorted((row.word, row["count"]) for row in frame.collect())))
+
+    job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema=OUTPUT, mode=mode, sink=sink)
+    context = spark.sparkContext._jsc.sc()
+    held_before = context.getPersistentRDDs().size()
+    runs = set()
+    for batch_id in range(3):
+        job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
+        assert sorted(s.task_index for s in job.last_batch_stats) == list(range(NUM_TASKS))
+        assert {s.batch_id for s in job.last_batch_stats} == {batch_id}
+        assert sum(s.input_rows for s in job.last_batch_stats) == len(batch_words(batch_id))
+        run_ids = {s.run_id for s in job.last_batch_stats}
+        assert len(run_ids) == 1 and "" not in run_ids
+        runs |= run_ids
+    assert len(runs) == 3  # each run of a batch has its own token
+    for batch_id, columns, rows in sunk:
+        totals = batch_count(spark, list(range(batch_id + 1)))
+        assert columns == ["word", "count"]
+        assert rows == sorted((w, totals[w]) for w in set(batch_words(batch_id)))
+    # rows mode keeps one anchor RDD for affinity, reused batch after batch; nothing else stays held
+    assert context.getPersistentRDDs().size() == held_before + (1 if mode == "rows" else 0)
+    assert job.metrics.export().counter("spark.task.stats.missing") == 0
+
+
+def test_stats_of_another_run_are_not_taken_for_this_runs() -> None:
+    from statebackend.spark.executor import TaskStats
+
+    def stats(task: int, run_id: str) -> TaskStats:
+        return TaskStats(batch_id=4, task_index=task, attempt=0, base_seq=1, committed_seq=2, open_ms=0.0,
+                         process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=1, output_rows=1,
+                         private_dir=False, run_id=run_id)
+
+    class Accumulator:
+        value = [stats(0, "old"), stats(0, "new"), stats(1, "new"), stats(1, "old")]
+
+    accumulator = Accumulator()
+    taken = StatefulForeachBatch._reported(accumulator, "new")
+    assert [(s.task_index, s.run_id) for s in taken] == [(0, "new"), (1, "new")]
+    assert accumulator.value == []  # emptied: the next run does not see these
+
+
+class LosesStatsOfTaskZeroOnce(StatefulForeachBatch):
+    """As if Spark read task 0's output from a block a failed attempt stored: its stats never came back."""
+
+    lost = 0
+
+    def _reported(self, accumulator: Any, run_id: str) -> list[Any]:  # type: ignore[override]
+        stats = StatefulForeachBatch._reported(accumulator, run_id)
+        if type(self).lost == 0:
+            type(self).lost += 1
+            return [s for s in stats if s.task_index != 0]
+        return stats
+
+
+def test_a_task_without_stats_when_tasks_did_not_wait_for_their_checkpoints_runs_the_batch_again(
+        spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path)
+    sunk: list[tuple[int, list[tuple[str, int]]]] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        sunk.append((batch_id, sorted((row.word, row["count"]) for row in frame.collect())))
+
+    job = LosesStatsOfTaskZeroOnce(count_arrow, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                                   output_schema=OUTPUT, mode="arrow", sink=sink, confirm_on_driver=True)
+    for batch_id in range(3):
+        job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
+    counters = job.metrics.export()
+    assert counters.counter("spark.task.stats.missing") == 1
+    assert counters.counter("spark.batch.reruns") == 1
+    assert [batch_id for batch_id, _ in sunk] == [0, 1, 2]  # the run without stats reached no sink
+    for batch_id, rows in sunk:
+        totals = batch_count(spark, list(range(batch_id + 1)))
+        assert rows == sorted((w, totals[w]) for w in set(batch_words(batch_id)))
+    assert state_of(spark, config) == batch_count(spark, [0, 1, 2])

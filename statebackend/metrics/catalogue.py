@@ -205,7 +205,10 @@ _SPECS = [
     # -- the Spark driver (statebackend/spark/driver.py) ----------------------------------------------------------
     _counter("spark.batch.reruns", "statebackend_spark_batch_reruns_total",
              "batches the driver ran again, every task waiting for its checkpoint, because a checkpoint a task did "
-             "not wait for was not in its log (statebackend.spark.confirm)"),
+             "not wait for was not in its log (statebackend.spark.confirm), or a task reported no statistics"),
+    _counter("spark.task.stats.missing", "statebackend_spark_task_stats_missing_total",
+             "tasks whose statistics did not come back: Spark read their output from a block a failed attempt "
+             "stored (classic Spark, where stats travel in an accumulator)"),
     _histogram("spark.confirm.ms", "statebackend_spark_confirm_seconds",
                "time the driver spent confirming the checkpoints tasks did not wait for, per batch", "ms",
                MS_BUCKETS),

@@ -17,8 +17,8 @@ Contract of one micro-batch ``(batch_df, batch_id)``, called on the driver by Sp
   runs the user function, commits durably with input offsets ``{"batch": str(batch_id), "tasks": str(num_tasks)}``,
   closes, and only then hands back its output. Output is materialized before the commit; a task whose commit fails
   fails, so Spark never uses output of state that is not durable.
-- The driver persists the output, forces it with one action (so each task runs once per batch, not once per action
-  of the sink), then calls ``sink(df, batch_id)`` or returns the DataFrame.
+- The driver runs the tasks with one action that keeps their output (so each task runs once per batch, not once per
+  action of the sink), then calls ``sink(df, batch_id)`` or returns the DataFrame.
 
 Exactly once, and why it holds:
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import pickle
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from statebackend.errors import ConfigError
 from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.confirm import ConfirmationError, unconfirmed_checkpoints
-from statebackend.spark.executor import STATS_COLUMN, TaskRunner, TaskStats, TaskStores, is_output, is_stats
+from statebackend.spark.executor import STATS_COLUMN, StatsParam, TaskRunner, TaskStats, TaskStores
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
 from statebackend.store.ttl import wall_clock_ms
@@ -87,7 +88,8 @@ class StatefulForeachBatch:
     last_batch_metrics: MetricsSnapshot = attrs.field(init=False, factory=MetricsSnapshot)
     metrics: Metrics = attrs.field(init=False, factory=Metrics)
     _exporting: bool = attrs.field(init=False, default=False)
-    _previous: Any = attrs.field(init=False, default=None)
+    #: frees the output returned by the last call (no sink), at the next call
+    _previous: Callable[[], None] | None = attrs.field(init=False, default=None)
     #: (SparkContext, num_tasks, the anchor RDD) of :meth:`_anchored`
     _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
@@ -98,6 +100,8 @@ class StatefulForeachBatch:
     _confirm_off: str | None = attrs.field(init=False, default=None)
     #: ((blob store URL, options), the blob store) the driver confirms checkpoints in
     _confirm_store: tuple[tuple[str, str], BlobStore] | None = attrs.field(init=False, default=None)
+    #: (SparkContext, the accumulator of :meth:`_stats_accumulator`)
+    _stats_to: tuple[Any, Any] | None = attrs.field(init=False, default=None)
     #: wall time of the last batch's call (tasks, confirmation, a run again) and of its confirmation, in ms
     last_batch_ms: float = attrs.field(init=False, default=0.0)
     last_confirm_ms: float = attrs.field(init=False, default=0.0)
@@ -136,9 +140,9 @@ class StatefulForeachBatch:
         Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
-        """Run micro-batch ``batch_id``; hand the output to the sink, or return it (persisted until the next call)."""
+        """Run micro-batch ``batch_id``; hand the output to the sink, or return it (held until the next call)."""
         if self._previous is not None:
-            self._previous.unpersist()
+            self._previous()
             self._previous = None
         spark = batch_df.sparkSession
         config = effective_config(spark, self.config)
@@ -147,13 +151,18 @@ class StatefulForeachBatch:
             self._exporting = True
         started = time.monotonic()
         settings = Settings.from_config(config)
-        persisted, output, stats = self._run_tasks(batch_df, batch_id, config,
-                                                   confirm_on_driver=self._confirms(spark, settings))
+        confirming = self._confirms(spark, settings)
+        release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirming)
         try:
             problems = self._confirm(settings, stats)
         except BaseException:
-            persisted.unpersist()
+            release()
             raise
+        missing = self._without_stats(stats, batch_id, confirming)
+        if missing and confirming:
+            # Such a task's output may come from an attempt that failed after handing it on, its checkpoint unknown
+            problems.append(f"no statistics came back from task(s) {missing}: their output may be that of a failed "
+                            "attempt, cached before it failed, whose checkpoint cannot be confirmed")
         if problems:
             # A checkpoint a task did not wait for is not in its log (its upload failed, its worker died with it, or
             # another attempt wrote there): nothing of this run reaches the sink. The batch runs again with every
@@ -166,8 +175,9 @@ class StatefulForeachBatch:
             self.history.extend(discarded)
             self.metrics.merge(MetricsSnapshot.merged(s.metrics for s in discarded if s.metrics is not None)
                                .relabel(task="all"))
-            persisted.unpersist()
-            persisted, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False)
+            release()
+            release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False)
+            self._without_stats(stats, batch_id, False)
         self.last_batch_ms = (time.monotonic() - started) * 1000.0
         self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
         self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
@@ -177,33 +187,42 @@ class StatefulForeachBatch:
         ).relabel(task="all")
         self.metrics.merge(self.last_batch_metrics)
         if self.sink is None:
-            self._previous = persisted
+            self._previous = release
             return output
         try:
             self.sink(output, int(batch_id))
         finally:
-            persisted.unpersist()
+            release()
         return None
 
     def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *,
-                   confirm_on_driver: bool) -> tuple[Any, DataFrame, list[TaskStats]]:
-        """Run the batch's tasks (the one action): the persisted output, the output as a DataFrame, the stats."""
+                   confirm_on_driver: bool) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
+        """Run the batch's tasks (one action, one job): what frees the held output, the output, the tasks' stats.
+
+        Classic Spark: the tasks report their stats through an accumulator (:class:`StatsParam`) and their output is
+        kept by the action itself, the same single job the no-state floor runs: an RDD persisted and counted (rows
+        through an RDD), or a local checkpoint of the mapped DataFrame. Measured on ``local[2]``, a DataFrame's
+        ``persist()`` and a second job to collect the stats from it cost about 100 ms a batch more
+        (docs/benchmarks-spark.md). Spark Connect has neither accumulators nor RDDs: there, each task's stats come as
+        one more row of its output, read from the persisted output."""
         spark = batch_df.sparkSession
         remote = is_connect(spark)
         partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
+        run_id = secrets.token_hex(8)
+        stats_to = None if remote else self._stats_accumulator(spark)
         # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
         # to choose from (the DataFrame route, Arrow all the way, cannot be pinned)
         through_rdd = not remote and (self.mode == "rows" or (self.affinity and self._executors(spark) > 1))
         if through_rdd:
-            # classic Spark: rows through an RDD, each task's stats as its output's last element
             if self.mode == "rows":
-                runner = self._runner(config, batch_id, None, batch_df, confirm_on_driver)
+                runner = self._runner(config, batch_id, None, batch_df, confirm_on_driver, stats_to, run_id)
                 task: Any = runner.run_rows
                 schema: Any = self.output_schema
             else:
                 schema = self._struct(spark)
                 runner = attrs.evolve(
-                    self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver),
+                    self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
+                                 run_id),
                     input_schema=to_arrow_schema(batch_df.schema))
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
             rows = partitioned.rdd
@@ -213,42 +232,89 @@ class StatefulForeachBatch:
             else:
                 rdd = rows.mapPartitionsWithIndex(task)
             rdd.persist(StorageLevel.MEMORY_AND_DISK)
-            rdd.count()  # the one action that runs the tasks; everything after reads the persisted output
-            stats = [record.stats for record in rdd.filter(is_stats).collect()]
-            output = _rows_frame(spark, rdd.filter(is_output), schema)
-            persisted: Any = rdd
+            try:
+                rdd.count()  # the one action: it runs the tasks, and the sink reads the output it cached
+                stats = self._reported(stats_to, run_id)
+            except BaseException:
+                rdd.unpersist()
+                raise
+            return rdd.unpersist, _rows_frame(spark, rdd, schema), stats
+        if self.output_schema is None:
+            raise ConfigError(
+                "StatefulForeachBatch mode 'rows' needs output_schema under Spark Connect (a StructType or a DDL "
+                "string such as 'word string, count long'): without RDDs Spark must know the schema before the "
+                "tasks run"
+            )
+        schema = self._struct(spark)
+        if STATS_COLUMN in schema.fieldNames():
+            raise ConfigError(
+                f"StatefulForeachBatch output_schema has a column named {STATS_COLUMN!r}, the column the tasks' "
+                "statistics travel in under Spark Connect: rename it"
+            )
+        runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
+                              run_id)
+        if self.mode == "pandas":
+            map_in: Any = partitioned.mapInPandas
+            function: Any = runner.run_pandas
         else:
-            # Arrow all the way (the only route under Spark Connect, which has no RDDs): each task's stats in one
-            # extra row, in a column that is null in every output row
-            if self.output_schema is None:
-                raise ConfigError(
-                    "StatefulForeachBatch mode 'rows' needs output_schema under Spark Connect (a StructType or a DDL "
-                    "string such as 'word string, count long'): without RDDs Spark must know the schema before the "
-                    "tasks run"
-                )
-            schema = self._struct(spark)
-            if STATS_COLUMN in schema.fieldNames():
-                raise ConfigError(
-                    f"StatefulForeachBatch output_schema has a column named {STATS_COLUMN!r}, the column the tasks' "
-                    "statistics travel in: rename it"
-                )
-            runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver)
-            extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
-                                   StructField(STATS_COLUMN, BinaryType(), True)])
-            if self.mode == "pandas":
-                mapped = partitioned.mapInPandas(runner.run_pandas, extended)
-            else:
-                mapped = partitioned.mapInArrow(runner.run_arrow if self.mode == "arrow" else runner.run_rows_arrow,
-                                                extended)
-            persisted = mapped.persist(StorageLevel.MEMORY_AND_DISK)
-            # The one action that runs the tasks: it collects their stats rows, and computing any part of a persisted
-            # DataFrame caches its partitions whole, so the output is cached by it too (one job with one stage after
-            # the shuffle; a count() first would add a job, and a second stage for its final aggregate).
-            stats_column = col(STATS_COLUMN)
+            map_in = partitioned.mapInArrow
+            function = runner.run_arrow if self.mode == "arrow" else runner.run_rows_arrow
+        if stats_to is not None:
+            # Arrow all the way on classic Spark: the one action is an eager local checkpoint of the mapped output
+            # (its rows kept in the executors' block managers, memory then disk). Unlike a persisted DataFrame, a
+            # block lost with its executor before the sink read it is not computed again: the batch fails, naming
+            # the checkpoint block, and runs again when the query restarts (a replay, exactly-once as ever).
+            checkpointed = map_in(function, schema).localCheckpoint(eager=True)
+            try:
+                stats = self._reported(stats_to, run_id)
+            except BaseException:
+                _release_checkpoint(checkpointed)
+                raise
+            return functools.partial(_release_checkpoint, checkpointed), checkpointed, stats
+        # Spark Connect: each task's stats in one extra row, in a column that is null in every output row
+        extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
+                               StructField(STATS_COLUMN, BinaryType(), True)])
+        persisted = map_in(function, extended).persist(StorageLevel.MEMORY_AND_DISK)
+        # The one action that runs the tasks: it collects their stats rows, and computing any part of a persisted
+        # DataFrame caches its partitions whole, so the output is cached by it too.
+        stats_column = col(STATS_COLUMN)
+        try:
             stats = [pickle.loads(row[0]) for row in
                      persisted.where(stats_column.isNotNull()).select(stats_column).collect()]
-            output = persisted.where(stats_column.isNull()).drop(STATS_COLUMN)
-        return persisted, output, stats
+        except BaseException:
+            persisted.unpersist()
+            raise
+        return persisted.unpersist, persisted.where(stats_column.isNull()).drop(STATS_COLUMN), stats
+
+    def _stats_accumulator(self, spark: SparkSession) -> Any:
+        """The accumulator this object's tasks report their stats through (one per SparkContext: an accumulator
+        stays registered in the driver for the context's life)."""
+        context = spark.sparkContext
+        if self._stats_to is None or self._stats_to[0] is not context:
+            self._stats_to = (context, context.accumulator([], StatsParam()))
+        return self._stats_to[1]
+
+    @staticmethod
+    def _reported(accumulator: Any, run_id: str) -> list[TaskStats]:
+        """The stats the tasks of run ``run_id`` reported (the accumulator is emptied; an entry of another run, a
+        zombie attempt's, is dropped)."""
+        reported, accumulator.value = accumulator.value, []
+        return [s for s in reported if s.run_id == run_id]
+
+    def _without_stats(self, stats: Sequence[TaskStats], batch_id: int, confirming: bool) -> list[int]:
+        """The tasks of the run that reported no stats. Spark counts a task as done when its output partition is in
+        the executor's block manager, and a task attempt that failed after its output was stored (its Python worker
+        killed right after the task, say) leaves it there: the attempt that follows reads that block and runs no
+        task function, so neither reports stats. When every task waited for its checkpoint before handing its
+        output on, such output is of a durable checkpoint, and only the stats are lost; when tasks may have handed
+        it on before (``confirming``), the caller runs the batch again."""
+        missing = sorted(set(range(self.num_tasks)) - {s.task_index for s in stats})
+        if missing:
+            self.metrics.increment("spark.task.stats.missing", len(missing))
+            log.warning("batch %d: no statistics came back from task(s) %s of %d (their output was read from a block "
+                        "a failed attempt stored)%s", batch_id, missing, self.num_tasks,
+                        "; the batch runs again" if confirming else "")
+        return missing
 
     def _confirms(self, spark: SparkSession, settings: Settings) -> bool:
         """Whether this batch's tasks may hand their output on before their checkpoint is durable: ``confirm_on_driver``
@@ -328,7 +394,7 @@ class StatefulForeachBatch:
         return 1
 
     def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame,
-                confirm_on_driver: bool) -> TaskRunner:
+                confirm_on_driver: bool, stats_to: Any, run_id: str) -> TaskRunner:
         return TaskRunner(
             fn=self.fn,
             config=config,
@@ -345,6 +411,8 @@ class StatefulForeachBatch:
             key_of=self.key_of,
             previous_seen=self._completed == (int(batch_id) - 1, self.num_tasks, self.key_groups),
             confirm_on_driver=confirm_on_driver,
+            stats_to=stats_to,
+            run_id=run_id,
         )
 
     def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
@@ -370,6 +438,16 @@ class StatefulForeachBatch:
         if self._parsed_schema is None:
             self._parsed_schema = spark.createDataFrame([], self.output_schema).schema
         return self._parsed_schema
+
+
+def _release_checkpoint(frame: DataFrame) -> None:
+    """Free the blocks of a DataFrame made by ``localCheckpoint`` (its plan is a ``LogicalRDD`` over the checkpointed
+    RDD; unpersisting that RDD drops its blocks from every executor). Not blocking."""
+    try:
+        frame._jdf.queryExecution().analyzed().rdd().unpersist(False)
+    except Exception as exc:  # noqa: BLE001 - another Spark's plan: its blocks go when Spark's cleaner frees the RDD
+        log.warning("could not free the output of a batch held by a local checkpoint (%s); Spark frees it when the "
+                    "RDD is garbage collected", exc)
 
 
 def _speculation(spark: SparkSession) -> bool:

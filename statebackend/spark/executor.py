@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from pyspark import TaskContext
+from pyspark import AccumulatorParam, TaskContext
 
 from statebackend.blobstores.base import open_blob_store
 from statebackend.checkpoint import CheckpointLog
@@ -99,6 +99,9 @@ class TaskStats:
     #: task handed its output on. ``commit_ms`` is then the sync part only
     pending_checkpoint_id: str = ""
     attempt_token: str = ""
+    #: the driver's token of the run of the batch this attempt belongs to (:attr:`TaskRunner.run_id`): stats reported
+    #: through an accumulator are told apart from those of an earlier run by it
+    run_id: str = ""
 
 
 class _Counted:
@@ -141,9 +144,26 @@ def is_output(item: Any) -> bool:
     return not isinstance(item, StatsRecord)
 
 
-#: the column that carries each task attempt's pickled TaskStats in one extra output row (null in every output row):
-#: stats travel with the output, which works alike on classic Spark and under Spark Connect (no accumulator)
+#: the column that carries each task attempt's pickled TaskStats in one extra output row (null in every output row),
+#: under Spark Connect (no accumulators there); classic Spark reports them through :class:`StatsParam` instead
 STATS_COLUMN = "__statebackend_stats__"
+
+
+class StatsParam(AccumulatorParam):  # type: ignore[type-arg]
+    """The accumulator the tasks of classic Spark report their :class:`TaskStats` through (a list, in no order).
+
+    Spark merges a task's accumulator updates into the driver's value when the task succeeds, before the action that
+    ran it returns (the driver acknowledges each update), and never those of a failed attempt: after the action, the
+    value holds exactly one entry per task of the run. So the stats need no row of the output and no second job to
+    collect them. ``addInPlace`` builds a new list: the driver swaps the value out while the accumulator server's
+    thread may merge a late update of another run's zombie attempt, which then lands in one list or the other, never
+    half in both (the driver tells runs apart by :attr:`TaskStats.run_id`)."""
+
+    def zero(self, value: list[TaskStats]) -> list[TaskStats]:
+        return []
+
+    def addInPlace(self, value1: list[TaskStats], value2: list[TaskStats]) -> list[TaskStats]:
+        return [*value1, *value2]
 
 
 @attrs.frozen
@@ -181,12 +201,18 @@ class TaskRunner:
     #: worker (``keep_open`` and a reused worker) hands its output on right after the sync part of its commit, its
     #: upload going on beside the next tasks; False: every task waits until its checkpoint is durable
     confirm_on_driver: bool = False
+    #: classic Spark: the accumulator (of :class:`StatsParam`) each task attempt adds its stats to, the output then
+    #: being the function's alone; None (Spark Connect, and tasks run outside Spark): the stats travel in the output
+    #: (a :class:`StatsRecord` last, or one more row in :data:`STATS_COLUMN`)
+    stats_to: Any = None
+    #: the driver's token of this run of the batch, copied into every :class:`TaskStats`
+    run_id: str = ""
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
         counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
         outputs, stats = self._run(index, lambda stores: self._held().extend(self.fn(stores, counted) or ()), counted)
-        return chain(outputs, [StatsRecord(stats)])
+        return self._with_stats_record(outputs, stats)
 
     def run_arrow_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Arrow mode through an RDD of Rows (affinity on a multi-executor cluster): the input rows become record
@@ -197,7 +223,7 @@ class TaskRunner:
             lambda stores: self._held().extend(_arrow_batches(self.fn(stores, _rows_to_input_batches(
                 counted, self.input_schema)))),
             counted)
-        return chain(_batches_to_rows(outputs, self.output_schema), [StatsRecord(stats)])
+        return self._with_stats_record(_batches_to_rows(outputs, self.output_schema), stats)
 
     def run_pandas_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Pandas mode through an RDD of Rows (affinity on a multi-executor cluster)."""
@@ -213,7 +239,7 @@ class TaskRunner:
 
         counted = _Counted(iter(()))
         outputs, stats = self._run(index, work, counted)
-        return chain(_batches_to_rows(outputs, self.output_schema), [StatsRecord(stats)])
+        return self._with_stats_record(_batches_to_rows(outputs, self.output_schema), stats)
 
     def run_anchored(self, run: Callable[[int, Iterable[Any]], Iterator[Any]], deserializer: Any, index: int,
                      partition: Iterable[Any]) -> Iterator[Any]:
@@ -268,10 +294,31 @@ class TaskRunner:
 
         counted = _Counted(iter(()))
         outputs, stats = self._run(_partition_index(), work, counted)
+        if self._reported(stats):
+            return iter(outputs)
         return _pandas_with_stats(outputs, stats, self.output_schema)
 
+    def _reported(self, stats: TaskStats) -> bool:
+        """Report ``stats`` through the driver's accumulator, if there is one (classic Spark)."""
+        if self.stats_to is None:
+            return False
+        self.stats_to.add([stats])
+        return True
+
+    def _with_stats_record(self, outputs: Iterable[Any], stats: TaskStats) -> Iterator[Any]:
+        """The output elements, then a :class:`StatsRecord` (unless ``stats`` went to the accumulator)."""
+        if self._reported(stats):
+            return iter(outputs)
+        return chain(outputs, [StatsRecord(stats)])
+
     def _with_stats(self, batches: Iterable[Any], stats: TaskStats) -> Iterator[Any]:
-        """The output batches with :data:`STATS_COLUMN` (null) appended, then one row carrying ``stats``."""
+        """The output batches, with :data:`STATS_COLUMN` (null) appended and then one row carrying ``stats`` unless
+        ``stats`` went to the accumulator."""
+        if self._reported(stats):
+            return iter(batches)
+        return self._with_stats_column(batches, stats)
+
+    def _with_stats_column(self, batches: Iterable[Any], stats: TaskStats) -> Iterator[Any]:
         import pickle
 
         import pyarrow as pa
@@ -438,6 +485,7 @@ class TaskRunner:
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
                 metrics=exported, kept_open=parked is not None, executor=_executor(),
                 pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "", attempt_token=token,
+                run_id=self.run_id,
             )
             return outputs, stats
         finally:
