@@ -355,7 +355,8 @@ def test_stats_of_another_run_are_not_taken_for_this_runs() -> None:
                          private_dir=False, run_id=run_id)
 
     class Accumulator:
-        value = [stats(0, "old"), stats(0, "new"), stats(1, "new"), stats(1, "old")]
+        def __init__(self) -> None:
+            self.value = [stats(0, "old"), stats(0, "new"), stats(1, "new"), stats(1, "old")]
 
     accumulator = Accumulator()
     taken = StatefulForeachBatch._reported(accumulator, "new")
