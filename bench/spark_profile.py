@@ -7,8 +7,8 @@ Run from the repository root::
 
 Per update batch it takes, from Spark's own query progress: ``triggerExecution`` (the batch) and ``addBatch`` (the
 ``foreachBatch`` call; the rest is Spark's streaming bookkeeping: offsets, the file listing, its commit log); on the
-driver, inside ``foreachBatch``: the actions (``save``, ``collect``, ``count``: the one that runs the tasks, and any
-other) and the rest of ours
+driver, inside ``foreachBatch``: the actions (``save``, ``collect``, ``count``, ``localCheckpoint``: the one that runs
+the tasks, and any other) and the rest of ours
 (building the task function, the accumulator, the sink call, unpersist); per task, from ``TaskStats`` and timers in
 the task function: opening or taking back the task, the Arrow conversion and aggregation, the state calls
 (``get_many`` + ``put_many``), the durable commit and its sync part. Tasks run two at a time (``local[2]``), so a
@@ -64,7 +64,8 @@ class Timed:
     def __call__(self, batch_df: Any, batch_id: int) -> Any:
         record = self.calls.setdefault(int(batch_id), {"action_ms": 0.0})
         frame, writer = type(batch_df), type(batch_df.write)  # Spark 4's classic classes override the base ones
-        originals = [(writer, "save", writer.save), (frame, "collect", frame.collect), (frame, "count", frame.count)]
+        originals = [(writer, "save", writer.save), (frame, "collect", frame.collect), (frame, "count", frame.count),
+                     (frame, "localCheckpoint", frame.localCheckpoint)]
 
         def timed(original: Any) -> Any:
             def action(self: Any, *args: Any, **kwargs: Any) -> Any:
