@@ -12,6 +12,7 @@ from typing import Any
 
 from statebackend.options import (
     OptionSpec,
+    parse_bool,
     parse_bytes,
     parse_choice,
     parse_duration_ms,
@@ -90,6 +91,14 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
         "at most this many microseconds between two GIL handovers of the process while threads compete (Python's "
         "sys.setswitchinterval, only ever lowered; 0: left as it is), so the commit's and the appliers' threads are "
         "not held up by milliseconds at each system call beside CPU-bound processing",
+    ),
+    "task.gc.freeze": OptionSpec(
+        parse_bool(),
+        True,
+        "at a task's open, collect the process's garbage and move what survives out of later collections (Python's "
+        "gc.freeze; everything again every 64 opens, so nothing frozen leaks for long): PySpark's reused workers "
+        "run a full collection after every task, about 45 ms of held GIL with pyspark, pyarrow and pandas loaded, "
+        "in which a task's upload and the worker's next task wait",
     ),
     "task.checkpoint.write.versions": OptionSpec(
         _parse_versions, "2", "checkpoint formats written at each commit, any of 1, 2"

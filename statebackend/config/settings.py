@@ -94,6 +94,8 @@ class Settings:
     #: ``task.thread.switch.interval.us``: the longest a thread waits for the GIL while another runs Python (0: left
     #: as the interpreter has it)
     thread_switch_interval_us: int = 0
+    #: ``task.gc.freeze``: collect and freeze the survivors at each task open (:func:`statebackend.task.freeze_survivors`)
+    gc_freeze: bool = False
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -181,6 +183,7 @@ class _SettingsParser:
             metrics_prometheus_textfile_dir=values["metrics.prometheus.textfile.dir"],
             metrics_prometheus_push_url=values["metrics.prometheus.push.url"],
             thread_switch_interval_us=values["task.thread.switch.interval.us"],
+            gc_freeze=values["task.gc.freeze"],
         )
 
     def _classify_keys(self) -> None:

@@ -42,7 +42,7 @@ from statebackend.spark.batches import (
 )
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
 from statebackend.store.ttl import wall_clock_ms
-from statebackend.task import TaskStorage, export_now, known_durable_seq, task_metrics
+from statebackend.task import TaskStorage, export_now, freeze_survivors, known_durable_seq, task_metrics
 
 log = logging.getLogger(__name__)
 
@@ -355,6 +355,8 @@ class TaskRunner:
             parked = None
         if parked is not None:
             parked.settle(settings.commit_timeout_ms / 1000.0)  # its last commit, if it went on after its batch
+            if settings.gc_freeze:
+                freeze_survivors()  # what TaskStorage.open does for a task opened here
         if parked is not None:
             blob_store, metrics = parked.blob_store, parked.storage.metrics
         else:
