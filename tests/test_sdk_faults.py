@@ -246,11 +246,13 @@ def test_one_fault_then_a_right_answer_or_a_project_error(
         try:
             # without retries: the right answer, or a project error whose chain holds no raw SDK exception
             schedule.arm(matches.get(name, b""))
+            outcome = "returned"
             try:
                 op(stores.inner, stores.raw, "inner", tmp_path)
             except StateBackendError as exc:
                 assert _raw_links(exc) == [], exc
-            assert schedule.fired == 1
+                outcome = f"raised {exc!r}"
+            assert schedule.fired == 1, f"no request matched {matches.get(name, b'')!r}; the operation {outcome}"
             # with retries: the right answer
             schedule.arm(matches.get(name, b""))
             op(stores.resilient, stores.raw, "resilient", tmp_path)
