@@ -1,14 +1,16 @@
 """A/B of one micro-batch's ``foreachBatch`` call, interleaved batch by batch in one SparkSession so the shared
 machine's drift hits every variant alike: statebackend's count with the driver confirming the checkpoints (tasks hand
 their output on after the sync part of their commit: ``confirm_on_driver=True``, the default on remote blob stores),
-the same with every task waiting for its own checkpoint (the default on ``file://``), and the no-state floor (same shuffle and Arrow aggregation, no state).
+the same with every task waiting for its own checkpoint (the default on ``file://``), the same again with the stats
+travelling as rows of a persisted output (the Spark Connect route, which classic Spark took until the stats went
+through an accumulator: ``--stats-rows``), and the no-state floor (same shuffle and Arrow aggregation, no state).
 
     python -m bench.spark_ab                          # 1M keys, 10k updates, 16 batches; --batches 80 to see 5%
 
 Each batch's Parquet file of bench.spark_e2e's workload is read once as a DataFrame and handed to each variant's
 ``foreachBatch`` function in turn, the order rotating every batch; the time is the whole call (what Spark reports as
 ``addBatch``: the shuffle, the tasks, the driver's work), the load batch left out. Each statebackend variant keeps its
-own state (its own local and blob dirs); both are checked against a batch count at the end.
+own state (its own local and blob dirs); each is checked against a batch count at the end.
 """
 
 from __future__ import annotations
@@ -29,14 +31,22 @@ from statebackend.metrics import percentile
 from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
 
-def job(work: Path, name: str, **options: Any) -> tuple[StatefulForeachBatch, dict[str, object]]:
+class StatsRows(StatefulForeachBatch):
+    """Stats as rows of the persisted output, the route Spark Connect takes (no accumulator), on classic Spark."""
+
+    def _stats_accumulator(self, spark: Any) -> None:
+        return None
+
+
+def job(work: Path, name: str, kind: type[StatefulForeachBatch] = StatefulForeachBatch,
+        **options: Any) -> tuple[StatefulForeachBatch, dict[str, object]]:
     config: dict[str, object] = {
         "job.name": name, "state.local.dir": str(work / name / "local"),
         "blob.store.url": f"file://{work / name / 'blobs'}", "blob.store.create.if.missing": "true",
         "stores.counts.backup.factories": "changelog", "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }
-    return StatefulForeachBatch(count_keys, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
+    return kind(count_keys, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
                                 output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
                                 **options), config
 
@@ -46,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--updates", type=int, default=10_000)
     parser.add_argument("--batches", type=int, default=16)
+    parser.add_argument("--stats-rows", action="store_true",
+                        help="add the variant whose stats travel as rows of a persisted output")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="statebackend-bench-ab-"))
     spark = local_spark_session("statebackend-bench-ab", master="local[2]",
@@ -57,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         waiting, waiting_config = job(work, "waiting", confirm_on_driver=False)
         variants: dict[str, Any] = {"driver confirms": confirmed, "tasks wait (default on file://)": waiting,
                                     "no-state floor": no_state_batch}
+        checked = [("driver confirms", confirmed, confirmed_config), ("tasks wait", waiting, waiting_config)]
+        if args.stats_rows:
+            rows_job, rows_config = job(work, "rows", StatsRows, confirm_on_driver=False)
+            variants["tasks wait, stats as rows of a persisted output"] = rows_job
+            checked.append(("stats as rows", rows_job, rows_config))
         times: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         for batch in range(args.batches + 1):
@@ -76,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
             p50 = statistics.median(values)
             print(f"| {name} | {p50:.0f} | {percentile(values, 0.95):.0f} | {p50 / floor:.2f}x |")
         ok = True
-        for name, config in (("driver confirms", confirmed_config), ("tasks wait", waiting_config)):
+        for name, _, config in checked:
             keys, counted = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr(
                 "count(*)", "sum(value)").first()
             good = keys == args.keys and counted == total
             ok &= good
             print(f"\n{name}: {keys} keys, counts sum to {counted} of {total} rows: {'OK' if good else 'FAIL'}")
-        for name, variant in (("driver confirms", confirmed), ("tasks wait", waiting)):
+        for name, variant, _ in checked:
             counters = variant.metrics.export()
             print(f"{name}: reruns {counters.counter('spark.batch.reruns')}, stats missing "
                   f"{counters.counter('spark.task.stats.missing')}")

@@ -675,3 +675,47 @@ def test_the_stored_version_3_samples_hold_blocks_of_every_column_layout() -> No
     assert [flags for _, flags, _ in uncompressed_blocks((SAMPLES / "v3-delta-fixed-none.sbchlog").read_bytes())] == [7]
     assert [flags for _, flags, _ in uncompressed_blocks((SAMPLES / "v3-snapshot-none.sbchlog").read_bytes())] == [2]
     assert [flags for _, flags, _ in uncompressed_blocks((SAMPLES / "v3-delta-none.sbchlog").read_bytes())] == [1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_records_given_as_columns_make_the_same_file_as_the_same_records_given_as_pairs(data: st.DataObject) -> None:
+    """What a flushed batch hands the delta's encoder (two sorted columns) writes byte for byte the file its records as
+    pairs write, in every version, with and without compression, deletes and empty values included."""
+    keys = sorted(data.draw(st.sets(st.binary(min_size=1, max_size=12), max_size=300)))
+    values = [data.draw(st.one_of(st.none(), st.binary(max_size=40))) for _ in keys]
+    version = data.draw(st.sampled_from(VERSIONS))
+    compression = data.draw(st.sampled_from(["none", "zstd"]))
+    header = in_version(DELTA, version)
+    pairs = list(zip(keys, values))
+    columns = fmt.RecordColumns(keys, values)
+    assert encode(header, columns, compression=compression) == encode(header, pairs, compression=compression)
+    assert list(iter_records(encode(header, columns, compression=compression), name="columns")) == pairs
+
+
+def test_columns_out_of_order_or_with_a_delete_in_a_snapshot_are_refused_as_pairs_are() -> None:
+    with pytest.raises(StateBackendError, match="increasing"):
+        encode(DELTA, fmt.RecordColumns([b"b", b"a"], [b"1", b"2"]))
+    with pytest.raises(StateBackendError, match="a snapshot holds puts only"):
+        encode(SNAPSHOT, fmt.RecordColumns([b"a", b"b"], [b"1", None]))
+    with pytest.raises(StateBackendError, match="2 keys and 1 values"):
+        fmt.RecordColumns([b"a", b"b"], [b"1"])
+
+
+def test_a_flushed_change_set_hands_out_its_records_as_sorted_columns(tmp_path: pathlib.Path) -> None:
+    store = LocalStore.open(tmp_path / "store", name="s")
+    try:
+        store.put(b"b", b"2")
+        store.put(b"a", b"1")
+        store.put(b"c", b"3")
+        store.delete(b"c")
+        change = store.flush(LocalVersion(1, "v1"))
+        columns = change.columns()
+        assert columns is not None
+        assert (list(columns.keys), list(columns.values)) == ([b"a", b"b", b"c"], [b"1", b"2", None])
+        assert list(columns) == list(change) == [(b"a", b"1"), (b"b", b"2"), (b"c", None)]
+        change.close()
+        with pytest.raises(StateBackendError, match="closed"):
+            change.columns()
+    finally:
+        store.close()

@@ -61,6 +61,7 @@ from statebackend.recordfile import (
     HEADER_PREFIX_SIZE,
     KIND_SNAPSHOT,
     FileHeader,
+    RecordColumns,
     check_digest,
     header_size,
     read_frame,
@@ -539,7 +540,7 @@ class ChangelogBackupManager(TaskBackupManager):
             for step in recipe.deltas:
                 change = to_encode.pop(step.name, None) if step.name is not None else None
                 if change is not None and step.name is not None:
-                    self._stage(lineage, step, "delta", iter(change), step.name)
+                    self._stage(lineage, step, "delta", change.columns() or iter(change), step.name)
             for step in recipe.deltas:
                 if step.name is None or step.name in lineage.uploaded:
                     continue
@@ -596,7 +597,8 @@ class ChangelogBackupManager(TaskBackupManager):
         self._upload_staged_file(lineage, staged, name, kind)
 
     def _stage(
-        self, lineage: _Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
+        self, lineage: _Lineage, step: Step, kind: str,
+        records: Iterable[tuple[bytes, bytes | None]] | RecordColumns, name: str,
     ) -> Path:
         """Write the file for ``step`` into the staging dir (aside, then renamed: a staged file is always whole)."""
         header = FileHeader(
