@@ -45,7 +45,7 @@ from array import array
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from itertools import chain, islice
 from operator import lt
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import attrs
 import zstandard
@@ -363,6 +363,8 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]] | RecordC
         while len(keys) < BLOCK_MAX_RECORDS and size < _BLOCK_BYTES:
             fits = (_BLOCK_BYTES - size) // record_size + 1
             take = min(_WRITE_CHUNK, BLOCK_MAX_RECORDS - len(keys), fits)
+            chunk_keys: Sequence[bytes]
+            chunk_values: Sequence[bytes | None]
             if carried_keys:
                 chunk_keys, chunk_values = carried_keys[:take], carried_values[:take]
                 del carried_keys[:take], carried_values[:take]
@@ -375,7 +377,7 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]] | RecordC
                 has_delete = True
                 chunk_value_lengths = [0 if value is None else len(value) for value in chunk_values]
             else:
-                chunk_value_lengths = list(map(len, chunk_values))
+                chunk_value_lengths = list(map(len, cast(Sequence[bytes], chunk_values)))
             keys += chunk_keys
             values += chunk_values
             key_lengths += chunk_key_lengths
