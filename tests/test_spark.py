@@ -397,3 +397,21 @@ def test_a_task_without_stats_when_tasks_did_not_wait_for_their_checkpoints_runs
         totals = batch_count(spark, list(range(batch_id + 1)))
         assert rows == sorted((w, totals[w]) for w in set(batch_words(batch_id)))
     assert state_of(spark, config) == batch_count(spark, [0, 1, 2])
+
+
+@pytest.mark.parametrize("mode", ["rows", "arrow"])
+def test_a_replay_skipped_by_every_task_reports_every_tasks_stats(spark: Any, tmp_path: Path, mode: str) -> None:
+    """on_replay="skip": the tasks of a replayed batch skip it and say so in their stats, which reach the driver as
+    this run's (not taken for missing ones)."""
+    config = make_config(tmp_path)
+    job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema=OUTPUT, mode=mode, on_replay="skip")
+    for batch_id in range(2):
+        run_batch(spark, job, batch_id)
+    restarted = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                                     output_schema=OUTPUT, mode=mode, on_replay="skip")
+    assert run_batch(spark, restarted, 1) == []  # skipped: no output
+    assert sorted(s.task_index for s in restarted.last_batch_stats) == list(range(NUM_TASKS))
+    assert all(s.committed_seq == 0 for s in restarted.last_batch_stats)
+    assert restarted.metrics.export().counter("spark.task.stats.missing") == 0
+    assert state_of(spark, config) == batch_count(spark, [0, 1])

@@ -396,7 +396,8 @@ class TaskRunner:
                 skipped = TaskStats(
                     batch_id=self.batch_id, task_index=index, attempt=attempt, base_seq=latest.seq, committed_seq=0,
                     open_ms=(time.monotonic() - started) * 1000.0, process_ms=0.0, commit_ms=0.0,
-                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=exported)
+                    commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=exported,
+                    executor=_executor(), run_id=self.run_id)
                 return [], skipped
             plan = plan_batch(checkpoint_log, latest, name, self.batch_id, layout,
                               lambda other: CheckpointLog(blob_store, settings.job_name, other,
