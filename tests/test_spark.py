@@ -336,6 +336,7 @@ def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the
         run_ids = {s.run_id for s in job.last_batch_stats}
         assert len(run_ids) == 1 and "" not in run_ids
         runs |= run_ids
+        assert job._stats_to is not None and job._stats_to[1].value == []  # the sink's read ran no task again
     assert len(runs) == 3  # each run of a batch has its own token
     for batch_id, columns, rows in sunk:
         totals = batch_count(spark, list(range(batch_id + 1)))
@@ -415,3 +416,23 @@ def test_a_replay_skipped_by_every_task_reports_every_tasks_stats(spark: Any, tm
     assert all(s.committed_seq == 0 for s in restarted.last_batch_stats)
     assert restarted.metrics.export().counter("spark.task.stats.missing") == 0
     assert state_of(spark, config) == batch_count(spark, [0, 1])
+
+
+def count_arrow_failing_in_task_one(stores: Any, batches: Any) -> Any:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is not None and context.partitionId() == 1:
+        raise RuntimeError("task 1 fails every attempt")
+    return count_arrow(stores, batches)
+
+
+def test_a_batch_whose_task_fails_holds_no_output_of_the_tasks_that_succeeded(spark: Any, tmp_path: Path) -> None:
+    job = StatefulForeachBatch(count_arrow_failing_in_task_one, key_columns=["word"], num_tasks=NUM_TASKS,
+                               config=make_config(tmp_path), output_schema=OUTPUT, mode="arrow",
+                               sink=lambda frame, batch_id: None)
+    context = spark.sparkContext._jsc.sc()
+    held_before = context.getPersistentRDDs().size()
+    with pytest.raises(Exception, match="task 1 fails every attempt"):
+        job(spark.createDataFrame([(w,) for w in batch_words(0)], "word string"), 0)
+    assert context.getPersistentRDDs().size() == held_before

@@ -201,10 +201,11 @@ class StatefulForeachBatch:
 
         Classic Spark: the tasks report their stats through an accumulator (:class:`StatsParam`) and their output is
         kept by the action itself, the same single job the no-state floor runs: an RDD persisted and counted (rows
-        through an RDD), or a local checkpoint of the mapped DataFrame. Measured on ``local[2]``, a DataFrame's
-        ``persist()`` and a second job to collect the stats from it cost about 100 ms a batch more
-        (docs/benchmarks-spark.md). Spark Connect has neither accumulators nor RDDs: there, each task's stats come as
-        one more row of its output, read from the persisted output."""
+        through an RDD), or a local checkpoint of the mapped DataFrame counted (one executor). Measured on
+        ``local[2]``, a DataFrame's ``persist()`` and a second job to collect the stats from it cost about 100 ms a
+        batch more (docs/benchmarks-spark.md). Spark Connect has neither accumulators nor RDDs, and a local
+        checkpoint's blocks lost with an executor are never computed again: there, and on the DataFrame route with
+        several executors, each task's stats come as one more row of its output, read from the persisted output."""
         spark = batch_df.sparkSession
         remote = is_connect(spark)
         partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
@@ -251,6 +252,13 @@ class StatefulForeachBatch:
                 f"StatefulForeachBatch output_schema has a column named {STATS_COLUMN!r}, the column the tasks' "
                 "statistics travel in under Spark Connect: rename it"
             )
+        # Arrow all the way on classic Spark with one executor (local mode): the one action computes a local
+        # checkpoint of the mapped output (its rows kept in the block manager, memory then disk), the stats going
+        # through the accumulator. A block of a local checkpoint is never computed again, so with more executors,
+        # where one may be lost before the sink read its blocks, the persisted route below is taken instead, which
+        # computes them again; its stats travel as rows, as under Spark Connect.
+        if stats_to is not None and self._executors(spark) > 1:
+            stats_to = None
         runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
                               run_id)
         if self.mode == "pandas":
@@ -260,18 +268,16 @@ class StatefulForeachBatch:
             map_in = partitioned.mapInArrow
             function = runner.run_arrow if self.mode == "arrow" else runner.run_rows_arrow
         if stats_to is not None:
-            # Arrow all the way on classic Spark: the one action is an eager local checkpoint of the mapped output
-            # (its rows kept in the executors' block managers, memory then disk). Unlike a persisted DataFrame, a
-            # block lost with its executor before the sink read it is not computed again: the batch fails, naming
-            # the checkpoint block, and runs again when the query restarts (a replay, exactly-once as ever).
-            checkpointed = map_in(function, schema).localCheckpoint(eager=True)
+            checkpointed = map_in(function, schema).localCheckpoint(eager=False)
             try:
+                _checkpointed_rdd(checkpointed).count()  # what eager=True runs; here a failure releases what it kept
                 stats = self._reported(stats_to, run_id)
             except BaseException:
                 _release_checkpoint(checkpointed)
                 raise
             return functools.partial(_release_checkpoint, checkpointed), checkpointed, stats
-        # Spark Connect: each task's stats in one extra row, in a column that is null in every output row
+        # Spark Connect (and classic Spark with several executors): each task's stats in one extra row, in a column
+        # that is null in every output row
         extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
                                StructField(STATS_COLUMN, BinaryType(), True)])
         persisted = map_in(function, extended).persist(StorageLevel.MEMORY_AND_DISK)
@@ -440,11 +446,16 @@ class StatefulForeachBatch:
         return self._parsed_schema
 
 
+def _checkpointed_rdd(frame: DataFrame) -> Any:
+    """The RDD (a py4j handle) a DataFrame made by ``localCheckpoint`` reads: its plan is a ``LogicalRDD`` over it."""
+    return frame._jdf.queryExecution().analyzed().rdd()
+
+
 def _release_checkpoint(frame: DataFrame) -> None:
-    """Free the blocks of a DataFrame made by ``localCheckpoint`` (its plan is a ``LogicalRDD`` over the checkpointed
-    RDD; unpersisting that RDD drops its blocks from every executor). Not blocking."""
+    """Free the blocks of a DataFrame made by ``localCheckpoint`` (unpersisting its RDD drops its blocks from every
+    executor). Not blocking."""
     try:
-        frame._jdf.queryExecution().analyzed().rdd().unpersist(False)
+        _checkpointed_rdd(frame).unpersist(False)
     except Exception as exc:  # noqa: BLE001 - another Spark's plan: its blocks go when Spark's cleaner frees the RDD
         log.warning("could not free the output of a batch held by a local checkpoint (%s); Spark frees it when the "
                     "RDD is garbage collected", exc)
