@@ -25,10 +25,8 @@ Trust (docs/architecture.md, "Fencing" and "Short answers"):
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Executor, Future
@@ -127,8 +125,6 @@ class TaskStorage:
         settings = config if isinstance(config, Settings) else Settings.from_config(config)
         _check_name("task name", task_name)
         shorten_thread_switch_interval(settings.thread_switch_interval_us)
-        if settings.gc_freeze:
-            freeze_survivors()
         metrics = metrics or task_metrics(settings, task_name)
         owns = blob_store is None
         blob_store = blob_store or open_blob_store(settings.blob_store_url, settings.blob_store_options)
@@ -348,35 +344,6 @@ def shorten_thread_switch_interval(microseconds: int) -> None:
     wanted = microseconds / 1_000_000
     if sys.getswitchinterval() > wanted:
         sys.setswitchinterval(wanted)
-
-
-#: task opens between two full collections of the process under ``task.gc.freeze``
-GC_FULL_EVERY = 64
-_gc_lock = threading.Lock()
-_gc_opens = 0
-
-
-def freeze_survivors() -> None:
-    """Collect the process's garbage, then move every object that survives out of later collections (``gc.freeze``);
-    every :data:`GC_FULL_EVERY` calls, everything frozen is put back first, so the collection is a full one.
-
-    A reused PySpark worker runs a full ``gc.collect()`` after every task. With pyspark, pyarrow, pandas and this
-    library loaded that is about 82,000 objects and 45 ms, the GIL held throughout: a task's upload left running
-    beside it waits, and so does the worker's next task. Measured on a foreachBatch of 10k updates a batch (1M keys,
-    4 tasks, ``local[2]``, 20 batches interleaved): 337 -> 299 ms p50 a call with every task waiting for its
-    checkpoint, 373 -> 282 ms with the driver confirming them (docs/benchmarks-spark.md). Once the long-lived
-    objects are frozen, a collection walks only what was made since the last open.
-
-    What it costs: a reference cycle among frozen objects that turns to garbage (a task's objects, after its close)
-    waits for the next full collection, at most :data:`GC_FULL_EVERY` opens later; objects are still freed as soon as
-    nothing refers to them."""
-    global _gc_opens
-    with _gc_lock:
-        if _gc_opens and _gc_opens % GC_FULL_EVERY == 0:
-            gc.unfreeze()
-        _gc_opens += 1
-        gc.collect()
-        gc.freeze()
 
 
 @attrs.frozen

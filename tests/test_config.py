@@ -657,67 +657,6 @@ def test_opening_a_task_lowers_the_thread_switch_interval_and_never_raises_it(tm
         sys.setswitchinterval(before)
 
 
-class _Node:
-    """An object that can sit in a reference cycle and be watched by a weak reference."""
-
-    def __init__(self) -> None:
-        self.other: object = None
-
-
-def _cycle() -> Any:
-    import weakref
-
-    first, second = _Node(), _Node()
-    first.other, second.other = second, first
-    return weakref.ref(first)
-
-
-def test_opening_a_task_collects_then_freezes_the_survivors_unless_told_not_to(tmp_path: Path) -> None:
-    import gc
-
-    from statebackend.task import TaskStorage
-
-    config = {"blob.store.url": (tmp_path / "blobs").as_uri(), "blob.store.create.if.missing": True,
-              "state.local.dir": str(tmp_path / "local")}
-    try:
-        gc.unfreeze()
-        with TaskStorage.open({**config, "task.gc.freeze": "false"}, "t"):
-            assert gc.get_freeze_count() == 0
-        garbage = _cycle()  # a cycle nothing refers to: only a collection frees it
-        assert garbage() is not None
-        with TaskStorage.open(config, "t"):
-            assert garbage() is None  # collected before the freeze, not frozen with the survivors
-            assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-
-
-def test_a_frozen_cycle_that_turns_to_garbage_is_collected_at_the_next_full_collection(monkeypatch: Any) -> None:
-    import gc
-
-    from statebackend import task
-
-    monkeypatch.setattr(task, "GC_FULL_EVERY", 3)
-    monkeypatch.setattr(task, "_gc_opens", 0)
-    try:
-        first = _Node()
-        first.other = _Node()
-        first.other.other = first  # type: ignore[attr-defined]
-        import weakref
-
-        watched = weakref.ref(first)
-        task.freeze_survivors()  # call 1: the cycle is alive, and frozen
-        del first
-        task.freeze_survivors()  # call 2: frozen objects are not collected
-        assert watched() is not None
-        task.freeze_survivors()  # call 3: not yet a multiple of 3 opens before it
-        assert watched() is not None
-        task.freeze_survivors()  # call 4: after 3 opens, everything is thawed and collected in full
-        assert watched() is None
-    finally:
-        gc.unfreeze()
-
-
 def test_a_bad_gc_freeze_value_names_the_key() -> None:
     with pytest.raises(ConfigError, match=r"task\.gc\.freeze"):
         Settings.from_config({"blob.store.url": URL, "task.gc.freeze": "sometimes"})

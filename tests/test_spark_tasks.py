@@ -253,3 +253,92 @@ def test_misspelled_config_key_is_refused_on_the_driver(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tsak.commit.ms"):
         StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=2,
                              config=make_config(tmp_path, **{"tsak.commit.ms": 5}))
+
+
+class _Node:
+    """An object that can sit in a reference cycle and be watched by a weak reference."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def _garbage_cycle() -> Any:
+    import weakref
+
+    first, second = _Node(), _Node()
+    first.other, second.other = second, first
+    return weakref.ref(first)
+
+
+def test_a_task_collects_then_freezes_the_survivors_unless_told_not_to(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from statebackend.spark import executor
+
+    config = make_config(tmp_path)
+    monkeypatch.setattr(executor, "_gc_foreign", None)
+    monkeypatch.setattr(executor, "_gc_tasks", 0)
+    gc.disable()  # no automatic collection: only the task's may free the cycle below
+    try:
+        gc.unfreeze()
+        run({**config, "task.gc.freeze": "false"}, 0, "a")
+        assert gc.get_freeze_count() == 0
+        garbage = _garbage_cycle()  # a cycle nothing refers to: only a collection frees it
+        assert garbage() is not None
+        run(config, 1, "b")
+        assert garbage() is None  # collected before the freeze, not frozen with the survivors
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+
+
+def test_a_frozen_cycle_that_turns_to_garbage_is_collected_at_the_next_full_collection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+    import weakref
+
+    from statebackend.spark import executor
+
+    monkeypatch.setattr(executor, "GC_FULL_EVERY", 3)
+    monkeypatch.setattr(executor, "_gc_tasks", 0)
+    monkeypatch.setattr(executor, "_gc_foreign", None)
+    gc.unfreeze()
+    try:
+        first = _Node()
+        first.other = _Node()
+        first.other.other = first  # type: ignore[attr-defined]
+        watched = weakref.ref(first)
+        executor.freeze_survivors()  # task 1: the cycle is alive, and frozen
+        del first
+        executor.freeze_survivors()  # task 2: frozen objects are not collected
+        assert watched() is not None
+        executor.freeze_survivors()  # task 3
+        assert watched() is not None
+        executor.freeze_survivors()  # task 4: after 3 tasks, everything is thawed and collected in full
+        assert watched() is None
+    finally:
+        gc.unfreeze()
+
+
+def test_a_process_that_froze_objects_itself_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from statebackend.spark import executor
+
+    monkeypatch.setattr(executor, "_gc_tasks", 0)
+    monkeypatch.setattr(executor, "_gc_foreign", None)
+    gc.unfreeze()
+    gc.disable()  # no automatic collection: the cycle below lives unless the task collects
+    try:
+        gc.freeze()  # the host's own freeze, before any task
+        frozen = gc.get_freeze_count()
+        garbage = _garbage_cycle()
+        for _ in range(executor.GC_FULL_EVERY + 1):
+            executor.freeze_survivors()
+        assert gc.get_freeze_count() == frozen  # neither thawed nor frozen more
+        assert garbage() is not None  # and no collection ran
+    finally:
+        gc.unfreeze()
+        gc.enable()

@@ -95,10 +95,11 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
     "task.gc.freeze": OptionSpec(
         parse_bool(),
         True,
-        "at a task's open, collect the process's garbage and move what survives out of later collections (Python's "
-        "gc.freeze; everything again every 64 opens, so nothing frozen leaks for long): PySpark's reused workers "
-        "run a full collection after every task, about 45 ms of held GIL with pyspark, pyarrow and pandas loaded, "
-        "in which a task's upload and the worker's next task wait",
+        "at each Spark task's start in a Python worker, collect the process's garbage and move what survives out of "
+        "later collections (Python's gc.freeze; everything again every 64 tasks, so nothing frozen leaks for long; "
+        "a process that froze objects itself is left alone): PySpark's reused workers run a full collection after "
+        "every task, about 45 ms of held GIL with pyspark, pyarrow and pandas loaded, in which a task's upload and "
+        "the worker's next task wait",
     ),
     "task.checkpoint.write.versions": OptionSpec(
         _parse_versions, "2", "checkpoint formats written at each commit, any of 1, 2"

@@ -94,7 +94,8 @@ class Settings:
     #: ``task.thread.switch.interval.us``: the longest a thread waits for the GIL while another runs Python (0: left
     #: as the interpreter has it)
     thread_switch_interval_us: int = 0
-    #: ``task.gc.freeze``: collect and freeze the survivors at each task open (:func:`statebackend.task.freeze_survivors`)
+    #: ``task.gc.freeze``: collect and freeze the survivors at each Spark task's start
+    #: (:func:`statebackend.spark.executor.freeze_survivors`)
     gc_freeze: bool = False
 
     @classmethod
