@@ -305,7 +305,11 @@ class StatefulForeachBatch:
         """The stats the tasks of run ``run_id`` reported (the accumulator is emptied; an entry of another run, a
         zombie attempt's, is dropped)."""
         reported, accumulator.value = accumulator.value, []
-        return [s for s in reported if s.run_id == run_id]
+        stats = [s for s in reported if s.run_id == run_id]
+        if len(stats) < len(reported):
+            log.warning("%d task stats of an earlier run came late and were dropped (attempts of a run that had ended: "
+                        "a zombie, or a block computed again for a sink)", len(reported) - len(stats))
+        return stats
 
     def _without_stats(self, stats: Sequence[TaskStats], batch_id: int, confirming: bool) -> list[int]:
         """The tasks of the run that reported no stats. Spark counts a task as done when its output partition is in
