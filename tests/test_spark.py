@@ -161,7 +161,7 @@ def state_of(spark: Any, config: dict[str, object], checkpoint: str | int = "lat
 def persistent_rdd_ids(spark: Any) -> set[int]:
     """The ids of the RDDs Spark holds persisted now. Compare the ids that appear, not the count: Spark's cleaner
     unpersists RDDs of earlier tests once the JVM collects them, at any time."""
-    return {int(rdd_id) for rdd_id in spark.sparkContext._jsc.getPersistentRDDs().keys()}
+    return {int(rdd_id) for rdd_id in spark.sparkContext._jsc.getPersistentRDDs()}
 
 
 def batch_count(spark: Any, batch_ids: list[int]) -> dict[str, int]:
