@@ -156,7 +156,8 @@ class StatsParam(AccumulatorParam):  # type: ignore[type-arg]
 
     Spark merges a task's accumulator updates into the driver's value when the task succeeds, before the action that
     ran it returns (the driver acknowledges each update), and never those of a failed attempt: after the action, the
-    value holds exactly one entry per task of the run. So the stats need no row of the output and no second job to
+    value holds at most one entry per task of the run, none for a task whose output Spark read from a block a failed
+    attempt had stored (the driver's ``_without_stats``). So the stats need no row of the output and no second job to
     collect them. ``addInPlace`` builds a new list: the driver swaps the value out while the accumulator server's
     thread may merge a late update of another run's zombie attempt, which then lands in one list or the other, never
     half in both (the driver tells runs apart by :attr:`TaskStats.run_id`)."""
