@@ -80,7 +80,7 @@ def test_restore_start_and_end_at_info_with_bytes_time_and_fields(
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="statebackend"), TaskStorage.open(config, "task-0") as task:
         downloaded = int(task.metrics.counter("restore.bytes"))
-    restore_records = [r for r in caplog.records if r.name == "statebackend.task" and "restor" in r.getMessage()]
+    restore_records = [r for r in caplog.records if r.name == "statebackend.restore" and "restor" in r.getMessage()]
     start, end = restore_records
     assert start.levelno == end.levelno == logging.INFO
     assert "restoring checkpoint #1" in start.getMessage()

@@ -251,7 +251,7 @@ def test_a_port_that_cannot_be_bound_is_logged_and_the_task_runs(tmp_path: Path,
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with caplog.at_level(logging.WARNING, logger="statebackend.task"):
+        with caplog.at_level(logging.WARNING, logger="statebackend.exporters"):
             _run(_config(tmp_path, **{"metrics.prometheus.port": port}), commits=1)
     assert any("metrics.prometheus.port" in r.getMessage() for r in caplog.records)
 

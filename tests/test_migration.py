@@ -85,7 +85,7 @@ def test_changelog_to_dual_to_blobsnapshot_and_back(tmp_path: Path, caplog: pyte
 
     # 2. dual commit, restore.factory=blobsnapshot: the checkpoint has no blobsnapshot marker yet -> fallback, logged
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="statebackend.task"):
+    with caplog.at_level(logging.WARNING, logger="statebackend.lifecycle"):
         run_step(dual_via_blob, blobs, model, range(4, 8), offsets)
     assert any("no blobsnapshot marker" in r.getMessage() and "changelog" in r.getMessage() for r in caplog.records)
     with TaskStorage.open(dual_via_blob, "task-0", blob_store=blobs) as task:
@@ -110,7 +110,7 @@ def test_changelog_to_dual_to_blobsnapshot_and_back(tmp_path: Path, caplog: pyte
     # 4. back to changelog only: the checkpoint has only a blobsnapshot marker -> fallback, logged; changelog
     #    re-bases on a snapshot of the restored state at its first commit
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="statebackend.task"):
+    with caplog.at_level(logging.WARNING, logger="statebackend.lifecycle"):
         run_step(changelog_only, blobs, model, range(16, 20), offsets)
     assert any("no changelog marker" in r.getMessage() and "blobsnapshot" in r.getMessage() for r in caplog.records)
     reopen_exact(changelog_only, blobs, model, tmp_path, wipe=False)
@@ -164,7 +164,7 @@ def test_a_schema_1_index_in_a_dual_checkpoint_falls_back_to_changelog_and_the_n
     blobs.put(marker, (Path(__file__).parent / "data" / "blobsnapshot" / "index-v1.json").read_bytes())
     shutil.rmtree(tmp_path / "local")
     caplog.clear()
-    with caplog.at_level(logging.ERROR, logger="statebackend.task"):
+    with caplog.at_level(logging.ERROR, logger="statebackend.restore"):
         task = run_step(dual, blobs, model, range(3, 4), offsets)
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert marker in messages and "schema version 1" in messages

@@ -307,7 +307,7 @@ def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: An
 
 def test_an_output_column_named_like_the_stats_column_is_refused(spark: Any, tmp_path: Path) -> None:
     from statebackend.errors import ConfigError
-    from statebackend.spark.executor import STATS_COLUMN
+    from statebackend.spark.stats import STATS_COLUMN
 
     job = StatefulForeachBatch(COUNTERS["arrow"], key_columns=["word"], num_tasks=NUM_TASKS,
                                config=make_config(tmp_path), output_schema=f"word string, {STATS_COLUMN} binary",
@@ -353,7 +353,7 @@ def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the
 
 
 def test_stats_of_another_run_are_not_taken_for_this_runs() -> None:
-    from statebackend.spark.executor import TaskStats
+    from statebackend.spark.stats import TaskStats
 
     def stats(task: int, run_id: str) -> TaskStats:
         return TaskStats(batch_id=4, task_index=task, attempt=0, base_seq=1, committed_seq=2, open_ms=0.0,

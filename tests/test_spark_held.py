@@ -14,8 +14,8 @@ from pyspark.sql import Row
 
 from statebackend.errors import CommitError, StateBackendError
 from statebackend.spark import TaskRunner
-from statebackend.spark.executor import StatsRecord, is_output
 from statebackend.spark.held import _SPILL_CHUNK, SPILL_DIR, HeldOutput
+from statebackend.spark.stats import StatsRecord, is_output
 from tests.test_spark import make_config
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from statebackend.errors import CommitConflictError
 from statebackend.spark import kept
-from statebackend.spark.executor import is_output, is_stats
+from statebackend.spark.stats import is_output, is_stats
 from tests.test_spark import make_config
 from tests.test_spark_tasks import rows, runner, task_state
 
@@ -132,7 +132,7 @@ def test_a_task_parked_in_another_process_is_handed_over(tmp_path: Path) -> None
         import json
         from statebackend.spark import kept
         from tests.test_spark_tasks import runner, rows
-        from statebackend.spark.executor import is_output, is_stats
+        from statebackend.spark.stats import is_output, is_stats
         items = list(runner({config!r}, 1, keep_open=True).run_rows(0, iter(rows("a", "c"))))
         out = [item for item in items if is_output(item)]
         stats = [item.stats for item in items if is_stats(item)][0]

@@ -377,7 +377,7 @@ def test_restore_falls_back_to_the_next_backend_with_a_marker(
         data = bytearray(blobs.get(deltas[0]))
         data[len(data) // 2] ^= 0x40
         blobs.put(deltas[0], bytes(data))
-    with caplog.at_level(logging.ERROR, logger="statebackend.task"), TaskStorage.open(
+    with caplog.at_level(logging.ERROR, logger="statebackend.restore"), TaskStorage.open(
         config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
     ) as task:
         assert task.restored == latest

@@ -16,7 +16,7 @@ from statebackend.cli import main
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.spark import TaskRunner
-from statebackend.spark.executor import is_output
+from statebackend.spark.stats import is_output
 from statebackend.store.ttl import unwrap
 from statebackend.task import TaskStorage
 from tests.test_cli import write_config

@@ -19,6 +19,7 @@ from statebackend.checkpoint import CheckpointLog, LogEntry
 from statebackend.config import Settings
 from statebackend.contracts import BackendContext, StateBackendAdmin
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.lifecycle import task_checkpoint_log
 from statebackend.metrics import Metrics
 from statebackend.redact import redact
 from statebackend.registry import resolve_factory
@@ -93,8 +94,9 @@ class Run:
         yield from tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False, unit="")
 
     def log(self, task: str) -> CheckpointLog:
-        return CheckpointLog(self.blob_store, self.job, task, read_versions=self.settings.checkpoint_read_versions,
-                             retained=self.settings.checkpoint_retained)
+        settings = self.settings if self.job == self.settings.job_name else attrs.evolve(self.settings,
+                                                                                          job_name=self.job)
+        return task_checkpoint_log(settings, self.blob_store, task)
 
     def admin(self, task: str, factory_name: str) -> StateBackendAdmin | None:
         """The admin of backend ``factory_name`` (as a checkpoint names it) for ``task``; ``None`` when the backend

@@ -24,9 +24,9 @@ from statebackend.cli._common import (
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.metrics import Metrics
+from statebackend.restore import restored_stores
 from statebackend.serdes import get_serde
 from statebackend.store.ttl import ENVELOPE, batch_clock, unwrap
-from statebackend.task import restored_stores
 
 __all__ = ["COMMANDS"]
 

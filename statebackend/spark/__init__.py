@@ -47,9 +47,10 @@ from __future__ import annotations
 
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
 from statebackend.spark.driver import StatefulForeachBatch
-from statebackend.spark.executor import TaskRunner, TaskStats, TaskStores
+from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.read import read_state
 from statebackend.spark.session import local_spark_session
+from statebackend.spark.stats import TaskStats
 
 __all__ = [
     "ATTEMPTS_DIR",

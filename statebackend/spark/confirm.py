@@ -29,8 +29,9 @@ from statebackend.blobstores.base import BlobStore
 from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import StateBackendError, TransientStorageError
+from statebackend.lifecycle import task_checkpoint_log
 from statebackend.spark.batches import ATTEMPT_OFFSET, task_name
-from statebackend.spark.executor import TaskStats
+from statebackend.spark.stats import TaskStats
 
 __all__ = ["ConfirmationError", "unconfirmed_checkpoints"]
 
@@ -98,6 +99,4 @@ def unconfirmed_checkpoints(blob_store: BlobStore, settings: Settings, stats: Se
 
 
 def _log(blob_store: BlobStore, settings: Settings, attempt: TaskStats) -> CheckpointLog:
-    return CheckpointLog(blob_store, settings.job_name, task_name(attempt.task_index),
-                         write_versions=settings.checkpoint_write_versions,
-                         read_versions=settings.checkpoint_read_versions, retained=settings.checkpoint_retained)
+    return task_checkpoint_log(settings, blob_store, task_name(attempt.task_index))

@@ -42,9 +42,9 @@ from pathlib import Path
 import attrs
 
 from statebackend.blobstores.base import BlobStore
-from statebackend.checkpoint import LogEntry
 from statebackend.commit import PendingCommit
 from statebackend.errors import StateBackendError
+from statebackend.lifecycle import OpenDecision
 from statebackend.metrics import HistogramData, Metrics, MetricsSnapshot
 from statebackend.store.directory import DATA_DIR
 from statebackend.task import TaskStorage
@@ -90,9 +90,9 @@ class KeptTask:
         if pending is not None:
             seq, checkpoint_id = pending.seq, str(pending.checkpoint_id)
         else:
-            last = storage.commit_manager.last_checkpoint
+            last = storage.last_checkpoint
             assert last is not None  # parked only after a commit
-            seq, checkpoint_id = storage.commit_manager.next_seq - 1, str(last.checkpoint_id)
+            seq, checkpoint_id = storage.committed_seq, str(last.checkpoint_id)
         return cls(storage=storage, blob_store=blob_store, fingerprint=fingerprint, seq=seq,
                    checkpoint_id=checkpoint_id,
                    files={str(s.path): _data_file(s.path) for s in storage.stores.values()}, task_dir=task_dir,
@@ -102,20 +102,23 @@ class KeptTask:
         """Wait for the commit the task was parked with, however it ends (a failure is logged, not raised): the
         take-back's :meth:`is_current` then sees whether it became durable (the log's newest, and the next seq)."""
         try:
-            self.storage.commit_manager.wait(timeout, raise_failure=False)
+            self.storage.wait_for_commit(timeout, raise_failure=False)
         except StateBackendError as exc:
             log.warning("%s: the commit the task was parked with did not become durable: %s",
                         self.storage.task_name, exc)
 
-    def is_current(self, latest: LogEntry | None, head: int, base: LogEntry | None) -> bool:
-        """Whether the batch may go on with this task as it is (see the module docstring)."""
+    def is_current(self, listed: OpenDecision, decision: OpenDecision) -> bool:
+        """Whether the batch may go on with this task as it is (see the module docstring): ``listed`` is the
+        attempt's decision from its listing (the newest checkpoint, the head), ``decision`` the one the batch opens
+        on (its base)."""
+        latest, base, head = listed.entry, decision.entry, listed.head
         if latest is None or base is None or base.seq != latest.seq or head != latest.seq or latest.seq != self.seq:
             return False
         if str(getattr(latest.checkpoint, "checkpoint_id", None)) != self.checkpoint_id:
             return False
-        if self.storage.commit_manager.next_seq != head + 1:
+        if self.storage.committed_seq != head:
             return False
-        if any(store.batch_bytes or store.spill_runs for store in self.storage.stores.values()):
+        if not self.storage.idle:
             return False
         return all(_data_file(Path(path)) == ident for path, ident in self.files.items())
 

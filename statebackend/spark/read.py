@@ -13,9 +13,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
-from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.lifecycle import task_checkpoint_log
 from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
@@ -125,9 +125,7 @@ class _StateReader:
         zero = task_name(0)
         if name == zero:
             return
-        zero_log = CheckpointLog(storage.blob_store, settings.job_name, zero,
-                                 read_versions=settings.checkpoint_read_versions,
-                                 retained=settings.checkpoint_retained)
+        zero_log = task_checkpoint_log(settings, storage.blob_store, zero)
         entry = (zero_log.latest() if self.checkpoint == "latest"
                  else zero_log.find(at_or_below(zero, int(self.checkpoint), self.num_tasks)))
         if entry is None:

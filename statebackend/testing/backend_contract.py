@@ -89,7 +89,7 @@ class BackendContract:
             for round_no in range(10):
                 write_round(task, round_no, model)
                 task.commit_durably({"input": str(round_no)})
-            task.commit_manager.wait()
+            task.wait_for_commit()
         shutil.rmtree(tmp_path / "local")
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             assert contents(task) == model

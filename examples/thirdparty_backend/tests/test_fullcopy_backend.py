@@ -105,7 +105,7 @@ def test_cleanup_keeps_only_the_blobs_of_retained_checkpoints(tmp_path: Path) ->
         for round_no in range(6):
             write_round(task, round_no, model)
             task.commit_durably({"input": str(round_no)})
-        task.commit_manager.wait()
+        task.wait_for_commit()
         log_markers = {entry.checkpoint.markers_for("fullcopy")["counts"]  # type: ignore[union-attr]
                        for entry in task.commit_manager.checkpoint_log.entries()}
     kept = set(blobs.list(PREFIX))
