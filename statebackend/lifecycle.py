@@ -92,8 +92,9 @@ class OpenDecision:
         caller that plans on the listing (a Spark replay restores the checkpoint before the replayed batch, a
         rescaled batch starts empty). ``entry`` must be one the listing showed (at most the head)."""
         if entry is not None and entry.seq > self.head:
-            raise ConfigError(f"task {self.task_name}: checkpoint #{entry.seq} is above the head #{self.head} of "
-                              "the listing it was chosen from")
+            raise InconsistentStateError(
+                f"task {self.task_name}: checkpoint #{entry.seq} is above the head #{self.head} of the listing the "
+                "decision was made from: the log moved on since. Decide again")
         return _decided(settings, self.task_name, entry, self.head, self.known_seq, self.restore_order)
 
     def confirm(self, known_seq: int) -> None:
