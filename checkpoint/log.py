@@ -60,7 +60,6 @@ from statebackend.errors import (
     CorruptDataError,
     InconsistentStateError,
     NotFoundError,
-    StateBackendError,
 )
 
 __all__ = ["MAX_SEQ", "CheckpointLog", "Listing", "LogEntry"]
@@ -280,7 +279,7 @@ class CheckpointLog:
         _check_seq(seq)
         version = self.commit_point_version
         if version not in self.read_versions:
-            raise StateBackendError(
+            raise ConfigError(
                 f"task {self.task_name!r}: checkpoints are written as version {version}, which "
                 f"task.checkpoint.read.versions {self.read_versions} does not read"
             )

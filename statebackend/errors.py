@@ -13,13 +13,21 @@
     ├── StoreLockedError                         another process holds the local store
     ├── LocalDirError (OSError)                  state.local.dir cannot be created, written or locked; says how to fix
     ├── SerdeError (ValueError)                  a key or value its serde cannot encode (a lone surrogate, ...)
+    ├── InvalidKeyError (ValueError)             a key the local store cannot hold (empty, over LMDB's limit), or keys
+    │                                            out of order for a bulk load
+    ├── ClosedError (ValueError)                 a store, read view, change set or spill run used after it was closed
+    ├── UsageError (ValueError)                  an operation its contract does not allow here (the statebackend
+    │                                            command's malformed arguments: exit code 2)
+    ├── ConfirmationError                        the Spark driver cannot read a checkpoint it must confirm
     ├── InconsistentStateError                   the blob store contradicts what is known to be durable (a
     │                                            short listing, a deleted newest checkpoint): never "start empty"
     └── CommitError                              a commit failed (wraps the cause) or timed out
         ├── CommitTimeoutError (TimeoutError)
         └── CommitConflictError                  another attempt of the task committed first: this one is fenced
 
-SDK exceptions are translated at the blob store boundary (``raise X from exc``); none reaches a caller raw.
+SDK exceptions are translated at the blob store boundary (``raise X from exc``); none reaches a caller raw. In a
+translated error's chain, :class:`RedactedError` (outside the tree: it is never raised) stands in for the SDK's
+exception, with its type name and scrubbed text.
 Each error also inherits the matching builtin so callers can catch either.
 """
 
@@ -27,20 +35,25 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "ClosedError",
     "CommitConflictError",
     "CommitError",
     "CommitTimeoutError",
     "ConfigError",
+    "ConfirmationError",
     "CorruptDataError",
     "IncompatibleFormatError",
     "InconsistentStateError",
+    "InvalidKeyError",
     "LocalDirError",
     "NotFoundError",
+    "RedactedError",
     "SerdeError",
     "StateBackendError",
     "StorageError",
     "StoreLockedError",
     "TransientStorageError",
+    "UsageError",
 ]
 
 
@@ -80,6 +93,35 @@ class InconsistentStateError(StateBackendError):
     """The blob store shows less than is known to be durable: a listing without the checkpoint this task restored or
     that its local ``CHECKPOINT-V2`` names, or a newest checkpoint that was deleted. Raised after retries; nothing
     is cleared or written on the strength of such an answer."""
+
+
+class InvalidKeyError(StateBackendError, ValueError):
+    """A key the local store cannot hold (empty, or over LMDB's key limit: hash or shorten it), or keys not strictly
+    ascending where a bulk load needs them so. Nothing was changed."""
+
+
+class ClosedError(StateBackendError, ValueError):
+    """A store, read view, change set or spill run was used after it was closed (or its store reopened)."""
+
+
+class UsageError(StateBackendError, ValueError):
+    """An operation its contract does not allow here: the statebackend command's malformed arguments (exit code 2),
+    a restore-only context asked to commit, changes applied over unflushed writes."""
+
+
+class ConfirmationError(StateBackendError):
+    """The Spark driver cannot read the task checkpoints it must confirm (its access to the blob store, or the log's
+    versions), as opposed to a checkpoint not being there."""
+
+
+class RedactedError(Exception):
+    """Stands in for an SDK or stdlib exception in a chain: its qualified type name and its scrubbed text. It keeps
+    the original's traceback (code lines only are printed), never the original object. Never raised itself: it is
+    only ever the ``__cause__`` of one of ours, so it is not part of the tree."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(f"{type_name}: {message}" if message else type_name)
+        self.type_name = type_name
 
 
 class LocalDirError(StateBackendError, OSError):

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import quote, quote_plus, unquote
 
-from statebackend.errors import StateBackendError
+from statebackend.errors import RedactedError, StateBackendError
 
 __all__ = [
     "REDACTED",
@@ -179,15 +179,6 @@ def credential_secrets(credential: Any) -> tuple[str, ...]:
     if isinstance(account_key, str):
         found.append(account_key)
     return tuple(found)
-
-
-class RedactedError(Exception):
-    """Stands in for an SDK or stdlib exception in a chain: its qualified type name and its scrubbed text. It keeps
-    the original's traceback (code lines only are printed), never the original object."""
-
-    def __init__(self, type_name: str, message: str) -> None:
-        super().__init__(f"{type_name}: {message}" if message else type_name)
-        self.type_name = type_name
 
 
 def _is_clean(exc: BaseException) -> bool:

@@ -27,7 +27,14 @@ from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.checkpoint import LogEntry
 from statebackend.config import Settings
 from statebackend.contracts import BackendContext
-from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError, StorageError
+from statebackend.errors import (
+    ConfigError,
+    CorruptDataError,
+    IncompatibleFormatError,
+    NotFoundError,
+    StorageError,
+    UsageError,
+)
 from statebackend.lifecycle import CheckpointChoice, OpenDecision, check_task_name, decide_open, task_checkpoint_log
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
@@ -172,8 +179,8 @@ class _NoPool(Executor):
     """The executor of a restore-only context: restore managers download on their own pool, never on this one."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        raise ConfigError("a restore-only open runs no commits, uploads or cleanups: open the task with "
-                          "TaskStorage.open to commit")
+        raise UsageError("a restore-only open runs no commits, uploads or cleanups: open the task with "
+                         "TaskStorage.open to commit")
 
 
 def _restore(

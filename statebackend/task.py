@@ -31,7 +31,7 @@ from statebackend.checkpoint import CheckpointIdGenerator, CheckpointLog, Checkp
 from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager, shared_commit_pool
 from statebackend.config import Settings
 from statebackend.contracts import BackendContext
-from statebackend.errors import ConfigError, StateBackendError
+from statebackend.errors import CommitError, ConfigError
 from statebackend.exporters import export_on_close, start_exporters, task_metrics
 from statebackend.lifecycle import (
     CheckpointChoice,
@@ -287,7 +287,7 @@ class TaskStorage:
         self._sweep_expired()
         pending = self.commit_manager.commit(input_offsets)
         if pending is None:  # cannot happen after wait(); kept so a skip is never silently taken for durable
-            raise StateBackendError(f"task {self.task_name}: commit was skipped")
+            raise CommitError(f"task {self.task_name}: commit was skipped")
         return pending
 
     def close(self, *, sync_local: bool = True, handover: bool = False) -> None:

@@ -36,9 +36,8 @@ from statebackend.cli._common import (
     EXIT_PIPE,
     EXIT_USAGE,
     Run,
-    UsageError,
 )
-from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.errors import ConfigError, NotFoundError, StateBackendError, UsageError
 from statebackend.redact import redact
 
 __all__ = ["EXIT_CODES", "load_properties", "main"]

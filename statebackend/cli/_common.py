@@ -18,7 +18,7 @@ from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.checkpoint import CheckpointLog, LogEntry
 from statebackend.config import Settings
 from statebackend.contracts import BackendContext, StateBackendAdmin
-from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.errors import ConfigError, NotFoundError, UsageError
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.metrics import Metrics
 from statebackend.redact import redact
@@ -38,10 +38,6 @@ T = TypeVar("T")
 #: ``<job>/<task>/checkpoints/<seq:012d>.v<version>.json``
 CHECKPOINT_NAME = re.compile(r"^([^/]+)/([^/]+)/checkpoints/([0-9]{12})\.v[1-9][0-9]*\.json$")
 _CHECKPOINT_ID = re.compile(r"^[0-9]{1,19}-[0-9]{1,6}$")
-
-
-class UsageError(StateBackendError):
-    """A malformed argument (exit code 2)."""
 
 
 @attrs.define(eq=False)
@@ -150,7 +146,7 @@ class NoExecutor(Executor):
     """Admins of the command submit no work."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        raise StateBackendError("the statebackend command runs no commits")
+        raise UsageError("the statebackend command runs no commits, uploads or cleanups")
 
 
 def checkpoint_time(millis: int) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import attrs
 
 from statebackend.checkpoint import CheckpointLog, LogEntry
-from statebackend.errors import ConfigError, StateBackendError
+from statebackend.errors import ConfigError, InconsistentStateError, NotFoundError
 from statebackend.store.ttl import CLOCK_OFFSET
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def batch_of(entry: LogEntry, name: str, num_tasks: int | None = None) -> int:
     offsets = entry.checkpoint.input_offsets
     batch = offsets.get(BATCH_OFFSET)
     if batch is None or not str(batch).isdigit():
-        raise StateBackendError(
+        raise ConfigError(
             f"{name}: checkpoint #{entry.seq} has no {BATCH_OFFSET!r} input offset ({dict(offsets)}); this state was "
             "not written by the Spark driver: give the Spark job its own job.name"
         )
@@ -69,7 +69,7 @@ def layout_of(entry: LogEntry, name: str) -> Layout:
     offsets = entry.checkpoint.input_offsets
     tasks, groups = offsets.get(TASKS_OFFSET), offsets.get(KEY_GROUPS_OFFSET)
     if tasks is None or not str(tasks).isdigit() or (groups is not None and not str(groups).isdigit()):
-        raise StateBackendError(
+        raise ConfigError(
             f"{name}: checkpoint #{entry.seq} does not say how its batch was spread over tasks ({dict(offsets)}); "
             "this state was not written by the Spark driver: give the Spark job its own job.name"
         )
@@ -116,7 +116,7 @@ def plan_batch(
         first = _newest_below(zero_log, zero_log.latest(), zero, batch_id)
     if first is None:
         if own is not None:
-            raise StateBackendError(
+            raise InconsistentStateError(
                 f"{name}: checkpoint #{own.seq} (batch {batch_of(own, name)}) exists but {zero} has no checkpoint "
                 f"below batch {batch_id}: the job's checkpoints of {zero} are missing from the blob store (deleted, "
                 "or the store was restored from an older copy), or two queries share job.name"
@@ -127,7 +127,7 @@ def plan_batch(
     previous = layout_of(first, zero)
     if previous == layout:
         if own is None or batch_of(own, name) != previous_batch or layout_of(own, name) != layout:
-            raise StateBackendError(
+            raise InconsistentStateError(
                 f"{name}: batch {previous_batch} ran with {layout} ({zero}'s checkpoint #{first.seq}) but this "
                 f"task's newest checkpoint below batch {batch_id} is "
                 f"{'none' if own is None else f'#{own.seq} (batch {batch_of(own, name)}, {layout_of(own, name)})'}:"
@@ -147,7 +147,7 @@ def plan_batch(
         old_log = checkpoint_log if old_name == name else open_log(old_name)
         entry = _newest_below(old_log, old_log.latest(), old_name, batch_id)
         if entry is None or batch_of(entry, old_name) != previous_batch or layout_of(entry, old_name) != previous:
-            raise StateBackendError(
+            raise InconsistentStateError(
                 f"{name}: rescaling from {previous} to {layout} needs {old_name}'s checkpoint of batch "
                 f"{previous_batch}, but its newest below batch {batch_id} is "
                 f"{'none' if entry is None else f'#{entry.seq} (batch {batch_of(entry, old_name)})'}: its "
@@ -180,7 +180,7 @@ def _newest_below(checkpoint_log: CheckpointLog, latest: LogEntry | None, name: 
         return latest
     newest_batch = batch_of(latest, name)
     if newest_batch > batch_id:
-        raise StateBackendError(
+        raise InconsistentStateError(
             f"{name}: Spark runs batch {batch_id} but the state already committed batch {newest_batch} (checkpoint "
             f"#{latest.seq} in {checkpoint_log.blob_store.describe()}); Spark only re-runs its last batch, so its "
             "checkpoint location was reset or another query uses the same job.name. Restore the Spark checkpoint, "
@@ -188,7 +188,7 @@ def _newest_below(checkpoint_log: CheckpointLog, latest: LogEntry | None, name: 
         )
     base = checkpoint_log.find(lambda entry: batch_of(entry, name) < batch_id)
     if base is None and min(checkpoint_log.seqs(), default=1) > 1:
-        raise StateBackendError(
+        raise NotFoundError(
             f"{name}: batch {batch_id} is replayed but the checkpoint before it was deleted by retention "
             f"(task.checkpoint.retained); raise task.checkpoint.retained so a batch can be replayed that often"
         )
@@ -203,7 +203,7 @@ def _check_no_gap(entry: LogEntry, name: str, newest_batch: int, batch_id: int, 
         # Spark starts batch B only once B-1 has finished, and every task commits every batch: a newest checkpoint
         # older than B-1 means the checkpoints after it are gone (deleted, or the blob store was rolled back).
         # Restoring it would silently drop acknowledged batches.
-        raise StateBackendError(
+        raise InconsistentStateError(
             f"{name}: Spark runs batch {batch_id} but the newest checkpoint of this task is of batch {newest_batch} "
             f"(checkpoint #{entry.seq} in {checkpoint_log.blob_store.describe()}): the checkpoints of batches "
             f"{newest_batch + 1}..{batch_id - 1} are missing from the blob store (deleted, or the store was restored "

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from statebackend.blobstores.base import BlobStore
 from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
-from statebackend.errors import StateBackendError, TransientStorageError
+from statebackend.errors import ConfirmationError, StateBackendError, TransientStorageError
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.spark.batches import ATTEMPT_OFFSET, task_name
 from statebackend.spark.stats import TaskStats
@@ -43,11 +43,6 @@ log = logging.getLogger(__name__)
 FIRST_POLL_S = 0.002
 SHORT_POLLS_FOR_S = 0.25
 LONGEST_POLL_S = 0.05
-
-
-class ConfirmationError(StateBackendError):
-    """The driver cannot read the task checkpoints it must confirm (its access to the blob store, or the log's
-    versions), as opposed to a checkpoint not being there."""
 
 
 def unconfirmed_checkpoints(blob_store: BlobStore, settings: Settings, stats: Sequence[TaskStats],

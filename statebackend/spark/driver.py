@@ -20,11 +20,11 @@ from pyspark.sql.types import BinaryType, StructField, StructType
 
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.config import Settings
-from statebackend.errors import ConfigError
+from statebackend.errors import ConfigError, ConfirmationError
 from statebackend.exporters import start_exporters
 from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
-from statebackend.spark.confirm import ConfirmationError, unconfirmed_checkpoints
+from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route

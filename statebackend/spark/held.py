@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from statebackend.errors import StateBackendError
+from statebackend.errors import CorruptDataError
 
 __all__ = ["DEFAULT_BOUND", "SPILL_DIR", "HeldOutput"]
 
@@ -85,13 +85,13 @@ class HeldOutput:
                         except EOFError:
                             break
                         except pickle.UnpicklingError as exc:
-                            raise StateBackendError(
+                            raise CorruptDataError(
                                 f"the task's output spill file {self._path} is damaged ({exc}): its output is lost "
                                 "with it; the task fails (its retry redoes the batch)") from exc
                         read += len(chunk)
                         yield from chunk
                 if read != self.spilled_items:  # cut where a chunk ends: never hand on a shorter output
-                    raise StateBackendError(
+                    raise CorruptDataError(
                         f"the task's output spill file {self._path} holds {read} of the {self.spilled_items} items "
                         "written to it (cut short): its output is lost with it; the task fails (its retry redoes the "
                         "batch)")

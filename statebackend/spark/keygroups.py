@@ -21,7 +21,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from statebackend.errors import ConfigError, StateBackendError
+from statebackend.errors import ConfigError
 
 __all__ = [
     "DEFAULT_KEY_GROUPS",
@@ -172,7 +172,7 @@ def _as_int(value: Any) -> int:
 def spark_hash(values: Sequence[Any], type_names: Sequence[str]) -> int:
     """Spark's ``hash(col1, col2, ...)`` of one row's key column values with their Spark types."""
     if len(values) != len(type_names):
-        raise StateBackendError(f"{len(values)} key values for {len(type_names)} key columns")
+        raise ConfigError(f"{len(values)} key values for {len(type_names)} key columns")
     h = SEED
     for value, type_name in zip(values, type_names, strict=True):
         h = _hash_value(value, type_name, h)

@@ -14,7 +14,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
 
 from statebackend.config import Settings
-from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.errors import ConfigError, InconsistentStateError, NotFoundError
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
 from statebackend.store.ttl import batch_clock
@@ -142,7 +142,7 @@ class _StateReader:
                 return (f"batch {offsets.get(BATCH_OFFSET)}, num_tasks={offsets.get(TASKS_OFFSET)}, "
                         f"key_groups={offsets.get(KEY_GROUPS_OFFSET, 'none')}")
 
-            raise StateBackendError(
+            raise InconsistentStateError(
                 f"read_state: {name} has {spread(mine)} but {zero} has {spread(theirs)}: the batch that changed "
                 "num_tasks (or moved the state to key groups) was committed by some tasks only, so reading each task's "
                 "checkpoint would miss keys or give them twice. Let the query run that batch to its end, or read a "

@@ -23,7 +23,7 @@ from typing import Any, Self
 
 import lmdb
 
-from statebackend.errors import StateBackendError
+from statebackend.errors import ClosedError, UsageError
 from statebackend.recordfile import RecordColumns
 from statebackend.store.env import LocalVersion
 from statebackend.store.spill import read_run, unlink_all
@@ -201,7 +201,7 @@ class ChangeSet:
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         if self._closed:
-            raise StateBackendError(f"change set of {self.version} is closed; take the records before closing it")
+            raise ClosedError(f"change set of {self.version} is closed; take the records before closing it")
         if not self._runs:
             return iter(self._final_records())  # no generator frame per record
         return self._merged()
@@ -213,7 +213,7 @@ class ChangeSet:
         """The records as sorted columns, when the change set is the final batch alone (no spill runs): what the
         record file writer takes without a tuple per record. None otherwise: iterate the change set."""
         if self._closed:
-            raise StateBackendError(f"change set of {self.version} is closed; take the records before closing it")
+            raise ClosedError(f"change set of {self.version} is closed; take the records before closing it")
         if self._runs or self._final is None:
             return None
         keys, values = self._final.columns()
@@ -227,7 +227,7 @@ class ChangeSet:
         background apply commits (or now, when it already has). Ask during the sync part of the commit that flushed
         it, before the task writes again; the caller closes the view."""
         if self._view_source is None:
-            raise StateBackendError(f"change set of {self.version} has no store to open a read view on")
+            raise UsageError(f"change set of {self.version} has no store to open a read view on")
         return self._view_source()
 
     @property

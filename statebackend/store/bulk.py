@@ -27,7 +27,7 @@ from typing import Any, cast
 
 import lmdb
 
-from statebackend.errors import StateBackendError, StorageError
+from statebackend.errors import InvalidKeyError, NotFoundError, StorageError
 from statebackend.store.directory import DATA_DIR
 from statebackend.store.env import open_env
 
@@ -46,12 +46,12 @@ def load_sorted(txn: lmdb.Transaction[bytes], data_db: Any, items: Iterable[tupl
     try:
         consumed, loaded = txn.cursor(db=data_db).putmulti(items, append=True)
     except lmdb.BadValsizeError as exc:
-        raise StateBackendError(
+        raise InvalidKeyError(
             f"store {name!r}: replace_contents got a key of 0 or more than {max_key} bytes "
             f"(LMDB's limit); nothing was changed"
         ) from exc
     if loaded != consumed:
-        raise StateBackendError(
+        raise InvalidKeyError(
             f"store {name!r}: replace_contents needs keys strictly ascending (record {loaded + 1} of "
             f"{consumed} was not after its predecessor); nothing was changed"
         )
@@ -70,7 +70,7 @@ def apply_sorted(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[t
         if type(key) is not bytes or not 0 < len(key) <= max_key:
             check_key(key)
         if key <= previous:
-            raise StateBackendError(
+            raise InvalidKeyError(
                 f"store {name!r}: apply_changes needs keys strictly ascending, got {key[:64]!r} "
                 f"after {previous[:64]!r}; nothing was changed"
             )
@@ -99,7 +99,7 @@ def apply_verified(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable
     try:
         cursor.putmulti(cast("list[tuple[bytes, bytes]]", puts))  # the None values were filtered out
     except lmdb.BadValsizeError as exc:
-        raise StateBackendError(
+        raise InvalidKeyError(
             f"store {name!r}: apply_changes got a key of 0 or more than {max_key} bytes "
             f"(LMDB's limit); nothing was changed"
         ) from exc
@@ -113,7 +113,7 @@ def apply_verified(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable
 def check_environment(source: Path, name: str, map_size: int) -> None:
     """``source`` must hold a closed environment of a store (``data.mdb`` that opens with our two dbs)."""
     if not (source / "data.mdb").is_file():
-        raise StateBackendError(f"store {name!r}: {source} holds no LMDB environment (no data.mdb)")
+        raise NotFoundError(f"store {name!r}: {source} holds no LMDB environment (no data.mdb)")
     # Validate before touching the live data: it must open and have our two dbs.
     env, _, _ = open_env(source, map_size, create=False)
     env.close()

@@ -70,7 +70,7 @@ from typing import Any, Self
 import attrs
 import lmdb
 
-from statebackend.errors import ConfigError, StateBackendError, StorageError
+from statebackend.errors import ClosedError, ConfigError, InvalidKeyError, StateBackendError, StorageError, UsageError
 from statebackend.fsutil import fsync_dir
 from statebackend.serdes import Serde
 from statebackend.store import bulk
@@ -419,7 +419,7 @@ class LocalStore:
         file); the records then go to LMDB in bulk (``putmulti``, in C) with no Python check per record."""
         self._check_open()
         if self._batch or self._runs:
-            raise StateBackendError(
+            raise UsageError(
                 f"store {self.name!r}: apply_changes needs no unflushed writes; flush or discard them first"
             )
         self.apply_pending()
@@ -443,7 +443,7 @@ class LocalStore:
         applied."""
         self._check_open()
         if self._batch or self._runs:
-            raise StateBackendError(
+            raise UsageError(
                 f"store {self.name!r}: apply_change_sets needs no unflushed writes; flush or discard them first"
             )
         self.apply_pending()
@@ -512,13 +512,13 @@ class LocalStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StateBackendError(f"store {self.name!r} at {self.path} is closed")
+            raise ClosedError(f"store {self.name!r} at {self.path} is closed")
 
     def _check_key(self, key: bytes) -> None:
         if not isinstance(key, bytes):
             raise TypeError(f"store {self.name!r}: key must be bytes, got {type(key).__name__}")
         if not 0 < len(key) <= self._max_key_size:
-            raise StateBackendError(
+            raise InvalidKeyError(
                 f"store {self.name!r}: key of {len(key)} bytes; keys must be 1 to {self._max_key_size} bytes "
                 f"(LMDB's limit); hash or shorten longer keys"
             )

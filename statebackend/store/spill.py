@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from statebackend.errors import CorruptDataError, StateBackendError
+from statebackend.errors import ClosedError, CorruptDataError
 
 SPILL_DIR = "spill"
 
@@ -58,7 +58,7 @@ def read_run(path: Path) -> Iterator[tuple[bytes, bytes | None]]:
     try:
         f: BinaryIO = open(path, "rb", buffering=1 << 20)  # noqa: SIM115 - entered below; only open() is translated
     except FileNotFoundError as exc:
-        raise StateBackendError(f"spill run {path} is gone; its change set was closed or the store reopened") from exc
+        raise ClosedError(f"spill run {path} is gone; its change set was closed or the store reopened") from exc
     with f:
         if f.read(len(_RUN_MAGIC)) != _RUN_MAGIC:
             raise CorruptDataError(f"spill run {path} has a bad magic number")

@@ -21,7 +21,7 @@ from typing import Any, Self
 import attrs
 import lmdb
 
-from statebackend.errors import StateBackendError
+from statebackend.errors import ClosedError
 from statebackend.store.env import LocalVersion
 
 
@@ -77,7 +77,7 @@ class ReadView:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StateBackendError(f"read view of store {self.store_name!r} is closed")
+            raise ClosedError(f"read view of store {self.store_name!r} is closed")
 
 
 def lmdb_range(cursor: lmdb.Cursor[bytes], start: bytes | None, end: bytes | None) -> Iterator[tuple[bytes, bytes]]:
