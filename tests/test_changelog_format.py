@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import statebackend.recordfile.format as recordformat
 from statebackend import recordfile as fmt
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import (
@@ -298,12 +299,12 @@ def test_small_blocks_of_fixed_and_varied_columns_round_trip(data: st.DataObject
     values = st.one_of(st.none(), st.just(b""), st.binary(min_size=8, max_size=8), st.binary(max_size=12))
     records = sorted(data.draw(st.dictionaries(keys, values, max_size=80)).items())
     budget = data.draw(st.integers(min_value=1, max_value=64))
-    default = fmt._BLOCK_BYTES
-    fmt._BLOCK_BYTES = budget
+    default = recordformat.BLOCK_BYTES
+    recordformat.BLOCK_BYTES = budget
     try:
         encoded = encode(in_version(DELTA, version), records, compression=data.draw(st.sampled_from(["none", "zstd"])))
     finally:
-        fmt._BLOCK_BYTES = default
+        recordformat.BLOCK_BYTES = default
     assert verify(encoded, name="f") == in_version(DELTA, version)
     assert list(iter_records(encoded, name="f")) == records
     assert list(iter_records(TrickleReader(encoded, 5), name="f")) == records

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from statebackend.backends.changelog.marker import Recipe, Step
 from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
+import statebackend.recordfile.format as recordformat
 from statebackend import recordfile as fmt
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
@@ -50,12 +51,12 @@ Records = list[tuple[bytes, "bytes | None"]]
 
 def encode_small_blocks(header: FileHeader, records: Records, *, budget: int, compression: str) -> bytes:
     """Blocks of about ``budget`` bytes, so a small file has many blocks (boundaries to damage)."""
-    default = fmt._BLOCK_BYTES
-    fmt._BLOCK_BYTES = budget
+    default = recordformat.BLOCK_BYTES
+    recordformat.BLOCK_BYTES = budget
     try:
         return encode(header, records, compression=compression)
     finally:
-        fmt._BLOCK_BYTES = default
+        recordformat.BLOCK_BYTES = default
 
 
 def outcome(read: Callable[[], list[Any]]) -> tuple[str, object]:
@@ -480,7 +481,7 @@ def test_records_bigger_than_the_chunk_was_sized_for_are_carried_to_the_next_blo
     """With the limit lowered to 1000 bytes: a chunk of records far bigger than the ones before it is cut into
     blocks of at most the limit, in order, across several blocks from one chunk; a record of exactly the limit is one
     block; one byte more is refused, naming the record."""
-    monkeypatch.setattr(fmt, "MAX_BLOCK_BYTES", 1000)
+    monkeypatch.setattr(recordformat, "MAX_BLOCK_BYTES", 1000)
     if shape == "planes":  # keys and values of one length (planes), deletes among them
         records: Records = [(b"k%03d" % i, None if i % 7 == 3 else b"%060d" % i) for i in range(60)]
     else:

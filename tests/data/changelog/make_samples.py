@@ -11,7 +11,7 @@ format writes them, added by this script when the marker format changes. Each li
 
 The "fixed" samples (added with version 3) hold keys of one length and 8-byte values, which version 3 stores as byte
 planes. The "blocks" sample is written with a block budget of a few dozen bytes (the writer's own logic, with a
-smaller ``_BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format
+smaller ``BLOCK_BYTES``), so a small file holds many blocks: some with deletes (op bytes), some without. The format
 allows any block size up to BLOCK_MAX_RECORDS records; readers must not depend on the default.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a s
 
 from statebackend.backends.changelog.marker import MARKER_FORMAT, Recipe, Step
 
-from statebackend import recordfile as fmt
+import statebackend.recordfile.format as recordformat
 from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
 
 DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
@@ -77,12 +77,12 @@ def encode_sample(label: str, header: FileHeader, records: list[tuple[bytes, byt
                   compression: str) -> bytes:
     if not label.startswith("delta-blocks"):
         return encode(header, records, compression=compression)
-    default = fmt._BLOCK_BYTES
-    fmt._BLOCK_BYTES = SMALL_BLOCK_BYTES
+    default = recordformat.BLOCK_BYTES
+    recordformat.BLOCK_BYTES = SMALL_BLOCK_BYTES
     try:
         return encode(header, records, compression=compression)
     finally:
-        fmt._BLOCK_BYTES = default
+        recordformat.BLOCK_BYTES = default
 
 
 def recipe_from_steps(steps: list[list[Any]]) -> Recipe:
