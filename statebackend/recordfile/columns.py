@@ -18,7 +18,7 @@ from itertools import islice
 
 import attrs
 
-from statebackend.errors import StateBackendError
+from statebackend.errors import UsageError
 
 __all__ = [
     "RecordColumns",
@@ -48,7 +48,7 @@ class RecordColumns:
 
     def __attrs_post_init__(self) -> None:
         if len(self.keys) != len(self.values):
-            raise StateBackendError(f"record columns of {len(self.keys)} keys and {len(self.values)} values")
+            raise UsageError(f"record columns of {len(self.keys)} keys and {len(self.values)} values")
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
         return zip(self.keys, self.values)

@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 
-from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, UsageError
 
 __all__ = [
     "BLOCK_BYTES",
@@ -157,7 +157,7 @@ Record = tuple[bytes, "bytes | None"]
 
 def _check_kind(instance: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if value not in _KIND_CODES:
-        raise StateBackendError(f"FileHeader.kind must be one of {sorted(_KIND_CODES)}, got {value!r}")
+        raise UsageError(f"FileHeader.kind must be one of {sorted(_KIND_CODES)}, got {value!r}")
 
 
 @attrs.frozen
@@ -182,17 +182,17 @@ class FileHeader:
 
     def __attrs_post_init__(self) -> None:
         if self.kind == KIND_DELTA and (self.seq < 1 or self.base_seq != self.seq - 1):
-            raise StateBackendError(
+            raise UsageError(
                 f"a delta needs seq >= 1 and base_seq == seq - 1 (the version it applies on), "
                 f"got seq={self.seq} base_seq={self.base_seq}"
             )
         if self.kind == KIND_RUN and not 0 <= self.base_seq < self.seq:
-            raise StateBackendError(
+            raise UsageError(
                 f"a run needs 0 <= base_seq < seq (it holds versions base_seq+1..seq), got seq={self.seq} "
                 f"base_seq={self.base_seq}"
             )
         if self.kind == KIND_SNAPSHOT and (self.seq < 0 or self.base_seq != self.seq):
-            raise StateBackendError(
+            raise UsageError(
                 f"a snapshot needs seq >= 0 and base_seq == seq, got seq={self.seq} base_seq={self.base_seq}"
             )
 
@@ -304,7 +304,7 @@ def parse_header(data: bytes, *, name: str) -> tuple[FileHeader, str, int]:
     try:
         fields = json.loads(bytes(data[HEADER_PREFIX_SIZE:metadata_end]))
         header = FileHeader(**fields)
-    except (ValueError, TypeError, StateBackendError) as exc:
+    except (ValueError, TypeError, UsageError) as exc:
         raise CorruptDataError(f"{name}: header metadata is not a valid FileHeader: {exc}") from exc
     if header.kind != kind or header.format_version != version:
         raise CorruptDataError(f"{name}: header metadata ({header.kind}, version {header.format_version}) "

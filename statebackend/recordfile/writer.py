@@ -26,7 +26,7 @@ import attrs
 import zstandard
 
 import statebackend.recordfile.format as fileformat
-from statebackend.errors import StateBackendError
+from statebackend.errors import ConfigError, IncompatibleFormatError, InvalidKeyError, UsageError
 from statebackend.recordfile.columns import RecordColumns, column_chunks, record_chunks, to_planes, u32_bytes
 from statebackend.recordfile.format import (
     BLOCK_HEADER,
@@ -84,10 +84,10 @@ def write_file(
     an older release must read the files).
     """
     if compression not in COMPRESSIONS:
-        raise StateBackendError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
+        raise ConfigError(f"compression must be one of {list(COMPRESSIONS)}, got {compression!r}")
     version = header.format_version
     if version not in SUPPORTED_FORMAT_VERSIONS:
-        raise StateBackendError(
+        raise IncompatibleFormatError(
             f"this release writes format versions {list(SUPPORTED_FORMAT_VERSIONS)}, the header asks for {version}"
         )
     hasher = new_hasher()
@@ -245,7 +245,7 @@ def _records_that_fit(keys: list[bytes], key_lengths: list[int], value_lengths: 
 
 
 def _raise_record_too_big(index: int, key: bytes, key_length: int, value_length: int) -> None:
-    raise StateBackendError(
+    raise UsageError(
         f"record {index} (key {key[:64]!r}) has {key_length} key and {value_length} value bytes, more than the "
         f"{fileformat.MAX_BLOCK_BYTES} bytes a record file holds in one record or block (MAX_BLOCK_BYTES): "
         "no file can store it; nothing valid was written, delete the output"
@@ -261,14 +261,14 @@ def _check_block_input(keys: list[bytes], values: list[bytes | None], previous: 
         before = previous
         for index, key in enumerate(keys):
             if before is not None and not before < key:
-                raise StateBackendError(
+                raise InvalidKeyError(
                     f"records must be in strictly increasing key order: record {first_index + index} has key "
                     f"{key[:64]!r} after {before[:64]!r}; nothing valid was written, delete the output"
                 )
             before = key
     if has_delete and not allow_delete:
         index = values.index(None)
-        raise StateBackendError(
+        raise UsageError(
             f"a snapshot holds puts only, record {first_index + index} (key {keys[index][:64]!r}) is a delete; "
             "nothing valid was written, delete the output"
         )
@@ -290,14 +290,14 @@ def _write_body_v1(records: Iterable[tuple[bytes, bytes | None]], emit: Callable
     for key, value in records:
         # prev starts as b"": only an empty first key compares <= it, and count is 0 then
         if key <= prev and count:
-            raise StateBackendError(
+            raise InvalidKeyError(
                 f"records must be in strictly increasing key order: record {count} has key {key[:64]!r} "
                 f"after {prev[:64]!r}; nothing valid was written, delete the output"
             )
         klen = len(key)
         if value is None:
             if not allow_delete:
-                raise StateBackendError(
+                raise UsageError(
                     f"a snapshot holds puts only, record {count} (key {key[:64]!r}) is a delete; "
                     "nothing valid was written, delete the output"
                 )
