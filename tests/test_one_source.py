@@ -2,7 +2,7 @@
 
 - every attribute of Settings and StoreSettings read from a key takes its default from the schema (keys.py), and so
   do the defaults the blob stores and the resilience layer keep outside their schemas;
-- docs/configuration.md gives the schema's default for every key;
+- docs/configuration.md and docs/blobstores.md give the schema's default of every key;
 - the serde names config accepts are the serdes statebackend.serdes defines;
 - job, store and task names follow one rule (statebackend.config.names);
 - ``blob.store.*`` options are parsed once, by the store's schema, and used as they are from then on.
@@ -159,6 +159,33 @@ def test_the_reference_gives_each_schemes_default_of_every_blob_store_option() -
                 _check_documented_default(
                     f"blob.store.{option}", schema[option], f"`{per_scheme.get(scheme, value)}`" if tokens else cell
                 )
+
+
+def test_the_blob_store_guide_gives_each_schemes_default_of_every_option() -> None:
+    text = (REFERENCE.parent / "blobstores.md").read_text()
+    section = text.split("## Options", 1)[1].split("\n## ", 1)[0]
+    schemas = base.blob_store_option_schemas()
+    checked = set()
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        key_cell, default_cell = [cell.strip() for cell in line.strip().strip("|").split("|")][:2]
+        keys = re.findall(r"`([^`]+)`", key_cell)  # "`retry.base.delay.ms` / `retry.max.delay.ms`" | "100 / 5000"
+        cells = [cell.strip() for cell in default_cell.split(" / ")] if len(keys) > 1 else [default_cell]
+        for key, cell in zip(keys, cells, strict=True):
+            per_scheme = dict(re.findall(r"`([a-z0-9]+)://`: (\w+)", cell))  # "false (`file://`: true)"
+            written = re.sub(r"\s*\(.*\)$", "", cell)  # "0 (off)", "boto3 chain (`AWS_PROFILE`)"
+            for scheme, schema in schemas.items():
+                if key not in schema:
+                    continue
+                default = schema[key].default_value(f"blob.store.{key}")
+                value = per_scheme.get(scheme, written)
+                if default is None:
+                    assert value == "–" or value.startswith("boto3 chain"), f"docs/blobstores.md: {key} has no default"
+                else:
+                    assert schema[key].parse(key, value) == default, f"docs/blobstores.md: {scheme}:// default of {key}"
+                checked.add(key)
+    assert checked == {option for schema in schemas.values() for option in schema}
 
 
 # -- serde names ------------------------------------------------------------------------------------------------
