@@ -10,9 +10,10 @@ keys. One rule covers all three, so a name valid in one place is valid in every 
   services, so a directory listed back could fail to equal the name that made it;
 - starting with a letter or digit: never ``.`` or ``..``, never a hidden directory, never an option to a command line.
 
-Dots are allowed, and ``stores.<name>.<option>`` keys stay unambiguous with them because config takes the option as the
-longest known option at the key's end and no store option is a dotted suffix of another (tests/test_one_source.py
-keeps it so).
+Dots are allowed (store names have always taken them, and stores on disk and in checkpoints carry such names). A
+``stores.<name>.<option>`` key still reads one way only: config reads the option off the key's end, and no store option
+is a dotted suffix of another (tests/test_one_source.py keeps it so). Code that picks one store's keys must do the same,
+not match the prefix ``stores.<name>.``, which the keys of store ``<name>.x`` share.
 """
 
 from __future__ import annotations
