@@ -13,10 +13,10 @@ import difflib
 import math
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Any, final
 
 import attrs
 
@@ -42,6 +42,50 @@ class OptionSpec:
     def default_value(self, key: str) -> Any:
         """The parsed default (``None`` when the key has no default)."""
         return None if self.default is None else self.parse(key, self.default)
+
+
+@final
+class ParsedOptions(Mapping[str, Any]):
+    """Options parsed by :func:`parse_options`: typed values, defaults filled, read-only and picklable (they travel to
+    Spark executors inside the settings).
+
+    ``schema_name`` names the schema they were parsed against, ``declared`` holds its keys: parsing them again against
+    that schema returns them unchanged, and a consumer of part of a schema checks ``declared`` to know the values
+    are its own, parsed. The repr hides the values of secret options."""
+
+    __slots__ = ("_values", "declared", "schema_name", "secret")
+
+    def __init__(
+        self,
+        values: Mapping[str, Any],
+        *,
+        schema_name: str,
+        declared: frozenset[str],
+        secret: frozenset[str] = frozenset(),
+    ) -> None:
+        self._values = dict(values)
+        #: the name of the schema they were parsed against (where it is declared)
+        self.schema_name = schema_name
+        #: every key that schema declares, set or not
+        self.declared = declared
+        #: the keys whose values are secrets
+        self.secret = secret
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        shown = {key: "<redacted>" if key in self.secret else value for key, value in self._values.items()}
+        return f"ParsedOptions({shown!r}, schema_name={self.schema_name!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_parsed_options, (self._values, self.schema_name, self.declared, self.secret))
 
 
 # -- parsers ----------------------------------------------------------------------------------------------------
@@ -227,11 +271,21 @@ def parse_one(key: str, spec: OptionSpec, raw: Any) -> tuple[Any, str | None]:
 
 
 def parse_options(
-    schema: Mapping[str, OptionSpec], options: Mapping[str, Any], *, prefix: str = "", strict: bool = True
-) -> dict[str, Any]:
-    """Parse ``options`` (keys without ``prefix``) against ``schema``: defaults filled, a key unset and without a
-    default left out. Every problem (a bad value; with ``strict``, a key the schema does not declare, with a "did you
-    mean") is collected into one :class:`ConfigError`. Parsing is idempotent: parsed values parse to themselves."""
+    schema: Mapping[str, OptionSpec],
+    options: Mapping[str, Any],
+    *,
+    name: str,
+    prefix: str = "",
+    strict: bool = True,
+) -> ParsedOptions:
+    """Parse ``options`` (keys without ``prefix``) against ``schema``, the schema called ``name``: defaults filled, a
+    key unset and without a default left out. Every problem (a bad value; with ``strict``, a key the schema does not
+    declare, with a "did you mean") is collected into one :class:`ConfigError`.
+
+    Options already parsed against the schema of that ``name`` are returned as they are: each value is parsed once,
+    by whoever parses first (config, or an entry point given raw options), and everyone after uses it."""
+    if isinstance(options, ParsedOptions) and options.schema_name == name:
+        return options
     problems: list[str] = []
     if strict:
         for key in sorted(k for k in options if k not in schema):
@@ -248,10 +302,25 @@ def parse_options(
             parsed[key] = value
     if problems:
         raise ConfigError("\n".join(problems))
-    return parsed
+    return ParsedOptions(
+        parsed, schema_name=name, declared=frozenset(schema), secret=frozenset(k for k, s in schema.items() if s.secret)
+    )
+
+
+def default_of(schema: Mapping[str, OptionSpec], key: str, *, prefix: str = "") -> Any:
+    """The parsed default of ``key`` in ``schema`` (``None`` when it has none): for a value that must also exist
+    outside the schema, such as an attribute's default, so the default is still written in one place."""
+    return schema[key].default_value(prefix + key)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
+
+
+def _rebuild_parsed_options(
+    values: Mapping[str, Any], schema_name: str, declared: frozenset[str], secret: frozenset[str]
+) -> ParsedOptions:
+    return ParsedOptions(values, schema_name=schema_name, declared=declared, secret=secret)
+
 
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})

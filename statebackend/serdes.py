@@ -225,6 +225,8 @@ _SERDES: dict[str, Serde] = {
     s.name: s for s in (BytesSerde(), StringSerde(), IntegerSerde(), JsonSerde(), PickleSerde())
 }
 
+#: the serde names, the one list: ``stores.<name>.key.serde`` / ``msg.serde`` take exactly these
+#: (statebackend.config.SERDES is this tuple)
 SERDE_NAMES: tuple[str, ...] = tuple(_SERDES)
 
 

@@ -601,6 +601,17 @@ def test_a_blob_store_option_of_another_scheme_is_an_error_naming_the_scheme_tha
     assert "taken by az://, s3:// only" in retry
 
 
+def test_a_bad_azure_account_url_is_refused_by_config_without_echoing_it() -> None:
+    # its query may be a SAS: the spec checks it (once, at config time) and never shows it
+    for bad in ("https://user:sekrit@acct.blob.core.windows.net/", "ftp://acct/?sig=sekrit", "  "):
+        message = error_of({"blob.store.url": AZ_URL, "blob.store.account.url": bad})
+        assert "blob.store.account.url='<not echoed>' is not valid: not an http(s) URL without user:password@" in message
+        assert "sekrit" not in message
+    account_url = "https://acct.blob.core.windows.net/?sv=1&sig=abc"
+    assert settings(blob__store__url=AZ_URL, blob__store__account__url=account_url).blob_store_options[
+        "account.url"] == account_url
+
+
 def test_a_misspelled_blob_store_option_still_gets_did_you_mean() -> None:
     message = error_of({"blob.store.url": URL, "blob.store.create.if.mising": "false"})
     assert "blob.store.create.if.mising: unknown key; did you mean blob.store.create.if.missing?" in message

@@ -53,7 +53,7 @@ from statebackend.errors import (
     StorageError,
     TransientStorageError,
 )
-from statebackend.options import OptionSpec, parse_object, parse_str
+from statebackend.options import OptionSpec, default_of, parse_object, parse_str, value_error
 from statebackend.redact import (
     connection_string_secrets,
     credential_secrets,
@@ -96,13 +96,25 @@ _MALFORMED_REPLY = (
 )
 
 
+def _parse_account_url(key: str, raw: Any) -> str:
+    """``blob.store.account.url``: an http(s) URL without ``user:password@``. A bad one is never echoed: its query
+    may be a SAS."""
+    if isinstance(raw, str) and raw.strip():
+        url = raw.strip()
+        if url.startswith(("http://", "https://")) and not url_has_userinfo(url):
+            return url
+    raise value_error(key, "<not echoed>", "not an http(s) URL without user:password@", "http(s)://<host>[/?<sas>]")
+
+
 class AzureBlobStore(PartedBlobStore):
     """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
 
     options: ClassVar[Mapping[str, OptionSpec]] = {
         **PartedBlobStore.options,
         "connection.string": OptionSpec(parse_str(), None, "Azure storage connection string", secret=True),
-        "account.url": OptionSpec(parse_str(), None, "Azure account URL, https://<account>.blob.core.windows.net"),
+        "account.url": OptionSpec(
+            _parse_account_url, None, "Azure account URL, https://<account>.blob.core.windows.net"
+        ),
         "credential": OptionSpec(
             parse_object(), None, "Azure credential: an account key, a SAS token or a credential object", secret=True
         ),
@@ -115,9 +127,9 @@ class AzureBlobStore(PartedBlobStore):
         prefix: str = "",
         *,
         url: str,
-        part_size: int = 8 << 20,
-        max_concurrency: int = 8,
-        create_if_missing: bool = False,
+        part_size: int = default_of(PartedBlobStore.options, "part.size.bytes"),
+        max_concurrency: int = default_of(PartedBlobStore.options, "max.concurrency"),
+        create_if_missing: bool = default_of(PartedBlobStore.options, "create.if.missing"),
         secrets: tuple[str, ...] = (),
     ) -> None:
         self._secret_values = secrets
@@ -140,13 +152,15 @@ class AzureBlobStore(PartedBlobStore):
 
         Credentials, first found wins: ``connection.string``; ``account.url`` with ``credential`` (account key or
         SAS) or, without one, azure-identity's DefaultAzureCredential when installed; the
-        ``AZURE_STORAGE_CONNECTION_STRING`` environment variable.
+        ``AZURE_STORAGE_CONNECTION_STRING`` environment variable. ``options`` as :meth:`parse_options` gives them;
+        the store and its resilience layer use them as they are.
         """
         return ResilientBlobStore.wrap(cls.open_inner(url, options), options)
 
     @classmethod
     def open_inner(cls, url: str, options: Mapping[str, Any]) -> AzureBlobStore:
-        """The store without the resilience wrapper (tests, benchmarks); ``options`` raw or parsed."""
+        """The store without the resilience wrapper (tests, benchmarks); ``options`` raw, or parsed (used as they
+        are)."""
         options = cls.parse_options(options)
         parts = urlsplit(url)
         if parts.scheme != "az":
@@ -175,8 +189,6 @@ class AzureBlobStore(PartedBlobStore):
         connection_string = options.get("connection.string")
         account_url = options.get("account.url")
         credential = options.get("credential")
-        if isinstance(credential, str):
-            credential = credential.strip() or None
         env_string = os.environ.get("AZURE_STORAGE_CONNECTION_STRING") or None
         secrets = (
             *connection_string_secrets(connection_string),
@@ -185,10 +197,6 @@ class AzureBlobStore(PartedBlobStore):
             *connection_string_secrets(env_string),
         )
         protect_sdk_loggers(secrets)  # the SDK logs request URLs (with a SAS) at DEBUG
-        if account_url and (url_has_userinfo(account_url) or not account_url.startswith(("http://", "https://"))):
-            raise ConfigError(
-                "blob.store.account.url must be http(s)://<host>[/?<sas>] without user:password@ (not echoed here)"
-            )
         try:
             if connection_string:
                 service = BlobServiceClient.from_connection_string(connection_string, **client_kwargs)

@@ -15,9 +15,13 @@ Every implementation behaves the same way, proven by one contract suite (``state
 Implementations are thread-safe: the commit pool calls one store from many threads.
 
 A store declares the ``blob.store.*`` options it takes once, in :attr:`BlobStore.options` (specs without the
-prefix): config validates a URL's options against its scheme's schema, and ``from_url`` receives them parsed, defaults
-filled. Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``,
-``supports_metadata``) are part of the contract with defaults that do nothing; a store overrides what it has to do.
+prefix), and they are parsed once, by :meth:`BlobStore.parse_options`: config parses a URL's options against its
+scheme's schema (``Settings.blob_store_options``), and every later consumer (``open_blob_store``, ``from_url``, the
+resilience layer) uses those values; parsing them again returns them unchanged. ``from_url`` receives them parsed,
+defaults filled, as :class:`~statebackend.options.ParsedOptions`.
+
+Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``, ``supports_metadata``)
+are part of the contract with defaults that do nothing; a store overrides what it has to do.
 
 Scheme registry (fsspec style): short scheme -> dotted path, imported lazily, with an install hint.
 """
@@ -39,7 +43,7 @@ import attrs
 
 from statebackend.errors import ConfigError, NotFoundError, StorageError
 from statebackend.fsutil import atomic_write
-from statebackend.options import OptionSpec, parse_options
+from statebackend.options import OptionSpec, ParsedOptions, parse_options
 from statebackend.redact import redact
 
 if TYPE_CHECKING:
@@ -135,10 +139,13 @@ class BlobStore(abc.ABC):
     options: ClassVar[Mapping[str, OptionSpec]] = {}
 
     @classmethod
-    def parse_options(cls, options: Mapping[str, Any]) -> dict[str, Any]:
+    def parse_options(cls, options: Mapping[str, Any]) -> ParsedOptions:
         """``options`` parsed against :attr:`options`, defaults filled; an undeclared key or a bad value is a
-        :class:`ConfigError` naming ``blob.store.<key>`` (idempotent: parsed values parse to themselves)."""
-        return parse_options(cls.options, options, prefix="blob.store.")
+        :class:`ConfigError` naming ``blob.store.<key>``. Options this schema already parsed are returned as they
+        are, so each value is parsed once whoever asks first (config, or an entry point given raw options)."""
+        owner = next(klass for klass in cls.__mro__ if "options" in vars(klass))
+        name = f"{owner.__module__}:{owner.__qualname__}.options"
+        return parse_options(cls.options, options, name=name, prefix="blob.store.")
 
     # -- the abstract core ------------------------------------------------------------------------------------
 
@@ -319,8 +326,9 @@ def blob_store_option_schemas() -> dict[str, Mapping[str, OptionSpec]]:
 
 def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobStore:
     """Open the blob store for ``url`` (``file:///dir``, ``memory://name``, ``az://container/prefix``,
-    ``s3://bucket/prefix``). ``options`` are the ``blob.store.*`` settings other than the URL (without the prefix),
-    parsed against the scheme's :attr:`BlobStore.options` before the store sees them."""
+    ``s3://bucket/prefix``). ``options`` are the ``blob.store.*`` settings other than the URL (without the prefix):
+    ``Settings.blob_store_options``, used as they are, or raw ones, parsed against the scheme's
+    :attr:`BlobStore.options` before the store sees them."""
     if not isinstance(url, str) or not url:
         raise ConfigError("blob.store.url is missing: set it, e.g. blob.store.url=file:///var/lib/statebackend")
     scheme = urlsplit(url).scheme

@@ -45,7 +45,7 @@ import attrs
 from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore, check_blob_name, check_metadata
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
 from statebackend.fsutil import atomic_write, fsync_dir
-from statebackend.options import OptionSpec, parse_bool
+from statebackend.options import OptionSpec, default_of, parse_bool
 
 __all__ = ["RESERVED_PREFIX", "FileBlobStore"]
 
@@ -78,7 +78,7 @@ class FileBlobStore(BlobStore):
     }
 
     root: str = attrs.field(converter=_absolute_path)
-    create: bool = attrs.field(default=True, kw_only=True)
+    create: bool = attrs.field(default=default_of(options, "create.if.missing"), kw_only=True)
     url: str = attrs.field(init=False)
     _root_ready: bool = attrs.field(init=False, default=False, repr=False)
     _root_lock: threading.Lock = attrs.field(init=False, factory=threading.Lock, repr=False)

@@ -50,11 +50,12 @@ from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore
 from statebackend.concurrency import LazyPool
 from statebackend.errors import AlreadyExistsError, NotFoundError, TransientStorageError
 from statebackend.metrics import Metrics
-from statebackend.options import OptionSpec, parse_duration_ms, parse_int, parse_options
+from statebackend.options import OptionSpec, ParsedOptions, default_of, parse_duration_ms, parse_int, parse_options
 from statebackend.redact import scrub_chain
 
 __all__ = [
     "RESILIENCE_OPTIONS",
+    "RESILIENCE_SCHEMA",
     "Resilience",
     "ResilienceSettings",
     "ResilientBlobStore",
@@ -96,23 +97,52 @@ RESILIENCE_OPTIONS: Mapping[str, OptionSpec] = {
 }
 
 
+#: the name :class:`~statebackend.options.ParsedOptions` carry when parsed against :data:`RESILIENCE_OPTIONS` alone
+RESILIENCE_SCHEMA = f"{__name__}:RESILIENCE_OPTIONS"
+
+
+def _default(key: str) -> Any:
+    """The parsed default of ``blob.store.<key>`` in :data:`RESILIENCE_OPTIONS`, where it is written once."""
+    return default_of(RESILIENCE_OPTIONS, key, prefix="blob.store.")
+
+
+def _attempt_threads(max_concurrency: int) -> int:
+    """Threads that run attempts: room for each concurrent request plus its hedges."""
+    return max(8, 4 * max_concurrency)
+
+
 @attrs.frozen
 class ResilienceSettings:
-    """The retry, timeout and hedging settings (``blob.store.retry.*``, ``request.timeout.ms``, ``hedge.after.ms``)."""
+    """The retry, timeout and hedging settings (``blob.store.retry.*``, ``request.timeout.ms``, ``hedge.after.ms``,
+    ``hedge.max``, ``max.concurrency``), in seconds; the defaults are those of :data:`RESILIENCE_OPTIONS`."""
 
-    max_attempts: int = attrs.field(default=5, validator=attrs.validators.ge(1))
-    base_delay_s: float = attrs.field(default=0.1, validator=attrs.validators.ge(0))
-    max_delay_s: float = attrs.field(default=5.0, validator=attrs.validators.ge(0))
-    request_timeout_s: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
-    hedge_after_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0))
-    max_hedges: int = attrs.field(default=2, validator=attrs.validators.ge(0))
-    max_threads: int = attrs.field(default=64, validator=attrs.validators.ge(1))
+    max_attempts: int = attrs.field(default=_default("retry.max.attempts"), validator=attrs.validators.ge(1))
+    base_delay_s: float = attrs.field(
+        default=_default("retry.base.delay.ms") / 1000, validator=attrs.validators.ge(0)
+    )
+    max_delay_s: float = attrs.field(default=_default("retry.max.delay.ms") / 1000, validator=attrs.validators.ge(0))
+    request_timeout_s: float = attrs.field(
+        default=_default("request.timeout.ms") / 1000, validator=attrs.validators.gt(0)
+    )
+    hedge_after_s: float = attrs.field(default=_default("hedge.after.ms") / 1000, validator=attrs.validators.ge(0))
+    max_hedges: int = attrs.field(default=_default("hedge.max"), validator=attrs.validators.ge(0))
+    max_threads: int = attrs.field(
+        default=_attempt_threads(_default("max.concurrency")), validator=attrs.validators.ge(1)
+    )
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ResilienceSettings:
-        """Read the :data:`RESILIENCE_OPTIONS` out of the ``blob.store.*`` options (without the prefix; other keys are
-        the store's); a bad value is a :class:`ConfigError`."""
-        values = parse_options(RESILIENCE_OPTIONS, options, prefix="blob.store.", strict=False)
+        """The settings of the ``blob.store.*`` options (without the prefix; other keys are the store's).
+
+        Options a store parsed against a schema that includes :data:`RESILIENCE_OPTIONS` (what ``from_url`` gets)
+        are used as they are; other options (a raw mapping) are parsed against :data:`RESILIENCE_OPTIONS`, and a bad
+        value is a :class:`ConfigError`."""
+        if isinstance(options, ParsedOptions) and RESILIENCE_OPTIONS.keys() <= options.declared:
+            values: Mapping[str, Any] = options
+        else:
+            values = parse_options(
+                RESILIENCE_OPTIONS, options, name=RESILIENCE_SCHEMA, prefix="blob.store.", strict=False
+            )
         return cls(
             max_attempts=values["retry.max.attempts"],
             base_delay_s=values["retry.base.delay.ms"] / 1000,
@@ -120,8 +150,11 @@ class ResilienceSettings:
             request_timeout_s=values["request.timeout.ms"] / 1000,
             hedge_after_s=values["hedge.after.ms"] / 1000,
             max_hedges=values["hedge.max"],
-            max_threads=max(8, 4 * values["max.concurrency"]),
+            max_threads=_attempt_threads(values["max.concurrency"]),
         )
+
+
+_DEFAULTS = ResilienceSettings()
 
 
 @attrs.define
@@ -340,13 +373,13 @@ class ResilientBlobStore(BlobStore):
         self,
         inner: BlobStore,
         *,
-        max_attempts: int = 5,
-        base_delay_s: float = 0.1,
-        max_delay_s: float = 5.0,
-        request_timeout_s: float = 30.0,
-        hedge_after_s: float = 0.0,
-        max_hedges: int = 2,
-        max_threads: int = 64,
+        max_attempts: int = _DEFAULTS.max_attempts,
+        base_delay_s: float = _DEFAULTS.base_delay_s,
+        max_delay_s: float = _DEFAULTS.max_delay_s,
+        request_timeout_s: float = _DEFAULTS.request_timeout_s,
+        hedge_after_s: float = _DEFAULTS.hedge_after_s,
+        max_hedges: int = _DEFAULTS.max_hedges,
+        max_threads: int = _DEFAULTS.max_threads,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -373,7 +406,8 @@ class ResilientBlobStore(BlobStore):
     def wrap(
         cls, inner: BlobStore, options: Mapping[str, Any], *, metrics: Metrics | None = None
     ) -> ResilientBlobStore:
-        """Wrap ``inner`` with the settings read from the ``blob.store.*`` options."""
+        """Wrap ``inner`` with the settings of the ``blob.store.*`` options
+        (:meth:`ResilienceSettings.from_options`)."""
         s = ResilienceSettings.from_options(options)
         return cls(
             inner,

@@ -59,7 +59,7 @@ from statebackend.errors import (
     StorageError,
     TransientStorageError,
 )
-from statebackend.options import OptionSpec, parse_str
+from statebackend.options import OptionSpec, default_of, parse_str
 from statebackend.redact import protect_sdk_loggers, redact, register_secrets, sanitized, url_has_userinfo
 
 try:
@@ -125,9 +125,9 @@ class S3BlobStore(PartedBlobStore):
         prefix: str = "",
         *,
         url: str,
-        part_size: int = 8 << 20,
-        max_concurrency: int = 8,
-        create_if_missing: bool = False,
+        part_size: int = default_of(PartedBlobStore.options, "part.size.bytes"),
+        max_concurrency: int = default_of(PartedBlobStore.options, "max.concurrency"),
+        create_if_missing: bool = default_of(PartedBlobStore.options, "create.if.missing"),
     ) -> None:
         if not bucket:
             raise ConfigError(f"blob.store.url {url!r} names no bucket: use s3://<bucket>/<prefix>")
@@ -147,13 +147,15 @@ class S3BlobStore(PartedBlobStore):
 
         Credentials and endpoint come from boto3's default chain (``AWS_ACCESS_KEY_ID``..., ``AWS_PROFILE`` or
         ``blob.store.profile``, shared config files, instance roles; ``AWS_ENDPOINT_URL``), with
-        ``blob.store.endpoint.url`` and ``blob.store.region`` taking precedence.
+        ``blob.store.endpoint.url`` and ``blob.store.region`` taking precedence. ``options`` as :meth:`parse_options`
+        gives them; the store and its resilience layer use them as they are.
         """
         return ResilientBlobStore.wrap(cls.open_inner(url, options), options)
 
     @classmethod
     def open_inner(cls, url: str, options: Mapping[str, Any]) -> S3BlobStore:
-        """The store without the resilience wrapper (tests, benchmarks); ``options`` raw or parsed."""
+        """The store without the resilience wrapper (tests, benchmarks); ``options`` raw, or parsed (used as they
+        are)."""
         options = cls.parse_options(options)
         parts = urlsplit(url)
         if parts.scheme != "s3":

@@ -18,17 +18,25 @@ Contract:
 - All problems are collected and raised as one :class:`~statebackend.errors.ConfigError`: its first line is the
   first problem, and each problem has its own line, so a user fixes everything in one go.
 - Settings are immutable and picklable (they travel to Spark executors); their repr hides credentials.
+- Each default is written once, in the schema: no attribute of :class:`Settings` has a default of its own, and an
+  attribute read from one key says so (:func:`config_keys`), so an unset key gives exactly its spec's default.
+- The ``blob.store.*`` options are parsed here, once, by the URL's store class
+  (``Settings.blob_store_options``, :class:`ParsedOptions`); the store and its resilience layer use them as they are.
+- Job, task and store names follow one rule, :func:`check_name` (statebackend.config.names).
 
 The reference of every key is docs/configuration.md; tests/test_config.py checks it lists every key declared here.
 """
 
 from __future__ import annotations
 
-from statebackend.config.keys import GLOBAL_OPTIONS, NAME_PATTERN, SERDES, STORE_OPTIONS
-from statebackend.config.settings import Settings, StoreSettings
+from statebackend.config.keys import GLOBAL_OPTIONS, SERDES, STORE_OPTIONS
+from statebackend.config.names import NAME_ALLOWED, NAME_MAX_LENGTH, NAME_PATTERN, check_name, parse_name
+from statebackend.config.settings import Settings, StoreSettings, config_keys
 from statebackend.options import (
     OptionSpec,
+    ParsedOptions,
     Parser,
+    default_of,
     parse_bool,
     parse_bytes,
     parse_choice,
@@ -43,13 +51,19 @@ from statebackend.options import (
 
 __all__ = [
     "GLOBAL_OPTIONS",
+    "NAME_ALLOWED",
+    "NAME_MAX_LENGTH",
     "NAME_PATTERN",
     "SERDES",
     "STORE_OPTIONS",
     "OptionSpec",
+    "ParsedOptions",
     "Parser",
     "Settings",
     "StoreSettings",
+    "check_name",
+    "config_keys",
+    "default_of",
     "parse_bool",
     "parse_bytes",
     "parse_choice",
@@ -57,6 +71,7 @@ __all__ = [
     "parse_float",
     "parse_int",
     "parse_list",
+    "parse_name",
     "parse_object",
     "parse_path",
     "parse_str",

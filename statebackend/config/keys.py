@@ -1,7 +1,8 @@
 """The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``metrics.*``, ``blob.store.url``
 and ``stores.<name>.*``. The other ``blob.store.*`` keys are declared by the blob stores, each in its class's ``options``
-(statebackend.blobstores), and validated against the schema of the URL's scheme. docs/configuration.md lists every
-one (a test checks it)."""
+(statebackend.blobstores), and validated against the schema of the URL's scheme. Each spec's default is the key's only
+default (Settings and StoreSettings take theirs from here). docs/configuration.md lists every key with its default
+(tests/test_config.py and tests/test_one_source.py check it)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from statebackend.config.names import parse_name
 from statebackend.options import (
     OptionSpec,
     parse_bool,
@@ -23,11 +25,10 @@ from statebackend.options import (
     value_error,
 )
 from statebackend.redact import redact
+from statebackend.serdes import SERDE_NAMES
 
-#: job and store names: they become parts of blob names and directory names
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-
-SERDES = ("bytes", "string", "integer", "json", "pickle")
+#: the serde names ``stores.<name>.key.serde`` / ``msg.serde`` take: those statebackend.serdes defines (its list)
+SERDES = SERDE_NAMES
 
 METRICS_OTEL = ("auto", "on", "off")
 
@@ -60,7 +61,7 @@ _DEFAULT_POOL_SIZE = min(32, 4 * (os.cpu_count() or 1))
 #: full key -> spec, for the keys outside ``blob.store.*`` and ``stores.<name>.*``
 GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
     "job.name": OptionSpec(
-        parse_str(NAME_PATTERN), "job", "name of the streaming application; the first part of every blob name"
+        parse_name(), "job", "name of the streaming application; the first part of every blob name"
     ),
     "state.local.dir": OptionSpec(
         parse_path(), "./state", "local directory for the stores: <dir>/<job>/<task>/<store>/"

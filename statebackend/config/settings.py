@@ -14,10 +14,16 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from statebackend.blobstores.base import blob_store_class, blob_store_option_schemas, known_blob_store_schemes
-from statebackend.config.keys import GLOBAL_OPTIONS, NAME_PATTERN, OWNED_PREFIXES, STORE_OPTIONS
+from statebackend.blobstores.base import (
+    BlobStore,
+    blob_store_class,
+    blob_store_option_schemas,
+    known_blob_store_schemes,
+)
+from statebackend.config.keys import GLOBAL_OPTIONS, OWNED_PREFIXES, STORE_OPTIONS
+from statebackend.config.names import check_name
 from statebackend.errors import ConfigError
-from statebackend.options import OptionSpec, parse_one
+from statebackend.options import OptionSpec, ParsedOptions, default_of, parse_one, parse_options
 from statebackend.redact import redact
 from statebackend.registry import ResolvedFactory, known_factories, resolve_factory
 
@@ -26,23 +32,38 @@ _log = logging.getLogger(__name__)
 
 # -- settings ---------------------------------------------------------------------------------------------------
 
+#: the metadata key of an attribute read from one configuration key (a full key for Settings, a store option for
+#: StoreSettings): the one place an attribute is tied to its key; :func:`config_keys` lists them
+CONFIG_KEY = "statebackend.config.key"
+
+
+def _key(key: str) -> dict[str, str]:
+    """The metadata of an attribute holding the parsed value of ``key``."""
+    return {CONFIG_KEY: key}
+
+
+def _store_option(option: str) -> Any:
+    """A StoreSettings attribute holding the parsed value of ``stores.<name>.<option>``, its default the schema's."""
+    return attrs.field(default=default_of(STORE_OPTIONS, option, prefix="stores.<name>."), metadata=_key(option))
+
 
 @attrs.frozen
 class StoreSettings:
-    """The settings of one store (``stores.<name>.*``), factory names already canonical."""
+    """The settings of one store (``stores.<name>.*``), factory names already canonical. The defaults are those of
+    the schema (``STORE_OPTIONS``)."""
 
     name: str
     backup_factories: tuple[str, ...]
     #: backends to restore from, in order of preference; the next is tried when a restore fails on a missing or
     #: damaged blob (only those whose marker the checkpoint has count)
     restore_factories: tuple[str, ...]
-    key_serde: str
-    msg_serde: str
-    write_batch_max_bytes: int
-    map_size: int
+    key_serde: str = _store_option("key.serde")
+    msg_serde: str = _store_option("msg.serde")
+    write_batch_max_bytes: int = _store_option("write.batch.max.bytes")
+    map_size: int = _store_option("lmdb.map.size")
     #: time to live of a key after its last write (None: no TTL); ``ttl_sweep_keys``: keys examined per commit
-    ttl_ms: int | None = None
-    ttl_sweep_keys: int = 10_000
+    ttl_ms: int | None = _store_option("ttl.ms")
+    ttl_sweep_keys: int = _store_option("ttl.sweep.keys")
 
     @property
     def restore_factory(self) -> str:
@@ -58,45 +79,51 @@ def _redacted_repr(mapping: Mapping[str, Any]) -> str:
     return repr(shown)
 
 
+def _url_repr(url: str | None) -> str:
+    return repr(redact(url)) if url is not None else "None"  # userinfo, a SAS query
+
+
 def _redacted_nested_repr(mapping: Mapping[str, Mapping[str, Any]]) -> str:
     return "{" + ", ".join(f"{name!r}: {_redacted_repr(opts)}" for name, opts in mapping.items()) + "}"
 
 
 @attrs.frozen
 class Settings:
-    """The whole parsed configuration. Build it with :meth:`from_config`."""
+    """The whole parsed configuration. Build it with :meth:`from_config`: no attribute has a default of its own, each
+    one read from a key takes the schema's (``GLOBAL_OPTIONS``) when the key is unset."""
 
-    job_name: str
-    local_dir: Path
-    blob_store_url: str = attrs.field(repr=lambda url: repr(redact(url)))  # userinfo, SAS query
+    job_name: str = attrs.field(metadata=_key("job.name"))
+    local_dir: Path = attrs.field(metadata=_key("state.local.dir"))
+    blob_store_url: str = attrs.field(repr=_url_repr, metadata=_key("blob.store.url"))
     #: parsed ``blob.store.*`` keys other than url, without the prefix, as the URL's scheme declares them (its store
-    #: class's ``options``); unset keys without a default are absent
-    blob_store_options: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
+    #: class's ``options``); unset keys without a default are absent. The store and its resilience layer use them as
+    #: they are: they are parsed here, once
+    blob_store_options: ParsedOptions = attrs.field(repr=_redacted_repr)
     stores: Mapping[str, StoreSettings]
-    commit_ms: int
-    commit_max_delay_ms: int
-    commit_timeout_ms: int
-    commit_async_failures_tolerated: int
-    commit_pool_size: int
-    checkpoint_write_versions: tuple[int, ...]
-    checkpoint_read_versions: tuple[int, ...]
-    checkpoint_retained: int
+    commit_ms: int = attrs.field(metadata=_key("task.commit.ms"))
+    commit_max_delay_ms: int = attrs.field(metadata=_key("task.commit.max.delay.ms"))
+    commit_timeout_ms: int = attrs.field(metadata=_key("task.commit.timeout.ms"))
+    commit_async_failures_tolerated: int = attrs.field(metadata=_key("task.commit.async.failures.tolerated"))
+    commit_pool_size: int = attrs.field(metadata=_key("task.commit.pool.size"))
+    checkpoint_write_versions: tuple[int, ...] = attrs.field(metadata=_key("task.checkpoint.write.versions"))
+    checkpoint_read_versions: tuple[int, ...] = attrs.field(metadata=_key("task.checkpoint.read.versions"))
+    checkpoint_retained: int = attrs.field(metadata=_key("task.checkpoint.retained"))
     #: canonical factory name -> its parsed options, defaults filled, for every factory some store names
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(repr=_redacted_nested_repr)
     #: the configuration as given, every key, including the ones other systems own (values as given)
     raw: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
     #: ``metrics.*``: OpenTelemetry mirroring (auto, on, off) and the Prometheus exporters (``None``: off)
-    metrics_otel: str = "auto"
-    metrics_prometheus_port: int | None = None
-    metrics_prometheus_host: str = "127.0.0.1"
-    metrics_prometheus_textfile_dir: Path | None = None
-    metrics_prometheus_push_url: str | None = attrs.field(default=None, repr=lambda url: repr(redact(url)))
+    metrics_otel: str = attrs.field(metadata=_key("metrics.otel"))
+    metrics_prometheus_port: int | None = attrs.field(metadata=_key("metrics.prometheus.port"))
+    metrics_prometheus_host: str = attrs.field(metadata=_key("metrics.prometheus.host"))
+    metrics_prometheus_textfile_dir: Path | None = attrs.field(metadata=_key("metrics.prometheus.textfile.dir"))
+    metrics_prometheus_push_url: str | None = attrs.field(repr=_url_repr, metadata=_key("metrics.prometheus.push.url"))
     #: ``task.thread.switch.interval.us``: the longest a thread waits for the GIL while another runs Python (0: left
     #: as the interpreter has it)
-    thread_switch_interval_us: int = 0
+    thread_switch_interval_us: int = attrs.field(metadata=_key("task.thread.switch.interval.us"))
     #: ``task.gc.freeze``: collect and freeze the survivors at each Spark task's start
     #: (:func:`statebackend.spark.executor.freeze_survivors`)
-    gc_freeze: bool = False
+    gc_freeze: bool = attrs.field(metadata=_key("task.gc.freeze"))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Settings:
@@ -117,6 +144,12 @@ class Settings:
         if problems:
             raise ConfigError("\n".join(problems))
         return options
+
+
+def config_keys(cls: type) -> dict[str, str]:
+    """Attribute name -> the configuration key it is read from, for the attributes of :class:`Settings` (full keys)
+    or :class:`StoreSettings` (``stores.<name>.*`` options) that hold one key's parsed value."""
+    return {field.name: field.metadata[CONFIG_KEY] for field in attrs.fields(cls) if CONFIG_KEY in field.metadata}
 
 
 # -- parsing ----------------------------------------------------------------------------------------------------
@@ -162,29 +195,13 @@ class _SettingsParser:
         self._report_unknown_keys(stores, backend_options)
         if self.problems:
             raise ConfigError("\n".join(self.problems))
+        assert blob_store_options is not None  # without them a problem was reported
         return Settings(
-            job_name=values["job.name"],
-            local_dir=values["state.local.dir"],
-            blob_store_url=values["blob.store.url"],
-            blob_store_options=_ReadOnlyMapping(blob_store_options),
+            **{name: values[key] for name, key in config_keys(Settings).items()},
+            blob_store_options=blob_store_options,
             stores=_ReadOnlyMapping({name: store for name, store in stores.items() if store is not None}),
-            commit_ms=values["task.commit.ms"],
-            commit_max_delay_ms=values["task.commit.max.delay.ms"],
-            commit_timeout_ms=values["task.commit.timeout.ms"],
-            commit_async_failures_tolerated=values["task.commit.async.failures.tolerated"],
-            commit_pool_size=values["task.commit.pool.size"],
-            checkpoint_write_versions=values["task.checkpoint.write.versions"],
-            checkpoint_read_versions=values["task.checkpoint.read.versions"],
-            checkpoint_retained=values["task.checkpoint.retained"],
             backend_options=_ReadOnlyMapping(backend_options),
             raw=_ReadOnlyMapping(dict(self.config)),
-            metrics_otel=values["metrics.otel"],
-            metrics_prometheus_port=values["metrics.prometheus.port"],
-            metrics_prometheus_host=values["metrics.prometheus.host"],
-            metrics_prometheus_textfile_dir=values["metrics.prometheus.textfile.dir"],
-            metrics_prometheus_push_url=values["metrics.prometheus.push.url"],
-            thread_switch_interval_us=values["task.thread.switch.interval.us"],
-            gc_freeze=values["task.gc.freeze"],
         )
 
     def _classify_keys(self) -> None:
@@ -208,11 +225,10 @@ class _SettingsParser:
         for option in STORE_OPTIONS:
             if rest.endswith("." + option):
                 name = rest[: -len(option) - 1]
-                if not re.fullmatch(NAME_PATTERN, name):
-                    self.problems.append(
-                        f"{key}: store name {name!r} is not valid; allowed: letters, digits, '.', '_', '-', "
-                        "starting with a letter or digit"
-                    )
+                try:
+                    check_name("store name", name)
+                except ConfigError as exc:
+                    self.problems.append(f"{key}: {exc}")
                     return
                 self.store_keys.setdefault(name, {})[option] = self.config[key]
                 return
@@ -254,23 +270,29 @@ class _SettingsParser:
             return None
         return url
 
-    def _blob_store_options(self, url: str | None) -> dict[str, Any]:
-        """Parse the ``blob.store.*`` keys against the options the URL's scheme declares; a key another scheme takes
-        is an error naming it. Without a usable URL the keys are checked against every scheme's options."""
+    def _blob_store_options(self, url: str | None) -> ParsedOptions | None:
+        """Parse the ``blob.store.*`` keys with the store class of the URL's scheme (its ``parse_options``: the one
+        parse of these values); a key another scheme takes is an error naming it. Without a usable URL the keys are
+        checked against every scheme's options, for the report."""
         scheme = urlsplit(url).scheme if url else None
+        store_class: type[BlobStore] | None = None
         schemas: dict[str, Mapping[str, OptionSpec]] | None = None
         if scheme is not None:
             try:
-                self.blob_store_schema = blob_store_class(scheme).options
+                store_class = blob_store_class(scheme)
             except ConfigError as exc:
                 self.problems.append(f"blob.store.url: {exc}")
                 scheme = None
-        if scheme is None:
+        if store_class is not None:
+            self.blob_store_schema = store_class.options
+        else:
             schemas = blob_store_option_schemas()
             self.blob_store_schema = {o: spec for schema in schemas.values() for o, spec in schema.items()}
+        given: dict[str, Any] = {}
         for key in self.blob_store_keys:
             option = key[len("blob.store.") :]
             if option in self.blob_store_schema:
+                given[option] = self.config[key]
                 continue
             schemas = schemas if schemas is not None else blob_store_option_schemas()
             takers = [f"{other}://" for other, schema in schemas.items() if option in schema]
@@ -281,12 +303,13 @@ class _SettingsParser:
                 )
             else:
                 self.unknown_keys.append(key)
-        options: dict[str, Any] = {}
-        for option, spec in self.blob_store_schema.items():
-            value = self._value("blob.store." + option, spec)
-            if value is not None:
-                options[option] = value
-        return options
+        try:
+            if store_class is not None:
+                return store_class.parse_options(given)
+            parse_options(self.blob_store_schema, given, name="every blob store's options", prefix="blob.store.")
+        except ConfigError as exc:
+            self.problems.extend(str(exc).splitlines())
+        return None  # a problem is reported: no Settings are built
 
     def _store(self, name: str) -> StoreSettings | None:
         keys = self.store_keys[name]
@@ -341,12 +364,7 @@ class _SettingsParser:
             name=name,
             backup_factories=tuple(backups),
             restore_factories=tuple(restores),
-            key_serde=parsed["key.serde"],
-            msg_serde=parsed["msg.serde"],
-            write_batch_max_bytes=parsed["write.batch.max.bytes"],
-            map_size=parsed["lmdb.map.size"],
-            ttl_ms=parsed["ttl.ms"],
-            ttl_sweep_keys=parsed["ttl.sweep.keys"],
+            **{attribute: parsed[option] for attribute, option in config_keys(StoreSettings).items()},
         )
 
     def _resolve(self, key: str, name: str) -> ResolvedFactory | None:
