@@ -34,7 +34,6 @@ from statebackend.store.ttl import ENVELOPE
 __all__ = [
     "CheckpointChoice",
     "OpenDecision",
-    "check_task_name",
     "decide_open",
     "known_durable_seq",
     "recorded_serdes",
@@ -128,14 +127,6 @@ def decide_open(
     decision = _decided(settings, task_name, entry, head, known, {name: () for name in names})
     checkpoint_log.raise_floor(decision.floor)
     return decision
-
-
-def check_task_name(task_name: str) -> None:
-    """A task name becomes a directory and a blob-name segment: letters, digits, '.', '_' or '-'."""
-    if not task_name or "/" in task_name or task_name in {".", ".."} or not task_name.replace("-", "").replace(
-        "_", ""
-    ).replace(".", "").isalnum():
-        raise ConfigError(f"task name {task_name!r} must be letters, digits, '.', '_' or '-'")
 
 
 def task_checkpoint_log(settings: Settings, blob_store: BlobStore, task_name: str, *, floor: int = 0) -> CheckpointLog:

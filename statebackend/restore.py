@@ -25,7 +25,7 @@ import attrs
 
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.checkpoint import LogEntry
-from statebackend.config import Settings
+from statebackend.config import Settings, check_name
 from statebackend.contracts import BackendContext
 from statebackend.errors import (
     ConfigError,
@@ -35,7 +35,7 @@ from statebackend.errors import (
     StorageError,
     UsageError,
 )
-from statebackend.lifecycle import CheckpointChoice, OpenDecision, check_task_name, decide_open, task_checkpoint_log
+from statebackend.lifecycle import CheckpointChoice, OpenDecision, decide_open, task_checkpoint_log
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
 from statebackend.store import LocalStore
@@ -144,7 +144,7 @@ def restored_stores(
     and nothing more: no backup manager is created, so nothing is swept, cleaned up or written to the blob store.
     The stores are closed when the block ends."""
     settings = config if isinstance(config, Settings) else Settings.from_config(config)
-    check_task_name(task_name)
+    check_name("task name", task_name)
     names = list(settings.stores) if store_names is None else store_names
     unknown = [name for name in names if name not in settings.stores]
     if unknown:

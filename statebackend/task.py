@@ -29,14 +29,13 @@ from statebackend.blobstores.admin import create_blob_store_resources
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.checkpoint import CheckpointIdGenerator, CheckpointLog, CheckpointV2
 from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager, shared_commit_pool
-from statebackend.config import Settings
+from statebackend.config import Settings, check_name
 from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, ConfigError
 from statebackend.exporters import export_on_close, start_exporters, task_metrics
 from statebackend.lifecycle import (
     CheckpointChoice,
     OpenDecision,
-    check_task_name,
     decide_open,
     known_durable_seq,
     recorded_serdes,
@@ -100,7 +99,7 @@ class TaskStorage:
         :meth:`~statebackend.lifecycle.OpenDecision.rebased`) on the same blob store; it replaces ``checkpoint`` and
         ``fence_seq`` and is checked again against the local stores once they are locked."""
         settings = config if isinstance(config, Settings) else Settings.from_config(config)
-        check_task_name(task_name)
+        check_name("task name", task_name)
         if decision is not None and (checkpoint != "latest" or fence_seq is not None):
             raise ConfigError("TaskStorage.open: give a decision, or checkpoint/fence_seq, not both")
         if decision is not None and decision.task_name != task_name:

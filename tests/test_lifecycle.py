@@ -170,3 +170,12 @@ def test_the_spark_side_reaches_into_no_commit_manager() -> None:
     for path in (ROOT / "statebackend" / "spark").glob("*.py"):
         text = path.read_text()
         assert "commit_manager" not in text and "spill_runs" not in text, path.name
+
+
+@pytest.mark.parametrize("name", ["_x", ".hidden", "-opt", "täsk", "a/b", "x" * 256])
+def test_task_names_follow_the_one_name_rule_of_the_config(tmp_path: Path, name: str) -> None:
+    config = config_for(tmp_path / "a")
+    with pytest.raises(ConfigError, match="task name .* is not valid"):
+        TaskStorage.open(config, name)
+    with pytest.raises(ConfigError, match="task name .* is not valid"), restored_stores(config, name):
+        pass
