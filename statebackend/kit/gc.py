@@ -194,17 +194,16 @@ def mark_referenced(markers: Iterable[M], referenced: Callable[[M], Iterable[str
                     also: Iterable[str] = ()) -> Mark:
     """The mark of ``markers`` (those of every checkpoint still in the log, and any the collector holds itself):
     the union of ``referenced(marker)`` for each, plus the blobs in ``also`` (its own chain, work in progress).
-    ``referenced`` returning ``None`` (the marker's blobs cannot be told) makes the mark incomplete; an exception
-    it raises propagates (a marker that does not decode is an error to report, not a reason to sweep)."""
+    ``referenced`` returning ``None`` (the marker's blobs cannot be told) makes the mark incomplete, and no further
+    marker is read (an incomplete mark sweeps nothing); an exception it raises propagates (a marker that does not
+    decode is an error to report, not a reason to sweep). ``at``: the clock before the markers were listed."""
     blobs = set(also)
-    complete = True
     for marker in markers:
         named = referenced(marker)
         if named is None:
-            complete = False
-        else:
-            blobs.update(named)
-    return Mark(frozenset(blobs), at=at, complete=complete)
+            return Mark(frozenset(blobs), at=at, complete=False)
+        blobs.update(named)
+    return Mark(frozenset(blobs), at=at)
 
 
 def referenced_by_admin(admin: StateBackendAdmin | None, store: str) -> Callable[[str], set[str] | None]:
