@@ -26,8 +26,9 @@ amplification and space bound: docs/formats-blobsnapshot.md.
 
 Garbage of failed or abandoned uploads is removed by a mark-and-sweep (:meth:`BlobSnapshotBackupManager.sweep`,
 every ``gc.interval.commits`` commits and at init with ``gc.on.init``): the mark is every index a checkpoint in the
-checkpoint log names plus the ones this manager holds; the sweep deletes unreferenced blobs older than the grace
-period (``created_at`` metadata), already expired (``expires_at``), or made durable once and since dropped.
+checkpoint log names plus the ones this manager holds; the sweep deletes unreferenced blobs already expired
+(``expires_at``) or old enough by the age rule of :mod:`statebackend.kit.gc` (``created_at`` metadata, else counted
+from this manager's first sighting).
 
 Uploads, cleanups and sweeps of a store are serialized by a per-store lock; ``snapshot()`` takes only a short lock.
 
@@ -96,8 +97,10 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             cache = Path(store.path) / CACHE_DIR
             staging.mkdir(exist_ok=True)
             cache.mkdir(exist_ok=True)
-            for stale in staging.iterdir():  # partial files of a crashed process (never referenced), not those of
-                IN_FLIGHT.remove_unless_held(stale)  # an upload of an earlier open in this process whose close timed out
+            # partial files of a crashed process (never referenced), not those of an upload of an earlier open in this
+            # process whose close timed out
+            for stale in staging.iterdir():
+                IN_FLIGHT.remove_unless_held(stale)
             state = StoreState(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging,
                                 cache=cache)
             marker = markers.get(name)

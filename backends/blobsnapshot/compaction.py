@@ -139,8 +139,8 @@ class Compaction(RunUpload):
                              total=sum(run.records for run in inputs), drop_tombstones=inputs[0].first_seq == 1)
             del sources
             last = inputs[-1]
-            output = self._write_run(state, self._cancellation.records(records, _what(state)), first_seq=inputs[0].first_seq,
-                                     last_seq=last.last_seq, version=last.version,
+            output = self._write_run(state, self._cancellation.records(records, _what(state)),
+                                     first_seq=inputs[0].first_seq, last_seq=last.last_seq, version=last.version,
                                      level=max(run.level for run in inputs) + 1, base=False)
         return self._publish_compaction(state, inputs, output, generation)
 

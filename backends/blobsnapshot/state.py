@@ -77,7 +77,6 @@ class Compacted:
                    RunEntry.from_json(document["output"]), generation, document.get("uploaded_at"))
 
 
-
 @attrs.define(eq=False)
 class StoreState:
     """The backup state of one store."""
@@ -129,7 +128,6 @@ class StoreState:
 
     def cached(self, entry: RunEntry) -> Path:
         return self.cache / entry.hash
-
 
 
 @attrs.define(eq=False)

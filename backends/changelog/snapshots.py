@@ -161,9 +161,10 @@ class BackgroundSnapshots(ChangelogUpload):
         lineage.background = maintenance_pool().submit(self._background_snapshot, lineage, view, step, name)
 
     def _background_snapshot(self, lineage: Lineage, view_future: Future[ReadView], step: Step, name: str) -> Step:
-        """Write and upload a snapshot of ``step``'s version from a read view. It stops (``BackgroundWorkCancelled``) once
-        :meth:`cancel_background` was called: a parked task handed to another process that waits for it then waits
-        for at most a chunk of records, not the whole snapshot (the next owner of the chain snapshots when due)."""
+        """Write and upload a snapshot of ``step``'s version from a read view. It stops
+        (:class:`~statebackend.errors.BackgroundWorkCancelled`) once ``cancel_background`` was called: a parked task
+        handed to another process that waits for it then waits for at most a chunk of records, not the whole
+        snapshot (the next owner of the chain snapshots when due)."""
         what = f"background snapshot {name}"
         self._cancellation.check(what)  # queued behind another task's snapshot while this one closed
         view = view_future.result()
