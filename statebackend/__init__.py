@@ -48,11 +48,14 @@ _EXPORTS = {
     "CommitError": "statebackend.errors",
     "CommitTimeoutError": "statebackend.errors",
     "CommitConflictError": "statebackend.errors",
+    "RestoreInterrupted": "statebackend.errors",
+    "BackgroundWorkCancelled": "statebackend.errors",
 }
 
 __all__ = [
     "AlreadyExistsError",
     "BackendContext",
+    "BackgroundWorkCancelled",
     "BlobInfo",
     "BlobStore",
     "CommitConflictError",
@@ -66,6 +69,7 @@ __all__ = [
     "Metrics",
     "NotFoundError",
     "PendingCommit",
+    "RestoreInterrupted",
     "SerdeError",
     "Settings",
     "StateBackendAdmin",
@@ -94,6 +98,7 @@ if TYPE_CHECKING:
     )
     from statebackend.errors import (
         AlreadyExistsError,
+        BackgroundWorkCancelled,
         CommitConflictError,
         CommitError,
         CommitTimeoutError,
@@ -103,6 +108,7 @@ if TYPE_CHECKING:
         InconsistentStateError,
         LocalDirError,
         NotFoundError,
+        RestoreInterrupted,
         SerdeError,
         StateBackendError,
         StorageError,

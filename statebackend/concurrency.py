@@ -6,6 +6,7 @@
 - :class:`LazyPool`: a private pool created on first use and shut down by its owner (the resilience layer's attempt
   threads, a backup's upload threads). Restores use a plain ``with ThreadPoolExecutor(...)``: private and short-lived.
 - :func:`when_all`: a callback once every future is done, without a thread waiting (commit steps are chained so).
+- :func:`gather`: one future for a dict of futures (a backup manager's per-store uploads), resolved by callbacks.
 - :func:`run_all`: run tasks on a pool, wait for all, return results in order; the first failure is raised once all
   have ended.
 - :func:`until_cancelled`: a stream of records that background work (a snapshot, a compaction) reads, stopping with an
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import chain, islice
 from typing import Any, TypeVar
 
-__all__ = ["CANCEL_CHUNK", "LazyPool", "SharedPools", "run_all", "until_cancelled", "when_all"]
+__all__ = ["CANCEL_CHUNK", "LazyPool", "SharedPools", "gather", "run_all", "until_cancelled", "when_all"]
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 
 class SharedPools:
@@ -84,6 +86,24 @@ def when_all(futures: list[Future[Any]], then: Callable[[], None]) -> None:
 
     for future in futures:
         future.add_done_callback(one_done)
+
+
+def gather(futures: Mapping[K, Future[T]]) -> Future[dict[K, T]]:
+    """One future for the dict ``futures``: its results by key once all are done, or the exception of the first
+    failed (or cancelled) one, in the dict's order, once all are done. Resolved by callbacks, from the thread that finishes the
+    last one: nobody waits on a pool thread (at once for an empty dict)."""
+    result: Future[dict[K, T]] = Future()
+
+    def then() -> None:
+        errors = [concurrent.futures.CancelledError() if f.cancelled() else f.exception() for f in futures.values()]
+        errors = [error for error in errors if error is not None]
+        if errors:
+            result.set_exception(errors[0])
+        else:
+            result.set_result({key: f.result() for key, f in futures.items()})
+
+    when_all(list(futures.values()), then)
+    return result
 
 
 def run_all(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]]) -> list[T]:

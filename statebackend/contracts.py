@@ -118,7 +118,18 @@ class TaskRestoreManager(abc.ABC):
     @abc.abstractmethod
     def restore(self) -> None:
         """Rebuild every store to exactly the checkpoint's state, reusing local data that already is that state.
-        Interruptible between steps; never waits on futures it queued on the shared commit pool."""
+        Interruptible between steps (:meth:`interrupt`); never waits on futures it queued on the shared commit
+        pool."""
+
+    def interrupt(self) -> None:  # optional hook
+        """Ask a running (or later) ``restore()`` to stop at its next step, raising
+        :class:`~statebackend.errors.RestoreInterrupted` from ``restore()``. It MUST leave nothing half-restored
+        that a later restore would take as whole: every store is at a version of the checkpoint's chain (a step
+        whose data and version were written in one LMDB transaction, as each step of a restore must be) or as it
+        was, so the next restore continues from there or starts over. May be called from any thread, at any time
+        (before ``restore()``, during it, after it), any number of times; it never waits for the restore. The
+        default does nothing: ``restore()`` then runs to its end (:class:`statebackend.kit.InterruptFlag`
+        implements the flag)."""
 
     def close(self) -> None:  # optional hook
         """Release resources."""

@@ -21,6 +21,10 @@
     ├── ConfirmationError                        the Spark driver cannot read a checkpoint it must confirm
     ├── InconsistentStateError                   the blob store contradicts what is known to be durable (a
     │                                            short listing, a deleted newest checkpoint): never "start empty"
+    ├── RestoreInterrupted (InterruptedError)    a restore stopped at interrupt(); the store is at a step the next
+    │                                            restore continues from
+    ├── BackgroundWorkCancelled                  a backend's background snapshot or compaction stopped at
+    │                                            cancel_background(); nothing of it was uploaded or named
     └── CommitError                              a commit failed (wraps the cause) or timed out
         ├── CommitTimeoutError (TimeoutError)
         └── CommitConflictError                  another attempt of the task committed first: this one is fenced
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "BackgroundWorkCancelled",
     "ClosedError",
     "CommitConflictError",
     "CommitError",
@@ -48,6 +53,7 @@ __all__ = [
     "LocalDirError",
     "NotFoundError",
     "RedactedError",
+    "RestoreInterrupted",
     "SerdeError",
     "StateBackendError",
     "StorageError",
@@ -134,6 +140,17 @@ class SerdeError(StateBackendError, ValueError):
 
 class StoreLockedError(StateBackendError, BlockingIOError):
     """Another process (or another open handle in this one) holds the local store."""
+
+
+class RestoreInterrupted(StateBackendError, InterruptedError):
+    """A restore manager's ``restore()`` stopped because ``interrupt()`` was called. Each store is at a version of the
+    checkpoint's chain (or as it was), never half a step: the next restore continues from there."""
+
+
+class BackgroundWorkCancelled(StateBackendError):
+    """A backup manager's background work (the changelog backend's snapshot, the blob-snapshot backend's compaction)
+    stopped because ``cancel_background()`` was called (the task was handed to another opener); nothing of it was
+    uploaded or named, and the task's next owner does that work again when it is due."""
 
 
 class CommitError(StateBackendError):

@@ -697,7 +697,8 @@ def test_a_chain_without_snapshot_restores_with_empty_steps_at_its_start_middle_
 
 def test_an_interrupt_during_the_replay_aborts_it_at_the_snapshot_and_the_next_restore_finishes(tmp_path: Path) -> None:
     from statebackend.backends.changelog.marker import Recipe
-    from statebackend.backends.changelog.restore import RestoreInterrupted
+
+    from statebackend.errors import RestoreInterrupted
 
     blobs, checkpoint, models, _ = _chain_of(tmp_path, 9, empty={8}, interval=3)
     recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)

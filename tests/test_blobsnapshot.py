@@ -725,3 +725,55 @@ def test_sweep_counts_the_age_of_a_blob_without_metadata_from_first_seen(tmp_pat
         assert stray in run_blobs(blobs)
         assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 1
         assert stray not in run_blobs(blobs)
+
+
+def test_sweep_ages_a_blob_with_unreadable_age_metadata_from_its_first_sighting(tmp_path: Path) -> None:
+    """The kit's age rule: an unreadable ``created_at`` is an unknown age, counted from the first sighting (before,
+    such a blob was kept forever), and an expired blob goes whatever its age."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, {}, 0, 500, "a")
+        task.commit_durably({"input": "0"})
+        manager = backup_manager(task)
+        now = manager.clock()
+        unreadable, expired = PREFIX + "runs/" + "0" * 64, PREFIX + "runs/" + "1" * 64
+        blobs.put(unreadable, b"stray", metadata={"created_at": "not a time"})
+        blobs.put(expired, b"stray", metadata={"created_at": f"{now:.3f}", "expires_at": f"{now - 1:.3f}"})
+        assert manager.sweep().runs_deleted == 1  # the expired one, though young
+        assert unreadable in run_blobs(blobs) and expired not in run_blobs(blobs)
+        assert manager.sweep(now=now + 3500).runs_deleted == 0  # younger than the grace period since first seen
+        assert manager.sweep(now=now + 2 * 3600).runs_deleted == 1
+        assert run_blobs(blobs) == _live_runs(blobs, task)
+
+
+def test_sweep_stops_deleting_a_quarter_of_the_grace_period_after_its_mark(tmp_path: Path) -> None:
+    """Its marks may be stale by then (a checkpoint written since may name a run that is old by now): the sweep
+    stops, and the next one marks anew."""
+    clock = [1_800_000_000.0]
+
+    class SlowDeletes(MemoryBlobStore):
+        slow = False
+
+        def delete(self, name: str) -> None:
+            super().delete(name)
+            if self.slow:
+                clock[0] += 1000  # past a quarter of the grace period (900 s) after one delete
+
+    blobs = SlowDeletes()
+    config = make_config(tmp_path)
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, {}, 0, 500, "a")
+        task.commit_durably({"input": "0"})
+        _drain(task)
+        manager = backup_manager(task)
+        manager.clock = lambda: clock[0]
+        orphans = {PREFIX + "runs/" + digit * 64 for digit in "012"}
+        for name in orphans:
+            blobs.put(name, b"orphan", metadata={"created_at": f"{clock[0] - 7200:.3f}"})
+        blobs.slow = True
+        assert manager.sweep().runs_deleted == 1
+        assert len(orphans & run_blobs(blobs)) == 2
+        assert manager.sweep().runs_deleted == 1
+        assert manager.sweep().runs_deleted == 1
+        assert run_blobs(blobs) == _live_runs(blobs, task)

@@ -548,7 +548,7 @@ def test_a_handover_close_cancels_a_running_compaction_and_every_checkpoint_stay
     """Another process waits for a parked task (``close(handover=True)``): a running compaction (a full one reads an
     endless LMDB view here, a merge endless records) stops at its next chunk instead of being waited for; nothing of it
     is uploaded or recorded, and the state restores exactly, from the local dir kept and wiped."""
-    from statebackend.backends.blobsnapshot import backup as blobsnapshot_backup
+    from statebackend.backends.blobsnapshot import compaction as blobsnapshot_compaction
 
     from statebackend.store.view import ReadView
 
@@ -565,7 +565,7 @@ def test_a_handover_close_cancels_a_running_compaction_and_every_checkpoint_stay
         return records()
 
     monkeypatch.setattr(ReadView, "items", endless)
-    monkeypatch.setattr(blobsnapshot_backup, "_merge", endless)
+    monkeypatch.setattr(blobsnapshot_compaction, "_merge", endless)
     blobs = MemoryBlobStore()
     config = make_config(tmp_path, **EAGER)
     model: dict[bytes, bytes] = {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import statebackend.backends.changelog.backup as changelog_backup
+import statebackend.backends.changelog.upload as changelog_upload
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 
 import statebackend.commit as commit_module
@@ -40,7 +41,7 @@ def test_delta_cut_short_while_staging_is_never_uploaded_as_a_whole_one(
 ) -> None:
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"task.commit.async.failures.tolerated": 1})
-    real_write_file = changelog_backup.write_file
+    real_write_file = changelog_upload.write_file
     calls = {"n": 0}
 
     def disk_full_once(out: Any, header: Any, records: Any, **kwargs: Any) -> Any:
@@ -50,7 +51,7 @@ def test_delta_cut_short_while_staging_is_never_uploaded_as_a_whole_one(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write_file(out, header, records, **kwargs)
 
-    monkeypatch.setattr(changelog_backup, "write_file", disk_full_once)
+    monkeypatch.setattr(changelog_upload, "write_file", disk_full_once)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from statebackend.backends.blobsnapshot import backup as backup_module
+from statebackend.backends.blobsnapshot import upload as upload_module
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
@@ -102,7 +102,7 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
     blobs = MemoryBlobStore()
     config = make_config(tmp_path, **NEVER)
     model: dict[bytes, bytes] = {}
-    real_write_file = backup_module.write_file
+    real_write_file = upload_module.write_file
     failures = [1]
 
     def write_file_disk_full(out: Any, header: Any, records: Any, **kwargs: Any) -> Any:
@@ -114,7 +114,7 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
-        monkeypatch.setattr(backup_module, "write_file", write_file_disk_full)
+        monkeypatch.setattr(upload_module, "write_file", write_file_disk_full)
         put_all(task, model, {b"key-00007": b"second"})
         with pytest.raises(Exception, match="No space left"):
             task.commit_durably({"input": "1"})

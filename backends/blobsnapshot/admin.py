@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-from statebackend.backends.blobsnapshot.backup import read_index, read_run
+from statebackend.backends.blobsnapshot.blobs import read_index, read_run
 from statebackend.backends.blobsnapshot.format import RunIndex, chain_problem, run_name
 
 from statebackend.blobstores.admin import BlobStoreBackendAdmin

@@ -23,30 +23,27 @@ against the index's; then the index's own version is recorded. A missing run or 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import cast
 
 import attrs
-from statebackend.backends.blobsnapshot.backup import CACHE_DIR, read_index, read_run
+from statebackend.backends.blobsnapshot.blobs import read_index, read_run
 from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, index_prefix, run_name
+from statebackend.backends.blobsnapshot.state import CACHE_DIR
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
-from statebackend.errors import CorruptDataError, StateBackendError
+from statebackend.errors import CorruptDataError
+from statebackend.kit import InterruptFlag, puts_only
 from statebackend.recordfile import RecordReader, iter_records
 from statebackend.store import LocalStore
 
-__all__ = ["BlobSnapshotRestoreManager", "RestoreInterrupted"]
+__all__ = ["BlobSnapshotRestoreManager"]
 
 log = logging.getLogger(__name__)
-
-
-class RestoreInterrupted(StateBackendError, InterruptedError):
-    """``interrupt()`` was called; the store is at a consistent version of the chain and the next restore continues."""
 
 
 @attrs.define(eq=False)
@@ -54,14 +51,15 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
     context: BackendContext
     download_concurrency: int = 8
     _markers: dict[str, str] = attrs.field(init=False, factory=dict)
-    _interrupted: threading.Event = attrs.field(init=False, factory=threading.Event)
+    _interrupted: InterruptFlag = attrs.field(init=False, factory=InterruptFlag)
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
         self._markers = {name: markers[name] for name in self.context.stores if name in markers}
 
     def interrupt(self) -> None:
-        """Ask a running restore to stop before its next run; the store stays at a version of the chain."""
+        """Ask a running restore to stop before its next run (see the contract); the store stays at a version of the
+        chain."""
         self._interrupted.set()
 
     def restore(self) -> None:
@@ -111,12 +109,12 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                 # run has none, and goes straight from the decoder into LMDB)
                 first = to_apply.pop(0)
                 records = self._records(name, prefix, first, downloads.pop(first))
-                puts = cast("Iterable[tuple[bytes, bytes]]", records) if first.base else _puts_only(records)
+                puts = cast("Iterable[tuple[bytes, bytes]]", records) if first.base else puts_only(records)
                 store.replace_contents(puts, first.version)
                 metrics.increment("restore.runs.applied")
             for run in to_apply:
                 # each later run in bulk, in one transaction that records the version it ends at
-                self._check_interrupt(name)
+                self._interrupted.check(name)
                 records = self._records(name, prefix, run, downloads.pop(run))
                 store.apply_changes(records, run.version, verified_order=True)  # the reader checks the order
                 metrics.increment("restore.runs.applied")
@@ -147,8 +145,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             store.apply_changes([], index.version)  # commits after the last run changed nothing
 
     def _download(self, name: str, prefix: str, run: RunEntry, marker: str, store: LocalStore) -> bytes:
-        if self._interrupted.is_set():
-            raise RestoreInterrupted(f"restore of store {name} interrupted before run {run_name(prefix, run.hash)}")
+        self._interrupted.check(name, before=f"run {run_name(prefix, run.hash)}")
         context = self.context
         # a run this machine wrote or merged may still be cached in the store dir: read, verified, not downloaded
         local = Path(store.path) / CACHE_DIR / run.hash
@@ -158,13 +155,3 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
     def _extra(self, store: str, **fields: object) -> dict[str, object]:
         """Key fields of a log record, for structured handlers."""
         return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
-
-    def _check_interrupt(self, name: str) -> None:
-        if self._interrupted.is_set():
-            raise RestoreInterrupted(f"restore of store {name} interrupted; the next restore continues from here")
-
-
-def _puts_only(records: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
-    for key, value in records:
-        if value is not None:
-            yield key, value

@@ -24,7 +24,6 @@ import itertools
 import logging
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,7 +35,8 @@ from statebackend.backends.changelog.marker import Recipe, Step, check_blob_bind
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
-from statebackend.errors import CorruptDataError, NotFoundError, StateBackendError
+from statebackend.errors import CorruptDataError, NotFoundError
+from statebackend.kit import InterruptFlag, puts_only
 from statebackend.recordfile import (
     KIND_DELTA,
     KIND_SNAPSHOT,
@@ -55,16 +55,12 @@ log = logging.getLogger(__name__)
 _DOWNLOAD_PREFIX = ".restore-"
 
 
-class RestoreInterrupted(StateBackendError, InterruptedError):
-    """``interrupt()`` was called; the stores are at a consistent step and the next restore continues."""
-
-
 @attrs.define(eq=False)
 class ChangelogRestoreManager(TaskRestoreManager):
     context: BackendContext
     download_concurrency: int = 8
     _recipes: dict[str, Recipe] = attrs.field(init=False, factory=dict)
-    _interrupted: threading.Event = attrs.field(init=False, factory=threading.Event)
+    _interrupted: InterruptFlag = attrs.field(init=False, factory=InterruptFlag)
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -76,7 +72,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 self._recipes[name] = recipe
 
     def interrupt(self) -> None:
-        """Ask a running restore to stop at the next step."""
+        """Ask a running restore to stop at its next step (see the contract): before the first delta's bulk load onto
+        the empty store, or before the next delta of the one transaction that replays them (which then aborts)."""
         self._interrupted.set()
 
     def restore(self) -> None:
@@ -124,8 +121,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
             if (steps and start_index is None and recipe.snapshot is None and steps[0] is first_delta
                     and first_delta.name is not None):
                 # the first delta on the empty store: a bulk load in append mode (its deletes are no-ops)
-                self._check_interrupt(name)
-                store.replace_contents(_puts_only(self._verified_records(name, first_delta, downloads)),
+                self._interrupted.check(name)
+                store.replace_contents(puts_only(self._verified_records(name, first_delta, downloads)),
                                        first_delta.version)
                 metrics.increment("restore.deltas.replayed")
                 steps = steps[1:]
@@ -134,7 +131,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 # delta); a bad delta, or an interrupt, aborts them all and the store stays at the step before
                 def change_sets() -> Iterator[Iterable[tuple[bytes, bytes | None]]]:
                     for step in steps:
-                        self._check_interrupt(name)
+                        self._interrupted.check(name)
                         if step.name is not None:  # else a commit that changed nothing: its version passes by
                             yield self._verified_records(name, step, downloads)
 
@@ -182,10 +179,6 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 f"checkpoint or from another backend's marker"
             ) from exc
 
-    def _check_interrupt(self, name: str) -> None:
-        if self._interrupted.is_set():
-            raise RestoreInterrupted(f"restore of store {name} interrupted; the next restore continues from here")
-
 
 def _remove_abandoned_downloads(store_dir: Path) -> None:
     """Delete the snapshot downloads a restore killed mid-way (SIGKILL: no ``finally`` ran) left in the store dir.
@@ -194,12 +187,6 @@ def _remove_abandoned_downloads(store_dir: Path) -> None:
     for leftover in store_dir.glob(f"{_DOWNLOAD_PREFIX}*"):
         if leftover.is_dir() and not leftover.is_symlink():
             shutil.rmtree(leftover, ignore_errors=True)
-
-
-def _puts_only(reader: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:
-    for key, value in reader:
-        if value is not None:
-            yield key, value
 
 
 def _check_recipe(recipe: Recipe, checkpoint_id: str, store: str, marker: str) -> None:

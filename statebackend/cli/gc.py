@@ -14,9 +14,11 @@ What is garbage, per task of the job (``<job>/<task>/``):
 - **abandoned upload**: writes that never finished (temp files of a ``file://`` store, incomplete S3 multipart
   uploads), where the blob store can list them.
 
-Only what is older than ``--grace`` goes: a blob's age comes from its ``created_at`` metadata (both built-in backends
-write it at upload); a blob of unknown age is kept and reported. The checkpoint logs themselves are never touched
-(retention owns them), nor anything whose layout is not recognised.
+Only what is older than ``--grace`` goes, by the age rule of :mod:`statebackend.kit.gc`: a blob's age comes from its
+``created_at`` metadata (both built-in backends write it at upload); this command keeps no memory between runs, so a
+blob of unknown age is kept and reported. The marks are :func:`statebackend.kit.mark_referenced` over the backends'
+``referenced_blobs``. The checkpoint logs themselves are never touched (retention owns them), nor anything whose
+layout is not recognised.
 """
 
 from __future__ import annotations
@@ -28,13 +30,11 @@ import attrs
 
 from statebackend.checkpoint import CheckpointV2
 from statebackend.cli._common import EXIT_OK, Run, UsageError, human_age, human_bytes
-from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
+from statebackend.errors import ConfigError, NotFoundError
+from statebackend.kit import CREATED_AT, GraceRule, Mark, mark_referenced, referenced_by_admin
 from statebackend.options import parse_duration_ms
 
 __all__ = ["gc"]
-
-#: blob metadata key both built-in backends write at upload: unix seconds, a decimal string
-CREATED_AT = "created_at"
 
 
 @attrs.define
@@ -55,9 +55,10 @@ class Item:
 
 def gc(run: Run) -> int:
     try:
-        grace_s = parse_duration_ms(min=0)("--grace", run.args.grace) / 1000.0
+        rule = GraceRule(parse_duration_ms(min=0)("--grace", run.args.grace))  # no first sightings: one run
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+    grace_s = rule.grace_s
     job = run.job
     by_task: dict[str, list[str]] = {}
     for name in run.progress(run.blob_store.list(f"{job}/"), desc="listing"):
@@ -75,7 +76,7 @@ def gc(run: Run) -> int:
             items.extend(Item("dropped task", task, name, None, None, "delete",
                               f"task {task} named by --drop-task: its checkpoints and state go") for name in names)
             continue
-        items.extend(_task_items(run, task, names, grace_s))
+        items.extend(_task_items(run, task, names, rule))
     uploads = run.blob_store.abandoned_uploads(f"{job}/")
     upload_note = None
     if uploads is None:
@@ -97,37 +98,32 @@ def gc(run: Run) -> int:
     return EXIT_OK
 
 
-def _task_items(run: Run, task: str, names: list[str], grace_s: float) -> list[Item]:
+def _task_items(run: Run, task: str, names: list[str], rule: GraceRule) -> list[Item]:
     prefix = f"{run.job}/{task}/"
     checkpoint_blobs = [n for n in names if n.startswith(prefix + "checkpoints/")]
     data_blobs = [n for n in names if not n.startswith(prefix + "checkpoints/")]
     if not checkpoint_blobs:
-        return [_aged(run, "orphaned task", task, name, grace_s, f"task {task} has no checkpoint")
+        return [_candidate(run, "orphaned task", task, name, rule, f"task {task} has no checkpoint")
                 for name in data_blobs]
+    marked_at = time.time()
     entries = run.log(task).entries()
     if not entries:
         return [Item("kept", task, name, None, None, "keep",
                      "the task's checkpoints are all in versions this release does not read") for name in data_blobs]
-    # (backend, store) -> the blobs its markers need; None: the backend does not say
-    referenced: dict[tuple[str, str], set[str] | None] = {}
+    # (backend, store) -> its markers in the task's checkpoints, then what they need (incomplete: the backend does
+    # not say, or a marker does not decode)
+    markers: dict[tuple[str, str], list[str]] = {}
     for entry in entries:
         cp = entry.checkpoint
         if not isinstance(cp, CheckpointV2):
             continue
         for factory, by_store in cp.state_checkpoint_markers.items():
-            admin = run.admin(task, factory)
             for store, marker in by_store.items():
-                key = (factory, store)
-                if key in referenced and referenced[key] is None:
-                    continue
-                named: set[str] | None = None
-                if admin is not None:
-                    try:
-                        named = admin.referenced_blobs(store, marker)
-                    except (CorruptDataError, IncompatibleFormatError):
-                        named = None
-                current = referenced.get(key, set())
-                referenced[key] = None if named is None or current is None else current | named
+                markers.setdefault((factory, store), []).append(marker)
+    marks: dict[tuple[str, str], Mark] = {
+        (factory, store): mark_referenced(found, referenced_by_admin(run.admin(task, factory), store), at=marked_at)
+        for (factory, store), found in markers.items()
+    }
     items = []
     for name in data_blobs:
         parts = name[len(prefix):].split("/")
@@ -136,40 +132,32 @@ def _task_items(run: Run, task: str, names: list[str], grace_s: float) -> list[I
                               "(<job>/<task>/<store>/<backend>/...)"))
             continue
         store, factory = parts[0], parts[1]
-        key = (factory, store)
-        if key not in referenced:
-            items.append(_aged(run, "orphaned store", task, name, grace_s,
-                               f"no checkpoint of task {task} has a {factory} marker for store {store}"))
-            continue
-        needed = referenced[key]
-        if needed is None:
+        mark = marks.get((factory, store))
+        if mark is None:
+            items.append(_candidate(run, "orphaned store", task, name, rule,
+                                    f"no checkpoint of task {task} has a {factory} marker for store {store}"))
+        elif not mark.complete:
             items.append(Item("kept", task, name, None, None, "keep",
                               f"the {factory} backend does not say which blobs its markers need"))
-        elif name in needed:
-            continue
-        else:
-            items.append(_aged(run, "unreferenced blob", task, name, grace_s,
-                               f"no checkpoint of task {task} needs it"))
+        elif name not in mark.blobs:
+            items.append(_candidate(run, "unreferenced blob", task, name, rule,
+                                    f"no checkpoint of task {task} needs it"))
     return items
 
 
-def _aged(run: Run, kind: str, task: str, name: str, grace_s: float, reason: str) -> Item:
-    """A garbage candidate: deleted when its age is known and past the grace period, else kept."""
+def _candidate(run: Run, kind: str, task: str, name: str, rule: GraceRule, reason: str) -> Item:
+    """A garbage candidate: deleted when old enough by the age rule (this command keeps no memory between runs, so a
+    blob of unknown age is kept), else kept."""
     try:
         info = run.blob_store.head(name)
     except NotFoundError:
         return Item(kind, task, name, None, None, "keep", "gone already")
-    age = None
-    raw = info.metadata.get(CREATED_AT)
-    if raw is not None:
-        try:
-            age = max(0.0, time.time() - float(raw))
-        except ValueError:
-            age = None
+    now = time.time()
+    age = rule.age(name, info.metadata, now)
     if age is None:
         return Item(kind, task, name, None, info.size, "keep", f"{reason}; but its age is unknown (no {CREATED_AT} "
                     f"metadata), so it is kept")
-    if age < grace_s:
+    if not rule.old_enough(name, info.metadata, now):
         return Item(kind, task, name, age, info.size, "keep", f"{reason}; but younger than the grace period")
     return Item(kind, task, name, age, info.size, "delete", reason)
 

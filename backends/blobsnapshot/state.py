@@ -1,0 +1,194 @@
+"""The state of the blob-snapshot backend's backup manager: its options, per store the chain of runs and the indexes
+it knows (:class:`StoreState`), and the values its parts hand each other. The parts of the manager (upload.py,
+compaction.py, gc.py, and the manager itself in backup.py) all build on :class:`BlobSnapshotManagerState`."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import attrs
+from statebackend.backends.blobsnapshot.blobs import read_index
+from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex
+from statebackend.checkpoint import CheckpointLog, CheckpointV2
+
+from statebackend.contracts import BackendContext
+from statebackend.kit import Cancellation, FirstSeen, GraceRule, created_at_metadata
+from statebackend.store import ChangeSet, LocalStore, LocalVersion, ReadView
+
+__all__ = [
+    "BASE_LEVEL",
+    "CACHE_DIR",
+    "COMPACTED_FILE",
+    "DURABLE_AT",
+    "EXPIRES_AT",
+    "STAGING_DIR",
+    "BlobSnapshotManagerState",
+    "Compacted",
+    "Prepared",
+    "StoreState",
+]
+
+STAGING_DIR = "blobsnapshot-staging"
+#: local copies of the chain's non-base runs (what merges read), of base runs until durable and of runs not uploaded
+#: yet, named by their hash
+CACHE_DIR = "blobsnapshot-runs"
+#: a compaction result not yet adopted by an index (the open that made it closed first)
+COMPACTED_FILE = "blobsnapshot-compacted.json"
+#: metadata keys on runs and indexes beside ``created_at`` (statebackend.kit.CREATED_AT; seconds since the epoch, as
+#: decimal strings): when a blob not (yet) named by a durable checkpoint expires, and when one was made durable
+EXPIRES_AT = "expires_at"
+DURABLE_AT = "durable_at"
+#: the level of base runs (above every merge level)
+BASE_LEVEL = 1 << 16
+
+
+@attrs.frozen
+class Prepared:
+    """What ``snapshot()`` took for one commit of one store, until ``upload()`` uses it."""
+
+    seq: int
+    version: LocalVersion
+    change: ChangeSet | None
+    view: Future[ReadView]
+
+
+@attrs.frozen
+class Compacted:
+    """A finished compaction: ``output`` replaces the contiguous ``inputs`` in a later index."""
+
+    inputs: tuple[RunEntry, ...]
+    output: RunEntry
+    generation: int
+    uploaded_at: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inputs": [run.to_json() for run in self.inputs], "output": self.output.to_json(),
+                "uploaded_at": self.uploaded_at}
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any], generation: int) -> Compacted:
+        return cls(tuple(RunEntry.from_json(item) for item in document["inputs"]),
+                   RunEntry.from_json(document["output"]), generation, document.get("uploaded_at"))
+
+
+@attrs.define(eq=False)
+class StoreState:
+    """The backup state of one store."""
+
+    name: str
+    store: LocalStore
+    prefix: str
+    staging: Path
+    cache: Path
+    seq: int = 0
+    #: the chain the next index lists, oldest first (runs of failed commits included: their changes are in LMDB)
+    runs: list[RunEntry] = attrs.field(factory=list)
+    #: the chain does not describe the local data: the next upload writes a base run
+    needs_base: bool = True
+    #: bumped whenever the chain is replaced by a base run; compactions of an older generation are dropped
+    generation: int = 0
+    #: run hashes known present in the blob store, and when this manager uploaded them
+    uploaded: set[str] = attrs.field(factory=set)
+    uploaded_at: dict[str, float] = attrs.field(factory=dict)
+    #: run hashes whose expiry was removed (referenced by a durable index)
+    durable_runs: set[str] = attrs.field(factory=set)
+    prepared: dict[str, Prepared] = attrs.field(factory=dict)
+    compaction: Future[Compacted | None] | None = None
+    compaction_inputs: tuple[RunEntry, ...] = ()
+    compaction_output: str | None = None
+    #: the last index written: the previous index of the next one
+    previous: RunIndex | None = None
+    previous_name: str | None = None
+    #: indexes written whose checkpoint is not (yet) known durable
+    pending: dict[str, RunIndex] = attrs.field(factory=dict)
+    #: durable indexes, oldest first, at most ``retained``
+    retained: deque[tuple[str, RunIndex]] = attrs.field(factory=deque)
+    cleanups: int = 0
+    last_durable_seq: int = 0
+    #: guards the quick fields (seq, prepared, compaction); held only briefly
+    state_lock: threading.Lock = attrs.field(factory=threading.Lock)
+    #: serializes upload, cleanup and sweep of this store
+    io_lock: threading.Lock = attrs.field(factory=threading.Lock)
+
+    def live_indexes(self, *, suspect_pending: bool = True) -> dict[str, RunIndex]:
+        """Indexes this manager must keep. ``suspect_pending=False`` leaves out the pending ones older than the
+        newest durable one: their commit failed, or their cleanup is late (then the checkpoint log names them)."""
+        live = dict(self.retained)
+        live.update((name, index) for name, index in self.pending.items()
+                    if suspect_pending or index.seq > self.last_durable_seq)
+        if self.previous is not None and self.previous_name is not None:
+            live[self.previous_name] = self.previous
+        return live
+
+    def cached(self, entry: RunEntry) -> Path:
+        return self.cache / entry.hash
+
+
+@attrs.define(eq=False)
+class BlobSnapshotManagerState:
+    """The backup manager's options and state, shared by its parts."""
+
+    context: BackendContext
+    retained: int
+    grace_period_ms: int
+    ttl_ms: int
+    gc_interval_commits: int
+    gc_on_init: bool = False
+    compaction_fanout: int = 10
+    compaction_full_ratio: float = 1.0
+    compaction_full_min_bytes: int = 1 << 20
+    compression_level: int = 3
+    #: wall clock (seconds since the epoch) for blob ages; tests may replace it
+    clock: Callable[[], float] = time.time
+    _states: dict[str, StoreState] = attrs.field(init=False, factory=dict)
+    _closed: bool = attrs.field(init=False, default=False)
+    #: compactions stop at their next check (``cancel_background``)
+    _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
+    #: when this manager's sweeps first saw each unreferenced blob of unknown age (the age rule of statebackend.kit.gc)
+    _first_seen: FirstSeen = attrs.field(init=False, factory=FirstSeen)
+
+    @property
+    def _grace(self) -> GraceRule:
+        """The age rule with ``gc.grace.period.ms`` and this manager's first sightings."""
+        return GraceRule(self.grace_period_ms, self._first_seen)
+
+    def _extra(self, store: str, **fields: object) -> dict[str, object]:
+        """Key fields of a log record, for structured handlers."""
+        return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
+
+    def _checkpoint_log(self) -> CheckpointLog:
+        """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
+        short listing cannot make live indexes look unreferenced)."""
+        return self.context.checkpoint_log
+
+    def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
+        """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""
+        names = set()
+        for entry in self._checkpoint_log().entries():
+            if isinstance(entry.checkpoint, CheckpointV2):
+                marker = entry.checkpoint.markers_for(self.context.factory_name).get(store_name)
+                if marker is not None:
+                    names.add(marker)
+        return names
+
+    def _read_index(self, marker: str, store: str) -> RunIndex:
+        context = self.context
+        return read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)
+
+    def _new_metadata(self, now: float) -> dict[str, str] | None:
+        if not self.context.blob_store.supports_metadata:
+            return None
+        return {**created_at_metadata(now), EXPIRES_AT: f"{now + self.ttl_ms / 1000.0:.3f}"}
+
+    def _young_enough(self, uploaded_at: float | None) -> bool:
+        """Whether a blob this manager uploaded at ``uploaded_at`` may still be named by a new index: younger than
+        half the grace period, so no sweep (whose own deletions stop after a quarter of it) can take it, and younger
+        than half its ``ttl.ms``, so it has not expired (a sweep deletes an expired blob whatever its grace)."""
+        window = min(self.grace_period_ms, self.ttl_ms) / 2000.0
+        return uploaded_at is not None and self.clock() - uploaded_at < window

@@ -1,0 +1,184 @@
+"""Writing and uploading runs and indexes: a run is encoded into the cache dir under the hash of its bytes and
+uploaded unless the blob store already holds exactly those bytes young enough to be named; an index is written
+create-only under its name. Used by the commit's upload and by compactions."""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, new_hasher, run_name
+from statebackend.backends.blobsnapshot.state import BlobSnapshotManagerState, StoreState
+
+from statebackend.crashpoints import crashpoint
+from statebackend.errors import AlreadyExistsError, NotFoundError, StateBackendError
+from statebackend.kit import read_created_at
+from statebackend.recordfile import KIND_RUN, FileHeader, write_file
+from statebackend.store import LocalVersion
+
+__all__ = ["HashingWriter", "RunUpload"]
+
+log = logging.getLogger(__name__)
+
+
+class RunUpload(BlobSnapshotManagerState):
+    """Runs and indexes, from records to blobs."""
+
+    def _write_run(self, state: StoreState, records: Iterable[tuple[bytes, bytes | None]], *, first_seq: int,
+                   last_seq: int, version: LocalVersion, level: int, base: bool) -> RunEntry:
+        """Encode ``records`` (sorted) as a run file in the cache dir, named by its hash."""
+        header = FileHeader(kind=KIND_RUN, job=self.context.job_name, task=self.context.task_name, store=state.name,
+                            checkpoint_id=version.checkpoint_id, token=version.token, seq=last_seq,
+                            base_seq=first_seq - 1)
+        partial = state.staging / f"{uuid.uuid4().hex}.partial"
+        try:
+            with open(partial, "wb") as raw:
+                out = HashingWriter(raw)
+                stats = write_file(cast("BinaryIO", out), header, records, level=self.compression_level)
+            digest = out.hexdigest()
+            os.replace(partial, state.cache / digest)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return RunEntry(hash=digest, size=stats.file_bytes, records=stats.record_count, level=level, base=base,
+                        first_seq=first_seq, last_seq=last_seq, checkpoint_id=version.checkpoint_id,
+                        token=version.token)
+
+    def _ensure_uploaded(self, state: StoreState, run: RunEntry) -> None:
+        """Make sure the blob store holds ``run``. A run this manager uploaded that no durable index names and that
+        is older than half the grace period is written again (a sweep of another attempt could take it for
+        garbage); the same bytes under the same name, with a fresh age."""
+        if run.hash in state.uploaded:
+            uploaded_at = state.uploaded_at.get(run.hash)
+            if run.hash in state.durable_runs or self._young_enough(uploaded_at):
+                return
+            if not self.context.blob_store.supports_metadata:
+                return  # no age on the blob store: a sweep counts it from when it first saw it, nothing to refresh
+            if not state.cached(run).exists():
+                state.needs_base = True
+                raise StateBackendError(
+                    f"store {state.name}: run {run_name(state.prefix, run.hash)} was uploaded more than half of "
+                    f"blobsnapshot.gc.grace.period.ms ago and no durable checkpoint names it; it is not cached "
+                    f"locally to refresh it. The next commit uploads a base run"
+                )
+        path = state.cached(run)
+        if not path.exists():
+            state.needs_base = True
+            raise StateBackendError(
+                f"store {state.name}: run {run_name(state.prefix, run.hash)} is neither uploaded nor staged; the next "
+                f"commit uploads a base run"
+            )
+        written = self._put_run(state, run, path)
+        metrics = self.context.metrics
+        if written:
+            metrics.increment("commit.bytes.uploaded", run.size)
+            metrics.increment("commit.files.uploaded")
+            metrics.increment("blobsnapshot.runs.uploaded")
+        else:
+            metrics.increment("commit.bytes.reused", run.size)
+            metrics.increment("blobsnapshot.runs.reused")
+        state.uploaded.add(run.hash)
+
+    def _put_run(self, state: StoreState, run: RunEntry, path: Path) -> bool:
+        """Upload one run unless the blob store holds exactly its bytes and an index may name them; whether it was
+        written.
+
+        "Present" needs evidence about *this* run: a ``head()`` that finds a blob of its length under its
+        content-addressed name. A create-only write refused as "already exists" is checked the same way; a blob of
+        another length under the name is overwritten with the run's bytes, the only bytes the name can hold. A
+        present blob is reused only when no sweep can take it before a checkpoint names it: a retained durable index
+        names it, or it is younger than half the grace period. Otherwise (a run whose upload reply was lost long
+        ago, an identical run of a checkpoint retention dropped) the same bytes are written again, with a fresh
+        age."""
+        blob_store = self.context.blob_store
+        name = run_name(state.prefix, run.hash)
+        refresh = run.hash in state.uploaded  # an old upload no durable index names: write it again, same bytes
+        created_at = self.clock()
+        if not refresh:
+            found, age = self._present(state, name, run)
+            if found == "reusable":
+                self._found_at(state, run, age)
+                return False
+            refresh = found == "too old"
+        if refresh:
+            blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
+        else:
+            try:
+                blob_store.put_file(name, path, create_only=True, metadata=self._new_metadata(created_at))
+            except AlreadyExistsError:
+                found, age = self._present(state, name, run)
+                if found == "reusable":
+                    self._found_at(state, run, age)
+                    return False  # same name, same content: an earlier try wrote it first
+                if found == "absent":
+                    log.warning("store %s: run %s was reported taken but holds no blob of its length; writing it "
+                                "again", state.name, name, extra=self._extra(state.name))
+                blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
+        state.uploaded_at[run.hash] = created_at
+        crashpoint("blobsnapshot.upload.run_uploaded")
+        return True
+
+    def _present(self, state: StoreState, name: str, run: RunEntry) -> tuple[str, float | None]:
+        """``"absent"`` (no blob of the run's length under ``name``), ``"reusable"`` or ``"too old"`` (see
+        :meth:`_put_run`), with the blob's age (its ``created_at``) when known."""
+        blob_store = self.context.blob_store
+        try:
+            info = blob_store.head(name)
+        except NotFoundError:
+            return "absent", None
+        if info.size != run.size:
+            log.warning("run %s: the blob store reports %d bytes where the run has %d; not taken as present",
+                        name, info.size, run.size, extra=self._extra(state.name))
+            return "absent", None
+        created = read_created_at(info.metadata)  # None: no age we can read (written by another tool)
+        if run.hash in state.durable_runs or not blob_store.supports_metadata:
+            return "reusable", created
+        return ("reusable", created) if self._young_enough(created) else ("too old", created)
+
+    def _found_at(self, state: StoreState, run: RunEntry, created: float | None) -> None:
+        """A run found present is as old as its blob: a later index names it only while that age allows (else it is
+        written again), as for a run this manager uploaded."""
+        if created is not None:
+            state.uploaded_at[run.hash] = created
+        else:
+            state.uploaded_at.pop(run.hash, None)
+
+    def _put_index(self, marker: str, index: RunIndex) -> None:
+        data = index.encode()
+        blob_store = self.context.blob_store
+        try:
+            blob_store.put(marker, data, create_only=True, metadata=self._new_metadata(self.clock()))
+        except AlreadyExistsError:
+            # the name carries the flush's random token: only an earlier try of this very upload can have written it
+            try:
+                existing = blob_store.get(marker)
+            except NotFoundError:
+                existing = None
+            if existing != data:
+                raise StateBackendError(
+                    f"index blob {marker} already exists with other content in {blob_store.describe()}; another "
+                    f"attempt of task {self.context.task_name} wrote it: restore from the latest checkpoint"
+                ) from None
+        metrics = self.context.metrics
+        metrics.increment("commit.bytes.uploaded", len(data))
+        metrics.increment("commit.files.uploaded")
+        metrics.increment("blobsnapshot.indexes.uploaded")
+
+
+class HashingWriter:
+    """A write-only file wrapper that hashes what passes through (the run's name is the hash of its bytes)."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self._out = out
+        self._hasher = new_hasher()
+
+    def write(self, data: bytes) -> int:
+        self._hasher.update(data)
+        return self._out.write(data)
+
+    def hexdigest(self) -> str:
+        return str(self._hasher.hexdigest())

@@ -1,0 +1,161 @@
+"""The upload of a commit's recipe (the changelog backup manager's ``upload()``, on the commit pool): a re-base
+snapshot when the chain starts anew, then this commit's deltas, each staged whole on local disk first and sent
+create-only; deltas of earlier commits whose upload failed are sent again from their staged files."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from statebackend.backends.changelog.lineage import ChangelogManagerState, Lineage
+from statebackend.backends.changelog.marker import Recipe, Step
+
+from statebackend.errors import AlreadyExistsError, CorruptDataError, StateBackendError
+from statebackend.fsutil import atomic_write
+from statebackend.kit import IN_FLIGHT, created_at_metadata
+from statebackend.recordfile import FileHeader, RecordColumns, check_digest, write_file
+from statebackend.store import ReadView
+
+__all__ = ["ChangelogUpload"]
+
+
+class ChangelogUpload(ChangelogManagerState):
+    """Staging and uploading deltas and snapshots."""
+
+    def _upload_store(self, lineage: Lineage, marker: str) -> str:
+        recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {lineage.name}")
+        # every file this upload stages or re-sends is in flight until it returns: cleanup leaves them alone
+        with IN_FLIGHT.hold([lineage.staging / Path(name).name for name in recipe.blob_names()]):
+            return self._upload_recipe(lineage, recipe, marker)
+
+    def _upload_recipe(self, lineage: Lineage, recipe: Recipe, marker: str) -> str:
+        metrics = self.context.metrics
+        with lineage.lock:
+            view_future, lineage.rebase_view = lineage.rebase_view, None
+            to_encode = dict(lineage.to_encode)
+            lineage.to_encode.clear()
+            lineage.fresh.clear()  # anything staged before this upload is a retry
+            # blobs an earlier upload sent that no checkpoint known durable names (a commit whose checkpoint write
+            # failed, an adopted snapshot): their age is checked below, they may be garbage to another sweep by now
+            durable = set(lineage.retained[-1].blob_names()) if lineage.retained else set()
+            reused = [n for n in recipe.blob_names() if n in lineage.uploaded and n not in durable]
+        view: ReadView | None = None
+        try:
+            if view_future is not None:
+                view = view_future.result()  # waits for the store's applier, never for this pool
+            if view is not None and recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded:
+                step = recipe.snapshot
+                assert step.name is not None
+                self._write_and_upload(lineage, step, "snapshot", view.items(), step.name)
+                with lineage.lock:
+                    lineage.uploaded.add(step.name)
+            # Stage this commit's deltas before uploading anything: a failed upload below then leaves every delta
+            # staged, and the next commit retries them instead of re-basing on a full snapshot.
+            for step in recipe.deltas:
+                change = to_encode.pop(step.name, None) if step.name is not None else None
+                if change is not None and step.name is not None:
+                    self._stage(lineage, step, "delta", change.columns() or iter(change), step.name)
+            for step in recipe.deltas:
+                if step.name is None or step.name in lineage.uploaded:
+                    continue
+                staged = lineage.staging / Path(step.name).name
+                if step.name in lineage.fresh and staged.exists():  # staged just above
+                    self._upload_staged_file(lineage, staged, step.name, "delta")
+                    with lineage.lock:
+                        lineage.fresh.discard(step.name)
+                elif staged.exists():  # a previous commit's delta whose upload failed: upload it now
+                    try:
+                        check_digest(staged.read_bytes(), name=str(staged))
+                    except CorruptDataError:
+                        staged.unlink(missing_ok=True)  # not staged any more: the failure below re-bases
+                        raise
+                    self._put_staged(lineage, staged, step.name)
+                    metrics.increment("changelog.delta.reuploads")
+                else:
+                    raise StateBackendError(
+                        f"store {lineage.name}: delta {step.name} is neither uploaded nor staged; the next commit "
+                        f"re-bases on a fresh snapshot"
+                    )
+                with lineage.lock:
+                    lineage.uploaded.add(step.name)
+            with lineage.lock:
+                old = [n for n in reused if not self._young_enough(lineage.uploaded_at.get(n))]
+                if old:
+                    lineage.commits_since_snapshot = -1  # re-base next commit: fresh blobs only
+            if old:
+                self.context.metrics.increment("changelog.rebase.old.blobs")
+                raise StateBackendError(
+                    f"store {lineage.name}: this commit would name {old[0]} (and {len(old) - 1} more), uploaded more "
+                    f"than half of changelog.gc.grace.period.ms ago and named by no checkpoint known durable: a sweep "
+                    f"of another attempt may delete it. The next commit re-bases on a fresh snapshot"
+                )
+        except BaseException:
+            with lineage.lock:
+                missing = [s for s in recipe.deltas if s.name is not None and s.name not in lineage.uploaded
+                           and not (lineage.staging / Path(s.name).name).exists()]
+                if missing or (recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded
+                               and view_future is not None):
+                    lineage.commits_since_snapshot = -1  # chain cannot be completed: re-base next commit
+            raise
+        finally:
+            if view is not None:
+                view.close()
+        return marker
+
+    def _write_and_upload(
+        self, lineage: Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
+    ) -> None:
+        staged = self._stage(lineage, step, kind, records, name)
+        with lineage.lock:
+            lineage.fresh.discard(name)
+        self._upload_staged_file(lineage, staged, name, kind)
+
+    def _stage(
+        self, lineage: Lineage, step: Step, kind: str,
+        records: Iterable[tuple[bytes, bytes | None]] | RecordColumns, name: str,
+    ) -> Path:
+        """Write the file for ``step`` into the staging dir (aside, then renamed: a staged file is always whole)."""
+        header = FileHeader(
+            kind=kind,
+            job=self.context.job_name,
+            task=self.context.task_name,
+            store=lineage.name,
+            checkpoint_id=step.checkpoint_id,
+            token=step.token,
+            seq=step.seq,
+            base_seq=step.seq - 1 if kind == "delta" else step.seq,
+        )
+        staged = lineage.staging / Path(name).name
+        # written aside and renamed when complete: a staged file is always a whole one (a later commit re-uploads
+        # staged files whose upload failed, and must never send a half-written one)
+        partial = staged.with_name(staged.name + ".partial")
+        with atomic_write(staged, temp_name=partial.name, fsync=False) as out:
+            write_file(out, header, records, compression=self.compression, level=self.compression_level)
+        with lineage.lock:
+            lineage.fresh.add(name)
+        return staged
+
+    def _upload_staged_file(self, lineage: Lineage, staged: Path, name: str, kind: str) -> None:
+        size = staged.stat().st_size
+        self._put_staged(lineage, staged, name)
+        metrics = self.context.metrics
+        metrics.increment(f"changelog.{kind}.uploads")
+        metrics.increment("commit.bytes.uploaded", size)
+        metrics.increment("commit.files.uploaded")
+        metrics.record(f"changelog.{kind}.bytes", size)
+
+    def _put_staged(self, lineage: Lineage, staged: Path, name: str) -> None:
+        blob_store = self.context.blob_store
+        created_at = self.clock()  # before the put: a sweep never sees the blob younger than it is
+        metadata = created_at_metadata(created_at) if blob_store.supports_metadata else None
+        size = staged.stat().st_size
+        try:
+            blob_store.put_file(name, staged, create_only=True, metadata=metadata)
+        except AlreadyExistsError:
+            # names carry the flush's unique token: only an earlier try of this very upload can have written it
+            # (a retry after a timeout whose first attempt had landed); the content is the same bytes.
+            pass
+        with lineage.lock:
+            lineage.uploaded_at[name] = created_at
+            lineage.blob_bytes[name] = size
+        staged.unlink(missing_ok=True)

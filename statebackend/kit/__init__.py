@@ -1,0 +1,51 @@
+"""The backend kit: support code every state backend needs, written once (the built-in backends use it, and a
+third-party backend should too, rather than copy it).
+
+- :mod:`statebackend.kit.gc`: the one age rule for garbage collection (``created_at`` metadata; a blob of unknown
+  age counted from a collector's first sighting, and kept by a collector without memory), and mark-and-sweep over
+  the blobs checkpoints reference;
+- :mod:`statebackend.kit.inflight`: the registry of staged files that running work holds, so no cleanup deletes them;
+- :mod:`statebackend.kit.background`: closing a read view that is not open yet, and cancelling background work;
+- :mod:`statebackend.kit.restore`: the interrupt flag of a restore, and the puts-only filter of a bulk load.
+
+The kit imports the framework's contracts, blob stores, errors and concurrency helpers, never a backend or the task.
+The rules behind it: docs/architecture.md, "The backend kit".
+"""
+
+from __future__ import annotations
+
+from statebackend.kit.background import Cancellation, Closeable, close_when_ready
+from statebackend.kit.gc import (
+    CREATED_AT,
+    FirstSeen,
+    GraceRule,
+    Mark,
+    Swept,
+    created_at_metadata,
+    mark_referenced,
+    read_created_at,
+    referenced_by_admin,
+    sweep_unreferenced,
+)
+from statebackend.kit.inflight import IN_FLIGHT, InFlightRegistry
+from statebackend.kit.restore import InterruptFlag, puts_only
+
+__all__ = [
+    "CREATED_AT",
+    "IN_FLIGHT",
+    "Cancellation",
+    "Closeable",
+    "FirstSeen",
+    "GraceRule",
+    "InFlightRegistry",
+    "InterruptFlag",
+    "Mark",
+    "Swept",
+    "close_when_ready",
+    "created_at_metadata",
+    "mark_referenced",
+    "puts_only",
+    "read_created_at",
+    "referenced_by_admin",
+    "sweep_unreferenced",
+]
