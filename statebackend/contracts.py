@@ -80,17 +80,34 @@ class TaskBackupManager(abc.ABC):
     @abc.abstractmethod
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         """Prepare the upload of this commit. Runs on the task's thread, exclusive with processing, and MUST cost
-        O(change since the last commit), never O(state). Returns preliminary markers for ``upload``."""
+        O(change since the last commit), never O(state). Returns preliminary markers for ``upload``.
+
+        ``changes`` holds, per store of this manager, the immutable change set the commit's flush made: exactly the
+        puts and deletes since the last commit, sorted on first use. Back up *that*, never the live store: writes
+        made after this call (the task goes on while ``upload`` runs) belong to the next commit, and a checkpoint
+        that holds them would restore keys that were never committed. A backend that keeps a full copy reads it
+        from a :class:`~statebackend.store.ReadView` opened here (a consistent snapshot), not later."""
 
     @abc.abstractmethod
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
         """Make the snapshot durable. Runs on the commit pool, concurrent with processing. The future's markers
-        are written into the checkpoint; everything they reference MUST be durable when it resolves."""
+        are written into the checkpoint; everything they reference MUST be durable when it resolves: resolve it
+        only after every put it depends on returned (a put that failed fails the future; a marker that names a
+        blob not yet written makes a checkpoint that restores nothing). Never wait on another future of the same
+        pool (chain callbacks instead). A failure is raised by the framework at the next commit; it must not
+        poison later commits. Count ``commit.bytes.uploaded`` and ``commit.files.uploaded`` for what was sent
+        (``commit.bytes.reused`` for what a marker names without sending it again)."""
 
     @abc.abstractmethod
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
         """Delete what no retained checkpoint needs any more. Idempotent; called only after ``checkpoint_id`` is
-        durable."""
+        durable.
+
+        "Retained" is every checkpoint the task's log still holds (``context.checkpoint_log``, its retention
+        ``retained``), not only the newest: any of them may be restored (a Spark replay). Keep every blob a marker
+        of any of them names, and every blob an upload of this or another attempt may still name (younger than the
+        grace period: :class:`statebackend.kit.GraceRule`, :func:`statebackend.kit.sweep_unreferenced`). A listing
+        that shows less than the task knows durable is a fault, never "nothing is referenced"."""
 
     def abort(self, checkpoint_id: CheckpointId) -> None:  # optional hook
         """The sync part of commit ``checkpoint_id`` failed after this manager's ``snapshot()`` may have run (another
@@ -119,7 +136,31 @@ class TaskRestoreManager(abc.ABC):
     def restore(self) -> None:
         """Rebuild every store to exactly the checkpoint's state, reusing local data that already is that state.
         Interruptible between steps (:meth:`interrupt`); never waits on futures it queued on the shared commit
-        pool."""
+        pool.
+
+        What it MUST do, which the shipped suite (:class:`statebackend.testing.backend_contract.BackendContract`)
+        checks:
+
+        - **Exactly that checkpoint.** The state the marker of *this* checkpoint names (``init``'s argument), not
+          the newest the backend has: a Spark replay restores an older retained checkpoint on purpose. Local data
+          is reused only when its :attr:`LocalStore.version <statebackend.store.LocalStore.version>` is the one the
+          marker names (or a step the marker builds on); anything else (a version of another lineage, uncommitted
+          changes) is replaced.
+        - **Whole or nothing per step.** Each bulk load records the version it reaches in the same LMDB transaction
+          (``replace_contents``, ``apply_changes``, ``apply_change_sets``), so a crash or a failure leaves a store
+          at a version of the chain or as it was.
+        - **Never load what does not verify.** Every blob is checked (checksum, the lineage it names: job, task,
+          store, seq) before any of it reaches LMDB.
+        - **Errors.** A blob that is absent raises :class:`~statebackend.errors.NotFoundError` naming it; damaged,
+          cut short or of another lineage: :class:`~statebackend.errors.CorruptDataError`; a format version this
+          release cannot read: :class:`~statebackend.errors.IncompatibleFormatError`; a blob store that fails:
+          :class:`~statebackend.errors.StorageError`. These four make the framework fall back to the next backend
+          with a marker in the checkpoint (dual commit), so raise nothing else for them.
+        - **Metrics** (into ``context.metrics``, names from :mod:`statebackend.metrics.catalogue`): per store
+          restored, exactly one of ``restore.stores.reused`` (local data already was the checkpoint: nothing
+          downloaded) or ``restore.stores.full`` (downloaded from the blob store; ``restore.stores.caught.up`` for
+          one brought forward from an older local version instead); ``restore.bytes`` for every byte downloaded.
+          The framework times the whole restore (``restore.ms``) and logs it."""
 
     def interrupt(self) -> None:  # optional hook
         """Ask a running (or later) ``restore()`` to stop at its next step, raising

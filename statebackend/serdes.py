@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import attrs
 
-from statebackend.errors import ConfigError, CorruptDataError, SerdeError, StateBackendError
+from statebackend.errors import ConfigError, CorruptDataError, SerdeError
 
 __all__ = [
     "SERDE_NAMES",
@@ -150,7 +150,7 @@ class IntegerSerde:
         if not isinstance(obj, int) or isinstance(obj, bool):
             raise TypeError(f"integer serde takes int, got {type(obj).__name__}")
         if not -_SIGN_BIT <= obj < _SIGN_BIT:
-            raise StateBackendError(
+            raise SerdeError(
                 f"integer serde: {obj} is outside the signed 64-bit range [-2**63, 2**63); "
                 "use the json or string serde for larger numbers"
             )

@@ -66,7 +66,7 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 from statebackend.concurrency import gather
 from statebackend.contracts import StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
-from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, StateBackendError
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, UsageError
 from statebackend.kit import IN_FLIGHT, close_when_ready
 from statebackend.store import ChangeSet, ReadView
 
@@ -302,7 +302,7 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         for item in stale:
             close_when_ready(item.view)
         if prepared is None:
-            raise StateBackendError(f"store {state.name}: no snapshot was taken for {marker}; call snapshot() first")
+            raise UsageError(f"store {state.name}: no snapshot was taken for {marker}; call snapshot() first")
         view = prepared.view.result()  # waits for the store's applier, never for this pool
         handed_over = False
         try:

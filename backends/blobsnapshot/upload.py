@@ -15,7 +15,7 @@ from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, new_ha
 from statebackend.backends.blobsnapshot.state import BlobSnapshotManagerState, StoreState
 
 from statebackend.crashpoints import crashpoint
-from statebackend.errors import AlreadyExistsError, NotFoundError, StateBackendError
+from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, NotFoundError
 from statebackend.kit import read_created_at
 from statebackend.recordfile import KIND_RUN, FileHeader, write_file
 from statebackend.store import LocalVersion
@@ -60,7 +60,7 @@ class RunUpload(BlobSnapshotManagerState):
                 return  # no age on the blob store: a sweep counts it from when it first saw it, nothing to refresh
             if not state.cached(run).exists():
                 state.needs_base = True
-                raise StateBackendError(
+                raise CommitError(
                     f"store {state.name}: run {run_name(state.prefix, run.hash)} was uploaded more than half of "
                     f"blobsnapshot.gc.grace.period.ms ago and no durable checkpoint names it; it is not cached "
                     f"locally to refresh it. The next commit uploads a base run"
@@ -68,7 +68,7 @@ class RunUpload(BlobSnapshotManagerState):
         path = state.cached(run)
         if not path.exists():
             state.needs_base = True
-            raise StateBackendError(
+            raise CommitError(
                 f"store {state.name}: run {run_name(state.prefix, run.hash)} is neither uploaded nor staged; the next "
                 f"commit uploads a base run"
             )
@@ -159,7 +159,7 @@ class RunUpload(BlobSnapshotManagerState):
             except NotFoundError:
                 existing = None
             if existing != data:
-                raise StateBackendError(
+                raise CommitConflictError(
                     f"index blob {marker} already exists with other content in {blob_store.describe()}; another "
                     f"attempt of task {self.context.task_name} wrote it: restore from the latest checkpoint"
                 ) from None

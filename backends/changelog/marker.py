@@ -32,7 +32,7 @@ from collections.abc import Iterator
 
 import attrs
 
-from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, UsageError
 from statebackend.recordfile import KIND_DELTA, FileHeader
 from statebackend.store import LocalVersion
 
@@ -118,12 +118,12 @@ class Recipe:
     def encode(self, *, prefix: str) -> str:
         """The format 2 marker. ``prefix`` is the store's blob prefix: every step's blob must be the one its seq and
         token name under it (a delta without a blob: ``None``), and the deltas' seqs consecutive after the snapshot,
-        or the marker could not name exactly these blobs; anything else is a bug, raised as StateBackendError."""
+        or the marker could not name exactly these blobs; anything else is a bug, raised as UsageError."""
         snapshot: list[object] | None = None
         if self.snapshot is not None:
             step = self.snapshot
             if step.name != snapshot_name(prefix, step.seq, step.token):
-                raise StateBackendError(f"changelog recipe: snapshot {step.name!r} at seq {step.seq} is not "
+                raise UsageError(f"changelog recipe: snapshot {step.name!r} at seq {step.seq} is not "
                                         f"{snapshot_name(prefix, step.seq, step.token)!r}, the name format 2 derives")
             snapshot = [step.seq, step.checkpoint_id, step.token]
         document: dict[str, object] = {"format": MARKER_FORMAT, "snapshot": snapshot}
@@ -131,18 +131,18 @@ class Recipe:
         if self.deltas:
             first = self.deltas[0].seq
             if self.snapshot is not None and first != self.snapshot.seq + 1:
-                raise StateBackendError(f"changelog recipe: the first delta has seq {first}, the snapshot "
+                raise UsageError(f"changelog recipe: the first delta has seq {first}, the snapshot "
                                         f"{self.snapshot.seq}; format 2 needs consecutive seqs")
             document["seq"] = first
             for index, step in enumerate(self.deltas):
                 if step.seq != first + index:
-                    raise StateBackendError(f"changelog recipe: delta seq {step.seq} follows "
+                    raise UsageError(f"changelog recipe: delta seq {step.seq} follows "
                                             f"{first + index - 1}; format 2 needs consecutive seqs")
                 if step.name is None:
                     deltas.append([step.checkpoint_id, step.token, _NO_BLOB])
                     continue
                 if step.name != delta_name(prefix, step.seq, step.token):
-                    raise StateBackendError(f"changelog recipe: delta {step.name!r} at seq {step.seq} is not "
+                    raise UsageError(f"changelog recipe: delta {step.name!r} at seq {step.seq} is not "
                                             f"{delta_name(prefix, step.seq, step.token)!r}, the name format 2 "
                                             "derives")
                 deltas.append([step.checkpoint_id, step.token])

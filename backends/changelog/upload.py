@@ -10,7 +10,7 @@ from pathlib import Path
 from statebackend.backends.changelog.lineage import ChangelogManagerState, Lineage
 from statebackend.backends.changelog.marker import Recipe, Step
 
-from statebackend.errors import AlreadyExistsError, CorruptDataError, StateBackendError
+from statebackend.errors import AlreadyExistsError, CommitError, CorruptDataError
 from statebackend.fsutil import atomic_write
 from statebackend.kit import IN_FLIGHT, created_at_metadata
 from statebackend.recordfile import FileHeader, RecordColumns, check_digest, write_file
@@ -72,7 +72,7 @@ class ChangelogUpload(ChangelogManagerState):
                     self._put_staged(lineage, staged, step.name)
                     metrics.increment("changelog.delta.reuploads")
                 else:
-                    raise StateBackendError(
+                    raise CommitError(
                         f"store {lineage.name}: delta {step.name} is neither uploaded nor staged; the next commit "
                         f"re-bases on a fresh snapshot"
                     )
@@ -84,7 +84,7 @@ class ChangelogUpload(ChangelogManagerState):
                     lineage.commits_since_snapshot = -1  # re-base next commit: fresh blobs only
             if old:
                 self.context.metrics.increment("changelog.rebase.old.blobs")
-                raise StateBackendError(
+                raise CommitError(
                     f"store {lineage.name}: this commit would name {old[0]} (and {len(old) - 1} more), uploaded more "
                     f"than half of changelog.gc.grace.period.ms ago and named by no checkpoint known durable: a sweep "
                     f"of another attempt may delete it. The next commit re-bases on a fresh snapshot"
