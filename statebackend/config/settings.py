@@ -461,7 +461,10 @@ class _SettingsParser:
                         f"backend {reading.backend!r} of store {reading.store!r}; rename one of the stores"
                     )
         given: dict[tuple[str, str], dict[str, Any]] = {}
-        candidates = [(key, problem, None) for key, problem in self.store_backend_keys.items()]
+        # (key, the problem of its store name read as a store option, (store, option) of an undeclared store's key)
+        candidates: list[tuple[str, str | None, tuple[str, str] | None]] = [
+            (key, problem, None) for key, problem in self.store_backend_keys.items()
+        ]
         candidates += [(f"stores.{name}.{option}", None, (name, option))
                        for name, options in self.undeclared.items() for option in sorted(options)]
         for key, name_problem, undeclared in candidates:
@@ -533,13 +536,13 @@ class _SettingsParser:
         for key in sorted(self.unknown_keys):
             # a key under a declared store's name is that store's: no other reading of a store name is suggested
             # (stores.counts.tarsnap.keep is no typo of option key.serde of a store counts.tarsnap)
-            store = max((name for name in stores if key.startswith(f"stores.{name}.")), key=len, default=None)
-            candidates = known if store is not None else known + _store_key_candidates(key)
+            owner = max((name for name in stores if key.startswith(f"stores.{name}.")), key=len, default=None)
+            candidates = known if owner is not None else known + _store_key_candidates(key)
             near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
             if near:
                 hint = f"did you mean {near[0]}?"
-            elif store is not None:
-                hint = _known_of_store(store, stores[store])
+            elif owner is not None:
+                hint = _known_of_store(owner, stores[owner])
             else:
                 hint = _known_under(key, self.blob_store_schema)
             self.problems.append(f"{key}: unknown key; {hint}")
