@@ -6,8 +6,8 @@ state backend registry (group ``statebackend.backends``, :mod:`statebackend.regi
 A distribution declares a plugin in its ``pyproject.toml``::
 
     [project.entry-points."statebackend.blobstores"]
-    mem2 = "sb_mem2.store:Mem2BlobStore"
-    az = "statebackend.blobstores.azure:AzureBlobStore [azure]"   # needs the distribution's extra "azure"
+    mystore = "my_package.store:MyBlobStore"
+    fast = "my_package.fast:FastBlobStore [fast]"   # needs the distribution's extra "fast" (named by the hint)
 
 Nothing is imported by a scan: a target is imported when it is first used (:func:`load_target`), so a plugin whose
 optional dependency is missing breaks only the configurations that use it, and the error carries its install hint
