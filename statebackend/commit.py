@@ -68,7 +68,9 @@ def shared_commit_pool(size: int) -> ThreadPoolExecutor:
 
 @attrs.frozen
 class BackupBinding:
-    """One backend's backup manager and the stores it backs up."""
+    """One backend's backup manager and the stores it backs up. A backend may have several (one per group of stores
+    with equal options): their markers are merged under the backend's name in the checkpoint, and each manager's
+    cleanup gets its own stores' markers."""
 
     factory_name: str
     manager: TaskBackupManager
@@ -252,12 +254,12 @@ class TaskCommitManager:
             self._start_applies()  # the stores flushed before the one that failed
             raise
         crashpoint("commit.after_flush")
-        preliminary: dict[str, StoreMarkers] = {}
+        preliminary: list[StoreMarkers] = []  # by binding
         try:
             for binding in self.backups:
-                preliminary[binding.factory_name] = binding.manager.snapshot(
+                preliminary.append(binding.manager.snapshot(
                     checkpoint_id, {name: changes[name] for name in binding.store_names}
-                )
+                ))
         except BaseException:
             self._start_applies()
             _close_all(changes)
@@ -296,15 +298,13 @@ class TaskCommitManager:
         self,
         pending: PendingCommit,
         input_offsets: dict[str, str],
-        preliminary: dict[str, StoreMarkers],
+        preliminary: list[StoreMarkers],
         changes: dict[str, ChangeSet],
     ) -> None:
-        uploads: dict[str, Future[StoreMarkers]] = {}
+        uploads: list[Future[StoreMarkers]] = []  # by binding
         try:
-            for binding in self.backups:
-                uploads[binding.factory_name] = binding.manager.upload(
-                    pending.checkpoint_id, preliminary[binding.factory_name]
-                )
+            for binding, markers in zip(self.backups, preliminary, strict=True):
+                uploads.append(binding.manager.upload(pending.checkpoint_id, markers))
         except BaseException as exc:  # noqa: BLE001 - an upload failing to even start fails this commit, not the task
             failure = exc  # Python unbinds ``exc`` when the except block ends, before a started upload may end
 
@@ -312,29 +312,31 @@ class TaskCommitManager:
                 _close_all(changes)
                 self._fail(pending, failure)
 
-            when_all(list(uploads.values()), fail_when_started_ones_end)
+            when_all(list(uploads), fail_when_started_ones_end)
             return
 
         def after_uploads() -> None:
             self.metrics.record("commit.upload.ms", (self.clock() - pending.started) * 1000.0)
             _close_all(changes)
-            errors = [error for f in uploads.values() if (error := f.exception()) is not None]
+            errors = [error for f in uploads if (error := f.exception()) is not None]
             if errors:
                 self._fail(pending, errors[0])
                 return
             try:
-                self.executor.submit(self._write_checkpoint, pending, input_offsets,
-                                     {name: f.result() for name, f in uploads.items()})
+                self.executor.submit(self._write_checkpoint, pending, input_offsets, [f.result() for f in uploads])
             except BaseException as exc:  # noqa: BLE001 - pool shut down: the commit fails, the task goes on
                 self._fail(pending, exc)
 
-        when_all(list(uploads.values()), after_uploads)
+        when_all(list(uploads), after_uploads)
 
     def _write_checkpoint(
-        self, pending: PendingCommit, input_offsets: dict[str, str], markers: dict[str, StoreMarkers]
+        self, pending: PendingCommit, input_offsets: dict[str, str], uploaded: list[StoreMarkers]
     ) -> None:
         writing_started = self.clock()
         try:
+            markers: dict[str, StoreMarkers] = {}  # a backend's managers back up disjoint stores
+            for binding, own in zip(self.backups, uploaded, strict=True):
+                markers.setdefault(binding.factory_name, {}).update(own)
             checkpoint = CheckpointV2(
                 checkpoint_id=pending.checkpoint_id,
                 input_offsets=input_offsets,
@@ -381,7 +383,7 @@ class TaskCommitManager:
                 self._failure = None
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
-        self._cleanup(pending.checkpoint_id, markers, listing)  # registered before the result: close() waits for it
+        self._cleanup(pending.checkpoint_id, uploaded, listing)  # registered before the result: close() waits for it
         pending.future.set_result(checkpoint)
 
     def _resolve_uncertain(self, seq: int) -> int:
@@ -415,7 +417,7 @@ class TaskCommitManager:
                             self.task_name, checkpoint.checkpoint_id, store.path, exc,
                             extra=self._log_extra(checkpoint.checkpoint_id))
 
-    def _cleanup(self, checkpoint_id: CheckpointId, markers: dict[str, StoreMarkers], listing: Any = None) -> None:
+    def _cleanup(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers], listing: Any = None) -> None:
         def report(future: Future[Any]) -> None:
             exc = future.exception()
             if exc is not None:
@@ -423,9 +425,9 @@ class TaskCommitManager:
                 log.warning("task %s: cleanup after checkpoint %s failed (retried at the next commit): %s",
                             self.task_name, checkpoint_id, exc, extra=self._log_extra(checkpoint_id))
 
-        for binding in self.backups:
+        for binding, markers in zip(self.backups, uploaded, strict=True):
             try:
-                future = binding.manager.cleanup(checkpoint_id, markers[binding.factory_name])
+                future = binding.manager.cleanup(checkpoint_id, markers)
                 with self._lock:
                     self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
                 future.add_done_callback(report)

@@ -14,7 +14,8 @@ the dotted path otherwise. A dotted path that is exactly the target of a short n
 that short name, so the two spellings of one backend never split a checkpoint's markers.
 
 Lookup order: registered short names, then entry points, then dotted paths; a registered short name shadows an entry
-point of the same name (the built-ins are also declared as entry points by statebackend's own distribution).
+point of the same name (the built-ins are also declared as entry points by statebackend's own distribution). The
+entry points are scanned by :mod:`statebackend.plugins`, which the blob store registry shares.
 
 Factories are instantiated with no arguments, once per canonical name (they are stateless descriptions of a backend;
 per-task state lives in the managers they create). Every failure is a :class:`~statebackend.errors.ConfigError` that
@@ -24,10 +25,7 @@ names the backend and says how to fix it.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import os
 import re
-import sys
 import threading
 import types
 from collections.abc import Mapping
@@ -36,6 +34,7 @@ import attrs
 
 from statebackend.contracts import StateBackendFactory
 from statebackend.errors import ConfigError
+from statebackend.plugins import EntryPointTarget, entry_points
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -113,7 +112,7 @@ def register_factory(short_name: str, target: str, *, replace: bool = False) -> 
 
 def known_factories() -> Mapping[str, str]:
     """Read-only view: short name -> dotted path, for registered names and installed entry points."""
-    known = {ep_name: ep_target for ep_name, (ep_target, _dist) in _entry_points().items()}
+    known = {name: entry_point.target for name, entry_point in _entry_points().items()}
     with _LOCK:
         known.update({short: target for short, (target, _hint) in _REGISTRY.items()})
     return types.MappingProxyType(dict(sorted(known.items())))
@@ -147,10 +146,9 @@ def _locate(name: str) -> tuple[str, str, str | None]:
         registered = _REGISTRY.get(name)
     if registered is not None:
         return name, registered[0], registered[1]
-    entry_points = _entry_points()
-    if name in entry_points:
-        target, dist = entry_points[name]
-        return name, target, _dist_hint(dist)
+    declared = _entry_points().get(name)
+    if declared is not None:
+        return name, declared.target, declared.install_hint()
     if ":" in name:
         if not _DOTTED_PATH_RE.fullmatch(name):
             raise ConfigError(
@@ -203,44 +201,9 @@ def _instantiate(canonical: str, target: str, hint: str | None) -> StateBackendF
         ) from exc
 
 
-def _entry_points() -> dict[str, tuple[str, str | None]]:
-    """Entry-point name -> (dotted path, distribution name). Scanning every installed distribution's metadata costs
-    milliseconds (a Spark task parses its config every batch), so the scan is kept while ``sys.path`` and the
-    modification times of its directories are unchanged: installing or removing a package changes its directory's
-    time, so newly installed packages are still seen."""
-    key = _path_state()
-    with _LOCK:
-        cached = _ENTRY_POINTS_CACHE.get(key)
-    if cached is not None:
-        return dict(cached)
-    found: dict[str, tuple[str, str | None]] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        dist = ep.dist.name if ep.dist is not None else None
-        found.setdefault(ep.name, (f"{ep.module}:{ep.attr}" if ep.attr else ep.module, dist))
-    with _LOCK:
-        _ENTRY_POINTS_CACHE.clear()
-        _ENTRY_POINTS_CACHE[key] = dict(found)
-    return found
-
-
-def _path_state() -> tuple[tuple[str, int], ...]:
-    state = []
-    for entry in sys.path:
-        try:
-            state.append((entry, os.stat(entry or ".").st_mtime_ns))
-        except OSError:
-            state.append((entry, -1))
-    return tuple(state)
-
-
-#: the last entry-point scan, by the state of sys.path it was made under
-_ENTRY_POINTS_CACHE: dict[tuple[tuple[str, int], ...], dict[str, tuple[str, str | None]]] = {}
-
-
-def _dist_hint(dist: str | None) -> str:
-    if dist is None:
-        return "reinstall the package that declares it"
-    return f"it is declared by the distribution {dist!r}; reinstall it (pip install --force-reinstall {dist})"
+def _entry_points() -> dict[str, EntryPointTarget]:
+    """Entry-point name -> its target (the first declaration, when two distributions declare one name)."""
+    return {name: targets[0] for name, targets in entry_points(ENTRY_POINT_GROUP).items()}
 
 
 def _known_list() -> str:

@@ -40,7 +40,15 @@ from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
 from statebackend.store import LocalStore
 
-__all__ = ["FALLBACK_ERRORS", "RestoredStores", "open_local_stores", "restore_stores", "restored_stores"]
+__all__ = [
+    "FALLBACK_ERRORS",
+    "RestoredStores",
+    "group_by_options",
+    "open_local_stores",
+    "options_of_group",
+    "restore_stores",
+    "restored_stores",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +57,38 @@ FALLBACK_ERRORS = (NotFoundError, CorruptDataError, IncompatibleFormatError, Sto
 
 #: (factory name, store names) -> the context a backend gets for those stores
 ContextFactory = Callable[[str, list[str]], BackendContext]
+
+
+def group_by_options(settings: Settings, factory_name: str, store_names: list[str]) -> list[list[str]]:
+    """``store_names`` split into groups with equal options of backend ``factory_name`` (a store's
+    ``stores.<name>.<backend>.*`` keys over the job-wide ones: ``Settings.backend_options_for``), in order of first
+    appearance. The framework gives a backend one manager per group, so each manager's ``BackendContext.options``
+    are exactly its stores' options and a backend needs no code of its own for per-store options."""
+    groups: list[tuple[Mapping[str, Any], list[str]]] = []
+    for name in store_names:
+        options = settings.backend_options_for(factory_name, store=name)
+        group = next((names for group_options, names in groups if group_options == options), None)
+        if group is None:
+            groups.append((options, [name]))
+        else:
+            group.append(name)
+    return [names for _, names in groups]
+
+
+def options_of_group(settings: Settings, factory_name: str, store_names: list[str]) -> Mapping[str, Any]:
+    """The options of backend ``factory_name`` for a group of stores made by :func:`group_by_options` (the job-wide
+    ones for no store). Stores whose options differ are refused: one manager would otherwise apply one store's
+    options to another."""
+    if not store_names:
+        return settings.backend_options_for(factory_name)
+    options = settings.backend_options_for(factory_name, store=store_names[0])
+    differing = [name for name in store_names[1:] if settings.backend_options_for(factory_name, store=name) != options]
+    if differing:
+        raise UsageError(
+            f"backend {factory_name}: stores {store_names[0]} and {', '.join(differing)} have different options and "
+            "cannot share one manager; group them with statebackend.restore.group_by_options"
+        )
+    return options
 
 
 def open_local_stores(settings: Settings, task_name: str, names: list[str]) -> dict[str, LocalStore]:
@@ -163,7 +203,8 @@ def restored_stores(
             return BackendContext(
                 factory_name=factory_name, job_name=settings.job_name, task_name=task_name,
                 stores={name: stores[name] for name in group}, blob_store=blob_store, executor=_NoPool(),
-                metrics=metrics, options=settings.backend_options_for(factory_name), checkpoint_log=checkpoint_log,
+                metrics=metrics, options=options_of_group(settings, factory_name, group),
+                checkpoint_log=checkpoint_log,
             )
 
         restored_by = restore_stores(settings, decision, stores, context, metrics)
@@ -205,11 +246,14 @@ def _restore(
         candidates[name] = order
     failures: dict[str, list[str]] = {name: [] for name in candidates}
     while candidates:
-        groups: dict[str, list[str]] = {}
+        # each store by the first backend of its order, then by that backend's options for it
+        by_factory: dict[str, list[str]] = {}
         for name, order in candidates.items():
-            groups.setdefault(order[0], []).append(name)
+            by_factory.setdefault(order[0], []).append(name)
+        groups = [(factory_name, group) for factory_name, names in by_factory.items()
+                  for group in group_by_options(settings, factory_name, names)]
         next_round: dict[str, list[str]] = {}
-        for factory_name, store_names in groups.items():
+        for factory_name, store_names in groups:
             # A group restores together (one download pool); when it fails, each of its stores is retried on its
             # own, so one store's missing blob never fails a sibling this backend can restore.
             batches = [store_names]

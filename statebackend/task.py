@@ -44,7 +44,7 @@ from statebackend.lifecycle import (
 from statebackend.metrics import Metrics
 from statebackend.process import shorten_thread_switch_interval
 from statebackend.registry import resolve_factory
-from statebackend.restore import open_local_stores, restore_stores
+from statebackend.restore import group_by_options, open_local_stores, options_of_group, restore_stores
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
 from statebackend.store.ttl import TtlStore, wall_clock_ms
@@ -137,7 +137,7 @@ class TaskStorage:
                     blob_store=blob_store,
                     executor=executor,
                     metrics=metrics,
-                    options=settings.backend_options_for(factory_name),
+                    options=options_of_group(settings, factory_name, store_names),
                     checkpoint_log=checkpoint_log,
                     restored_by={name: restored_by.get(name) for name in store_names},
                     restore_failures={name: tuple(restore_failures.get(name, ())) for name in store_names},
@@ -145,7 +145,7 @@ class TaskStorage:
 
             restored_by.update(restore_stores(settings, decision, stores, context, metrics, restore_failures))
 
-            for factory_name, store_names in _backup_groups(settings).items():
+            for factory_name, store_names in _backup_groups(settings):
                 manager = resolve_factory(factory_name).factory.backup_manager(context(factory_name, store_names))
                 backups.append(BackupBinding(factory_name, manager, tuple(store_names)))
                 manager.init(restored)
@@ -322,9 +322,14 @@ class TaskStorage:
         self.close()
 
 
-def _backup_groups(settings: Settings) -> dict[str, list[str]]:
-    groups: dict[str, list[str]] = {}
+def _backup_groups(settings: Settings) -> list[tuple[str, list[str]]]:
+    """(backend, stores) for each backup manager of a task: the stores each backend backs up, split by the options
+    the backend has for each store (:func:`~statebackend.restore.group_by_options`), so every manager's context
+    holds exactly its stores' options. A backend then has one manager per group; each writes its own stores' markers
+    into the checkpoint under the backend's name."""
+    by_factory: dict[str, list[str]] = {}
     for name, store_settings in settings.stores.items():
         for factory_name in store_settings.backup_factories:
-            groups.setdefault(factory_name, []).append(name)
-    return groups
+            by_factory.setdefault(factory_name, []).append(name)
+    return [(factory_name, group) for factory_name, names in by_factory.items()
+            for group in group_by_options(settings, factory_name, names)]

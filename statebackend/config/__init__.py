@@ -7,7 +7,9 @@ Contract:
   them against the schema of the URL's scheme; an option of another scheme is an error naming the schemes that take
   it); a backend declares its own keys in ``StateBackendFactory.options`` and they are read under
   ``<canonical-factory-name>.<option>`` (only for factories some store names, so a missing optional backend never
-  breaks a config that does not use it).
+  breaks a config that does not use it), and for one store under ``stores.<name>.<canonical-factory-name>.<option>``,
+  which overrides the job-wide key for that store (statebackend.config.backend_keys;
+  ``Settings.backend_options_for(factory, store=name)``).
 - Values may be strings (as a properties file or Spark conf gives them) or already-typed Python values; a ``None``
   value counts as unset. A bool is never accepted where a number is expected.
 - A wrong value names the key, the bad value and what is allowed. An unknown key under a prefix statebackend owns

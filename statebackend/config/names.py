@@ -13,7 +13,9 @@ keys. One rule covers all three, so a name valid in one place is valid in every 
 Dots are allowed (store names have always taken them, and stores on disk and in checkpoints carry such names). A
 ``stores.<name>.<option>`` key still reads one way only: config reads the option off the key's end, and no store option
 is a dotted suffix of another (tests/test_one_source.py keeps it so). Code that picks one store's keys must do the same,
-not match the prefix ``stores.<name>.``, which the keys of store ``<name>.x`` share.
+not match the prefix ``stores.<name>.``, which the keys of store ``<name>.x`` share. A per-store backend option
+``stores.<name>.<backend>.<option>`` is read by its ``<backend>``, which must be one of the backends of a declared
+store ``<name>``; a key that reads as an option of two stores is an error (statebackend.config.backend_keys).
 """
 
 from __future__ import annotations

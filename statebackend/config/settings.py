@@ -20,6 +20,12 @@ from statebackend.blobstores.base import (
     blob_store_option_schemas,
     known_blob_store_schemes,
 )
+from statebackend.config.backend_keys import (
+    StoreBackendKey,
+    parse_backend_options,
+    read_store_backend_key,
+    store_backend_prefix,
+)
 from statebackend.config.keys import GLOBAL_OPTIONS, OWNED_PREFIXES, STORE_OPTIONS
 from statebackend.config.names import check_name
 from statebackend.errors import ConfigError
@@ -87,6 +93,10 @@ def _redacted_nested_repr(mapping: Mapping[str, Mapping[str, Any]]) -> str:
     return "{" + ", ".join(f"{name!r}: {_redacted_repr(opts)}" for name, opts in mapping.items()) + "}"
 
 
+def _redacted_per_store_repr(mapping: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    return "{" + ", ".join(f"{store!r}: {_redacted_nested_repr(backends)}" for store, backends in mapping.items()) + "}"
+
+
 @attrs.frozen
 class Settings:
     """The whole parsed configuration. Build it with :meth:`from_config`: no attribute has a default of its own, each
@@ -110,6 +120,12 @@ class Settings:
     checkpoint_retained: int = attrs.field(metadata=_key("task.checkpoint.retained"))
     #: canonical factory name -> its parsed options, defaults filled, for every factory some store names
     backend_options: Mapping[str, Mapping[str, Any]] = attrs.field(repr=_redacted_nested_repr)
+    #: store name -> canonical factory name -> the options that backend has for that store: the job-wide ones with
+    #: the store's ``stores.<name>.<backend>.*`` keys on top; only for the stores and backends with such keys (read
+    #: them with :meth:`backend_options_for`)
+    store_backend_options: Mapping[str, Mapping[str, Mapping[str, Any]]] = attrs.field(
+        repr=_redacted_per_store_repr
+    )
     #: the configuration as given, every key, including the ones other systems own (values as given)
     raw: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
     #: ``metrics.*``: OpenTelemetry mirroring (auto, on, off) and the Prometheus exporters (``None``: off)
@@ -130,20 +146,27 @@ class Settings:
         """Parse and validate ``config``; raise one ConfigError listing every problem."""
         return _SettingsParser(config).parse()
 
-    def backend_options_for(self, name: str) -> Mapping[str, Any]:
-        """The options of a state backend, by canonical name (or any name that resolves to it).
+    def backend_options_for(self, name: str, store: str | None = None) -> Mapping[str, Any]:
+        """The options of a state backend, by canonical name (or any name that resolves to it): with ``store``, the
+        ones it has for that store (its ``stores.<store>.<backend>.*`` keys over the job-wide ``<backend>.*`` ones),
+        else the job-wide ones. Defaults are filled.
 
         A backend no store names is resolved now and its ``<name>.*`` keys are validated against its schema.
         """
-        if name in self.backend_options:
-            return self.backend_options[name]
-        resolved = resolve_factory(name)
-        if resolved.canonical_name in self.backend_options:
-            return self.backend_options[resolved.canonical_name]
-        options, problems = _parse_backend_options(resolved, self.raw)
+        if store is not None and store not in self.stores:
+            raise ConfigError(f"no store {store!r} in the config; configured stores: "
+                              f"{', '.join(sorted(self.stores)) or 'none'}")
+        canonical = name if name in self.backend_options else resolve_factory(name).canonical_name
+        if store is not None:
+            for_store = self.store_backend_options.get(store, {}).get(canonical)
+            if for_store is not None:
+                return for_store
+        if canonical in self.backend_options:
+            return self.backend_options[canonical]
+        options, problems = _job_wide_backend_options(resolve_factory(name), self.raw)
         if problems:
             raise ConfigError("\n".join(problems))
-        return options
+        return _ReadOnlyMapping(options)
 
 
 def config_keys(cls: type) -> dict[str, str]:
@@ -172,6 +195,11 @@ class _SettingsParser:
         self.other_keys: list[str] = []
         #: store name -> option -> raw value
         self.store_keys: dict[str, dict[str, Any]] = {}
+        #: ``stores.*`` keys that are no option of a declared store: per-store backend options, or typos; the value
+        #: is the problem of the store name the key would have as a store option (None: no such reading)
+        self.store_backend_keys: dict[str, str | None] = {}
+        #: keys of stores that are not declared (no backup factories): store -> option -> raw value
+        self.undeclared: dict[str, dict[str, Any]] = {}
         self.resolved: dict[str, ResolvedFactory | None] = {}
 
     def parse(self) -> Settings:
@@ -192,7 +220,8 @@ class _SettingsParser:
         self._undeclared_stores()
         stores = {name: self._store(name) for name in sorted(self.store_keys)}
         backend_options = self._backend_options()
-        self._report_unknown_keys(stores, backend_options)
+        store_backend_options = self._store_backend_options(stores, backend_options)
+        self._report_unknown_keys(stores)
         if self.problems:
             raise ConfigError("\n".join(self.problems))
         assert blob_store_options is not None  # without them a problem was reported
@@ -201,6 +230,7 @@ class _SettingsParser:
             blob_store_options=blob_store_options,
             stores=_ReadOnlyMapping({name: store for name, store in stores.items() if store is not None}),
             backend_options=_ReadOnlyMapping(backend_options),
+            store_backend_options=_ReadOnlyMapping(store_backend_options),
             raw=_ReadOnlyMapping(dict(self.config)),
         )
 
@@ -228,27 +258,30 @@ class _SettingsParser:
                 try:
                     check_name("store name", name)
                 except ConfigError as exc:
-                    self.problems.append(f"{key}: {exc}")
+                    self.store_backend_keys[key] = f"{key}: {exc}"  # unless it is a backend's option of a store
                     return
                 self.store_keys.setdefault(name, {})[option] = self.config[key]
                 return
-        self.unknown_keys.append(key)
+        self.store_backend_keys[key] = None
 
     def _undeclared_stores(self) -> None:
-        """A store exists when its backup factories are set; any other key of an undeclared store is a typo (it
-        would otherwise silently create a second store with default settings)."""
-        declared = sorted(name for name, keys in self.store_keys.items() if "backup.factories" in keys)
+        """A store exists when its backup factories are set. The keys of undeclared stores are set aside: each is a
+        per-store backend option (``stores.counts.tarsnap.ttl.ms`` reads as option ttl.ms of store counts.tarsnap
+        too) or a typo, which would otherwise silently create a second store with default settings."""
+        declared = {name for name, keys in self.store_keys.items() if "backup.factories" in keys}
         for name in [n for n in self.store_keys if n not in declared]:
-            options = self.store_keys.pop(name)
-            for option in sorted(options):
-                key = f"stores.{name}.{option}"
-                near = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
-                hint = (f"did you mean stores.{near[0]}.{option}?" if near else
-                        f"declare it with stores.{name}.backup.factories=changelog (or another backend)")
-                self.problems.append(
-                    f"{key}: store {name!r} is not declared (a store exists when stores.<name>.backup.factories is "
-                    f"set; declared stores: {', '.join(declared) or 'none'}); {hint}"
-                )
+            self.undeclared[name] = self.store_keys.pop(name)
+
+    def _report_undeclared(self, name: str, option: str) -> None:
+        key = f"stores.{name}.{option}"
+        declared = sorted(self.store_keys)
+        near = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
+        hint = (f"did you mean stores.{near[0]}.{option}?" if near else
+                f"declare it with stores.{name}.backup.factories=changelog (or another backend)")
+        self.problems.append(
+            f"{key}: store {name!r} is not declared (a store exists when stores.<name>.backup.factories is "
+            f"set; declared stores: {', '.join(declared) or 'none'}); {hint}"
+        )
 
     def _value(self, key: str, spec: OptionSpec) -> Any:
         value, problem = parse_one(key, spec, self.config.get(key))
@@ -380,8 +413,8 @@ class _SettingsParser:
         by_canonical = {r.canonical_name: r for r in self.resolved.values() if r is not None}
         backend_options: dict[str, Mapping[str, Any]] = {}
         for canonical, resolved in by_canonical.items():
-            options, problems = _parse_backend_options(resolved, self.config)
-            backend_options[canonical] = options
+            options, problems = _job_wide_backend_options(resolved, self.config)
+            backend_options[canonical] = _ReadOnlyMapping(options)
             self.problems.extend(problems)
         aliases = {name: r.canonical_name for name, r in self.resolved.items() if r and name != r.canonical_name}
         registered = set(known_factories())
@@ -404,17 +437,114 @@ class _SettingsParser:
         self.other_keys = remaining
         return backend_options
 
-    def _report_unknown_keys(
+    def _store_backend_options(
         self, stores: Mapping[str, StoreSettings | None], backend_options: Mapping[str, Mapping[str, Any]]
-    ) -> None:
+    ) -> dict[str, Mapping[str, Mapping[str, Any]]]:
+        """Read the ``stores.<name>.<backend>.<option>`` keys (statebackend.config.backend_keys): each one's
+        store and backend, then its value by the backend's schema over the job-wide options. A key that reads no way
+        is reported as a typo; one that reads two ways, as ambiguous."""
+        store_backends = {name: _backends_of(store) for name, store in stores.items() if store is not None}
+        spellings = {name: r.canonical_name for name, r in self.resolved.items() if r is not None}
+        # the dotted path of a short-named backend: read, to say which name to write instead
+        spellings.update({target: short for short, target in known_factories().items() if target not in spellings})
+        by_canonical = {r.canonical_name: r for r in self.resolved.values() if r is not None}
+
+        def declared(reading: StoreBackendKey) -> bool:
+            return reading.option in by_canonical[reading.backend].factory.options
+
+        for name, options in self.store_keys.items():  # a declared store's option may read as another's backend's
+            for option in options:
+                key = f"stores.{name}.{option}"
+                for reading in filter(declared, read_store_backend_key(key, store_backends, spellings)):
+                    self.problems.append(
+                        f"{key}: reads two ways: option {option} of store {name!r}, or option {reading.option} of "
+                        f"backend {reading.backend!r} of store {reading.store!r}; rename one of the stores"
+                    )
+        given: dict[tuple[str, str], dict[str, Any]] = {}
+        # (key, the problem of its store name read as a store option, (store, option) of an undeclared store's key)
+        candidates: list[tuple[str, str | None, tuple[str, str] | None]] = [
+            (key, problem, None) for key, problem in self.store_backend_keys.items()
+        ]
+        candidates += [(f"stores.{name}.{option}", None, (name, option))
+                       for name, options in self.undeclared.items() for option in sorted(options)]
+        for key, name_problem, undeclared in candidates:
+            readings = read_store_backend_key(key, store_backends, spellings)
+            if len(readings) > 1 and len(meant := list(filter(declared, readings))) == 1:
+                readings = meant  # the one reading that names an option the backend has
+            if len(readings) == 1 and readings[0].spelled == readings[0].backend:
+                reading = readings[0]
+                if self.config[key] is not None:  # None counts as unset, as everywhere
+                    given.setdefault((reading.store, reading.backend), {})[reading.option] = self.config[key]
+            elif readings:
+                self._report_unusable_reading(key, readings)
+            elif undeclared is not None:
+                self._report_undeclared(*undeclared)
+            elif name_problem is not None:
+                self.problems.append(name_problem)
+            elif not self._report_backend_not_of_the_store(key, store_backends):
+                self.unknown_keys.append(key)
+        per_store: dict[str, dict[str, Mapping[str, Any]]] = {}
+        for (store, backend), options in sorted(given.items()):
+            parsed, problems = parse_backend_options(
+                by_canonical[backend], options, prefix=store_backend_prefix(store, backend),
+                inherited=backend_options.get(backend, {}),
+            )
+            self.problems.extend(problems)
+            per_store.setdefault(store, {})[backend] = _ReadOnlyMapping(parsed)
+        return {store: _ReadOnlyMapping(backends) for store, backends in per_store.items()}
+
+    def _report_unusable_reading(self, key: str, readings: list[StoreBackendKey]) -> None:
+        if len(readings) > 1:
+            ways = " or ".join(f"option {r.option} of backend {r.backend!r} of store {r.store!r}" for r in readings)
+            self.problems.append(f"{key}: reads more than one way: {ways}; rename one of the stores")
+            return
+        reading = readings[0]
+        self.problems.append(
+            f"{key}: options of backend {reading.spelled!r} are read under its canonical name; write it as "
+            f"{store_backend_prefix(reading.store, reading.backend)}{reading.option}"
+        )
+
+    def _report_backend_not_of_the_store(self, key: str, store_backends: Mapping[str, tuple[str, ...]]) -> bool:
+        """Report a per-store option of a backend the store does not use (it would never be read); False when the key
+        names no known backend after a declared store's name."""
+        backends = {*known_factories(), *(r.canonical_name for r in self.resolved.values() if r is not None)}
+        for store, own in store_backends.items():
+            head = f"stores.{store}."
+            if not key.startswith(head):
+                continue
+            backend = next((b for b in sorted(backends) if key[len(head):].startswith(b + ".")), None)
+            if backend is not None:
+                self.problems.append(
+                    f"{key}: store {store!r} is not backed up or restored by backend {backend!r} (its backends: "
+                    f"{', '.join(own)}); a stores.<name>.<backend>.<option> key sets an option of one of the "
+                    f"store's own backends: name it in stores.{store}.backup.factories or restore.factories, or "
+                    "remove the key"
+                )
+                return True
+        return False
+
+    def _report_unknown_keys(self, stores: Mapping[str, StoreSettings | None]) -> None:
         known = [*GLOBAL_OPTIONS, *("blob.store." + option for option in self.blob_store_schema)]
         known += [f"stores.{name}.{option}" for name in stores for option in STORE_OPTIONS]
-        for canonical, resolved in ((r.canonical_name, r) for r in self.resolved.values() if r is not None):
+        by_canonical = {r.canonical_name: r for r in self.resolved.values() if r is not None}
+        for canonical, resolved in by_canonical.items():
             known += [f"{canonical}.{option}" for option in resolved.factory.options]
+        for name, store in stores.items():
+            for canonical in _backends_of(store) if store is not None else ():
+                prefix = store_backend_prefix(name, canonical)
+                known += [prefix + option for option in by_canonical[canonical].factory.options]
         for key in sorted(self.unknown_keys):
-            candidates = known + _store_key_candidates(key)
+            # a key under a declared store's name is that store's: no other reading of a store name is suggested
+            # (stores.counts.tarsnap.keep is no typo of option key.serde of a store counts.tarsnap)
+            owner = max((name for name in stores if key.startswith(f"stores.{name}.")), key=len, default=None)
+            candidates = known if owner is not None else known + _store_key_candidates(key)
             near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.8)
-            hint = f"did you mean {near[0]}?" if near else _known_under(key, self.blob_store_schema)
+            if near:
+                hint = f"did you mean {near[0]}?"
+            elif owner is not None:
+                hint = _known_of_store(owner, stores[owner])
+            else:
+                hint = _known_under(key, self.blob_store_schema)
             self.problems.append(f"{key}: unknown key; {hint}")
         for key in sorted(self.other_keys):
             # A near miss of one of our keys outside our prefixes (tsak.commit.ms) would otherwise be ignored.
@@ -423,37 +553,11 @@ class _SettingsParser:
                 self.problems.append(f"{key}: unknown key; did you mean {near[0]}?")
 
 
-def _parse_backend_options(resolved: ResolvedFactory, config: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[str]]:
-    """Validate ``<canonical>.*`` keys against the factory's ``options`` schema; fill defaults."""
-    canonical, schema = resolved.canonical_name, resolved.factory.options
-    problems: list[str] = []
-    for option, spec in schema.items():
-        if not isinstance(spec, OptionSpec):
-            problems.append(
-                f"state backend {canonical!r} declares option {option!r} as {spec!r}, not a "
-                "statebackend.config.OptionSpec; fix the backend's options"
-            )
-    if problems:
-        return _ReadOnlyMapping({}), problems
-    prefix = canonical + "."
-    options: dict[str, Any] = {}
-    for option, spec in schema.items():
-        key = prefix + option
-        value, problem = parse_one(key, spec, config.get(key))
-        if problem is not None:
-            problems.append(problem)
-        elif value is not None:
-            options[option] = value
-    known = [prefix + option for option in schema]
-    for key in sorted(k for k in config if isinstance(k, str) and k.startswith(prefix)):
-        if key[len(prefix) :] not in schema:
-            near = difflib.get_close_matches(key, known, n=1, cutoff=0.8)
-            if near:
-                problems.append(f"{key}: unknown key; did you mean {near[0]}?")
-            else:
-                allowed = ", ".join(known) if known else f"none (backend {canonical!r} has no options)"
-                problems.append(f"{key}: unknown key; known keys of backend {canonical!r}: {allowed}")
-    return _ReadOnlyMapping(options), problems
+def _job_wide_backend_options(resolved: ResolvedFactory, config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Validate the ``<canonical>.*`` keys of ``config`` against the factory's ``options`` schema; fill defaults."""
+    prefix = resolved.canonical_name + "."
+    given = {key[len(prefix):]: value for key, value in config.items() if isinstance(key, str) and key.startswith(prefix)}
+    return parse_backend_options(resolved, given, prefix=prefix)
 
 
 def _store_key_candidates(key: str, *, any_prefix: bool = False) -> list[str]:
@@ -468,10 +572,27 @@ def _store_key_candidates(key: str, *, any_prefix: bool = False) -> list[str]:
     return candidates
 
 
+def _backends_of(store: StoreSettings) -> tuple[str, ...]:
+    """The canonical names of a store's backends: those it backs up to, then those it only restores from."""
+    return tuple(dict.fromkeys((*store.backup_factories, *store.restore_factories)))
+
+
+def _known_of_store(name: str, store: StoreSettings | None) -> str:
+    """What may be written under ``stores.<name>.``, for an unknown key of a declared store."""
+    allowed = f"allowed: stores.{name}.<option> with <option> one of {', '.join(STORE_OPTIONS)}"
+    if store is None:
+        return allowed
+    backends = ", ".join(_backends_of(store))
+    return (f"{allowed}; or stores.{name}.<backend>.<option> with <backend> one of the store's backends ({backends}) "
+            "and <option> one of its options (see docs/configuration.md)")
+
+
 def _known_under(key: str, blob_store_schema: Mapping[str, OptionSpec]) -> str:
     """What may be written under the key's prefix, for an unknown key with no close match."""
     if key.startswith("stores."):
-        return "allowed: stores.<name>.<option> with <option> one of " + ", ".join(STORE_OPTIONS)
+        return ("allowed: stores.<name>.<option> with <option> one of " + ", ".join(STORE_OPTIONS) + "; or "
+                "stores.<name>.<backend>.<option> for an option of one of the store's backends (see "
+                "docs/configuration.md)")
     first = key.split(".", 1)[0] + "."
     known = [k for k in (*GLOBAL_OPTIONS, *("blob.store." + o for o in blob_store_schema)) if k.startswith(first)]
     return "known keys: " + ", ".join(known) + " (see docs/configuration.md)"

@@ -8,8 +8,9 @@ Per commit and store:
   create-only, closes the view. The marker is the blob's name. This is the O(state) step.
 - ``cleanup()`` (commit pool, after the checkpoint is durable): deletes this store's blobs older than the commit that
   are not named by a checkpoint still in the task's checkpoint log (the log keeps ``task.checkpoint.retained``
-  checkpoints, and its listing never shows less than the newest durable one). Newer blobs (a later commit's upload
-  running concurrently) are never touched. Idempotent.
+  checkpoints, and its listing never shows less than the newest durable one), but for the newest ``keep`` of them
+  (option ``fullcopy.keep``). Newer blobs (a later commit's upload running concurrently) are never touched.
+  Idempotent.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 @attrs.define(eq=False)
 class FullCopyBackupManager(TaskBackupManager):
     context: BackendContext
+    #: unnamed older copies a cleanup leaves, per store (``fullcopy.keep``)
+    keep: int = 0
     #: store -> (marker, read view) taken by snapshot() and not yet uploaded
     _views: dict[str, tuple[str, Future[ReadView]]] = attrs.field(init=False, factory=dict)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
@@ -108,14 +111,17 @@ class FullCopyBackupManager(TaskBackupManager):
                 referenced.update(entry.checkpoint.markers_for(self.context.factory_name).values())
         for name in markers:
             prefix = self.context.blob_prefix(name)
+            older: list[str] = []  # in checkpoint order: the listing is sorted, and names sort like their ids
             for blob in list(blob_store.list(prefix)):
                 version = parse_blob_name(prefix, blob)
                 if version is None or blob in referenced:
                     continue
                 if CheckpointId.parse(version.checkpoint_id).sortable() < current:
-                    blob_store.delete(blob)
-                    self.context.metrics.increment("fullcopy.blobs.deleted")
-                    log.debug("store %s: deleted %s, which no retained checkpoint names", name, blob)
+                    older.append(blob)
+            for blob in older[:max(0, len(older) - self.keep)]:
+                blob_store.delete(blob)
+                self.context.metrics.increment("fullcopy.blobs.deleted")
+                log.debug("store %s: deleted %s, which no retained checkpoint names", name, blob)
 
     def _close_views(self) -> None:
         with self._lock:
