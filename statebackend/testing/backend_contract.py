@@ -33,6 +33,7 @@ import pytest
 
 from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.checkpoint import LogEntry
 from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, NotFoundError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_support import (
@@ -58,11 +59,25 @@ class BackendContract:
     uploads_whole_state: ClassVar[bool] = False
     #: seconds a test may run before it fails (a hung backend fails, it does not hang the run); 0: no deadline
     test_timeout_s: ClassVar[float] = 120.0
+    #: seconds a test waits for one commit or one held write before it fails
+    wait_s: ClassVar[float] = 30.0
 
     @pytest.fixture(autouse=True)
     def _contract_deadline(self, request: pytest.FixtureRequest) -> Iterator[None]:
-        with deadline(self.test_timeout_s, request.node.nodeid):
-            yield
+        self._controlled: list[ControlledBlobStore] = []
+        try:
+            with deadline(self.test_timeout_s, request.node.nodeid):
+                yield
+        finally:
+            for store in self._controlled:  # a failed test must not leave writes held on the shared commit pool
+                store.release.set()
+
+    def controlled(self, blobs: BlobStore) -> ControlledBlobStore:
+        """``blobs`` wrapped to hold or fail chosen writes; every hold is released when the test ends."""
+        store = ControlledBlobStore(blobs)
+        store.hold_timeout_s = 2 * self.wait_s
+        self._controlled.append(store)
+        return store
 
     @pytest.fixture
     def blobs(self) -> Iterator[BlobStore]:
@@ -151,7 +166,7 @@ class BackendContract:
 
     def test_uncommitted_local_changes_are_discarded_on_restore(self, blobs: BlobStore, tmp_path: Path) -> None:
         """Catches reuse of local data that is ahead of every durable checkpoint (flushed, never committed)."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path)
         model: dict[bytes, bytes] = {}
         task = TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -164,7 +179,7 @@ class BackendContract:
         pending = task.commit({"input": "1"})
         assert pending is not None
         with pytest.raises(CommitError):
-            pending.result(timeout=30)
+            pending.result(timeout=self.wait_s)
         task.close()
         blobs.failures_left = 0
         with TaskStorage.open(config, "task-0", blob_store=blobs) as again:
@@ -256,7 +271,7 @@ class BackendContract:
     ) -> None:
         """Catches a failed upload reported as durable, and a later commit that builds on the blob that never
         landed (its checkpoint then names a missing blob)."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path)
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -269,16 +284,16 @@ class BackendContract:
             failed = task.commit({"input": "1"})
             assert failed is not None
             with pytest.raises(CommitError):
-                failed.result(timeout=30)
+                failed.result(timeout=self.wait_s)
             # reported once, through result(): the next commit commits anew instead of raising it again
             again = task.commit({"input": "1b"})
-            assert again is not None and again.result(timeout=30).input_offsets == {"input": "1b"}
+            assert again is not None and again.result(timeout=self.wait_s).input_offsets == {"input": "1b"}
             # a failure nobody saw is raised once by the next commit, then the one after commits
             blobs.failures_left = 1
             write_round(task, 2, model)
             unseen = task.commit({"input": "2a"})
             assert unseen is not None
-            assert unseen.future.exception(timeout=30) is not None
+            assert unseen.future.exception(timeout=self.wait_s) is not None
             with pytest.raises(CommitError, match="previous commit failed|injected"):
                 task.commit({"input": "2b"})
             checkpoint = task.commit_durably({"input": "2"})
@@ -293,7 +308,7 @@ class BackendContract:
         written: a crash, or a write that then fails, leaves a durable checkpoint naming a blob that never landed.
         The backend's writes are held, then fail: the commit must stay pending while they are held and then fail,
         and the task must restore its last durable checkpoint."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path)
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -303,12 +318,13 @@ class BackendContract:
             blobs.hold, blobs.fail_held = self.is_commit_upload, True
             write_round(task, 1, model)
             pending = task.commit({"input": "1"})
-            assert pending is not None and blobs.held.wait(30)
+            assert pending is not None and blobs.held.wait(self.wait_s)
             assert not pending.done() and task.committed_seq == durable_seq, \
                 "the commit was durable while the backend's upload was still held"
             blobs.release.set()
-            with pytest.raises(CommitError):
-                pending.result(timeout=30)
+            with pytest.raises(CommitError) as failed:
+                pending.result(timeout=self.wait_s)
+            assert not isinstance(failed.value, CommitTimeoutError), "the failed write was never reported"
             assert task.committed_seq == durable_seq
         shutil.rmtree(tmp_path / "local")
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -320,10 +336,10 @@ class BackendContract:
         read view of exactly the flushed version): its checkpoint then holds keys that were never committed. The
         task writes (and spills to LMDB: a small ``write.batch.max.bytes``) while the commit's upload waits to
         start and again while its write is held; the checkpoint must restore exactly the committed state."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path, **{"stores.counts.write.batch.max.bytes": 2048,
                                                "task.commit.max.delay.ms": 3_600_000})
-        pool = GatedExecutor()
+        pool = GatedExecutor(gate_timeout_s=2 * self.wait_s)
         model: dict[bytes, bytes] = {}
         try:
             with TaskStorage.open(config, "task-0", blob_store=blobs, executor=pool) as task:
@@ -333,27 +349,25 @@ class BackendContract:
                 pool.gate.clear()
                 blobs.hold = self.is_commit_upload
                 pending = task.commit({"input": "1"})
-                assert pending is not None and pool.waiting.wait(30)
+                assert pending is not None and pool.waiting.wait(self.wait_s)
                 committed = dict(model)
                 flood(task, "while-queued", model)
                 pool.gate.set()
-                assert blobs.held.wait(30)
+                assert blobs.held.wait(self.wait_s)
                 flood(task, "while-held", model)
                 blobs.release.set()
-                assert pending.result(timeout=30).input_offsets == {"input": "1"}
+                assert pending.result(timeout=self.wait_s).input_offsets == {"input": "1"}
                 task.commit_durably({"input": "2"})
             for offset, expected in (("1", committed), ("2", model)):
                 fresh = dict(config, **{"state.local.dir": str(tmp_path / f"fresh-{offset}")})
-                with TaskStorage.open(fresh, "task-0", blob_store=blobs,
-                                      checkpoint=lambda entry, o=offset: entry.checkpoint.input_offsets == {"input": o}
-                                      ) as task:
+                with TaskStorage.open(fresh, "task-0", blob_store=blobs, checkpoint=_with_input(offset)) as task:
                     assert contents(task) == expected, f"checkpoint {offset} does not hold exactly its state"
         finally:
             pool.shutdown()
 
     def test_commit_is_skipped_while_upload_runs_within_max_delay(self, blobs: BlobStore, tmp_path: Path) -> None:
         """Catches changes of a skipped commit that never reach a later checkpoint."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path, **{"task.commit.max.delay.ms": 3_600_000})
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -362,12 +376,12 @@ class BackendContract:
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
             assert first is not None
-            assert blobs.held.wait(30)
+            assert blobs.held.wait(self.wait_s)
             write_round(task, 1, model)
             assert task.commit({"input": "1"}) is None
             assert task.metrics.counter("commit.skips") == 1
             blobs.release.set()
-            assert first.result(timeout=30).input_offsets == {"input": "0"}
+            assert first.result(timeout=self.wait_s).input_offsets == {"input": "0"}
             # the skipped commit's changes ride with the next one
             task.commit_durably({"input": "2"})
         shutil.rmtree(tmp_path / "local")
@@ -376,7 +390,7 @@ class BackendContract:
 
     def test_commit_blocks_past_max_delay_then_times_out(self, blobs: BlobStore, tmp_path: Path) -> None:
         """Catches a backend whose upload cannot be waited for (the commit's timeout never fires)."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path, **{"task.commit.max.delay.ms": 0, "task.commit.timeout.ms": 50})
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -384,17 +398,17 @@ class BackendContract:
             blobs.hold = (lambda name: name.startswith(prefix))
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
-            assert first is not None and blobs.held.wait(30)
+            assert first is not None and blobs.held.wait(self.wait_s)
             with pytest.raises(CommitTimeoutError, match="task.commit.timeout.ms"):
                 task.commit({"input": "1"})
             assert task.metrics.counter("commit.blocks") == 1
             assert task.metrics.counter("commit.timeouts") == 1
             blobs.release.set()
-            first.result(timeout=30)
+            first.result(timeout=self.wait_s)
 
     def test_blocked_commit_proceeds_when_the_upload_ends(self, blobs: BlobStore, tmp_path: Path) -> None:
         """Catches an upload that never resolves once its held write ends."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path, **{"task.commit.max.delay.ms": 0, "task.commit.timeout.ms": 60_000})
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -409,7 +423,7 @@ class BackendContract:
             blobs.hold = hold_first_delta
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
-            assert first is not None and blobs.held.wait(30)
+            assert first is not None and blobs.held.wait(self.wait_s)
             # the manager's clock says the upload is past max delay; release it only once the commit is blocking
             def release_when_blocked() -> None:
                 while task.metrics.counter("commit.blocks") == 0:
@@ -422,7 +436,7 @@ class BackendContract:
             second = task.commit({"input": "1"})
             releaser.join()
             assert second is not None
-            assert second.result(timeout=30).input_offsets == {"input": "1"}
+            assert second.result(timeout=self.wait_s).input_offsets == {"input": "1"}
             assert task.metrics.counter("commit.blocks") == 1
             assert task.metrics.counter("commit.skips") == 0
 
@@ -450,7 +464,7 @@ class BackendContract:
         """Catches a backend that uploads the whole state at each commit (its bytes, and a restore's work, grow with
         the state, not the change); counted through a wrapping blob store. With ``uploads_whole_state`` (an
         O(state) backend by design) the commit must still upload no more than about one copy of the state."""
-        blobs = ControlledBlobStore(blobs)
+        blobs = self.controlled(blobs)
         config = self.make_config(tmp_path)
         prefix = self.backend_prefix()
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -509,22 +523,24 @@ class BackendContract:
             with pytest.raises(errors) as excinfo:
                 TaskStorage.open(config, "task-0", blob_store=blobs).close()
             return victims, str(excinfo.value)
-        with caplog.at_level(logging.ERROR, logger="statebackend"):
-            with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-                assert contents(task) == model, f"the fallback to {self.dual_with} did not give the exact state"
+        with caplog.at_level(logging.ERROR, logger="statebackend"), \
+                TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            assert contents(task) == model, f"the fallback to {self.dual_with} did not give the exact state"
         fallbacks = [record.getMessage() for record in caplog.records
                      if "falling back" in record.getMessage() and self.backend in record.getMessage()]
         assert fallbacks, f"the restore did not fall back from {self.backend} to {self.dual_with}"
         return victims, "\n".join(fallbacks)
 
+    @pytest.mark.parametrize("where", ["middle", "last"])
     def test_flipped_byte_in_backend_blobs_is_detected_and_never_applied(
-        self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+        self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, where: str
     ) -> None:
-        """Catches a restore that skips verification and loads a damaged blob."""
+        """Catches a restore that skips verification and loads a damaged blob: one bit flipped in the middle of
+        every blob of the backend (its records, most likely), then in its last byte (a checksum, most likely)."""
         def flip_a_byte(store: BlobStore, names: list[str]) -> list[str]:
             for name in names:
                 data = bytearray(store.get(name))
-                data[len(data) // 2] ^= 0x01
+                data[len(data) // 2 if where == "middle" else -1] ^= 0x01
                 store.put(name, bytes(data))
             return names
 
@@ -604,3 +620,7 @@ class BackendContract:
             attempt_a.close()
             attempt_b.close()
 
+
+def _with_input(offset: str) -> Callable[[LogEntry], bool]:
+    """Chooses the newest checkpoint whose input offset is ``offset``."""
+    return lambda entry: dict(entry.checkpoint.input_offsets) == {"input": offset}

@@ -6,7 +6,8 @@ deadline is an interval timer (``SIGALRM``) whose handler fails the test with :f
 and showing where every other thread stands; a wait in the test's thread (a future's ``result()``, an event, a lock)
 is interrupted by it. When the timer cannot be used (no ``SIGALRM``, or a test run outside the main thread) and as a
 backstop when the test's thread is stuck in C code that never returns to Python, :mod:`faulthandler` dumps every
-thread's stack and ends the process: the run fails, it does not hang.
+thread's stack and ends the process: the run fails, it does not hang. Once passed, the deadline fires again every :data:`REPEAT_S` seconds until the
+block ends, so a teardown stuck on the same hung work (a close waiting for the upload) is interrupted as well.
 
 An interval timer pytest-timeout (or anything else) armed is put back afterwards with the time it had left.
 """
@@ -25,10 +26,12 @@ from types import FrameType
 
 import pytest
 
-__all__ = ["BACKSTOP_S", "deadline"]
+__all__ = ["BACKSTOP_S", "REPEAT_S", "deadline"]
 
 #: seconds past the deadline after which the backstop ends a process whose test never came back to Python
 BACKSTOP_S = 60.0
+#: once the deadline passed, the test's thread is interrupted again every this many seconds until the block ends
+REPEAT_S = 2.0
 
 
 @contextmanager
@@ -60,7 +63,9 @@ def _alarm(seconds: float, what: str) -> Iterator[None]:
         )
 
     previous_handler = signal.signal(signal.SIGALRM, expired)
-    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    # fires again every REPEAT_S: a teardown that waits on the same hung work (a close waiting for the upload) is
+    # interrupted too, until the block ends
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds, REPEAT_S)
     started = time.monotonic()
     try:
         yield

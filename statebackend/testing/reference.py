@@ -40,6 +40,7 @@ import struct
 import threading
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
+from typing import ClassVar
 
 import attrs
 
@@ -59,13 +60,16 @@ __all__ = [
     "CHAIN_STEPS",
     "REFERENCE_BACKEND",
     "BlobHeader",
+    "Record",
     "ReferenceAdmin",
     "ReferenceBackendFactory",
     "ReferenceBackupManager",
     "ReferenceRestoreManager",
+    "Step",
     "decode_blob",
     "decode_marker",
     "encode_blob",
+    "parse_blob_name",
 ]
 
 #: the dotted path that names this backend in a config
@@ -77,6 +81,7 @@ MAGIC = b"SBREF001"
 _DIGEST_SIZE = 32
 _U32 = struct.Struct(">I")
 _NAME_RE = re.compile(r"(\d{15})-(\d{6})-([0-9a-f]+)\.(full|delta)")
+#: a change record: ``(key, value)``, ``value`` ``None`` for a delete
 Record = tuple[bytes, bytes | None]
 
 
@@ -139,10 +144,10 @@ def encode_blob(header: BlobHeader, records: Iterable[Record]) -> bytes:
     return data + hashlib.sha256(data).digest()
 
 
-def decode_blob(data: bytes, *, name: str, expected: BlobHeader, verify: bool = True) -> list[Record]:
+def decode_blob(data: bytes, *, name: str, expected: BlobHeader | None, verify: bool = True) -> list[Record]:
     """The records of blob ``name``, verified whole: :class:`CorruptDataError` naming it on any damage, and when its
-    header is not ``expected`` (its name, job, task and store). ``verify=False`` skips the digest (never in use: the
-    mutants' switch)."""
+    header is not ``expected`` (its name, job, task and store). ``verify=False`` skips the digest and
+    ``expected=None`` the binding: the reference never does either; they are the switches of two mutants."""
     if len(data) < len(MAGIC) + _U32.size + _DIGEST_SIZE or not data.startswith(MAGIC):
         raise CorruptDataError(f"blob {name} is not a reference-backend blob (bad magic or cut short)")
     payload = data[:-_DIGEST_SIZE]
@@ -169,7 +174,7 @@ def decode_blob(data: bytes, *, name: str, expected: BlobHeader, verify: bool = 
             records.append((key, value))
     except (ValueError, TypeError, struct.error, IndexError) as exc:
         raise CorruptDataError(f"blob {name}: unreadable ({exc})") from exc
-    if attrs.evolve(header, records=0) != expected:
+    if expected is not None and attrs.evolve(header, records=0) != expected:
         raise CorruptDataError(f"blob {name} says it is {header}, not {expected}: copied or renamed; not loaded")
     if header.records != len(records):
         raise CorruptDataError(f"blob {name} holds {len(records)} records, its header says {header.records}")
@@ -201,7 +206,7 @@ def _expected(context: BackendContext, store: str, name: str) -> BlobHeader:
 
 
 @attrs.define(eq=False)
-class _Step:
+class Step:
     """One store's step of a commit, named by ``snapshot()`` and written by ``upload()``."""
 
     change: ChangeSet
@@ -217,7 +222,7 @@ class ReferenceBackupManager(TaskBackupManager):
     context: BackendContext
     #: store -> the chain the next step extends (``None``: the next step is a full copy)
     _chains: dict[str, list[str] | None] = attrs.field(init=False, factory=dict)
-    _prepared: dict[str, _Step] = attrs.field(init=False, factory=dict)
+    _prepared: dict[str, Step] = attrs.field(init=False, factory=dict)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
@@ -232,18 +237,22 @@ class ReferenceBackupManager(TaskBackupManager):
                 self._chains[name] = None
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
-        prepared: dict[str, _Step] = {}
+        prepared: dict[str, Step] = {}
         for name in self.backed_up_stores():
             change = changes[name]
             chain = self._chains.get(name)
-            full = chain is None or len(chain) >= CHAIN_STEPS
+            full = self.full_copy_due(chain)
             blob = blob_name(self.context.blob_prefix(name), "full" if full else "delta", change.version)
-            prepared[name] = _Step(change, change.read_view() if full else None, blob,
+            prepared[name] = Step(change, change.read_view() if full else None, blob,
                                    [blob] if full or chain is None else [*chain, blob])
         with self._lock:
             abandoned, self._prepared = self._prepared, prepared
         _close_views(abandoned)
         return {name: json.dumps(step.chain) for name, step in prepared.items()}
+
+    def full_copy_due(self, chain: list[str] | None) -> bool:
+        """Whether the next step starts a new chain at a full copy: no chain to extend, or a long one."""
+        return chain is None or len(chain) >= CHAIN_STEPS
 
     def backed_up_stores(self) -> list[str]:
         """The stores this manager backs up: all of its context's."""
@@ -254,7 +263,7 @@ class ReferenceBackupManager(TaskBackupManager):
             prepared, self._prepared = self._prepared, {}
         return self.context.executor.submit(self._upload_all, prepared, dict(markers))
 
-    def _upload_all(self, prepared: dict[str, _Step], markers: StoreMarkers) -> StoreMarkers:
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
         try:
             for name, step in prepared.items():
                 self.write_step(name, step)
@@ -268,7 +277,7 @@ class ReferenceBackupManager(TaskBackupManager):
             self._chains.update({name: step.chain for name, step in prepared.items()})
         return markers
 
-    def write_step(self, name: str, step: _Step) -> None:
+    def write_step(self, name: str, step: Step) -> None:
         """Encode one store's step and write it create-only (a retry that finds its own bytes is fine)."""
         version = step.change.version
         header = BlobHeader("full" if step.view is not None else "delta", self.context.job_name,
@@ -281,7 +290,7 @@ class ReferenceBackupManager(TaskBackupManager):
                 raise
         self.context.metrics.increment("commit.bytes.uploaded", len(data))
 
-    def step_records(self, name: str, step: _Step) -> Iterable[Record]:
+    def step_records(self, name: str, step: Step) -> Iterable[Record]:
         """A full copy's records from the read view of exactly the flushed version; a delta's from the change set."""
         if step.view is None:
             return list(step.change)
@@ -331,7 +340,7 @@ class ReferenceBackupManager(TaskBackupManager):
         _close_views(abandoned)
 
 
-def _close_views(steps: Mapping[str, _Step]) -> None:
+def _close_views(steps: Mapping[str, Step]) -> None:
     """Close the read views of steps that will not be written (a view may still be opening)."""
     for step in steps.values():
         if step.view is not None:
@@ -352,6 +361,8 @@ class ReferenceRestoreManager(TaskRestoreManager):
 
     context: BackendContext
     _markers: dict[str, str] = attrs.field(init=False, factory=dict)
+    #: check each blob's SHA-256 before anything of it is loaded (only a mutant turns it off)
+    verify_digest: ClassVar[bool] = True
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -370,7 +381,7 @@ class ReferenceRestoreManager(TaskRestoreManager):
         assert parsed is not None
         head = parsed[1]
         if self.reusable(store, head):
-            self.context.metrics.increment("restore.stores.reused")
+            self.count("restore.stores.reused")
             return
         state: dict[bytes, bytes] = {}
         for blob, records in self.verified_chain(name, chain):
@@ -380,7 +391,15 @@ class ReferenceRestoreManager(TaskRestoreManager):
                 else:
                     state[key] = value
         store.replace_contents(sorted(state.items()), head)
-        self.context.metrics.increment("restore.stores.full")
+        self.count("restore.stores.full")
+
+    def count(self, counter: str) -> None:
+        """Count one store's restore in ``counter`` (``restore.stores.reused`` or ``restore.stores.full``)."""
+        self.context.metrics.increment(counter)
+
+    def expected(self, name: str, blob: str) -> BlobHeader | None:
+        """What blob ``blob`` of store ``name`` must say it is: its name's kind and version, this job, task, store."""
+        return _expected(self.context, name, blob)
 
     def reusable(self, store: LocalStore, head: LocalVersion) -> bool:
         """The local data already is the chain's last step."""
@@ -396,7 +415,8 @@ class ReferenceRestoreManager(TaskRestoreManager):
                 raise NotFoundError(f"store {name}: blob {blob} that the checkpoint names is missing from "
                                     f"{self.context.blob_store.describe()}") from exc
             self.context.metrics.increment("restore.bytes", len(data))
-            verified.append((blob, decode_blob(data, name=blob, expected=_expected(self.context, name, blob))))
+            verified.append((blob, decode_blob(data, name=blob, expected=self.expected(name, blob),
+                                               verify=self.verify_digest)))
         return verified
 
 
