@@ -10,7 +10,7 @@ A backend's test module subclasses :class:`BackendContract` and sets:
   backend and still give the exact state, instead of an error;
 - ``extra_config`` (optional): more settings;
 - ``uploads_whole_state`` (optional): True for a backend that uploads a whole copy of the store at each commit (an
-  O(state) upload, like the example ``fullcopy`` backend); the upload-size test then only bounds it by one copy;
+  O(state) upload, like the example third-party backend); the upload-size test then only bounds it by one copy;
 - ``test_timeout_s``: the per-test deadline (:mod:`statebackend.testing.deadline`); a hung test fails.
 
 The blob store is the in-memory fake by default (it passes the blob store contract suite); override the ``blobs``

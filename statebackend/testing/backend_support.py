@@ -19,13 +19,13 @@ RESTORE_COUNTERS = ("restore.stores.reused", "restore.stores.caught.up", "restor
 
 def contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:
     """Everything store ``name`` holds, as the task's code sees it."""
-    return dict(task.store(name, typed=False).items())
+    return dict(task.store(name).items())
 
 
 def write_round(task: TaskStorage, round_no: int, model: dict[bytes, bytes], keys: int = 50, *,
                 store: str = "counts") -> None:
     """Deterministic puts and deletes over 200 keys, mirrored into ``model``."""
-    target = task.store(store, typed=False)
+    target = task.store(store)
     for i in range(keys):
         key = f"k{(i * 7 + round_no * 13) % 200:04d}".encode()
         if (i + round_no) % 9 == 0:

@@ -23,7 +23,7 @@ __all__ = ["ControlledBlobStore", "GatedExecutor"]
 class ControlledBlobStore(BlobStore):
     """Wraps ``inner``. Writes whose name matches ``hold`` wait for ``release`` (then fail instead of writing when
     ``fail_held`` is set: a write that never lands); writes matching ``fail`` raise :class:`TransientStorageError`
-    while ``failures_left`` > 0. ``written`` records ``(name, bytes)`` of every write that landed."""
+    while ``failures_left`` > 0. ``write_sizes`` records ``(name, bytes)`` of every write that landed."""
 
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
@@ -40,7 +40,7 @@ class ControlledBlobStore(BlobStore):
         self.failures_left = 0
         self._lock = threading.Lock()
         self.put_names: list[str] = []
-        self.written: list[tuple[str, int]] = []
+        self.write_sizes: list[tuple[str, int]] = []
         #: writes matching ``lose_reply`` land, then raise :class:`TransientStorageError` (the reply was lost) while
         #: ``replies_to_lose`` > 0
         self.lose_reply: Callable[[str], bool] = lambda name: False
@@ -49,7 +49,7 @@ class ControlledBlobStore(BlobStore):
     def bytes_written(self, prefix: str = "") -> int:
         """Bytes of every write that landed under ``prefix`` so far."""
         with self._lock:
-            return sum(size for name, size in self.written if name.startswith(prefix))
+            return sum(size for name, size in self.write_sizes if name.startswith(prefix))
 
     def _before_write(self, name: str) -> None:
         with self._lock:
@@ -68,7 +68,7 @@ class ControlledBlobStore(BlobStore):
 
     def _after_write(self, name: str, size: int) -> None:
         with self._lock:
-            self.written.append((name, size))
+            self.write_sizes.append((name, size))
             losing = self.lose_reply(name) and self.replies_to_lose > 0
             if losing:
                 self.replies_to_lose -= 1
