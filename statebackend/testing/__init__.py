@@ -3,7 +3,14 @@
 - :mod:`statebackend.testing.blobstore_contract`: ``BlobStoreContract``, subclass it with a ``store`` fixture.
 - :mod:`statebackend.testing.backend_contract`: ``BackendContract``, the backup/restore contract of a state backend.
 - :mod:`statebackend.testing.store_contract`: the local store's contract.
-- :mod:`statebackend.testing.controlled`: ``ControlledBlobStore``, a wrapper that holds back or fails chosen writes.
+- :mod:`statebackend.testing.controlled`: ``ControlledBlobStore``, a wrapper that holds back or fails chosen writes
+  and counts the bytes written; ``GatedExecutor``, a pool whose tasks wait at a gate the test opens.
+- :mod:`statebackend.testing.backend_support`: the backend suite's helpers (``write_round``, ``flood``, ...).
+- :mod:`statebackend.testing.deadline`: ``deadline``, the suites' per-test timeout that needs no plugin.
+- :mod:`statebackend.testing.reference`: the reference backend, a compact correct backend that passes the backend
+  suite, and the base of the backend mutants.
+- :mod:`statebackend.testing.mutants`: broken backends and blob stores that the suites must fail
+  (docs/contract-suites.md).
 - ``crashpoint`` and ``CRASH_ENV_VAR`` (from :mod:`statebackend.crashpoints`, where the code under test calls them):
   the crash points a crash test kills a process at (``STATEBACKEND_CRASH_AT``); a backend marks its own steps with
   ``crashpoint("mybackend.step")``.

@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
+from statebackend.testing.deadline import deadline
 
 __all__ = ["BAD_NAMES", "BlobStoreContract"]
 
@@ -82,6 +83,15 @@ class BlobStoreContract(MetadataPortabilityContract):
     #: Hypothesis examples and steps for the state machine
     state_machine_examples: int = 25
     state_machine_steps: int = 25
+    #: names written for the paging test: more than one page of a listing (S3 pages by 1,000 names)
+    listing_names: int = 2_500
+    #: seconds a test may run before it fails (a hung store fails its test; statebackend.testing.deadline)
+    test_timeout_s: float = 300.0
+
+    @pytest.fixture(autouse=True)
+    def _contract_deadline(self, request: pytest.FixtureRequest) -> Iterator[None]:
+        with deadline(self.test_timeout_s, request.node.nodeid):
+            yield
 
     @pytest.fixture
     def store(self) -> Iterator[BlobStore]:
@@ -335,6 +345,17 @@ class BlobStoreContract(MetadataPortabilityContract):
         assert list(store.list("a/bc/")) == ["a/bc/x"]
         assert list(store.list("a/bc/x")) == ["a/bc/x"]
         assert list(store.list("a/bc/xy")) == []
+
+    def test_list_returns_every_name_past_a_page(self, store: BlobStore) -> None:
+        """A listing longer than a service's page (1,000 names on S3, 5,000 on Azure) is followed to its end: a store
+        that returns the first page only gives a short listing, which would make a task's checkpoints, or a
+        backend's blobs, look fewer than they are."""
+        names = [f"paged/{i:05d}" for i in range(self.listing_names)]
+        with ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(lambda name: store.put(name, b""), names))
+        store.put("paged0", b"")  # sorts after every paged/ name
+        assert list(store.list("paged/")) == names
+        assert list(store.list()) == [*names, "paged0"]
 
     def test_list_with_a_prefix_no_name_can_have_is_empty(self, store: BlobStore) -> None:
         store.put("a/b", b"x")

@@ -1,18 +1,29 @@
-"""Blob store wrappers that let a test hold back or fail chosen operations, under the test's control (events, not
-sleeps). They wrap a real store, so everything not held or failed behaves exactly like it."""
+"""Blob store and executor wrappers that let a test hold back or fail chosen operations, under the test's control
+(events, not sleeps). They wrap a real store or pool, so everything not held or failed behaves exactly like it.
+
+- :class:`ControlledBlobStore`: holds, fails or loses the reply of chosen writes, and counts the bytes written per
+  name (what a backend uploads for a commit).
+- :class:`GatedExecutor`: a pool whose tasks wait at a gate the test opens (an upload that has not started yet).
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
 
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import TransientStorageError
 
+__all__ = ["ControlledBlobStore", "GatedExecutor"]
+
 
 class ControlledBlobStore(BlobStore):
-    """Wraps ``inner``. Writes whose name matches ``hold`` wait for ``release``; writes matching ``fail`` raise
-    :class:`TransientStorageError` while ``failures_left`` > 0."""
+    """Wraps ``inner``. Writes whose name matches ``hold`` wait for ``release`` (then fail instead of writing when
+    ``fail_held`` is set: a write that never lands); writes matching ``fail`` raise :class:`TransientStorageError`
+    while ``failures_left`` > 0. ``write_sizes`` records ``(name, bytes)`` of every write that landed."""
 
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
@@ -21,14 +32,24 @@ class ControlledBlobStore(BlobStore):
         self.hold: Callable[[str], bool] = lambda name: False
         self.release = threading.Event()
         self.held = threading.Event()  # set when a write starts waiting
+        #: how long a held write waits for ``release`` before it fails (a test that forgot to release)
+        self.hold_timeout_s = 60.0
+        #: held writes raise :class:`TransientStorageError` once released instead of writing
+        self.fail_held = False
         self.fail: Callable[[str], bool] = lambda name: False
         self.failures_left = 0
         self._lock = threading.Lock()
         self.put_names: list[str] = []
+        self.write_sizes: list[tuple[str, int]] = []
         #: writes matching ``lose_reply`` land, then raise :class:`TransientStorageError` (the reply was lost) while
         #: ``replies_to_lose`` > 0
         self.lose_reply: Callable[[str], bool] = lambda name: False
         self.replies_to_lose = 0
+
+    def bytes_written(self, prefix: str = "") -> int:
+        """Bytes of every write that landed under ``prefix`` so far."""
+        with self._lock:
+            return sum(size for name, size in self.write_sizes if name.startswith(prefix))
 
     def _before_write(self, name: str) -> None:
         with self._lock:
@@ -40,11 +61,14 @@ class ControlledBlobStore(BlobStore):
             raise TransientStorageError(f"injected failure writing {name}")
         if self.hold(name):
             self.held.set()
-            if not self.release.wait(timeout=60):
+            if not self.release.wait(timeout=self.hold_timeout_s):
                 raise TransientStorageError(f"test never released {name}")
+            if self.fail_held:
+                raise TransientStorageError(f"injected failure writing {name} (held, then failed)")
 
-    def _after_write(self, name: str) -> None:
+    def _after_write(self, name: str, size: int) -> None:
         with self._lock:
+            self.write_sizes.append((name, size))
             losing = self.lose_reply(name) and self.replies_to_lose > 0
             if losing:
                 self.replies_to_lose -= 1
@@ -55,12 +79,12 @@ class ControlledBlobStore(BlobStore):
             metadata: Mapping[str, str] | None = None) -> None:
         self._before_write(name)
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
-        self._after_write(name)
+        self._after_write(name, len(data))
 
     def put_file(self, name, path, *, create_only=False, metadata=None) -> None:  # type: ignore[no-untyped-def]
         self._before_write(name)
         self.inner.put_file(name, path, create_only=create_only, metadata=metadata)
-        self._after_write(name)
+        self._after_write(name, os.path.getsize(path))
 
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         """Metadata updates (expiry removal in cleanup) are not uploads: never held or failed here."""
@@ -77,3 +101,30 @@ class ControlledBlobStore(BlobStore):
 
     def head(self, name: str) -> BlobInfo:
         return self.inner.head(name)
+
+
+class GatedExecutor(Executor):
+    """A thread pool whose tasks, once :attr:`gate` is cleared, wait for it to be set again before they run.
+    ``waiting`` is set when a task starts waiting. Use it as a task's executor (``TaskStorage.open(executor=...)``)
+    to keep a commit's upload from starting while the test writes; close it with :meth:`shutdown`."""
+
+    def __init__(self, workers: int = 4, *, gate_timeout_s: float = 60.0) -> None:
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gated")
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()
+        self.gate_timeout_s = gate_timeout_s
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        def gated() -> Any:
+            if not self.gate.is_set():
+                self.waiting.set()
+                if not self.gate.wait(self.gate_timeout_s):
+                    raise TransientStorageError("the test never opened the executor's gate")
+            return fn(*args, **kwargs)
+
+        return self._pool.submit(gated)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.gate.set()
+        self._pool.shutdown(wait=wait, cancel_futures=cancel_futures)

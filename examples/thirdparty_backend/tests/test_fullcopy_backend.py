@@ -1,4 +1,5 @@
-"""The full-copy backend against the contract suites statebackend ships, plus what is its own (format, cleanup).
+"""The full-copy backend against the contract suites statebackend ships, alone and in dual commits with each
+built-in backend, plus what is its own (format, cleanup).
 
 The suite finds the backend the way a job does: ``stores.counts.backup.factories=fullcopy`` resolves the entry point
 this project declares, so it runs only once the project is installed (``pip install -e examples/thirdparty_backend``).
@@ -28,10 +29,12 @@ CONFIG: dict[str, Any] = {"stores.counts.restore.factory": "fullcopy"}
 
 
 class TestFullCopyBackend(BackendContract):
-    """The backup/restore contract suite, unchanged, on the in-memory blob store."""
+    """The backup/restore contract suite, unchanged, on the in-memory blob store. Every commit uploads a whole copy
+    of the store (``uploads_whole_state``): the suite then bounds an upload by one copy, not by the change."""
 
     backup_factories: ClassVar[str] = "fullcopy"
     extra_config: ClassVar[dict[str, Any]] = CONFIG
+    uploads_whole_state: ClassVar[bool] = True
 
 
 class TestFullCopyBackendOnFiles(BackendContract):
@@ -39,11 +42,30 @@ class TestFullCopyBackendOnFiles(BackendContract):
 
     backup_factories: ClassVar[str] = "fullcopy"
     extra_config: ClassVar[dict[str, Any]] = CONFIG
+    uploads_whole_state: ClassVar[bool] = True
 
     @pytest.fixture
     def blobs(self, tmp_path: Path) -> Iterator[BlobStore]:
         with FileBlobStore(tmp_path / "blobs") as store:
             yield store
+
+
+class TestFullCopyBackendDualWithChangelog(BackendContract):
+    """The suite in a dual commit: fullcopy beside the built-in changelog backend, fullcopy first in the restore
+    order. A damaged, cut or missing fullcopy blob must make the restore fall back to changelog, with the exact
+    state."""
+
+    backup_factories: ClassVar[str] = "fullcopy"
+    dual_with: ClassVar[str | None] = "changelog"
+    uploads_whole_state: ClassVar[bool] = True
+
+
+class TestFullCopyBackendDualWithBlobSnapshot(BackendContract):
+    """The same beside the built-in blob-snapshot backend."""
+
+    backup_factories: ClassVar[str] = "fullcopy"
+    dual_with: ClassVar[str | None] = "blobsnapshot"
+    uploads_whole_state: ClassVar[bool] = True
 
 
 def make_config(tmp_path: Path) -> dict[str, object]:
@@ -107,7 +129,7 @@ def test_cleanup_keeps_only_the_blobs_of_retained_checkpoints(tmp_path: Path) ->
             task.commit_durably({"input": str(round_no)})
         task.wait_for_commit()
         log_markers = {entry.checkpoint.markers_for("fullcopy")["counts"]  # type: ignore[union-attr]
-                       for entry in task.commit_manager.checkpoint_log.entries()}
+                       for entry in task.checkpoint_log.entries()}
     kept = set(blobs.list(PREFIX))
     # six commits wrote six blobs; the log keeps 2 checkpoints, and a cleanup runs before the log trims the third
     assert log_markers <= kept and len(kept) <= 3

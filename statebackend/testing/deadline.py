@@ -1,0 +1,89 @@
+"""A per-test deadline for the contract suites that needs no plugin: a backend or blob store that hangs fails its
+test instead of hanging the run.
+
+``statebackend[testing]`` needs only pytest and hypothesis, so the suites cannot count on pytest-timeout. The
+deadline is an interval timer (``SIGALRM``) whose handler fails the test with :func:`pytest.fail`, naming the test
+and showing where every other thread stands; a wait in the test's thread (a future's ``result()``, an event, a lock)
+is interrupted by it. When the timer cannot be used (no ``SIGALRM``, or a test run outside the main thread) and as a
+backstop when the test's thread is stuck in C code that never returns to Python, :mod:`faulthandler` dumps every
+thread's stack and ends the process: the run fails, it does not hang. Once passed, the deadline fires again every :data:`REPEAT_S` seconds until the
+block ends, so a teardown stuck on the same hung work (a close waiting for the upload) is interrupted as well.
+
+An interval timer pytest-timeout (or anything else) armed is put back afterwards with the time it had left.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+import pytest
+
+__all__ = ["BACKSTOP_S", "REPEAT_S", "deadline"]
+
+#: seconds past the deadline after which the backstop ends a process whose test never came back to Python
+BACKSTOP_S = 60.0
+#: once the deadline passed, the test's thread is interrupted again every this many seconds until the block ends
+REPEAT_S = 2.0
+
+
+@contextmanager
+def deadline(seconds: float, what: str) -> Iterator[None]:
+    """Fail ``what`` (a test's name) with :func:`pytest.fail` when the block runs longer than ``seconds``;
+    ``seconds <= 0`` sets no deadline."""
+    if seconds <= 0:
+        yield
+        return
+    faulthandler.dump_traceback_later(seconds + BACKSTOP_S, exit=True)
+    try:
+        if hasattr(signal, "SIGALRM") and threading.current_thread() is threading.main_thread():
+            with _alarm(seconds, what):
+                yield
+        else:
+            yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+@contextmanager
+def _alarm(seconds: float, what: str) -> Iterator[None]:
+    def expired(signum: int, frame: FrameType | None) -> None:
+        pytest.fail(
+            f"{what} did not finish within {seconds:g} s, the contract suite's per-test deadline (the class "
+            f"attribute test_timeout_s): the backend or blob store under test hangs, or waits on something that "
+            f"never comes.\nThe other threads:\n{_other_stacks()}",
+            pytrace=True,
+        )
+
+    previous_handler = signal.signal(signal.SIGALRM, expired)
+    # fires again every REPEAT_S: a teardown that waits on the same hung work (a close waiting for the upload) is
+    # interrupted too, until the block ends
+    previous_delay, previous_interval = signal.setitimer(signal.ITIMER_REAL, seconds, REPEAT_S)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_handler)
+        if previous_delay > 0:  # someone else's timer (pytest-timeout): give it back what it had left
+            left = previous_delay - (time.monotonic() - started)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), previous_interval)
+
+
+def _other_stacks() -> str:
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    me = threading.get_ident()
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        if ident == me:
+            continue
+        stack = "".join(traceback.format_stack(frame)[-8:])
+        parts.append(f"--- thread {names.get(ident, ident)}:\n{stack}")
+    return "\n".join(parts) or "(none)"

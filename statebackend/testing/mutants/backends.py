@@ -1,0 +1,267 @@
+"""Broken state backends: each a small change to the reference backend (:mod:`statebackend.testing.reference`),
+made the way a backend author gets it wrong. The backend contract suite must fail every one of them
+(tests/test_mutants.py checks it; docs/contract-suites.md has the table of which test catches which).
+
+Each factory is named by its dotted path, e.g.
+``stores.counts.backup.factories=statebackend.testing.mutants.backends:KeepsNewestN``. Never use one for real data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future
+
+from statebackend.checkpoint import CheckpointId, CheckpointV2
+from statebackend.contracts import StoreMarkers
+from statebackend.store import ChangeSet, LocalStore, LocalVersion
+from statebackend.testing.reference import (
+    BlobHeader,
+    Record,
+    ReferenceBackendFactory,
+    ReferenceBackupManager,
+    ReferenceRestoreManager,
+    Step,
+    decode_marker,
+    parse_blob_name,
+)
+
+__all__ = [
+    "ArchivesLiveStore",
+    "ChainsOnAFailedUpload",
+    "CleanupIgnoresTheLog",
+    "DropsAStore",
+    "HangsOnAFailedUpload",
+    "IgnoresDeletes",
+    "IgnoresTheMarker",
+    "KeepsNewestN",
+    "NeverCountsFull",
+    "NeverCountsReused",
+    "ResolvesBeforeThePut",
+    "RestoresAStaleSnapshot",
+    "ReusesAnyLocalVersion",
+    "SkipsBindingCheck",
+    "SkipsVerification",
+    "SnapshotReadsTheState",
+    "UploadsTheWholeState",
+]
+
+
+# -- restore ----------------------------------------------------------------------------------------------------------
+
+
+class _IgnoresTheMarker(ReferenceRestoreManager):
+    def init(self, checkpoint: CheckpointV2 | None) -> None:
+        newest = self.context.checkpoint_log.latest()
+        if newest is not None and isinstance(newest.checkpoint, CheckpointV2):
+            checkpoint = newest.checkpoint  # the newest state, whatever checkpoint was asked
+        super().init(checkpoint)
+
+
+class IgnoresTheMarker(ReferenceBackendFactory):
+    """Restores the newest checkpoint's state whatever checkpoint it is asked for (a replay gets the future)."""
+
+    restore_class = _IgnoresTheMarker
+
+
+class _RestoresAStaleSnapshot(ReferenceRestoreManager):
+    def verified_chain(self, name: str, chain: list[str]) -> list[tuple[str, list[Record]]]:
+        return super().verified_chain(name, chain[:-1])  # the chain without its newest step
+
+
+class RestoresAStaleSnapshot(ReferenceBackendFactory):
+    """Restores the chain without its newest step, labelled as the newest version."""
+
+    restore_class = _RestoresAStaleSnapshot
+
+
+class _SkipsVerification(ReferenceRestoreManager):
+    verify_digest = False
+
+
+class SkipsVerification(ReferenceBackendFactory):
+    """Loads blobs without checking their SHA-256: a damaged blob is loaded as it is."""
+
+    restore_class = _SkipsVerification
+
+
+class _SkipsBindingCheck(ReferenceRestoreManager):
+    def expected(self, name: str, blob: str) -> BlobHeader | None:
+        return None
+
+
+class SkipsBindingCheck(ReferenceBackendFactory):
+    """Loads an intact blob without checking it is the one its name promises (an older blob put back)."""
+
+    restore_class = _SkipsBindingCheck
+
+
+class _ReusesAnyLocalVersion(ReferenceRestoreManager):
+    def reusable(self, store: LocalStore, head: LocalVersion) -> bool:
+        return store.version is not None  # any committed version, not the checkpoint's
+
+
+class ReusesAnyLocalVersion(ReferenceBackendFactory):
+    """Reuses local data of any version as if it were the checkpoint's."""
+
+    restore_class = _ReusesAnyLocalVersion
+
+
+class _NeverCountsReused(ReferenceRestoreManager):
+    def count(self, counter: str) -> None:
+        if counter != "restore.stores.reused":
+            super().count(counter)
+
+
+class NeverCountsReused(ReferenceBackendFactory):
+    """Reuses local data without counting it in ``restore.stores.reused``."""
+
+    restore_class = _NeverCountsReused
+
+
+class _NeverCountsFull(ReferenceRestoreManager):
+    def count(self, counter: str) -> None:
+        if counter != "restore.stores.full":
+            super().count(counter)
+
+
+class NeverCountsFull(ReferenceBackendFactory):
+    """Restores from the blob store without counting it in ``restore.stores.full``."""
+
+    restore_class = _NeverCountsFull
+
+
+# -- backup -----------------------------------------------------------------------------------------------------------
+
+
+class _KeepsNewestN(ReferenceBackupManager):
+    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
+        ours = [blob for blob in blobs if parse_blob_name(prefix, blob) is not None]
+        return ours[:-self.context.checkpoint_log.retained]  # the newest N blobs, whatever the checkpoints name
+
+
+class KeepsNewestN(ReferenceBackendFactory):
+    """Cleanup keeps the newest ``task.checkpoint.retained`` blobs, though retained checkpoints name older ones."""
+
+    backup_class = _KeepsNewestN
+
+
+class _CleanupIgnoresTheLog(ReferenceBackupManager):
+    def referenced(self, markers: StoreMarkers) -> set[str]:
+        return {blob for name, marker in markers.items()
+                for blob in decode_marker(marker, self.context.blob_prefix(name))}  # the log's checkpoints ignored
+
+
+class CleanupIgnoresTheLog(ReferenceBackendFactory):
+    """Cleanup keeps only what the newest commit names, deleting the blobs of the other retained checkpoints."""
+
+    backup_class = _CleanupIgnoresTheLog
+
+
+class _ArchivesLiveStore(ReferenceBackupManager):
+    def full_copy_due(self, chain: list[str] | None) -> bool:
+        return True
+
+    def step_records(self, name: str, step: Step) -> Iterable[Record]:
+        with self.context.stores[name].read_view() as view:  # the store as it is now, not as it was flushed
+            return list(view.items())
+
+
+class ArchivesLiveStore(ReferenceBackendFactory):
+    """Archives the live store at upload time instead of the flushed change set: later writes leak in."""
+
+    backup_class = _ArchivesLiveStore
+
+
+class _IgnoresDeletes(ReferenceBackupManager):
+    def step_records(self, name: str, step: Step) -> Iterable[Record]:
+        return [(key, value) for key, value in super().step_records(name, step) if value is not None]
+
+
+class IgnoresDeletes(ReferenceBackendFactory):
+    """Leaves the deletes out of its deltas: deleted keys come back at restore."""
+
+    backup_class = _IgnoresDeletes
+
+
+class _DropsAStore(ReferenceBackupManager):
+    def backed_up_stores(self) -> list[str]:
+        return sorted(self.context.stores)[:1]
+
+
+class DropsAStore(ReferenceBackendFactory):
+    """Backs up only the first store of a multi-store task."""
+
+    backup_class = _DropsAStore
+
+
+class _ResolvesBeforeThePut(ReferenceBackupManager):
+    def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
+        super().upload(checkpoint_id, markers)  # the writes go on in the background
+        done: Future[StoreMarkers] = Future()
+        done.set_result(dict(markers))
+        return done
+
+
+class ResolvesBeforeThePut(ReferenceBackendFactory):
+    """Resolves the upload (so the checkpoint is written) before its blobs are written."""
+
+    backup_class = _ResolvesBeforeThePut
+
+
+class _ChainsOnAFailedUpload(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        try:
+            return super()._upload_all(prepared, markers)
+        finally:
+            with self._lock:  # the step is kept in the chain even when its write failed
+                self._chains.update({name: step.chain for name, step in prepared.items()})
+
+
+class ChainsOnAFailedUpload(ReferenceBackendFactory):
+    """Builds the next delta on a step whose upload failed: later checkpoints name a blob that never landed."""
+
+    backup_class = _ChainsOnAFailedUpload
+
+
+class _HangsOnAFailedUpload(ReferenceBackupManager):
+    def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
+        with self._lock:
+            prepared, self._prepared = self._prepared, {}
+        result: Future[StoreMarkers] = Future()
+
+        def run() -> None:
+            result.set_result(self._upload_all(prepared, dict(markers)))  # a failure never reaches ``result``
+
+        self.context.executor.submit(run)
+        return result
+
+
+class HangsOnAFailedUpload(ReferenceBackendFactory):
+    """Never resolves an upload whose write failed: the commit (and whoever waits for it) hangs."""
+
+    backup_class = _HangsOnAFailedUpload
+
+
+class _SnapshotReadsTheState(ReferenceBackupManager):
+    def snapshot(self, checkpoint_id: CheckpointId, changes: dict[str, ChangeSet]) -> StoreMarkers:  # type: ignore[override]
+        for name in self.backed_up_stores():
+            records = sum(1 for _ in self.context.stores[name].items())  # "just to log the state's size"
+            self.context.metrics.increment("reference.records.seen", records)
+        return super().snapshot(checkpoint_id, changes)
+
+
+class SnapshotReadsTheState(ReferenceBackendFactory):
+    """Reads the whole store on the task's thread at every snapshot: each commit stalls for O(state)."""
+
+    backup_class = _SnapshotReadsTheState
+
+
+class _UploadsTheWholeState(ReferenceBackupManager):
+    def full_copy_due(self, chain: list[str] | None) -> bool:
+        return True
+
+
+class UploadsTheWholeState(ReferenceBackendFactory):
+    """Uploads a full copy at every commit while declaring O(change) uploads (the suite's default)."""
+
+    backup_class = _UploadsTheWholeState

@@ -1,0 +1,120 @@
+"""Broken blob stores: each a small change to the in-memory store (:class:`MemoryBlobStore`), made the way a
+blob store author gets it wrong (most after a real service's pitfall: pages, ranges, conditional writes). The blob
+store contract suite must fail every one of them (tests/test_mutants.py; docs/contract-suites.md)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+
+from statebackend.blobstores.base import check_blob_name, check_metadata
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import AlreadyExistsError, NotFoundError
+
+__all__ = [
+    "AbsentReadsAsEmpty",
+    "CreateOnlyIsNotAtomic",
+    "CreateOnlyOverwrites",
+    "DeleteRemovesSiblings",
+    "DropsLargePuts",
+    "IgnoresRanges",
+    "ListsOnePage",
+    "ListsUnsorted",
+    "LosesFileMetadata",
+    "TruncatesLargeReads",
+]
+
+#: the page size of :class:`ListsOnePage` (S3's)
+PAGE = 1000
+#: :class:`TruncatesLargeReads` returns at most this much of a whole-blob read (one "chunk")
+CHUNK = 4 * 1024 * 1024
+
+
+class CreateOnlyOverwrites(MemoryBlobStore):
+    """A create-only write on a taken name overwrites it (the conditional header was never sent)."""
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        super().put(name, data, metadata=metadata)
+
+
+class CreateOnlyIsNotAtomic(MemoryBlobStore):
+    """Create-only checks, then writes, without holding anything in between: racing writers both win."""
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        if create_only:
+            if self.exists(name):
+                raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
+            threading.Event().wait(0.005)  # the window a round trip opens between the check and the write
+        super().put(name, data, metadata=metadata)
+
+
+class ListsOnePage(MemoryBlobStore):
+    """A listing returns the first page only (the continuation token is ignored): a short listing."""
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return iter(list(super().list(prefix))[:PAGE])
+
+
+class ListsUnsorted(MemoryBlobStore):
+    """A listing comes in the order the names were written, not sorted."""
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        with self._lock:
+            return iter([name for name in self._blobs if name.startswith(prefix)])
+
+
+class TruncatesLargeReads(MemoryBlobStore):
+    """A whole-blob read returns only its first chunk (the rest of a multi-part download is dropped)."""
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        data = super().get(name, start=start, end=end)
+        return data[:CHUNK] if start is None and end is None else data
+
+
+class DropsLargePuts(MemoryBlobStore):
+    """A put larger than a chunk fails (its multi-part upload is never completed) and is reported as done."""
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        if len(data) > CHUNK:
+            check_blob_name(name)
+            return
+        super().put(name, data, create_only=create_only, metadata=metadata)
+
+
+class IgnoresRanges(MemoryBlobStore):
+    """A ranged read returns the whole blob (the Range header was dropped)."""
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        super().get(name, start=start, end=end)  # the same checks and errors
+        return super().get(name)
+
+
+class LosesFileMetadata(MemoryBlobStore):
+    """An upload from a file drops its metadata (the file path forgot to pass it on)."""
+
+    def put_file(self, name, path, *, create_only=False, metadata=None) -> None:  # type: ignore[no-untyped-def]
+        check_metadata(metadata)
+        super().put_file(name, path, create_only=create_only)
+
+
+class DeleteRemovesSiblings(MemoryBlobStore):
+    """A delete removes every name that starts with the name (a prefix delete)."""
+
+    def delete(self, name: str) -> None:
+        check_blob_name(name)
+        with self._lock:
+            for other in [other for other in self._blobs if other.startswith(name)]:
+                del self._blobs[other]
+
+
+class AbsentReadsAsEmpty(MemoryBlobStore):
+    """A read of an absent blob returns no bytes instead of :class:`NotFoundError` (a 404 body taken for data)."""
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        try:
+            return super().get(name, start=start, end=end)
+        except NotFoundError:
+            return b""
