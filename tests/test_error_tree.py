@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import statebackend.errors as errors
+from statebackend import errors
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = [ROOT / "statebackend", ROOT / "backends", ROOT / "checkpoint"]

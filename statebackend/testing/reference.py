@@ -53,7 +53,12 @@ from statebackend.contracts import (
     TaskBackupManager,
     TaskRestoreManager,
 )
-from statebackend.errors import AlreadyExistsError, CorruptDataError, NotFoundError, StateBackendError
+from statebackend.errors import (
+    AlreadyExistsError,
+    CorruptDataError,
+    InconsistentStateError,
+    NotFoundError,
+)
 from statebackend.store import ChangeSet, LocalStore, LocalVersion, ReadView
 
 __all__ = [
@@ -296,7 +301,7 @@ class ReferenceBackupManager(TaskBackupManager):
             return list(step.change)
         view = step.view.result()
         if view.version != step.change.version:
-            raise StateBackendError(f"store {name}: the read view is at {view.version}, not {step.change.version}")
+            raise InconsistentStateError(f"store {name}: the read view is at {view.version}, not {step.change.version}")
         return list(view.items())
 
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
