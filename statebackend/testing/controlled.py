@@ -116,6 +116,8 @@ class GatedExecutor(Executor):
         self.gate_timeout_s = gate_timeout_s
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn`` on the inner pool once the gate is open (``waiting`` is set while it waits)."""
+
         def gated() -> Any:
             if not self.gate.is_set():
                 self.waiting.set()
