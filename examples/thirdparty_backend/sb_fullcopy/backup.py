@@ -25,7 +25,8 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from sb_fullcopy.format import Header, blob_name, encode, parse_blob_name
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
-from statebackend.errors import AlreadyExistsError, StateBackendError
+from statebackend.errors import AlreadyExistsError, UsageError
+from statebackend.kit import close_when_ready
 from statebackend.store import ChangeSet, ReadView
 
 __all__ = ["FullCopyBackupManager"]
@@ -54,7 +55,7 @@ class FullCopyBackupManager(TaskBackupManager):
                 abandoned = self._views.pop(name, None)  # its commit failed before upload()
                 self._views[name] = (marker, change.read_view())
             if abandoned is not None:
-                _close_when_ready(abandoned[1])
+                close_when_ready(abandoned[1])
             markers[name] = marker
         return markers
 
@@ -82,12 +83,12 @@ class FullCopyBackupManager(TaskBackupManager):
         with self._lock:
             taken = self._views.get(name)
             if taken is None or taken[0] != marker:
-                raise StateBackendError(f"store {name}: no snapshot was taken for {marker}; call snapshot() first")
+                raise UsageError(f"store {name}: no snapshot was taken for {marker}; call snapshot() first")
             del self._views[name]
         view = taken[1].result()
         try:
             if view.version is None:
-                raise StateBackendError(f"store {name}: the snapshot for {marker} has no version")
+                raise UsageError(f"store {name}: the snapshot for {marker} has no version")
             header = Header(job=self.context.job_name, task=self.context.task_name, store=name,
                             checkpoint_id=view.version.checkpoint_id, token=view.version.token, records=0)
             data = encode(header, view.items())
@@ -127,14 +128,4 @@ class FullCopyBackupManager(TaskBackupManager):
         with self._lock:
             views, self._views = list(self._views.values()), {}
         for _, view in views:
-            _close_when_ready(view)
-
-
-def _close_when_ready(view: Future[ReadView]) -> None:
-    """Close a read view that may not be open yet (its flushed batch still being applied)."""
-
-    def close(done: Future[ReadView]) -> None:
-        if not done.cancelled() and done.exception() is None:
-            done.result().close()
-
-    view.add_done_callback(close)
+            close_when_ready(view)
