@@ -26,6 +26,9 @@ from statebackend.testing.backend_contract import BackendContract, contents, wri
 
 PREFIX = "job/task-0/counts/fullcopy/"
 CONFIG: dict[str, Any] = {"stores.counts.restore.factory": "fullcopy"}
+#: the suite runs with a per-store option of this backend (one unnamed older copy kept for store ``counts``), as a job
+#: would set it: the framework validates it by the backend's schema and hands it to that store's manager
+SUITE_CONFIG: dict[str, Any] = {**CONFIG, "stores.counts.fullcopy.keep": 1}
 
 
 class TestFullCopyBackend(BackendContract):
@@ -33,7 +36,7 @@ class TestFullCopyBackend(BackendContract):
     of the store (``uploads_whole_state``): the suite then bounds an upload by one copy, not by the change."""
 
     backup_factories: ClassVar[str] = "fullcopy"
-    extra_config: ClassVar[dict[str, Any]] = CONFIG
+    extra_config: ClassVar[dict[str, Any]] = SUITE_CONFIG
     uploads_whole_state: ClassVar[bool] = True
 
 
@@ -41,7 +44,7 @@ class TestFullCopyBackendOnFiles(BackendContract):
     """The same suite on the file blob store (real files, real create-only writes)."""
 
     backup_factories: ClassVar[str] = "fullcopy"
-    extra_config: ClassVar[dict[str, Any]] = CONFIG
+    extra_config: ClassVar[dict[str, Any]] = SUITE_CONFIG
     uploads_whole_state: ClassVar[bool] = True
 
     @pytest.fixture
@@ -57,6 +60,7 @@ class TestFullCopyBackendDualWithChangelog(BackendContract):
 
     backup_factories: ClassVar[str] = "fullcopy"
     dual_with: ClassVar[str | None] = "changelog"
+    extra_config: ClassVar[dict[str, Any]] = {"stores.counts.fullcopy.keep": 1}
     uploads_whole_state: ClassVar[bool] = True
 
 
@@ -65,6 +69,7 @@ class TestFullCopyBackendDualWithBlobSnapshot(BackendContract):
 
     backup_factories: ClassVar[str] = "fullcopy"
     dual_with: ClassVar[str | None] = "blobsnapshot"
+    extra_config: ClassVar[dict[str, Any]] = {"stores.counts.fullcopy.keep": 1}
     uploads_whole_state: ClassVar[bool] = True
 
 
