@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from typing import Any, NamedTuple
 
 import attrs
@@ -74,6 +75,13 @@ class Pair(NamedTuple):
 
     left: int
     right: str = "r"
+
+
+@attrs.frozen
+class WithADate:
+    """A field type records do not store."""
+
+    when: datetime.date
 
 
 def split_first(key: Any, old: dict[str, Any]) -> CountV3:

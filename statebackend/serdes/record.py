@@ -455,12 +455,16 @@ def _decoder(writer: RecordSchema, reader: RecordClass | None) -> Callable[[byte
         lines.append(f"    e = p + n_{field.name}")
         if field.name in wanted:
             read = {"str": "data[p:e].decode()", "bytes": "data[p:e]", "json": "_loads(data[p:e])"}[field.type]
+            if field.nullable:
+                read = f"None if bm & {layout.bits[field.name]} else {read}"
             lines.append(f"    f_{field.name} = {read}")
         lines.append("    p = e")
 
     def value(field: Field, target: str) -> str:
         expression = f"float(f_{field.name})" if (field.type, target) == ("int", "float") else f"f_{field.name}"
-        return f"(None if bm & {layout.bits[field.name]} else {expression})" if field.nullable else expression
+        if field.nullable and field.type in _FIXED:  # a variable-size field's None is read as such above
+            return f"(None if bm & {layout.bits[field.name]} else {expression})"
+        return expression
 
     written = {f.name: f for f in writer.fields}
     if reader is None:
