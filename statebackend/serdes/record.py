@@ -591,7 +591,8 @@ def _json_encoder() -> Callable[[Any], str]:
 
 
 _JSON_ENCODE = _json_encoder()
-_JSON_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # json.loads without its checks of the input's encoding
+#: json.loads without its checks of the input's encoding and whitespace (typeshed types the argument wrongly)
+_JSON_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
 def _json(value: Any, what: str) -> bytes:
