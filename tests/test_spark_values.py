@@ -73,10 +73,10 @@ def config_for(tmp_path: Path, msg_serde: str, **extra: object) -> dict[str, obj
     return make_config(tmp_path, **{"job.name": "values", "stores.counts.msg.serde": msg_serde, **extra})
 
 
-def state_of(config: dict[str, object], scratch: Path) -> dict[str, Any]:
+def state_of(config: dict[str, object], scratch: Path, num_tasks: int = NUM_TASKS) -> dict[str, Any]:
     """Every task's store, read typed from the blob store alone (each task restored into a scratch dir)."""
     state: dict[str, Any] = {}
-    for index in range(NUM_TASKS):
+    for index in range(num_tasks):
         local = scratch / f"read-{index}"
         with TaskStorage.open(dict(config, **{"state.local.dir": str(local)}), f"task-{index}") as task:
             state.update(task.store("counts").items())
@@ -125,6 +125,22 @@ def test_a_streaming_querys_values_gain_and_lose_a_field_between_two_runs(spark:
     last = {w: max(b for b in (2, 3) if w in outputs[b]) for w in word_counts([2, 3])}
     assert {w: outputs[b][w] for w, b in last.items()} == {w: float(totals[w]) for w in last}
     assert state_of(config_for(tmp_path, V2), tmp_path) == {
+        w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()}
+
+
+def test_a_rescaled_task_reads_the_record_values_it_copies_with_their_schemas(spark: Any, tmp_path: Path) -> None:
+    """num_tasks 2 -> 3 in the run that also changes the class: each new task copies V1 values as stored from the
+    old tasks, and its checkpoints record V1's schema beside V2's, so they read in this and every later batch."""
+    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=2, config=config_for(tmp_path, V1),
+                               output_schema=OUTPUT)
+    run_batch(spark, job, 0)
+    evolved = config_for(tmp_path, V2)
+    job = StatefulForeachBatch(count_v2, key_columns=["word"], num_tasks=3, config=evolved, output_schema=OUTPUT)
+    run_batch(spark, job, 1)
+    run_batch(spark, job, 2)
+    totals = word_counts([0, 1, 2])
+    last = {w: max(b for b in (1, 2) if w in batch_words(b)) for w in word_counts([1, 2])}
+    assert state_of(evolved, tmp_path, num_tasks=3) == {
         w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()}
 
 
