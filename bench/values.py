@@ -141,7 +141,7 @@ class Case:
 
     def row(self) -> list[Any]:
         count = len(self.values)
-        encode = None if self.reader is not None else min(self.encode_s) * 1e6 / count  # the old class's, not ours
+        encode: Any = "-" if self.reader is not None else min(self.encode_s) * 1e6 / count  # the old class's
         return [self.shape, self.label, encode, min(self.decode_s) * 1e6 / count,
                 sum(map(len, self.data)) / len(self.data)]
 
