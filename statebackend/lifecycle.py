@@ -30,6 +30,7 @@ from statebackend.checkpoint import CheckpointLog, CheckpointV1, CheckpointV2, L
 from statebackend.config import Settings, StoreSettings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, InconsistentStateError
 from statebackend.store.ttl import ENVELOPE
+from statebackend.values import base_recorded, value_problems
 
 __all__ = [
     "CheckpointChoice",
@@ -170,11 +171,9 @@ def known_durable_seq(
 
 
 def recorded_serdes(store_settings: StoreSettings) -> dict[str, str]:
-    """What a checkpoint records of how a store's bytes read: its serdes, and ``envelope: ttl`` with a TTL."""
-    recorded = {"key": store_settings.key_serde, "msg": store_settings.msg_serde}
-    if store_settings.ttl_ms is not None:
-        recorded["envelope"] = ENVELOPE
-    return recorded
+    """What a checkpoint records of how a store's bytes read, from its settings alone: its serdes, and
+    ``envelope: ttl`` with a TTL (a task records more: :func:`statebackend.values.plan_values`)."""
+    return base_recorded(store_settings)
 
 
 def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: int, known: int,
@@ -242,21 +241,24 @@ def _restore_order(store_name: str, store_settings: StoreSettings, checkpoint: C
 
 
 def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
-    """A store's serdes must be those its state was written with: else its bytes would read as garbage."""
+    """A store's serdes must read what its state was written with: else its bytes would read as garbage. Keys keep
+    their serde; values too, unless their record class reads every recorded schema or a declared migration rewrites
+    them (statebackend.values)."""
     if checkpoint is None:
         return
     problems = []
     for name, store_settings in settings.stores.items():
         written = checkpoint.serdes.get(name)
         if written is None:
+            problems += value_problems(name, store_settings, checkpoint)
             continue
-        for part, configured in (("key", store_settings.key_serde), ("msg", store_settings.msg_serde)):
-            if part in written and written[part] != configured:
-                problems.append(
-                    f"stores.{name}.{part}.serde is {configured!r} but store {name!r} was written with "
-                    f"{written[part]!r} (checkpoint {checkpoint.checkpoint_id}); set stores.{name}.{part}.serde="
-                    f"{written[part]}, or migrate the data into a new store"
-                )
+        if "key" in written and written["key"] != store_settings.key_serde:
+            problems.append(
+                f"stores.{name}.key.serde is {store_settings.key_serde!r} but store {name!r} was written with "
+                f"{written['key']!r} (checkpoint {checkpoint.checkpoint_id}); set stores.{name}.key.serde="
+                f"{written['key']}, or migrate the data into a new store"
+            )
+        problems += value_problems(name, store_settings, checkpoint)
         envelope = written.get("envelope")
         if (envelope == ENVELOPE) != (store_settings.ttl_ms is not None):
             problems.append(

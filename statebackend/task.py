@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Executor
 from typing import Any, Self
 
@@ -33,14 +33,7 @@ from statebackend.config import Settings, check_name
 from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, ConfigError
 from statebackend.exporters import export_on_close, start_exporters, task_metrics
-from statebackend.lifecycle import (
-    CheckpointChoice,
-    OpenDecision,
-    decide_open,
-    known_durable_seq,
-    recorded_serdes,
-    task_checkpoint_log,
-)
+from statebackend.lifecycle import CheckpointChoice, OpenDecision, decide_open, known_durable_seq, task_checkpoint_log
 from statebackend.metrics import Metrics
 from statebackend.process import shorten_thread_switch_interval
 from statebackend.registry import resolve_factory
@@ -48,6 +41,7 @@ from statebackend.restore import group_by_options, open_local_stores, options_of
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
 from statebackend.store.ttl import TtlStore, wall_clock_ms
+from statebackend.values import StoreValues, adopted, plan_values, run_migration, with_initial
 
 __all__ = ["TaskStorage"]
 
@@ -74,6 +68,8 @@ class TaskStorage:
     #: executor fixes it per batch, so a replayed batch sees the keys its first run saw
     ttl_now_ms: int | None = attrs.field(init=False, default=None)
     _ttl_views: dict[str, TtlStore] = attrs.field(init=False, factory=dict)
+    #: per store: how its values read and what commits record of them (statebackend.values)
+    _values: dict[str, StoreValues] = attrs.field(factory=dict, alias="values")
 
     @classmethod
     def open(
@@ -150,6 +146,7 @@ class TaskStorage:
                 backups.append(BackupBinding(factory_name, manager, tuple(store_names)))
                 manager.init(restored)
 
+            values = plan_values(settings, restored)
             id_generator = CheckpointIdGenerator()
             if restored is not None:
                 id_generator.observe(restored.checkpoint_id)
@@ -166,8 +163,13 @@ class TaskStorage:
                 next_seq=decision.next_seq,  # the fence: from the restore decision, never from a later listing
                 id_generator=id_generator,
                 last_checkpoint=restored,
-                serdes={name: recorded_serdes(s) for name, s in settings.stores.items()},
+                serdes={name: plan.recorded for name, plan in values.items()},
             )
+            for name, plan in values.items():
+                if plan.migration is not None:  # its writes and its name land in the next commit, together
+                    store_settings = settings.stores[name]
+                    run_migration(stores[name], plan, get_serde(store_settings.key_serde),
+                                  ttl=store_settings.ttl_ms is not None)
         except BaseException:
             for binding in backups:  # background work started by init() must not outlive the stores
                 binding.manager.close()
@@ -187,6 +189,7 @@ class TaskStorage:
             metrics=metrics,
             decision=decision,
             owns_blob_store=owns,
+            values=values,
         )
 
     @property
@@ -236,7 +239,30 @@ class TaskStorage:
         ops: LocalStore | TtlStore = store if store_settings.ttl_ms is None else self._ttl_view(name)
         if not typed or (store_settings.key_serde == "bytes" and store_settings.msg_serde == "bytes"):
             return BytesStore(ops)
-        return TypedStore(ops, get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde))
+        return TypedStore(ops, get_serde(store_settings.key_serde), self._values[name].value_serde)
+
+    @property
+    def recorded_serdes(self) -> Mapping[str, Mapping[str, str]]:
+        """Per store, what this task's commits record of how its bytes read (``CheckpointV2.serdes``)."""
+        return {name: plan.recorded for name, plan in self._values.items()}
+
+    def adopt_values(self, checkpoint: CheckpointV2 | None, source: str) -> None:
+        """The stores take values copied as they were stored from ``checkpoint`` (``source`` names it: a rescale
+        copies another task's keys): a record store then reads the schemas recorded there too, and later commits
+        record them. :class:`ConfigError` when those values are in another format than this task's stores (another
+        serde, or written before a migration these stores went through); nothing is changed then."""
+        if checkpoint is None:
+            return
+        planned = {name: adopted(plan, checkpoint.serdes.get(name), source) for name, plan in self._values.items()}
+        self._values.update(planned)
+        self.commit_manager.serdes = self.recorded_serdes
+
+    def mark_initial_load(self, store_names: Iterable[str], label: str) -> None:
+        """Record in this and every later checkpoint that the stores ``store_names`` started from the initial-state
+        load ``label`` (the Spark driver's ``initial_state``), so a restart knows the state is that load's."""
+        for name in store_names:
+            self._values[name] = with_initial(self._values[name], label)
+        self.commit_manager.serdes = self.recorded_serdes
 
     def now_ms(self) -> int:
         """The time TTL stores read and write at: :attr:`ttl_now_ms`, or the wall clock."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from statebackend.config.names import parse_name
+from statebackend.errors import ConfigError
 from statebackend.options import (
     OptionSpec,
     parse_bool,
@@ -25,10 +26,61 @@ from statebackend.options import (
     value_error,
 )
 from statebackend.redact import redact
-from statebackend.serdes import SERDE_NAMES
+from statebackend.serdes import RECORD_PREFIX, SERDE_NAMES, record_class
+from statebackend.serdes.record import import_named
 
-#: the serde names ``stores.<name>.key.serde`` / ``msg.serde`` take: those statebackend.serdes defines (its list)
+#: the serde names ``stores.<name>.key.serde`` / ``msg.serde`` take: those statebackend.serdes defines (its list);
+#: ``msg.serde`` also takes ``record:<module>:<Class>``
 SERDES = SERDE_NAMES
+
+_RECORD_ALLOWED = "record:<module>:<Class> (an attrs class, dataclass or NamedTuple; values only)"
+_parse_named_serde = parse_choice(*SERDES)
+
+
+def _parse_key_serde(key: str, raw: Any) -> str:
+    """A named serde; a record serde is refused saying why (a key's bytes must never change with a class)."""
+    if isinstance(raw, type) or (isinstance(raw, str) and raw.strip().startswith(RECORD_PREFIX)):
+        raise value_error(key, raw, "a record serde is for values (msg.serde) only: a key must keep its bytes",
+                          "one of " + ", ".join(SERDES))
+    return _parse_named_serde(key, raw)
+
+
+def _parse_msg_serde(key: str, raw: Any) -> str:
+    """A named serde, or ``record:<module>:<Class>`` (also given as the class itself), imported and checked here:
+    a class that cannot be imported or has a field type a record cannot store fails on the driver, naming the key."""
+    if isinstance(raw, type):
+        spec = f"{RECORD_PREFIX}{raw.__module__}:{raw.__qualname__}"
+        try:
+            found = record_class(spec).cls
+        except ConfigError as exc:
+            raise value_error(key, raw, str(exc), _RECORD_ALLOWED) from None
+        if found is not raw:
+            raise value_error(key, raw, f"{spec} imports another class than the one given (defined in a function, "
+                              "or redefined?)", _RECORD_ALLOWED)
+        return spec
+    if isinstance(raw, str) and raw.strip().startswith(RECORD_PREFIX):
+        try:
+            record_class(raw.strip())
+        except ConfigError as exc:
+            raise value_error(key, raw, str(exc), _RECORD_ALLOWED) from None
+        return raw.strip()
+    try:
+        return _parse_named_serde(key, raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc}, or {_RECORD_ALLOWED}") from None
+
+
+def _parse_function(key: str, raw: Any) -> str:
+    """``<module>:<function>``, imported and checked callable here (on the driver, naming the key)."""
+    spec = parse_str(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*")(key, raw)
+    try:
+        function = import_named(spec, "function")
+    except ConfigError as exc:
+        raise value_error(key, raw, str(exc), "<module>:<function>, importable where the tasks run") from None
+    if not callable(function):
+        raise value_error(key, raw, f"{spec} is a {type(function).__name__}, not a function",
+                          "<module>:<function>, importable where the tasks run")
+    return spec
 
 METRICS_OTEL = ("auto", "on", "off")
 
@@ -149,8 +201,22 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "restore.factory": OptionSpec(
         parse_str(), None, "alias of restore.factories with one backend (kept for existing configs)"
     ),
-    "key.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how keys are encoded: " + ", ".join(SERDES)),
-    "msg.serde": OptionSpec(parse_choice(*SERDES), "bytes", "how values are encoded: " + ", ".join(SERDES)),
+    "key.serde": OptionSpec(_parse_key_serde, "bytes", "how keys are encoded: " + ", ".join(SERDES)),
+    "msg.serde": OptionSpec(
+        _parse_msg_serde, "bytes",
+        "how values are encoded: " + ", ".join(SERDES) + ", or record:<module>:<Class> (values as instances of an "
+        "attrs class, dataclass or NamedTuple whose shape may change between deployments)",
+    ),
+    "migration.id": OptionSpec(
+        parse_name(), None,
+        "a name for a rewrite of every value of the store by migration.function, run once: at the first open of a "
+        "checkpoint that does not record it, its writes and the name landing in one checkpoint; set both or neither",
+    ),
+    "migration.function": OptionSpec(
+        _parse_function, None,
+        "<module>:<function> called as function(key, old value) for every value of the store at the migration: it "
+        "returns the new value (None deletes the key). An old record value comes as a dict of its fields",
+    ),
     "write.batch.max.bytes": OptionSpec(
         parse_bytes(min=1), "64MiB", "memory bound of the write batch between two commits; a larger batch spills"
     ),

@@ -70,6 +70,9 @@ class StoreSettings:
     #: time to live of a key after its last write (None: no TTL); ``ttl_sweep_keys``: keys examined per commit
     ttl_ms: int | None = _store_option("ttl.ms")
     ttl_sweep_keys: int = _store_option("ttl.sweep.keys")
+    #: a rewrite of every value, run once (statebackend.values): its name and ``<module>:<function>``, or both None
+    migration_id: str | None = _store_option("migration.id")
+    migration_function: str | None = _store_option("migration.function")
 
     @property
     def restore_factory(self) -> str:
@@ -392,6 +395,12 @@ class _SettingsParser:
         elif not restores:
             return None
         if not backups:
+            return None
+        if (keys.get("migration.id") is None) != (keys.get("migration.function") is None):
+            given, missing = (("migration.id", "migration.function") if keys.get("migration.id") is not None
+                              else ("migration.function", "migration.id"))
+            self.problems.append(f"{prefix}{given} is set but {prefix}{missing} is not: a migration needs both, its "
+                                 "name (recorded once it ran) and its function")
             return None
         return StoreSettings(
             name=name,

@@ -57,7 +57,7 @@ def batch_of(entry: LogEntry, name: str, num_tasks: int | None = None) -> int:
     """The batch id a checkpoint the driver wrote holds (``num_tasks`` is not checked: see :func:`layout_of`)."""
     offsets = entry.checkpoint.input_offsets
     batch = offsets.get(BATCH_OFFSET)
-    if batch is None or not str(batch).isdigit():
+    if batch is None or not (str(batch).isdigit() or batch == "-1"):  # -1: an initial-state load before batch 0
         raise ConfigError(
             f"{name}: checkpoint #{entry.seq} has no {BATCH_OFFSET!r} input offset ({dict(offsets)}); this state was "
             "not written by the Spark driver: give the Spark job its own job.name"

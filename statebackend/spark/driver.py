@@ -27,6 +27,7 @@ from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.held import DEFAULT_BOUND
+from statebackend.spark.initial import InitialState, initial_state_of
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
 from statebackend.spark.stats import STATS_COLUMN, StatsParam, TaskStats
 from statebackend.store.ttl import wall_clock_ms
@@ -81,6 +82,9 @@ class StatefulForeachBatch:
     #: run again is a replay), and no ``spark.speculation``; else every task waits
     confirm_on_driver: bool | None = None
     confirm_timeout_s: float = 60.0
+    #: store name -> a DataFrame (or a function of the SparkSession giving one) of (key, value) to start the store
+    #: from, loaded into each task before the first batch, once (``statebackend.spark.initial``)
+    initial_state: InitialState | None = attrs.field(default=None, converter=initial_state_of)
     #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
     last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
@@ -150,6 +154,8 @@ class StatefulForeachBatch:
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
             start_exporters(Settings.from_config(config), self.metrics)
             self._exporting = True
+        if self.initial_state is not None:
+            self.initial_state.load_once(self, batch_df, config, int(batch_id))
         started = time.monotonic()
         settings = Settings.from_config(config)
         confirming = self._confirms(spark, settings)

@@ -76,6 +76,7 @@ def take_key_groups(storage: TaskStorage, settings: Settings, blob_store: BlobSt
             # the entry the plan's listing showed: restored as it is, with no listing of the old task's log
             with restored_stores(attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store,
                                  checkpoint=entry) as old:
+                storage.adopt_values(old.checkpoint, f"{old_name}'s checkpoint #{entry.seq}")  # values copied as stored
                 for store_name, source in old.stores.items():
                     key_serde = get_serde(settings.stores[store_name].key_serde)
                     keys: list[bytes] = []

@@ -1,27 +1,5 @@
-"""Serdes: how typed keys and values become the bytes the local store keeps.
-
-A ``Serde`` has a ``name`` (the value of ``stores.<name>.key.serde`` / ``stores.<name>.msg.serde``), ``to_bytes`` and
-``from_bytes``; ``from_bytes(to_bytes(x)) == x`` for every accepted ``x``. The built-in ones:
-
-- ``bytes``: identity (``bytes`` only).
-- ``string``: UTF-8 (``str`` only). Byte order equals code point order and prefixes stay prefixes.
-- ``integer``: signed 64-bit big-endian with the sign bit flipped, so byte order equals numeric order and range
-  scans over integer keys work.
-- ``json``: compact, sorted keys, UTF-8, so equal values give equal bytes (keys must be deterministic).
-- ``pickle``: opt-in only: never a default, used only when named explicitly, because unpickling runs code and pickled
-  bytes are not stable across Python versions. Only for state this job alone writes.
-
-Wrong Python types raise ``TypeError`` (nothing is written); a value of the right type that the serde cannot encode
-(a string with a lone surrogate, a float NaN in JSON, an unpicklable object) raises :class:`SerdeError`; bytes that
-cannot be decoded raise ``CorruptDataError``.
-Whole arrays: ``encode_many(serde, objs)`` and ``decode_many(serde, datas)`` convert a sequence in one call, with the
-same results and errors as ``to_bytes`` / ``from_bytes`` item by item (the first bad item raises, naming it as the
-per-item call does). The built-in serdes do it with their ``to_bytes_many`` / ``from_bytes_many`` (type checks and
-packing over the whole array; ``string`` and ``bytes`` also take an Arrow string / binary array without a Python
-call per item); any other serde is called item by item. Arrow arrays (anything with ``to_pylist``) are accepted by
-every serde; a null in one is refused like ``None``; numpy arrays and pandas Series are taken as their ``tolist()``.
-``prefix_preserving`` says whether ``to_bytes(p)`` being a prefix of ``to_bytes(k)`` follows from ``p`` being a prefix
-of ``k``; typed prefix iteration needs it.
+"""The named serdes (``bytes``, ``string``, ``integer``, ``json``, ``pickle``) and the whole-array calls; the package
+docstring (:mod:`statebackend.serdes`) is their contract.
 """
 
 from __future__ import annotations
@@ -46,7 +24,7 @@ __all__ = [
     "StringSerde",
     "decode_many",
     "encode_many",
-    "get_serde",
+    "named_serde",
 ]
 
 
@@ -265,11 +243,12 @@ def decode_many(serde: Serde, datas: Sequence[bytes]) -> list[Any]:
     return [serde.from_bytes(data) for data in datas]
 
 
-def get_serde(name: str) -> Serde:
+def named_serde(name: str) -> Serde:
     """The serde called ``name`` (one of ``SERDE_NAMES``); ``ConfigError`` listing the allowed names otherwise."""
     try:
         return _SERDES[name]
     except (KeyError, TypeError):
         raise ConfigError(
-            f"unknown serde {name!r}; allowed: {', '.join(SERDE_NAMES)} (pickle only when named explicitly)"
+            f"unknown serde {name!r}; allowed: {', '.join(SERDE_NAMES)}, or record:<module>:<Class> for values "
+            "(pickle only when named explicitly)"
         ) from None
