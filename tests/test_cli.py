@@ -444,6 +444,29 @@ def test_dump_of_a_store_the_config_no_longer_has(capsys: pytest.CaptureFixture[
     assert code == 0 and [json.loads(x) for x in out.splitlines()] == [{"key": "ada", "value": {"clicks": [1, 2]}}]
 
 
+def test_dump_reads_a_record_store_as_dicts_of_the_schema_each_value_was_written_with(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A record store whose class changed between deployments: dump shows every value as JSON, the old ones with
+    the fields they were written with, the new ones with the class's fields (not a repr, not an error)."""
+    from tests.record_values import CountV1, CountV2
+
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
+                         **{"stores.counts.key.serde": "string",
+                            "stores.counts.msg.serde": "record:tests.record_values:CountV1"})
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("counts").put("ada", CountV1(count=1, first="b0"))
+        storage.commit_durably({"clicks": "1"})
+    config["stores.counts.msg.serde"] = "record:tests.record_values:CountV2"
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("counts").put("bob", CountV2(count=2.5, last="b1"))
+        storage.commit_durably({"clicks": "2"})
+    path = write_config(tmp_path / "v2.properties", config)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts")
+    assert code == 0
+    assert sorted((r["key"], r["value"]) for r in map(json.loads, out.splitlines())) == [
+        ("ada", {"count": 1, "first": "b0"}), ("bob", {"count": 2.5, "last": "b1"})]
+
+
 def test_dump_into_a_closed_pipe_is_quiet(job: tuple[Path, dict, dict], tmp_path: Path) -> None:
     path, config, _ = job
     with TaskStorage.open(config, "task-0") as storage:

@@ -25,8 +25,10 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.metrics import Metrics
 from statebackend.restore import restored_stores
-from statebackend.serdes import get_serde
+from statebackend.serdes import get_serde, is_record
+from statebackend.serdes.record import RecordDicts, schemas_from_text
 from statebackend.store.ttl import ENVELOPE, batch_clock, unwrap
+from statebackend.values import MSG_SCHEMAS
 
 __all__ = ["COMMANDS"]
 
@@ -362,9 +364,10 @@ def dump(run: Run) -> int:
     with tempfile.TemporaryDirectory(prefix="statebackend-dump-") as tmp:
         config["state.local.dir"] = tmp
         with restored_stores(config, task, store_names=[store], blob_store=run.blob_store,
-                             checkpoint=_seq_is(entry.seq)) as restored:
+                             checkpoint=entry) as restored:
             local = restored.stores[store]
-            key_serde, value_serde = get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde)
+            key_serde, value_serde = get_serde(store_settings.key_serde), _value_reader(entry, store,
+                                                                                         store_settings.msg_serde)
             ttl = store_settings.ttl_ms is not None
             now = batch_clock(entry.checkpoint)
             for key, value in run.progress(local.items(), total=local.count(), desc="dump"):
@@ -381,6 +384,16 @@ def dump(run: Run) -> int:
                         record["expires_at_ms"] = expiry
                 run.print(json.dumps(record, ensure_ascii=False))
     return EXIT_OK
+
+
+def _value_reader(entry: LogEntry, store: str, msg_serde: str) -> Any:
+    """How ``dump`` reads a store's values: its serde, except for a record store, whose values are read as dicts of
+    the fields of whichever schema the checkpoint recorded each was written with (JSON, and readable whether or not
+    the class still has those fields)."""
+    recorded = entry.checkpoint.serdes.get(store, {}) if isinstance(entry.checkpoint, CheckpointV2) else {}
+    if is_record(msg_serde) and MSG_SCHEMAS in recorded:
+        return RecordDicts(schemas_from_text(recorded[MSG_SCHEMAS]))
+    return get_serde(msg_serde)
 
 
 def _store_of_checkpoint(run: Run, entry: LogEntry, store: str) -> dict[str, str]:
