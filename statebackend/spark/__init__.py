@@ -51,17 +51,23 @@ from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.read import read_state
 from statebackend.spark.session import local_spark_session
 from statebackend.spark.stats import TaskStats
+from statebackend.spark.timers import EVENT, PROCESSING, TIMERS_STORE, Timer, Timers
 
 __all__ = [
     "ATTEMPTS_DIR",
     "BATCH_OFFSET",
+    "EVENT",
     "MODES",
     "ON_REPLAY",
+    "PROCESSING",
     "TASKS_OFFSET",
+    "TIMERS_STORE",
     "StatefulForeachBatch",
     "TaskRunner",
     "TaskStats",
     "TaskStores",
+    "Timer",
+    "Timers",
     "local_spark_session",
     "read_state",
     "task_name",
