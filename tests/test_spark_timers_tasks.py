@@ -261,7 +261,7 @@ def test_a_timer_for_a_key_of_another_task_is_refused(tmp_path: Path) -> None:
     theirs = words_of_task(1, 2, 1)[0]
     mine = words_of_task(0, 2, 1)[0]
     run(config, 0, [add(mine, 10)], num_tasks=2, now_ms=0)
-    with pytest.raises(ConfigError, match=f"owned by task-1, not task-0"):
+    with pytest.raises(ConfigError, match="owned by task-1, not task-0"):
         run(config, 1, [add(theirs, 10)], num_tasks=2, now_ms=0)
 
 

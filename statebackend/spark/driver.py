@@ -28,7 +28,7 @@ from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.held import DEFAULT_BOUND
-from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
+from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
 from statebackend.spark.stats import STATS_COLUMN, StatsParam, TaskStats
 from statebackend.spark.timers import Timer, with_timer_store
 from statebackend.spark.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
@@ -106,6 +106,7 @@ class StatefulForeachBatch:
     #: (SparkContext, num_tasks, the anchor RDD) of :meth:`_anchored`
     _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
+    _input_schema: StructType | None = attrs.field(init=False, default=None)
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
@@ -235,7 +236,8 @@ class StatefulForeachBatch:
         return None
 
     def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *, confirm_on_driver: bool,
-                   event: tuple[int | None, int | None]) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
+                   event: tuple[int | None, int | None], every_partition: bool = False,
+                   ) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
         """Run the batch's tasks (one action, one job): what frees the held output, the output, the tasks' stats.
 
         Classic Spark: the tasks report their stats through an accumulator (:class:`StatsParam`) and their output is
@@ -244,7 +246,12 @@ class StatefulForeachBatch:
         ``local[2]``, a DataFrame's ``persist()`` and a second job to collect the stats from it cost about 100 ms a
         batch more (docs/benchmarks-spark.md). Spark Connect has neither accumulators nor RDDs, and a local
         checkpoint's blocks lost with an executor are never computed again: there, and on the DataFrame route with
-        several executors, each task's stats come as one more row of its output, read from the persisted output."""
+        several executors, each task's stats come as one more row of its output, read from the persisted output.
+
+        Every task runs every batch, also without input. An RDD has every partition of the repartition, rows or not;
+        a DataFrame over input Spark proves empty before it runs (an empty local relation, a filter on false, a
+        limit of 0) is planned with no partition at all, so when no task of the DataFrame route reported and its
+        output has no partition, the batch runs again over :func:`with_every_partition` (``every_partition``)."""
         spark = batch_df.sparkSession
         remote = is_connect(spark)
         if remote and self.affinity and not self._connect_noted:
@@ -252,7 +259,6 @@ class StatefulForeachBatch:
             log.info("Spark Connect has no RDDs and no preferred locations: tasks run where Spark's scheduler puts "
                      "them (affinity has no effect); a task kept open is handed over within a machine, and a task "
                      "that moves catches up from the blob store (job.last_batch_moved lists them)")
-        partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
         run_id = secrets.token_hex(8)
         stats_to = None if remote else self._stats_accumulator(spark)
         # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
@@ -270,7 +276,7 @@ class StatefulForeachBatch:
                                  run_id, event),
                     input_schema=to_arrow_schema(batch_df.schema))
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
-            rows = partitioned.rdd
+            rows = route(batch_df, self.key_columns, self.num_tasks, self.key_groups).rdd
             if self.affinity:
                 rdd = self._anchored(spark, rows).mapPartitionsWithIndex(
                     functools.partial(runner.run_anchored, task, rows._jrdd_deserializer))
@@ -301,6 +307,10 @@ class StatefulForeachBatch:
             stats_to = None
         runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
                               run_id, event)
+        source = with_every_partition(batch_df, self._input_struct(batch_df)) if every_partition else batch_df
+        partitioned = route(source, self.key_columns, self.num_tasks, self.key_groups)
+        again = functools.partial(self._run_tasks, batch_df, batch_id, config, confirm_on_driver=confirm_on_driver,
+                                  event=event, every_partition=True)
         if self.mode == "pandas":
             map_in: Any = partitioned.mapInPandas
             function: Any = runner.run_pandas
@@ -315,6 +325,9 @@ class StatefulForeachBatch:
             except BaseException:
                 _release_checkpoint(checkpointed)
                 raise
+            if not stats and not every_partition and _checkpointed_rdd(checkpointed).getNumPartitions() == 0:
+                _release_checkpoint(checkpointed)
+                return self._no_partition(batch_id, again)
             return functools.partial(_release_checkpoint, checkpointed), checkpointed, stats
         # Spark Connect (and classic Spark with several executors): each task's stats in one extra row, in a column
         # that is null in every output row
@@ -330,7 +343,17 @@ class StatefulForeachBatch:
         except BaseException:
             persisted.unpersist()
             raise
+        # Under Spark Connect a task's stats are in its output's cached block: none at all means no partition
+        if not stats and not every_partition and (remote or persisted._jdf.rdd().getNumPartitions() == 0):
+            persisted.unpersist()
+            return self._no_partition(batch_id, again)
         return persisted.unpersist, persisted.where(stats_column.isNull()).drop(STATS_COLUMN), stats
+
+    def _no_partition(self, batch_id: int, again: Callable[[], Any]) -> Any:
+        """The batch's input is empty as Spark planned it, so no task ran: run every task over an empty input."""
+        log.info("batch %d: Spark planned its input as empty, with no partition, so no task ran; running every task "
+                 "over an empty input (each commits the batch, and due timers fire)", batch_id)
+        return again()
 
     def _stats_accumulator(self, spark: SparkSession) -> Any:
         """The accumulator this object's tasks report their stats through (one per SparkContext: an accumulator
@@ -520,6 +543,12 @@ class StatefulForeachBatch:
             raise ConfigError(f"StatefulForeachBatch key columns {missing} are not in the batch's columns "
                               f"({', '.join(fields)})")
         return tuple(fields[c].typeName() for c in self.key_columns)
+
+    def _input_struct(self, batch_df: DataFrame) -> StructType:
+        """The batch's schema, read once (a streaming query's batches share it; reading costs a round trip)."""
+        if self._input_schema is None:
+            self._input_schema = batch_df.schema
+        return self._input_schema
 
     def _struct(self, spark: SparkSession) -> StructType:
         """The output schema as a StructType (a DDL string is parsed by Spark, once)."""

@@ -28,8 +28,8 @@ from typing import Any
 
 import attrs
 
+from statebackend.config import parse_duration_ms
 from statebackend.errors import ConfigError, InconsistentStateError
-from statebackend.options import parse_duration_ms
 from statebackend.spark.batches import (
     EVENT_MAX_OFFSET,
     WATERMARK_OFFSET,
