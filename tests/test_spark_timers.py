@@ -305,3 +305,34 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes(spark: Any, tm
     clock.now = 9000
     second = run_batch(spark, fewer, 2, [])
     assert sorted(row[0] for row in first + second) == sorted(words)  # each timer fired once, in its new task
+
+
+@pytest.mark.parametrize("mode", ["arrow", "pandas"])
+def test_input_spark_knows_to_be_empty_still_runs_every_task(spark: Any, tmp_path: Path, clock: Clock,
+                                                               mode: str) -> None:
+    """A filter on false is planned with no partition at all: the tasks still run, commit and fire their timers, and
+    the next batch finds every task's checkpoint of it."""
+    config = make_config(tmp_path)
+    fn, handler = MODES[mode]
+    job = StatefulForeachBatch(fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT,
+                               mode=mode, on_timers=handler)
+    clock.now = 0
+    run_batch(spark, job, 0, [("a", 500), ("b", 1500)])
+    clock.now = 1000
+    nothing = spark.createDataFrame([("x", 0)], INPUT).where("false")
+    assert sorted(tuple(row) for row in job(nothing, 1).collect()) == [("a", 500, PROCESSING, 1)]
+    assert sorted(s.task_index for s in job.last_batch_stats) == list(range(NUM_TASKS))
+    assert {s.committed_seq for s in job.last_batch_stats} == {2}
+    clock.now = 2000
+    assert run_batch(spark, job, 2, [("c", 9000)]) == [("b", 1500, PROCESSING, 2)]
+
+
+def test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization() -> None:
+    from tests.test_examples import run_example
+
+    result = run_example("examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "OK: all" in result.stdout
+    closed_by_timer = [int(line.split(", ")[1].split()[0]) for line in result.stdout.splitlines()
+                       if line.startswith("batch ")]
+    assert closed_by_timer[0] == 0 and sum(closed_by_timer) > 0  # no watermark yet in the first batch

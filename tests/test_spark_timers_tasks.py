@@ -351,3 +351,28 @@ def test_the_watermark_is_the_largest_event_time_before_minus_the_delay_never_de
     assert clock.for_batch(None, {}, 4) == (1100, 1200)  # known: no checkpoint read (no Spark session here)
     clock.completed(3, [stats(0, 500, 800)], 2)  # a task's stats missing: forgotten, read back next batch
     assert clock._known is None
+
+
+def test_event_times_read_alike_from_rows_arrow_batches_and_pandas_frames() -> None:
+    import pandas as pd
+    import pyarrow as pa
+
+    from statebackend.spark.watermark import EventTimes
+
+    instants = [datetime.datetime(2024, 3, 31, 0, 30, tzinfo=datetime.UTC),
+                datetime.datetime(2024, 3, 31, 1, 30, tzinfo=datetime.UTC)]  # Paris changes to summer time at 1:00
+    expected = int(instants[1].timestamp() * 1000)
+    rows = EventTimes("ts", "timestamp")
+    list(rows.rows(iter([Row(ts=i.astimezone().replace(tzinfo=None)) for i in instants] + [Row(ts=None)])))
+    batches = EventTimes("ts", "timestamp")
+    list(batches.batches(iter([pa.record_batch({"ts": pa.array(instants + [None], pa.timestamp("us", tz="UTC"))})])))
+    frames = EventTimes("ts", "timestamp", "Europe/Paris")
+    paris = [i.astimezone(datetime.timezone(datetime.timedelta(hours=h))).replace(tzinfo=None)
+             for i, h in zip(instants, (1, 2), strict=True)]
+    frames.frame(pd.DataFrame({"ts": pd.to_datetime(paris)}))
+    assert rows.max_ms == batches.max_ms == frames.max_ms == expected
+    longs = EventTimes("ts", "long")
+    list(longs.batches(iter([pa.record_batch({"ts": pa.array([5, None, 7], pa.int64())})])))
+    longs.frame(pd.DataFrame({"ts": [9, 3]}))
+    assert longs.max_ms == 9
+    assert EventTimes(None).rows(iter([1])) is not None and EventTimes(None).max_ms is None
