@@ -163,7 +163,7 @@ class StatefulForeachBatch:
             if not isinstance(self.event_time, str) or not self.event_time:
                 raise ConfigError(f"StatefulForeachBatch event_time must be a column name, got {self.event_time!r}")
             self._event_clock = EventClock(parse_delay(self.watermark_delay))
-        elif self.watermark_delay:
+        elif parse_delay(self.watermark_delay):
             raise ConfigError("StatefulForeachBatch watermark_delay needs event_time: the column the watermark is "
                               "derived from")
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's

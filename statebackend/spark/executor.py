@@ -57,7 +57,14 @@ from statebackend.spark.frames import (
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
 from statebackend.spark.rescale import MIN_RETAINED_FOR_RESCALE, KeyRouting, take_key_groups
 from statebackend.spark.stats import STATS_COLUMN, StatsRecord, TaskStats
-from statebackend.spark.timers import TIMERS_STORE, Timer, Timers, owner_check, refuse_dropping_timers
+from statebackend.spark.timers import (
+    TIMERS_STORE,
+    Timer,
+    Timers,
+    owner_check,
+    refuse_dropping_timers,
+    take_due,
+)
 from statebackend.spark.watermark import EventTimes, recorded_ms
 from statebackend.spark.worker import (
     executor_id,
@@ -547,7 +554,7 @@ class TaskRunner:
                 pass
         fired = 0
         if self.on_timers is not None:
-            due = stores.timers.take_due(stores.now_ms, stores.watermark_ms)
+            due = take_due(stores.timers, stores.now_ms, stores.watermark_ms)
             if due:
                 outputs.extend(convert(self.on_timers(stores, due)))
                 fired = len(due)

@@ -36,7 +36,7 @@ from statebackend.errors import ConfigError
 from statebackend.spark.keygroups import _epoch_micros, key_group_range, spark_hash, task_of_group
 
 __all__ = ["EVENT", "KINDS", "PROCESSING", "TIMERS_STORE", "Timer", "Timers", "key_text", "owner_check",
-           "refuse_dropping_timers", "stored_timers", "timer_key_columns", "with_timer_store"]
+           "refuse_dropping_timers", "stored_timers", "take_due", "timer_key_columns", "with_timer_store"]
 
 #: the reserved store of a task's timers; ``stores.statebackend-timers.*`` may set its options, not its serdes or TTL
 TIMERS_STORE = "statebackend-timers"
@@ -112,27 +112,6 @@ class Timers:
         """``key``'s timers (of ``kind``, or of both kinds) in time order."""
         return [timer for timer, _, _ in sorted(self._records_of(key, kind), key=lambda t: (t[0].at_ms, t[1]))]
 
-    def take_due(self, now_ms: int, watermark_ms: int | None) -> builtins.list[Timer]:
-        """Every processing-time timer at or before ``now_ms`` and event-time timer at or before ``watermark_ms``
-        (none without a watermark), deleted from the store, in time order (then kind, then key bytes)."""
-        store = self._writable()
-        found: builtins.list[tuple[int, bytes, bytes]] = []
-        for kind_byte, bound in ((_KIND_BYTES[PROCESSING], now_ms), (_KIND_BYTES[EVENT], watermark_ms)):
-            if bound is None:
-                continue
-            prefix = _DUE + kind_byte
-            end = prefix + _time_bytes(min(max(bound, -_TIME_LIMIT), _TIME_LIMIT) + 1)
-            for record, _ in store.iter_range(prefix, end):
-                found.append((_time_of(record[2:10]), kind_byte, bytes(record[10:])))
-        if not found:
-            return []
-        found.sort()
-        store.delete_many([record for at_ms, kind_byte, encoded in found
-                           for record in (_due_record(kind_byte, at_ms, encoded),
-                                          _key_record(encoded, kind_byte, at_ms))])
-        return [Timer(_key_of(decode_key(encoded)), at_ms, _KIND_NAMES[kind_byte])
-                for at_ms, kind_byte, encoded in found]
-
     def _records_of(self, key: Any, kind: str | None) -> builtins.list[tuple[Timer, bytes, tuple[bytes, bytes]]]:
         store = self._writable()
         encoded, _ = self._encode(key)
@@ -167,6 +146,29 @@ class Timers:
             raise ConfigError("this job has no timers: give StatefulForeachBatch(on_timers=...), the function the "
                               "due timers are handed to, to register timers")
         return self._store
+
+
+def take_due(timers: Timers, now_ms: int, watermark_ms: int | None) -> list[Timer]:
+    """Every processing-time timer of ``timers`` at or before ``now_ms`` and event-time timer at or before
+    ``watermark_ms`` (none without a watermark), deleted from the store, in time order (then kind, then key bytes):
+    what the executor hands to ``on_timers``."""
+    store = timers._writable()
+    found: list[tuple[int, bytes, bytes]] = []
+    for kind_byte, bound in ((_KIND_BYTES[PROCESSING], now_ms), (_KIND_BYTES[EVENT], watermark_ms)):
+        if bound is None:
+            continue
+        prefix = _DUE + kind_byte
+        end = prefix + _time_bytes(min(max(bound, -_TIME_LIMIT), _TIME_LIMIT) + 1)
+        for record, _ in store.iter_range(prefix, end):
+            found.append((_time_of(record[2:10]), kind_byte, bytes(record[10:])))
+    if not found:
+        return []
+    found.sort()
+    store.delete_many([record for at_ms, kind_byte, encoded in found
+                       for record in (_due_record(kind_byte, at_ms, encoded),
+                                      _key_record(encoded, kind_byte, at_ms))])
+    return [Timer(_key_of(decode_key(encoded)), at_ms, _KIND_NAMES[kind_byte])
+            for at_ms, kind_byte, encoded in found]
 
 
 def to_ms(at: Any) -> int:
