@@ -376,3 +376,21 @@ def test_event_times_read_alike_from_rows_arrow_batches_and_pandas_frames() -> N
     longs.frame(pd.DataFrame({"ts": [9, 3]}))
     assert longs.max_ms == 9
     assert EventTimes(None).rows(iter([1])) is not None and EventTimes(None).max_ms is None
+
+
+def test_the_driver_lists_the_tasks_that_ran_on_another_executor_than_before(tmp_path: Path) -> None:
+    from statebackend.spark import StatefulForeachBatch
+
+    job = StatefulForeachBatch(register, key_columns=["word"], num_tasks=3, config=make_config(tmp_path))
+
+    def ran(*executors: str) -> list[int]:
+        job.last_batch_stats = [
+            TaskStats(batch_id=0, task_index=task, attempt=0, base_seq=0, committed_seq=1, open_ms=0.0,
+                      process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=0, output_rows=0,
+                      private_dir=False, executor=executor) for task, executor in enumerate(executors)]
+        job._note_moves(0)
+        return job.last_batch_moved
+
+    assert ran("h1:/a", "h2:/b", "h1:/a") == []  # first sight: nothing moved
+    assert ran("h1:/a", "h1:/a", "h1:/a") == [1]
+    assert ran("h2:/b", "h1:/a", "h1:/a") == [0]
