@@ -37,6 +37,11 @@ Exactly once, and why it holds:
 - A batch id *older* than the newest committed batch means the Spark checkpoint was reset while the state was not
   (or two queries share ``job.name``): refused with a StateBackendError rather than silently mixing histories.
 
+Timers (``on_timers``, :mod:`statebackend.spark.timers`): ``fn`` registers per-key timers in processing time (the
+batch clock) or event time (a watermark derived from ``event_time``, :mod:`statebackend.spark.watermark`); after
+``fn`` each task hands its due timers to ``on_timers``, whose output joins the batch's. Timers live in a store of the
+task and are deleted in the commit of the batch that fired them: fired once under replays, retries and rescales.
+
 ``on_replay="skip"`` lets a task whose newest checkpoint already is ``batch_id`` skip the work (its output for that
 batch is then empty): only for jobs whose sink does not need a replayed batch's output again.
 
@@ -51,17 +56,23 @@ from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.read import read_state
 from statebackend.spark.session import local_spark_session
 from statebackend.spark.stats import TaskStats
+from statebackend.spark.timers import EVENT, PROCESSING, TIMERS_STORE, Timer, Timers
 
 __all__ = [
     "ATTEMPTS_DIR",
     "BATCH_OFFSET",
+    "EVENT",
     "MODES",
     "ON_REPLAY",
+    "PROCESSING",
     "TASKS_OFFSET",
+    "TIMERS_STORE",
     "StatefulForeachBatch",
     "TaskRunner",
     "TaskStats",
     "TaskStores",
+    "Timer",
+    "Timers",
     "local_spark_session",
     "read_state",
     "task_name",

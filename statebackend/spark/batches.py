@@ -20,6 +20,10 @@ TASKS_OFFSET = "tasks"
 #: the batch's clock (ms since the epoch), chosen by the driver when the batch first ran: TTL stores read and write at
 #: it, and a replay of the batch reads it back from the task's checkpoint of that batch, so it sees the same keys
 NOW_OFFSET = CLOCK_OFFSET
+#: event time (``statebackend.spark.watermark``): the watermark the batch fired event-time timers at, and the
+#: largest event time seen up to and including the batch (of every task's batches before it, and of this task's input)
+WATERMARK_OFFSET = "watermark.ms"
+EVENT_MAX_OFFSET = "event.max.ms"
 #: a random token per task attempt and commit: two attempts may issue the same checkpoint id (ids follow the
 #: restored checkpoint's when the clock is behind it), the driver's confirmation tells them apart by this
 ATTEMPT_OFFSET = "attempt"

@@ -3,6 +3,7 @@ statistics that travel back."""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
 import pickle
@@ -28,8 +29,10 @@ from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.initial import InitialState, initial_state_of
-from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route
+from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
 from statebackend.spark.stats import STATS_COLUMN, StatsParam, TaskStats
+from statebackend.spark.timers import Timer, with_timer_store
+from statebackend.spark.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
 from statebackend.store.ttl import wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -82,6 +85,15 @@ class StatefulForeachBatch:
     #: run again is a replay), and no ``spark.speculation``; else every task waits
     confirm_on_driver: bool | None = None
     confirm_timeout_s: float = 60.0
+    #: ``on_timers(stores, due_timers)``: called in each task after ``fn``, every batch that has timers due, with the
+    #: due timers in time order (``statebackend.spark.timers``); returns output as ``fn`` does. Given, ``fn`` and the
+    #: handler may register timers through ``stores.timers``, kept in the task's timer store
+    on_timers: Callable[[TaskStores, list[Timer]], Any] | None = None
+    #: the event-time column (timestamp, or long ms) and the delay of the watermark event-time timers fire at
+    #: (``statebackend.spark.watermark``): batch N's watermark is the largest event time of the batches before N
+    #: minus the delay, never decreasing. ``watermark_delay``: ms, a timedelta, or a duration such as "10s", "5min"
+    event_time: str | None = None
+    watermark_delay: int | str | datetime.timedelta = 0
     #: store name -> a DataFrame (or a function of the SparkSession giving one) of (key, value) to start the store
     #: from, loaded into each task before the first batch, once (``statebackend.spark.initial``)
     initial_state: InitialState | None = attrs.field(default=None, converter=initial_state_of)
@@ -98,6 +110,7 @@ class StatefulForeachBatch:
     #: (SparkContext, num_tasks, the anchor RDD) of :meth:`_anchored`
     _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
+    _input_schema: StructType | None = attrs.field(init=False, default=None)
     _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
@@ -112,6 +125,14 @@ class StatefulForeachBatch:
     last_confirm_ms: float = attrs.field(init=False, default=0.0)
     #: (batch id, num_tasks, key_groups) of the last batch whose tasks all committed under this object
     _completed: tuple[int, int, int] | None = attrs.field(init=False, default=None)
+    #: the watermark's state (with ``event_time``), the event-time column's Spark type and the session time zone
+    _event_clock: EventClock | None = attrs.field(init=False, default=None)
+    _event_type: str | None = attrs.field(init=False, default=None)
+    _time_zone: str | None = attrs.field(init=False, default=None)
+    #: the executor each task ran on last, and the tasks of the last batch that ran on another one than before
+    _homes: dict[int, str] = attrs.field(init=False, factory=dict)
+    last_batch_moved: list[int] = attrs.field(init=False, factory=list)
+    _connect_noted: bool = attrs.field(init=False, default=False)
 
     def __attrs_post_init__(self) -> None:
         if self.mode not in MODES:
@@ -139,10 +160,21 @@ class StatefulForeachBatch:
                 f"StatefulForeachBatch mode {self.mode!r} needs output_schema (a StructType or a DDL string such as "
                 "'word string, count long'): Spark must know the schema before the tasks run"
             )
+        if self.on_timers is not None and not callable(self.on_timers):
+            raise ConfigError(f"StatefulForeachBatch on_timers must be a function (stores, due timers) -> output, got "
+                              f"{self.on_timers!r}")
+        if self.event_time is not None:
+            if not isinstance(self.event_time, str) or not self.event_time:
+                raise ConfigError(f"StatefulForeachBatch event_time must be a column name, got {self.event_time!r}")
+            self._event_clock = EventClock(parse_delay(self.watermark_delay))
+        elif parse_delay(self.watermark_delay):
+            raise ConfigError("StatefulForeachBatch watermark_delay needs event_time: the column the watermark is "
+                              "derived from")
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
         # Spark conf (spark.statebackend.*), which is read again at every batch
         active = SparkSession.getActiveSession()
-        Settings.from_config({**(spark_conf_keys(active) if active is not None else {}), **self.config})
+        Settings.from_config(self._with_timers({**(spark_conf_keys(active) if active is not None else {}),
+                                                **self.config}))
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
         """Run micro-batch ``batch_id``; hand the output to the sink, or return it (held until the next call)."""
@@ -150,7 +182,7 @@ class StatefulForeachBatch:
             self._previous()
             self._previous = None
         spark = batch_df.sparkSession
-        config = effective_config(spark, self.config)
+        config = self._with_timers(effective_config(spark, self.config))
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
             start_exporters(Settings.from_config(config), self.metrics)
             self._exporting = True
@@ -159,7 +191,10 @@ class StatefulForeachBatch:
         started = time.monotonic()
         settings = Settings.from_config(config)
         confirming = self._confirms(spark, settings)
-        release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirming)
+        event = (self._event_clock.for_batch(spark, config, int(batch_id)) if self._event_clock is not None
+                 else (None, None))
+        release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirming,
+                                                 event=event)
         try:
             problems = self._confirm(settings, stats)
         except BaseException:
@@ -183,12 +218,16 @@ class StatefulForeachBatch:
             self.metrics.merge(MetricsSnapshot.merged(s.metrics for s in discarded if s.metrics is not None)
                                .relabel(task="all"))
             release()
-            release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False)
+            release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False,
+                                                     event=event)
             self._without_stats(stats, batch_id, False)
         self.last_batch_ms = (time.monotonic() - started) * 1000.0
         self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
         self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
         self.history.extend(self.last_batch_stats)
+        if self._event_clock is not None:
+            self._event_clock.completed(int(batch_id), self.last_batch_stats, self.num_tasks)
+        self._note_moves(int(batch_id))
         self.last_batch_metrics = MetricsSnapshot.merged(
             s.metrics for s in self.last_batch_stats if s.metrics is not None
         ).relabel(task="all")
@@ -202,8 +241,9 @@ class StatefulForeachBatch:
             release()
         return None
 
-    def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *,
-                   confirm_on_driver: bool) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
+    def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *, confirm_on_driver: bool,
+                   event: tuple[int | None, int | None], every_partition: bool = False,
+                   ) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
         """Run the batch's tasks (one action, one job): what frees the held output, the output, the tasks' stats.
 
         Classic Spark: the tasks report their stats through an accumulator (:class:`StatsParam`) and their output is
@@ -212,10 +252,19 @@ class StatefulForeachBatch:
         ``local[2]``, a DataFrame's ``persist()`` and a second job to collect the stats from it cost about 100 ms a
         batch more (docs/benchmarks-spark.md). Spark Connect has neither accumulators nor RDDs, and a local
         checkpoint's blocks lost with an executor are never computed again: there, and on the DataFrame route with
-        several executors, each task's stats come as one more row of its output, read from the persisted output."""
+        several executors, each task's stats come as one more row of its output, read from the persisted output.
+
+        Every task runs every batch, also without input. An RDD has every partition of the repartition, rows or not;
+        a DataFrame over input Spark proves empty before it runs (an empty local relation, a filter on false, a
+        limit of 0) is planned with no partition at all, so when no task of the DataFrame route reported and its
+        output has no partition, the batch runs again over :func:`with_every_partition` (``every_partition``)."""
         spark = batch_df.sparkSession
         remote = is_connect(spark)
-        partitioned = route(batch_df, self.key_columns, self.num_tasks, self.key_groups)
+        if remote and self.affinity and not self._connect_noted:
+            self._connect_noted = True
+            log.info("Spark Connect has no RDDs and no preferred locations: tasks run where Spark's scheduler puts "
+                     "them (affinity has no effect); a task kept open is handed over within a machine, and a task "
+                     "that moves catches up from the blob store (job.last_batch_moved lists them)")
         run_id = secrets.token_hex(8)
         stats_to = None if remote else self._stats_accumulator(spark)
         # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
@@ -223,17 +272,17 @@ class StatefulForeachBatch:
         through_rdd = not remote and (self.mode == "rows" or (self.affinity and self._executors(spark) > 1))
         if through_rdd:
             if self.mode == "rows":
-                runner = self._runner(config, batch_id, None, batch_df, confirm_on_driver, stats_to, run_id)
+                runner = self._runner(config, batch_id, None, batch_df, confirm_on_driver, stats_to, run_id, event)
                 task: Any = runner.run_rows
                 schema: Any = self.output_schema
             else:
                 schema = self._struct(spark)
                 runner = attrs.evolve(
                     self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
-                                 run_id),
+                                 run_id, event),
                     input_schema=to_arrow_schema(batch_df.schema))
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
-            rows = partitioned.rdd
+            rows = route(batch_df, self.key_columns, self.num_tasks, self.key_groups).rdd
             if self.affinity:
                 rdd = self._anchored(spark, rows).mapPartitionsWithIndex(
                     functools.partial(runner.run_anchored, task, rows._jrdd_deserializer))
@@ -247,13 +296,9 @@ class StatefulForeachBatch:
                 rdd.unpersist()
                 raise
             return rdd.unpersist, _rows_frame(spark, rdd, schema), stats
-        if self.output_schema is None:
-            raise ConfigError(
-                "StatefulForeachBatch mode 'rows' needs output_schema under Spark Connect (a StructType or a DDL "
-                "string such as 'word string, count long'): without RDDs Spark must know the schema before the "
-                "tasks run"
-            )
-        schema = self._struct(spark)
+        # rows mode without output_schema under Spark Connect: no output columns; a task whose function returns rows
+        # fails naming output_schema (TaskRunner._after_fn)
+        schema = self._struct(spark) if self.output_schema is not None else StructType([])
         if STATS_COLUMN in schema.fieldNames():
             raise ConfigError(
                 f"StatefulForeachBatch output_schema has a column named {STATS_COLUMN!r}, the column the tasks' "
@@ -267,7 +312,11 @@ class StatefulForeachBatch:
         if stats_to is not None and self._executors(spark) > 1:
             stats_to = None
         runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
-                              run_id)
+                              run_id, event)
+        source = with_every_partition(batch_df, self._input_struct(batch_df)) if every_partition else batch_df
+        partitioned = route(source, self.key_columns, self.num_tasks, self.key_groups)
+        again = functools.partial(self._run_tasks, batch_df, batch_id, config, confirm_on_driver=confirm_on_driver,
+                                  event=event, every_partition=True)
         if self.mode == "pandas":
             map_in: Any = partitioned.mapInPandas
             function: Any = runner.run_pandas
@@ -282,6 +331,9 @@ class StatefulForeachBatch:
             except BaseException:
                 _release_checkpoint(checkpointed)
                 raise
+            if not stats and not every_partition and _checkpointed_rdd(checkpointed).getNumPartitions() == 0:
+                _release_checkpoint(checkpointed)
+                return self._no_partition(batch_id, again)
             return functools.partial(_release_checkpoint, checkpointed), checkpointed, stats
         # Spark Connect (and classic Spark with several executors): each task's stats in one extra row, in a column
         # that is null in every output row
@@ -297,7 +349,17 @@ class StatefulForeachBatch:
         except BaseException:
             persisted.unpersist()
             raise
+        # Under Spark Connect a task's stats are in its output's cached block: none at all means no partition
+        if not stats and not every_partition and (remote or persisted._jdf.rdd().getNumPartitions() == 0):
+            persisted.unpersist()
+            return self._no_partition(batch_id, again)
         return persisted.unpersist, persisted.where(stats_column.isNull()).drop(STATS_COLUMN), stats
+
+    def _no_partition(self, batch_id: int, again: Callable[[], Any]) -> Any:
+        """The batch's input is empty as Spark planned it, so no task ran: run every task over an empty input."""
+        log.info("batch %d: Spark planned its input as empty, with no partition, so no task ran; running every task "
+                 "over an empty input (each commits the batch, and due timers fire)", batch_id)
+        return again()
 
     def _stats_accumulator(self, spark: SparkSession) -> Any:
         """The accumulator this object's tasks report their stats through (one per SparkContext: an accumulator
@@ -411,7 +473,8 @@ class StatefulForeachBatch:
         return 1
 
     def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame,
-                confirm_on_driver: bool, stats_to: Any, run_id: str) -> TaskRunner:
+                confirm_on_driver: bool, stats_to: Any, run_id: str,
+                event: tuple[int | None, int | None]) -> TaskRunner:
         return TaskRunner(
             fn=self.fn,
             config=config,
@@ -430,7 +493,46 @@ class StatefulForeachBatch:
             confirm_on_driver=confirm_on_driver,
             stats_to=stats_to,
             run_id=run_id,
+            on_timers=self.on_timers,
+            event_time=self.event_time,
+            event_time_type=self._event_time_type(batch_df) if self.event_time is not None else "",
+            time_zone=self._session_time_zone(batch_df.sparkSession) if self.event_time is not None else "UTC",
+            watermark_ms=event[0],
+            event_max_ms=event[1],
         )
+
+    def _with_timers(self, config: dict[str, Any]) -> dict[str, Any]:
+        """``config`` with the timer store declared when the job has timers (``on_timers``)."""
+        return with_timer_store(config) if self.on_timers is not None else config
+
+    def _event_time_type(self, batch_df: DataFrame) -> str:
+        """The Spark type name of the event-time column, read once (checked: a timestamp, or long ms)."""
+        if self._event_type is None:
+            fields = {field.name: field.dataType.typeName() for field in batch_df.schema.fields}
+            found = fields.get(str(self.event_time))
+            if found not in EVENT_TIME_TYPES:
+                raise ConfigError(
+                    f"StatefulForeachBatch event_time {self.event_time!r} must be a column of type "
+                    f"{', '.join(EVENT_TIME_TYPES)} (long/integer: ms since the epoch); the batch's columns are "
+                    f"{', '.join(f'{n} {t}' for n, t in fields.items())}")
+            self._event_type = found
+        return self._event_type
+
+    def _session_time_zone(self, spark: SparkSession) -> str:
+        """The session time zone (pandas frames hold naive timestamps in it), read once."""
+        if self._time_zone is None:
+            self._time_zone = str(spark.conf.get("spark.sql.session.timeZone", "UTC") or "UTC")
+        return self._time_zone
+
+    def _note_moves(self, batch_id: int) -> None:
+        """Which tasks of the batch ran on another executor than in their previous batch (their local state was not
+        there, or not current: a restore or a catch-up), in ``last_batch_moved``."""
+        ran = {s.task_index: s.executor for s in self.last_batch_stats if s.executor}
+        self.last_batch_moved = sorted(t for t, where in ran.items() if self._homes.get(t, where) != where)
+        self._homes.update(ran)
+        if self.last_batch_moved:
+            log.info("batch %d: task(s) %s ran on another executor than in their previous batch", batch_id,
+                     self.last_batch_moved)
 
     def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
         """The Spark type names of the key columns (how a stored key hashes when the state is rescaled). Read once
@@ -447,6 +549,12 @@ class StatefulForeachBatch:
             raise ConfigError(f"StatefulForeachBatch key columns {missing} are not in the batch's columns "
                               f"({', '.join(fields)})")
         return tuple(fields[c].typeName() for c in self.key_columns)
+
+    def _input_struct(self, batch_df: DataFrame) -> StructType:
+        """The batch's schema, read once (a streaming query's batches share it; reading costs a round trip)."""
+        if self._input_schema is None:
+            self._input_schema = batch_df.schema
+        return self._input_schema
 
     def _struct(self, spark: SparkSession) -> StructType:
         """The output schema as a StructType (a DDL string is parsed by Spark, once)."""

@@ -34,9 +34,11 @@ from statebackend.spark.batches import (
     ATTEMPT_OFFSET,
     ATTEMPTS_DIR,
     BATCH_OFFSET,
+    EVENT_MAX_OFFSET,
     KEY_GROUPS_OFFSET,
     NOW_OFFSET,
     TASKS_OFFSET,
+    WATERMARK_OFFSET,
     Layout,
     Plan,
     batch_of,
@@ -55,6 +57,15 @@ from statebackend.spark.frames import (
 from statebackend.spark.held import DEFAULT_BOUND, SPILL_DIR, HeldOutput
 from statebackend.spark.rescale import MIN_RETAINED_FOR_RESCALE, KeyRouting, take_key_groups
 from statebackend.spark.stats import STATS_COLUMN, StatsRecord, TaskStats
+from statebackend.spark.timers import (
+    TIMERS_STORE,
+    Timer,
+    Timers,
+    owner_check,
+    refuse_dropping_timers,
+    take_due,
+)
+from statebackend.spark.watermark import EventTimes, recorded_ms
 from statebackend.spark.worker import (
     executor_id,
     freeze_survivors,
@@ -70,24 +81,30 @@ log = logging.getLogger(__name__)
 
 
 class TaskStores(Mapping[str, Any]):
-    """What the user function gets: the task's stores by name (typed views per their serdes), plus where it runs."""
+    """What the user function and the timer handler get: the task's stores by name (typed views per their serdes),
+    where it runs, the batch's times (``now_ms``: the batch clock; ``watermark_ms``: the event-time watermark, None
+    without one) and the task's :class:`~statebackend.spark.timers.Timers`. The timer store is not among the stores."""
 
-    def __init__(self, storage: TaskStorage, task_index: int, batch_id: int) -> None:
+    def __init__(self, storage: TaskStorage, task_index: int, batch_id: int, *, timers: Timers | None = None,
+                 now_ms: int | None = None, watermark_ms: int | None = None) -> None:
         self.storage = storage
         self.task_index = task_index
         self.task_name = storage.task_name
         self.batch_id = batch_id
+        self.timers = timers if timers is not None else Timers(None)
+        self.now_ms = now_ms if now_ms is not None else storage.now_ms()
+        self.watermark_ms = watermark_ms
 
     def __getitem__(self, name: str) -> Any:
-        if name not in self.storage.stores:
+        if name not in self.storage.stores or name == TIMERS_STORE:
             raise KeyError(name)
         return self.storage.store(name)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self.storage.stores)
+        return (name for name in self.storage.stores if name != TIMERS_STORE)
 
     def __len__(self) -> int:
-        return len(self.storage.stores)
+        return sum(1 for _ in self)
 
 
 class _Counted:
@@ -155,38 +172,55 @@ class TaskRunner:
     stats_to: Any = None
     #: the driver's token of this run of the batch, copied into every :class:`TaskStats`
     run_id: str = ""
+    #: ``on_timers(stores, due_timers)``: called after ``fn`` with the timers due in this batch, its output joining
+    #: ``fn``'s; None: the job has no timers (no timer store)
+    on_timers: Callable[[TaskStores, list[Timer]], Any] | None = None
+    #: the event-time column, its Spark type name and the session time zone (naive pandas timestamps are in it); the
+    #: watermark the driver derived for this batch and the largest event time of the batches before it
+    event_time: str | None = None
+    event_time_type: str = ""
+    time_zone: str = "UTC"
+    watermark_ms: int | None = None
+    event_max_ms: int | None = None
 
     def run_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Rows mode on an RDD (classic Spark): Rows in, the function's rows out, then a :class:`StatsRecord`."""
-        counted = _Counted(iter(rows))  # Spark passes an iterator (iter() returns it) but promises only an iterable
-        outputs, stats = self._run(index, lambda stores: self._held().extend(self.fn(stores, counted) or ()), counted)
+        events = self._events()
+        # Spark passes an iterator (iter() returns it) but promises only an iterable
+        counted = _Counted(events.rows(iter(rows)))
+        outputs, stats = self._run(index, lambda stores: self._held().extend(self.fn(stores, counted) or ()), counted,
+                                   events=events, convert=_rows_out, drain=counted)
         return self._with_stats_record(outputs, stats)
 
     def run_arrow_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Arrow mode through an RDD of Rows (affinity on a multi-executor cluster): the input rows become record
         batches of ``input_schema``, the function's output batches become rows, then a :class:`StatsRecord`."""
-        counted = _Counted(iter(rows))
+        events = self._events()
+        counted = _Counted(events.rows(iter(rows)))
         outputs, stats = self._run(
             index,
             lambda stores: self._held().extend(arrow_batches(self.fn(stores, rows_to_input_batches(
                 counted, self.input_schema)))),
-            counted)
+            counted, events=events, convert=arrow_batches, drain=counted)
         return self._with_stats_record(batches_to_rows(outputs, self.output_schema), stats)
 
     def run_pandas_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
         """Pandas mode through an RDD of Rows (affinity on a multi-executor cluster)."""
         import pyarrow as pa
 
+        def tables(result: Any) -> Iterator[Any]:
+            return (pa.Table.from_pandas(part, schema=self.output_schema, preserve_index=False)
+                    for part in pandas_frames(result))
+
         def work(stores: TaskStores) -> HeldOutput:
-            batches = list(rows_to_input_batches(iter(rows), self.input_schema))
+            batches = list(rows_to_input_batches(events.rows(iter(rows)), self.input_schema))
             frame = pa.Table.from_batches(batches, schema=self.input_schema).to_pandas()
             counted.count = len(frame)
-            return self._held().extend(
-                pa.Table.from_pandas(part, schema=self.output_schema, preserve_index=False)
-                for part in pandas_frames(self.fn(stores, frame)))
+            return self._held().extend(tables(self.fn(stores, frame)))
 
+        events = self._events()
         counted = _Counted(iter(()))
-        outputs, stats = self._run(index, work, counted)
+        outputs, stats = self._run(index, work, counted, events=events, convert=tables)
         return self._with_stats_record(batches_to_rows(outputs, self.output_schema), stats)
 
     def run_anchored(self, run: Callable[[int, Iterable[Any]], Iterator[Any]], deserializer: Any, index: int,
@@ -214,21 +248,25 @@ class TaskRunner:
         from pyspark.sql import Row
 
         def rows() -> Iterator[Any]:
-            for batch in batches:
+            for batch in source:
                 counted.count += batch.num_rows
                 for record in batch.to_pylist():
                     yield Row(**record)
 
+        events = self._events()
+        source = events.batches(batches)
         counted = _Counted(iter(()))
         outputs, stats = self._run(_partition_index(),
-                                   lambda stores: self._held().extend(self.fn(stores, rows()) or ()), counted)
+                                   lambda stores: self._held().extend(self.fn(stores, rows()) or ()), counted,
+                                   events=events, convert=_rows_out, drain=source)
         return self._with_stats(rows_to_batches(outputs, self.output_schema), stats)
 
     def run_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
-        counted = _Counted(batches, size=lambda batch: batch.num_rows)
+        events = self._events()
+        counted = _Counted(events.batches(batches), size=lambda batch: batch.num_rows)
         outputs, stats = self._run(_partition_index(),
                                    lambda stores: self._held().extend(arrow_batches(self.fn(stores, counted))),
-                                   counted)
+                                   counted, events=events, convert=arrow_batches, drain=counted)
         return self._with_stats(outputs, stats)
 
     def run_pandas(self, frames: Iterator[Any]) -> Iterator[Any]:
@@ -238,13 +276,18 @@ class TaskRunner:
             parts = list(frames)
             frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(self.input_columns))
             counted.count = len(frame)
-            return self._held().extend(pandas_frames(self.fn(stores, frame)))
+            return self._held().extend(pandas_frames(self.fn(stores, events.frame(frame))))
 
+        events = self._events()
         counted = _Counted(iter(()))
-        outputs, stats = self._run(_partition_index(), work, counted)
+        outputs, stats = self._run(_partition_index(), work, counted, events=events, convert=pandas_frames)
         if self._reported(stats):
             return iter(outputs)
         return pandas_with_stats(outputs, stats, self.output_schema)
+
+    def _events(self) -> EventTimes:
+        """What reads the largest event time of this task's input (nothing without an event-time column)."""
+        return EventTimes(self.event_time, self.event_time_type, self.time_zone)
 
     def _reported(self, stats: TaskStats) -> bool:
         """Report ``stats`` through the driver's accumulator, if there is one (classic Spark)."""
@@ -287,8 +330,12 @@ class TaskRunner:
             local_dir = Settings.from_config(self.config).local_dir
         return HeldOutput(self.output_memory_bytes, Path(str(local_dir)) / SPILL_DIR)
 
-    def _run(self, index: int, work: Callable[[TaskStores], HeldOutput],
-             counted: _Counted) -> tuple[Iterable[Any], TaskStats]:
+    def _run(self, index: int, work: Callable[[TaskStores], HeldOutput], counted: _Counted, *, events: EventTimes,
+             convert: Callable[[Any], Iterable[Any]], drain: Iterator[Any] | None = None,
+             ) -> tuple[Iterable[Any], TaskStats]:
+        """Open (or take back) the task at the batch's base, run ``work`` (``fn`` over the input into held output)
+        and the due timers (``on_timers``, its result through ``convert``), commit, and return the held output and
+        the attempt's stats. ``drain``: the input iterator, read to its end after ``fn`` for its event times."""
         started = time.monotonic()
         context = TaskContext.get()
         attempt = context.attemptNumber() if context is not None else 0
@@ -337,12 +384,15 @@ class TaskRunner:
                     batch_id=self.batch_id, task_index=index, attempt=attempt, base_seq=latest.seq, committed_seq=0,
                     open_ms=(time.monotonic() - started) * 1000.0, process_ms=0.0, commit_ms=0.0,
                     commit_sync_ms=0.0, input_rows=0, output_rows=0, private_dir=False, metrics=exported,
-                    executor=executor_id(), run_id=self.run_id)
+                    executor=executor_id(), run_id=self.run_id, watermark_ms=recorded_ms(latest, WATERMARK_OFFSET),
+                    event_max_ms=recorded_ms(latest, EVENT_MAX_OFFSET))
                 return [], skipped
             plan = plan_batch(checkpoint_log, latest, name, self.batch_id, layout,
                               lambda other: task_checkpoint_log(settings, blob_store, other),
                               previous_seen=self.previous_seen)
             base = plan.base
+            if self.on_timers is None:
+                refuse_dropping_timers(name, [base] if base is not None else [entry for _, entry in plan.sources])
             if plan.rescaled and settings.checkpoint_retained < MIN_RETAINED_FOR_RESCALE:
                 # the old tasks' checkpoints of the previous batch are read by other tasks while this batch (and
                 # any replay of it) runs; a task's own commits of this batch must not have retention drop them
@@ -378,14 +428,27 @@ class TaskRunner:
             replaying = latest is not None and batch_of(latest, name) == self.batch_id
             now_ms = self._batch_clock(latest, name, plan)
             storage.ttl_now_ms = now_ms
+            watermark = self._batch_watermark(latest, name, plan)
+            stores = TaskStores(storage, index, self.batch_id, timers=self._timers(storage, index), now_ms=now_ms,
+                                watermark_ms=watermark)
             try:
-                outputs = work(TaskStores(storage, index, self.batch_id))
+                outputs = work(stores)
+                try:
+                    fired = self._after_fn(stores, outputs, convert, drain)
+                except BaseException:
+                    outputs.close()
+                    raise
                 processed = time.monotonic()
+                event_max = self._event_max(events, plan)
                 try:
                     offsets = {BATCH_OFFSET: str(self.batch_id), TASKS_OFFSET: str(self.num_tasks),
                                NOW_OFFSET: str(now_ms)}
                     if self.key_groups is not None:
                         offsets[KEY_GROUPS_OFFSET] = str(self.key_groups)
+                    if watermark is not None:
+                        offsets[WATERMARK_OFFSET] = str(watermark)
+                    if event_max is not None:
+                        offsets[EVENT_MAX_OFFSET] = str(event_max)
                     offsets[ATTEMPT_OFFSET] = token
                     stays_open = self.keep_open and private is None and process_outlives_task(context)
                     pending = storage.commit_now(offsets)
@@ -427,7 +490,7 @@ class TaskRunner:
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
                 metrics=exported, kept_open=parked is not None, executor=executor_id(),
                 pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "", attempt_token=token,
-                run_id=self.run_id,
+                run_id=self.run_id, timers_fired=fired, watermark_ms=watermark, event_max_ms=event_max,
             )
             return outputs, stats
         finally:
@@ -450,6 +513,59 @@ class TaskRunner:
         now = self.now_ms if self.now_ms is not None else wall_clock_ms()
         starts = [plan.base] if plan.base is not None else [entry for _, entry in plan.sources]
         return max([now, *(clock for clock in map(_recorded_clock, starts) if clock is not None)])
+
+    def _batch_watermark(self, latest: Any, name: str, plan: Plan) -> int | None:
+        """The batch's watermark (None without event time): the one this task's checkpoint of this very batch
+        recorded (a replay fires what its first run fired), else the driver's, never below the watermark of the
+        checkpoints the batch starts from."""
+        if self.event_time is None:
+            return None
+        if latest is not None and batch_of(latest, name) == self.batch_id:
+            recorded = recorded_ms(latest, WATERMARK_OFFSET)
+            if recorded is not None:
+                return recorded
+        starts = [plan.base] if plan.base is not None else [entry for _, entry in plan.sources]
+        known = [w for w in (self.watermark_ms, *(recorded_ms(e, WATERMARK_OFFSET) for e in starts)) if w is not None]
+        return max(known) if known else None
+
+    def _event_max(self, events: EventTimes, plan: Plan) -> int | None:
+        """The largest event time seen up to and including this batch: of the batches before it (the driver's, and
+        what the checkpoints the batch starts from recorded) and of this task's input."""
+        if self.event_time is None:
+            return None
+        starts = [plan.base] if plan.base is not None else [entry for _, entry in plan.sources]
+        known = [m for m in (self.event_max_ms, events.max_ms, *(recorded_ms(e, EVENT_MAX_OFFSET) for e in starts))
+                 if m is not None]
+        return max(known) if known else None
+
+    def _timers(self, storage: TaskStorage, index: int) -> Timers:
+        if self.on_timers is None:
+            return Timers(None)
+        check = (owner_check(index, self.num_tasks, self.key_groups, self.key_types)
+                 if self.key_types and self.key_groups is not None else None)
+        return Timers(storage.store(TIMERS_STORE, typed=False), key_types=self.key_types, check_owner=check)
+
+    def _after_fn(self, stores: TaskStores, outputs: HeldOutput, convert: Callable[[Any], Iterable[Any]],
+                  drain: Iterator[Any] | None) -> int:
+        """After ``fn``: the rest of the input read for its event times, the due timers fired (their handler's
+        output joining ``fn``'s), and output refused when the job declared none; the number of timers fired."""
+        if self.event_time is not None and drain is not None:
+            for _ in drain:
+                pass
+        fired = 0
+        if self.on_timers is not None:
+            due = take_due(stores.timers, stores.now_ms, stores.watermark_ms)
+            if due:
+                outputs.extend(convert(self.on_timers(stores, due)))
+                fired = len(due)
+        if self.output_schema is not None and len(self.output_schema) == 0 and outputs.rows:
+            raise ConfigError(
+                f"the function (or on_timers) returned {outputs.rows} output row(s), but StatefulForeachBatch has no "
+                "output_schema: under Spark Connect, Spark must know the output's schema before the tasks run (no "
+                "RDD to infer it from). Give output_schema (a StructType or a DDL string such as 'word string, "
+                "count long'), or return None or nothing"
+            )
+        return fired
 
     def _routing(self) -> KeyRouting:
         if self.key_groups is None:
@@ -481,6 +597,11 @@ class TaskRunner:
         private_settings = attrs.evolve(settings, local_dir=private)
         return TaskStorage.open(private_settings, name, blob_store=blob_store, decision=decision,
                                 metrics=metrics), private
+
+
+def _rows_out(result: Any) -> Iterable[Any]:
+    """Rows mode: the function's rows (None: none)."""
+    return result or ()
 
 
 def _recorded_clock(entry: Any) -> int | None:

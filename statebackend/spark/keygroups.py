@@ -34,6 +34,7 @@ __all__ = [
     "route",
     "spark_hash",
     "task_of_group",
+    "with_every_partition",
 ]
 
 DEFAULT_KEY_GROUPS = 128
@@ -215,6 +216,18 @@ def route(batch_df: Any, key_columns: Sequence[str], num_tasks: int, key_groups:
     groups task ``t`` owns (DataFrame API only: works under Spark Connect too)."""
     return batch_df.repartition(num_tasks, _partition_column(tuple(key_columns), num_tasks, key_groups,
                                                              _is_connect(batch_df)))
+
+
+def with_every_partition(batch_df: Any, schema: Any) -> Any:
+    """``batch_df`` with the rows of an input Spark cannot know to be empty before it runs (one row of nulls that
+    ``spark_partition_id() < 0`` filters out when it runs; a nondeterministic condition is never folded, and Spark's
+    optimizer folds ``rand() < 0``): the optimizer then never drops the batch's partitions, as it does for input it
+    proves empty, and every task of the repartition runs."""
+    from pyspark.sql import functions as F
+
+    never = (batch_df.sparkSession.range(0, 1, 1, 1).where(F.spark_partition_id() < F.lit(0))
+             .select(*(F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields)))
+    return batch_df.unionByName(never)
 
 
 def _is_connect(batch_df: Any) -> bool:

@@ -17,6 +17,7 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError, InconsistentStateError, NotFoundError
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
+from statebackend.spark.timers import TIMERS_STORE, key_text, stored_timers, with_timer_store
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 
@@ -36,7 +37,13 @@ def read_state(
     its newest checkpoint with a batch id at most that one). Each task is restored on an executor into a temporary
     directory that is deleted afterwards; local state directories are never touched. Column types follow the store's
     serdes: ``string`` and ``json`` give strings, ``integer`` longs, ``bytes`` and ``pickle`` binary.
+
+    ``store=TIMERS_STORE`` (``"statebackend-timers"``) reads the tasks' pending timers as ``(task string, key string,
+    kind string, at_ms long)``: the key as :func:`~statebackend.spark.timers.key_text` shows it, the kind
+    ``processing`` or ``event``, the time in ms since the epoch; by task, kind, then time.
     """
+    if store == TIMERS_STORE:
+        config = with_timer_store(config)
     settings = Settings.from_config(config)
     if store not in settings.stores:
         raise ConfigError(
@@ -50,6 +57,11 @@ def read_state(
         StructField("task", StringType(), False),
         StructField("key", _column_type(store_settings.key_serde), False),
         StructField("value", _column_type(store_settings.msg_serde), True),
+    ]) if store != TIMERS_STORE else StructType([
+        StructField("task", StringType(), False),
+        StructField("key", StringType(), False),
+        StructField("kind", StringType(), False),
+        StructField("at_ms", LongType(), False),
     ])
     # Only this store's keys: restoring the others would download state nobody asked for.
     reader_config = {k: v for k, v in config.items() if not k.startswith("stores.") or k.startswith(f"stores.{store}.")}
@@ -81,7 +93,7 @@ class _StateReader:
                                                                                 strict=True)],
                         schema=self.schema)
 
-    def read(self, indexes: Iterable[int]) -> Iterator[tuple[str, Any, Any]]:
+    def read(self, indexes: Iterable[int]) -> Iterator[tuple[Any, ...]]:
         import tempfile
 
         settings = Settings.from_config(self.config)
@@ -113,6 +125,10 @@ class _StateReader:
                     self._check_like_task_zero(settings, storage, name)
                     storage.ttl_now_ms = batch_clock(storage.restored)  # a TTL store: the keys its batch saw
                     raw = storage.store(self.store, typed=False)
+                    if self.store == TIMERS_STORE:
+                        for timer in stored_timers(raw):
+                            yield name, key_text(timer.key), timer.kind, timer.at_ms
+                        continue
                     for key, value in raw.items():
                         yield (name, _column_value(store_settings.key_serde, key),
                                _column_value(store_settings.msg_serde, value))

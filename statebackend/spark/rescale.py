@@ -20,6 +20,7 @@ from statebackend.restore import restored_stores
 from statebackend.serdes import get_serde
 from statebackend.spark.batches import RESCALE_DIR, Plan, task_name
 from statebackend.spark.keygroups import key_group_range, spark_hash
+from statebackend.spark.timers import TIMERS_STORE, timer_key_columns
 from statebackend.task import TaskStorage
 
 __all__ = ["MIN_RETAINED_FOR_RESCALE", "KeyRouting", "take_key_groups"]
@@ -43,7 +44,9 @@ class KeyRouting:
     key_of: Callable[[str, Any], Any] | None = None
 
     def key_columns(self, store_name: str, key: Any) -> tuple[Any, ...]:
-        """The key column values of a stored key."""
+        """The key column values of a stored key (a timer record holds its key's own, whatever ``key_of``)."""
+        if store_name == TIMERS_STORE:
+            return timer_key_columns(key)
         value = self.key_of(store_name, key) if self.key_of is not None else key
         if len(self.key_types) == 1:
             if isinstance(value, bytes) and self.key_types[0] == "string":

@@ -48,6 +48,11 @@ class TaskStats:
     #: the driver's token of the run of the batch this attempt belongs to (:attr:`TaskRunner.run_id`): stats reported
     #: through an accumulator are told apart from those of an earlier run by it
     run_id: str = ""
+    #: timers the attempt fired (handed to ``on_timers``); the watermark its batch used and the largest event time
+    #: seen up to and including it (None: no event time; ``statebackend.spark.watermark``)
+    timers_fired: int = 0
+    watermark_ms: int | None = None
+    event_max_ms: int | None = None
 
 
 @attrs.frozen

@@ -1,0 +1,96 @@
+"""Run by tests/test_spark_connect_timers.py in its own process (a local Spark Connect server cannot share a JVM with
+the test session's classic SparkContext): a function without output and without ``output_schema`` in rows mode, one
+that does return rows without it, and timers of both kinds, all under Spark Connect; prints what it saw as one JSON
+document on the last line of stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def count_quietly(stores: Any, rows: Any) -> None:
+    """A word count with no output."""
+    counts = stores["counts"]
+    for row in rows:
+        counts.put(row.word, (counts.get(row.word) or 0) + 1)
+
+
+def count_loudly(stores: Any, rows: Any) -> list[tuple[str, int]]:
+    count_quietly(stores, iter(()))
+    return [(row.word, 1) for row in rows]
+
+
+def main(workdir: str) -> None:
+    root = str(Path(__file__).resolve().parents[1])
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_TESTING"] = "1"  # an ephemeral port for the local Connect server (see tests/connect_child.py)
+    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    from pyspark.sql import SparkSession
+
+    from statebackend.spark import TIMERS_STORE, StatefulForeachBatch, read_state
+    from statebackend.spark import driver as driver_module
+    from statebackend.spark.driver import is_connect
+    from tests.test_spark import batch_words, make_config
+    from tests.test_spark_timers import OUTPUT, event_timers_arrow, fired_arrow, fired_rows, register_rows
+
+    spark = SparkSession.builder.remote("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    result: dict[str, Any] = {"connect": is_connect(spark)}
+
+    # no output, no output_schema: runs as on classic Spark
+    config = make_config(Path(workdir) / "quiet")
+    job = StatefulForeachBatch(count_quietly, key_columns=["word"], num_tasks=3, config=config)
+    shapes = []
+    for batch_id in range(2):
+        output = job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
+        shapes.append([output.columns, output.count()])
+    totals: dict[str, int] = {}
+    for word in batch_words(0) + batch_words(1):
+        totals[word] = totals.get(word, 0) + 1
+    state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=3).collect()}
+    result["quiet"] = {"shapes": shapes, "state_ok": state == totals, "moved": job.last_batch_moved}
+
+    # rows returned without output_schema: refused, naming what to give
+    loud = StatefulForeachBatch(count_loudly, key_columns=["word"], num_tasks=3,
+                                config=make_config(Path(workdir) / "loud"))
+    try:
+        loud(spark.createDataFrame([("a",)], "word string"), 0).collect()
+        result["loud_error"] = ""
+    except Exception as exc:  # noqa: BLE001 - the task's error comes back as Spark's exception
+        result["loud_error"] = str(exc)
+
+    # processing-time timers (the driver's clock set here), one batch without input
+    clock = [1000]
+    driver_module.wall_clock_ms = lambda: clock[0]  # type: ignore[attr-defined]
+    config = make_config(Path(workdir) / "timers")
+    timers = StatefulForeachBatch(register_rows, key_columns=["word"], num_tasks=3, config=config,
+                                  output_schema=OUTPUT, on_timers=fired_rows)
+    outputs = []
+    for batch_id, rows in enumerate([[("a", 1500), ("b", 2500), ("c", 900)], [], []]):
+        outputs.append(sorted(tuple(row) for row in timers(spark.createDataFrame(rows, "word string, ts long"),
+                                                           batch_id).collect()))
+        if batch_id == 0:
+            result["pending_after_0"] = sorted(
+                (row.key, row.at_ms) for row in read_state(spark, config, TIMERS_STORE, num_tasks=3).collect())
+        clock[0] += 1000
+    result["processing"] = {"outputs": outputs, "tasks": sorted(s.task_index for s in timers.last_batch_stats)}
+
+    # event-time timers: the watermark of the batches before, minus the delay
+    events = StatefulForeachBatch(event_timers_arrow, key_columns=["word"], num_tasks=3,
+                                  config=make_config(Path(workdir) / "events"), output_schema=OUTPUT, mode="arrow",
+                                  on_timers=fired_arrow, event_time="ts", watermark_delay=100)
+    outputs, watermarks = [], []
+    for batch_id, rows in enumerate([[("a", 1000)], [("b", 3000)], []]):
+        outputs.append(sorted(tuple(row) for row in events(spark.createDataFrame(rows, "word string, ts long"),
+                                                           batch_id).collect()))
+        watermarks.append(sorted({s.watermark_ms for s in events.last_batch_stats}, key=str))
+    result["event"] = {"outputs": outputs, "watermarks": watermarks}
+    spark.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,34 @@
+"""Under Spark Connect: a rows-mode function without output needs no ``output_schema`` (one that returns rows is
+refused, naming it), and timers of both kinds fire as on classic Spark, also in a batch without input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path) -> None:
+    # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
+    done = subprocess.run([sys.executable, "-m", "tests.connect_timers_child", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["connect"] is True
+    assert result["quiet"] == {"shapes": [[[], 0], [[], 0]], "state_ok": True, "moved": []}
+    assert "no output_schema" in result["loud_error"] and "Spark Connect" in result["loud_error"]
+    assert result["pending_after_0"] == [["a", 1500], ["b", 2500]]
+    assert result["processing"] == {
+        "outputs": [[["c", 900, "processing", 0]], [["a", 1500, "processing", 1]], [["b", 2500, "processing", 2]]],
+        "tasks": [0, 1, 2],  # the batch without input ran every task
+    }
+    assert result["event"] == {"outputs": [[], [], [["a", 1500, "event", 2]]],
+                               "watermarks": [[None], [900], [2900]]}
