@@ -125,7 +125,7 @@ def decide_open(
     known = known_durable_seq(settings.local_dir, settings.job_name, task_name, names)
     checkpoint_log.raise_floor(known)
     entry, head = _choose(checkpoint_log, choice, known, fence_seq)
-    decision = _decided(settings, task_name, entry, head, known, {name: () for name in names})
+    decision = _decided(settings, task_name, entry, head, known, names)
     checkpoint_log.raise_floor(decision.floor)
     return decision
 
@@ -177,7 +177,7 @@ def recorded_serdes(store_settings: StoreSettings) -> dict[str, str]:
 
 
 def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: int, known: int,
-             stores: Mapping[str, object]) -> OpenDecision:
+             store_names: Iterable[str]) -> OpenDecision:
     """The decision for ``entry``, checked: a V1 entry below what is known durable as V2, serdes that would read the
     state as garbage."""
     if entry is not None and isinstance(entry.checkpoint, CheckpointV1):
@@ -191,7 +191,7 @@ def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: i
                     extra={"seq": entry.seq})
     checkpoint = entry.checkpoint if entry is not None and isinstance(entry.checkpoint, CheckpointV2) else None
     _check_serdes(settings, checkpoint)
-    order = {name: _restore_order(name, settings.stores[name], checkpoint) for name in stores}
+    order = {name: _restore_order(name, settings.stores[name], checkpoint) for name in store_names}
     return OpenDecision(task_name=task_name, entry=entry, head=head, known_seq=known, restore_order=order)
 
 
