@@ -133,6 +133,13 @@ class CheckpointLog:
         default=(2, 1), converter=_as_tuple, validator=_versions("task.checkpoint.read.versions", READABLE_VERSIONS)
     )
     retained: int = attrs.field(default=10, validator=_positive)
+    #: retention waits until this many seqs are older than the newest ``retained``, then deletes them in one request
+    #: (:meth:`retention_due`): a delete request per this many commits instead of one per commit
+    retention_interval: int = attrs.field(default=10, validator=_positive, kw_only=True)
+    #: how many retention batches the commits through this log object started (:meth:`start_trim`): the built-in
+    #: backends delete what their own retention let go with each, so no blob a checkpoint the log still holds names
+    #: is deleted before the log lets that checkpoint go
+    trims: int = attrs.field(default=0, init=False)
     #: delays (seconds) before re-listing when a listing is shorter than what is known to be durable
     recheck_delays: tuple[float, ...] = attrs.field(factory=lambda: RECHECK_DELAYS)
     #: the newest seq known durable (restored or committed by this task, or named by its local CHECKPOINT-V2):
@@ -313,23 +320,43 @@ class CheckpointLog:
     # -- retention ----------------------------------------------------------------------------------------------
 
     def retain(self, listing: Listing | None = None) -> list[int]:
-        """Delete every version of the seqs older than the newest ``retained`` ones; return those seqs, ascending.
-        ``listing``: one taken just before (the one :meth:`write` returns); a short listing only deletes less.
+        """Delete every version of the seqs older than the newest ``retained`` ones, in one ``delete_many`` (one
+        request where the blob store batches deletes); return those seqs, ascending. ``listing``: one taken just
+        before (the one :meth:`write` returns); a short listing only deletes less.
 
         Idempotent. Never deletes the newest readable entry, even when newer seqs exist only in unreadable versions.
+        Deletion order does not matter to fencing: a writer whose seq retention freed finds a newer seq in the
+        listing after its write (:meth:`fence`), whatever was deleted first.
         """
         listing = self._listing() if listing is None else listing
+        deleted = self._expired(listing)
+        self.blob_store.delete_many([self.blob_name(seq, version) for seq in deleted for version in sorted(listing[seq])])
+        if deleted:
+            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted, extra=self._log_extra())
+        return deleted
+
+    def retention_due(self, listing: Listing, *, closing: bool = False) -> bool:
+        """Whether :meth:`retain` would delete at least ``retention_interval`` seqs of ``listing`` (``closing``: any
+        at all, so a closed task leaves exactly ``retained``): retention then runs, in one request, instead of
+        deleting one seq at every commit. The log holds between ``retained`` and ``retained + retention_interval -
+        1`` seqs in between, and a backend keeps what they name."""
+        expired = len(self._expired(listing))
+        return expired >= (1 if closing else self.retention_interval)
+
+    def start_trim(self) -> None:
+        """Note that a retention batch starts (call before the backends' cleanups of the commit it follows): the
+        built-in backends then delete their own garbage in one request too (:attr:`trims`)."""
+        self.trims += 1
+
+    def _expired(self, listing: Listing) -> list[int]:
+        """The seqs of ``listing`` retention deletes, ascending: all but the newest ``retained`` and the newest
+        readable one."""
         ordered = sorted(listing)
         keep = set(ordered[-self.retained :])
         readable = [seq for seq in ordered if listing[seq] & set(self.read_versions)]
         if readable:
             keep.add(readable[-1])
-        deleted = [seq for seq in ordered if seq not in keep]
-        for seq in deleted:
-            self.blob_store.delete_many([self.blob_name(seq, version) for version in sorted(listing[seq])])
-        if deleted:
-            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted, extra=self._log_extra())
-        return deleted
+        return [seq for seq in ordered if seq not in keep]
 
     # -- helpers ------------------------------------------------------------------------------------------------
 

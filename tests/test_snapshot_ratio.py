@@ -23,7 +23,10 @@ UPDATES = 100
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
+    # states of some hundred KiB: the ratio alone decides (snapshot.ratio.min.bytes, tested below, would hold off
+    # the snapshots of so small a state)
     return BackendContract().make_config(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
+                                                      "changelog.snapshot.ratio.min.bytes": 0,
                                                       "changelog.gc.interval.commits": 0, **extra})
 
 
