@@ -452,12 +452,13 @@ class TaskCommitManager:
                             extra=self._log_extra(checkpoint.checkpoint_id))
 
     def _cleanup(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers], listing: Any = None) -> None:
-        self._last_listing, self._last_cleanup = listing, (checkpoint_id, uploaded)
         # retention waits until enough old checkpoints pile up for one delete request; the backends delete what
         # their retention let go with it (CheckpointLog.trims), never blobs of a checkpoint the log still holds
         trim = listing is not None and self.checkpoint_log.retention_due(listing)
         if trim:
             self.checkpoint_log.start_trim()
+        # what the close trims (nothing when this commit's retention deletes all this listing shows past retained)
+        self._last_listing, self._last_cleanup = (None if trim else listing), (checkpoint_id, uploaded)
         self._cleanup_backends(checkpoint_id, uploaded)
         if listing is not None and not trim:
             return  # too few old checkpoints yet for a delete request of their own: they go with a later one

@@ -110,6 +110,7 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             dropped.append(state.retained.popleft())
         for name, dropped_index in dropped:
             state.garbage.add(name)
+            state.released[name] = dropped_index
             state.garbage.update(run_name(state.prefix, digest) for digest in dropped_index.run_hashes())
 
     def _delete_garbage(self, state: StoreState) -> None:
@@ -135,6 +136,8 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             state.uploaded.discard(digest)
             state.durable_runs.discard(digest)
         state.garbage.difference_update(doomed)
+        for name in doomed:
+            state.released.pop(name, None)
         self.context.metrics.increment("blobsnapshot.runs.deleted", len(deleted_runs))
         self.context.metrics.increment("blobsnapshot.indexes.deleted", len(doomed) - len(deleted_runs))
 
@@ -179,7 +182,7 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
 
         def runs_named_by(marker: str) -> set[str] | None:
             """The runs of live index ``marker``; None (runs are left alone) when it cannot be read."""
-            index = live[marker]
+            index = live[marker] or state.released.get(marker)  # one retention let go is not read again
             if index is None:
                 try:
                     index = self._read_index(marker, state.name)

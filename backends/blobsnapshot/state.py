@@ -114,6 +114,8 @@ class StoreState:
     retained: deque[tuple[str, RunIndex]] = attrs.field(factory=deque)
     #: indexes and runs retention let go, deleted with the checkpoint log's next trim (unless live again by then)
     garbage: set[str] = attrs.field(factory=set)
+    #: the indexes of ``garbage``: the checkpoint log may still hold their checkpoints, which a sweep then marks
+    released: dict[str, RunIndex] = attrs.field(factory=dict)
     cleanups: int = 0
     last_durable_seq: int = 0
     #: guards the quick fields (seq, prepared, compaction); held only briefly
@@ -177,7 +179,7 @@ class BlobSnapshotManagerState:
     def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
         """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""
         names = set()
-        for entry in self._checkpoint_log().entries():
+        for entry in self._checkpoint_log().entries(cached=True):  # its own checkpoints are not read back
             if isinstance(entry.checkpoint, CheckpointV2):
                 marker = entry.checkpoint.markers_for(self.context.factory_name).get(store_name)
                 if marker is not None:

@@ -47,7 +47,7 @@ class ChangelogGc(ChangelogManagerState):
         # superseded checkpoints carry higher seqs than the chain the head and its next owner build on.
         newest_seq: dict[str, int] = {name: 0 for name in self._lineages}
         marked_at = self.clock()  # before the listing: the marks show the log as of then, at the latest
-        entries = self._checkpoint_log().entries()
+        entries = self._checkpoint_log().entries(cached=True)  # its own checkpoints are not read back
         for entry in entries:
             if not isinstance(entry.checkpoint, CheckpointV2):
                 continue
