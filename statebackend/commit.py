@@ -454,6 +454,7 @@ class TaskCommitManager:
     def _cleanup(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers], listing: Any = None) -> None:
         # retention waits until enough old checkpoints pile up for one delete request; the backends delete what
         # their retention let go with it (CheckpointLog.trims), never blobs of a checkpoint the log still holds
+        # (a retention that failed left its checkpoints: the next commit's listing shows them, so it is due again)
         trim = listing is not None and self.checkpoint_log.retention_due(listing)
         if trim:
             self.checkpoint_log.start_trim()

@@ -165,3 +165,37 @@ def test_a_collectors_mark_does_not_read_back_what_its_own_log_wrote(tmp_path: P
     # a checkpoint read by name (the driver's confirmation) is read even when this log object wrote it
     inner.delete(log.blob_name(5, 2))
     assert log.read_written(5) is None
+
+
+def test_a_failed_retention_is_tried_again_at_the_next_commit(tmp_path: Path) -> None:
+    """The backends let go of the blobs of the checkpoints a retention batch deletes: a batch whose delete failed is
+    sent again at the next commit (its checkpoints are still listed, so it is still due), not a whole interval later,
+    so the log lists checkpoints whose blobs are gone for one commit at most."""
+    from statebackend.errors import TransientStorageError
+
+    class FailingDeletes(MemoryBlobStore):
+        fail = 0
+
+        def delete_many(self, names: list[str]) -> None:
+            if self.fail and any("/checkpoints/" in name for name in names):
+                self.fail -= 1
+                raise TransientStorageError("injected: the delete request failed")
+            super().delete_many(names)
+
+    inner = FailingDeletes()
+    config = config_for(tmp_path, "changelog")
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        task.checkpoint_log.retention_interval = INTERVAL
+        inner.fail = 1
+        for round_no in range(RETAINED + INTERVAL):  # the last commit's retention is due, and fails
+            write_round(task, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+            settle(task)
+        assert inner.fail == 0, "the retention batch was due"
+        assert len(CheckpointLog(inner, "job", "task-0").seqs()) == RETAINED + INTERVAL
+        write_round(task, 99, model)
+        task.commit_durably({"input": "99"})
+        settle(task)
+        assert len(CheckpointLog(inner, "job", "task-0").seqs()) == RETAINED, "not retried at the next commit"
+        assert task.metrics.counter("commit.cleanup.failures") == 1
