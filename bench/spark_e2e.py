@@ -6,6 +6,7 @@ Run from the repository root (the reference workload of docs/benchmarks.md; a fe
     python -m bench.spark_e2e                                   # 1M keys, 4 partitions, 10k and 50k updates, 20 batches
     python -m bench.spark_e2e --keys 200000 --batches 8         # a quick run
     python -m bench.spark_e2e --backend blobsnapshot            # statebackend's store on the blob-snapshot backend
+    python -m bench.spark_e2e --blob-store s3                   # on moto's S3 server: requests per batch counted
 
 After each update size, a rescale step (``--rescale-to 6``; 0 skips it): three more update batches with 6 tasks on the
 4-task state, the first of them rescaled. At the end, a two-executor step (``--cluster-batches 12``; 0 skips it): the
@@ -23,6 +24,12 @@ statebackend's durable commit (per task, wall clock from the start of the commit
 max and sum over the 4 tasks) and its sync part (flush + snapshot, the part that blocks processing). Batch 0 (the
 load) is shown but left out of the summaries. The statebackend result is checked: the sum of all counts read back
 from the blob store must equal the number of input rows, and the number of keys must equal ``--keys``.
+
+Next to the bytes written per batch it reports the blob store requests per batch: the ``blob_store.requests``
+counters of the batch's tasks (by operation; the checkpoint reads of the driver's confirmations are not in them).
+A ``file://`` store sends no requests and counts none: ``--blob-store s3`` runs statebackend on moto's S3 server
+(started by the test setup's code, tests/servers.py), where every request is counted and the bytes are the
+``blob_store.bytes.sent`` of the tasks.
 """
 
 from __future__ import annotations
@@ -259,11 +266,14 @@ def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
 def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
                      backend: str = "changelog", options: dict[str, str] | None = None, num_tasks: int = NUM_TASKS,
                      confirm_on_driver: bool | None = None, dump_stats: Path | None = None,
+                     blob_store: dict[str, object] | None = None,
                      ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int, Kinds]]:
+    """``blob_store``: the ``blob.store.*`` keys of a remote store (default: ``file://`` under ``work``, whose
+    bytes a watcher of its directory counts; a remote store's bytes are the tasks' ``blob_store.bytes.sent``)."""
     config: dict[str, object] = {
         "job.name": "bench",
         "state.local.dir": str(work / "sb-local"),
-        "blob.store.url": f"file://{work / 'sb-blobs'}",
+        **(blob_store or {"blob.store.url": f"file://{work / 'sb-blobs'}"}),
         "blob.store.create.if.missing": "true",
         "stores.counts.backup.factories": backend,
         "stores.counts.key.serde": "string",
@@ -298,11 +308,51 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
             "sync_max_ms": max(s.commit_sync_ms for s in stats),
             "open_max_ms": max(s.open_ms for s in stats),
             "kept_open": sum(s.kept_open for s in stats),
+            "requests": batch_requests(job.history, progress["batchId"]),
+            "bytes_sent": batch_counter(job.history, progress["batchId"], "blob_store.bytes.sent"),
         })
     if dump_stats is not None:
         write_task_stats(dump_stats, job.history)
     loaded = load_end(query)
+    if blob_store is not None:  # no directory to watch: the bytes the tasks sent, the load batch's apart
+        sent = [row["bytes_sent"] for row in rows]
+        return rows, config, (int(sum(sent)), int(sum(sent[1:])), {"sent": (int(sum(sent[1:])), 0)})
     return rows, config, (blobs.total(), blobs.total(after=loaded), blobs.by_kind(after=loaded))
+
+
+def final_attempts(history: list[Any], batch_id: int) -> list[Any]:
+    """The attempt of each task of ``batch_id`` whose output counted (the last one reported)."""
+    final = {s.task_index: s for s in history if s.batch_id == batch_id}
+    return list(final.values())
+
+
+def batch_counter(history: list[Any], batch_id: int, name: str) -> float:
+    """The counter ``name`` summed over the batch's tasks (what each attempt counted since its previous report)."""
+    return sum(s.metrics.counter(name) for s in final_attempts(history, batch_id) if s.metrics is not None)
+
+
+def batch_requests(history: list[Any], batch_id: int) -> dict[str, float]:
+    """The blob store requests of the batch's tasks, by operation (``blob_store.requests``, outcomes summed)."""
+    counts: dict[str, float] = {}
+    for stats in final_attempts(history, batch_id):
+        if stats.metrics is None:
+            continue
+        for (name, labels), value in stats.metrics.counters.items():
+            if name == "blob_store.requests":
+                operation = dict(labels).get("operation", "?")
+                counts[operation] = counts.get(operation, 0.0) + value
+    return counts
+
+
+def requests_text(rows: list[dict[str, Any]], tasks: int) -> str:
+    """Requests per batch over ``rows``, by operation, and per task's commit."""
+    total: dict[str, float] = {}
+    for row in rows:
+        for operation, count in row["requests"].items():
+            total[operation] = total.get(operation, 0.0) + count
+    per_batch = sum(total.values()) / max(1, len(rows))
+    detail = ", ".join(f"{op} {count / max(1, len(rows)):.2f}" for op, count in sorted(total.items()))
+    return f"{per_batch:.2f} ({detail}); {per_batch / tasks:.2f} per task's commit"
 
 
 def _series(key: Any) -> str:
@@ -407,9 +457,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
     parser.add_argument("--dump-stats", type=Path, default=None, metavar="DIR",
                         help="write every statebackend task attempt's stats to DIR/task-stats-<updates>.jsonl")
+    parser.add_argument("--blob-store", choices=["file", "s3"], default="file",
+                        help="statebackend's blob store: file:// (default; sends no requests, so counts none) or "
+                             "moto's S3 server started here (every request counted)")
     args = parser.parse_args(argv)
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="statebackend-bench-spark-"))
+    moto = None
+    if args.blob_store == "s3":
+        from tests.servers import start_moto
+
+        (work_root / "moto").mkdir(parents=True, exist_ok=True)
+        moto = start_moto(work_root / "moto")
+        # before the session starts: its Python workers inherit the environment
+        os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
+        os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     spark = local_spark_session("statebackend-bench-spark", master="local[2]", conf={
         "spark.sql.shuffle.partitions": str(NUM_TASKS),
         "spark.sql.streaming.stateStore.providerClass":
@@ -425,6 +488,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{', ' + ', '.join(args.option) if args.option else ''}\n")
         for updates in args.updates:
             work = work_root / f"updates-{updates}"
+            remote = None if moto is None else {"blob.store.url": f"s3://bench-{updates}-{os.getpid()}/state",
+                                                "blob.store.endpoint.url": moto.endpoint}
+            if remote is not None:
+                from statebackend.blobstores.base import open_blob_store
+
+                with open_blob_store(str(remote["blob.store.url"]), {"endpoint.url": moto.endpoint}) as bucket:
+                    bucket.create_resources()
             total_rows = write_input(work / "input", args.keys, updates, args.batches)
             spark_rows = run_spark_state_store(spark, work / "input", work)
             spark_state = work / "spark-rocksdb-checkpoint" / "state"
@@ -435,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
                 keep_open=not args.close_every_batch, backend=args.backend,
                 options=dict(option.split("=", 1) for option in args.option),
                 confirm_on_driver={"auto": None, "on": True, "off": False}[args.confirm_on_driver],
-                dump_stats=args.dump_stats / f"task-stats-{updates}.jsonl" if args.dump_stats else None)
+                dump_stats=args.dump_stats / f"task-stats-{updates}.jsonl" if args.dump_stats else None,
+                blob_store=remote)
             state = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)")
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows
@@ -492,6 +563,12 @@ def main(argv: list[str] | None = None) -> int:
             spark_kinds = dir_bytes_by_kind(spark_state, after=spark_rows[0]["load_end"])
             print(f"  - by kind, per update batch: statebackend {kinds_text(sb_bytes[2], updates_run)}; Spark "
                   f"{kinds_text(spark_kinds, updates_run)}")
+            if remote is not None:
+                print(f"- blob store requests per update batch (statebackend's {NUM_TASKS} tasks, "
+                      f"blob_store.requests): {requests_text(steady_sb, NUM_TASKS)}")
+            else:
+                print("- blob store requests per update batch: not counted (file:// sends none); --blob-store s3 "
+                      "counts them")
             if "snapshot" not in sb_bytes[2] or not ({"snapshot", "sst"} & set(spark_kinds)):
                 print("  - NOT AMORTIZED: a system wrote no snapshot in these batches (statebackend snapshots once "
                       "its deltas reach the last snapshot's size, Spark's maintenance every 60 s); run more batches "
@@ -508,6 +585,8 @@ def main(argv: list[str] | None = None) -> int:
                                            if args.per_key else count_keys)
     finally:
         spark.stop()
+        if moto is not None:
+            moto.stop()
         if args.work_dir is None:
             shutil.rmtree(work_root, ignore_errors=True)
     if args.cluster_batches:

@@ -133,6 +133,16 @@ class CheckpointLog:
         default=(2, 1), converter=_as_tuple, validator=_versions("task.checkpoint.read.versions", READABLE_VERSIONS)
     )
     retained: int = attrs.field(default=10, validator=_positive)
+    #: retention waits until this many seqs are older than the newest ``retained``, then deletes them in one request
+    #: (:meth:`retention_due`): a delete request per this many commits instead of one per commit
+    retention_interval: int = attrs.field(default=20, validator=_positive, kw_only=True)
+    #: how many retention batches the commits through this log object started (:meth:`start_trim`): the built-in
+    #: backends delete what their own retention let go with each, so no blob a checkpoint the log still holds names
+    #: is deleted before the log lets that checkpoint go
+    trims: int = attrs.field(default=0, init=False)
+    #: seq -> the checkpoint this log object wrote there (create-only and fenced), newest ``retained +
+    #: retention_interval``: a listing's entries it wrote are not read back (a sweep's mark would read each)
+    _written: dict[int, CheckpointV2] = attrs.field(factory=dict, init=False, repr=False)
     #: delays (seconds) before re-listing when a listing is shorter than what is known to be durable
     recheck_delays: tuple[float, ...] = attrs.field(factory=lambda: RECHECK_DELAYS)
     #: the newest seq known durable (restored or committed by this task, or named by its local CHECKPOINT-V2):
@@ -199,8 +209,15 @@ class CheckpointLog:
                 log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name,
                          extra=self._log_extra(seq))
         listing = self.fence(seq)
+        self._remember(seq, checkpoint)
         log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix, extra=self._log_extra(seq))
         return listing
+
+    def _remember(self, seq: int, checkpoint: CheckpointV2) -> None:
+        """Keep what this writer put under ``seq``, for the listings that show it again (:meth:`entries`)."""
+        self._written[seq] = checkpoint
+        for old in [s for s in self._written if s <= seq - self.retained - self.retention_interval]:
+            del self._written[old]
 
     def fence(self, seq: int) -> Listing:
         """Check that ``seq``, which this writer just wrote, is the newest: one listing that must show it. When a
@@ -289,9 +306,10 @@ class CheckpointLog:
         """Seqs that have a readable version, ascending."""
         return sorted(seq for seq, versions in self._listing().items() if versions & set(self.read_versions))
 
-    def entries(self, at_least: int = 0) -> list[LogEntry]:
-        """Every readable entry, ascending by seq."""
-        return list(reversed(list(self._newest_first(self._listing(at_least)))))
+    def entries(self, at_least: int = 0, *, cached: bool = False) -> list[LogEntry]:
+        """Every readable entry, ascending by seq. ``cached``: entries this log object wrote itself are not read
+        back (a collector's mark: see :meth:`_read_entry`); never for choosing what to restore."""
+        return list(reversed(list(self._newest_first(self._listing(at_least), cached=cached))))
 
     def for_input_offsets(self, offsets: Mapping[str, str]) -> LogEntry | None:
         """The newest entry whose input offsets equal ``offsets`` (for Spark: the one of a batch id), or None."""
@@ -313,23 +331,43 @@ class CheckpointLog:
     # -- retention ----------------------------------------------------------------------------------------------
 
     def retain(self, listing: Listing | None = None) -> list[int]:
-        """Delete every version of the seqs older than the newest ``retained`` ones; return those seqs, ascending.
-        ``listing``: one taken just before (the one :meth:`write` returns); a short listing only deletes less.
+        """Delete every version of the seqs older than the newest ``retained`` ones, in one ``delete_many`` (one
+        request where the blob store batches deletes); return those seqs, ascending. ``listing``: one taken just
+        before (the one :meth:`write` returns); a short listing only deletes less.
 
         Idempotent. Never deletes the newest readable entry, even when newer seqs exist only in unreadable versions.
+        Deletion order does not matter to fencing: a writer whose seq retention freed finds a newer seq in the
+        listing after its write (:meth:`fence`), whatever was deleted first.
         """
         listing = self._listing() if listing is None else listing
+        deleted = self._expired(listing)
+        self.blob_store.delete_many([self.blob_name(seq, version) for seq in deleted for version in sorted(listing[seq])])
+        if deleted:
+            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted, extra=self._log_extra())
+        return deleted
+
+    def retention_due(self, listing: Listing, *, closing: bool = False) -> bool:
+        """Whether :meth:`retain` would delete at least ``retention_interval`` seqs of ``listing`` (``closing``: any
+        at all, so a closed task leaves exactly ``retained``): retention then runs, in one request, instead of
+        deleting one seq at every commit. The log holds between ``retained`` and ``retained + retention_interval -
+        1`` seqs in between, and a backend keeps what they name."""
+        expired = len(self._expired(listing))
+        return expired >= (1 if closing else self.retention_interval)
+
+    def start_trim(self) -> None:
+        """Note that a retention batch starts (call before the backends' cleanups of the commit it follows): the
+        built-in backends then delete their own garbage in one request too (:attr:`trims`)."""
+        self.trims += 1
+
+    def _expired(self, listing: Listing) -> list[int]:
+        """The seqs of ``listing`` retention deletes, ascending: all but the newest ``retained`` and the newest
+        readable one."""
         ordered = sorted(listing)
         keep = set(ordered[-self.retained :])
         readable = [seq for seq in ordered if listing[seq] & set(self.read_versions)]
         if readable:
             keep.add(readable[-1])
-        deleted = [seq for seq in ordered if seq not in keep]
-        for seq in deleted:
-            self.blob_store.delete_many([self.blob_name(seq, version) for version in sorted(listing[seq])])
-        if deleted:
-            log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted, extra=self._log_extra())
-        return deleted
+        return [seq for seq in ordered if seq not in keep]
 
     # -- helpers ------------------------------------------------------------------------------------------------
 
@@ -374,10 +412,10 @@ class CheckpointLog:
             listing.setdefault(seq, set()).add(int(match.group(2)))
         return listing
 
-    def _newest_first(self, listing: Listing) -> Iterator[LogEntry]:
+    def _newest_first(self, listing: Listing, *, cached: bool = False) -> Iterator[LogEntry]:
         readable = sorted((seq for seq in listing if listing[seq] & set(self.read_versions)), reverse=True)
         for index, seq in enumerate(readable):
-            entry = self._read_entry(seq, listing[seq])
+            entry = self._read_entry(seq, listing[seq], cached=cached)
             if entry is not None:
                 yield entry
                 continue
@@ -391,7 +429,7 @@ class CheckpointLog:
             relisted = self._listing(at_least=seq)
             newer = {s: v for s, v in relisted.items() if s > seq}
             if newer and any(v & set(self.read_versions) for v in newer.values()):
-                yield from self._newest_first(relisted)
+                yield from self._newest_first(relisted, cached=cached)
                 return
             raise InconsistentStateError(
                 f"checkpoint {self.blob_name(seq, max(listing[seq]))} in {self.blob_store.describe()} was listed as "
@@ -408,12 +446,19 @@ class CheckpointLog:
                     extra=self._log_extra(seq),
                 )
 
-    def _read_entry(self, seq: int, versions: set[int]) -> LogEntry | None:
+    def _read_entry(self, seq: int, versions: set[int], *, cached: bool = False) -> LogEntry | None:
         """The entry in its preferred listed version, or None when that blob vanished since the listing (never a
-        fall back to a less preferred version of the same seq: a V1 twin holds no state)."""
+        fall back to a less preferred version of the same seq: a V1 twin holds no state). ``cached``: a version 2
+        this log object wrote itself under ``seq`` (create-only, fenced) is not read again, its bytes being the ones
+        it encoded, bound to the name. For a collector's mark only: had retention freed the seq and another writer
+        taken it since, the mark would miss only that writer's young blobs, which the grace period keeps (and the
+        newest seq is never freed)."""
         for version in self.read_versions:
             if version not in versions:
                 continue
+            written = self._written.get(seq) if cached else None
+            if version == 2 and written is not None:
+                return LogEntry(seq, written)
             name = self.blob_name(seq, version)
             try:
                 data = self.blob_store.get(name)

@@ -15,7 +15,8 @@ One commit, in this order:
    then the CheckpointV2 is written to the checkpoint log with a create-only write (the commit point: first writer
    of a sequence number wins, so a competing attempt of the same task is detected) and a listing checks that no
    newer checkpoint exists (fencing: :class:`CommitConflictError`, never tolerated); then ``CHECKPOINT-V2`` in each
-   store dir; then ``cleanup()`` and checkpoint-log retention.
+   store dir; then ``cleanup()`` and checkpoint-log retention, fed by that listing, once it has
+   ``CheckpointLog.retention_interval`` old checkpoints to delete in one request.
 
 The sequence number written is the one after the head seen when the task was restored, then one more per durable
 commit. A checkpoint write whose outcome is unknown (the reply was lost and every retry failed) is resolved before
@@ -132,6 +133,10 @@ class TaskCommitManager:
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
     _cleanups: list[Future[Any]] = attrs.field(init=False, factory=list)  # backend cleanups and log retention
     _conflict: CommitConflictError | None = attrs.field(init=False, default=None)
+    #: the listing of the last durable commit's fencing: retention at close deletes what it shows past ``retained``
+    _last_listing: Any = attrs.field(init=False, default=None)
+    #: the last durable checkpoint and its markers: the backends' cleanups run again for it after that retention
+    _last_cleanup: tuple[CheckpointId, list[StoreMarkers]] | None = attrs.field(init=False, default=None)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit the task's state with ``input_offsets``. Returns the pending commit, or ``None`` when skipped
@@ -201,9 +206,13 @@ class TaskCommitManager:
             extra["seq"] = seq
         return extra
 
-    def close(self) -> None:
+    def close(self, *, handover: bool = False) -> None:
         """Wait for the commit in flight and its cleanups so no upload outlives the task; failures are logged, not
-        raised."""
+        raised. Then retention deletes what the last commit's listing showed past ``retained`` (while the task runs
+        it waits for a batch's worth) and each backend's cleanup runs again for the last checkpoint (idempotent), so
+        it lets go of what only those checkpoints needed: a closed task leaves exactly ``retained`` checkpoints.
+        ``handover``: another process waits for this close; the requests of that last retention are left to the
+        next owner's commits."""
         inflight = self._inflight
         if inflight is not None:
             try:
@@ -211,12 +220,37 @@ class TaskCommitManager:
             except FutureTimeoutError:
                 log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id,
                             extra=self._log_extra(inflight.checkpoint_id))
+        if not handover:
+            self._retain_at_close()
         with self._lock:
             cleanups, self._cleanups = self._cleanups, []
         _, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
         if not_done:
             log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done),
                         extra=self._log_extra())
+
+    def _retain_at_close(self) -> None:
+        """The last retention of this task (see :meth:`close`): after the last commit's cleanups, on the closing
+        thread; the backends' cleanups then run again, chained like a commit's."""
+        listing, last = self._last_listing, self._last_cleanup
+        if listing is None or last is None or self._conflict is not None:
+            return
+        if not self.checkpoint_log.retention_due(listing, closing=True):
+            return
+        self._last_listing = None
+        with self._lock:
+            running = list(self._cleanups)
+        wait(running, timeout=self.timeout_ms / 1000.0)
+        self.checkpoint_log.start_trim()
+        try:
+            self.executor.submit(self.checkpoint_log.retain, listing).result(timeout=self.timeout_ms / 1000.0)
+        except Exception as exc:  # noqa: BLE001 - the next open's commits retain again; no backend deletes meanwhile
+            self.metrics.increment("commit.cleanup.failures")
+            log.warning("task %s: retention at close failed (the next commits retry it): %s", self.task_name, exc,
+                        extra=self._log_extra())
+            return
+        checkpoint_id, uploaded = last
+        self._cleanup_backends(checkpoint_id, uploaded)
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -418,6 +452,39 @@ class TaskCommitManager:
                             extra=self._log_extra(checkpoint.checkpoint_id))
 
     def _cleanup(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers], listing: Any = None) -> None:
+        # retention waits until enough old checkpoints pile up for one delete request; the backends delete what
+        # their retention let go with it (CheckpointLog.trims), never blobs of a checkpoint the log still holds
+        # (a retention that failed left its checkpoints: the next commit's listing shows them, so it is due again)
+        trim = listing is not None and self.checkpoint_log.retention_due(listing)
+        if trim:
+            self.checkpoint_log.start_trim()
+        # what the close trims (nothing when this commit's retention deletes all this listing shows past retained)
+        self._last_listing, self._last_cleanup = (None if trim else listing), (checkpoint_id, uploaded)
+        self._cleanup_backends(checkpoint_id, uploaded)
+        if listing is not None and not trim:
+            return  # too few old checkpoints yet for a delete request of their own: they go with a later one
+        try:
+            retention = self.executor.submit(self.checkpoint_log.retain, listing)
+        except RuntimeError:
+            return  # pool shut down: retention runs at the next commit
+        with self._lock:
+            self._cleanups.append(retention)
+        retention.add_done_callback(self._report_cleanup(checkpoint_id))
+
+    def _cleanup_backends(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers]) -> None:
+        """Each backend's ``cleanup()`` of ``checkpoint_id``, registered so :meth:`close` waits for it."""
+        for binding, markers in zip(self.backups, uploaded, strict=True):
+            try:
+                future = binding.manager.cleanup(checkpoint_id, markers)
+                with self._lock:
+                    self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
+                future.add_done_callback(self._report_cleanup(checkpoint_id))
+            except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
+                self.metrics.increment("commit.cleanup.failures")
+                log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc,
+                            extra=self._log_extra(checkpoint_id))
+
+    def _report_cleanup(self, checkpoint_id: CheckpointId) -> Callable[[Future[Any]], None]:
         def report(future: Future[Any]) -> None:
             exc = future.exception()
             if exc is not None:
@@ -425,23 +492,7 @@ class TaskCommitManager:
                 log.warning("task %s: cleanup after checkpoint %s failed (retried at the next commit): %s",
                             self.task_name, checkpoint_id, exc, extra=self._log_extra(checkpoint_id))
 
-        for binding, markers in zip(self.backups, uploaded, strict=True):
-            try:
-                future = binding.manager.cleanup(checkpoint_id, markers)
-                with self._lock:
-                    self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
-                future.add_done_callback(report)
-            except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
-                self.metrics.increment("commit.cleanup.failures")
-                log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc,
-                            extra=self._log_extra(checkpoint_id))
-        try:
-            retention = self.executor.submit(self.checkpoint_log.retain, listing)
-        except RuntimeError:
-            return  # pool shut down: retention runs at the next commit
-        with self._lock:
-            self._cleanups.append(retention)
-        retention.add_done_callback(report)
+        return report
 
     def _fail(self, pending: PendingCommit, exc: BaseException) -> None:
         self.metrics.increment("commit.failures")

@@ -331,7 +331,7 @@ class TaskStorage:
                     except Exception as exc:  # noqa: BLE001 - close then waits for the work, as without handover
                         log.warning("task %s: %s could not cancel its background work: %s", self.task_name,
                                     binding.factory_name, exc)
-            self.commit_manager.close()
+            self.commit_manager.close(handover=handover)
             for binding in self.commit_manager.backups:
                 binding.manager.close()
         finally:

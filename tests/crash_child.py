@@ -53,6 +53,8 @@ VALUE_REPEAT_ENV = "CRASH_CHILD_VALUE_REPEAT"
 #: there instead of the crashing ``file://`` store under the work dir (tests/test_random_kills.py)
 BLOB_CONFIG_ENV = "CRASH_CHILD_BLOB_CONFIG"
 DEFAULT_VALUE_REPEAT = 3
+#: the checkpoint log's retention_interval in the child (the default, 10, would batch nothing within its commits)
+RETENTION_INTERVAL = 2
 #: under the workdir: written once the child has imported everything and starts its work (before it opens the task),
 #: so a parent that kills at random moments can count its delay from there, not from an interpreter start whose
 #: length depends on the machine's load
@@ -169,6 +171,9 @@ def run(workdir: Path, report: Path, commits: int) -> None:
         blob_store = CrashingFileBlobStore(str(blobs_dir(workdir)))
     value_repeat = int(os.environ.get(VALUE_REPEAT_ENV) or DEFAULT_VALUE_REPEAT)
     with TaskStorage.open(settings, TASK, blob_store=blob_store) as task:
+        # retention's batches (the log's and the backends' garbage with it) once 2 checkpoints are past the retained
+        # ones, not 10: batches, and a crash in one, within a few commits
+        task.checkpoint_log.retention_interval = RETENTION_INTERVAL
         store = task.store(STORE)
         restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
         contents = {key.hex(): value.hex() for key, value in store.items()}

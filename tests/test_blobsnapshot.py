@@ -19,8 +19,10 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
+from statebackend.metrics import Metrics
 from statebackend.recordfile import FORMAT_VERSION, iter_records, read_header
 from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
@@ -556,10 +558,14 @@ def _live_runs(blobs: MemoryBlobStore, task: TaskStorage) -> set[str]:
 
 
 def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path) -> None:
+    """With the checkpoint log's retention at every commit (``retention_interval`` 1), retention's deletes go with
+    each cleanup, so after each the blob store holds exactly what the retained checkpoints need. The batches of the
+    default interval: tests/test_request_budget.py."""
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        task.checkpoint_log.retention_interval = 1
         for round_no in range(6):
             fill(task, model, round_no * 3000, 3000, f"r{round_no}")
             fill(task, model, 0, 200, f"u{round_no}")
@@ -590,17 +596,33 @@ def contents_after_restore(config: dict[str, object], blobs: MemoryBlobStore) ->
         return contents(task)
 
 
-def test_durable_checkpoint_removes_the_expiry_of_its_blobs(tmp_path: Path) -> None:
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path)
+def test_a_durable_checkpoints_blobs_are_not_rewritten_and_no_sweep_takes_them_once_expired(tmp_path: Path) -> None:
+    """The expiry written at upload stays (removing it cost a COPY per blob at every cleanup): a sweep deletes an
+    expired blob only when no checkpoint names it, so a durable checkpoint's index and runs outlive their expiry."""
+    inner = MemoryBlobStore()
+    blobs = ResilientBlobStore(inner)
+    requests = Metrics()
+    blobs.use_metrics(requests)
+    config = make_config(tmp_path, **{"blobsnapshot.ttl.ms": 1, "blobsnapshot.gc.grace.period.ms": 0})
+    model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, {}, 0, 2000, "a")
-        checkpoint = task.commit_durably({"input": "0"})
+        task.checkpoint_log.retention_interval = 1  # the log keeps exactly the retained 2 at each commit
+        for round_no in range(3):
+            fill(task, model, round_no * 100, 2000, f"r{round_no}")
+            task.commit_durably({"input": str(round_no)})
         _drain(task)
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    for name in [marker, *run_blobs(blobs)]:
-        metadata = blobs.head(name).metadata
-        assert "expires_at" not in metadata and "durable_at" in metadata, name
+        entries = task.checkpoint_log.entries()
+        assert len(entries) == 2
+        markers = {e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries}  # type: ignore[union-attr]
+        named = markers | _live_runs(inner, task)
+        assert all("expires_at" in inner.head(name).metadata for name in named)
+        assert requests.counter("blob_store.requests", operation="set_metadata") == 0, "a cleanup rewrote metadata"
+        backup_manager(task).sweep(now=backup_manager(task).clock() + 3600)  # every blob long expired
+        assert all(inner.exists(name) for name in named), "a sweep took a blob a retained checkpoint names"
+        assert set(index_blobs(inner)) == markers, "the index retention let go is expired garbage: swept"
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
+        assert contents(task) == model
 
 
 def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp_path: Path) -> None:
@@ -749,16 +771,17 @@ def test_sweep_ages_a_blob_with_unreadable_age_metadata_from_its_first_sighting(
 
 def test_sweep_stops_deleting_a_quarter_of_the_grace_period_after_its_mark(tmp_path: Path) -> None:
     """Its marks may be stale by then (a checkpoint written since may name a run that is old by now): the sweep
-    stops, and the next one marks anew."""
+    stops, and the next one marks anew. Its deletes go in one request per prefix (indexes, then runs): a first sweep
+    whose index request takes past the deadline deletes no run; the next one deletes them."""
     clock = [1_800_000_000.0]
 
     class SlowDeletes(MemoryBlobStore):
         slow = False
 
-        def delete(self, name: str) -> None:
-            super().delete(name)
+        def delete_many(self, names: list[str]) -> None:
+            super().delete_many(names)
             if self.slow:
-                clock[0] += 1000  # past a quarter of the grace period (900 s) after one delete
+                clock[0] += 1000  # past a quarter of the grace period (900 s) after one request
 
     blobs = SlowDeletes()
     config = make_config(tmp_path)
@@ -769,11 +792,12 @@ def test_sweep_stops_deleting_a_quarter_of_the_grace_period_after_its_mark(tmp_p
         manager = backup_manager(task)
         manager.clock = lambda: clock[0]
         orphans = {PREFIX + "runs/" + digit * 64 for digit in "012"}
-        for name in orphans:
+        orphan_index = PREFIX + "index/000000000009-" + "0" * 16 + ".json"
+        for name in [*orphans, orphan_index]:
             blobs.put(name, b"orphan", metadata={"created_at": f"{clock[0] - 7200:.3f}"})
         blobs.slow = True
-        assert manager.sweep().runs_deleted == 1
-        assert len(orphans & run_blobs(blobs)) == 2
-        assert manager.sweep().runs_deleted == 1
-        assert manager.sweep().runs_deleted == 1
+        first = manager.sweep()
+        assert (first.indexes_deleted, first.runs_deleted) == (1, 0)
+        assert orphans <= run_blobs(blobs)
+        assert manager.sweep().runs_deleted == 3
         assert run_blobs(blobs) == _live_runs(blobs, task)

@@ -452,6 +452,7 @@ def test_gc_deletes_runs_merged_away_once_out_of_retention_and_never_one_a_retai
     states: dict[str, dict[bytes, bytes]] = {}
     ever_listed: set[str] = set()
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        task.checkpoint_log.retention_interval = 2  # retention's batches (the log's and the runs') within the rounds
         for round_no in range(14):
             rounds(task, model, round_no, 1)
             states[str(round_no)] = dict(model)

@@ -100,11 +100,12 @@ CRASH_POINTS: dict[str, Durable] = {
     "blobstore.put.index:4": exactly(3, landed=False),
     # commit 4's index written, no checkpoint names it: an orphan index
     "blobsnapshot.upload.index_written:4": exactly(3, landed=False),
-    # commit 4 durable, but its index and runs keep their expiry (cleanup never ran)
+    # commit 4 durable, but its cleanup never ran
     "commit.after_checkpoint_write:4": exactly(4, landed=True),
-    # the first cleanup removed the expiry of commit 1's index and run, then death
-    "blobsnapshot.cleanup.expiry_removed:1": Durable(1, 3, None),
-    # retention deleted the first index, or a run that compaction merged away and that only it listed, then death
+    # the first cleanup took commit 1's index and runs as durable (bookkeeping: nothing is written), then death
+    "blobsnapshot.cleanup.durable:1": Durable(1, 3, None),
+    # retention's first batch (the log's retention_interval is 2 in the child) deleted the first indexes and the
+    # runs that compaction merged away and that only they listed, in one request, then death
     "blobsnapshot.cleanup.deleted:1": Durable(3, 5, None),
 }
 

@@ -253,20 +253,48 @@ def test_the_sweep_stops_a_quarter_of_the_grace_period_after_its_mark() -> None:
     store = _store(a=aged(7200), b=aged(7200), c=aged(7200))
 
     class Slow(MemoryBlobStore):
-        def delete(self, name: str) -> None:
-            store.delete(name)
-            clock.now += 1000  # each delete takes 1000 s: past NOW + 900 after the first
+        def delete_many(self, names: list[str]) -> None:
+            store.delete_many(names)
+            clock.now += 1000  # each delete request takes 1000 s: past NOW + 900 after the first
 
     slow = Slow()
     slow.head = store.head  # type: ignore[method-assign]
     slow.list = store.list  # type: ignore[method-assign]
-    swept = sweep_unreferenced(slow, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=clock)
+    swept = sweep_unreferenced(slow, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=clock,
+                               batch=1)
     assert swept.stopped and len(swept.deleted) == 1
     assert len(list(store.list("p/"))) == 2
     # with no grace period there is no deadline
     clock.now = NOW + 10**6
     rest = sweep_unreferenced(slow, "p/", Mark(frozenset(), at=NOW), GraceRule(0, FirstSeen()), clock=clock)
     assert not rest.stopped and len(rest.deleted) == 2
+
+
+def test_a_batch_whose_deadline_passed_while_it_was_gathered_is_not_deleted() -> None:
+    """The deletes go in batches (one request each): the deadline is checked again just before a batch goes, so
+    heads slow enough to take the sweep past it delete nothing of what they found."""
+    clock = _Clock()
+    store = _store(a=aged(7200), b=aged(7200))
+    requests: list[list[str]] = []
+
+    class SlowHeads(MemoryBlobStore):
+        def head(self, name: str) -> BlobInfo:
+            clock.now += 500  # the second head ends past NOW + 900
+            return store.head(name)
+
+        def delete_many(self, names: list[str]) -> None:
+            requests.append(list(names))
+            store.delete_many(names)
+
+    slow = SlowHeads()
+    slow.list = store.list  # type: ignore[method-assign]
+    swept = sweep_unreferenced(slow, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=clock)
+    assert swept.stopped and swept.deleted == () and requests == []
+    assert sorted(store.list("p/")) == ["p/a", "p/b"]
+    # in time, both go in one request
+    clock.now = NOW
+    fast = sweep_unreferenced(store, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=clock)
+    assert fast.deleted == ("p/a", "p/b") and not fast.stopped
 
 
 def test_a_blob_gone_between_the_listing_and_its_head_is_not_deleted_again() -> None:
@@ -282,6 +310,10 @@ def test_a_blob_gone_between_the_listing_and_its_head_is_not_deleted_again() -> 
         def delete(self, name: str) -> None:
             deletes.append(name)
             store.delete(name)
+
+        def delete_many(self, names: list[str]) -> None:
+            deletes.extend(names)
+            store.delete_many(names)
 
     racing = Racing()
     racing.list = store.list  # type: ignore[method-assign]

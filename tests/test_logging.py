@@ -98,6 +98,7 @@ def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
     config = _config(tmp_path, **{"task.checkpoint.retained": 2, "changelog.snapshot.interval.commits": 2,
                                   "changelog.gc.interval.commits": 1, "changelog.gc.grace.period.ms": 0})
     with TaskStorage.open(config, "task-0") as task:
+        task.checkpoint_log.retention_interval = 2  # retention's batches within the commits below
         counts = task.store("counts")
         counts.put("user-0", 0)
         task.commit_durably({"clicks": "0"})

@@ -10,6 +10,7 @@ checkpoints of the same task still retain it.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +100,9 @@ def test_a_landed_checkpoint_stays_restorable_and_durable_while_later_checkpoint
     tmp_path: Path, backend: str
 ) -> None:
     """The task goes on after the lost reply (the framework builds on the landed checkpoint). While the checkpoint
-    log still holds it, it restores exactly, and its blobs do not carry an expiry (a lifecycle rule or a sweep
-    would take them)."""
+    log still holds it, it restores exactly, and no sweep takes its blobs, though every one of them is past its
+    expiry (ttl.ms 1: the expiry stays on a durable checkpoint's blobs; a sweep deletes an expired blob only when no
+    checkpoint in the log names it)."""
     inner = MemoryBlobStore()
     blobs = ControlledBlobStore(inner)
     config = make_config(backend, tmp_path)
@@ -126,7 +128,8 @@ def test_a_landed_checkpoint_stays_restorable_and_durable_while_later_checkpoint
         index = RunIndex.decode(inner.get(marker), name=marker)
         prefix = "job/task-0/counts/blobsnapshot/"
         for name in [marker, *sorted(index.blob_names(prefix))]:
-            assert EXPIRES_AT not in inner.head(name).metadata, f"{name} of a durable checkpoint still expires"
+            assert EXPIRES_AT in inner.head(name).metadata, f"{name} was written without its expiry"
+            assert float(inner.head(name).metadata[EXPIRES_AT]) < time.time(), f"{name} is not expired yet"
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=inner, checkpoint=landed_entry) as task:
         assert contents(task) == landed

@@ -77,7 +77,9 @@ def test_a_cut_body_fault_with_no_body_to_cut_does_not_shift_later_replies(azuri
 
 class LyingStore(BlobStore):
     """Wraps ``inner``; the first ``head()`` of a run answers "present, 0 bytes" (another request's reply), or the
-    first create-only put of a run is refused as "already exists" without anything written, per ``lie``."""
+    first create-only put of a run is refused as "already exists" without anything written, per ``lie``. A run is
+    put create-only with no ``head()`` first, so for the head's lie to be told the put is refused too (the head
+    then decides)."""
 
     def __init__(self, inner: BlobStore, lie: str) -> None:
         self.inner = inner
@@ -94,7 +96,8 @@ class LyingStore(BlobStore):
 
     def put(self, name: str, data: bytes, *, create_only: bool = False,
             metadata: Mapping[str, str] | None = None) -> None:
-        if create_only and self._lie_now("put", name):
+        refused = self.lie == "head" and self.lied_about is None and name.startswith(RUNS)
+        if create_only and (self._lie_now("put", name) or refused):
             raise AlreadyExistsError(f"blob {name!r} already exists (a reply about something else)")
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
 
@@ -166,15 +169,19 @@ class LosingStore(LyingStore):
             self.inner.delete(self.lied_about)
 
 
-def test_a_run_found_missing_at_cleanup_makes_the_next_commit_upload_a_base_run(tmp_path: Path) -> None:
+def test_a_run_found_missing_by_a_sweep_makes_the_next_commit_upload_a_base_run(tmp_path: Path) -> None:
+    """The sweep's listing of the runs shows the chain's run gone (a cleanup no longer touches the runs: that was
+    a metadata COPY per run per commit); the next commit then uploads a base run instead of naming the lost one."""
     blobs = MemoryBlobStore()
     losing = LosingStore(blobs)
     model = {f"k{i:06d}".encode(): f"value-{i}-".encode() * 4 for i in range(3000)}
-    with TaskStorage.open(_config(tmp_path, "writer"), "task-0", blob_store=losing) as task:
+    config = {**_config(tmp_path, "writer"), "blobsnapshot.gc.interval.commits": 1}
+    with TaskStorage.open(config, "task-0", blob_store=losing) as task:
         store = task.store("counts")
         for key, value in model.items():
             store.put(key, value)
-        task.commit_durably({"input": "0"})  # its cleanup finds the run missing
+        task.commit_durably({"input": "0"})
+        task.commit_manager.close()  # its cleanup, and the sweep after it, find the run missing
         assert losing.lied_about is not None and not blobs.exists(losing.lied_about)
         assert task.metrics.counter("blobsnapshot.runs.missing") == 1
         store.put(b"k000001", b"changed")

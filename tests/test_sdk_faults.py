@@ -175,6 +175,15 @@ def _delete(store: BlobStore, raw: BlobStore, tag: str, tmp: Path) -> None:
     assert not raw.exists(f"d/{tag}")
 
 
+def _delete_many(store: BlobStore, raw: BlobStore, tag: str, tmp: Path) -> None:
+    names = [f"dm/{tag}/{i}" for i in range(3)]
+    for name in names:
+        raw.put(name, b"x")
+    raw.put(f"dm/{tag}/kept", b"x")
+    store.delete_many([*names, f"dm/{tag}/absent"])
+    assert list(raw.list(f"dm/{tag}/")) == [f"dm/{tag}/kept"]
+
+
 def _set_metadata(store: BlobStore, raw: BlobStore, tag: str, tmp: Path) -> None:
     raw.put(f"m/{tag}", DATA, metadata={"kind": "old"})
     store.set_metadata(f"m/{tag}", META)
@@ -208,6 +217,7 @@ OPS: dict[str, tuple[Op, dict[str, bytes]]] = {
     "head": (_head, {}),
     "list": (_list, {}),
     "delete": (_delete, {}),
+    "delete_many": (_delete_many, {"s3": rb"^POST [^ ]*\?delete", "azure": rb"^POST [^ ]*comp=batch"}),
     "set_metadata": (_set_metadata, {}),
     "put_file_part": (_put_file(False), {"s3": rb"^PUT [^ ]*partNumber=", "azure": rb"^PUT [^ ]*comp=block&"}),
     "put_file_commit": (_put_file(False), {"s3": rb"^POST [^ ]*\?uploadId=", "azure": rb"^PUT [^ ]*comp=blocklist"}),

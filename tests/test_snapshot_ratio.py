@@ -23,7 +23,10 @@ UPDATES = 100
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
+    # states of some hundred KiB: the ratio alone decides (snapshot.ratio.min.bytes, tested below, would hold off
+    # the snapshots of so small a state)
     return BackendContract().make_config(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
+                                                      "changelog.snapshot.ratio.min.bytes": 0,
                                                       "changelog.gc.interval.commits": 0, **extra})
 
 
@@ -100,6 +103,34 @@ def test_a_task_opened_for_every_commit_snapshots_by_the_ratio_too(tmp_path: Pat
     seqs = snapshot_seqs(blobs, seen)
     assert seqs
     check_first_snapshot(sizes, seqs[0], 1.0)
+
+
+def test_deltas_under_the_ratio_min_bytes_make_no_snapshot_due(tmp_path: Path) -> None:
+    """``snapshot.ratio.min.bytes``: the ratio (0.2 here: a snapshot every 4 commits or so on this state) waits until
+    the deltas since the base hold that many bytes too, so a small state does not pay a snapshot PUT every few
+    commits; the first snapshot comes once the deltas reach it, not a commit earlier than the sizes allow."""
+    blobs = MemoryBlobStore()
+    sizes: dict[int, int] = {}
+    seen: set[int] = set()
+    model: dict[bytes, bytes] = {}
+    min_bytes = 40_000
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.ratio": 0.2,
+                                     "changelog.snapshot.ratio.min.bytes": min_bytes})
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(40):
+            commit_round(task, round_no, model)
+            delta_sizes(blobs, sizes)
+            maintenance_pool().submit(lambda: None).result()
+            snapshot_seqs(blobs, seen)
+    seqs = snapshot_seqs(blobs, seen)
+    assert seqs, "no snapshot in 40 commits, though the deltas outgrew the minimum"
+    first = seqs[0]
+    assert 0.2 * sizes[1] < min_bytes, "the ratio alone would not have waited: the test shows nothing"
+    assert sum(sizes[s] for s in range(2, first - 1)) < min_bytes, (first, sizes)
+    assert sum(sizes[s] for s in range(2, first + 1)) + max(sizes[s] for s in range(2, first + 1)) >= min_bytes
+    shutil_rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
 
 
 def test_ratio_zero_leaves_the_commit_interval_alone(tmp_path: Path) -> None:

@@ -386,11 +386,11 @@ def test_the_example_third_party_backend_keeps_copies_of_one_store_by_its_store_
         for round_no in range(6):
             write(task, names, round_no, model)
             task.commit_durably({"input": str(round_no)})
-    # closing waited for the cleanups: the last one kept the copies of the three checkpoints in the log then, and
-    # for counts the two newest copies before them
+    # closing trimmed the log to the retained two and ran the cleanups again: they kept the copies of those two
+    # checkpoints, and for counts the two newest copies before them
     kept = {name: [blob.rsplit("/", 1)[1] for blob in blobs.list(f"job/task-0/{name}/fullcopy/")] for name in names}
-    assert len(kept["other"]) == 3
-    assert len(kept["counts"]) == 5
+    assert len(kept["other"]) == 2
+    assert len(kept["counts"]) == 4
     assert kept["counts"][2:] == kept["other"]  # one flush version per commit names both stores' copies
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:

@@ -11,9 +11,11 @@ Per commit and store:
   writes the index (the live runs, oldest first) create-only. The marker is the index's name. Cost and bytes follow
   the change. When this backend has no chain for the store's data (the first commit after a migration, a fallback
   restore from another backend, a broken chain), the upload writes a *base run* of the whole store instead, once.
-- ``cleanup()`` (commit pool, after the checkpoint is durable): removes the expiry of the index and of its runs
-  (seed 002's remove-TTL), then deletes the indexes that fell out of the last ``task.checkpoint.retained`` and the
-  runs only they referenced.
+- ``cleanup()`` (commit pool, after the checkpoint is durable): the indexes that fell out of the last
+  ``task.checkpoint.retained`` and the runs only they referenced become garbage, deleted in one request when the
+  checkpoint log lets its old checkpoints go (every ``retention_interval`` commits, and at close). The expiry
+  (``expires_at``) written at upload stays on blobs a durable checkpoint names (no sweep deletes a marked blob;
+  removing it cost a COPY per blob per commit).
 
 Compaction (one at a time per store, on a process-wide compaction thread; never on the task thread, never awaited
 by a commit): size-tiered. When ``compaction.fanout`` runs of one level exist, the oldest of them are merged into one
@@ -221,16 +223,8 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         state.needs_base = False
         state.uploaded.update(index.run_hashes())
         self._adopt_recorded_compaction(state)
-        # A crash between the checkpoint write and cleanup leaves the expiry on a durable index: remove it now.
-        if context.blob_store.supports_metadata:
-            try:
-                metadata = context.blob_store.head(marker).metadata
-            except NotFoundError:
-                metadata = {}
-            if EXPIRES_AT in metadata:
-                self._make_durable(state, marker, index)
-            else:
-                state.durable_runs = index.run_hashes()
+        # the restored checkpoint is durable: its runs may be named again whatever their age
+        self._make_durable(state, index)
 
     def _runs_not_whole(self, state: StoreState, index: RunIndex) -> list[str]:
         """The runs of ``index`` the blob store does not hold at their exact length."""

@@ -40,7 +40,8 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
             "sweep every batch)"),
         "ttl.ms": OptionSpec(
             parse_duration_ms(min=1), 7 * 24 * 3_600_000,
-            "expiry written on new runs and indexes; removed once a durable checkpoint uses them"),
+            "expiry written on new runs and indexes: a sweep deletes an expired blob no checkpoint names whatever "
+            "its age"),
     }
 
     def backup_manager(self, context: BackendContext) -> BlobSnapshotBackupManager:

@@ -1,16 +1,20 @@
 """Garbage of the blob-snapshot backend: retention after each durable checkpoint, and the mark-and-sweep of what
 retention cannot see.
 
-- **Retention** (``cleanup()``, after a checkpoint is durable): seed 002's remove-TTL (the index and its runs lose
-  their ``expires_at``; their ``created_at`` restarts, so a collection by age of a blob that later falls out of
-  retention still waits a grace period), the index joins the window of the last ``task.checkpoint.retained`` durable
-  ones, and the indexes that fall out of it and the runs only they referenced are deleted.
+- **Retention** (``cleanup()``, after a checkpoint is durable): the index and its runs count as durable (bookkeeping
+  only: their ``expires_at`` stays, since no sweep deletes a blob a retained checkpoint names, and rewriting the
+  metadata cost a COPY per blob per commit), the index joins the window of the last ``task.checkpoint.retained``
+  durable ones, and the indexes that fall out of it and the runs only they referenced become garbage, deleted with
+  one ``delete_many`` when the checkpoint log lets its old checkpoints go (``CheckpointLog.trims``: every
+  ``retention_interval`` commits, and at close), so no checkpoint the log still holds loses a blob. What is live
+  again by then (a run a new index names) is kept.
 - **Mark-and-sweep** (:meth:`BlobSnapshotGc.sweep`, every ``gc.interval.commits`` commits and at init with
   ``gc.on.init``): the mark is every index a checkpoint in the checkpoint log names plus the ones this manager holds,
   and every run they, the chain and a running compaction reference; the sweep deletes unmarked indexes, runs and
   schema-1 chunks that are already expired (``expires_at``) or old enough by the age rule of
   :mod:`statebackend.kit.gc`, and stops a quarter of the grace period after its mark. When a live index cannot be
-  read, no run is deleted.
+  read, no run is deleted. Its listing of the runs also checks the chain: a run of the chain the blob store no longer
+  holds (lost on its side) makes the next commit upload a base run.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from statebackend.backends.blobsnapshot.format import (
     run_name,
     runs_prefix,
 )
-from statebackend.backends.blobsnapshot.state import DURABLE_AT, EXPIRES_AT, BlobSnapshotManagerState, StoreState
+from statebackend.backends.blobsnapshot.state import EXPIRES_AT, BlobSnapshotManagerState, StoreState
 
 from statebackend.crashpoints import crashpoint
-from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, StateBackendError
-from statebackend.kit import Mark, created_at_metadata, mark_referenced, sweep_unreferenced
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError
+from statebackend.kit import Mark, mark_referenced, sweep_unreferenced
 
 __all__ = ["BlobSnapshotGc", "SweepReport"]
 
@@ -65,11 +69,16 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         return total
 
     def _cleanup(self, markers: dict[str, str]) -> None:
+        trims = self._checkpoint_log().trims
+        trimming = trims != self._trims_seen  # the log lets its old checkpoints go now: their blobs go with them
+        self._trims_seen = trims
         for name, marker in markers.items():
             state = self._states[name]
             with state.io_lock:
                 self._cleanup_store(state, marker)
                 state.cleanups += 1
+                if trimming:
+                    self._delete_garbage(state)
                 # by the checkpoint's sequence number, not by cleanups in this process: a job that opens its task
                 # for each batch (the Spark driver) sweeps every gc.interval.commits commits all the same
                 parsed = parse_index_name(marker)
@@ -88,8 +97,8 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                 log.debug("store %s: cleanup of %s found it gone already", state.name, marker,
                           extra=self._extra(state.name))
                 return
-        self._make_durable(state, marker, index)
-        crashpoint("blobsnapshot.cleanup.expiry_removed")
+        self._make_durable(state, index)
+        crashpoint("blobsnapshot.cleanup.durable")
         state.last_durable_seq = max(state.last_durable_seq, index.seq)
         if marker not in retained:
             state.retained.append((marker, index))
@@ -99,26 +108,38 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         dropped: list[tuple[str, RunIndex]] = []
         while len(state.retained) > max(1, self.retained):
             dropped.append(state.retained.popleft())
-        if not dropped:
+        for name, dropped_index in dropped:
+            state.garbage.add(name)
+            state.released[name] = dropped_index
+            state.garbage.update(run_name(state.prefix, digest) for digest in dropped_index.run_hashes())
+
+    def _delete_garbage(self, state: StoreState) -> None:
+        """Delete, in one request, the garbage retention left: what no live index, the chain or a compaction uses
+        now (a run a newer index names again stays). Call with ``state.io_lock`` held."""
+        if not state.garbage:
             return
         live = state.live_indexes()
-        keep = {digest for live_index in live.values() for digest in live_index.run_hashes()}
-        keep |= {run.hash for run in state.runs} | {run.hash for run in state.compaction_inputs}
+        keep = set(live) | {run_name(state.prefix, digest) for index in live.values() for digest in index.run_hashes()}
+        keep |= {run_name(state.prefix, run.hash) for run in (*state.runs, *state.compaction_inputs)}
         if state.compaction_output is not None:
-            keep.add(state.compaction_output)
-        garbage = sorted({digest for _, i in dropped for digest in i.run_hashes()} - keep)
-        blob_store = self.context.blob_store
-        for digest in garbage:
-            blob_store.delete(run_name(state.prefix, digest))
-            crashpoint("blobsnapshot.cleanup.deleted")
+            keep.add(run_name(state.prefix, state.compaction_output))
+        state.garbage -= keep
+        doomed = sorted(state.garbage)
+        if not doomed:
+            return
+        self.context.blob_store.delete_many(doomed)
+        crashpoint("blobsnapshot.cleanup.deleted")
+        runs = runs_prefix(state.prefix)
+        deleted_runs = [name for name in doomed if name.startswith(runs)]
+        for name in deleted_runs:
+            digest = name.rsplit("/", 1)[-1]
             state.uploaded.discard(digest)
             state.durable_runs.discard(digest)
-        for name, _ in dropped:
-            if name not in live:
-                blob_store.delete(name)
-                crashpoint("blobsnapshot.cleanup.deleted")
-        self.context.metrics.increment("blobsnapshot.runs.deleted", len(garbage))
-        self.context.metrics.increment("blobsnapshot.indexes.deleted", len(dropped))
+        state.garbage.difference_update(doomed)
+        for name in doomed:
+            state.released.pop(name, None)
+        self.context.metrics.increment("blobsnapshot.runs.deleted", len(deleted_runs))
+        self.context.metrics.increment("blobsnapshot.indexes.deleted", len(doomed) - len(deleted_runs))
 
     def _settle_older_pending(self, state: StoreState, seq: int) -> None:
         """Indexes written before ``seq`` whose commit never got a cleanup: their checkpoint write failed, or it
@@ -135,52 +156,18 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             if marker in in_log:
                 log.info("store %s: index %s belongs to a checkpoint that landed although its write was reported "
                          "failed; kept as durable", state.name, marker, extra=self._extra(state.name))
-                self._make_durable(state, marker, index)
+                self._make_durable(state, index)
                 state.retained.append((marker, index))
                 self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
             else:
                 log.debug("store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
                           "it after the grace period", state.name, marker, extra=self._extra(state.name))
 
-    def _make_durable(self, state: StoreState, marker: str, index: RunIndex) -> None:
-        """Seed 002's remove-TTL: a durable checkpoint's index and runs never expire."""
-        blob_store = self.context.blob_store
-        if not blob_store.supports_metadata:
-            state.durable_runs |= index.run_hashes()
-            return
-        # the expiry goes; the age restarts now, so a collection by age (a sweep, `statebackend gc`) of a blob that
-        # later falls out of retention still waits a grace period from here
-        now = self.clock()
-        durable = {**created_at_metadata(now), DURABLE_AT: f"{now:.3f}"}
-        for digest in sorted(index.run_hashes() - state.durable_runs):
-            name = run_name(state.prefix, digest)
-            try:
-                blob_store.set_metadata(name, durable)
-            except NotFoundError:
-                self.context.metrics.increment("blobsnapshot.runs.missing")
-                log.error("store %s: run %s of durable index %s is missing; that checkpoint cannot be restored "
-                          "from blobsnapshot; the next commit uploads a base run", state.name, name, marker,
-                          extra=self._extra(state.name))
-                state.uploaded.discard(digest)
-                if any(run.hash == digest for run in state.runs):
-                    state.needs_base = True
-                continue
-            except StateBackendError as exc:
-                # not fatal to retention: the run stays out of durable_runs and the next index using it retries
-                self.context.metrics.increment("blobsnapshot.ttl.failures")
-                log.warning("store %s: could not remove the expiry of run %s: %s", state.name, name, exc,
-                            extra=self._extra(state.name))
-                continue
-            state.durable_runs.add(digest)
-            self.context.metrics.increment("blobsnapshot.ttl.removed")
-        try:
-            blob_store.set_metadata(marker, durable)
-        except NotFoundError:
-            log.error("store %s: durable index %s is missing", state.name, marker, extra=self._extra(state.name))
-        except StateBackendError as exc:
-            self.context.metrics.increment("blobsnapshot.ttl.failures")
-            log.warning("store %s: could not remove the expiry of index %s: %s", state.name, marker, exc,
-                        extra=self._extra(state.name))
+    def _make_durable(self, state: StoreState, index: RunIndex) -> None:
+        """A durable checkpoint names ``index``: its runs may be named again by any later index whatever their age
+        (a sweep never deletes what a retained checkpoint names). Bookkeeping only: the blobs keep their
+        ``expires_at``, which no sweep acts on while they are marked."""
+        state.durable_runs |= index.run_hashes()
 
     def _sweep_store(self, state: StoreState, now: float) -> SweepReport:
         marked_at = self.clock()  # before the listing: the marks show the log as of then, at the latest
@@ -195,7 +182,7 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
 
         def runs_named_by(marker: str) -> set[str] | None:
             """The runs of live index ``marker``; None (runs are left alone) when it cannot be read."""
-            index = live[marker]
+            index = live[marker] or state.released.get(marker)  # one retention let go is not read again
             if index is None:
                 try:
                     index = self._read_index(marker, state.name)
@@ -236,6 +223,8 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             if not swept[-1].stopped:
                 swept.append(sweep_unreferenced(blob_store, prefix, runs, self._grace, clock=self.clock, now=now,
                                                 expired=_expired, on_deleted=run_deleted))
+        if len(swept) > 1 and runs.complete:
+            self._check_chain_present(state, swept[1].listed)
         indexes_deleted = len(swept[0].deleted)
         runs_deleted = sum(len(s.deleted) for s in swept[1:])
         if any(s.stopped for s in swept):
@@ -250,9 +239,32 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                       indexes_deleted, extra=self._extra(state.name))
         return SweepReport(indexes_deleted, runs_deleted, not runs.complete)
 
+    def _check_chain_present(self, state: StoreState, listed: frozenset[str]) -> None:
+        """A run of the chain that the sweep's listing of the runs did not show, and that a ``head()`` then does not
+        find, was lost on the blob store's side (or never written, the reply that said so being another request's):
+        the next commit uploads a base run, so no later checkpoint depends on it. The listing is the sweep's own, so
+        this costs no request unless a run is missing from it."""
+        blob_store = self.context.blob_store
+        for run in list(state.runs):
+            name = run_name(state.prefix, run.hash)
+            if name in listed or run.hash not in state.uploaded:
+                continue
+            try:
+                blob_store.head(name)
+                continue
+            except NotFoundError:
+                pass
+            self.context.metrics.increment("blobsnapshot.runs.missing")
+            log.error("store %s: run %s of the chain is missing from the blob store; the checkpoints that name it "
+                      "cannot be restored from blobsnapshot; the next commit uploads a base run", state.name, name,
+                      extra=self._extra(state.name))
+            state.uploaded.discard(run.hash)
+            state.durable_runs.discard(run.hash)
+            state.needs_base = True
+
 
 def _expired(metadata: Mapping[str, str], now: float) -> bool:
-    """Whether a blob's ``expires_at`` (seed 002: set at upload, removed once a durable checkpoint names the blob)
+    """Whether a blob's ``expires_at`` (seed 002: set at upload; no sweep acts on it while a checkpoint names the blob)
     has passed: an expired blob goes whatever its age. An unreadable expiry is no expiry."""
     value = metadata.get(EXPIRES_AT)
     if value is None:

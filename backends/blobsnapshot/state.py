@@ -41,7 +41,8 @@ CACHE_DIR = "blobsnapshot-runs"
 #: a compaction result not yet adopted by an index (the open that made it closed first)
 COMPACTED_FILE = "blobsnapshot-compacted.json"
 #: metadata keys on runs and indexes beside ``created_at`` (statebackend.kit.CREATED_AT; seconds since the epoch, as
-#: decimal strings): when a blob not (yet) named by a durable checkpoint expires, and when one was made durable
+#: decimal strings): when a blob no checkpoint names may be swept whatever its age (written at upload); and when one
+#: was made durable (written by releases that removed the expiry at each cleanup, a COPY per blob; read by none)
 EXPIRES_AT = "expires_at"
 DURABLE_AT = "durable_at"
 #: the level of base runs (above every merge level)
@@ -96,6 +97,8 @@ class StoreState:
     #: run hashes known present in the blob store, and when this manager uploaded them
     uploaded: set[str] = attrs.field(factory=set)
     uploaded_at: dict[str, float] = attrs.field(factory=dict)
+    #: run hashes whose upload failed (its reply may have been lost after it landed): looked up before a new try
+    attempted: set[str] = attrs.field(factory=set)
     #: run hashes whose expiry was removed (referenced by a durable index)
     durable_runs: set[str] = attrs.field(factory=set)
     prepared: dict[str, Prepared] = attrs.field(factory=dict)
@@ -109,6 +112,10 @@ class StoreState:
     pending: dict[str, RunIndex] = attrs.field(factory=dict)
     #: durable indexes, oldest first, at most ``retained``
     retained: deque[tuple[str, RunIndex]] = attrs.field(factory=deque)
+    #: indexes and runs retention let go, deleted with the checkpoint log's next trim (unless live again by then)
+    garbage: set[str] = attrs.field(factory=set)
+    #: the indexes of ``garbage``: the checkpoint log may still hold their checkpoints, which a sweep then marks
+    released: dict[str, RunIndex] = attrs.field(factory=dict)
     cleanups: int = 0
     last_durable_seq: int = 0
     #: guards the quick fields (seq, prepared, compaction); held only briefly
@@ -150,6 +157,8 @@ class BlobSnapshotManagerState:
     _closed: bool = attrs.field(init=False, default=False)
     #: compactions stop at their next check (``cancel_background``)
     _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
+    #: the checkpoint log's retention batches seen (``CheckpointLog.trims``): retention's garbage goes with each
+    _trims_seen: int = attrs.field(init=False, default=0)
     #: when this manager's sweeps first saw each unreferenced blob of unknown age (the age rule of statebackend.kit.gc)
     _first_seen: FirstSeen = attrs.field(init=False, factory=FirstSeen)
 
@@ -170,7 +179,7 @@ class BlobSnapshotManagerState:
     def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
         """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""
         names = set()
-        for entry in self._checkpoint_log().entries():
+        for entry in self._checkpoint_log().entries(cached=True):  # its own checkpoints are not read back
             if isinstance(entry.checkpoint, CheckpointV2):
                 marker = entry.checkpoint.markers_for(self.context.factory_name).get(store_name)
                 if marker is not None:

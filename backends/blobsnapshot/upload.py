@@ -87,37 +87,46 @@ class RunUpload(BlobSnapshotManagerState):
         """Upload one run unless the blob store holds exactly its bytes and an index may name them; whether it was
         written.
 
-        "Present" needs evidence about *this* run: a ``head()`` that finds a blob of its length under its
-        content-addressed name. A create-only write refused as "already exists" is checked the same way; a blob of
-        another length under the name is overwritten with the run's bytes, the only bytes the name can hold. A
-        present blob is reused only when no sweep can take it before a checkpoint names it: a retained durable index
-        names it, or it is younger than half the grace period. Otherwise (a run whose upload reply was lost long
-        ago, an identical run of a checkpoint retention dropped) the same bytes are written again, with a fresh
-        age."""
+        A run never tried before is written create-only with no ``head()`` first: a content-addressed name almost
+        never exists yet, so asking first would cost a request per run for nothing. A run whose earlier upload failed
+        (its reply may have been lost after it landed) is looked up first, so it is not sent twice. "Present" needs
+        evidence about *this* run: a ``head()`` that finds a blob of its length under its name, never a refusal
+        ("already exists") alone; a blob of another length under the name is overwritten with the run's bytes, the
+        only bytes the name can hold. A present blob is reused only when no sweep can take it before a checkpoint
+        names it: a retained durable index names it, or it is younger than half the grace period. Otherwise (a run
+        whose upload reply was lost long ago, an identical run of a checkpoint retention dropped) the same bytes are
+        written again, with a fresh age."""
         blob_store = self.context.blob_store
         name = run_name(state.prefix, run.hash)
         refresh = run.hash in state.uploaded  # an old upload no durable index names: write it again, same bytes
         created_at = self.clock()
-        if not refresh:
+        if not refresh and run.hash in state.attempted:
             found, age = self._present(state, name, run)
             if found == "reusable":
                 self._found_at(state, run, age)
+                state.attempted.discard(run.hash)
                 return False
             refresh = found == "too old"
-        if refresh:
-            blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
-        else:
-            try:
-                blob_store.put_file(name, path, create_only=True, metadata=self._new_metadata(created_at))
-            except AlreadyExistsError:
-                found, age = self._present(state, name, run)
-                if found == "reusable":
-                    self._found_at(state, run, age)
-                    return False  # same name, same content: an earlier try wrote it first
-                if found == "absent":
-                    log.warning("store %s: run %s was reported taken but holds no blob of its length; writing it "
-                                "again", state.name, name, extra=self._extra(state.name))
+        try:
+            if refresh:
                 blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
+            else:
+                try:
+                    blob_store.put_file(name, path, create_only=True, metadata=self._new_metadata(created_at))
+                except AlreadyExistsError:
+                    found, age = self._present(state, name, run)
+                    if found == "reusable":
+                        self._found_at(state, run, age)
+                        state.attempted.discard(run.hash)
+                        return False  # same name, same content: an earlier try (or an identical run) wrote it
+                    if found == "absent":
+                        log.warning("store %s: run %s was reported taken but holds no blob of its length; writing "
+                                    "it again", state.name, name, extra=self._extra(state.name))
+                    blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
+        except BaseException:
+            state.attempted.add(run.hash)  # it may have landed: the next try looks it up before sending it again
+            raise
+        state.attempted.discard(run.hash)
         state.uploaded_at[run.hash] = created_at
         crashpoint("blobsnapshot.upload.run_uploaded")
         return True

@@ -31,7 +31,8 @@ snapshots (snapshots.py), retention and the sweep (gc.py); this module holds the
 Failure handling: a delta whose upload failed stays staged on local disk and is uploaded again by the next commit,
 whose recipe still lists it. If a delta could not even be encoded, the chain is broken and the next commit re-bases
 on a fresh snapshot of its own version. Retention: ``cleanup`` keeps the blobs that the last
-``task.checkpoint.retained`` durable checkpoints need and deletes what only older ones needed.
+``task.checkpoint.retained`` durable checkpoints need and deletes what only older ones needed, in one request when
+the checkpoint log lets its old checkpoints go (every ``retention_interval`` commits, and at close).
 """
 
 from __future__ import annotations

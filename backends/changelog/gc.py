@@ -2,8 +2,10 @@
 cannot see.
 
 - **Retention** (``cleanup()``, after a commit is durable): keep the blobs the last ``task.checkpoint.retained``
-  durable recipes (and the chain being built) need, delete what only older recipes needed, and remove staged files no
-  future commit uploads (never one in flight: :data:`statebackend.kit.IN_FLIGHT`).
+  durable recipes (and the chain being built) need; what only older recipes needed is garbage, deleted with one
+  ``delete_many`` when the checkpoint log lets its old checkpoints go (``CheckpointLog.trims``: every
+  ``retention_interval`` commits, and at close), so no checkpoint the log still holds loses a blob; remove staged
+  files no future commit uploads (never one in flight: :data:`statebackend.kit.IN_FLIGHT`).
 - **Mark-and-sweep** (:meth:`ChangelogGc.sweep`, every ``gc.interval.commits`` commits): the mark is every blob a
   changelog marker of a checkpoint in the checkpoint log names, plus this manager's own chain, its retained recipes
   and a running background snapshot's blob; an unmarked delta or snapshot is deleted only when its seq is at or below
@@ -45,7 +47,7 @@ class ChangelogGc(ChangelogManagerState):
         # superseded checkpoints carry higher seqs than the chain the head and its next owner build on.
         newest_seq: dict[str, int] = {name: 0 for name in self._lineages}
         marked_at = self.clock()  # before the listing: the marks show the log as of then, at the latest
-        entries = self._checkpoint_log().entries()
+        entries = self._checkpoint_log().entries(cached=True)  # its own checkpoints are not read back
         for entry in entries:
             if not isinstance(entry.checkpoint, CheckpointV2):
                 continue
@@ -116,28 +118,44 @@ class ChangelogGc(ChangelogManagerState):
                 dropped: list[Recipe] = []
                 while len(lineage.retained) > max(1, self.retained):
                     dropped.append(lineage.retained.popleft())
-                keep = {n for r in lineage.retained for n in r.blob_names()}
-                keep.update(lineage.recipe().blob_names())
-                # garbage a failed cleanup left behind is tried again here (delete is idempotent)
+                # garbage a failed delete left behind stays here and goes with the next batch (delete is idempotent)
                 lineage.garbage.update(n for r in dropped for n in r.blob_names())
-                lineage.garbage.difference_update(keep)
-                garbage = sorted(lineage.garbage)
-            for blob in garbage:
-                self.context.blob_store.delete(blob)
-                with lineage.lock:
-                    lineage.garbage.discard(blob)
-                crashpoint("changelog.cleanup.deleted")
-                with lineage.lock:
-                    lineage.uploaded.discard(blob)
-                    lineage.uploaded_at.pop(blob, None)
-                    lineage.blob_bytes.pop(blob, None)
-            if garbage:
-                self.context.metrics.increment("changelog.blobs.deleted", len(garbage))
             self._drop_abandoned_staged_files(lineage, recipe)
+        trims = self._checkpoint_log().trims
+        if trims != self._trims_seen:  # the log lets its old checkpoints go now: their blobs go with them
+            self._trims_seen = trims
+            self._delete_garbage()
         heads = [Recipe.decode(marker, prefix=self._lineages[name].prefix, source=f"store {name}").seq
                  for name, marker in markers.items()]
         if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
             self.sweep()
+
+    def _delete_garbage(self) -> None:
+        """Delete, in one request for every store of this manager, what retention let go and nothing needs now: no
+        retained recipe, the chain being built, nor a background snapshot in progress."""
+        doomed: dict[str, list[str]] = {}
+        for name, lineage in self._lineages.items():
+            with lineage.lock:
+                keep = {n for r in lineage.retained for n in r.blob_names()}
+                keep.update(lineage.recipe().blob_names())
+                if lineage.background_name is not None:
+                    keep.add(lineage.background_name)
+                lineage.garbage.difference_update(keep)
+                if lineage.garbage:
+                    doomed[name] = sorted(lineage.garbage)
+        if not doomed:
+            return
+        self.context.blob_store.delete_many([blob for blobs in doomed.values() for blob in blobs])
+        crashpoint("changelog.cleanup.deleted")
+        for name, blobs in doomed.items():
+            lineage = self._lineages[name]
+            with lineage.lock:
+                lineage.garbage.difference_update(blobs)
+                for blob in blobs:
+                    lineage.uploaded.discard(blob)
+                    lineage.uploaded_at.pop(blob, None)
+                    lineage.blob_bytes.pop(blob, None)
+        self.context.metrics.increment("changelog.blobs.deleted", sum(len(blobs) for blobs in doomed.values()))
 
     def _drop_abandoned_staged_files(self, lineage: Lineage, durable: Recipe) -> None:
         """Staged deltas a re-base or an adopted snapshot left behind: at or below the durable head and not in its

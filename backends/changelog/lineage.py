@@ -81,7 +81,9 @@ class ChangelogManagerState:
     retained: int
     #: a snapshot is due once the delta files after the base hold this many times the base's bytes (0: off)
     snapshot_interval_ratio: float = 1.0
-    gc_interval_commits: int = 20
+    #: ... and at least this many bytes: a small state's snapshots would otherwise cost a PUT every few commits
+    snapshot_ratio_min_bytes: int = 1 << 20
+    gc_interval_commits: int = 100
     gc_grace_period_ms: int = 3_600_000
     #: wall clock (seconds since the epoch) for blob ages and the sweep's time bound; tests may replace it
     clock: Callable[[], float] = time.time
@@ -89,6 +91,8 @@ class ChangelogManagerState:
     _closed: bool = attrs.field(init=False, default=False)
     #: background snapshots stop at their next check (``cancel_background``)
     _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
+    #: the checkpoint log's retention batches seen (``CheckpointLog.trims``): retention's garbage goes with each
+    _trims_seen: int = attrs.field(init=False, default=0)
     #: when this manager's sweeps first saw each unmarked blob of unknown age (the age rule of statebackend.kit.gc)
     _first_seen: FirstSeen = attrs.field(init=False, factory=FirstSeen)
 

@@ -124,7 +124,8 @@ class BackgroundSnapshots(ChangelogUpload):
         Without a snapshot, the chain's first delta (loaded in bulk onto the empty store at restore, as a snapshot
         is) is the base. A restore downloads and applies at most the base plus that ratio of it, and the snapshots'
         bytes, amortized, follow the change: about the deltas' bytes over the ratio per commit, where a fixed commit
-        interval costs the whole state's."""
+        interval costs the whole state's. Deltas under ``snapshot.ratio.min.bytes`` in all never make one due: a
+        snapshot is a PUT, and a small state would pay one every few commits to save a restore a few KiB."""
         ratio = self.snapshot_interval_ratio
         if ratio <= 0:
             return False
@@ -142,7 +143,7 @@ class BackgroundSnapshots(ChangelogUpload):
         if base_bytes is None or not known:
             return None
         estimate = sum(known) + sum(known) / len(known) * (len(chain) - len(known))
-        return estimate >= ratio * base_bytes
+        return estimate >= max(ratio * base_bytes, self.snapshot_ratio_min_bytes)
 
     def _maybe_start_background_snapshot(self, lineage: Lineage, change: ChangeSet) -> None:
         by_ratio = self._ratio_due(lineage)

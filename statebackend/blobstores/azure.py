@@ -78,6 +78,8 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: deletes in one Blob Batch request (the service's limit)
+_DELETE_BATCH = 256
 _CONTAINER_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,61})[a-z0-9]$")
 
 #: what the SDK (or the stdlib under it) raises for a reply cut inside its head or body, or missing a mandatory
@@ -288,6 +290,71 @@ class AzureBlobStore(PartedBlobStore):
                 if _code(exc) == "ContainerNotFound":
                     raise
                 # an absent blob is success
+
+    @sdk_boundary
+    def delete_many(self, names: builtins.list[str]) -> None:
+        """Blob Batch deletes, 256 names per request, each request retried through the resilience layer for the
+        names it has not deleted yet. An absent blob (404 ``BlobNotFound``) is success; a missing container is the
+        :class:`StorageError` of :meth:`delete`. The reply must hold one answer per name asked: one that does not is
+        cut or malformed, a transient fault. Per-name answers: throttling and server errors are transient
+        (retried), others a :class:`StorageError` naming the names not deleted."""
+        paths = {self._root() + check_blob_name(name): name for name in dict.fromkeys(names)}
+        ordered = builtins.list(paths)
+        for start in range(0, len(ordered), _DELETE_BATCH):
+            remaining = ordered[start : start + _DELETE_BATCH]
+
+            def attempt(batch: builtins.list[str] = remaining) -> None:
+                failed, error = self._delete_batch(builtins.list(batch), paths)
+                batch[:] = failed  # what a retry still has to delete
+                if error is not None:
+                    raise error
+
+            self._request("delete_many", attempt, True)
+
+    def _delete_batch(
+        self, batch: builtins.list[str], paths: Mapping[str, str]
+    ) -> tuple[builtins.list[str], StorageError | None]:
+        """One Blob Batch of deletes of ``batch`` (paths in the container): the paths it did not delete and the error
+        saying why (``None``: all deleted). A request that failed as a whole, or a reply without an answer for each
+        path, raises."""
+        if not batch:
+            return [], None
+        what = f"{paths[batch[0]]!r} and {len(batch) - 1} more" if len(batch) > 1 else repr(paths[batch[0]])
+        with self._errors(what):
+            answers = builtins.list(self._container_client.delete_blobs(*batch, raise_on_any_failure=False))
+            statuses = [(answer.status_code, str(answer.headers.get("x-ms-error-code") or "")) for answer in answers]
+        if len(statuses) != len(batch) or any(not isinstance(status, int) for status, _ in statuses):
+            raise TransientStorageError(
+                f"the Blob Batch reply of {self.describe()} for {what} holds {len(statuses)} answers for "
+                f"{len(batch)} deletes: the reply was cut or malformed; worth a retry"
+            )
+        failed: builtins.list[str] = []
+        codes: set[str] = set()
+        transient = True
+        for path, (status, code) in zip(batch, statuses, strict=True):
+            if 200 <= status < 300 or (status == 404 and code != "ContainerNotFound"):
+                continue  # deleted, or absent: success
+            failed.append(path)
+            codes.add(f"{status} {code}".strip())
+            transient = transient and (status in _TRANSIENT_STATUS or status >= 500)
+        if not failed:
+            return [], None
+        shown = ", ".join(repr(paths[path]) for path in failed[:3]) + (" ..." if len(failed) > 3 else "")
+        message = (f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
+                   f"{', '.join(sorted(codes))}")
+        if transient:
+            return failed, TransientStorageError(message + "; worth a retry")
+        if any(code.endswith("ContainerNotFound") for code in codes):
+            return failed, StorageError(
+                f"container {self.container!r} does not exist in {self.describe()}: create it or set "
+                "blob.store.create.if.missing=true"
+            )
+        if any(code.startswith("403") for code in codes):
+            return failed, StorageError(
+                message + ": check the account key / SAS (its delete permission) in blob.store.connection.string or "
+                "blob.store.credential (or AZURE_STORAGE_CONNECTION_STRING)"
+            )
+        return failed, StorageError(message)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self._list_names(prefix)

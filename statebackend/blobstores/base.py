@@ -6,7 +6,8 @@ Every implementation behaves the same way, proven by one contract suite (``state
 - ``put`` replaces atomically: a reader sees the old blob or the new one, never a part. With ``create_only=True``
   it raises :class:`AlreadyExistsError` when the name is taken (S3 412, Azure 409, ``O_EXCL``) and writes nothing.
 - ``get`` of an absent name raises :class:`NotFoundError`. A byte range ``[start, end)`` is clamped to the blob.
-- ``delete`` is idempotent: an absent name is success.
+- ``delete`` is idempotent: an absent name is success. ``delete_many`` deletes a batch of names the same way, in
+  one request where the service has one (S3 DeleteObjects, Azure Blob Batch).
 - ``list(prefix)`` yields the names under ``prefix`` (plain string prefix), sorted.
 - ``head`` gives size and metadata, or :class:`NotFoundError`.
 - names that are empty, absolute, contain ``..`` or ``.`` segments, empty segments or NUL are rejected with
@@ -224,6 +225,10 @@ class BlobStore(abc.ABC):
             yield chunk
 
     def delete_many(self, names: builtins.list[str]) -> None:  # builtins: ``list`` here is the method above
+        """Delete every blob in ``names``; absent ones are success (idempotent, like :meth:`delete`). A store that
+        deletes many names in one request overrides this (S3 DeleteObjects, Azure Blob Batch: a retention of many
+        blobs is then one request, not one each). A failure raises the error of :meth:`delete` naming what was not
+        deleted; the other names may be gone (retrying the whole call is safe). The default deletes one by one."""
         for name in names:
             self.delete(name)
 

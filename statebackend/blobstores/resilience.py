@@ -467,6 +467,18 @@ class ResilientBlobStore(BlobStore):
     def delete(self, name: str) -> None:
         self.resilience.call("delete", lambda: self.inner.delete(name), hedge=True)
 
+    def delete_many(self, names: builtins.list[str]) -> None:
+        """One request (operation ``delete_many``) retried and hedged as a whole (deleting is idempotent), or, for a
+        store that batches its own requests (az://, s3://: at most 256 or 1,000 names each), each batch retried on
+        its own. No names: no request."""
+        names = builtins.list(dict.fromkeys(names))
+        if not names:
+            return
+        if self._inner_handles_parts:
+            self.inner.delete_many(names)
+            return
+        self.resilience.call("delete_many", lambda: self.inner.delete_many(names), hedge=True)
+
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self.resilience.call("list", lambda: list(self.inner.list(prefix)), hedge=True)
 

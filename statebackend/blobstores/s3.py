@@ -104,6 +104,8 @@ _MALFORMED_REPLY = (
     TypeError,
     IndexError,
 )
+#: keys in one DeleteObjects request (S3's limit)
+_DELETE_BATCH = 1000
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
@@ -268,6 +270,60 @@ class S3BlobStore(PartedBlobStore):
     def delete(self, name: str) -> None:
         with self._errors(name):
             self._client.delete_object(Bucket=self.bucket, Key=self._key(name))  # absent: S3 answers 204 too
+
+    @sdk_boundary
+    def delete_many(self, names: builtins.list[str]) -> None:
+        """DeleteObjects, 1,000 names per request, each request retried through the resilience layer for the names
+        it has not deleted yet. An absent name is success (S3 reports it deleted). The reply must account for every
+        name asked (each deleted or in error): a reply that does not is cut or malformed, a transient fault. Per-name
+        errors: throttling and server errors are transient (retried), others a :class:`StorageError` naming the
+        names not deleted."""
+        keys = {self._key(name): name for name in dict.fromkeys(names)}  # every name checked before any request
+        ordered = builtins.list(keys)
+        for start in range(0, len(ordered), _DELETE_BATCH):
+            remaining = ordered[start : start + _DELETE_BATCH]
+
+            def attempt(batch: builtins.list[str] = remaining) -> None:
+                failed, error = self._delete_batch(builtins.list(batch), keys)
+                batch[:] = failed  # what a retry still has to delete
+                if error is not None:
+                    raise error
+
+            self._request("delete_many", attempt, True)
+
+    def _delete_batch(
+        self, batch: builtins.list[str], keys: Mapping[str, str]
+    ) -> tuple[builtins.list[str], StorageError | None]:
+        """One DeleteObjects of ``batch`` (keys): the keys it did not delete and the error saying why (``None``: all
+        deleted). A request that failed as a whole, or a reply that does not account for every key, raises."""
+        if not batch:
+            return [], None
+        what = f"{keys[batch[0]]!r} and {len(batch) - 1} more" if len(batch) > 1 else repr(keys[batch[0]])
+        with self._errors(what):
+            reply = self._client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in batch], "Quiet": False}
+            )
+        deleted = {str(item.get("Key")) for item in reply.get("Deleted") or []}
+        errors = {str(item.get("Key")): item for item in reply.get("Errors") or []}
+        # S3 reports an absent key deleted; a compatible server that says NoSuchKey means the same
+        deleted.update(key for key, item in errors.items() if str(item.get("Code", "")) in _NOT_FOUND_CODES)
+        errors = {key: item for key, item in errors.items() if key not in deleted}
+        unanswered = [key for key in batch if key not in deleted and key not in errors]
+        if unanswered:
+            raise self._malformed(keys[unanswered[0]], "DeleteObjects",
+                                  f"a result for each of its {len(batch)} keys ({len(unanswered)} missing)")
+        failed = [key for key in batch if key in errors]
+        if not failed:
+            return [], None
+        codes = {str(errors[key].get("Code", "")) for key in failed}
+        shown = ", ".join(repr(keys[key]) for key in failed[:3]) + (" ..." if len(failed) > 3 else "")
+        message = (f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
+                   f"{', '.join(sorted(codes))}")
+        if codes <= _TRANSIENT_CODES:
+            return failed, TransientStorageError(message + "; worth a retry")
+        if codes & _AUTH_CODES:
+            return failed, StorageError(message + ": check the credentials' delete permission and the bucket policy")
+        return failed, StorageError(message)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self._list_names(prefix)

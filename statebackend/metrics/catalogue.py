@@ -198,10 +198,6 @@ _SPECS = [
              "unreferenced runs deleted by sweeps"),
     _counter("blobsnapshot.sweep.indexes.deleted", "statebackend_blobsnapshot_sweep_indexes_deleted_total",
              "unreferenced indexes deleted by sweeps"),
-    _counter("blobsnapshot.ttl.removed", "statebackend_blobsnapshot_ttl_removed_total",
-             "runs marked durable (their expiry removed) once a checkpoint naming them is durable"),
-    _counter("blobsnapshot.ttl.failures", "statebackend_blobsnapshot_ttl_failures_total",
-             "expiry marks that could not be removed"),
     # -- the Spark driver (statebackend/spark/driver.py) ----------------------------------------------------------
     _counter("spark.batch.reruns", "statebackend_spark_batch_reruns_total",
              "batches the driver ran again, every task waiting for its checkpoint, because a checkpoint a task did "
