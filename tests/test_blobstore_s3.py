@@ -26,12 +26,14 @@ def _bucket() -> str:
 class TestS3BlobStore(BlobStoreContract):
     state_machine_examples = 10
     state_machine_steps = 15
+    listing_names = 250  # past two pages of the fixture's 100 names (the continuation is the same at 1,000)
 
     @pytest.fixture
     def store(self, s3_server: ServerProcess) -> Iterator[BlobStore]:
         options = {"endpoint.url": s3_server.endpoint, "create.if.missing": True, "part.size.bytes": 5 << 20}
         with open_blob_store(f"s3://{_bucket()}/some/prefix", options) as store:
             store.create_resources()  # type: ignore[attr-defined]
+            store.inner.list_page_size = 100  # type: ignore[attr-defined]  # every listing here crosses pages
             yield store
 
     def raw_get(self, store: BlobStore, name: str) -> bytes | None:

@@ -141,6 +141,9 @@ class S3BlobStore(PartedBlobStore):
         self.create_if_missing = create_if_missing
         self._client = client
         self._resilience: Resilience | None = None
+        #: names per listing request; None leaves the service's page (5,000 on Azure, 1,000 on S3). The
+        #: continuation logic is the same at any size: tests set it small to list past pages cheaply.
+        self.list_page_size: int | None = None
         self._created_lock = threading.Lock()
 
     @classmethod
@@ -338,6 +341,8 @@ class S3BlobStore(PartedBlobStore):
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": wanted}
+            if self.list_page_size is not None:
+                kwargs["MaxKeys"] = self.list_page_size
             if token is not None:
                 kwargs["ContinuationToken"] = token
             with self._errors(prefix or "(all)"):

@@ -83,7 +83,9 @@ class BlobStoreContract(MetadataPortabilityContract):
     #: Hypothesis examples and steps for the state machine
     state_machine_examples: int = 25
     state_machine_steps: int = 25
-    #: names written for the paging test: more than one page of a listing (S3 pages by 1,000 names)
+    #: names written for the paging test: more than one page of a listing (S3 pages by 1,000 names, Azure by
+    #: 5,000); a suite whose store lists in smaller pages on request (the built-in S3 and Azure stores'
+    #: ``list_page_size``, set by their test fixtures) writes fewer
     listing_names: int = 2_500
     #: seconds a test may run before it fails (a hung store fails its test; statebackend.testing.deadline)
     test_timeout_s: float = 300.0
