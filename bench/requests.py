@@ -31,6 +31,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     _sys.path.insert(0, str(_Path(__file__).resolve().parent.parent))
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -107,11 +108,12 @@ def monthly_cost(requests_per_commit: Mapping[str, float], price: Price) -> dict
     return {rate: price.cost(requests_per_commit) * commits for rate, commits in RATES.items()}
 
 
-def requests_by_operation(metrics: Metrics) -> dict[str, float]:
-    """The ``blob_store.requests`` counter, summed over outcomes, by operation."""
+def requests_by_operation(metrics: Metrics, counter: str = "blob_store.requests") -> dict[str, float]:
+    """The ``blob_store.requests`` counter (or another one labelled by operation, such as
+    ``blob_store.bytes.sent``), summed over outcomes, by operation."""
     counts: dict[str, float] = {}
     for (name, labels), value in metrics.export().counters.items():
-        if name != "blob_store.requests":
+        if name != counter:
             continue
         operation = dict(labels).get("operation", "?")
         counts[operation] = counts.get(operation, 0.0) + value
@@ -165,6 +167,7 @@ def measure(store_label: str, make_store: Callable[[], BlobStore], backend: str,
     phases: dict[str, dict[str, float]] = {}
     to_durable: dict[str, float] = {}
     after_durable: dict[str, float] = {}
+    bytes_sent: dict[str, float] = {}  # payload bytes written per commit, by phase
 
     def add(into: dict[str, float], delta: Mapping[str, float]) -> None:
         for op, value in delta.items():
@@ -182,6 +185,7 @@ def measure(store_label: str, make_store: Callable[[], BlobStore], backend: str,
         def commit_rounds(count: int, change: bool) -> dict[str, float]:
             nonlocal round_no, to_durable, after_durable
             start = requests_by_operation(metrics)
+            bytes_start = sum(requests_by_operation(metrics, "blob_store.bytes.sent").values())
             before = start
             for _ in range(count):
                 if change:
@@ -195,6 +199,8 @@ def measure(store_label: str, make_store: Callable[[], BlobStore], backend: str,
                 add(to_durable, minus(durable, before))
                 add(after_durable, minus(settled, durable))
                 before = settled
+            sent = sum(requests_by_operation(metrics, "blob_store.bytes.sent").values()) - bytes_start
+            bytes_sent["changed commit" if change else "idle commit"] = round(sent / count, 1)
             return minus(requests_by_operation(metrics), start, per=count)
 
         to_durable, after_durable = {}, {}
@@ -219,7 +225,7 @@ def measure(store_label: str, make_store: Callable[[], BlobStore], backend: str,
             assert task.store("counts", typed=False).count() == keys, f"{label}: wrong key count"
             phases[label] = requests_by_operation(opened)
     shutil.rmtree(local, ignore_errors=True)
-    return {"store": store_label, "backend": backend, "phases": phases}
+    return {"store": store_label, "backend": backend, "phases": phases, "bytes_sent": bytes_sent}
 
 
 def report(rows: list[dict[str, Any]]) -> str:
@@ -242,6 +248,8 @@ def report(rows: list[dict[str, Any]]) -> str:
         cells.append(round(billed(changed, price), 2) if price else "-")
         cells.append(round(sum(idle.values()), 2))
         cells.append(round(billed(idle, price), 2) if price else "-")
+        sent = row.get("bytes_sent", {})
+        cells.append(f"{sent['changed commit']:,.0f} / {sent['idle commit']:,.0f}" if sent else "-")
         if price is not None:
             cells.extend(f"${value:,.2f}" for value in monthly_cost(changed, price).values())
         else:
@@ -249,6 +257,7 @@ def report(rows: list[dict[str, Any]]) -> str:
         summary.append(cells)
     lines.append(format_table(
         ["backend", "store", "req/changed", "billed PUT-class", "req/idle", "billed PUT-class (idle)",
+         "bytes sent/commit (changed / idle)",
          *(f"$/month at {rate} (changed)" for rate in RATES)], summary))
     return "\n".join(lines)
 
@@ -263,7 +272,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changed", type=int, default=20, help="durable commits that change the store")
     parser.add_argument("--idle", type=int, default=20, help="durable commits that change nothing")
     parser.add_argument("--label", default="", help="a word for the result file name (e.g. before, after)")
+    parser.add_argument("--figure", type=Path, default=None,
+                        help="draw requests and bytes per commit per backend into this PNG (needs the bench extra)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a result file of an earlier run, drawn beside this one in --figure")
+    parser.add_argument("--redraw", type=Path, default=None,
+                        help="measure nothing: draw --figure from this result file (and --before)")
     args = parser.parse_args(argv)
+    if args.redraw is not None:
+        if args.figure is None:
+            parser.error("--redraw needs --figure")
+        result = json.loads(args.redraw.read_text())
+        run = result["args"]
+        before = json.loads(args.before.read_text())["rows"] if args.before is not None else None
+        draw(result["rows"], before, args.figure,
+             f"{run['changed']} changed + {run['idle']} idle commits, {run['keys']:,} keys")
+        print(f"figure: {args.figure}")
+        return 0
     kinds = [kind.strip() for kind in args.stores.split(",") if kind.strip()]
     backends = [backend.strip() for backend in args.backends.split(";") if backend.strip()]
     workdir = Path(tempfile.mkdtemp(prefix="bench-requests-"))
@@ -314,10 +339,62 @@ def main(argv: list[str] | None = None) -> int:
           f"each, then {args.idle} idle durable commits")
     print(report(rows))
     name = "requests" + (f"-{args.label}" if args.label else "")
-    path = write_result(name, {"args": vars(args), "machine": machine_info(), "rows": rows,
+    path = write_result(name, {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "machine": machine_info(), "rows": rows,
                                "prices": {k: attrs.asdict(v) for k, v in PRICES.items()}})
     print(f"\nresult: {path}")
+    if args.figure is not None:
+        before = json.loads(args.before.read_text())["rows"] if args.before is not None else None
+        draw(rows, before, args.figure, f"{args.changed} changed + {args.idle} idle commits, {args.keys:,} keys")
+        print(f"figure: {args.figure}")
     return 0
+
+
+def draw(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None, path: Path, subtitle: str) -> None:
+    """Requests per changed and idle commit per backend setup, stacked by operation (this run beside ``before`` when
+    given), and payload bytes sent per commit, for the first blob store of the run."""
+    from bench.figures import pyplot
+
+    plt = pyplot()
+    store = rows[0]["store"]
+    mine = [row for row in rows if row["store"] == store]
+    earlier = {row["backend"]: row for row in before or [] if row["store"] == store}
+    operations = sorted({op for row in [*mine, *earlier.values()] for phase in ("changed commit", "idle commit")
+                         for op in row["phases"][phase]})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6), gridspec_kw={"width_ratios": [3, 1.3]})
+    labels, stacks = [], []
+    for row in mine:
+        for phase in ("changed commit", "idle commit"):
+            short = phase.split()[0]
+            if row["backend"] in earlier:
+                labels.append(f"{row['backend']}, {short}, before")
+                stacks.append(earlier[row["backend"]]["phases"][phase])
+            labels.append(f"{row['backend']}, {short}" + (", after" if earlier else ""))
+            stacks.append(row["phases"][phase])
+    bottoms = [0.0] * len(stacks)
+    for op in operations:
+        heights = [stack.get(op, 0.0) for stack in stacks]
+        left.bar(range(len(stacks)), heights, bottom=bottoms, label=op)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    for x, total in enumerate(bottoms):
+        left.text(x, total + 0.05, f"{total:.2f}", ha="center", fontsize=8)
+    left.set_xticks(range(len(stacks)), labels, fontsize=7, rotation=35, ha="right")
+    left.set_ylabel("requests per commit")
+    left.set_title(f"requests per commit on {store}")
+    left.legend(fontsize=8)
+    names = [row["backend"] for row in mine]
+    width = 0.38
+    for offset, phase in ((-width / 2, "changed commit"), (width / 2, "idle commit")):
+        values = [row.get("bytes_sent", {}).get(phase, 0.0) / 1024 for row in mine]
+        right.bar([i + offset for i in range(len(mine))], values, width, label=phase)
+    right.set_xticks(range(len(mine)), names, fontsize=7, rotation=35, ha="right")
+    right.set_ylabel("KiB sent per commit")
+    right.set_title("payload bytes per commit")
+    right.legend(fontsize=8)
+    fig.suptitle(subtitle, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
