@@ -118,21 +118,25 @@ class SessionProcessor(StatefulProcessor):
 
 
 class SessionizeKeys:
-    """statebackend's side of the sessionization (rows mode): the open session per key in the ``sessions`` store
+    """statebackend's side of the sessionization (Arrow mode): the open session per key in the ``sessions`` store
     (json ``[start, end, events]``), its event-time timer at ``end + gap + 1``; :func:`advance` per key and batch,
     one ``get_many`` and one ``put_many`` per task and batch."""
 
     def __init__(self, gap_ms: int) -> None:
         self.gap_ms = gap_ms
 
-    def __call__(self, stores: Any, rows: Any) -> list[tuple[str, int, int, int]]:
+    def __call__(self, stores: Any, batches: Any) -> Any:
+        import pyarrow as pa
+
         from statebackend.spark import EVENT
 
+        received = list(batches)
+        if not received:
+            return None
+        table = pa.Table.from_batches(received)
         times: dict[str, list[int]] = {}
-        for row in rows:
-            times.setdefault(row.key, []).append(row.ts)
-        if not times:
-            return []
+        for key, ts in zip(table.column("key").to_pylist(), table.column("ts").to_pylist()):
+            times.setdefault(key, []).append(ts)
         keys = sorted(times)
         store, timers = stores["sessions"], stores.timers
         out: list[tuple[str, int, int, int]] = []
@@ -147,16 +151,25 @@ class SessionizeKeys:
                 timers.register(key, session[1] + self.gap_ms + 1, kind=EVENT)
             kept.append(list(session))
         store.put_many(keys, kept)
-        return out
+        return session_table(out)
 
 
-def end_sessions(stores: Any, due: Any) -> list[tuple[str, int, int, int]]:
+def end_sessions(stores: Any, due: Any) -> Any:
     """statebackend's ``on_timers``: the watermark passed these sessions' ends plus the gap: emit and delete them."""
     store = stores["sessions"]
     keys = [timer.key for timer in due]
     out = [(key, s[0], s[1], s[2]) for key, s in zip(keys, store.get_many(keys)) if s is not None]
     store.delete_many(keys)
-    return out
+    return session_table(out)
+
+
+def session_table(sessions: list[tuple[str, int, int, int]]) -> Any:
+    """Closed sessions as an Arrow table of ``SESSION_SCHEMA``."""
+    import pyarrow as pa
+
+    return pa.table({"key": pa.array([s[0] for s in sessions], pa.string()),
+                     **{name: pa.array([s[i] for s in sessions], pa.int64())
+                        for i, name in enumerate(("start", "end", "events"), 1)}})
 
 
 def run_tws_count(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
@@ -247,20 +260,29 @@ def run_sb_sessions(spark: Any, source: Path, work: Path, gap_ms: int, delay_ms:
         "stores.sessions.msg.serde": "json",
     }
     target = str(work / "sb-sessions")
+    sink_ms: dict[int, float] = {}
 
     def sink(frame: Any, batch_id: int) -> None:
+        started = time.perf_counter()
         frame.write.mode("append").parquet(target)
+        sink_ms[batch_id] = (time.perf_counter() - started) * 1000
 
     job = StatefulForeachBatch(SessionizeKeys(gap_ms), key_columns=["key"], num_tasks=num_tasks, config=config,
-                               output_schema=SESSION_SCHEMA, sink=sink, on_timers=end_sessions, event_time="ts",
-                               watermark_delay=delay_ms)
+                               output_schema=SESSION_SCHEMA, mode="arrow", sink=sink, on_timers=end_sessions,
+                               event_time="ts", watermark_delay=delay_ms)
     stream = spark.readStream.schema("key string, ts long").option("maxFilesPerTrigger", 1).parquet(str(source))
     query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(work / "sb-spark-checkpoint"))
              .trigger(availableNow=True).start())
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"the statebackend sessionization failed: {query.exception()}")
-    return progress_rows(query)
+    rows = progress_rows(query)
+    for row in rows:  # where the batch's time went: the slowest task's parts, the timers fired, the sink's write
+        stats = list({s.task_index: s for s in job.history if s.batch_id == row["batch"]}.values())
+        row.update(open_ms=max(s.open_ms for s in stats), process_ms=max(s.process_ms for s in stats),
+                   task_commit_ms=max(s.commit_ms for s in stats), fired=sum(s.timers_fired for s in stats),
+                   sink_ms=sink_ms.get(row["batch"], 0.0))
+    return rows
 
 
 def run_tws_sessions(spark: Any, source: Path, work: Path, gap_ms: int, delay_ms: int) -> list[dict[str, Any]]:
@@ -299,12 +321,15 @@ def session_step(spark: Any, work: Path, args: Any, num_tasks: int) -> tuple[boo
           f"batch, {args.session_batches} batches of {BATCH_SPAN_MS // 1000} s of event time (+2 sentinel batches), "
           f"gap {args.session_gap} s, watermark delay {args.session_delay} s, {num_tasks} partitions\n")
     print(f"load average before: {load_text(load)}; after: {load_text(load_after)}\n")
-    print("| batch | statebackend batch ms | transformWithStateInPandas batch ms |")
-    print("|---:|---:|---:|")
+    print("| batch | statebackend batch ms | of it: open / process / commit ms (slowest task) | timers fired | "
+          "sink (Parquet write) ms | transformWithStateInPandas batch ms | its commitTimeMs (sum of 4) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     tws_by_batch = {row["batch"]: row for row in tws_rows}
     for row in sb_rows:
         tws = tws_by_batch.get(row["batch"])
-        print(f"| {row['batch']} | {row['duration_ms']} | {tws['duration_ms'] if tws else '-'} |")
+        print(f"| {row['batch']} | {row['duration_ms']} | {row['open_ms']:.0f} / {row['process_ms']:.0f} / "
+              f"{row['task_commit_ms']:.0f} | {row['fired']} | {row['sink_ms']:.0f} | "
+              f"{tws['duration_ms'] if tws else '-'} | {tws['commit_ms'] if tws else '-'} |")
     steady = session_steady(sb_rows, args.session_batches), session_steady(tws_rows, args.session_batches)
     print(f"\np50 / p95 over batches 1 .. {args.session_batches - 1} (the first batch and the sentinels' left out): "
           f"statebackend {summary(steady[0])} ms, transformWithStateInPandas {summary(steady[1])} ms; statebackend / "
@@ -369,6 +394,7 @@ def draw_figure(path: Path, count: dict[str, list[dict[str, Any]]], sessions: di
         raise SystemExit("the figure needs matplotlib: pip install -e '.[bench]'") from error
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     panels = [("running count", count), ("sessionization (event-time timers)", sessions)]
     panels = [(name, series) for name, series in panels if series]
@@ -380,6 +406,10 @@ def draw_figure(path: Path, count: dict[str, list[dict[str, Any]]], sessions: di
             axis.plot([r["batch"] for r in rows], [r["duration_ms"] / 1000 for r in rows], marker="o", markersize=3,
                       label=engine, color=styles.get(engine))
         axis.set_yscale("log")
+        axis.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.yaxis.set_minor_formatter(NullFormatter())
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("batch")
         axis.set_ylabel("batch time (s, log scale)")
         axis.set_title(name)
