@@ -37,8 +37,8 @@ A ``file://`` store sends no requests and counts none: ``--blob-store s3`` runs 
 provider with changelog checkpointing) to the count, its state checked equal to statebackend's key by key, and then
 runs a second workload through both: a sessionization whose sessions end by event-time timers, its closed sessions
 checked equal (bench/spark_tws.py says how). transformWithStateInPandas calls Python per key and goes to the JVM for
-every state access (about a second per 1,000 keys on 2 cores): size the run with ``--keys``, ``--batches`` and the
-``--session-*`` flags. ``--figure`` draws the batch times per engine (matplotlib: the ``bench`` extra).
+every state access (about half a second per 1,000 keys a batch on 2 cores, a minute to load 100k keys): size the
+run with ``--keys``, ``--batches`` and the ``--session-*`` flags. ``--figure`` draws the batch times per engine (matplotlib: the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.spark_tws import check_counts, draw_figure, load_text, run_tws_count, session_step
+from bench.spark_tws import check_counts, draw_figure, load_text, run_tws_count, session_step, summary
 from statebackend.metrics import percentile
 from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
@@ -435,12 +435,6 @@ def rescale_step(spark: Any, work: Path, args: Any, updates: int, total_rows: in
     print(f"\nstatebackend state check after the rescale: {keys} keys in {args.rescale_to} tasks, counts sum to "
           f"{counted} of {total_rows} input rows: {'OK' if ok else 'FAIL'}\n", flush=True)
     return ok
-
-
-def summary(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.0f} / {percentile(values, 0.95):.0f}"
 
 
 def main(argv: list[str] | None = None) -> int:

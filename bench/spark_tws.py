@@ -375,12 +375,14 @@ def progress_rows(query: Any) -> list[dict[str, Any]]:
 
 
 def summary(values: list[float]) -> str:
+    """``p50 / p95`` of ``values`` in whole ms (``-`` for none)."""
     if not values:
         return "-"
     return f"{statistics.median(values):.0f} / {percentile(values, 0.95):.0f}"
 
 
 def load_text(load: tuple[float, float, float]) -> str:
+    """The load average ``os.getloadavg()`` gave, as the bench prints it."""
     return " / ".join(f"{value:.2f}" for value in load) + " (1 / 5 / 15 min)"
 
 
