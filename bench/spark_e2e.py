@@ -38,7 +38,9 @@ provider with changelog checkpointing) to the count, its state checked equal to 
 runs a second workload through both: a sessionization whose sessions end by event-time timers, its closed sessions
 checked equal (bench/spark_tws.py says how). transformWithStateInPandas calls Python per key and goes to the JVM for
 every state access (about half a second per 1,000 keys a batch on 2 cores, a minute to load 100k keys): size the
-run with ``--keys``, ``--batches`` and the ``--session-*`` flags. ``--figure`` draws the batch times per engine (matplotlib: the ``bench`` extra).
+run with ``--keys``, ``--batches`` and the ``--session-*`` flags. ``--figure`` draws the batch times per engine
+(matplotlib: the ``bench`` extra). Any check that fails (statebackend's state, the two counts, the two sessions'
+outputs) prints FAIL, and the bench exits 1.
 """
 
 from __future__ import annotations
@@ -540,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"## {updates} updated keys per batch\n")
             print("| batch | no-state floor batch ms | Spark+RocksDB batch ms | Spark commitTimeMs (sum of 4) | "
                   "statebackend batch ms | statebackend durable commit ms (max / sum of 4) | "
-                  f"statebackend sync part ms (max) | open ms (max) | tasks kept open |"
+                  "statebackend sync part ms (max) | open ms (max) | tasks kept open |"
                   f"{' transformWithStateInPandas batch ms |' if args.tws else ''}")
             print(f"|---:|---:|---:|---:|---:|---:|---:|---:|---:|{'---:|' if args.tws else ''}")
             by_batch = {row["batch"]: row for row in sb_rows}
@@ -641,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work_root, ignore_errors=True)
     if args.cluster_batches:
         failed |= not cluster_step(args.cluster_batches)
+    if failed:
+        print("# FAIL: a check above failed (the state or an output differs); see the FAIL lines", flush=True)
     return 1 if failed else 0
 
 
