@@ -7,6 +7,8 @@ Run from the repository root (the reference workload of docs/benchmarks.md; a fe
     python -m bench.spark_e2e --keys 200000 --batches 8         # a quick run
     python -m bench.spark_e2e --backend blobsnapshot            # statebackend's store on the blob-snapshot backend
     python -m bench.spark_e2e --blob-store s3                   # on moto's S3 server: requests per batch counted
+    python -m bench.spark_e2e --tws --keys 100000 --updates 10000 --batches 10 --rescale-to 0 --cluster-batches 0 \
+        --figure docs/img/spark-tws.png                         # beside transformWithStateInPandas (minutes)
 
 After each update size, a rescale step (``--rescale-to 6``; 0 skips it): three more update batches with 6 tasks on the
 4-task state, the first of them rescaled. At the end, a two-executor step (``--cluster-batches 12``; 0 skips it): the
@@ -30,6 +32,15 @@ counters of the batch's tasks (by operation; the checkpoint reads of the driver'
 A ``file://`` store sends no requests and counts none: ``--blob-store s3`` runs statebackend on moto's S3 server
 (started by the test setup's code, tests/servers.py), where every request is counted and the bytes are the
 ``blob_store.bytes.sent`` of the tasks.
+
+``--tws`` adds Spark's ``transformWithStateInPandas`` (a ``StatefulProcessor`` on the same RocksDB state store
+provider with changelog checkpointing) to the count, its state checked equal to statebackend's key by key, and then
+runs a second workload through both: a sessionization whose sessions end by event-time timers, its closed sessions
+checked equal (bench/spark_tws.py says how). transformWithStateInPandas calls Python per key and goes to the JVM for
+every state access (about half a second per 1,000 keys a batch on 2 cores, a minute to load 100k keys): size the
+run with ``--keys``, ``--batches`` and the ``--session-*`` flags. ``--figure`` draws the batch times per engine
+(matplotlib: the ``bench`` extra). Any check that fails (statebackend's state, the two counts, the two sessions'
+outputs) prints FAIL, and the bench exits 1.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.spark_tws import check_counts, draw_figure, load_text, run_tws_count, session_step, summary
 from statebackend.metrics import percentile
 from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
@@ -427,12 +439,6 @@ def rescale_step(spark: Any, work: Path, args: Any, updates: int, total_rows: in
     return ok
 
 
-def summary(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.0f} / {percentile(values, 0.95):.0f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000, help="keys of state (default 1M)")
@@ -460,6 +466,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blob-store", choices=["file", "s3"], default="file",
                         help="statebackend's blob store: file:// (default; sends no requests, so counts none) or "
                              "moto's S3 server started here (every request counted)")
+    parser.add_argument("--tws", action="store_true",
+                        help="add transformWithStateInPandas to the count (state checked equal), then run the "
+                             "sessionization through statebackend and transformWithStateInPandas (output checked equal)")
+    parser.add_argument("--session-keys", type=int, default=10_000, help="sessionization: keys (default 10000)")
+    parser.add_argument("--session-events", type=int, default=10_000,
+                        help="sessionization: events per batch (default 10000)")
+    parser.add_argument("--session-batches", type=int, default=10,
+                        help="sessionization: batches of events, each 60 s of event time (default 10)")
+    parser.add_argument("--session-gap", type=int, default=120, help="sessionization: gap in s (default 120)")
+    parser.add_argument("--session-delay", type=int, default=10,
+                        help="sessionization: watermark delay in s (default 10)")
+    parser.add_argument("--figure", type=Path, default=None, metavar="PNG",
+                        help="draw the batch times per engine (the first --updates value) with matplotlib")
     args = parser.parse_args(argv)
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="statebackend-bench-spark-"))
@@ -485,7 +504,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         print(f"# Spark {spark.version}, local[2], {os.cpu_count()} CPUs, {args.keys} keys, {NUM_TASKS} partitions, "
               f"{args.batches} update batches; statebackend: {args.backend} backend"
-              f"{', ' + ', '.join(args.option) if args.option else ''}\n")
+              f"{', ' + ', '.join(args.option) if args.option else ''}; load average {load_text(os.getloadavg())}\n")
+        figure_count: dict[str, list[dict[str, Any]]] = {}
         for updates in args.updates:
             work = work_root / f"updates-{updates}"
             remote = None if moto is None else {"blob.store.url": f"s3://bench-{updates}-{os.getpid()}/state",
@@ -511,21 +531,32 @@ def main(argv: list[str] | None = None) -> int:
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows
             failed |= not ok
+            tws_rows: list[dict[str, Any]] = []
+            if args.tws:
+                tws_rows = run_tws_count(spark, work / "input", work)
+                tws_ok, tws_check = check_counts(spark, config, work, NUM_TASKS, args.keys)
+                failed |= not tws_ok
+            if not figure_count:
+                figure_count = {"no-state floor": floor_rows, "Spark built-in (RocksDB)": spark_rows,
+                                "statebackend": sb_rows, **({"transformWithStateInPandas": tws_rows} if args.tws else {})}
             print(f"## {updates} updated keys per batch\n")
             print("| batch | no-state floor batch ms | Spark+RocksDB batch ms | Spark commitTimeMs (sum of 4) | "
                   "statebackend batch ms | statebackend durable commit ms (max / sum of 4) | "
-                  "statebackend sync part ms (max) | open ms (max) | tasks kept open |")
-            print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+                  "statebackend sync part ms (max) | open ms (max) | tasks kept open |"
+                  f"{' transformWithStateInPandas batch ms |' if args.tws else ''}")
+            print(f"|---:|---:|---:|---:|---:|---:|---:|---:|---:|{'---:|' if args.tws else ''}")
             by_batch = {row["batch"]: row for row in sb_rows}
+            tws_by_batch = {row["batch"]: row["duration_ms"] for row in tws_rows}
             floor_by_batch = {row["batch"]: row for row in floor_rows}
             for row in spark_rows:
                 sb = by_batch.get(row["batch"])
                 fl = floor_by_batch.get(row["batch"])
+                tws_cell = f" {tws_by_batch.get(row['batch'], '-')} |" if args.tws else ""
                 sb_cells = (f"{sb['duration_ms']} | {sb['commit_max_ms']:.0f} / {sb['commit_sum_ms']:.0f} | "
                             f"{sb['sync_max_ms']:.0f} | {sb['open_max_ms']:.0f} | {sb['kept_open']}"
                             ) if sb else "- | - | - | - | -"
                 print(f"| {row['batch']} | {fl['duration_ms'] if fl else '-'} | {row['duration_ms']} | "
-                      f"{row['commit_ms']} | {sb_cells} |")
+                      f"{row['commit_ms']} | {sb_cells} |{tws_cell}")
             steady_spark = [r for r in spark_rows if r["batch"] > 0]
             steady_sb = [r for r in sb_rows if r["batch"] > 0]
             steady_floor = [r for r in floor_rows if r["batch"] > 0]
@@ -540,6 +571,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{summary([r['commit_max_ms'] for r in steady_sb])} (slowest task, durable); "
                   f"{summary([r['commit_sum_ms'] for r in steady_sb])} (sum of 4); sync part "
                   f"{summary([r['sync_max_ms'] for r in steady_sb])} (slowest task) |")
+            steady_tws = [r for r in tws_rows if r["batch"] > 0]
+            if args.tws:
+                print(f"| transformWithStateInPandas (RocksDB, changelog checkpointing) | "
+                      f"{summary([r['duration_ms'] for r in steady_tws])} | "
+                      f"{summary([r['commit_ms'] for r in steady_tws])} (sum of 4 partitions) |")
             med = statistics.median
             floor50 = med([r["duration_ms"] for r in steady_floor])
             spark50 = med([r["duration_ms"] for r in steady_spark])
@@ -551,6 +587,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- batch: statebackend / Spark {sb50 / spark50:.2f}x; statebackend / floor {sb50 / floor50:.2f}x; "
                   f"Spark / floor {spark50 / floor50:.2f}x; above the floor: statebackend {sb50 - floor50:.0f} ms, "
                   f"Spark {spark50 - floor50:.0f} ms ({(sb50 - floor50) / max(1.0, spark50 - floor50):.2f}x)")
+            if args.tws:
+                tws50 = med([r["duration_ms"] for r in steady_tws])
+                print(f"- batch: statebackend / transformWithStateInPandas {sb50 / tws50:.3f}x (goal: at most 0.1x); "
+                      f"transformWithStateInPandas' load (batch 0) {tws_rows[0]['duration_ms'] / 1000:.1f} s, "
+                      f"statebackend's {sb_rows[0]['duration_ms'] / 1000:.1f} s; load average after it "
+                      f"{load_text(os.getloadavg())}")
+                print(f"- transformWithStateInPandas state check against statebackend's: {tws_check}")
             for basis, column in (("slowest task", "commit_max_ms"), ("sum of 4 tasks", "commit_sum_ms")):
                 values = [r[column] for r in steady_sb]
                 print(f"- durable commit ({basis}) / Spark commitTimeMs: p50 {med(values) / spark_c50:.2f}x, "
@@ -583,6 +626,15 @@ def main(argv: list[str] | None = None) -> int:
             if args.rescale_to:
                 failed |= not rescale_step(spark, work, args, updates, total_rows, count_keys_per_key
                                            if args.per_key else count_keys)
+        figure_sessions: dict[str, list[dict[str, Any]]] = {}
+        if args.tws:
+            sessions_ok, figure_sessions = session_step(spark, work_root / "sessions", args, NUM_TASKS)
+            failed |= not sessions_ok
+        if args.figure is not None:
+            draw_figure(args.figure, figure_count, figure_sessions,
+                        f"Spark {spark.version}, local[2], {os.cpu_count()} CPUs; count: {args.keys} keys, "
+                        f"{args.updates[0]} updated per batch; sessions: {args.session_keys} keys, "
+                        f"{args.session_events} events per batch")
     finally:
         spark.stop()
         if moto is not None:
@@ -591,6 +643,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work_root, ignore_errors=True)
     if args.cluster_batches:
         failed |= not cluster_step(args.cluster_batches)
+    if failed:
+        print("# FAIL: a check above failed (the state or an output differs); see the FAIL lines", flush=True)
     return 1 if failed else 0
 
 
