@@ -399,12 +399,9 @@ def draw_figure(path: Path, count: dict[str, list[dict[str, Any]]], sessions: di
                 title: str) -> None:
     """Batch time per batch and engine, log scale: the count (left; the load batch 0 included) and the
     sessionization (right). matplotlib comes with the ``bench`` extra."""
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise SystemExit("the figure needs matplotlib: pip install -e '.[bench]'") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from bench.figures import pyplot
+
+    plt = pyplot()
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     panels = [("running count", count), ("sessionization (event-time timers)", sessions)]
