@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,55 @@ def run_example(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
                           check=False)
 
 
+class Started:
+    """A script started in the background; :meth:`result` waits for it (the Spark examples each start a JVM and
+    spend much of their time waiting on it, so the module starts them together and each test waits for its own)."""
+
+    def __init__(self, args: list[str], cwd: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
+        self.args = args
+        self._done: subprocess.CompletedProcess[str] | None = None
+
+    def result(self, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        if self._done is None:
+            stdout, stderr = self.process.communicate(timeout=timeout)
+            self._done = subprocess.CompletedProcess(self.args, self.process.returncode, stdout, stderr)
+        return self._done
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+@pytest.fixture(scope="module")
+def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
+    """The Spark examples of this module, started at once when the first of their tests runs (none when the run
+    deselects them all)."""
+    wanted = {item.name for item in request.session.items if item.module is request.module}
+    started: dict[str, Started] = {}
+    if "test_readme_demo_counts_words_exactly_on_local_spark" in wanted:
+        started["demo"] = Started(["examples/demo.py", "--batches", "3", "--rows-per-batch", "2000"], ROOT)
+    if "test_sessionize_example_equals_a_batch_sessionization" in wanted:
+        started["sessionize"] = Started(["examples/sessionize.py", "--files", "3", "--events-per-file", "1000"], ROOT)
+    if "test_readme_spark_snippet_runs_as_written_after_the_quick_start" in wanted:
+        folder = tmp_path_factory.mktemp("snippet")
+        quick_start, spark_snippet = readme_python_blocks()[:2]
+        script = folder / "spark_snippet.py"
+        script.write_text(quick_start + "\n" + spark_snippet)
+        started["snippet"] = Started([str(script)], folder)
+    try:
+        yield started
+    finally:
+        for run in started.values():
+            run.stop()
+
+
 @pytest.mark.slow
 @pytest.mark.spark
-def test_readme_demo_counts_words_exactly_on_local_spark() -> None:
-    result = run_example("examples/demo.py", "--batches", "3", "--rows-per-batch", "2000")
+def test_readme_demo_counts_words_exactly_on_local_spark(spark_examples: dict[str, Started]) -> None:
+    result = spark_examples["demo"].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
 
@@ -35,8 +81,8 @@ def test_crash_restore_example_restores_exact_counts_after_sigkill() -> None:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_sessionize_example_equals_a_batch_sessionization() -> None:
-    result = run_example("examples/sessionize.py", "--files", "3", "--events-per-file", "1000")
+def test_sessionize_example_equals_a_batch_sessionization(spark_examples: dict[str, Started]) -> None:
+    result = spark_examples["sessionize"].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
 
@@ -58,12 +104,8 @@ def test_readme_quick_start_runs_as_written_and_prints_restored_counts(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_readme_spark_snippet_runs_as_written_after_the_quick_start(tmp_path: Path) -> None:
-    quick_start, spark_snippet = readme_python_blocks()[:2]
-    script = tmp_path / "spark_snippet.py"
-    script.write_text(quick_start + "\n" + spark_snippet)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            check=False)
+def test_readme_spark_snippet_runs_as_written_after_the_quick_start(spark_examples: dict[str, Started]) -> None:
+    result = spark_examples["snippet"].result()
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("|task-")]
     counts = {cells[2]: int(cells[3]) for cells in (row.split("|") for row in rows)}
