@@ -175,6 +175,11 @@ def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_witho
     clock.now = 1000
     assert run_batch(spark, job, 0, [("a", 1500), ("b", 2500), ("c", 900)]) == [("c", 900, PROCESSING, 0)]
     assert pending(spark, config, checkpoint=0) == [("a", PROCESSING, 1500), ("b", PROCESSING, 2500)]
+    # the driver's merged metrics of the batch: every task's counts, and the job's pending timers as the sum
+    merged = job.last_batch_metrics
+    held = merged.histogram("timers.pending")
+    assert held is not None and (held.sum, held.count) == (2, NUM_TASKS)
+    assert (merged.counter("timers.registered"), merged.counter("timers.fired")) == (3, 1)
     clock.now = 2000
     assert run_batch(spark, job, 1, [("d", 2200)]) == [("a", 1500, PROCESSING, 1)]
     clock.now = 3000  # no input at all: every task still runs, and the idle keys' timers fire
