@@ -135,7 +135,7 @@ def test_a_streaming_querys_values_gain_and_lose_a_field_between_two_runs(spark:
 
 def test_read_state_gives_a_record_store_as_a_struct_of_every_field_type(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"job.name": "every", "stores.counts.msg.serde": "record:tests.record_values:Every"})
-    values = {"full": rv.Every(1, 2.5, True, "s\u00e9", b"\x00\xff", [1, {"b": 2, "a": None}], "n", -3, {"k": [1]}),
+    values = {"full": rv.Every(1, 2.5, True, "s\u00e9", b"\x00\xff", [1, {"b": 2, "a": None}], "n", -3, {"k\u00e9": [1]}),
               "sparse": rv.Every(-(1 << 63), -0.0, False, "", b"", [])}
     with TaskStorage.open(config, "task-0") as task:
         for key, value in values.items():
@@ -147,7 +147,7 @@ def test_read_state_gives_a_record_store_as_a_struct_of_every_field_type(spark: 
     rows = {row.key: row.value.asDict() for row in frame.collect()}
     assert {key: {**row, "raw": bytes(row["raw"])} for key, row in rows.items()} == {
         "full": {"i": 1, "f": 2.5, "b": True, "s": "s\u00e9", "raw": b"\x00\xff", "items": '[1,{"a":null,"b":2}]',
-                 "note": "n", "n": -3, "props": '{"k":[1]}'},
+                 "note": "n", "n": -3, "props": '{"k\u00e9":[1]}'},
         "sparse": {"i": -(1 << 63), "f": -0.0, "b": False, "s": "", "raw": b"", "items": "[]", "note": None,
                    "n": None, "props": None}}
     # a class that cannot be imported where read_state runs: refused on the driver, naming the class and the store

@@ -207,8 +207,8 @@ def _value_column(serde: str, storage: TaskStorage, store: str) -> Callable[[byt
         row = {}
         for field, is_json in fields:
             item = getattr(value, field)
-            row[field] = item if not is_json or item is None else json.dumps(item, sort_keys=True,
-                                                                               separators=(",", ":"))
+            row[field] = item if not is_json or item is None else json.dumps(
+                item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # as the record stores it
         return row
 
     return column
