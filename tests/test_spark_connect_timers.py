@@ -36,5 +36,5 @@ def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path)
                                "watermarks": [[None], [900], [2900]]}
     initial = result["initial"]
     assert {k: v for k, v in initial.items() if k != "refused"} == {
-        "first_ok": True, "replay_same": True, "second_ok": True, "state_ok": True, "stream_ok": True}
+        "first_ok": True, "second_ok": True, "state_ok": True, "stream_ok": True}
     assert "already has state" in initial["refused"] and "'counts'" in initial["refused"]
