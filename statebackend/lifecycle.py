@@ -20,7 +20,7 @@ A task's checkpoint log is made here too (:func:`task_checkpoint_log`), from the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 
 import attrs
@@ -116,16 +116,20 @@ def decide_open(
     choice: CheckpointChoice = "latest",
     fence_seq: int | None = None,
     store_names: Iterable[str] | None = None,
+    raw_values: Collection[str] = (),
 ) -> OpenDecision:
     """Decide what an open of ``task_name`` restores, from one listing of ``checkpoint_log`` that reaches what this
     machine knows durable. ``choice``: ``"latest"``, a :class:`LogEntry`, a predicate (the newest matching entry),
     or ``None`` (start empty). ``fence_seq`` (with a LogEntry or ``None`` only): the head the caller saw when it
-    chose; without it, a given entry's own seq fences. Raises the log's floor to what it learned."""
+    chose; without it, a given entry's own seq fences. ``raw_values``: stores whose value serde is not checked
+    against the checkpoint's record, for a reader that reads their values as stored bytes and decodes them itself
+    from that record (``statebackend dump`` of a store the config lacks); never for an open that writes. Raises the
+    log's floor to what it learned."""
     names = list(settings.stores) if store_names is None else list(store_names)
     known = known_durable_seq(settings.local_dir, settings.job_name, task_name, names)
     checkpoint_log.raise_floor(known)
     entry, head = _choose(checkpoint_log, choice, known, fence_seq)
-    decision = _decided(settings, task_name, entry, head, known, names)
+    decision = _decided(settings, task_name, entry, head, known, names, raw_values)
     checkpoint_log.raise_floor(decision.floor)
     return decision
 
@@ -177,7 +181,7 @@ def recorded_serdes(store_settings: StoreSettings) -> dict[str, str]:
 
 
 def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: int, known: int,
-             store_names: Iterable[str]) -> OpenDecision:
+             store_names: Iterable[str], raw_values: Collection[str] = ()) -> OpenDecision:
     """The decision for ``entry``, checked: a V1 entry below what is known durable as V2, serdes that would read the
     state as garbage."""
     if entry is not None and isinstance(entry.checkpoint, CheckpointV1):
@@ -190,7 +194,7 @@ def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: i
         log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq,
                     extra={"seq": entry.seq})
     checkpoint = entry.checkpoint if entry is not None and isinstance(entry.checkpoint, CheckpointV2) else None
-    _check_serdes(settings, checkpoint)
+    _check_serdes(settings, checkpoint, raw_values)
     order = {name: _restore_order(name, settings.stores[name], checkpoint) for name in store_names}
     return OpenDecision(task_name=task_name, entry=entry, head=head, known_seq=known, restore_order=order)
 
@@ -240,7 +244,7 @@ def _restore_order(store_name: str, store_settings: StoreSettings, checkpoint: C
     return usable
 
 
-def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
+def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None, raw_values: Collection[str] = ()) -> None:
     """A store's serdes must read what its state was written with: else its bytes would read as garbage. Keys keep
     their serde; values too, unless their record class reads every recorded schema or a declared migration rewrites
     them (statebackend.values)."""
@@ -249,8 +253,9 @@ def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
     problems = []
     for name, store_settings in settings.stores.items():
         written = checkpoint.serdes.get(name)
+        values = [] if name in raw_values else value_problems(name, store_settings, checkpoint)
         if written is None:
-            problems += value_problems(name, store_settings, checkpoint)
+            problems += values
             continue
         if "key" in written and written["key"] != store_settings.key_serde:
             problems.append(
@@ -258,7 +263,7 @@ def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
                 f"{written['key']!r} (checkpoint {checkpoint.checkpoint_id}); set stores.{name}.key.serde="
                 f"{written['key']}, or migrate the data into a new store"
             )
-        problems += value_problems(name, store_settings, checkpoint)
+        problems += values
         envelope = written.get("envelope")
         if (envelope == ENVELOPE) != (store_settings.ttl_ms is not None):
             problems.append(

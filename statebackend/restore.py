@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -178,11 +178,14 @@ def restored_stores(
     blob_store: BlobStore | None = None,
     checkpoint: CheckpointChoice = "latest",
     metrics: Metrics | None = None,
+    raw_values: Collection[str] = (),
 ) -> Iterator[RestoredStores]:
     """Restore stores of ``task_name`` (all configured ones, or ``store_names``) under ``state.local.dir`` to a
     checkpoint, by the same decision and restore as :meth:`TaskStorage.open <statebackend.task.TaskStorage.open>`,
     and nothing more: no backup manager is created, so nothing is swept, cleaned up or written to the blob store.
-    The stores are closed when the block ends."""
+    The stores are closed when the block ends. ``raw_values``: stores whose values the caller reads as stored bytes
+    and decodes from the checkpoint's record (their value serde is not checked: :func:`decide_open
+    <statebackend.lifecycle.decide_open>`)."""
     settings = config if isinstance(config, Settings) else Settings.from_config(config)
     check_name("task name", task_name)
     names = list(settings.stores) if store_names is None else store_names
@@ -197,7 +200,8 @@ def restored_stores(
     try:
         stores = open_local_stores(settings, task_name, names)
         checkpoint_log = task_checkpoint_log(settings, blob_store, task_name)
-        decision = decide_open(settings, task_name, checkpoint_log, choice=checkpoint, store_names=names)
+        decision = decide_open(settings, task_name, checkpoint_log, choice=checkpoint, store_names=names,
+                               raw_values=raw_values)
 
         def context(factory_name: str, group: list[str]) -> BackendContext:
             return BackendContext(

@@ -169,7 +169,7 @@ class TaskStorage:
                 if plan.migration is not None:  # its writes and its name land in the next commit, together
                     store_settings = settings.stores[name]
                     run_migration(stores[name], plan, get_serde(store_settings.key_serde),
-                                  ttl=store_settings.ttl_ms is not None)
+                                  ttl=store_settings.ttl_ms is not None, metrics=metrics)
         except BaseException:
             for binding in backups:  # background work started by init() must not outlive the stores
                 binding.manager.close()

@@ -41,6 +41,7 @@ import attrs
 from statebackend.checkpoint import CheckpointV2
 from statebackend.config import Settings, StoreSettings
 from statebackend.errors import ConfigError, CorruptDataError
+from statebackend.metrics import Metrics
 from statebackend.serdes import RECORD, SERDE_NAMES, RecordSerde, Serde, get_serde, is_record, record_class
 from statebackend.serdes.record import RecordDicts, import_named, read_problems, schemas_from_text, schemas_to_text
 from statebackend.store import LocalStore
@@ -149,18 +150,20 @@ def plan_values(settings: Settings, checkpoint: CheckpointV2 | None) -> dict[str
     return {name: _plan(name, store_settings, checkpoint) for name, store_settings in settings.stores.items()}
 
 
-def run_migration(store: LocalStore, values: StoreValues, key_serde: Serde, *, ttl: bool) -> int:
+def run_migration(store: LocalStore, values: StoreValues, key_serde: Serde, *, ttl: bool,
+                  metrics: Metrics | None = None) -> int:
     """Rewrite every value of ``store`` (the task's local store, restored and not yet written) with ``values``'
-    migration, through the write batch; returns the number of keys rewritten or deleted. An exception of the function
+    migration, through the write batch; returns the number of keys rewritten or deleted, also counted in ``metrics``
+    (``migration.runs``, ``migration.values.rewritten``, ``migration.values.deleted``). An exception of the function
     (or of the new serde for what it returned) propagates with a note naming the migration, the store and the key:
-    nothing of the migration is committed."""
+    nothing of the migration is committed (nor counted)."""
     migration = values.migration
     assert migration is not None
     started = time.monotonic()
     keys: list[bytes] = []
     data: list[bytes] = []
     gone: list[bytes] = []
-    done = 0
+    done = deleted = 0
     for key, raw in store.items():  # a snapshot: the writes below are not seen by it
         expiry, payload = unwrap(raw, store=store.name) if ttl else (0, raw)
         decoded = key_serde.from_bytes(key)
@@ -176,8 +179,14 @@ def run_migration(store: LocalStore, values: StoreValues, key_serde: Serde, *, t
             exc.add_note(f"in migration {migration.id!r} of store {store.name!r}, at key {decoded!r}")
             raise
         if len(keys) + len(gone) >= _CHUNK:
+            deleted += len(gone)
             done += _write(store, keys, data, gone)
+    deleted += len(gone)
     done += _write(store, keys, data, gone)
+    if metrics is not None:
+        metrics.increment("migration.runs")
+        metrics.increment("migration.values.rewritten", done - deleted)
+        metrics.increment("migration.values.deleted", deleted)
     log.info("store %s: migration %s rewrote %d values in %.0f ms; they are committed with the next commit",
              store.name, migration.id, done, (time.monotonic() - started) * 1000.0,
              extra={"store": store.name, "migration": migration.id})

@@ -1,6 +1,6 @@
 """Run by tests/test_spark_connect_timers.py in its own process (a local Spark Connect server cannot share a JVM with
 the test session's classic SparkContext): a function without output and without ``output_schema`` in rows mode, one
-that does return rows without it, and timers of both kinds, all under Spark Connect; prints what it saw as one JSON
+that does return rows without it, timers of both kinds and an initial state, all under Spark Connect; prints what it saw as one JSON
 document on the last line of stdout."""
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ def count_quietly(stores: Any, rows: Any) -> None:
 def count_loudly(stores: Any, rows: Any) -> list[tuple[str, int]]:
     count_quietly(stores, iter(()))
     return [(row.word, 1) for row in rows]
+
+
+def seed_frame(spark: Any) -> Any:
+    """The initial counts, built with the session it is given (the form for a driver run by the Connect server)."""
+    return spark.createDataFrame([(f"w{i}", 100 + i) for i in range(0, 23, 2)] + [("only-seed", 7)],
+                                 "word string, value long")
 
 
 def main(workdir: str) -> None:
@@ -88,6 +94,54 @@ def main(workdir: str) -> None:
                                                            batch_id).collect()))
         watermarks.append(sorted({s.watermark_ms for s in events.last_batch_stats}, key=str))
     result["event"] = {"outputs": outputs, "watermarks": watermarks}
+
+    # initial state: a DataFrame of the client's session, then (a restart) the function form; loaded once
+    from tests.test_spark import OUTPUT as COUNT_OUTPUT
+    from tests.test_spark import count_rows
+
+    config = make_config(Path(workdir) / "initial")
+    seed = seed_frame(spark)
+    seeded = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config,
+                                  output_schema=COUNT_OUTPUT, initial_state={"counts": seed})
+
+    def batch(job: Any, batch_id: int) -> dict[str, int]:
+        frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
+        return {row.word: row["count"] for row in job(frame, batch_id).collect()}
+
+    first = batch(seeded, 0)
+    restarted = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config,
+                                     output_schema=COUNT_OUTPUT, initial_state={"counts": lambda session: seed})
+    second = batch(restarted, 1)
+    counts: dict[str, int] = {f"w{i}": 100 + i for i in range(0, 23, 2)} | {"only-seed": 7}
+    after_0 = dict(counts)
+    for word in batch_words(0):
+        after_0[word] = after_0.get(word, 0) + 1
+    for word in batch_words(0) + batch_words(1):
+        counts[word] = counts.get(word, 0) + 1
+    state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=3).collect()}
+    late = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3,
+                                config=make_config(Path(workdir) / "quiet"), output_schema=COUNT_OUTPUT,
+                                initial_state={"counts": seed})
+    try:
+        batch(late, 2)
+        refused = ""
+    except Exception as exc:  # noqa: BLE001 - a ConfigError raised on the client
+        refused = str(exc)
+    # through foreachBatch, where the driver runs in a Python process of the Connect server: the function form
+    source = Path(workdir) / "initial-input"
+    source.mkdir()
+    (source / "part-0.txt").write_text("\n".join(batch_words(0)) + "\n")
+    streamed = make_config(Path(workdir) / "initial-stream")
+    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=streamed,
+                               output_schema=COUNT_OUTPUT, initial_state={"counts": seed_frame})
+    query = (spark.readStream.text(str(source)).withColumnRenamed("value", "word").writeStream.foreachBatch(job)
+             .option("checkpointLocation", str(Path(workdir) / "initial-cp")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    streamed_state = {row.key: row.value for row in read_state(spark, streamed, "counts", num_tasks=3).collect()}
+    result["initial"] = {
+        "first_ok": first == {w: after_0[w] for w in batch_words(0)},
+        "second_ok": second == {w: counts[w] for w in batch_words(1)}, "state_ok": state == counts,
+        "stream_ok": query.exception() is None and streamed_state == after_0, "refused": refused}
     spark.stop()
     print(json.dumps(result))
 

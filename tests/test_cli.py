@@ -636,3 +636,47 @@ def test_every_command_against_the_s3_server(
     with blobs_of(config) as store:
         assert not list(store.list("clicks/task-0/dropped/"))
     assert cli(capsys, "verify", str(path), "task-0")[0] == 0
+
+
+def test_dump_of_a_dropped_record_store_reads_it_with_the_recorded_schemas(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A record store the config no longer has, with a TTL: dump reads every value with the schema the checkpoint
+    recorded it was written with (no class needed: the config names none); ``--raw`` gives the stored bytes."""
+    from tests.record_values import CountV1, CountV2
+
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
+                         **{"stores.old.backup.factories": "changelog", "stores.old.key.serde": "string",
+                            "stores.old.msg.serde": "record:tests.record_values:CountV1",
+                            "stores.old.ttl.ms": str(86_400_000)})
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("old").put("ada", CountV1(count=1, first="b0"))
+        storage.commit_durably({"clicks": "1"})
+    config["stores.old.msg.serde"] = "record:tests.record_values:CountV2"
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("old").put("bob", CountV2(count=2.5, last="b1"))
+        storage.commit_durably({"clicks": "2"})
+    without = {k: v for k, v in config.items() if not k.startswith("stores.old.")}
+    path = write_config(tmp_path / "dropped.properties", without)
+    code, out, err = cli(capsys, "dump", str(path), "task-0", "old")
+    assert code == 0, err
+    records = sorted(map(json.loads, out.splitlines()), key=lambda r: r["key"])
+    assert [(r["key"], r["value"]) for r in records] == [("ada", {"count": 1, "first": "b0"}),
+                                                         ("bob", {"count": 2.5, "last": "b1"})]
+    assert all(r["expires_at_ms"] > time.time() * 1000 for r in records)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "old", "--raw")
+    assert code == 0 and sorted(base64.b64decode(json.loads(x)["key_base64"]) for x in out.splitlines()) == \
+        [b"ada", b"bob"]
+
+
+def test_dump_prints_a_record_values_bytes_field_as_base64(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from tests.record_values import Every
+
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
+                         **{"stores.counts.msg.serde": "record:tests.record_values:Every"})
+    with TaskStorage.open(config, "task-0") as storage:
+        storage.store("counts").put("ada", Every(1, 0.5, True, "s", b"\x00\xff", [1], props={"k": None}))
+        storage.commit_durably({"clicks": "1"})
+    code, out, _ = cli(capsys, "dump", str(write_config(tmp_path / "every.properties", config)), "task-0", "counts")
+    assert code == 0 and json.loads(out) == {"key": "ada", "value": {
+        "i": 1, "f": 0.5, "b": True, "s": "s", "raw_base64": "AP8=", "items": [1], "note": None, "n": None,
+        "props": {"k": None}}}

@@ -1,5 +1,7 @@
 """Under Spark Connect: a rows-mode function without output needs no ``output_schema`` (one that returns rows is
-refused, naming it), and timers of both kinds fire as on classic Spark, also in a batch without input."""
+refused, naming it), timers of both kinds fire as on classic Spark, also in a batch without input, and stores start
+from an initial state (a DataFrame of the client's session, or a function of the session, also through a streaming
+query's foreachBatch) loaded once."""
 
 from __future__ import annotations
 
@@ -32,3 +34,7 @@ def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path)
     }
     assert result["event"] == {"outputs": [[], [], [["a", 1500, "event", 2]]],
                                "watermarks": [[None], [900], [2900]]}
+    initial = result["initial"]
+    assert {k: v for k, v in initial.items() if k != "refused"} == {
+        "first_ok": True, "second_ok": True, "state_ok": True, "stream_ok": True}
+    assert "already has state" in initial["refused"] and "'counts'" in initial["refused"]

@@ -175,6 +175,11 @@ def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_witho
     clock.now = 1000
     assert run_batch(spark, job, 0, [("a", 1500), ("b", 2500), ("c", 900)]) == [("c", 900, PROCESSING, 0)]
     assert pending(spark, config, checkpoint=0) == [("a", PROCESSING, 1500), ("b", PROCESSING, 2500)]
+    # the driver's merged metrics of the batch: every task's counts, and the job's pending timers as the sum
+    merged = job.last_batch_metrics
+    held = merged.histogram("timers.pending")
+    assert held is not None and (held.sum, held.count) == (2, NUM_TASKS)
+    assert (merged.counter("timers.registered"), merged.counter("timers.fired")) == (3, 1)
     clock.now = 2000
     assert run_batch(spark, job, 1, [("d", 2200)]) == [("a", 1500, PROCESSING, 1)]
     clock.now = 3000  # no input at all: every task still runs, and the idle keys' timers fire
@@ -336,3 +341,52 @@ def test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_se
     closed_by_timer = [int(line.split(", ")[1].split()[0]) for line in result.stdout.splitlines()
                        if line.startswith("batch ")]
     assert closed_by_timer[0] == 0 and sum(closed_by_timer) > 0  # no watermark yet in the first batch
+
+
+def register_a_second_later(stores: Any, rows: Any) -> None:
+    """Rows ``(word, ts)``: count the word and register a processing-time timer a second after the batch clock."""
+    for row in rows:
+        _register(stores, row.word, stores.now_ms + 1000, PROCESSING)
+
+
+def test_a_heartbeat_keeps_batches_and_processing_time_timers_coming_after_the_input_stops(
+        spark: Any, tmp_path: Path) -> None:
+    """One file of input, then none: without the heartbeat Spark would run no batch and the timer would never fire.
+    With it, batches keep coming, the timer fires once in a batch without input, and the function never sees a
+    heartbeat row (its null word would fail the timer's registration)."""
+    import json
+    import time
+
+    from statebackend.spark import with_heartbeat
+
+    source = tmp_path / "input"
+    source.mkdir()
+    (source / "part-0.json").write_text(json.dumps({"word": "a", "ts": 0}) + "\n")
+    outputs: list[tuple[int, list[tuple[Any, ...]], int]] = []
+
+    def sink(frame: Any, batch_id: int) -> None:
+        rows = [tuple(row) for row in frame.collect()]
+        outputs.append((batch_id, rows, sum(s.input_rows for s in job.last_batch_stats)))
+
+    config = make_config(tmp_path)
+    job = StatefulForeachBatch(register_a_second_later, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
+                               output_schema=OUTPUT, on_timers=fired_rows, sink=sink)
+    stream = with_heartbeat(spark.readStream.schema(INPUT).json(str(source)))
+    query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        deadline = time.monotonic() + 120
+        while not any(rows for _, rows, _ in outputs) and time.monotonic() < deadline and query.exception() is None:
+            time.sleep(0.1)
+        wait_for = len(outputs) + 1
+        while len(outputs) < wait_for and time.monotonic() < deadline and query.exception() is None:
+            time.sleep(0.1)  # one more batch: the fired timer does not fire again
+    finally:
+        query.stop()
+    assert query.exception() is None
+    fired = [(batch_id, rows) for batch_id, rows, _ in outputs if rows]
+    assert len(fired) == 1 and [row[::2] for row in fired[0][1]] == [("a", PROCESSING)]
+    assert fired[0][0] > 0 and fired[0][1][0][3] == fired[0][0]  # fired by a later batch than the one with input
+    assert len(outputs) > fired[0][0] + 1  # and a batch came after it
+    assert [rows for _, _, rows in outputs][:1] == [1] and sum(rows for _, _, rows in outputs) == 1  # no heartbeat
+    assert pending(spark, config) == []

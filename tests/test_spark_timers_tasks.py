@@ -161,6 +161,28 @@ def test_register_twice_keeps_one_delete_and_list_and_a_rearmed_timer_waits_for_
     assert [row[:3] for row in run(config, 2, [], now_ms=600, on_timers=rearm)[0]] == [("a", 500, PROCESSING)]
 
 
+def test_each_batch_counts_the_timers_registered_deleted_fired_and_pending(tmp_path: Path) -> None:
+    config = config_of(tmp_path)
+
+    def counts(stats: TaskStats) -> tuple[float, ...]:
+        assert stats.metrics is not None
+        pending = stats.metrics.histogram("timers.pending")
+        assert pending is not None and pending.count == 1  # one sample per task and batch
+        return (stats.metrics.counter("timers.registered"), stats.metrics.counter("timers.deleted"),
+                stats.metrics.counter("timers.fired"), pending.sum, stats.timers_pending)
+
+    # a duplicate is not registered again, a delete of a timer that is not there deletes nothing, "c" fires at once
+    _, stats = run(config, 0, [add("a", 500), add("a", 500), add("b", 900), add("c", 100), add("d", 700, EVENT),
+                               drop("b", 900), drop("b", 901)], now_ms=200)
+    assert counts(stats) == (4, 1, 1, 2, 2)
+    _, stats = run(config, 1, [add("e", 2000)], now_ms=600, on_timers=rearm)  # "a" fires and is registered again
+    assert counts(stats) == (2, 0, 1, 3, 3)
+    _, stats = run(config, 2, [], now_ms=5000)
+    assert counts(stats) == (0, 0, 2, 1, 1) and timers_of(config) == [("d", 700, EVENT)]
+    _, stats = run(config, 2, [], now_ms=5000)  # a replay counts what it does again: its commit lands once
+    assert counts(stats) == (0, 0, 2, 1, 1) and timers_of(config) == [("d", 700, EVENT)]
+
+
 def test_the_timers_api_lists_deletes_and_refuses_what_it_cannot_keep(tmp_path: Path) -> None:
     config = config_of(tmp_path)
     seen: dict[str, Any] = {}

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from statebackend.errors import ConfigError
-from statebackend.spark import StatefulForeachBatch
+from statebackend.spark import StatefulForeachBatch, read_state
 from statebackend.spark.initial import INITIAL_OFFSET
 from statebackend.task import TaskStorage
 from tests import record_values as rv
@@ -126,6 +126,34 @@ def test_a_streaming_querys_values_gain_and_lose_a_field_between_two_runs(spark:
     assert {w: outputs[b][w] for w, b in last.items()} == {w: float(totals[w]) for w in last}
     assert state_of(config_for(tmp_path, V2), tmp_path) == {
         w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()}
+    # read_state gives the values as the current class's fields: V1 values (words not seen since) as V2 reads them
+    frame = read_state(spark, config_for(tmp_path, V2), "counts", num_tasks=NUM_TASKS)
+    assert frame.schema["value"].dataType.simpleString() == "struct<count:double,last:string>"
+    assert {row.key: row.value.asDict() for row in frame.collect()} == {
+        w: {"count": float(n), "last": f"b{last[w]}" if w in last else ""} for w, n in totals.items()}
+
+
+def test_read_state_gives_a_record_store_as_a_struct_of_every_field_type(spark: Any, tmp_path: Path) -> None:
+    config = make_config(tmp_path, **{"job.name": "every", "stores.counts.msg.serde": "record:tests.record_values:Every"})
+    values = {"full": rv.Every(1, 2.5, True, "s\u00e9", b"\x00\xff", [1, {"b": 2, "a": None}], "n", -3, {"k\u00e9": [1]}),
+              "sparse": rv.Every(-(1 << 63), -0.0, False, "", b"", [])}
+    with TaskStorage.open(config, "task-0") as task:
+        for key, value in values.items():
+            task.store("counts").put(key, value)
+        task.commit_durably({"batch": "0", "tasks": "1"})
+    frame = read_state(spark, config, "counts", num_tasks=1)
+    assert frame.schema["value"].dataType.simpleString() == (
+        "struct<i:bigint,f:double,b:boolean,s:string,raw:binary,items:string,note:string,n:bigint,props:string>")
+    rows = {row.key: row.value.asDict() for row in frame.collect()}
+    assert {key: {**row, "raw": bytes(row["raw"])} for key, row in rows.items()} == {
+        "full": {"i": 1, "f": 2.5, "b": True, "s": "s\u00e9", "raw": b"\x00\xff", "items": '[1,{"a":null,"b":2}]',
+                 "note": "n", "n": -3, "props": '{"k\u00e9":[1]}'},
+        "sparse": {"i": -(1 << 63), "f": -0.0, "b": False, "s": "", "raw": b"", "items": "[]", "note": None,
+                   "n": None, "props": None}}
+    # a class that cannot be imported where read_state runs: refused on the driver, naming the class and the store
+    gone = dict(config, **{"stores.counts.msg.serde": "record:tests.no_such_module:Every"})
+    with pytest.raises(ConfigError, match="stores.counts.msg.serde.*tests.no_such_module"):
+        read_state(spark, gone, "counts", num_tasks=1)
 
 
 def test_a_rescaled_task_reads_the_record_values_it_copies_with_their_schemas(spark: Any, tmp_path: Path) -> None:

@@ -255,6 +255,11 @@ def test_a_migration_of_json_values_rewrites_and_deletes_keeping_each_expiry(tmp
         assert {k: unwrap(v)[0] for k, v in task.stores["counts"].items()} == {b"k2": 63_000}  # expiry of its put
         task.commit_durably({"batch": "2"})
     assert sorted(key for _, key in rv.CALLS) == ["k0", "k1", "k2"]
+    # counted: one run, one value rewritten, two keys deleted; an open after it has landed runs and counts nothing
+    assert [task.metrics.counter(f"migration.{name}") for name in ("runs", "values.rewritten", "values.deleted")] == \
+        [1, 1, 2]
+    with TaskStorage.open(migrating, "task-0") as task:
+        assert task.metrics.counter("migration.runs") == 0 and task.metrics.counter("migration.values.rewritten") == 0
 
 
 def test_a_migration_declared_on_a_store_without_state_records_its_name_and_runs_nothing(tmp_path: Path) -> None:

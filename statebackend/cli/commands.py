@@ -25,7 +25,7 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.metrics import Metrics
 from statebackend.restore import restored_stores
-from statebackend.serdes import get_serde, is_record
+from statebackend.serdes import RECORD, get_serde, is_record
 from statebackend.serdes.record import RecordDicts, schemas_from_text
 from statebackend.store.ttl import ENVELOPE, batch_clock, unwrap
 from statebackend.values import MSG_SCHEMAS
@@ -357,17 +357,18 @@ def dump(run: Run) -> int:
     task, store = run.args.task, run.args.store
     entry = run.choose(task, run.args.checkpoint)
     config = dict(run.config)
-    if store not in run.settings.stores:
+    dropped = store not in run.settings.stores
+    if dropped:
         config.update(_store_of_checkpoint(run, entry, store))
     settings = Settings.from_config(config)
     store_settings = settings.stores[store]
     with tempfile.TemporaryDirectory(prefix="statebackend-dump-") as tmp:
         config["state.local.dir"] = tmp
-        with restored_stores(config, task, store_names=[store], blob_store=run.blob_store,
-                             checkpoint=entry) as restored:
+        with restored_stores(config, task, store_names=[store], blob_store=run.blob_store, checkpoint=entry,
+                             raw_values=[store] if dropped else ()) as restored:
             local = restored.stores[store]
-            key_serde, value_serde = get_serde(store_settings.key_serde), _value_reader(entry, store,
-                                                                                         store_settings.msg_serde)
+            key_serde = get_serde(store_settings.key_serde)
+            value_serde = None if run.args.raw else _value_reader(entry, store, store_settings.msg_serde)
             ttl = store_settings.ttl_ms is not None
             now = batch_clock(entry.checkpoint)
             for key, value in run.progress(local.items(), total=local.count(), desc="dump"):
@@ -379,6 +380,7 @@ def dump(run: Run) -> int:
                         expiry, value = unwrap(value, store=store)
                         if expiry <= now:
                             continue
+                    assert value_serde is not None
                     record = {**_field("key", key_serde.from_bytes(key)), **_field("value", value_serde.from_bytes(value))}
                     if expiry is not None:
                         record["expires_at_ms"] = expiry
@@ -391,8 +393,11 @@ def _value_reader(entry: LogEntry, store: str, msg_serde: str) -> Any:
     the fields of whichever schema the checkpoint recorded each was written with (JSON, and readable whether or not
     the class still has those fields)."""
     recorded = entry.checkpoint.serdes.get(store, {}) if isinstance(entry.checkpoint, CheckpointV2) else {}
-    if is_record(msg_serde) and MSG_SCHEMAS in recorded:
-        return RecordDicts(schemas_from_text(recorded[MSG_SCHEMAS]))
+    if (is_record(msg_serde) or recorded.get("msg") == RECORD) and MSG_SCHEMAS in recorded:
+        return RecordDicts(schemas_from_text(recorded[MSG_SCHEMAS], where=f"checkpoint #{entry.seq}, store {store!r}"))
+    if recorded.get("msg") == RECORD:
+        raise CorruptDataError(f"checkpoint #{entry.seq} records record values for store {store!r} but not their "
+                               "schemas: they cannot be decoded; dump them with --raw")
     return get_serde(msg_serde)
 
 
@@ -407,9 +412,12 @@ def _store_of_checkpoint(run: Run, entry: LogEntry, store: str) -> dict[str, str
                             f"{', '.join(sorted(run.settings.stores)) or 'none'}) nor in checkpoint #{entry.seq} of "
                             f"task {run.args.task}")
     serdes = cp.serdes.get(store, {}) if isinstance(cp, CheckpointV2) else {}
+    msg = serdes.get("msg", "bytes")
+    if msg == RECORD:  # no class to name: the values are read as stored, decoded with the recorded schemas
+        msg = "bytes"
     keys = {f"stores.{store}.backup.factories": ",".join(backends),
             f"stores.{store}.key.serde": serdes.get("key", "bytes"),
-            f"stores.{store}.msg.serde": serdes.get("msg", "bytes")}
+            f"stores.{store}.msg.serde": msg}
     if serdes.get("envelope") == ENVELOPE:  # its values carry an expiry; the duration does not matter to a reader
         keys[f"stores.{store}.ttl.ms"] = "1"
     return keys
@@ -424,9 +432,12 @@ def _b64(data: bytes) -> str:
 
 
 def _field(name: str, value: Any) -> dict[str, Any]:
-    """``{name: value}`` when the value is JSON; bytes (and anything else) as ``{name_base64: ...}``."""
+    """``{name: value}`` when the value is JSON; bytes as ``{name_base64: ...}`` (also a record's bytes field, inside
+    its object), anything else as ``{name_repr: ...}``."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return {f"{name}_base64": _b64(bytes(value))}
+    if isinstance(value, dict) and any(isinstance(v, bytes) for v in value.values()):
+        value = {k: v for field, item in value.items() for k, v in _field(field, item).items()}
     try:
         json.dumps(value)
     except (TypeError, ValueError):

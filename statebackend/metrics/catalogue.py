@@ -24,6 +24,7 @@ __all__ = [
     "MS_BUCKETS",
     "RUN_BUCKETS",
     "SECONDS_BUCKETS",
+    "TIMER_BUCKETS",
     "MetricSpec",
     "spec_for",
 ]
@@ -36,6 +37,7 @@ SECONDS_BUCKETS = tuple(b / 1000.0 for b in MS_BUCKETS)
 BYTES_BUCKETS = tuple(float(1 << shift) for shift in range(10, 32, 2))  # 1 KiB, 4 KiB, ... 1 GiB
 COUNT_BUCKETS = (1.0, 2.0, 3.0, 4.0, 5.0, 8.0, 12.0)
 RUN_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
+TIMER_BUCKETS = (0.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0, 10000000.0)
 GENERIC_BUCKETS = (0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0)
 
 COUNTER, HISTOGRAM = "counter", "histogram"
@@ -208,6 +210,25 @@ _SPECS = [
     _histogram("spark.confirm.ms", "statebackend_spark_confirm_seconds",
                "time the driver spent confirming the checkpoints tasks did not wait for, per batch", "ms",
                MS_BUCKETS),
+    # -- timers of the Spark driver's tasks (statebackend/spark/timers.py, executor.py) ----------------------------
+    _counter("timers.registered", "statebackend_timers_registered_total",
+             "timers the tasks' code registered (registering a timer that exists is not counted), per task attempt"),
+    _counter("timers.deleted", "statebackend_timers_deleted_total",
+             "timers the tasks' code deleted before they fired (delete, delete_all), per task attempt"),
+    _counter("timers.fired", "statebackend_timers_fired_total",
+             "timers fired: handed to on_timers and deleted, per task attempt (a replayed batch fires its timers "
+             "again and counts them again; its commit lands once)"),
+    _histogram("timers.pending", "statebackend_timers_pending",
+               "timers a task holds after a batch, one sample per task and batch (a batch's sum: the job's pending "
+               "timers)", "1", TIMER_BUCKETS),
+    # -- evolving values (statebackend/values.py) -------------------------------------------------------------------
+    _counter("migration.runs", "statebackend_migration_runs_total",
+             "migrations an open ran over a store's values (one that runs again after a crash before its commit "
+             "landed counts again)"),
+    _counter("migration.values.rewritten", "statebackend_migration_values_rewritten_total",
+             "values a migration's function rewrote"),
+    _counter("migration.values.deleted", "statebackend_migration_values_deleted_total",
+             "keys a migration's function deleted (it returned None)"),
     # -- blob stores: each request of az:// and s3:// (statebackend/blobstores/resilience.py) --------------------------
     _counter("blob_store.requests", "statebackend_blob_store_requests_total",
              "requests to the blob store (a part of a large transfer is one request), by operation and outcome",

@@ -41,6 +41,8 @@ Timers (``on_timers``, :mod:`statebackend.spark.timers`): ``fn`` registers per-k
 batch clock) or event time (a watermark derived from ``event_time``, :mod:`statebackend.spark.watermark`); after
 ``fn`` each task hands its due timers to ``on_timers``, whose output joins the batch's. Timers live in a store of the
 task and are deleted in the commit of the batch that fired them: fired once under replays, retries and rescales.
+Spark runs no batch without new input: :func:`with_heartbeat` (:mod:`statebackend.spark.heartbeat`) keeps batches,
+and so processing-time timers, coming when the input stops.
 
 ``on_replay="skip"`` lets a task whose newest checkpoint already is ``batch_id`` skip the work (its output for that
 batch is then empty): only for jobs whose sink does not need a replayed batch's output again.
@@ -53,6 +55,7 @@ from __future__ import annotations
 from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
 from statebackend.spark.driver import StatefulForeachBatch
 from statebackend.spark.executor import TaskRunner, TaskStores
+from statebackend.spark.heartbeat import HEARTBEAT_COLUMN, with_heartbeat
 from statebackend.spark.read import read_state
 from statebackend.spark.session import local_spark_session
 from statebackend.spark.stats import TaskStats
@@ -62,6 +65,7 @@ __all__ = [
     "ATTEMPTS_DIR",
     "BATCH_OFFSET",
     "EVENT",
+    "HEARTBEAT_COLUMN",
     "MODES",
     "ON_REPLAY",
     "PROCESSING",
@@ -76,4 +80,5 @@ __all__ = [
     "local_spark_session",
     "read_state",
     "task_name",
+    "with_heartbeat",
 ]

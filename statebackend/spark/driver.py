@@ -27,6 +27,7 @@ from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.spark.batches import MODES, ON_REPLAY
 from statebackend.spark.confirm import unconfirmed_checkpoints
 from statebackend.spark.executor import TaskRunner, TaskStores
+from statebackend.spark.heartbeat import drop_heartbeats
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.initial import InitialState, initial_state_of
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
@@ -181,6 +182,7 @@ class StatefulForeachBatch:
         if self._previous is not None:
             self._previous()
             self._previous = None
+        batch_df = drop_heartbeats(batch_df)  # rows of with_heartbeat: a batch to run, nothing for fn
         spark = batch_df.sparkSession
         config = self._with_timers(effective_config(spark, self.config))
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)

@@ -434,7 +434,7 @@ class TaskRunner:
             try:
                 outputs = work(stores)
                 try:
-                    fired = self._after_fn(stores, outputs, convert, drain)
+                    fired, pending_timers = self._after_fn(stores, outputs, convert, drain)
                 except BaseException:
                     outputs.close()
                     raise
@@ -490,7 +490,8 @@ class TaskRunner:
                 input_rows=counted.count, output_rows=outputs.rows, private_dir=private is not None,
                 metrics=exported, kept_open=parked is not None, executor=executor_id(),
                 pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "", attempt_token=token,
-                run_id=self.run_id, timers_fired=fired, watermark_ms=watermark, event_max_ms=event_max,
+                run_id=self.run_id, timers_fired=fired, timers_pending=pending_timers, watermark_ms=watermark,
+                event_max_ms=event_max,
             )
             return outputs, stats
         finally:
@@ -546,18 +547,25 @@ class TaskRunner:
         return Timers(storage.store(TIMERS_STORE, typed=False), key_types=self.key_types, check_owner=check)
 
     def _after_fn(self, stores: TaskStores, outputs: HeldOutput, convert: Callable[[Any], Iterable[Any]],
-                  drain: Iterator[Any] | None) -> int:
+                  drain: Iterator[Any] | None) -> tuple[int, int | None]:
         """After ``fn``: the rest of the input read for its event times, the due timers fired (their handler's
-        output joining ``fn``'s), and output refused when the job declared none; the number of timers fired."""
+        output joining ``fn``'s), and output refused when the job declared none; the number of timers fired and
+        pending after the batch (None: the job has no timers), also counted in the task's metrics."""
         if self.event_time is not None and drain is not None:
             for _ in drain:
                 pass
-        fired = 0
+        fired, pending = 0, None
         if self.on_timers is not None:
             due = take_due(stores.timers, stores.now_ms, stores.watermark_ms)
             if due:
                 outputs.extend(convert(self.on_timers(stores, due)))
                 fired = len(due)
+            pending = stores.timers.pending()
+            metrics = stores.storage.metrics
+            metrics.increment("timers.registered", stores.timers.registered)
+            metrics.increment("timers.deleted", stores.timers.deleted)
+            metrics.increment("timers.fired", fired)
+            metrics.record("timers.pending", pending)
         if self.output_schema is not None and len(self.output_schema) == 0 and outputs.rows:
             raise ConfigError(
                 f"the function (or on_timers) returned {outputs.rows} output row(s), but StatefulForeachBatch has no "
@@ -565,7 +573,7 @@ class TaskRunner:
                 "RDD to infer it from). Give output_schema (a StructType or a DDL string such as 'word string, "
                 "count long'), or return None or nothing"
             )
-        return fired
+        return fired, pending
 
     def _routing(self) -> KeyRouting:
         if self.key_groups is None:

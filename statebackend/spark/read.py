@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -11,15 +13,27 @@ from typing import Any
 import attrs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import BinaryType, DataType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, InconsistentStateError, NotFoundError
 from statebackend.lifecycle import task_checkpoint_log
+from statebackend.serdes import is_record, record_class, record_serde
+from statebackend.serdes.record import schemas_from_text
 from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
 from statebackend.spark.timers import TIMERS_STORE, key_text, stored_timers, with_timer_store
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
+from statebackend.values import MSG_SCHEMAS
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +50,13 @@ def read_state(
     ``checkpoint``: ``"latest"`` (each task's newest checkpoint) or a batch id (each task's state after that batch:
     its newest checkpoint with a batch id at most that one). Each task is restored on an executor into a temporary
     directory that is deleted afterwards; local state directories are never touched. Column types follow the store's
-    serdes: ``string`` and ``json`` give strings, ``integer`` longs, ``bytes`` and ``pickle`` binary.
+    serdes: ``string`` and ``json`` give strings, ``integer`` longs, ``bytes`` and ``pickle`` binary, and a record
+    store (``record:<module>:<Class>``) a struct of the class's fields, each value read as the class (a value written
+    with an older schema of the class as the job's code reads it: a field added since takes its default) and typed
+    ``int`` long, ``float`` double, ``bool`` boolean, ``str`` string, ``bytes`` binary, ``json`` a string of compact
+    JSON. The class must be importable on the driver and the executors, as for the job itself (otherwise the
+    :class:`ConfigError` names the class and the store's key); ``statebackend dump`` reads a record store without
+    its class.
 
     ``store=TIMERS_STORE`` (``"statebackend-timers"``) reads the tasks' pending timers as ``(task string, key string,
     kind string, at_ms long)``: the key as :func:`~statebackend.spark.timers.key_text` shows it, the kind
@@ -56,7 +76,7 @@ def read_state(
     schema = StructType([
         StructField("task", StringType(), False),
         StructField("key", _column_type(store_settings.key_serde), False),
-        StructField("value", _column_type(store_settings.msg_serde), True),
+        StructField("value", _value_type(store_settings.msg_serde), True),
     ]) if store != TIMERS_STORE else StructType([
         StructField("task", StringType(), False),
         StructField("key", StringType(), False),
@@ -129,9 +149,9 @@ class _StateReader:
                         for timer in stored_timers(raw):
                             yield name, key_text(timer.key), timer.kind, timer.at_ms
                         continue
+                    column = _value_column(store_settings.msg_serde, storage, self.store)
                     for key, value in raw.items():
-                        yield (name, _column_value(store_settings.key_serde, key),
-                               _column_value(store_settings.msg_serde, value))
+                        yield name, _column_value(store_settings.key_serde, key), column(value)
 
     def _check_like_task_zero(self, settings: Settings, storage: TaskStorage, name: str) -> None:
         """The task's checkpoint must be spread like task-0's (which runs in every layout) and of its batch or a
@@ -164,6 +184,38 @@ class _StateReader:
                 "checkpoint would miss keys or give them twice. Let the query run that batch to its end, or read a "
                 "batch id before it"
             )
+
+
+def _value_type(serde: str) -> DataType:
+    """The value column's type: a record store's is a struct of its class's fields."""
+    if not is_record(serde):
+        return _column_type(serde)
+    return StructType([StructField(f.name, _FIELD_TYPES[f.type], f.nullable) for f in record_class(serde).schema.fields])
+
+
+def _value_column(serde: str, storage: TaskStorage, store: str) -> Callable[[bytes], Any]:
+    """How a stored value becomes its column's value: a record store's value is read as its class (knowing every
+    schema the task's checkpoint recorded) and given as a dict of the class's fields, ``json`` ones as JSON text."""
+    if not is_record(serde):
+        return functools.partial(_column_value, serde)
+    recorded = storage.recorded_serdes[store].get(MSG_SCHEMAS, "")
+    reader = record_serde(serde).with_schemas(schemas_from_text(recorded, where=f"store {store!r}") if recorded else ())
+    fields = [(f.name, f.type == "json") for f in reader.schema.fields]
+
+    def column(data: bytes) -> dict[str, Any]:
+        value = reader.from_bytes(data)
+        row = {}
+        for field, is_json in fields:
+            item = getattr(value, field)
+            row[field] = item if not is_json or item is None else json.dumps(
+                item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # as the record stores it
+        return row
+
+    return column
+
+
+_FIELD_TYPES: Mapping[str, DataType] = {"int": LongType(), "float": DoubleType(), "bool": BooleanType(),
+                                        "str": StringType(), "bytes": BinaryType(), "json": StringType()}
 
 
 def _column_type(serde: str) -> DataType:

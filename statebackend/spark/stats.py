@@ -53,6 +53,8 @@ class TaskStats:
     timers_fired: int = 0
     watermark_ms: int | None = None
     event_max_ms: int | None = None
+    #: timers the task's timer store holds after the batch (None: the job has no timers)
+    timers_pending: int | None = None
 
 
 @attrs.frozen

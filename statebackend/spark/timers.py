@@ -80,16 +80,27 @@ class Timers:
     ``datetime.timestamp()`` and PySpark's ``Row`` timestamps have it). ``kind``: ``"processing"`` (the batch clock,
     ``stores.now_ms``) or ``"event"`` (the watermark, ``stores.watermark_ms``)."""
 
+    #: timers this object added (registering one that exists adds none) and deleted (not by firing): the executor
+    #: reports them as the metrics ``timers.registered`` and ``timers.deleted``
+    registered: int
+    deleted: int
+
     def __init__(self, store: Any | None, *, key_types: Sequence[str] = (),
                  check_owner: Callable[[Any, tuple[Any, ...]], None] | None = None) -> None:
         self._store = store
         self._key_types = tuple(key_types)
         self._check_owner = check_owner
+        self.registered = 0
+        self.deleted = 0
 
     def register(self, key: Any, at: Any, *, kind: str = PROCESSING) -> None:
         """A timer for ``key`` at ``at``, of ``kind``; registering one that exists changes nothing."""
         store, encoded, kind_byte, at_ms = self._parts(key, at, kind)
-        store.put_many([_due_record(kind_byte, at_ms, encoded), _key_record(encoded, kind_byte, at_ms)], [b"", b""])
+        due = _due_record(kind_byte, at_ms, encoded)
+        if store.contains(due):
+            return
+        store.put_many([due, _key_record(encoded, kind_byte, at_ms)], [b"", b""])
+        self.registered += 1
 
     def delete(self, key: Any, at: Any, *, kind: str = PROCESSING) -> bool:
         """Delete ``key``'s timer at ``at`` of ``kind``; whether there was one."""
@@ -98,6 +109,7 @@ class Timers:
         if not store.contains(due):
             return False
         store.delete_many([due, _key_record(encoded, kind_byte, at_ms)])
+        self.deleted += 1
         return True
 
     def delete_all(self, key: Any, *, kind: str | None = None) -> int:
@@ -106,7 +118,12 @@ class Timers:
         records = [record for timer in timers for record in timer[2]]
         if records:
             self._writable().delete_many(records)
+        self.deleted += len(timers)
         return len(timers)
+
+    def pending(self) -> int:
+        """How many timers the store holds now (each is two records): O(1), plus O(writes not yet committed)."""
+        return int(self._writable().count()) // 2
 
     def list(self, key: Any, *, kind: str | None = None) -> builtins.list[Timer]:
         """``key``'s timers (of ``kind``, or of both kinds) in time order."""
