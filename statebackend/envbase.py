@@ -167,10 +167,11 @@ def is_env_base(prefix: bytes) -> bool:
 
 
 def write_env_base(view: ReadView, out: BinaryIO, lineage: FileHeader, *, scratch: Path, compression: str = "zstd",
-                   level: int = 1) -> EnvBaseStats:
+                   level: int = 1, check: Callable[[], None] | None = None) -> EnvBaseStats:
     """Write the base of exactly ``view``'s version into ``out``: a compacted copy of the view's own read
     transaction (in a temporary directory under ``scratch``), framed. ``lineage`` must name the view's version (its
-    checkpoint id and token): a view of any other version is refused (:class:`UsageError`), never copied."""
+    checkpoint id and token): a view of any other version is refused (:class:`UsageError`), never copied. ``check``
+    is called before each frame (a background writer's cancellation raises from it)."""
     if compression not in _COMPRESSION_CODES:
         raise UsageError(f"env base compression must be one of {sorted(_COMPRESSION_CODES)}, got {compression!r}")
     version = view.version
@@ -188,6 +189,8 @@ def write_env_base(view: ReadView, out: BinaryIO, lineage: FileHeader, *, scratc
         view.copy_to(tmp)  # LMDB's compacting copy of the view's read transaction: exactly its version
         with open(Path(tmp) / "data.mdb", "rb") as source:
             while raw := source.read(FRAME_RAW_BYTES):
+                if check is not None:
+                    check()
                 stored = compressor.compress(raw) if compressor is not None else raw
                 frame = _FRAME.pack(len(stored), len(raw))
                 for part in (frame, stored):

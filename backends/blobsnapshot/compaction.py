@@ -119,9 +119,9 @@ class Compaction(RunUpload):
         last = inputs[-1]
         try:
             with IN_FLIGHT.hold([state.staging, state.cache]):
-                records = self._cancellation.records(view.items(), _what(state))
-                output = self._write_run(state, records, first_seq=1, last_seq=last.last_seq, version=last.version,
-                                         level=BASE_LEVEL, base=True)
+                what = _what(state)
+                output = self._write_base(state, view, last_seq=last.last_seq, version=last.version,
+                                          check=lambda: self._cancellation.check(what))
         finally:
             view.close()
         return self._publish_compaction(state, inputs, output, generation)
