@@ -187,18 +187,17 @@ def write_env_base(view: ReadView, out: BinaryIO, lineage: FileHeader, *, scratc
     frames = raw_bytes = body = 0
     with tempfile.TemporaryDirectory(dir=scratch, prefix=".envcopy-") as tmp:
         view.copy_to(tmp)  # LMDB's compacting copy of the view's read transaction: exactly its version
-        with open(Path(tmp) / "data.mdb", "rb") as source:
-            while raw := source.read(FRAME_RAW_BYTES):
-                if check is not None:
-                    check()
-                stored = compressor.compress(raw) if compressor is not None else raw
-                frame = _FRAME.pack(len(stored), len(raw))
-                for part in (frame, stored):
-                    hasher.update(part)
-                    out.write(part)
-                frames += 1
-                raw_bytes += len(raw)
-                body += len(frame) + len(stored)
+        for raw in _file_chunks(Path(tmp) / "data.mdb"):
+            if check is not None:
+                check()
+            stored = compressor.compress(raw) if compressor is not None else raw
+            frame = _FRAME.pack(len(stored), len(raw))
+            for part in (frame, stored):
+                hasher.update(part)
+                out.write(part)
+            frames += 1
+            raw_bytes += len(raw)
+            body += len(frame) + len(stored)
     covered = _FOOTER.pack(frames, raw_bytes, body, b"", b"")[:_FOOTER_COVERED]
     hasher.update(covered)
     out.write(covered + hasher.digest() + MAGIC_END)
@@ -365,6 +364,13 @@ def _parse_footer(tail: bytes, size: int, header_end: int, *, name: str) -> tupl
         raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the base holds "
                                f"{size - FOOTER_SIZE - header_end}; it is truncated or corrupt")
     return frames, raw_bytes, body_length
+
+
+def _file_chunks(path: Path) -> Iterator[bytes]:
+    """The environment file's bytes in frames of at most FRAME_RAW_BYTES (a name tests replace)."""
+    with open(path, "rb") as source:
+        while raw := source.read(FRAME_RAW_BYTES):
+            yield raw
 
 
 def _segments(source: BaseSource, start: int, end: int, pool: ThreadPoolExecutor | None) -> Iterator[bytes]:
