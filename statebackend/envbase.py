@@ -229,7 +229,12 @@ def restore_env_base(source: BaseSource, target_dir: Path | None, *, check: Call
     size = source.size
     head = source.read(0, min(size, HEAD_BYTES))
     header, header_end = _parse_header(head, name=source.name)
-    tail = source.read(max(0, size - FOOTER_SIZE), size)
+    if size < header_end + FOOTER_SIZE:
+        raise CorruptDataError(f"{source.name}: truncated at byte {size}: the base ends before its footer")
+    tail = source.read(size - FOOTER_SIZE, size + 1)  # one byte more: a blob longer than its size is refused
+    if len(tail) > FOOTER_SIZE:
+        raise CorruptDataError(f"{source.name}: the blob holds more than the {size} bytes it was written with; it "
+                               f"is not the base its name designates and was not used")
     frames, raw_bytes, body_length = _parse_footer(tail, size, header_end, name=source.name)
     check(header)
     hasher = hashlib.blake2b(head[:header_end], digest_size=32)
@@ -255,6 +260,7 @@ def restore_env_base(source: BaseSource, target_dir: Path | None, *, check: Call
                 written += _write(out, decoded.popleft())
         while decoded:
             written += _write(out, decoded.popleft())
+        crashpoint("envbase.restore.written")  # every frame written, the digest not checked yet
         if count != frames or written != raw_bytes:
             raise CorruptDataError(f"{source.name}: the base holds {count} frames of {written} bytes where its footer "
                                    f"says {frames} frames of {raw_bytes} bytes; it is corrupt and was not used")
