@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -141,12 +141,17 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                     puts = cast("Iterable[tuple[bytes, bytes]]", records) if first.base else puts_only(records)
                     store.replace_contents(puts, first.version)
                 metrics.increment("restore.runs.applied")
-            for run in to_apply:
-                # each later run in bulk, in one transaction that records the version it ends at
-                self._interrupted.check(name)
-                records = self._records(name, prefix, run, downloads.pop(run))
-                store.apply_changes(records, run.version, verified_order=True)  # the reader checks the order
-                metrics.increment("restore.runs.applied")
+            if to_apply:
+                # every later run in bulk, in ONE transaction that records the version the last ends at (each LMDB
+                # page they touch copied once, not once per run); a bad run, or an interrupt, aborts them all and
+                # the store stays at the version before them, a version of this chain
+                def change_sets() -> Iterator[Iterable[tuple[bytes, bytes | None]]]:
+                    for run in to_apply:
+                        self._interrupted.check(name)
+                        yield self._records(name, prefix, run, downloads.pop(run))  # the reader checks the order
+
+                store.apply_change_sets(change_sets(), to_apply[-1].version)
+                metrics.increment("restore.runs.applied", len(to_apply))
         finally:
             for future in downloads.values():
                 future.cancel()
