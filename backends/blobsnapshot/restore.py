@@ -10,12 +10,15 @@ the same transaction as the data):
 - **catch-up** when the local version is the version a run of the index ends at (the store is an older version of
   this chain): only the runs after it are applied;
 - **full** otherwise: every run is downloaded in parallel on a private pool (never the shared commit pool), each
-  verified (size, content hash, header lineage) before any of it is applied; the first is bulk-loaded in one LMDB
-  transaction in append mode (which drops what the store held), then every later run is applied in bulk, each in one
-  transaction that also records the version the run ends at.
+  verified (size, content hash, header lineage) before any of it is applied. A base run written as an environment
+  file (``statebackend.envbase``) is streamed into the store dir in ranged reads, verified, and swapped in as the
+  store's environment: no record re-inserted, never held whole in memory. A first run of sorted records (an older
+  base run, or the first run of a chain that began on the empty store) is bulk-loaded in one LMDB transaction in
+  append mode (which drops what the store held). The later runs are applied in bulk in ONE transaction that also
+  records the version the last one ends at (each page they touch copied once).
 
 Each step is atomic and records its version, so a restore killed or failed half-way leaves the store at a version
-of this chain (never a mix), and the next restore continues from it. After the last run the key count is checked
+of this chain (the first run's, or the last's; never a mix), and the next restore continues from it. After the last run the key count is checked
 against the index's; then the index's own version is recorded. A missing run or index raises
 :class:`NotFoundError`, a damaged one :class:`CorruptDataError`; both name the blob.
 """

@@ -6,7 +6,10 @@ random token) and does the least work:
 
 - local version == the recipe's head: nothing to download (the common restart);
 - local version is a step of the recipe: apply only the deltas after it (catch-up);
-- otherwise: load the snapshot in one bulk LMDB transaction (sorted, append mode), then apply the deltas.
+- otherwise: load the snapshot, then apply the deltas. A snapshot written as an environment file
+  (``statebackend.envbase``) is streamed into the store dir in ranged reads, verified, and swapped in as the store's
+  environment, with no record re-inserted; a snapshot of sorted records (earlier releases) is loaded in one bulk
+  LMDB transaction (append mode).
 
 The snapshot loads in one LMDB transaction and the deltas after it apply in one more, each recording the version
 it reaches, so a crash mid-restore leaves a store at a step of the recipe that the next restore recognises and
