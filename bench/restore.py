@@ -41,12 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
-
-from bench.common import RESULTS_DIR, format_table, machine_info, write_result
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.marker import Recipe
-from statebackend.blobstores.file import FileBlobStore
 from statebackend.checkpoint import CheckpointLog
+
+from bench.common import RESULTS_DIR, format_table, machine_info, write_result
+from statebackend.blobstores.file import FileBlobStore
 from statebackend.task import TaskStorage
 
 _KEY = struct.Struct(">Q")

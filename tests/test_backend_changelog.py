@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 import pytest
 from statebackend.backends.changelog.backup import maintenance_pool
 
-from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend import envbase
+from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.envbase import is_env_base
 from statebackend.errors import CommitError, ConfigError
 from statebackend.recordfile import FORMAT_VERSION, read_header

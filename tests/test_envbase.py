@@ -15,7 +15,7 @@ import tracemalloc
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
@@ -90,9 +90,9 @@ def test_a_base_restores_exactly_the_version_it_was_written_from(tmp_path: Path,
 
 
 def test_a_view_of_another_version_is_refused(tmp_path: Path) -> None:
-    with filled_store(tmp_path / "a", 10) as store, store.read_view() as view, open(tmp_path / "base", "wb") as out:
-        with pytest.raises(UsageError, match="only ever the copy of the version it names"):
-            write_env_base(view, out, lineage(LocalVersion("1-1", "other")), scratch=tmp_path)
+    with (filled_store(tmp_path / "a", 10) as store, store.read_view() as view,
+          open(tmp_path / "base", "wb") as out, pytest.raises(UsageError, match="only ever the copy of the version")):
+        write_env_base(view, out, lineage(LocalVersion("1-1", "other")), scratch=tmp_path)
 
 
 def _flip(data: bytes, at: int) -> bytes:
@@ -180,7 +180,7 @@ def test_a_restore_reads_in_bounded_ranged_reads_and_holds_a_few_frames(tmp_path
     assert len(data) > 20 * envbase.SEGMENT_BYTES
 
     class CountingStore(MemoryBlobStore):
-        reads: list[tuple[int | None, int | None]] = []
+        reads: ClassVar[list[tuple[int | None, int | None]]] = []
 
         def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
             self.reads.append((start, end))

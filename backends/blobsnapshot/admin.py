@@ -77,10 +77,11 @@ class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         for run in index.runs:
             name = run_name(prefix, run.hash)
             try:
-                binding = {"index": marker, "job": context.job_name, "task": context.task_name, "store": store}
-                count = verify_env_base_run(context.blob_store, prefix, run, **binding)
+                count = verify_env_base_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                                            task=context.task_name, store=store)
                 if count is None:
-                    data = read_run(context.blob_store, prefix, run, **binding)
+                    data = read_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                                    task=context.task_name, store=store)
                     count = sum(1 for _ in iter_records(data, name=name, verified=True))
             except StateBackendError as exc:
                 problems.append(f"store {store}: {exc}")

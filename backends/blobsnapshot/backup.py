@@ -54,7 +54,6 @@ from statebackend.backends.blobsnapshot.format import RunIndex, parse_index_name
 from statebackend.backends.blobsnapshot.format import index_name as make_index_name
 from statebackend.backends.blobsnapshot.gc import BlobSnapshotGc, SweepReport
 from statebackend.backends.blobsnapshot.state import (
-    BASE_LEVEL,
     CACHE_DIR,
     COMPACTED_FILE,
     EXPIRES_AT,

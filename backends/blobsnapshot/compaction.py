@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_run
 from statebackend.backends.blobsnapshot.format import RunEntry, replace_runs, run_name
-from statebackend.backends.blobsnapshot.state import BASE_LEVEL, COMPACTED_FILE, Compacted, StoreState
+from statebackend.backends.blobsnapshot.state import COMPACTED_FILE, Compacted, StoreState
 from statebackend.backends.blobsnapshot.upload import RunUpload
 
 from statebackend.concurrency import SharedPools

@@ -98,10 +98,10 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
             header = verify(blob_store.get(step.name), name=step.name)
             check_blob_binding(header, step, **binding)
             return
-        source = BlobSource(blob_store, step.name, blob_store.head(step.name).size)
-        if is_env_base(source.read(0, min(source.size, HEAD_BYTES))):
+        base = BlobSource(blob_store, step.name, blob_store.head(step.name).size)
+        if is_env_base(base.read(0, min(base.size, HEAD_BYTES))):
             # an environment-file base: every byte read and checked in ranged reads, nothing written
-            restore_env_base(source, None, check=lambda header: check_blob_binding(header.lineage, step, **binding))
+            restore_env_base(base, None, check=lambda header: check_blob_binding(header.lineage, step, **binding))
             return
         local = tmp / "snapshot"
         blob_store.get_file(step.name, local)

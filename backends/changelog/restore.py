@@ -160,14 +160,14 @@ class ChangelogRestoreManager(TaskRestoreManager):
             store.replace_contents([], None)
             return
         _remove_abandoned_downloads(Path(store.path))
-        source = self._snapshot_source(name, snapshot.name)
-        if is_env_base(source.read(0, min(source.size, HEAD_BYTES))):
+        base = self._snapshot_source(name, snapshot.name)
+        if is_env_base(base.read(0, min(base.size, HEAD_BYTES))):
             # an environment-file base: streamed into the store dir, verified, swapped in; nothing re-inserted
             def check(header: EnvBaseHeader) -> None:
                 _check_lineage(header.lineage, snapshot, name, self.context, kind=KIND_SNAPSHOT)
 
-            load_env_base(store, source, snapshot.version, check=check, pool=pool)
-            self.context.metrics.increment("restore.bytes", source.size)
+            load_env_base(store, base, snapshot.version, check=check, pool=pool)
+            self.context.metrics.increment("restore.bytes", base.size)
             return
         # a snapshot of sorted records (written by earlier releases)
         with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=_DOWNLOAD_PREFIX) as tmp:
