@@ -8,8 +8,9 @@ Not a test; run by hand. Per ``--keys`` size N and per backend (``changelog``, `
    statebackend/envbase.py) and commit ``--deltas`` more such commits above it: the state a restore meets in the
    middle of a history;
 2. wipe the local dir and restore it in a fresh process (``TaskStorage.open`` timed inside it, so the interpreter's
-   start is not counted): seconds, MB/s of blob bytes read, keys/s and the process's peak RSS; the key count and
-   a sample of values are checked;
+   start is not counted): seconds, MB/s of blob bytes read, keys/s, the process's peak RSS and its peak anonymous
+   memory (sampled every 5 ms: RSS also counts LMDB's file pages mapped in, which the page cache holds anyway);
+   the key count and a sample of values are checked;
 3. the limit, in the same run, on the same data: (a) py-lmdb's bulk append (``putmulti(append=True)`` in one write
    transaction, into a fresh environment) of the same sorted pairs from memory (read back from the restored store a
    million at a time; only the appends are timed), and (b) reading the same blobs from the blob store (every blob
@@ -29,12 +30,12 @@ import argparse
 import json
 import os
 import random
-import resource
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,9 +139,21 @@ def child(spec: str) -> None:
     """The restoring process: restore, check, print one JSON line."""
     args = json.loads(spec)
     config = make_config(Path(args["workdir"]), args["backend"])
+    peak_anon = [0]
+    done = threading.Event()
+
+    def sample() -> None:  # anonymous memory (the process's own), not LMDB's file pages mapped into it
+        while not done.wait(0.005):
+            with open("/proc/self/status") as status:
+                for line in status:
+                    if line.startswith("RssAnon:"):
+                        peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     started = time.perf_counter()
     with TaskStorage.open(config, "task-0") as task:
         seconds = time.perf_counter() - started
+        done.set()
         store = task.store("counts")
         count = store.count()
         if count != args["expected_count"]:
@@ -151,8 +164,11 @@ def child(spec: str) -> None:
             if found != wanted:
                 raise AssertionError(f"key {key}: restored {found!r}, expected {wanted!r}")
         metrics = {k: v for k, v in task.metrics.snapshot().items() if k.startswith("restore")}
-    print(json.dumps({"seconds": seconds, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "metrics": metrics}))
+    # VmHWM, not getrusage's ru_maxrss: that one is kept across exec, so it would report the benchmark's own peak
+    with open("/proc/self/status") as status:
+        hwm_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    print(json.dumps({"seconds": seconds, "peak_rss_mib": hwm_kib / 1024,
+                      "peak_anon_mib": peak_anon[0] / 1024, "metrics": metrics}))
 
 
 def marker_blobs(workdir: Path, backend: str) -> list[str]:
@@ -222,7 +238,8 @@ def run(backend: str, keys: int, deltas: int, updates: int, workdir: Path, seed:
     return {
         "backend": backend, "keys": keys, "deltas": deltas, "updates": updates,
         "load_s": built["load_s"], "base_s": built["base_s"],
-        "restore_s": seconds, "peak_rss_mib": restored["peak_rss_mib"], "metrics": restored["metrics"],
+        "restore_s": seconds, "peak_rss_mib": restored["peak_rss_mib"], "peak_anon_mib": restored["peak_anon_mib"],
+        "metrics": restored["metrics"],
         "blob_bytes": read_bytes, "blobs": len(names), "lmdb_mib": data_mib,
         "mb_per_s": read_bytes / 1e6 / seconds, "keys_per_s": built["expected_count"] / seconds,
         "limit_read_s": read_s, "limit_append_s": append_s,
@@ -232,30 +249,32 @@ def run(backend: str, keys: int, deltas: int, updates: int, workdir: Path, seed:
 
 
 def plot(path: Path = FIGURE) -> Path:
-    """Restore time against keys per backend, with the measured limits beside it, from the newest result of each
-    (backend, keys) under bench/results/."""
+    """Restore time against keys per backend (and per history above the base), with the measured limits beside
+    it, from the newest result of each (backend, deltas, keys) under bench/results/."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    newest: dict[tuple[str, int], dict[str, Any]] = {}
+    newest: dict[tuple[str, int, int], dict[str, Any]] = {}
     for result_file in sorted(RESULTS_DIR.glob("restore-*.json")):
         for row in json.loads(result_file.read_text())["results"]:
-            newest[(row["backend"], row["keys"])] = row
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    styles = {"changelog": ("tab:blue", "o"), "blobsnapshot": ("tab:orange", "s")}
+            newest[(row["backend"], row["deltas"], row["keys"])] = row
+    fig, ax = plt.subplots(figsize=(8, 5))
+    colors = {"changelog": "tab:blue", "blobsnapshot": "tab:orange"}
     for backend in BACKENDS:
-        rows = sorted((r for (b, _), r in newest.items() if b == backend), key=lambda r: r["keys"])
-        if not rows:
-            continue
-        color, marker = styles[backend]
-        xs = [r["keys"] for r in rows]
-        ax.plot(xs, [r["restore_s"] for r in rows], marker=marker, color=color, label=f"{backend}: cold restore")
-        ax.plot(xs, [r["limit_append_s"] for r in rows], linestyle="--", color=color, alpha=0.6,
-                label=f"{backend}: limit, LMDB bulk append")
-        ax.plot(xs, [r["limit_read_s"] for r in rows], linestyle=":", color=color, alpha=0.6,
-                label=f"{backend}: limit, reading its blobs")
+        for deltas in sorted({d for b, d, _ in newest if b == backend}):
+            rows = sorted((r for (b, d, _), r in newest.items() if (b, d) == (backend, deltas)),
+                          key=lambda r: r["keys"])
+            xs = [r["keys"] for r in rows]
+            above = f"base + {deltas} commits above" if deltas else "base only"
+            ax.plot(xs, [r["restore_s"] for r in rows], marker="o" if deltas else "s", color=colors[backend],
+                    linestyle="-" if deltas else "-.", label=f"{backend}: cold restore, {above}")
+            if deltas == max(d for b, d, _ in newest if b == backend):
+                ax.plot(xs, [r["limit_append_s"] for r in rows], linestyle="--", color=colors[backend], alpha=0.6,
+                        label=f"{backend} run: limit, LMDB bulk append of the state")
+                ax.plot(xs, [r["limit_read_s"] for r in rows], linestyle=":", color=colors[backend], alpha=0.6,
+                        label=f"{backend} run: limit, reading its blobs")
     ax.plot([1e6, 1e7], [0.25, 2.0], linestyle="none", marker="*", markersize=12, color="tab:green",
             label="targets (1M: 0.25 s, 10M: 2 s)")
     ax.set_xscale("log")
@@ -300,10 +319,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = [[f"{r['keys']:,}", r["backend"], f"{r['restore_s']:.3f}", f"{r['limit_append_s']:.3f}",
              f"{r['limit_read_s']:.3f}", f"{r['x_limit']:.2f}", f"{r['blob_bytes'] / 2**20:.1f}",
              f"{r['lmdb_mib']:.0f}", f"{r['mb_per_s']:.0f}", f"{r['keys_per_s'] / 1e6:.1f}",
-             f"{r['peak_rss_mib']:.0f}", " ".join(f"{x:.1f}" for x in r["load_average"])] for r in results]
+             f"{r['peak_rss_mib']:.0f} / {r['peak_anon_mib']:.0f}", " ".join(f"{x:.1f}" for x in r["load_average"])] for r in results]
     print()
     print(format_table(["keys", "backend", "restore s", "limit: append s", "limit: read s", "x limit",
-                        "blobs read MiB", "LMDB MiB", "MB/s", "M keys/s", "peak RSS MiB", "load"], rows))
+                        "blobs read MiB", "LMDB MiB", "MB/s", "M keys/s", "peak RSS / anon MiB", "load"], rows))
     path = write_result("restore", {"machine": machine_info(), "deltas": args.deltas, "updates": args.updates,
                                     "results": results})
     print(f"\nraw results: {path}")
