@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import zlib
 from collections.abc import Callable, Iterator
@@ -92,6 +93,9 @@ _FOOTER = struct.Struct("<QQQ32s8s")  # frames, raw bytes, body length, digest, 
 FOOTER_SIZE = _FOOTER.size  # 64
 _FOOTER_COVERED = 24  # frames, raw bytes, body length are hashed too
 _COMPRESSION_CODES = {"none": 0, "zstd": 1}
+#: an LMDB file holds native integers and pointers: it is read back only where the byte order and word size are the
+#: writer's
+PLATFORM = f"{sys.byteorder}-{struct.calcsize('P') * 8}"
 _COMPRESSION_NAMES = {code: name for name, code in _COMPRESSION_CODES.items()}
 
 
@@ -103,6 +107,8 @@ class EnvBaseHeader:
     lineage: FileHeader
     records: int
     compression: str
+    #: the byte order and word size of the machine that wrote it (an LMDB file is read only by the same kind)
+    platform: str = attrs.field(factory=lambda: PLATFORM)
 
 
 @attrs.frozen
@@ -319,7 +325,8 @@ def remove_abandoned(store_dir: Path) -> None:
 
 
 def _encode_header(header: EnvBaseHeader) -> bytes:
-    metadata = json.dumps({"lineage": attrs.asdict(header.lineage), "records": header.records},
+    metadata = json.dumps({"lineage": attrs.asdict(header.lineage), "platform": header.platform,
+                           "records": header.records},
                           separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, _COMPRESSION_CODES[header.compression], 0, len(metadata))
     return prefix + metadata + _CRC32.pack(zlib.crc32(prefix + metadata))
@@ -352,9 +359,14 @@ def _parse_header(data: bytes, *, name: str) -> tuple[EnvBaseHeader, int]:
     try:
         fields = json.loads(bytes(data[_PREFIX.size:metadata_end]))
         header = EnvBaseHeader(lineage=FileHeader(**fields["lineage"]), records=int(fields["records"]),
-                               compression=compression)
+                               compression=compression, platform=str(fields["platform"]))
     except (ValueError, TypeError, KeyError, UsageError) as exc:
         raise CorruptDataError(f"{name}: env base header metadata is malformed: {exc}") from exc
+    if header.platform != PLATFORM:
+        raise IncompatibleFormatError(
+            f"{name}: the base is an LMDB file written on a {header.platform}-bit machine; this one is "
+            f"{PLATFORM}-bit and cannot read it. Restore on a machine of the writer's kind, or from another "
+            f"backend's marker")
     return header, header_end
 
 

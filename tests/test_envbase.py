@@ -27,7 +27,7 @@ from statebackend.backends.changelog.upload import ChangelogUpload
 from statebackend import envbase
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.envbase import BlobSource, FileSource, is_env_base, load_env_base, restore_env_base, write_env_base
-from statebackend.errors import CorruptDataError, NotFoundError, UsageError
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, UsageError
 from statebackend.recordfile import FileHeader
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
@@ -158,6 +158,20 @@ def test_a_base_of_another_store_or_seq_is_refused_before_a_byte_is_written(tmp_
         write_base(source, tmp_path / "base", store=store, seq=seq)
     target = tmp_path / "target"
     with pytest.raises(CorruptDataError, match="wanted s/5"):
+        restore_env_base(FileSource(tmp_path / "base", "base"), target, check=check_binding())
+    assert not target.exists()
+
+
+def test_a_base_written_on_another_kind_of_machine_is_refused_before_a_byte_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An LMDB file holds native integers: a base from a machine of another byte order or word size is refused as
+    incompatible (restore falls back), never opened."""
+    with filled_store(tmp_path / "a", 100) as source:
+        monkeypatch.setattr(envbase, "PLATFORM", "big-64")
+        write_base(source, tmp_path / "base")
+        monkeypatch.undo()
+    target = tmp_path / "target"
+    with pytest.raises(IncompatibleFormatError, match="big-64"):
         restore_env_base(FileSource(tmp_path / "base", "base"), target, check=check_binding())
     assert not target.exists()
 
