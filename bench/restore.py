@@ -48,6 +48,7 @@ from statebackend.checkpoint import CheckpointLog
 
 from bench.common import RESULTS_DIR, format_table, machine_info, write_result
 from statebackend.blobstores.file import FileBlobStore
+from statebackend.envbase import is_env_base
 from statebackend.task import TaskStorage
 
 _KEY = struct.Struct(">Q")
@@ -113,12 +114,21 @@ def build(backend: str, keys: int, deltas: int, updates: int, workdir: Path, see
     forcing = ({"blobsnapshot.compaction.full.ratio": "0.05", "blobsnapshot.compaction.full.min.bytes": "0"}
                if backend == "blobsnapshot" else {"changelog.snapshot.interval.commits": 1})
     started = time.perf_counter()
-    for _ in range(2):
+    for attempt in range(8):
         with TaskStorage.open(make_config(workdir, backend, **forcing), "task-0") as task:
             seq += 1
             changed[0] = seq
             task.store("counts").put(_KEY.pack(0), value_of(0, seq))
+            if attempt:  # a full compaction needs runs above the bottom of a twentieth of its size
+                for key in rng.sample(range(1, keys), min(keys - 1, max(updates, keys // 50))):
+                    if changed.get(key, 0) >= 0:
+                        task.store("counts").put(_KEY.pack(key), value_of(key, seq))
+                        changed[key] = seq
             task.commit_durably({"p": str(seq)})
+        if attempt and base_blob(workdir, backend) is not None:
+            break
+    else:
+        raise RuntimeError("no base was made")
     base_s = time.perf_counter() - started
     history(deltas)  # the history above the base that a restore applies
     return {"load_s": load_s, "base_s": base_s, "changed": changed,
@@ -184,6 +194,16 @@ def marker_blobs(workdir: Path, backend: str) -> list[str]:
     return [marker, *(run_name(prefix, run.hash) for run in index.runs)]
 
 
+def base_blob(workdir: Path, backend: str) -> str | None:
+    """The environment-file base the newest checkpoint's marker starts from, if it starts from one."""
+    blobs = FileBlobStore(str(workdir / "blobs"), create=False)
+    names = marker_blobs(workdir, backend)
+    first = names[0] if backend == "changelog" else names[1] if len(names) > 1 else None
+    if first is None or (backend == "changelog" and "/snapshot/" not in first):
+        return None
+    return first if is_env_base(blobs.get(first, start=0, end=8)) else None
+
+
 def read_limit(workdir: Path, names: list[str]) -> tuple[float, int]:
     """Seconds to read ``names`` from the blob store, sequentially in 4 MiB reads; and their bytes."""
     blobs = FileBlobStore(str(workdir / "blobs"), create=False)
@@ -229,6 +249,8 @@ def run(backend: str, keys: int, deltas: int, updates: int, workdir: Path, seed:
     sample = {k: v for k, v in built["changed"].items() if k}
     sample = dict(rng.sample(sorted(sample.items()), min(2000, len(sample))))
     sample.update({k: 0 for k in rng.sample(range(keys), 2000) if k not in built["changed"]})
+    base = base_blob(workdir, backend)
+    assert base is not None, "the restore would not start from an environment-file base"
     restored = restore_in_child(workdir, backend, built["expected_count"], sample)
     names = marker_blobs(workdir, backend)
     read_s, read_bytes = read_limit(workdir, names)
