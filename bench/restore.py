@@ -295,7 +295,8 @@ def plot(path: Path = FIGURE) -> Path:
             rows = sorted((r for (b, d, _), r in newest.items() if (b, d) == (backend, deltas)),
                           key=lambda r: r["keys"])
             xs = [r["keys"] for r in rows]
-            above = f"base + {deltas} commits above" if deltas else "base only"
+            # the commit that adopted the base is above it too
+            above = f"base + {deltas + 1} commits above" if deltas else "base + the commit that adopted it"
             ax.plot(xs, [r["restore_s"] for r in rows], marker="o" if deltas else "s", color=colors[backend],
                     linestyle="-" if deltas else "-.", label=f"{backend}: cold restore, {above}")
             if deltas == max(d for b, d, _ in newest if b == backend):
