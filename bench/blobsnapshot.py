@@ -16,6 +16,9 @@ Not a test; run by hand. Per ``--keys`` size and per backend (``blobsnapshot``, 
 
 Usage: ``python -m bench.blobsnapshot --keys 1000000 --keys 10000000 [--updates 10000 --updates 50000]
 [--commits 20] [--workdir DIR]``. Prints markdown tables and writes a JSON result under bench/results/.
+
+``--restore-scale [--plot]`` runs bench/restore.py instead (cold restore of both backends at each ``--keys``, e.g.
+1M, 10M and 50M, against the limit measured in the same run, and its figure).
 """
 
 from __future__ import annotations
@@ -179,7 +182,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a backend option, e.g. blobsnapshot.compaction.full.ratio=0.5")
+    parser.add_argument("--restore-scale", action="store_true",
+                        help="instead: cold restore at scale against the limit measured in the same run, both "
+                             "backends, per --keys (bench/restore.py; --plot draws docs/img/restore-scale.png)")
+    parser.add_argument("--plot", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.restore_scale:
+        from bench import restore
+
+        restore.main([*(f"--keys={k}" for k in args.keys or [1_000_000]), *(["--plot"] if args.plot else []),
+                      *([f"--workdir={args.workdir}"] if args.workdir else [])])
+        return
     sizes = args.keys or [1_000_000]
     updates = args.updates or [10_000, 50_000]
     base = args.workdir or Path(tempfile.mkdtemp(prefix="bench-blobsnapshot-"))

@@ -167,7 +167,15 @@ def main() -> None:
     parser.add_argument("--chains", default="0,19,39,59")
     parser.add_argument("--restore-keys", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--restore-scale", type=int, action="append", metavar="KEYS",
+                        help="instead: cold restore of KEYS keys (repeatable: 1000000, 10000000, 50000000) against "
+                             "the limit measured in the same run, both backends (bench/restore.py)")
     args = parser.parse_args()
+    if args.restore_scale:
+        from bench import restore
+
+        restore.main([f"--keys={keys}" for keys in args.restore_scale])
+        return
     _shape[0] = args.key_shape
     updates = [int(u) for u in args.updates.split(",")]
     result: dict[str, Any] = {"machine": machine_info(), "bytes": [], "restore": []}

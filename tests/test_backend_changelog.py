@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 import pytest
 from statebackend.backends.changelog.backup import maintenance_pool
 
+from statebackend import envbase
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.envbase import is_env_base
 from statebackend.errors import CommitError, ConfigError
 from statebackend.recordfile import FORMAT_VERSION, read_header
 from statebackend.task import TaskStorage
@@ -50,9 +52,9 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
     assert len(deltas) < 12
     snapshots = list(blobs.list("job/task-0/counts/changelog/snapshot/"))
     assert snapshots
-    # deltas and snapshots are written in the record file's newest version
-    assert {read_header(blobs.get(name), name=name).format_version for name in deltas + snapshots} == {
-        FORMAT_VERSION} == {3}
+    # deltas are written in the record file's newest version, snapshots as environment-file bases
+    assert {read_header(blobs.get(name), name=name).format_version for name in deltas} == {FORMAT_VERSION} == {3}
+    assert all(is_env_base(blobs.get(name, start=0, end=8)) for name in snapshots)
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -743,6 +745,18 @@ def _endless_view_items(started: threading.Event) -> Any:
     return items
 
 
+def _endless_chunks(started: threading.Event) -> Any:
+    """A stand-in for the env-file base writer's chunks of the environment file: without end, announcing the
+    first."""
+
+    def chunks(path: Any) -> Any:
+        started.set()
+        while True:
+            yield b"\0" * 4096
+
+    return chunks
+
+
 def test_a_handover_close_cancels_a_running_background_snapshot_and_the_chain_stays_exact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -762,6 +776,7 @@ def test_a_handover_close_cancels_a_running_background_snapshot_and_the_chain_st
         write_round(task, round_no, model)
         task.commit_durably({"input": str(round_no)})
     monkeypatch.setattr(ReadView, "items", _endless_view_items(started))
+    monkeypatch.setattr(envbase, "_file_chunks", _endless_chunks(started))  # a snapshot is an env-file base
     write_round(task, 2, model)
     task.commit_durably({"input": "2"})  # due by the ratio: a background snapshot starts, endless
     assert started.wait(30), "no background snapshot started"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-from statebackend.backends.blobsnapshot.blobs import read_index, read_run
+from statebackend.backends.blobsnapshot.blobs import read_index, read_run, verify_env_base_run
 from statebackend.backends.blobsnapshot.format import RunIndex, chain_problem, run_name
 
 from statebackend.blobstores.admin import BlobStoreBackendAdmin
@@ -77,9 +77,12 @@ class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         for run in index.runs:
             name = run_name(prefix, run.hash)
             try:
-                data = read_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
-                                task=context.task_name, store=store)
-                count = sum(1 for _ in iter_records(data, name=name, verified=True))
+                count = verify_env_base_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                                            task=context.task_name, store=store)
+                if count is None:
+                    data = read_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                                    task=context.task_name, store=store)
+                    count = sum(1 for _ in iter_records(data, name=name, verified=True))
             except StateBackendError as exc:
                 problems.append(f"store {store}: {exc}")
                 continue

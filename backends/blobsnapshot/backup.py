@@ -54,7 +54,6 @@ from statebackend.backends.blobsnapshot.format import RunIndex, parse_index_name
 from statebackend.backends.blobsnapshot.format import index_name as make_index_name
 from statebackend.backends.blobsnapshot.gc import BlobSnapshotGc, SweepReport
 from statebackend.backends.blobsnapshot.state import (
-    BASE_LEVEL,
     CACHE_DIR,
     COMPACTED_FILE,
     EXPIRES_AT,
@@ -314,8 +313,7 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             covered = False  # whether the chain holds this commit's change (as a run, in a base run, or: none)
             try:
                 if state.needs_base:
-                    base = self._write_run(state, view.items(), first_seq=1, last_seq=prepared.seq,
-                                           version=prepared.version, level=BASE_LEVEL, base=True)
+                    base = self._write_base(state, view, last_seq=prepared.seq, version=prepared.version)
                     with state.state_lock:
                         state.runs = [base]
                         state.generation += 1

@@ -12,16 +12,18 @@ from statebackend.backends.blobsnapshot.format import (
     check_index_binding,
     check_run_binding,
     content_hash,
+    new_hasher,
     run_name,
 )
 
+from statebackend.envbase import HEAD_BYTES, BlobSource, EnvBaseHeader, is_env_base, restore_env_base
 from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.recordfile import check_digest
 
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
 
-__all__ = ["read_index", "read_run"]
+__all__ = ["read_index", "read_run", "verify_env_base_run"]
 
 
 def read_index(blob_store: BlobStore, name: str, *, job: str, task: str, store: str) -> RunIndex:
@@ -68,3 +70,27 @@ def read_run(blob_store: BlobStore, store_prefix: str, entry: RunEntry, *, index
     header = check_digest(data, name=name)
     check_run_binding(header, entry, name=name, index=index, job=job, task=task, store=store)
     return data
+
+
+def verify_env_base_run(blob_store: BlobStore, store_prefix: str, entry: RunEntry, *, index: str, job: str, task: str,
+                        store: str) -> int | None:
+    """For a base run written as an environment file (``statebackend.envbase``): every byte read in ranged reads and
+    checked as restore checks it (size, content hash, header lineage, frames, digest), nothing written; returns the
+    key count its header records. ``None`` when the run is sorted records (:func:`read_run` reads those)."""
+    name = run_name(store_prefix, entry.hash)
+    source = BlobSource(blob_store, name, entry.size)
+    try:
+        if not entry.base or not is_env_base(source.read(0, min(entry.size, HEAD_BYTES))):
+            return None
+        hasher = new_hasher()
+
+        def check(header: EnvBaseHeader) -> None:
+            check_run_binding(header.lineage, entry, name=name, index=index, job=job, task=task, store=store)
+
+        header = restore_env_base(source, None, check=check, content_hasher=hasher)
+    except NotFoundError as exc:
+        raise NotFoundError(f"run {name} that index {index} lists is missing from {blob_store.describe()}") from exc
+    if hasher.hexdigest() != entry.hash:
+        raise CorruptDataError(f"run {name} that index {index} lists failed its hash check; it was damaged in the "
+                               f"blob store")
+    return header.records

@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_run
 from statebackend.backends.blobsnapshot.format import RunEntry, replace_runs, run_name
-from statebackend.backends.blobsnapshot.state import BASE_LEVEL, COMPACTED_FILE, Compacted, StoreState
+from statebackend.backends.blobsnapshot.state import COMPACTED_FILE, Compacted, StoreState
 from statebackend.backends.blobsnapshot.upload import RunUpload
 
 from statebackend.concurrency import SharedPools
@@ -119,9 +119,9 @@ class Compaction(RunUpload):
         last = inputs[-1]
         try:
             with IN_FLIGHT.hold([state.staging, state.cache]):
-                records = self._cancellation.records(view.items(), _what(state))
-                output = self._write_run(state, records, first_seq=1, last_seq=last.last_seq, version=last.version,
-                                         level=BASE_LEVEL, base=True)
+                what = _what(state)
+                output = self._write_base(state, view, last_seq=last.last_seq, version=last.version,
+                                          check=lambda: self._cancellation.check(what))
         finally:
             view.close()
         return self._publish_compaction(state, inputs, output, generation)

@@ -10,12 +10,15 @@ the same transaction as the data):
 - **catch-up** when the local version is the version a run of the index ends at (the store is an older version of
   this chain): only the runs after it are applied;
 - **full** otherwise: every run is downloaded in parallel on a private pool (never the shared commit pool), each
-  verified (size, content hash, header lineage) before any of it is applied; the first is bulk-loaded in one LMDB
-  transaction in append mode (which drops what the store held), then every later run is applied in bulk, each in one
-  transaction that also records the version the run ends at.
+  verified (size, content hash, header lineage) before any of it is applied. A base run written as an environment
+  file (``statebackend.envbase``) is streamed into the store dir in ranged reads, verified, and swapped in as the
+  store's environment: no record re-inserted, never held whole in memory. A first run of sorted records (an older
+  base run, or the first run of a chain that began on the empty store) is bulk-loaded in one LMDB transaction in
+  append mode (which drops what the store held). The later runs are applied in bulk in ONE transaction that also
+  records the version the last one ends at (each page they touch copied once).
 
 Each step is atomic and records its version, so a restore killed or failed half-way leaves the store at a version
-of this chain (never a mix), and the next restore continues from it. After the last run the key count is checked
+of this chain (the first run's, or the last's; never a mix), and the next restore continues from it. After the last run the key count is checked
 against the index's; then the index's own version is recorded. A missing run or index raises
 :class:`NotFoundError`, a damaged one :class:`CorruptDataError`; both name the blob.
 """
@@ -24,22 +27,41 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_index, read_run
-from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, index_prefix, run_name
+from statebackend.backends.blobsnapshot.format import (
+    RunEntry,
+    RunIndex,
+    check_run_binding,
+    index_prefix,
+    new_hasher,
+    run_name,
+)
 from statebackend.backends.blobsnapshot.state import CACHE_DIR
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
-from statebackend.errors import CorruptDataError
+from statebackend.envbase import (
+    HEAD_BYTES,
+    BaseSource,
+    BlobSource,
+    EnvBaseHeader,
+    FileSource,
+    is_env_base,
+    load_env_base,
+)
+from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.kit import InterruptFlag, puts_only
 from statebackend.recordfile import RecordReader, iter_records
 from statebackend.store import LocalStore
+
+if TYPE_CHECKING:
+    from statebackend.blobstores.base import BlobStore
 
 __all__ = ["BlobSnapshotRestoreManager"]
 
@@ -52,6 +74,8 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
     download_concurrency: int = 8
     _markers: dict[str, str] = attrs.field(init=False, factory=dict)
     _interrupted: InterruptFlag = attrs.field(init=False, factory=InterruptFlag)
+    #: base sources whose first bytes were read to tell their format, kept for the read that follows
+    _sources: dict[str, BaseSource] = attrs.field(init=False, factory=dict)
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -94,8 +118,13 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             return
         start = next((i + 1 for i in range(len(index.runs) - 1, -1, -1) if index.runs[i].version == local), None)
         to_apply = list(index.runs[start:]) if start is not None else list(index.runs)
+        # a base run written as an environment file is streamed into place, never held whole; the others are
+        # downloaded in parallel meanwhile
+        env_base = start is None and bool(to_apply) and to_apply[0].base and self._is_env_base(
+            name, prefix, to_apply[0], marker, store)
         downloads: dict[RunEntry, Future[bytes]] = {
-            run: pool.submit(self._download, name, prefix, run, marker, store) for run in to_apply
+            run: pool.submit(self._download, name, prefix, run, marker, store)
+            for run in to_apply[1 if env_base else 0:]
         }
         try:
             if start is None:
@@ -108,16 +137,24 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                 # the first run on the empty store: one bulk load in append mode (deletes are no-ops there; a base
                 # run has none, and goes straight from the decoder into LMDB)
                 first = to_apply.pop(0)
-                records = self._records(name, prefix, first, downloads.pop(first))
-                puts = cast("Iterable[tuple[bytes, bytes]]", records) if first.base else puts_only(records)
-                store.replace_contents(puts, first.version)
+                if env_base:
+                    self._load_env_base(pool, name, prefix, first, marker, store)
+                else:
+                    records = self._records(name, prefix, first, downloads.pop(first))
+                    puts = cast("Iterable[tuple[bytes, bytes]]", records) if first.base else puts_only(records)
+                    store.replace_contents(puts, first.version)
                 metrics.increment("restore.runs.applied")
-            for run in to_apply:
-                # each later run in bulk, in one transaction that records the version it ends at
-                self._interrupted.check(name)
-                records = self._records(name, prefix, run, downloads.pop(run))
-                store.apply_changes(records, run.version, verified_order=True)  # the reader checks the order
-                metrics.increment("restore.runs.applied")
+            if to_apply:
+                # every later run in bulk, in ONE transaction that records the version the last ends at (each LMDB
+                # page they touch copied once, not once per run); a bad run, or an interrupt, aborts them all and
+                # the store stays at the version before them, a version of this chain
+                def change_sets() -> Iterator[Iterable[tuple[bytes, bytes | None]]]:
+                    for run in to_apply:
+                        self._interrupted.check(name)
+                        yield self._records(name, prefix, run, downloads.pop(run))  # the reader checks the order
+
+                store.apply_change_sets(change_sets(), to_apply[-1].version)
+                metrics.increment("restore.runs.applied", len(to_apply))
         finally:
             for future in downloads.values():
                 future.cancel()
@@ -152,6 +189,74 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         return read_run(context.blob_store, prefix, run, index=marker, job=context.job_name, task=context.task_name,
                         store=name, local=local)
 
+    def _base_source(self, name: str, prefix: str, run: RunEntry, marker: str, store: LocalStore,
+                     *, cached: bool = True) -> BaseSource:
+        """Where the base run is read from: the store dir's run cache when it holds a file of the run's size, else
+        the blob store (a missing blob names itself and the index)."""
+        local = Path(store.path) / CACHE_DIR / run.hash
+        if cached and local.is_file() and local.stat().st_size == run.size:
+            return FileSource(local, str(local))
+        return _NamedBlobSource(self.context.blob_store, run_name(prefix, run.hash), run.size, index=marker)
+
+    def _is_env_base(self, name: str, prefix: str, run: RunEntry, marker: str, store: LocalStore) -> bool:
+        """Whether the base run is an environment file (written by this release) rather than sorted records. A
+        blob store's first read is kept for the restore that follows, so the question costs no request."""
+        source = self._base_source(name, prefix, run, marker, store)
+        self._sources[run.hash] = source
+        return is_env_base(source.read(0, min(run.size, HEAD_BYTES)))
+
+    def _load_env_base(self, pool: ThreadPoolExecutor, name: str, prefix: str, run: RunEntry, marker: str,
+                       store: LocalStore) -> None:
+        """Stream the base run into the store dir, verified (size, content hash, header lineage, digest, frames)
+        before it replaces the store's environment; a damaged cached copy is read again from the blob store."""
+        context = self.context
+        source = self._sources.pop(run.hash, None) or self._base_source(name, prefix, run, marker, store)
+        blob = run_name(prefix, run.hash)
+
+        def check(header: EnvBaseHeader) -> None:
+            check_run_binding(header.lineage, run, name=blob, index=marker, job=context.job_name,
+                              task=context.task_name, store=name)
+
+        def load(source: BaseSource) -> None:
+            hasher = new_hasher()
+
+            def check_hash() -> None:
+                if source.size != run.size or hasher.hexdigest() != run.hash:
+                    raise CorruptDataError(
+                        f"run {blob} that index {marker} lists failed its hash check ({source.size} bytes, expected "
+                        f"{run.size}); it was damaged and was not loaded")
+
+            load_env_base(store, source, run.version, check=check, pool=pool, content_hasher=hasher,
+                          after_read=check_hash)
+
+        try:
+            load(source)
+        except CorruptDataError:
+            if not isinstance(source, FileSource):
+                raise
+            log.warning("store %s: the cached copy of base run %s is damaged; reading it from the blob store",
+                        name, blob, extra=self._extra(name))
+            load(self._base_source(name, prefix, run, marker, store, cached=False))
+        context.metrics.increment("restore.bytes", run.size)
+
     def _extra(self, store: str, **fields: object) -> dict[str, object]:
         """Key fields of a log record, for structured handlers."""
         return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
+
+
+class _NamedBlobSource(BlobSource):
+    """A base run in the blob store; a missing blob says which index lists it and what to do."""
+
+    def __init__(self, blob_store: BlobStore, name: str, size: int, *, index: str) -> None:
+        super().__init__(blob_store, name, size)
+        self._index = index
+
+    def read(self, start: int, end: int) -> bytes:
+        try:
+            return super().read(start, end)
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"run {self.name} that index {self._index} lists is missing from {self.blob_store.describe()}; this "
+                f"checkpoint cannot be restored from blobsnapshot: restore an older checkpoint or from another "
+                f"backend's marker"
+            ) from exc

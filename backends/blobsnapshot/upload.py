@@ -7,18 +7,19 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, new_hasher, run_name
-from statebackend.backends.blobsnapshot.state import BlobSnapshotManagerState, StoreState
+from statebackend.backends.blobsnapshot.state import BASE_LEVEL, BlobSnapshotManagerState, StoreState
 
 from statebackend.crashpoints import crashpoint
+from statebackend.envbase import write_env_base
 from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, NotFoundError
 from statebackend.kit import read_created_at
 from statebackend.recordfile import KIND_RUN, FileHeader, write_file
-from statebackend.store import LocalVersion
+from statebackend.store import LocalVersion, ReadView
 
 __all__ = ["HashingWriter", "RunUpload"]
 
@@ -47,6 +48,27 @@ class RunUpload(BlobSnapshotManagerState):
         return RunEntry(hash=digest, size=stats.file_bytes, records=stats.record_count, level=level, base=base,
                         first_seq=first_seq, last_seq=last_seq, checkpoint_id=version.checkpoint_id,
                         token=version.token)
+
+    def _write_base(self, state: StoreState, view: ReadView, *, last_seq: int, version: LocalVersion,
+                    check: Callable[[], None] | None = None) -> RunEntry:
+        """Write a base run of the whole store at ``version`` (which ``view`` must be at) into the cache dir, named by
+        its hash: an environment-file base (``statebackend.envbase``), so a cold restore streams it into place with
+        no re-insertion."""
+        header = FileHeader(kind=KIND_RUN, job=self.context.job_name, task=self.context.task_name, store=state.name,
+                            checkpoint_id=version.checkpoint_id, token=version.token, seq=last_seq, base_seq=0)
+        partial = state.staging / f"{uuid.uuid4().hex}.partial"
+        try:
+            with open(partial, "wb") as raw:
+                out = HashingWriter(raw)
+                stats = write_env_base(view, cast("BinaryIO", out), header, scratch=state.staging,
+                                       level=self.compression_level, check=check)
+            digest = out.hexdigest()
+            os.replace(partial, state.cache / digest)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
+        return RunEntry(hash=digest, size=stats.file_bytes, records=stats.records, level=BASE_LEVEL, base=True,
+                        first_seq=1, last_seq=last_seq, checkpoint_id=version.checkpoint_id, token=version.token)
 
     def _ensure_uploaded(self, state: StoreState, run: RunEntry) -> None:
         """Make sure the blob store holds ``run``. A run this manager uploaded that no durable index names and that

@@ -13,6 +13,7 @@ from statebackend.backends.changelog.marker import Recipe, Step, check_blob_bind
 
 from statebackend.blobstores.admin import BlobStoreBackendAdmin
 from statebackend.contracts import BackendContext, StateBackendAdmin
+from statebackend.envbase import HEAD_BYTES, BlobSource, is_env_base, restore_env_base
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, StateBackendError
 from statebackend.recordfile import KIND_DELTA, KIND_SNAPSHOT, iter_records, verify
 
@@ -96,6 +97,11 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         if kind == KIND_DELTA:
             header = verify(blob_store.get(step.name), name=step.name)
             check_blob_binding(header, step, **binding)
+            return
+        base = BlobSource(blob_store, step.name, blob_store.head(step.name).size)
+        if is_env_base(base.read(0, min(base.size, HEAD_BYTES))):
+            # an environment-file base: every byte read and checked in ranged reads, nothing written
+            restore_env_base(base, None, check=lambda header: check_blob_binding(header.lineage, step, **binding))
             return
         local = tmp / "snapshot"
         blob_store.get_file(step.name, local)

@@ -6,7 +6,10 @@ random token) and does the least work:
 
 - local version == the recipe's head: nothing to download (the common restart);
 - local version is a step of the recipe: apply only the deltas after it (catch-up);
-- otherwise: load the snapshot in one bulk LMDB transaction (sorted, append mode), then apply the deltas.
+- otherwise: load the snapshot, then apply the deltas. A snapshot written as an environment file
+  (``statebackend.envbase``) is streamed into the store dir in ranged reads, verified, and swapped in as the store's
+  environment, with no record re-inserted; a snapshot of sorted records (earlier releases) is loaded in one bulk
+  LMDB transaction (append mode).
 
 The snapshot loads in one LMDB transaction and the deltas after it apply in one more, each recording the version
 it reaches, so a crash mid-restore leaves a store at a step of the recipe that the next restore recognises and
@@ -35,6 +38,7 @@ from statebackend.backends.changelog.marker import Recipe, Step, check_blob_bind
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
+from statebackend.envbase import HEAD_BYTES, BlobSource, EnvBaseHeader, is_env_base, load_env_base
 from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.kit import InterruptFlag, puts_only
 from statebackend.recordfile import (
@@ -114,7 +118,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         try:
             if start_index is None:
                 metrics.increment("restore.stores.full")
-                self._load_snapshot(store, name, recipe.snapshot)
+                self._load_snapshot(pool, store, name, recipe.snapshot)
             else:
                 metrics.increment("restore.stores.caught.up")
             steps = [step for step in to_apply if step is not recipe.snapshot]
@@ -151,11 +155,21 @@ class ChangelogRestoreManager(TaskRestoreManager):
         _check_lineage(check_digest(data, name=step.name), step, store, self.context, kind=KIND_DELTA)
         return iter_records(data, name=step.name, verified=True)
 
-    def _load_snapshot(self, store: LocalStore, name: str, snapshot: Step | None) -> None:
+    def _load_snapshot(self, pool: ThreadPoolExecutor, store: LocalStore, name: str, snapshot: Step | None) -> None:
         if snapshot is None or snapshot.name is None:
             store.replace_contents([], None)
             return
         _remove_abandoned_downloads(Path(store.path))
+        base = self._snapshot_source(name, snapshot.name)
+        if is_env_base(base.read(0, min(base.size, HEAD_BYTES))):
+            # an environment-file base: streamed into the store dir, verified, swapped in; nothing re-inserted
+            def check(header: EnvBaseHeader) -> None:
+                _check_lineage(header.lineage, snapshot, name, self.context, kind=KIND_SNAPSHOT)
+
+            load_env_base(store, base, snapshot.version, check=check, pool=pool)
+            self.context.metrics.increment("restore.bytes", base.size)
+            return
+        # a snapshot of sorted records (written by earlier releases)
         with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=_DOWNLOAD_PREFIX) as tmp:
             local_copy = Path(tmp) / "snapshot"
             size = self._get(name, snapshot.name, KIND_SNAPSHOT, into=local_copy)
@@ -166,6 +180,18 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 # streamed inside one transaction: a failed checksum at the end aborts it, nothing is loaded
                 # the reader refuses deletes in a snapshot: every value is bytes
                 store.replace_contents(cast("Iterable[tuple[bytes, bytes]]", reader), snapshot.version)
+
+    def _snapshot_source(self, store: str, blob: str) -> BlobSource:
+        """The snapshot blob as a base source (its size looked up first); a missing blob names itself."""
+        blob_store = self.context.blob_store
+        try:
+            return BlobSource(blob_store, blob, blob_store.head(blob).size)
+        except NotFoundError as exc:
+            raise NotFoundError(
+                f"store {store}: {KIND_SNAPSHOT} {blob} that the checkpoint's changelog recipe names is missing from "
+                f"{blob_store.describe()}; this checkpoint cannot be restored from changelog: restore an older "
+                f"checkpoint or from another backend's marker"
+            ) from exc
 
     def _get(self, store: str, blob: str, kind: str, *, into: Path | None = None) -> Any:
         """The bytes of ``blob`` (or its size, downloaded into ``into``); a missing blob names itself and what to do."""

@@ -16,6 +16,8 @@ from statebackend.backends.changelog.upload import ChangelogUpload
 
 from statebackend.concurrency import SharedPools
 from statebackend.crashpoints import crashpoint
+from statebackend.envbase import FOOTER_SIZE as ENV_FOOTER_SIZE
+from statebackend.envbase import HEAD_BYTES, is_env_base, read_env_base_frame
 from statebackend.errors import BackgroundWorkCancelled, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.kit import IN_FLIGHT, read_created_at
 from statebackend.recordfile import FOOTER_SIZE, HEADER_PREFIX_SIZE, KIND_SNAPSHOT, header_size, read_frame
@@ -95,7 +97,7 @@ class BackgroundSnapshots(ChangelogUpload):
         maintenance_pool().submit(look_up)
 
     def _whole_and_bound(self, lineage: Lineage, snapshot: Step) -> float | None | bool:
-        """Whether the blob ``snapshot`` names is whole (header, end marker, body length: two ranged reads) and is
+        """Whether the blob ``snapshot`` names is whole (header, end marker, body length: a few ranged reads) and is
         that snapshot (its header's lineage). Adopting a blob that is not would make every later checkpoint name it;
         restore would then refuse them all. ``False`` when it is not; else its ``created_at`` (None: unknown)."""
         blob_store = self.context.blob_store
@@ -105,9 +107,14 @@ class BackgroundSnapshots(ChangelogUpload):
             info = blob_store.head(name)
             size = info.size
             prefix = blob_store.get(name, start=0, end=HEADER_PREFIX_SIZE)
-            head = blob_store.get(name, start=0, end=header_size(prefix, name=name))
-            tail = blob_store.get(name, start=max(0, size - FOOTER_SIZE), end=size)
-            header = read_frame(head, tail, size, name=name)
+            if is_env_base(prefix):  # an environment-file base (this release's snapshots)
+                head = blob_store.get(name, start=0, end=min(size, HEAD_BYTES))
+                tail = blob_store.get(name, start=max(0, size - ENV_FOOTER_SIZE), end=size)
+                header = read_env_base_frame(head, tail, size, name=name).lineage
+            else:
+                head = blob_store.get(name, start=0, end=header_size(prefix, name=name))
+                tail = blob_store.get(name, start=max(0, size - FOOTER_SIZE), end=size)
+                header = read_frame(head, tail, size, name=name)
             check_blob_binding(header, snapshot, kind=KIND_SNAPSHOT, job=self.context.job_name,
                                task=self.context.task_name, store=lineage.name)
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
@@ -173,7 +180,7 @@ class BackgroundSnapshots(ChangelogUpload):
             # in flight while it is written and uploaded: on a slow network, commits past its seq become durable
             # meanwhile, and their cleanups must not take it for a file a re-base left behind
             with IN_FLIGHT.hold([lineage.staging / Path(name).name]):
-                staged = self._stage(lineage, step, "snapshot", self._cancellation.records(view.items(), what), name)
+                staged = self._stage_base(lineage, step, view, name, check=lambda: self._cancellation.check(what))
                 with lineage.lock:
                     lineage.fresh.discard(name)
                 view.close()  # the LMDB read transaction ends here, not after the upload

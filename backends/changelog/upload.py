@@ -4,12 +4,13 @@ create-only; deltas of earlier commits whose upload failed are sent again from t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from statebackend.backends.changelog.lineage import ChangelogManagerState, Lineage
 from statebackend.backends.changelog.marker import Recipe, Step
 
+from statebackend.envbase import write_env_base
 from statebackend.errors import AlreadyExistsError, CommitError, CorruptDataError
 from statebackend.fsutil import atomic_write
 from statebackend.kit import IN_FLIGHT, created_at_metadata
@@ -46,7 +47,10 @@ class ChangelogUpload(ChangelogManagerState):
             if view is not None and recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded:
                 step = recipe.snapshot
                 assert step.name is not None
-                self._write_and_upload(lineage, step, "snapshot", view.items(), step.name)
+                staged = self._stage_base(lineage, step, view, step.name)
+                with lineage.lock:
+                    lineage.fresh.discard(step.name)
+                self._upload_staged_file(lineage, staged, step.name, "snapshot")
                 with lineage.lock:
                     lineage.uploaded.add(step.name)
             # Stage this commit's deltas before uploading anything: a failed upload below then leaves every delta
@@ -102,14 +106,6 @@ class ChangelogUpload(ChangelogManagerState):
                 view.close()
         return marker
 
-    def _write_and_upload(
-        self, lineage: Lineage, step: Step, kind: str, records: Iterable[tuple[bytes, bytes | None]], name: str
-    ) -> None:
-        staged = self._stage(lineage, step, kind, records, name)
-        with lineage.lock:
-            lineage.fresh.discard(name)
-        self._upload_staged_file(lineage, staged, name, kind)
-
     def _stage(
         self, lineage: Lineage, step: Step, kind: str,
         records: Iterable[tuple[bytes, bytes | None]] | RecordColumns, name: str,
@@ -131,6 +127,24 @@ class ChangelogUpload(ChangelogManagerState):
         partial = staged.with_name(staged.name + ".partial")
         with atomic_write(staged, temp_name=partial.name, fsync=False) as out:
             write_file(out, header, records, compression=self.compression, level=self.compression_level)
+        with lineage.lock:
+            lineage.fresh.add(name)
+        return staged
+
+    def _stage_base(self, lineage: Lineage, step: Step, view: ReadView, name: str,
+                    check: Callable[[], None] | None = None) -> Path:
+        """Write the snapshot of ``step`` (``view`` is at its version) into the staging dir as an environment-file
+        base (``statebackend.envbase``: a cold restore streams it into place, no record re-inserted); aside, then
+        renamed, like every staged file. ``check`` is called between frames (a background snapshot's
+        cancellation)."""
+        header = FileHeader(kind="snapshot", job=self.context.job_name, task=self.context.task_name,
+                            store=lineage.name, checkpoint_id=step.checkpoint_id, token=step.token, seq=step.seq,
+                            base_seq=step.seq)
+        staged = lineage.staging / Path(name).name
+        partial = staged.with_name(staged.name + ".partial")
+        with atomic_write(staged, temp_name=partial.name, fsync=False) as out:
+            write_env_base(view, out, header, scratch=lineage.staging, compression=self.compression,
+                           level=self.compression_level, check=check)
         with lineage.lock:
             lineage.fresh.add(name)
         return staged
