@@ -447,6 +447,17 @@ def _decode(stored: bytes, raw_length: int, compression: str, name: str) -> byte
     if compression == "none":
         raw = stored
     else:
+        # python-zstandard allocates (and fills) the content size the frame's own header records, whatever
+        # max_output_size says: a damaged or forged header could make it take any amount of memory (MemoryError, not
+        # CorruptDataError) before the digest is checked. The writer always records the content size: it must be the
+        # declared raw length, checked from the header before anything is decompressed
+        try:
+            content_size = zstandard.get_frame_parameters(stored).content_size
+        except zstandard.ZstdError as exc:
+            raise CorruptDataError(f"{name}: a frame has no valid zstd header ({exc}); the base is corrupt") from exc
+        if content_size != raw_length:
+            raise CorruptDataError(f"{name}: a frame's zstd header records {content_size} bytes where the frame "
+                                   f"declares {raw_length}; the base is corrupt")
         try:
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_length)
         except zstandard.ZstdError as exc:
