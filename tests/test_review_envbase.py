@@ -1,23 +1,36 @@
 """Review of environment-file bases (statebackend/envbase.py): what a damaged or forged base can make a restore do
-before its digest is checked at the end. A frame is decompressed as it arrives, so the memory a frame makes the
-reader take, and the error it raises, must be bounded by what the reader checks, not by the digest."""
+before its digest is checked at the end (a frame is decompressed as it arrives, so the memory a frame makes the
+reader take, and the error it raises, must be bounded by what the reader checks, not by the digest); and a damaged
+local copy of a base must not keep an intact blob from restoring."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 import struct
 import tracemalloc
 from pathlib import Path
 
 import pytest
 import zstandard
+from statebackend.backends.blobsnapshot.state import CACHE_DIR
 
 from statebackend import envbase
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.envbase import BlobSource, EnvBaseHeader, FileSource, load_env_base, restore_env_base
 from statebackend.errors import CorruptDataError
 from statebackend.store import LocalVersion
-from tests.test_envbase import V1, check_binding, filled_store, lineage, write_base
+from statebackend.task import TaskStorage
+from tests.test_envbase import (
+    V1,
+    backend_config,
+    check_binding,
+    commit_rounds,
+    filled_store,
+    lineage,
+    newest_base,
+    write_base,
+)
 
 _FRAME = struct.Struct("<II")
 
@@ -84,3 +97,24 @@ def test_a_frame_whose_zstd_header_claims_an_absurd_size_is_corrupt_data_not_mem
             load_env_base(target, BlobSource(blobs, "b", len(damaged)), V1, check=check_binding())
         assert target.version == old and target.count() == 10
         assert not list((tmp_path / "b").glob(".envbase-*"))
+
+
+def test_a_cached_base_run_damaged_in_its_first_bytes_restores_from_the_blob_store(tmp_path: Path) -> None:
+    """damaged local cache: the blob-snapshot run cache in the store dir holds the base run with its first bytes
+    damaged (a file of the right size, e.g. torn by a machine crash: the cache is written without fsync). The blob
+    store holds the base intact, and restore reads a damaged cached copy again from it; but the format is told from
+    the cached copy's first bytes, so the base is taken for a record file and refused (after downloading it whole)."""
+    config = backend_config(tmp_path, "blobsnapshot")
+    blobs = MemoryBlobStore()
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        commit_rounds(task, model, 0, 8)
+        base = newest_base(blobs, task, "blobsnapshot")
+    assert base is not None and envbase.is_env_base(blobs.get(base, start=0, end=8))
+    (cache,) = tmp_path.glob(f"local/**/{CACHE_DIR}")
+    cached = cache / base.rsplit("/", 1)[-1]  # where the writer put it (kept or not since): the base's bytes
+    data = blobs.get(base)
+    cached.write_bytes(bytes(16) + data[16:])  # the right size, the first bytes gone
+    shutil.rmtree(cached.parent.parent / "data")  # the LMDB environment: a full restore
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert dict(task.store("counts").items()) == model
