@@ -17,9 +17,16 @@ from statebackend.backends.blobsnapshot.state import CACHE_DIR
 
 from statebackend import envbase
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.envbase import BlobSource, EnvBaseHeader, FileSource, load_env_base, restore_env_base
+from statebackend.envbase import (
+    BlobSource,
+    EnvBaseHeader,
+    FileSource,
+    load_env_base,
+    restore_env_base,
+    write_env_base,
+)
 from statebackend.errors import CorruptDataError
-from statebackend.store import LocalVersion
+from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from tests.test_envbase import (
     V1,
@@ -118,3 +125,33 @@ def test_a_cached_base_run_damaged_in_its_first_bytes_restores_from_the_blob_sto
     shutil.rmtree(cached.parent.parent / "data")  # the LMDB environment: a full restore
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert dict(task.store("counts").items()) == model
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL at a point with no crashpoint: nothing after it runs (no ``except``, only ``finally``)."""
+
+
+def test_a_base_whose_key_count_is_not_its_headers_never_leaves_its_version_claimed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """damaged data loaded after a crash: the key count the header records is the check that the environment copy
+    holds what the writer's view held (the digest only proves the bytes are the writer's). It ran after the swap,
+    while the copied environment already claimed the base's version (its meta ``version`` record): a process killed
+    between the swap and that check left a store claiming the version with other data, and the next restore trusts
+    a local version (catch-up from it). The count must be checked before the swap."""
+    with filled_store(tmp_path / "a", 1000) as source, source.read_view() as view:
+        view.count = 1001  # the header says one key more than the environment file holds
+        with open(tmp_path / "base", "wb") as out:
+            write_env_base(view, out, lineage(), scratch=tmp_path)
+    old = LocalVersion("0-0", "cccc")
+    with filled_store(tmp_path / "b", 10, old) as target:
+
+        def killed(*args: object, **kwargs: object) -> int:
+            raise _Killed
+
+        monkeypatch.setattr(LocalStore, "apply_changes", killed)  # the first thing after the swap
+        with pytest.raises((CorruptDataError, _Killed)):
+            load_env_base(target, FileSource(tmp_path / "base", "base"), V1, check=check_binding())
+        monkeypatch.undo()
+        claims = target.version
+        count = target.count()
+    assert not (claims == V1 and count != 1001), f"the store claims {claims} with {count} keys, the base's header 1001"
