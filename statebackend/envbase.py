@@ -46,6 +46,7 @@ import zstandard
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StorageError, UsageError
 from statebackend.recordfile import FileHeader
+from statebackend.store.env import open_env
 
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
@@ -287,8 +288,9 @@ def load_env_base(store: LocalStore, source: BaseSource, version: LocalVersion, 
                   content_hasher: Any = None, after_read: Callable[[], None] | None = None) -> EnvBaseHeader:
     """Restore ``store`` from the base ``source`` holds: stream it into a fresh directory in the store dir
     (``.envbase-*``), verified (:func:`restore_env_base`; then ``after_read``, e.g. a content hash check), and only
-    then swap it in as the store's environment (``LocalStore.replace_environment``: two renames, repaired at the next
-    open if cut), record ``version`` and check the key count against the header's. Until the swap the store holds
+    then, its key count checked against the header's (the copy claims the base's version from the moment it is in
+    place), swap it in as the store's environment (``LocalStore.replace_environment``: two renames, repaired at the
+    next open if cut) and record ``version``. Until the swap the store holds
     what it held; a base that fails a check is deleted, never opened. A killed restore's directory is deleted by the
     next one (:func:`remove_abandoned`)."""
     store_dir = Path(store.path)
@@ -298,17 +300,15 @@ def load_env_base(store: LocalStore, source: BaseSource, version: LocalVersion, 
         header = restore_env_base(source, work / "env", check=check, pool=pool, content_hasher=content_hasher)
         if after_read is not None:
             after_read()
+        # before the swap: from the moment it is swapped in, the copy claims the base's version (its meta record),
+        # and a process killed before a later check would leave a store claiming a version it is not
+        _check_key_count(work / "env", header, store.map_size, name=source.name)
         crashpoint("envbase.restore.verified")
         store.replace_environment(work / "env")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     # the copy holds the version its view had (the base's own); the local-only meta is written anew all the same
     store.apply_changes([], version)
-    count = store.count()
-    if count != header.records:
-        store.replace_contents([], None)  # never leave data that claims a version it is not
-        raise CorruptDataError(f"{source.name}: the base holds {count} keys where its header says {header.records}; "
-                               f"nothing was kept")
     return header
 
 
@@ -330,6 +330,20 @@ def _encode_header(header: EnvBaseHeader) -> bytes:
                           separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, _COMPRESSION_CODES[header.compression], 0, len(metadata))
     return prefix + metadata + _CRC32.pack(zlib.crc32(prefix + metadata))
+
+
+def _check_key_count(env_dir: Path, header: EnvBaseHeader, map_size: int, *, name: str) -> None:
+    """The verified environment in ``env_dir`` must hold the key count its header records (the digest proves the
+    bytes are the writer's; this, that the copy holds what the writer's view held)."""
+    env, data_db, _ = open_env(env_dir, map_size, create=False)
+    try:
+        with env.begin(db=data_db) as txn:
+            count = txn.stat(data_db)["entries"]
+    finally:
+        env.close()
+    if count != header.records:
+        raise CorruptDataError(f"{name}: the base holds {count} keys where its header says {header.records}; "
+                               f"nothing was kept")
 
 
 def _parse_header(data: bytes, *, name: str) -> tuple[EnvBaseHeader, int]:
@@ -447,6 +461,17 @@ def _decode(stored: bytes, raw_length: int, compression: str, name: str) -> byte
     if compression == "none":
         raw = stored
     else:
+        # python-zstandard allocates (and fills) the content size the frame's own header records, whatever
+        # max_output_size says: a damaged or forged header could make it take any amount of memory (MemoryError, not
+        # CorruptDataError) before the digest is checked. The writer always records the content size: it must be the
+        # declared raw length, checked from the header before anything is decompressed
+        try:
+            content_size = zstandard.get_frame_parameters(stored).content_size
+        except zstandard.ZstdError as exc:
+            raise CorruptDataError(f"{name}: a frame has no valid zstd header ({exc}); the base is corrupt") from exc
+        if content_size != raw_length:
+            raise CorruptDataError(f"{name}: a frame's zstd header records {content_size} bytes where the frame "
+                                   f"declares {raw_length}; the base is corrupt")
         try:
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_length)
         except zstandard.ZstdError as exc:

@@ -202,6 +202,10 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         """Whether the base run is an environment file (written by this release) rather than sorted records. A
         blob store's first read is kept for the restore that follows, so the question costs no request."""
         source = self._base_source(name, prefix, run, marker, store)
+        if isinstance(source, FileSource) and not is_env_base(source.read(0, min(run.size, HEAD_BYTES))):
+            # a cached copy is not verified yet: one whose first bytes were damaged must not decide the format (an
+            # intact environment-file base would be read as records, and refused); the blob store's copy decides
+            source = self._base_source(name, prefix, run, marker, store, cached=False)
         self._sources[run.hash] = source
         return is_env_base(source.read(0, min(run.size, HEAD_BYTES)))
 
