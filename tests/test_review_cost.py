@@ -1,0 +1,138 @@
+"""Adversarial checks of the request-cost changes: retention batches, delete_many, blob-snapshot runs."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from statebackend.checkpoint import CheckpointLog
+
+from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.errors import CommitError
+from statebackend.task import TaskStorage
+from statebackend.testing.backend_contract import contents, write_round
+from tests.test_retention_batches import blobs_named_by, settle
+from tests.servers import ServerProcess, azurite_connection_string
+
+
+def _server_store(cloud: str, server: ServerProcess, bucket: str, prefix: str) -> BlobStore:
+    if cloud == "s3":
+        url, options = f"s3://{bucket}/{prefix}", {"endpoint.url": server.endpoint}
+    else:
+        url, options = f"az://{bucket}/{prefix}", {"connection.string": azurite_connection_string(server.port)}
+    store = open_blob_store(url, {**options, "create.if.missing": True})
+    store.create_resources()
+    return store
+
+
+#: names a service or SDK must escape (XML in S3's DeleteObjects, a URL path in each Azure sub-request); each beside
+#: a decoy its wrong decoding would hit
+_ODD = ["sp ace/a", "pct%20x", "plus+x", "hash#x", "q?x=1", "amp&x", "lt<x>", "quote'\"x", "é/ü", "semi;x",
+        "tilde~x", "pct%2Fx", "colon:x", "at@x", "tab\tx"]
+_DECOYS = ["pct x", "plus x", "hash", "q", "pct/x"]
+
+
+@pytest.mark.parametrize("cloud", [pytest.param("s3", marks=pytest.mark.s3),
+                                   pytest.param("azure", marks=pytest.mark.azure)])
+def test_delete_many_deletes_exactly_names_that_need_escaping(cloud: str, request: pytest.FixtureRequest) -> None:
+    server = request.getfixturevalue("s3_server" if cloud == "s3" else "azurite")
+    bucket = f"r{uuid.uuid4().hex[:12]}"
+    store = _server_store(cloud, server, bucket, "p")
+    sibling = _server_store(cloud, server, bucket, "p2")  # same names under another root: none of its business
+    try:
+        odd = [f"odd/{name}" for name in _ODD]
+        for name in [*odd, *(f"odd/{decoy}" for decoy in _DECOYS)]:
+            store.put(name, b"x")
+            sibling.put(name, b"x")
+        store.delete_many(odd)
+        assert sorted(store.list("odd/")) == sorted(f"odd/{n}" for n in _DECOYS)
+        assert sorted(sibling.list("odd/")) == sorted([*odd, *(f"odd/{n}" for n in _DECOYS)])
+    finally:
+        store.close()
+        sibling.close()
+
+
+# -- two attempts of one task: retention batches, the close's trim and sweeps from the older one --------------------
+
+RETAINED = 2
+INTERVAL = 3
+PREFIX = "job/task-0/counts/"
+
+
+def _config(local: Path, url: str, factories: str) -> dict[str, Any]:
+    return {
+        "job.name": "job",
+        "state.local.dir": str(local),
+        "blob.store.url": url,
+        "stores.counts.backup.factories": factories,
+        "task.checkpoint.retained": RETAINED,
+        "changelog.snapshot.interval.commits": 3,
+        "changelog.snapshot.interval.ratio": 0,
+        "blobsnapshot.compaction.fanout": 2,
+        "blobsnapshot.compaction.full.min.bytes": 0,
+        "blobsnapshot.gc.interval.commits": 0,
+        "changelog.gc.interval.commits": 0,
+        # the harshest sweeps: whatever a sweep does not mark goes at once
+        "blobsnapshot.gc.grace.period.ms": 0,
+        "changelog.gc.grace.period.ms": 0,
+        "blobsnapshot.ttl.ms": 1,
+    }
+
+
+def _assert_log_keeps_its_blobs(inner: MemoryBlobStore, when: str) -> None:
+    present = set(inner.list(PREFIX))
+    for entry in CheckpointLog(inner, "job", "task-0").entries():
+        missing = blobs_named_by(inner, entry) - present
+        assert not missing, f"{when}: checkpoint #{entry.seq} the log holds lost {missing}"
+
+
+@pytest.mark.parametrize("factories", ["changelog", "blobsnapshot"])
+@pytest.mark.parametrize("older_commits_again", [False, True])
+def test_an_older_attempts_close_and_sweep_keep_every_blob_of_the_new_owners_checkpoints(
+    tmp_path: Path, factories: str, older_commits_again: bool
+) -> None:
+    inner = MemoryBlobStore()
+    url = f"memory://{uuid.uuid4().hex}"
+    model: dict[bytes, bytes] = {}
+    older = TaskStorage.open(_config(tmp_path / "older", url, factories), "task-0", blob_store=inner)
+    older.checkpoint_log.retention_interval = INTERVAL
+    for round_no in range(8):  # a full window, garbage, and a retention batch or two
+        write_round(older, round_no, model)
+        older.commit_durably({"input": str(round_no)})
+        settle(older)
+    with TaskStorage.open(_config(tmp_path / "owner", url, factories), "task-0", blob_store=inner) as owner:
+        owner.checkpoint_log.retention_interval = INTERVAL
+        for round_no in range(8, 20):
+            write_round(owner, round_no, model)
+            owner.commit_durably({"input": str(round_no)})
+            settle(owner)
+            _assert_log_keeps_its_blobs(inner, f"owner round {round_no}")
+        expected = dict(model)
+        # the older attempt, unaware, sweeps (its mark reads the log) ...
+        orphan = PREFIX + ("changelog/delta/000000000001-00000000deadbeef.delta" if factories == "changelog"
+                           else "blobsnapshot/runs/" + "ab" * 32)
+        inner.put(orphan, b"x", metadata={"created_at": "1000.000"})
+        for binding in older.commit_manager.backups:
+            binding.manager.sweep()
+        assert not inner.exists(orphan), "the sweep ran: it took what nothing names"
+        _assert_log_keeps_its_blobs(inner, "after the older attempt's sweep")
+        if older_commits_again:
+            write_round(older, 99, {})
+            with pytest.raises(CommitError):
+                older.commit_durably({"input": "older"})
+        # ... and closes (not a handover: it trims on its last listing, now stale)
+        older.close()
+        _assert_log_keeps_its_blobs(inner, "after the older attempt's close")
+        write_round(owner, 20, model)
+        owner.commit_durably({"input": "20"})
+        expected = dict(model)
+        settle(owner)
+        _assert_log_keeps_its_blobs(inner, "after the owner's next commit")
+    _assert_log_keeps_its_blobs(inner, "after the owner's close")
+    shutil.rmtree(tmp_path / "owner")
+    with TaskStorage.open(_config(tmp_path / "check", url, factories), "task-0", blob_store=inner) as check:
+        assert contents(check) == expected
