@@ -17,8 +17,8 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
-from tests.test_retention_batches import blobs_named_by, settle
 from tests.servers import ServerProcess, azurite_connection_string
+from tests.test_retention_batches import blobs_named_by, settle
 
 
 def _server_store(cloud: str, server: ServerProcess, bucket: str, prefix: str) -> BlobStore:
