@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import shutil
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -198,3 +199,33 @@ def test_a_blob_refreshed_after_the_sweep_judged_it_is_not_deleted() -> None:
                                now=now)
     assert "g/run-b" in swept.deleted
     assert store.exists(refreshed), "a blob refreshed to be named was deleted on its old age"
+
+
+@pytest.mark.parametrize("factories", ["changelog", "blobsnapshot"])
+def test_an_older_attempts_close_racing_the_new_owners_commits_keeps_their_blobs(tmp_path: Path, factories: str) -> None:
+    """The older attempt's close (its trim on a stale listing, then its backends' garbage) runs while the new owner
+    commits and trims: no checkpoint the log holds loses a blob, and the owner's last one restores exactly."""
+    inner = MemoryBlobStore()
+    url = f"memory://{uuid.uuid4().hex}"
+    model: dict[bytes, bytes] = {}
+    older = TaskStorage.open(_config(tmp_path / "older", url, factories), "task-0", blob_store=inner)
+    older.checkpoint_log.retention_interval = INTERVAL
+    for round_no in range(9):
+        write_round(older, round_no, model)
+        older.commit_durably({"input": str(round_no)})
+    settle(older)
+    assert older.commit_manager._last_listing is not None, "the close has a trim to make"
+    with TaskStorage.open(_config(tmp_path / "owner", url, factories), "task-0", blob_store=inner) as owner:
+        owner.checkpoint_log.retention_interval = INTERVAL
+        closing = threading.Thread(target=older.close)
+        for round_no in range(9, 21):
+            if round_no == 10:
+                closing.start()
+            write_round(owner, round_no, model)
+            owner.commit_durably({"input": str(round_no)})
+        closing.join(timeout=60)
+        settle(owner)
+        _assert_log_keeps_its_blobs(inner, "after the race")
+    shutil.rmtree(tmp_path / "owner")
+    with TaskStorage.open(_config(tmp_path / "check", url, factories), "task-0", blob_store=inner) as check:
+        assert contents(check) == model
