@@ -28,9 +28,11 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 
 from __future__ import annotations
 
+import base64
 import builtins
 import datetime
 import functools
+import hashlib
 import http.client
 import logging
 import os
@@ -203,6 +205,7 @@ class S3BlobStore(PartedBlobStore):
                 "blob.store.endpoint.url, blob.store.region and blob.store.profile"
             ) from sanitized(exc)
         _register_credentials(client)
+        client.meta.events.register("before-sign.s3.DeleteObjects", _content_md5)
         return cls(
             client,
             parts.netloc,
@@ -650,6 +653,13 @@ class S3BlobStore(PartedBlobStore):
 
     def _safe(self, exc: BaseException) -> str:
         return redact(exc, self._secrets())
+
+
+def _content_md5(request: Any, **_: Any) -> None:
+    """Give DeleteObjects the Content-MD5 of its body: botocore (1.36 on) sends only a CRC32 header, which
+    S3-compatible servers that require Content-MD5 refuse (``MissingContentMD5``): no delete would go through there."""
+    body = request.body if isinstance(request.body, bytes) else str(request.body or "").encode()
+    request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
 
 
 def _register_credentials(client: Any) -> None:
