@@ -6,6 +6,7 @@ import base64
 import hashlib
 import shutil
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -172,33 +173,52 @@ def test_s3_delete_objects_carries_a_content_md5(s3_server: ServerProcess) -> No
 # -- a sweep's batch and a writer's refresh ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="known race, widened by batched sweep deletes: a blob a writer refreshes "
-                   "(writes again with a fresh age, to name it) after a sweep judged it old but before the sweep's "
-                   "batch goes is deleted all the same; closing it needs conditional deletes (ETag / If-Match)")
-def test_a_blob_refreshed_after_the_sweep_judged_it_is_not_deleted() -> None:
+def test_a_doomed_blob_waits_in_a_sweeps_batch_no_longer_than_the_batch_wait() -> None:
     """A writer names a blob no checkpoint names only after making it young (``GraceRule.may_name``; blob-snapshot
     writes an old run again, same bytes, fresh ``created_at``). The age rule is sound only if the age a sweep acts
-    on is the blob's age when it deletes it. One by one, a delete followed its HEAD at once; batched, a doomed
-    blob waits for up to 999 more HEADs, and a refresh in between is lost with it (the checkpoint then names a
-    blob that is gone)."""
+    on is the blob's age when it deletes it: one by one, a delete followed its HEAD at once; batched, a doomed blob
+    would wait for up to 999 more HEADs, and a refresh in between would be lost with it. So a batch goes once its
+    first blob has waited ``SWEEP_BATCH_WAIT_S`` since its judgment: here each HEAD takes 30 ms, and a blob refreshed
+    after 8 more HEADs (240 ms, past the wait) survives, while the blobs judged before it were deleted in time."""
     from statebackend.kit import GraceRule, Mark, created_at_metadata, sweep_unreferenced
+    from statebackend.kit.gc import SWEEP_BATCH_WAIT_S
 
+    assert SWEEP_BATCH_WAIT_S <= 0.1
     now = 10_000.0
-    refreshed = "g/run-a"
+    names = [f"g/run-{i:02d}" for i in range(12)]
+    refreshed = names[0]
+    deleted_at: dict[str, float] = {}
+    judged_at: dict[str, float] = {}
+    refreshed_at: list[float] = []
 
     class Store(MemoryBlobStore):
         def head(self, name: str) -> Any:
-            if name == "g/run-b":  # meanwhile the writer refreshes run-a, then names it in its checkpoint
+            time.sleep(0.03)
+            if name == names[9]:  # 8 HEADs after run-00's: the writer refreshes run-00 to name it
                 self.put(refreshed, b"a", metadata=created_at_metadata(now))
-            return super().head(name)
+                refreshed_at.append(time.monotonic())
+            info = super().head(name)
+            judged_at[name] = time.monotonic()
+            return info
+
+        def delete_many(self, batch: Any) -> Any:
+            for name in batch:
+                deleted_at[name] = time.monotonic()
+            return super().delete_many(batch)
 
     store = Store()
-    for name in ("g/run-a", "g/run-b"):
+    for name in names:
         store.put(name, b"x", metadata=created_at_metadata(now - 7_200))
     swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=now), GraceRule(3_600_000), clock=lambda: now,
                                now=now)
-    assert "g/run-b" in swept.deleted
     assert store.exists(refreshed), "a blob refreshed to be named was deleted on its old age"
+    assert store.get(refreshed) == b"a"
+    assert refreshed in swept.deleted and deleted_at[refreshed] < refreshed_at[0], \
+        "the old blob's delete went before the writer wrote it again"
+    assert set(swept.deleted) == set(names), "every blob judged old was deleted"
+    assert len({deleted_at[name] for name in names}) > 1, "the twelve blobs went in more than one batch"
+    for name in swept.deleted:  # each went within the wait (plus the one HEAD that noticed it had passed)
+        assert deleted_at[name] - judged_at[name] < SWEEP_BATCH_WAIT_S + 0.5, name
 
 
 @pytest.mark.parametrize("factories", ["changelog", "blobsnapshot"])

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import TYPE_CHECKING, TypeVar
 
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CREATED_AT",
     "SWEEP_BATCH",
+    "SWEEP_BATCH_WAIT_S",
     "FirstSeen",
     "GraceRule",
     "Mark",
@@ -77,6 +79,11 @@ CREATED_AT = "created_at"
 
 #: blobs a sweep deletes with one ``delete_many`` (S3 takes 1,000 a request, Azure 256: a store splits a bigger one)
 SWEEP_BATCH = 1000
+#: seconds a doomed blob may wait in a sweep's batch after the ``head`` that judged it: a writer may write an old
+#: blob again (fresh age, same bytes) to name it, and a delete sent later than its judgment would take the fresh
+#: blob with it. Deleting one by one left one request between the two; batching keeps the wait this short (closing
+#: the race outright needs a delete conditional on the blob being unchanged, which the blob store API lacks)
+SWEEP_BATCH_WAIT_S = 0.1
 
 
 def created_at_metadata(now: float) -> dict[str, str]:
@@ -252,6 +259,7 @@ def sweep_unreferenced(
     confirm: Callable[[str], bool] | None = None,
     on_deleted: Callable[[str], None] | None = None,
     batch: int = SWEEP_BATCH,
+    batch_wait_s: float = SWEEP_BATCH_WAIT_S,
 ) -> Swept:
     """Delete the blobs listed under ``prefix`` that ``mark`` does not hold and that are old enough by ``rule``.
 
@@ -263,9 +271,10 @@ def sweep_unreferenced(
       skipped); ``expired(metadata, now)`` true (a backend's own expiry) deletes it whatever its age; otherwise the
       age rule decides, at ``now`` (``None``: ``clock()`` at each blob).
     - The doomed blobs are deleted ``batch`` at a time with one :meth:`~BlobStore.delete_many` (one request on the
-      services that batch deletes): just before each batch goes, the deadline is checked again (past it, the batch
-      is dropped and the sweep stops) and ``confirm(name)`` may still keep any of them (a blob the collector adopted
-      meanwhile).
+      services that batch deletes), and a batch goes as soon as its first blob has waited ``batch_wait_s`` since the
+      ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`: a blob written again meanwhile, to be named, would go
+      with it): just before each batch goes, the deadline is checked again (past it, the batch is dropped and the
+      sweep stops) and ``confirm(name)`` may still keep any of them (a blob the collector adopted meanwhile).
     - After each batch, each deleted blob's first sighting is forgotten and ``on_deleted(name)`` runs. After a whole
       pass the first sightings of blobs no longer listed under ``prefix`` are forgotten.
     """
@@ -276,6 +285,7 @@ def sweep_unreferenced(
     shown = frozenset(listed)
     deleted: list[str] = []
     doomed: list[str] = []
+    first_judged = 0.0  # time.monotonic() of the judgment of the batch's first blob
 
     def delete_doomed() -> bool:
         """Delete the doomed batch; False (nothing deleted) when the deadline passed meanwhile."""
@@ -297,6 +307,8 @@ def sweep_unreferenced(
             continue
         if deadline is not None and clock() > deadline:
             return Swept(tuple(deleted), stopped=True, listed=shown)
+        if doomed and time.monotonic() - first_judged >= batch_wait_s and not delete_doomed():
+            return Swept(tuple(deleted), stopped=True, listed=shown)
         metadata: Mapping[str, str] | None = None
         if blob_store.supports_metadata:
             try:
@@ -307,6 +319,8 @@ def sweep_unreferenced(
         if not ((expired is not None and metadata is not None and expired(metadata, at))
                 or rule.old_enough(name, metadata, at)):
             continue
+        if not doomed:
+            first_judged = time.monotonic()
         doomed.append(name)
         if len(doomed) >= batch and not delete_doomed():
             return Swept(tuple(deleted), stopped=True, listed=shown)
