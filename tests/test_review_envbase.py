@@ -155,3 +155,29 @@ def test_a_base_whose_key_count_is_not_its_headers_never_leaves_its_version_clai
         claims = target.version
         count = target.count()
     assert not (claims == V1 and count != 1001), f"the store claims {claims} with {count} keys, the base's header 1001"
+
+
+@pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
+def test_a_reusing_open_removes_what_a_killed_restore_left(tmp_path: Path, backend: str) -> None:
+    """A restore killed while it loaded a base leaves a ``.envbase-*`` directory as big as the state; the next open
+    removes it even when it loads no base (its local state is the checkpoint's: reuse)."""
+    from statebackend.envbase import DOWNLOAD_PREFIX
+    from statebackend.task import TaskStorage
+
+    config = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "local"),
+        "blob.store.url": (tmp_path / "blobs").as_uri(),
+        "stores.counts.backup.factories": backend,
+    }
+    with TaskStorage.open(config, "task-0") as task:
+        task.store("counts", typed=False).put(b"k", b"v")
+        task.commit_durably({"input": "1"})
+    leftovers = [path for path in (tmp_path / "local").rglob("*") if path.is_dir() and path.name == "counts"]
+    assert len(leftovers) == 1, leftovers
+    abandoned = leftovers[0] / f"{DOWNLOAD_PREFIX}killed" / "env"
+    abandoned.mkdir(parents=True)
+    (abandoned / "data.mdb").write_bytes(b"\0" * 4096)
+    with TaskStorage.open(config, "task-0") as task:
+        assert task.store("counts", typed=False).get(b"k") == b"v"
+    assert not abandoned.parent.exists(), "the reusing open left what the killed restore wrote"

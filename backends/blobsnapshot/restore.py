@@ -54,6 +54,7 @@ from statebackend.envbase import (
     FileSource,
     is_env_base,
     load_env_base,
+    remove_abandoned,
 )
 from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.kit import InterruptFlag, puts_only
@@ -102,6 +103,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
     def _restore_store(self, pool: ThreadPoolExecutor, name: str, store: LocalStore, marker: str) -> None:
         context = self.context
         metrics = context.metrics
+        remove_abandoned(Path(store.path))  # what a restore killed mid-way left, whatever this one does next
         prefix = context.blob_prefix(name)
         if not marker.startswith(index_prefix(prefix)):
             raise CorruptDataError(

@@ -38,7 +38,14 @@ from statebackend.backends.changelog.marker import Recipe, Step, check_blob_bind
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BackendContext, TaskRestoreManager
-from statebackend.envbase import HEAD_BYTES, BlobSource, EnvBaseHeader, is_env_base, load_env_base
+from statebackend.envbase import (
+    HEAD_BYTES,
+    BlobSource,
+    EnvBaseHeader,
+    is_env_base,
+    load_env_base,
+    remove_abandoned,
+)
 from statebackend.errors import CorruptDataError, NotFoundError
 from statebackend.kit import InterruptFlag, puts_only
 from statebackend.recordfile import (
@@ -95,6 +102,9 @@ class ChangelogRestoreManager(TaskRestoreManager):
 
     def _restore_store(self, pool: ThreadPoolExecutor, name: str, store: LocalStore, recipe: Recipe) -> None:
         metrics = self.context.metrics
+        # what a restore killed mid-way left (as big as the state), whatever this restore does next (reuse too)
+        _remove_abandoned_downloads(Path(store.path))
+        remove_abandoned(Path(store.path))
         steps = list(recipe.steps())
         local = store.version
         start_index = None
