@@ -18,55 +18,75 @@ def run_example(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
                           check=False)
 
 
-class Started:
-    """A script started in the background; :meth:`result` waits for it (the Spark examples each start a JVM and
-    spend much of their time waiting on it, so the module starts them together and each test waits for its own)."""
+class Examples:
+    """The Spark examples of this module, run in the background two at a time (each starts a JVM and waits on it
+    much of its time, so two overlap well on two cores, and more only compete): :meth:`result` waits for one,
+    starting it first if it is not running yet, and starts the next waiting one as a slot frees."""
 
-    def __init__(self, args: list[str], cwd: Path) -> None:
-        self.process = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True)
-        self.args = args
-        self._done: subprocess.CompletedProcess[str] | None = None
+    running_at_once = 2
 
-    def result(self, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        if self._done is None:
-            stdout, stderr = self.process.communicate(timeout=timeout)
-            self._done = subprocess.CompletedProcess(self.args, self.process.returncode, stdout, stderr)
-        return self._done
+    def __init__(self, scripts: dict[str, tuple[list[str], Path]]) -> None:
+        self._waiting = dict(scripts)
+        self._running: dict[str, subprocess.Popen[str]] = {}
+        self._done: dict[str, subprocess.CompletedProcess[str]] = {}
+        self._top_up()
+
+    def result(self, name: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        if name in self._waiting:
+            self._start(name)
+        if name not in self._done:
+            process = self._running.pop(name)
+            stdout, stderr = process.communicate(timeout=timeout)
+            self._done[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+            self._top_up()
+        return self._done[name]
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.communicate()
+        for process in self._running.values():
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+        self._running.clear()
+
+    def _top_up(self) -> None:
+        while self._waiting and len(self._running) < self.running_at_once:
+            self._start(next(iter(self._waiting)))
+
+    def _start(self, name: str) -> None:
+        args, cwd = self._waiting.pop(name)
+        self._running[name] = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True)
 
 
 @pytest.fixture(scope="module")
-def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Started]]:
-    """The Spark examples of this module, started at once when the first of their tests runs (none when the run
-    deselects them all)."""
+def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Examples]:
+    """The Spark examples of this module, in test order (none when the run deselects them all)."""
     wanted = {item.name for item in request.session.items if item.module is request.module}
-    started: dict[str, Started] = {}
+    scripts: dict[str, tuple[list[str], Path]] = {}
     if "test_readme_demo_counts_words_exactly_on_local_spark" in wanted:
-        started["demo"] = Started(["examples/demo.py", "--batches", "3", "--rows-per-batch", "2000"], ROOT)
+        scripts["demo"] = (["examples/demo.py", "--batches", "3", "--rows-per-batch", "2000"], ROOT)
     if "test_sessionize_example_equals_a_batch_sessionization" in wanted:
-        started["sessionize"] = Started(["examples/sessionize.py", "--files", "3", "--events-per-file", "1000"], ROOT)
+        scripts["sessionize"] = (["examples/sessionize.py", "--files", "3", "--events-per-file", "1000"], ROOT)
+    if "test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization" in wanted:
+        scripts["sessionize_timers"] = (
+            ["examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000"], ROOT)
     if "test_readme_spark_snippet_runs_as_written_after_the_quick_start" in wanted:
         folder = tmp_path_factory.mktemp("snippet")
         quick_start, spark_snippet = readme_python_blocks()[:2]
         script = folder / "spark_snippet.py"
         script.write_text(quick_start + "\n" + spark_snippet)
-        started["snippet"] = Started([str(script)], folder)
+        scripts["snippet"] = ([str(script)], folder)
+    examples = Examples(scripts)
     try:
-        yield started
+        yield examples
     finally:
-        for run in started.values():
-            run.stop()
+        examples.stop()
 
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_readme_demo_counts_words_exactly_on_local_spark(spark_examples: dict[str, Started]) -> None:
-    result = spark_examples["demo"].result()
+def test_readme_demo_counts_words_exactly_on_local_spark(spark_examples: Examples) -> None:
+    result = spark_examples.result("demo")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
 
@@ -81,10 +101,22 @@ def test_crash_restore_example_restores_exact_counts_after_sigkill() -> None:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_sessionize_example_equals_a_batch_sessionization(spark_examples: dict[str, Started]) -> None:
-    result = spark_examples["sessionize"].result()
+def test_sessionize_example_equals_a_batch_sessionization(spark_examples: Examples) -> None:
+    result = spark_examples.result("sessionize")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization(
+        spark_examples: Examples) -> None:
+    result = spark_examples.result("sessionize_timers")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "OK: all" in result.stdout
+    closed_by_timer = [int(line.split(", ")[1].split()[0]) for line in result.stdout.splitlines()
+                       if line.startswith("batch ")]
+    assert closed_by_timer[0] == 0 and sum(closed_by_timer) > 0  # no watermark yet in the first batch
 
 
 def readme_python_blocks() -> list[str]:
@@ -104,8 +136,8 @@ def test_readme_quick_start_runs_as_written_and_prints_restored_counts(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_readme_spark_snippet_runs_as_written_after_the_quick_start(spark_examples: dict[str, Started]) -> None:
-    result = spark_examples["snippet"].result()
+def test_readme_spark_snippet_runs_as_written_after_the_quick_start(spark_examples: Examples) -> None:
+    result = spark_examples.result("snippet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("|task-")]
     counts = {cells[2]: int(cells[3]) for cells in (row.split("|") for row in rows)}

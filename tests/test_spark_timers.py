@@ -332,17 +332,6 @@ def test_input_spark_knows_to_be_empty_still_runs_every_task(spark: Any, tmp_pat
     assert run_batch(spark, job, 2, [("c", 9000)]) == [("b", 1500, PROCESSING, 2)]
 
 
-def test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization() -> None:
-    from tests.test_examples import run_example
-
-    result = run_example("examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "OK: all" in result.stdout
-    closed_by_timer = [int(line.split(", ")[1].split()[0]) for line in result.stdout.splitlines()
-                       if line.startswith("batch ")]
-    assert closed_by_timer[0] == 0 and sum(closed_by_timer) > 0  # no watermark yet in the first batch
-
-
 def register_a_second_later(stores: Any, rows: Any) -> None:
     """Rows ``(word, ts)``: count the word and register a processing-time timer a second after the batch clock."""
     for row in rows:
