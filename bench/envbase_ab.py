@@ -20,6 +20,7 @@ benchmark's key shape) and ``random`` (16-byte random keys, 32-byte random value
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -29,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -62,7 +63,7 @@ def main() -> None:
             result["runs"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("writes", "bases")}), flush=True)
     result["loadavg_end"] = os.getloadavg()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"envbase-ab-{args.label}-{stamp}.json"
     path.write_text(json.dumps(result, indent=1))
@@ -83,31 +84,30 @@ def run(backend: str, shape: str, keys: int, updates: int, commits: int, repeat:
     counts = [rng.randrange(1, 256) for _ in range(keys)]
     bottoms: list[dict[str, Any]] = []
     try:
-        with counting_writes() as (writes, now):
-            with TaskStorage.open(settings, "task-0") as task:
-                store = task.store("counts")
-                step = 200_000
-                for start in range(0, keys, step):
-                    store.put_all((key_of(i), value_of(i, counts[i])) for i in range(start, min(keys, start + step)))
-                task.commit_durably({"p": "0"})
-                time.sleep(1.0)  # the load's uploads are done; count from here
-                bottom = bottom_run(root) if backend == "blobsnapshot" else None
-                now[0] = 1
-                started = time.perf_counter()
-                for commit in range(1, commits + 1):
-                    now[0] = commit
-                    for i in rng.sample(range(keys), updates):
-                        counts[i] = counts[i] % 255 + 1
-                        store.put(key_of(i), value_of(i, counts[i]))
-                    task.commit_durably({"p": str(commit)})
-                    if backend == "blobsnapshot":
-                        seen = bottom_run(root)
-                        if seen and seen != bottom:
-                            bottoms.append({"commit": commit, **seen})
-                            bottom = seen
-                    time.sleep(0.02)  # the gap between batches, where a background base runs
-                history_s = time.perf_counter() - started
-            now[0] = commits + 1  # what close waited for (a running base) counts as the history's too
+        with counting_writes() as (writes, now), TaskStorage.open(settings, "task-0") as task:
+            store = task.store("counts")
+            step = 200_000
+            for start in range(0, keys, step):
+                store.put_all((key_of(i), value_of(i, counts[i])) for i in range(start, min(keys, start + step)))
+            task.commit_durably({"p": "0"})
+            time.sleep(1.0)  # the load's uploads are done; count from here
+            bottom = bottom_run(root) if backend == "blobsnapshot" else None
+            now[0] = 1
+            started = time.perf_counter()
+            for commit in range(1, commits + 1):
+                now[0] = commit
+                for i in rng.sample(range(keys), updates):
+                    counts[i] = counts[i] % 255 + 1
+                    store.put(key_of(i), value_of(i, counts[i]))
+                task.commit_durably({"p": str(commit)})
+                if backend == "blobsnapshot":
+                    seen = bottom_run(root)
+                    if seen and seen != bottom:
+                        bottoms.append({"commit": commit, **seen})
+                        bottom = seen
+                time.sleep(0.02)  # the gap between batches, where a background base runs
+            history_s = time.perf_counter() - started
+        # what close waits for (a base still being written) is logged at the last commit and counted too
         samples, metrics = [], {}
         for _ in range(repeat):
             shutil.rmtree(root / "local")
@@ -134,7 +134,7 @@ def run(backend: str, shape: str, keys: int, updates: int, commits: int, repeat:
         "total_per_commit": total / commits, "base_per_commit": base_bytes / commits,
         "rest_per_commit": (total - base_bytes) / commits,
         "bases": bases, "base_sizes": [base["size"] for base in bases], "base_commits": base_commits,
-        "commits_between_bases": [b - a for a, b in zip(base_commits, base_commits[1:])],
+        "commits_between_bases": [b - a for a, b in itertools.pairwise(base_commits)],
         "commits_since_last_base": commits - base_commits[-1] if base_commits else commits,
         "restore_s": samples, "restore_s_best": min(samples), "restore_metrics": metrics, "last_index": last_index,
         "writes": writes,
