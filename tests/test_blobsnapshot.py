@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import SCHEMA_VERSION, RunEntry, RunIndex, content_hash, run_name
 from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 from statebackend.checkpoint import CheckpointId, CheckpointV2
@@ -93,7 +94,7 @@ def uploaded_by(task: TaskStorage, offsets: dict[str, str]) -> float:
 
 def read_marker_index(blobs: MemoryBlobStore, checkpoint: Any) -> RunIndex:
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return RunIndex.decode(blobs.get(marker), name=marker)
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def test_first_commit_uploads_one_run_and_an_index_naming_it(tmp_path: Path) -> None:
@@ -327,7 +328,7 @@ def _committed_twice(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[dict[str, 
 
 
 def _newest_run(blobs: MemoryBlobStore, marker: str) -> str:
-    return run_name(PREFIX, RunIndex.decode(blobs.get(marker), name=marker).runs[-1].hash)
+    return run_name(PREFIX, read_marker(blobs, marker, job="job", task="task-0", store="counts").runs[-1].hash)
 
 
 def test_corrupt_run_is_named_never_loaded_and_previous_local_state_stays(tmp_path: Path) -> None:
@@ -553,7 +554,7 @@ def _live_runs(blobs: MemoryBlobStore, task: TaskStorage) -> set[str]:
     live: set[str] = set()
     for entry in task.checkpoint_log.entries():
         marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-        live |= RunIndex.decode(blobs.get(marker), name=marker).blob_names(PREFIX)
+        live |= read_marker(blobs, marker, job="job", task="task-0", store="counts").blob_names(PREFIX)
     return live
 
 

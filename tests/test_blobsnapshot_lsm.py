@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from statebackend.backends.blobsnapshot.backup import COMPACTED_FILE, BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.checkpoint import CheckpointLog
 
@@ -95,7 +96,7 @@ def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
     checkpoint = task.commit_manager.last_checkpoint
     assert checkpoint is not None
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return RunIndex.decode(blobs.get(marker), name=marker)
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def write(task: TaskStorage, model: dict[bytes, bytes], items: Mapping[bytes, bytes | None]) -> None:
@@ -454,7 +455,7 @@ def _runs_the_log_needs(blobs: MemoryBlobStore) -> set[str]:
     needed: set[str] = set()
     for entry in CheckpointLog(blobs, "job", "task-0").entries():
         marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-        needed |= RunIndex.decode(blobs.get(marker), name=marker).blob_names(PREFIX)
+        needed |= read_marker(blobs, marker, job="job", task="task-0", store="counts").blob_names(PREFIX)
     return needed
 
 
