@@ -14,7 +14,14 @@ import attrs
 import pytest
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
-from statebackend.backends.blobsnapshot.format import SCHEMA_VERSION, RunEntry, RunIndex, content_hash, run_name
+from statebackend.backends.blobsnapshot.format import (
+    SCHEMA_VERSION,
+    RunEntry,
+    RunIndex,
+    content_hash,
+    is_inline_marker,
+    run_name,
+)
 from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 from statebackend.checkpoint import CheckpointId, CheckpointV2
 
@@ -29,6 +36,7 @@ from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.controlled import ControlledBlobStore
+from tests.blobsnapshot_legacy import as_index_blob_markers
 
 PREFIX = "job/task-0/counts/blobsnapshot/"
 
@@ -190,7 +198,7 @@ def test_file_blob_store_round_trip(tmp_path: Path) -> None:
         assert contents(task) == model
 
 
-def test_no_change_commit_uploads_only_an_index_and_restores_the_same_state(tmp_path: Path) -> None:
+def test_no_change_commit_uploads_no_blob_and_restores_the_same_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
@@ -205,7 +213,7 @@ def test_no_change_commit_uploads_only_an_index_and_restores_the_same_state(tmp_
         assert latest is not None
         index = read_marker_index(blobs, latest)
         assert index.runs == read_marker_index(blobs, first_checkpoint).runs and index.seq == 2
-        assert second == len(blobs.get(latest.markers_for("blobsnapshot")["counts"]))  # the index, nothing else
+        assert second == 0  # no blob: the index goes up inline in the checkpoint's marker
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -228,8 +236,8 @@ def test_small_change_uploads_a_small_run(tmp_path: Path) -> None:
         assert index.previous_index is not None and len(index.runs) == 2
         assert index.runs[-1].records == 5 and (index.runs[-1].first_seq, index.runs[-1].last_seq) == (2, 2)
         assert index.runs[-1].size < index.runs[0].size / 20
-        # the commit uploaded the new run and the index, nothing of the first run
-        assert second == index.runs[-1].size + len(blobs.get(latest.markers_for("blobsnapshot")["counts"]))
+        # the commit uploaded the new run (the index is inline in the marker), nothing of the first run
+        assert second == index.runs[-1].size
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -282,7 +290,8 @@ def test_index_names_its_previous_index_and_appends_the_new_run(tmp_path: Path) 
         second = task.commit_durably({"input": "1"})
     a = read_marker_index(blobs, first)
     b = read_marker_index(blobs, second)
-    assert b.previous_index == first.markers_for("blobsnapshot")["counts"]
+    assert is_inline_marker(first.markers_for("blobsnapshot")["counts"])
+    assert b.previous_index == f"{a.seq:012d}-{a.token}"  # the previous inline index's seq and token
     assert b.runs[:-1] == a.runs and b.runs[-1].first_seq == a.runs[-1].last_seq + 1
     assert b.runs[-1].version == b.version
 
@@ -359,9 +368,16 @@ def test_missing_run_is_named_and_nothing_is_applied(tmp_path: Path) -> None:
         assert task.metrics.counter("restore.stores.reused") == 1
 
 
+def _committed_twice_as_index_blobs(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[dict[str, object], str]:
+    """:func:`_committed_twice`, its checkpoints rewritten as an older release wrote them (the marker names an index
+    blob); returns the config and the newest checkpoint's marker."""
+    config, _, _ = _committed_twice(tmp_path, blobs)
+    return config, as_index_blob_markers(blobs, "job", "task-0")[2]["counts"]
+
+
 def test_missing_index_is_named(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config, _, marker = _committed_twice(tmp_path, blobs)
+    config, marker = _committed_twice_as_index_blobs(tmp_path, blobs)
     blobs.delete(marker)
     with pytest.raises(NotFoundError) as excinfo:
         TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -370,7 +386,7 @@ def test_missing_index_is_named(tmp_path: Path) -> None:
 
 def test_corrupt_or_truncated_index_is_named(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config, _, marker = _committed_twice(tmp_path, blobs)
+    config, marker = _committed_twice_as_index_blobs(tmp_path, blobs)
     original = blobs.get(marker)
     document = json.loads(original)
     document["runs"][0]["size"] += 1  # still valid JSON; the checksum no longer matches
@@ -426,7 +442,8 @@ def test_stored_v1_index_is_refused_at_restore_naming_the_migration_path(tmp_pat
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, {}, 0, 10, "a")
         checkpoint = task.commit_durably({"input": "0"})
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
+    assert checkpoint.checkpoint_id is not None
+    marker = as_index_blob_markers(blobs, "job", "task-0")[1]["counts"]  # as a release of schema 1's time named it
     blobs.put(marker, (SAMPLES / "index-v1.json").read_bytes())
     shutil.rmtree(tmp_path / "local")
     with pytest.raises(IncompatibleFormatError) as excinfo:
@@ -516,12 +533,12 @@ def test_processing_goes_on_while_a_snapshot_uploads(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"task.commit.max.delay.ms": 3_600_000})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        blobs.hold = lambda name: "/index/" in name
+        blobs.hold = lambda name: "/runs/" in name
         fill(task, model, 0, 2000, "a")
         snapshot_state = dict(model)
         first = task.commit({"input": "0"})
         assert first is not None and blobs.held.wait(30)
-        # the upload is stuck on its index write; the task keeps writing and even flushing
+        # the upload is stuck on its run write; the task keeps writing and even flushing
         fill(task, model, 0, 2000, "b")
         assert task.commit({"input": "1"}) is None
         blobs.release.set()
@@ -576,9 +593,7 @@ def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path
         entries = task.checkpoint_log.entries()
         assert len(entries) == 2
         assert run_blobs(blobs) == _live_runs(blobs, task)
-        assert set(index_blobs(blobs)) == {
-            e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries  # type: ignore[union-attr]
-        }
+        assert index_blobs(blobs) == []  # each index is inline in its checkpoint's marker
         # cleanup again is a no-op (idempotent, absent blobs are success)
         manager = backup_manager(task)
         last = entries[-1].checkpoint
@@ -615,27 +630,28 @@ def test_a_durable_checkpoints_blobs_are_not_rewritten_and_no_sweep_takes_them_o
         entries = task.checkpoint_log.entries()
         assert len(entries) == 2
         markers = {e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries}  # type: ignore[union-attr]
-        named = markers | _live_runs(inner, task)
+        assert all(is_inline_marker(marker) for marker in markers)
+        named = _live_runs(inner, task)
         assert all("expires_at" in inner.head(name).metadata for name in named)
         assert requests.counter("blob_store.requests", operation="set_metadata") == 0, "a cleanup rewrote metadata"
         backup_manager(task).sweep(now=backup_manager(task).clock() + 3600)  # every blob long expired
         assert all(inner.exists(name) for name in named), "a sweep took a blob a retained checkpoint names"
-        assert set(index_blobs(inner)) == markers, "the index retention let go is expired garbage: swept"
+        assert index_blobs(inner) == []
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         assert contents(task) == model
 
 
 def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp_path: Path) -> None:
-    """A commit whose run landed but whose index did not: its changes are in LMDB, so the next commit's index lists
-    that run (already in the blob store) before its own."""
+    """A commit whose run landed but whose checkpoint did not: its changes are in LMDB, so the next commit's index
+    lists that run (already in the blob store) before its own."""
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 3000, "a")
         task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         fill(task, model, 0, 300, "lost")
         failed = task.commit({"input": "1"})
         assert failed is not None
@@ -661,8 +677,8 @@ def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_p
         fill(task, model, 0, 3000, "a")
         task.commit_durably({"input": "0"})
         durable = dict(model)
-        # a commit whose run lands but whose index never does, and the task goes away: its run is garbage
-        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        # a commit whose run lands but whose checkpoint never does, and the task goes away: its run is garbage
+        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         fill(task, {}, 0, 3000, "lost")
         failed = task.commit({"input": "1"})
         assert failed is not None
