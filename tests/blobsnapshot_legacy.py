@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
-
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import index_name, is_inline_marker
-from statebackend.blobstores.base import BlobStore
 from statebackend.checkpoint import CheckpointV2
 from statebackend.checkpoint.serde import decode_bound_checkpoint, encode_checkpoint
+
+from statebackend.blobstores.base import BlobStore
 
 FACTORY = "blobsnapshot"
 

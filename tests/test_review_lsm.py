@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from statebackend.backends.blobsnapshot import upload as upload_module
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 
@@ -61,7 +62,7 @@ def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
     checkpoint = task.commit_manager.last_checkpoint
     assert checkpoint is not None
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return RunIndex.decode(blobs.get(marker), name=marker)
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def put_all(task: TaskStorage, model: dict[bytes, bytes], items: dict[bytes, bytes]) -> None:
@@ -627,7 +628,7 @@ def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> s
     assert checkpoint is not None
     marker = checkpoint.markers_for(factory)["counts"]
     if factory == "blobsnapshot":
-        index = RunIndex.decode(blobs.get(marker), name=marker)
+        index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
         victim = run_name(PREFIX, index.runs[-1].hash)
     else:
         prefix = "job/task-0/counts/changelog/"
