@@ -265,7 +265,7 @@ def test_a_run_this_manager_uploaded_long_ago_is_refreshed_so_another_attempts_s
             manager_of(task).clock = clock
             put_all(task, model, base_keys())
             task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             put_all(task, model, {b"key-00007": b"second"})
             with pytest.raises(Exception, match="injected failure"):
                 task.commit_durably({"input": "1"})
@@ -383,7 +383,7 @@ def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> 
             manager_of(task).clock = clock
             put_all(task, model, base_keys())
             task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             put_all(task, model, {b"key-00007": b"second"})
             with pytest.raises(Exception, match="injected failure"):
                 task.commit_durably({"input": "1"})
@@ -486,7 +486,7 @@ def test_a_lost_cached_copy_of_an_old_undurable_run_costs_one_commit_not_all_lat
         state = manager_of(task)._states["counts"]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         put_all(task, model, {b"key-00007": b"second"})
         with pytest.raises(Exception, match="injected failure"):
             task.commit_durably({"input": "1"})
@@ -813,7 +813,7 @@ def test_a_run_found_present_and_young_is_still_refreshed_when_a_much_later_inde
             with pytest.raises(Exception, match="reply was lost"):
                 task.commit_durably({"input": "1"})
             clock.now += 10.0
-            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             put_all(task, model, {b"key-00009": b"third"})
             with pytest.raises(Exception, match="injected failure"):
                 task.commit_durably({"input": "2"})
