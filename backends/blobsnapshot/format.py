@@ -1,7 +1,7 @@
-"""The blob-snapshot formats: blob names, run entries and the index blob (schema version 2).
+"""The blob-snapshot formats: blob names, run entries, the index (schema version 2) and the marker that carries it.
 
-A store's remote snapshot is a set of immutable sorted runs (an LSM tree on the blob store); the index blob lists the
-live runs and is the marker written into checkpoints. Layout under ``<job>/<task>/<store>/blobsnapshot/``::
+A store's remote snapshot is a set of immutable sorted runs (an LSM tree on the blob store); the index lists the
+live runs and travels inside the marker written into checkpoints (an index blob, for markers of older releases). Layout under ``<job>/<task>/<store>/blobsnapshot/``::
 
     runs/<hash>                        one run: a sorted record file (statebackend.recordfile, kind "run");
                                        the name IS the blake2b-256 of its bytes
@@ -14,7 +14,7 @@ tombstones). The runs of an index, oldest first, are contiguous: the first start
 each next one starts right after the one before; applying them in order gives the store at the index's version
 (the last run may end before the index's ``seq``: commits that changed nothing add no run).
 
-Index blob: UTF-8 JSON, one object, keys sorted::
+Index (an inline marker's payload once inflated, or an index blob's bytes): UTF-8 JSON, one object, keys sorted::
 
     {"schema": "statebackend.blobsnapshot.index", "schema_version": 2,
      "job": ..., "task": ..., "store": ..., "checkpoint_id": "<millis>-<nanos>", "token": "<flush token>", "seq": n,
