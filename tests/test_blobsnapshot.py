@@ -4,16 +4,27 @@ Compaction, catch-up and the LSM-specific guarantees: tests/test_blobsnapshot_ls
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 import pytest
+from statebackend.backends.blobsnapshot.admin import BlobSnapshotAdmin
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from statebackend.backends.blobsnapshot.format import SCHEMA_VERSION, RunEntry, RunIndex, content_hash, run_name
+from statebackend.backends.blobsnapshot.blobs import read_marker
+from statebackend.backends.blobsnapshot.format import (
+    SCHEMA_VERSION,
+    RunEntry,
+    RunIndex,
+    content_hash,
+    is_inline_marker,
+    run_name,
+)
 from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 from statebackend.checkpoint import CheckpointId, CheckpointV2
 
@@ -28,6 +39,7 @@ from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.controlled import ControlledBlobStore
+from tests.blobsnapshot_legacy import as_index_blob_markers, rewrite_markers
 
 PREFIX = "job/task-0/counts/blobsnapshot/"
 
@@ -93,7 +105,7 @@ def uploaded_by(task: TaskStorage, offsets: dict[str, str]) -> float:
 
 def read_marker_index(blobs: MemoryBlobStore, checkpoint: Any) -> RunIndex:
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return RunIndex.decode(blobs.get(marker), name=marker)
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def test_first_commit_uploads_one_run_and_an_index_naming_it(tmp_path: Path) -> None:
@@ -189,7 +201,7 @@ def test_file_blob_store_round_trip(tmp_path: Path) -> None:
         assert contents(task) == model
 
 
-def test_no_change_commit_uploads_only_an_index_and_restores_the_same_state(tmp_path: Path) -> None:
+def test_no_change_commit_uploads_no_blob_and_restores_the_same_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
@@ -204,7 +216,7 @@ def test_no_change_commit_uploads_only_an_index_and_restores_the_same_state(tmp_
         assert latest is not None
         index = read_marker_index(blobs, latest)
         assert index.runs == read_marker_index(blobs, first_checkpoint).runs and index.seq == 2
-        assert second == len(blobs.get(latest.markers_for("blobsnapshot")["counts"]))  # the index, nothing else
+        assert second == 0  # no blob: the index goes up inline in the checkpoint's marker
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -227,8 +239,8 @@ def test_small_change_uploads_a_small_run(tmp_path: Path) -> None:
         assert index.previous_index is not None and len(index.runs) == 2
         assert index.runs[-1].records == 5 and (index.runs[-1].first_seq, index.runs[-1].last_seq) == (2, 2)
         assert index.runs[-1].size < index.runs[0].size / 20
-        # the commit uploaded the new run and the index, nothing of the first run
-        assert second == index.runs[-1].size + len(blobs.get(latest.markers_for("blobsnapshot")["counts"]))
+        # the commit uploaded the new run (the index is inline in the marker), nothing of the first run
+        assert second == index.runs[-1].size
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
@@ -281,7 +293,8 @@ def test_index_names_its_previous_index_and_appends_the_new_run(tmp_path: Path) 
         second = task.commit_durably({"input": "1"})
     a = read_marker_index(blobs, first)
     b = read_marker_index(blobs, second)
-    assert b.previous_index == first.markers_for("blobsnapshot")["counts"]
+    assert is_inline_marker(first.markers_for("blobsnapshot")["counts"])
+    assert b.previous_index == f"{a.seq:012d}-{a.token}"  # the previous inline index's seq and token
     assert b.runs[:-1] == a.runs and b.runs[-1].first_seq == a.runs[-1].last_seq + 1
     assert b.runs[-1].version == b.version
 
@@ -327,7 +340,7 @@ def _committed_twice(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[dict[str, 
 
 
 def _newest_run(blobs: MemoryBlobStore, marker: str) -> str:
-    return run_name(PREFIX, RunIndex.decode(blobs.get(marker), name=marker).runs[-1].hash)
+    return run_name(PREFIX, read_marker(blobs, marker, job="job", task="task-0", store="counts").runs[-1].hash)
 
 
 def test_corrupt_run_is_named_never_loaded_and_previous_local_state_stays(tmp_path: Path) -> None:
@@ -358,9 +371,16 @@ def test_missing_run_is_named_and_nothing_is_applied(tmp_path: Path) -> None:
         assert task.metrics.counter("restore.stores.reused") == 1
 
 
+def _committed_twice_as_index_blobs(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[dict[str, object], str]:
+    """:func:`_committed_twice`, its checkpoints rewritten as an older release wrote them (the marker names an index
+    blob); returns the config and the newest checkpoint's marker."""
+    config, _, _ = _committed_twice(tmp_path, blobs)
+    return config, as_index_blob_markers(blobs, "job", "task-0")[2]["counts"]
+
+
 def test_missing_index_is_named(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config, _, marker = _committed_twice(tmp_path, blobs)
+    config, marker = _committed_twice_as_index_blobs(tmp_path, blobs)
     blobs.delete(marker)
     with pytest.raises(NotFoundError) as excinfo:
         TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -369,7 +389,7 @@ def test_missing_index_is_named(tmp_path: Path) -> None:
 
 def test_corrupt_or_truncated_index_is_named(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config, _, marker = _committed_twice(tmp_path, blobs)
+    config, marker = _committed_twice_as_index_blobs(tmp_path, blobs)
     original = blobs.get(marker)
     document = json.loads(original)
     document["runs"][0]["size"] += 1  # still valid JSON; the checksum no longer matches
@@ -425,7 +445,8 @@ def test_stored_v1_index_is_refused_at_restore_naming_the_migration_path(tmp_pat
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, {}, 0, 10, "a")
         checkpoint = task.commit_durably({"input": "0"})
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
+    assert checkpoint.checkpoint_id is not None
+    marker = as_index_blob_markers(blobs, "job", "task-0")[1]["counts"]  # as a release of schema 1's time named it
     blobs.put(marker, (SAMPLES / "index-v1.json").read_bytes())
     shutil.rmtree(tmp_path / "local")
     with pytest.raises(IncompatibleFormatError) as excinfo:
@@ -515,12 +536,12 @@ def test_processing_goes_on_while_a_snapshot_uploads(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"task.commit.max.delay.ms": 3_600_000})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        blobs.hold = lambda name: "/index/" in name
+        blobs.hold = lambda name: "/runs/" in name
         fill(task, model, 0, 2000, "a")
         snapshot_state = dict(model)
         first = task.commit({"input": "0"})
         assert first is not None and blobs.held.wait(30)
-        # the upload is stuck on its index write; the task keeps writing and even flushing
+        # the upload is stuck on its run write; the task keeps writing and even flushing
         fill(task, model, 0, 2000, "b")
         assert task.commit({"input": "1"}) is None
         blobs.release.set()
@@ -553,7 +574,7 @@ def _live_runs(blobs: MemoryBlobStore, task: TaskStorage) -> set[str]:
     live: set[str] = set()
     for entry in task.checkpoint_log.entries():
         marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-        live |= RunIndex.decode(blobs.get(marker), name=marker).blob_names(PREFIX)
+        live |= read_marker(blobs, marker, job="job", task="task-0", store="counts").blob_names(PREFIX)
     return live
 
 
@@ -575,9 +596,7 @@ def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path
         entries = task.checkpoint_log.entries()
         assert len(entries) == 2
         assert run_blobs(blobs) == _live_runs(blobs, task)
-        assert set(index_blobs(blobs)) == {
-            e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries  # type: ignore[union-attr]
-        }
+        assert index_blobs(blobs) == []  # each index is inline in its checkpoint's marker
         # cleanup again is a no-op (idempotent, absent blobs are success)
         manager = backup_manager(task)
         last = entries[-1].checkpoint
@@ -614,27 +633,28 @@ def test_a_durable_checkpoints_blobs_are_not_rewritten_and_no_sweep_takes_them_o
         entries = task.checkpoint_log.entries()
         assert len(entries) == 2
         markers = {e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries}  # type: ignore[union-attr]
-        named = markers | _live_runs(inner, task)
+        assert all(is_inline_marker(marker) for marker in markers)
+        named = _live_runs(inner, task)
         assert all("expires_at" in inner.head(name).metadata for name in named)
         assert requests.counter("blob_store.requests", operation="set_metadata") == 0, "a cleanup rewrote metadata"
         backup_manager(task).sweep(now=backup_manager(task).clock() + 3600)  # every blob long expired
         assert all(inner.exists(name) for name in named), "a sweep took a blob a retained checkpoint names"
-        assert set(index_blobs(inner)) == markers, "the index retention let go is expired garbage: swept"
+        assert index_blobs(inner) == []
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         assert contents(task) == model
 
 
 def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp_path: Path) -> None:
-    """A commit whose run landed but whose index did not: its changes are in LMDB, so the next commit's index lists
-    that run (already in the blob store) before its own."""
+    """A commit whose run landed but whose checkpoint did not: its changes are in LMDB, so the next commit's index
+    lists that run (already in the blob store) before its own."""
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 3000, "a")
         task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         fill(task, model, 0, 300, "lost")
         failed = task.commit({"input": "1"})
         assert failed is not None
@@ -660,8 +680,8 @@ def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_p
         fill(task, model, 0, 3000, "a")
         task.commit_durably({"input": "0"})
         durable = dict(model)
-        # a commit whose run lands but whose index never does, and the task goes away: its run is garbage
-        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        # a commit whose run lands but whose checkpoint never does, and the task goes away: its run is garbage
+        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         fill(task, {}, 0, 3000, "lost")
         failed = task.commit({"input": "1"})
         assert failed is not None
@@ -801,3 +821,109 @@ def test_sweep_stops_deleting_a_quarter_of_the_grace_period_after_its_mark(tmp_p
         assert orphans <= run_blobs(blobs)
         assert manager.sweep().runs_deleted == 3
         assert run_blobs(blobs) == _live_runs(blobs, task)
+
+
+# -- the marker carries the index; markers of older releases (index blob names) ----------------------------------------
+
+
+def _damaged(marker: str) -> str:
+    """``marker`` with one digit of its index's key count changed and compressed again: it decodes, its checksum
+    fails."""
+    prefix, payload = marker.rsplit(":", 1)
+    data = bytearray(zlib.decompress(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
+    digit = data.index(b'"key_count":') + len(b'"key_count":')
+    data[digit] = ord("7") if data[digit] != ord("7") else ord("8")
+    return f"{prefix}:{base64.urlsafe_b64encode(zlib.compress(bytes(data))).rstrip(b'=').decode()}"
+
+
+def test_a_commit_writes_no_index_blob_and_its_marker_carries_the_index(tmp_path: Path) -> None:
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path)
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, model, 0, 1000, "a")
+        checkpoint = task.commit_durably({"input": "0"})
+        idle = task.commit_durably({"input": "1"})
+    assert index_blobs(blobs) == []
+    for commit, seq in ((checkpoint, 1), (idle, 2)):
+        marker = commit.markers_for("blobsnapshot")["counts"]
+        assert marker.startswith(f"inline-index:1:{seq:012d}-")
+        index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
+        assert index.seq == seq and index.key_count == 1000 and len(index.runs) == 1
+    with pytest.raises(CorruptDataError, match="is not the index its marker designates"):
+        read_marker(blobs, marker, job="job", task="task-1", store="counts")  # another task's reader
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_a_damaged_inline_marker_is_refused_and_restore_falls_back(tmp_path: Path, fallback: bool) -> None:
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path, **{"stores.counts.backup.factories": "changelog,blobsnapshot"} if fallback else {})
+    if fallback:
+        del config["stores.counts.restore.factory"]
+        config["stores.counts.restore.factories"] = "blobsnapshot,changelog"
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        fill(task, model, 0, 1000, "a")
+        task.commit_durably({"input": "0"})
+        fill(task, model, 500, 10, "b")
+        task.commit_durably({"input": "1"})
+    rewrite_markers(blobs, "job", "task-0", lambda store, marker: _damaged(marker), seqs=lambda seq: seq == 2)
+    shutil.rmtree(tmp_path / "local")
+    if not fallback:
+        with pytest.raises(CorruptDataError, match="checksum") as excinfo:
+            TaskStorage.open(config, "task-0", blob_store=blobs)
+        assert "inline index 000000000002-" in str(excinfo.value)
+        return
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.commit_manager.backups[0].manager.context.restored_by["counts"] == "changelog"  # type: ignore[attr-defined]
+        assert contents(task) == model
+        fill(task, model, 0, 5, "c")
+        task.commit_durably({"input": "2"})  # blob-snapshot starts anew with a base run
+    shutil.rmtree(tmp_path / "local")
+    del config["stores.counts.restore.factories"]
+    config["stores.counts.restore.factory"] = "blobsnapshot"
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model
+
+
+def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swept_right(tmp_path: Path) -> None:
+    """Checkpoints of an older release (markers naming index blobs) then of this one (inline): a warm open continues
+    the chain from an index blob, every checkpoint in the log restores, an index blob is kept while a checkpoint in
+    the log names it and swept once no checkpoint in the log names it, and verify passes on both forms."""
+    blobs = MemoryBlobStore()
+    config = make_config(tmp_path, **{"task.checkpoint.retained": 3})
+    model: dict[bytes, bytes] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(3):
+            fill(task, model, round_no * 100, 300, f"old{round_no}")
+            task.commit_durably({"input": str(round_no)})
+    legacy = {markers["counts"] for markers in as_index_blob_markers(blobs, "job", "task-0").values()}
+    assert set(index_blobs(blobs)) == legacy and len(legacy) == 3
+    snapshots = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.metrics.counter("restore.stores.reused") == 1  # the index blob names the local version
+        task.checkpoint_log.retention_interval = 1
+        admin = BlobSnapshotAdmin(context=backup_manager(task).context)
+        for entry in task.checkpoint_log.entries():
+            assert admin.verify_marker("counts", entry.checkpoint.markers_for("blobsnapshot")["counts"]) == []  # type: ignore[union-attr]
+        for round_no in range(3, 5):
+            fill(task, model, round_no * 100, 300, f"new{round_no}")
+            task.commit_durably({"input": str(round_no)})
+            snapshots[round_no + 1] = dict(model)
+        _drain(task)
+        entries = task.checkpoint_log.entries()
+        named = {e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries}  # type: ignore[union-attr]
+        assert [e.seq for e in entries] == [3, 4, 5]
+        assert len(named & legacy) == 1 and set(index_blobs(blobs)) == legacy  # seq 3's is still named; the two
+        # before it this manager never held (the older open wrote them): the sweep collects them
+        backup_manager(task).sweep(now=backup_manager(task).clock() + 10 * 3600)
+        assert set(index_blobs(blobs)) == named & legacy
+        assert run_blobs(blobs) == _live_runs(blobs, task)
+        for marker in named:
+            assert admin.verify_marker("counts", marker) == []
+    for seq in (3, 5):
+        shutil.rmtree(tmp_path / "local")
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s) as task:
+            assert task.metrics.counter("restore.stores.full") == 1
+            if seq == 5:
+                assert contents(task) == snapshots[5]

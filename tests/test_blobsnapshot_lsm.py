@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from statebackend.backends.blobsnapshot.backup import COMPACTED_FILE, BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.checkpoint import CheckpointLog
 
@@ -95,7 +96,7 @@ def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
     checkpoint = task.commit_manager.last_checkpoint
     assert checkpoint is not None
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return RunIndex.decode(blobs.get(marker), name=marker)
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def write(task: TaskStorage, model: dict[bytes, bytes], items: Mapping[bytes, bytes | None]) -> None:
@@ -158,11 +159,10 @@ def test_bytes_uploaded_per_commit_follow_the_change_not_the_store(tmp_path: Pat
         task.commit_durably({"input": "1"})
         second = task.metrics.counter("commit.bytes.uploaded") - first
         index = latest_index(blobs, task)
-        marker_bytes = len(blobs.get(task.commit_manager.last_checkpoint.markers_for("blobsnapshot")["counts"]))  # type: ignore[union-attr]
     assert [run.records for run in index.runs] == [50_000, 1]
     assert run_records(blobs, index.runs[-1].hash) == [(b"key-00025000", b"changed")]
-    # the commit uploaded its one-record run and its index: nothing that grows with the store
-    assert second == index.runs[-1].size + marker_bytes
+    # the commit uploaded its one-record run (its index is inline in the marker): nothing that grows with the store
+    assert second == index.runs[-1].size
     assert index.runs[-1].size < 1024 and second < first / 50
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(make_config(tmp_path), "task-0", blob_store=blobs) as task:
@@ -362,7 +362,6 @@ def test_a_warm_open_reuses_the_local_store_without_downloading_any_run(tmp_path
         write(task, model, {f"key-{i:07d}".encode(): b"v" * 20 for i in range(20_000)})
         task.commit_durably({"input": "-1"})
         rounds(task, model, 0, 4)
-        marker = task.commit_manager.last_checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
     counting = CountingStore(inner)
     with TaskStorage.open(config, "task-0", blob_store=counting) as task:
         assert contents(task) == model
@@ -370,8 +369,8 @@ def test_a_warm_open_reuses_the_local_store_without_downloading_any_run(tmp_path
         assert task.metrics.counter("restore.bytes") == 0
         assert task.metrics.counter("restore.runs.applied") == 0
     assert counting.run_gets() == []
-    # the marker's index (read by restore, and again by the backup side to continue its chain), nothing else
-    assert {name for name in counting.gets if "/blobsnapshot/" in name} == {marker}
+    # the index is inline in the checkpoint's marker: no read of any blob of this backend
+    assert {name for name in counting.gets if "/blobsnapshot/" in name} == set()
 
 
 def test_catch_up_applies_and_downloads_only_the_missing_runs(tmp_path: Path) -> None:
@@ -454,7 +453,7 @@ def _runs_the_log_needs(blobs: MemoryBlobStore) -> set[str]:
     needed: set[str] = set()
     for entry in CheckpointLog(blobs, "job", "task-0").entries():
         marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-        needed |= RunIndex.decode(blobs.get(marker), name=marker).blob_names(PREFIX)
+        needed |= read_marker(blobs, marker, job="job", task="task-0", store="counts").blob_names(PREFIX)
     return needed
 
 

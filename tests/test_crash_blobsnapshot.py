@@ -7,7 +7,7 @@ fanout of 2 and a full compaction once the runs above the base are 3x its size, 
 and can be killed, within a few commits; no gc grace period and a sweep every 2 commits, so garbage collection runs,
 and can be killed, within a few commits). Where it dies is chosen with ``STATEBACKEND_CRASH_AT``: the one-line
 ``crashpoint(...)`` calls in backends/blobsnapshot/backup.py and statebackend/commit.py, and crash_child's blob store
-wrapper for deaths mid-write (``blobstore.put.run`` / ``blobstore.put.index`` leave half the blob in a temp file).
+wrapper for deaths mid-write (``blobstore.put.run`` leaves half the blob in a temp file).
 
 Which checkpoint is durable is read from the checkpoint log (the child cannot know whether the write it died in
 landed); the data is a function of the commit number (crash_child.expected_state), so the expected state is exact.
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import attrs
 import pytest
-from statebackend.backends.blobsnapshot.backup import read_index
-from statebackend.backends.blobsnapshot.format import index_prefix, run_name, runs_prefix
+from statebackend.backends.blobsnapshot.backup import read_marker
+from statebackend.backends.blobsnapshot.format import index_prefix, is_inline_marker, run_name, runs_prefix
 from statebackend.checkpoint import CheckpointLog, CheckpointV2, read_local_checkpoint
 
 from statebackend.blobstores.file import FileBlobStore
@@ -96,17 +96,16 @@ CRASH_POINTS: dict[str, Durable] = {
     "blobsnapshot.compaction.uploaded:1": Durable(1, 4, None),
     "blobsnapshot.compaction.written:2": Durable(2, 7, None),
     "blobsnapshot.compaction.uploaded:2": Durable(2, 7, None),
-    # commit 4's index half written as a temp file: not visible
-    "blobstore.put.index:4": exactly(3, landed=False),
-    # commit 4's index written, no checkpoint names it: an orphan index
+    # commit 4's index made (it goes into the checkpoint's marker; no index blob), no checkpoint carries it
     "blobsnapshot.upload.index_written:4": exactly(3, landed=False),
     # commit 4 durable, but its cleanup never ran
     "commit.after_checkpoint_write:4": exactly(4, landed=True),
     # the first cleanup took commit 1's index and runs as durable (bookkeeping: nothing is written), then death
     "blobsnapshot.cleanup.durable:1": Durable(1, 3, None),
-    # retention's first batch (the log's retention_interval is 2 in the child) deleted the first indexes and the
-    # runs that compaction merged away and that only they listed, in one request, then death
-    "blobsnapshot.cleanup.deleted:1": Durable(3, 5, None),
+    # retention's first batch with garbage (the log's retention_interval is 2 in the child) deleted the runs that
+    # compaction merged away and that only the indexes it let go listed, in one request, then death (with no index
+    # blob a commit, the first batch that deletes anything comes once a merged-away run falls out: commit 6 here)
+    "blobsnapshot.cleanup.deleted:1": Durable(3, 7, None),
 }
 
 BLOBSNAPSHOT = "blobsnapshot"
@@ -124,7 +123,7 @@ def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkp
 
 @pytest.mark.slow
 def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_durable_checkpoint(work: Path) -> None:
-    """A first child dies after writing commit 4's index (an orphan index and an orphan run); the next one restores
+    """A first child dies after making commit 4's index (an orphan run, no checkpoint); the next one restores
     commit 3 and dies at the first delete of its start-up sweep of that garbage."""
     _crash(work, "blobsnapshot.upload.index_written:4", exactly(3, landed=False), factories=BLOBSNAPSHOT)
     sweeping = _child(work / "run", work / "sweeping.json", 0, crash_at="blobsnapshot.sweep.deleted:1",
@@ -263,8 +262,8 @@ def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
         assert isinstance(entry.checkpoint, CheckpointV2)
         marker = entry.checkpoint.markers_for(BLOBSNAPSHOT).get(STORE)
         assert marker is not None, f"checkpoint #{entry.seq} has no blobsnapshot marker"
-        index = read_index(blob_store, marker, job="job", task=TASK, store=STORE)
-        prefix = marker.split("index/", 1)[0]
+        index = read_marker(blob_store, marker, job="job", task=TASK, store=STORE)
+        prefix = f"job/{TASK}/{STORE}/{BLOBSNAPSHOT}/"
         missing = sorted(run.hash for run in index.runs if not blob_store.exists(run_name(prefix, run.hash))
                          or blob_store.head(run_name(prefix, run.hash)).size != run.size)
         assert not missing, f"checkpoint #{entry.seq}: index {marker} lists missing runs {missing}"
@@ -279,11 +278,12 @@ def _assert_only_retained_blobs(workdir: Path) -> None:
     for entry in _checkpoint_log(workdir).entries():
         assert isinstance(entry.checkpoint, CheckpointV2)
         markers.add(entry.checkpoint.markers_for(BLOBSNAPSHOT)[STORE])
-    prefix = next(iter(markers)).split("index/", 1)[0]
+    prefix = f"job/{TASK}/{STORE}/{BLOBSNAPSHOT}/"
     indexes = set(blob_store.list(index_prefix(prefix)))
-    assert indexes == markers, f"indexes no checkpoint names: {sorted(indexes - markers)}"
+    named = {m for m in markers if not is_inline_marker(m)}  # index blobs: none since inline markers
+    assert indexes == named, f"indexes no checkpoint names: {sorted(indexes - named)}"
     referenced = {name for m in markers
-                  for name in read_index(blob_store, m, job="job", task=TASK, store=STORE).blob_names(prefix)}
+                  for name in read_marker(blob_store, m, job="job", task=TASK, store=STORE).blob_names(prefix)}
     runs = set(blob_store.list(runs_prefix(prefix)))
     assert runs == referenced, f"runs no retained index lists: {sorted(runs - referenced)}"
 

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from statebackend.backends.blobsnapshot.format import RunIndex, run_name
+from statebackend.backends.blobsnapshot.blobs import read_marker
+from statebackend.backends.blobsnapshot.format import run_name
 from statebackend.backends.blobsnapshot.state import BASE_LEVEL
 from statebackend.backends.blobsnapshot.upload import RunUpload
 from statebackend.backends.changelog.marker import Recipe
@@ -270,7 +271,7 @@ def newest_base(blobs: Any, task: TaskStorage, backend: str) -> str | None:
     if backend == "changelog":
         recipe = Recipe.decode(marker, prefix="job/task-0/counts/changelog/")
         return recipe.snapshot.name if recipe.snapshot is not None else None
-    index = RunIndex.decode(blobs.get(marker), name=marker)
+    index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
     first = index.runs[0] if index.runs else None
     return run_name("job/task-0/counts/blobsnapshot/", first.hash) if first is not None and first.base else None
 

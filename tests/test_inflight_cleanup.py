@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from statebackend.backends.blobsnapshot.format import RunIndex
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 
 from statebackend.blobstores.memory import MemoryBlobStore
@@ -70,7 +70,7 @@ def test_sweep_and_cleanup_while_a_checkpoint_write_is_in_flight_keep_everything
         assert contents(task) == model
 
 
-def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run_and_index(tmp_path: Path) -> None:
+def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run(tmp_path: Path) -> None:
     """A blob-snapshot upload writes a run no index references yet: cleanup and sweep of the store are kept out
     by the store's lock for as long as it writes (checked at every held write), and a sweep started meanwhile,
     after every grace period, leaves the upload's commit restorable."""
@@ -90,7 +90,7 @@ def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run_and_in
             if "/blobsnapshot/" not in name:
                 return False
             locked_at_writes.append(state.io_lock.locked())
-            return "/index/" in name  # hold the index: its run is written and referenced by nothing yet
+            return "/runs/" in name  # hold the run: written, and referenced by no checkpoint yet
 
         blobs.hold = hold
         for i in range(3000):  # a run of some size
@@ -101,14 +101,14 @@ def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run_and_in
         assert pending is not None
         sweeper = threading.Thread(target=manager.sweep, kwargs={"now": manager.clock() + FAR_FUTURE})
         try:
-            assert blobs.held.wait(30), "the index write never started"
+            assert blobs.held.wait(30), "the run write never started"
             sweeper.start()
         finally:
             blobs.release.set()
         sweeper.join(60)  # a hang guard, not a timing: the sweep ends once the upload released the lock
         assert not sweeper.is_alive()
         assert pending.result(timeout=30).input_offsets == {"input": "1"}
-        assert len(locked_at_writes) == 2 and all(locked_at_writes)  # the run, then the index
+        assert len(locked_at_writes) == 1 and all(locked_at_writes)  # the run (its index is inline in the marker)
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         assert contents(task) == model
@@ -169,7 +169,7 @@ def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(t
         checkpoint = task.commit_durably({"input": str(round_no)})
         assert task.metrics.counter("blobsnapshot.compaction.adopted") == 1
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    assert compacted.output.hash in RunIndex.decode(inner.get(marker), name=marker).run_hashes()
+    assert compacted.output.hash in read_marker(inner, marker, job="job", task="task-0", store="counts").run_hashes()
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         assert contents(task) == model

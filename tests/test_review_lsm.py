@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from statebackend.backends.blobsnapshot import upload as upload_module
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 
@@ -61,7 +62,7 @@ def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
     checkpoint = task.commit_manager.last_checkpoint
     assert checkpoint is not None
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return RunIndex.decode(blobs.get(marker), name=marker)
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def put_all(task: TaskStorage, model: dict[bytes, bytes], items: dict[bytes, bytes]) -> None:
@@ -264,7 +265,7 @@ def test_a_run_this_manager_uploaded_long_ago_is_refreshed_so_another_attempts_s
             manager_of(task).clock = clock
             put_all(task, model, base_keys())
             task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             put_all(task, model, {b"key-00007": b"second"})
             with pytest.raises(Exception, match="injected failure"):
                 task.commit_durably({"input": "1"})
@@ -382,7 +383,7 @@ def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> 
             manager_of(task).clock = clock
             put_all(task, model, base_keys())
             task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             put_all(task, model, {b"key-00007": b"second"})
             with pytest.raises(Exception, match="injected failure"):
                 task.commit_durably({"input": "1"})
@@ -485,7 +486,7 @@ def test_a_lost_cached_copy_of_an_old_undurable_run_costs_one_commit_not_all_lat
         state = manager_of(task)._states["counts"]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         put_all(task, model, {b"key-00007": b"second"})
         with pytest.raises(Exception, match="injected failure"):
             task.commit_durably({"input": "1"})
@@ -627,7 +628,7 @@ def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> s
     assert checkpoint is not None
     marker = checkpoint.markers_for(factory)["counts"]
     if factory == "blobsnapshot":
-        index = RunIndex.decode(blobs.get(marker), name=marker)
+        index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
         victim = run_name(PREFIX, index.runs[-1].hash)
     else:
         prefix = "job/task-0/counts/changelog/"
@@ -812,7 +813,7 @@ def test_a_run_found_present_and_young_is_still_refreshed_when_a_much_later_inde
             with pytest.raises(Exception, match="reply was lost"):
                 task.commit_durably({"input": "1"})
             clock.now += 10.0
-            blobs.fail, blobs.failures_left = (lambda name: "/index/" in name), 1
+            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             put_all(task, model, {b"key-00009": b"third"})
             with pytest.raises(Exception, match="injected failure"):
                 task.commit_durably({"input": "2"})

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
-from statebackend.backends.blobsnapshot.format import RunIndex, run_name
+from statebackend.backends.blobsnapshot.blobs import read_marker
 
 from statebackend.blobstores.azure import AzureBlobStore
 from statebackend.blobstores.base import BlobInfo, BlobStore
@@ -143,7 +143,7 @@ def test_a_run_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path, 
     assert lying.lied_about is not None  # the lie was told
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
     assert blobs.exists(lying.lied_about)  # the run it was about was written all the same
-    index = RunIndex.decode(blobs.get(marker), name=marker)
+    index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
     assert lying.lied_about in index.blob_names(RUNS.removesuffix("runs/"))
     assert blobs.head(lying.lied_about).size == index.runs[0].size
     # a new machine restores the acknowledged checkpoint straight from the blob store
@@ -154,7 +154,7 @@ def test_a_run_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path, 
 
 
 class LosingStore(LyingStore):
-    """After the first index is written, the run it names vanishes: the damage an index written before the fix above
+    """After the first checkpoint is written, the run its index names vanishes: the damage an index written before the fix above
     could carry, or a blob lost on the blob store's side."""
 
     def __init__(self, inner: BlobStore) -> None:
@@ -163,9 +163,8 @@ class LosingStore(LyingStore):
     def put(self, name: str, data: bytes, *, create_only: bool = False,
             metadata: Mapping[str, str] | None = None) -> None:
         super().put(name, data, create_only=create_only, metadata=metadata)
-        if self.lied_about is None and "/blobsnapshot/index/" in name:
-            runs = RunIndex.decode(data, name=name).runs
-            self.lied_about = run_name(RUNS.removesuffix("runs/"), runs[0].hash)
+        if self.lied_about is None and "/checkpoints/" in name:  # the first checkpoint, its index inline
+            self.lied_about = next(iter(self.inner.list(RUNS)))  # the one run it names
             self.inner.delete(self.lied_about)
 
 
@@ -189,7 +188,7 @@ def test_a_run_found_missing_by_a_sweep_makes_the_next_commit_upload_a_base_run(
         second = task.commit_durably({"input": "1"})  # cannot build on the lost run: a base run of the whole store
         assert task.metrics.counter("blobsnapshot.base.runs") == 1
     marker = second.markers_for("blobsnapshot")["counts"]
-    index = RunIndex.decode(blobs.get(marker), name=marker)
+    index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
     assert len(index.runs) == 1 and index.runs[0].base and index.runs[0].records == len(model)
     assert losing.lied_about not in index.blob_names(RUNS.removesuffix("runs/"))
     with TaskStorage.open(_config(tmp_path, "reader"), "task-0", blob_store=blobs) as restored:

@@ -4,13 +4,18 @@ the local state is wiped. The state always equals a batch count."""
 
 from __future__ import annotations
 
-import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.blobsnapshot.blobs import read_marker
+from statebackend.backends.blobsnapshot.format import RunEntry
+from statebackend.checkpoint import CheckpointV2
+from statebackend.checkpoint.serde import decode_bound_checkpoint
 
+from statebackend.blobstores.file import FileBlobStore
 from statebackend.spark import StatefulForeachBatch
 from tests.test_spark import (
     NUM_TASKS,
@@ -50,10 +55,9 @@ def test_compacting_state_stays_exact_through_replays_failures_and_wipes(spark: 
     assert (tmp_path / "marker").exists()
     assert state_of(spark, config) == batch_count(spark, list(range(8)))
     # both kinds of compaction happened while the tasks opened and closed per batch, and indexes adopted them
-    runs = [run for index in (tmp_path / "blobs").rglob("blobsnapshot/index/*.json")
-            for run in json.loads(index.read_text())["runs"]]
-    assert any(run["base"] and run["last_seq"] > 1 for run in runs), "no full compaction was adopted"
-    assert any(not run["base"] and run["level"] >= 1 for run in runs), "no merge was adopted"
+    runs = list(_runs_of_retained_indexes(FileBlobStore(str(tmp_path / "blobs"), create=False)))
+    assert any(run.base and run.last_seq > 1 for run in runs), "no full compaction was adopted"
+    assert any(not run.base and run.level >= 1 for run in runs), "no merge was adopted"
     shutil.rmtree(tmp_path / "local")
     assert run_batch(spark, job, 8) == sorted(
         (w, c) for w, c in batch_count(spark, list(range(9))).items() if w in set(_words(8)))
@@ -74,3 +78,14 @@ def _words(batch_id: int) -> list[str]:
     from tests.test_spark import batch_words
 
     return batch_words(batch_id)
+
+
+def _runs_of_retained_indexes(blobs: FileBlobStore) -> Iterator[RunEntry]:
+    """The runs every blob-snapshot index of the checkpoints still in the blob store lists (inline in markers)."""
+    for name in blobs.list(""):
+        if "/checkpoints/" not in name:
+            continue
+        checkpoint, binding = decode_bound_checkpoint(blobs.get(name), source=name)
+        assert isinstance(checkpoint, CheckpointV2) and binding is not None
+        for store, marker in checkpoint.markers_for("blobsnapshot").items():
+            yield from read_marker(blobs, marker, job=binding.job, task=binding.task, store=store).runs

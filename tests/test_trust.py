@@ -392,7 +392,7 @@ def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None
         write_round(task, 0, {})
         task.commit_durably({"input": "0"})
     for name in list(blobs.list("job/task-0/counts/")):
-        if name.endswith(".delta") or "/index/" in name or "/indexes/" in name:
+        if name.endswith(".delta") or "/runs/" in name or "/index/" in name or "/indexes/" in name:
             blobs.delete(name)
     with pytest.raises(StateBackendError, match="changelog: .*blobsnapshot: "):
         TaskStorage.open(config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0",

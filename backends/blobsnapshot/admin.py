@@ -1,5 +1,5 @@
 """Admin of the blob-snapshot backend: the blob store must exist and accept create-only writes, reads and deletes; a
-marker (an index blob's name) is described, its blobs named and verified for the ``statebackend`` command
+marker (an inline index, or an index blob's name from older releases) is described, its blobs named and verified for the ``statebackend`` command
 (``inspect``, ``verify``, ``gc``)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
-from statebackend.backends.blobsnapshot.blobs import read_index, read_run, verify_env_base_run
-from statebackend.backends.blobsnapshot.format import RunIndex, chain_problem, run_name
+from statebackend.backends.blobsnapshot.blobs import read_marker, read_run, verify_env_base_run
+from statebackend.backends.blobsnapshot.format import RunIndex, chain_problem, is_inline_marker, marker_label, run_name
 
 from statebackend.blobstores.admin import BlobStoreBackendAdmin
 from statebackend.contracts import BackendContext, StateBackendAdmin
@@ -41,27 +41,31 @@ class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
                 missing += 1
             runs.append({"blob": name, "bytes": size, "level": "base" if run.base else run.level,
                          "first_seq": run.first_seq, "last_seq": run.last_seq, "records": run.records})
-        index_bytes = blob_store.head(marker).size
+        inline = is_inline_marker(marker)
+        index_bytes = 0 if inline else blob_store.head(marker).size
         return {
             "kind": "blobsnapshot index",
-            "index": marker,
+            "index": marker_label(marker),
+            "inline": inline,
+            "marker_bytes": len(marker.encode()),
             "seq": index.seq,
             "checkpoint_id": index.checkpoint_id,
             "keys": index.key_count,
             "runs": len(index.runs),
-            "blobs": len(index.runs) + 1,
+            "blobs": len(index.runs) + (0 if inline else 1),
             "missing": missing,
             "bytes": total + index_bytes,
             "run_list": runs,
         }
 
     def referenced_blobs(self, store: str, marker: str) -> set[str]:
-        """The index blob and every run it lists."""
+        """Every run the index lists, and the index blob when the marker names one (an older release's)."""
         index = self._index(store, marker)
-        return {marker, *index.blob_names(self.context.blob_prefix(store))}
+        runs = index.blob_names(self.context.blob_prefix(store))
+        return runs if is_inline_marker(marker) else {marker, *runs}
 
     def verify_marker(self, store: str, marker: str) -> list[str]:
-        """The index (checksum, binding to its name, chain shape) and every run it lists, downloaded and checked as
+        """The index (checksum, binding to its marker, chain shape) and every run it lists, downloaded and checked as
         restore checks them (size, content hash, header lineage, digest, record order and count). Nothing is
         applied or written."""
         try:
@@ -69,28 +73,29 @@ class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         except StateBackendError as exc:
             return [str(exc)]
         problems = []
+        label = marker_label(marker)
         shape = chain_problem(index.runs, index.seq)
         if shape is not None:
-            problems.append(f"index blob {marker}: {shape}")
+            problems.append(f"index {label}: {shape}")
         context = self.context
         prefix = context.blob_prefix(store)
         for run in index.runs:
             name = run_name(prefix, run.hash)
             try:
-                count = verify_env_base_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                count = verify_env_base_run(context.blob_store, prefix, run, index=label, job=context.job_name,
                                             task=context.task_name, store=store)
                 if count is None:
-                    data = read_run(context.blob_store, prefix, run, index=marker, job=context.job_name,
+                    data = read_run(context.blob_store, prefix, run, index=label, job=context.job_name,
                                     task=context.task_name, store=store)
                     count = sum(1 for _ in iter_records(data, name=name, verified=True))
             except StateBackendError as exc:
                 problems.append(f"store {store}: {exc}")
                 continue
             if count != run.records:
-                problems.append(f"store {store}: run {name} holds {count} records where index {marker} lists "
+                problems.append(f"store {store}: run {name} holds {count} records where index {label} lists "
                                 f"{run.records}")
         return problems
 
     def _index(self, store: str, marker: str) -> RunIndex:
         context = self.context
-        return read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)
+        return read_marker(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)

@@ -3,13 +3,14 @@
 Per commit and store:
 
 - ``snapshot()`` (task thread, O(1)): takes the commit's change set and a future read view on exactly the version
-  the commit flushed (opened by the store's applier; nothing is copied or hashed here), and names the index this
-  commit will write.
+  the commit flushed (opened by the store's applier; nothing is copied or hashed here), and a preliminary marker
+  (the index blob name of older releases: the key of the prepared upload).
 - ``upload()`` (commit pool): encodes the change set into one run (a sorted record file of kind ``run``: puts and
   tombstones in key order, zstd, lineage in its header, checksum in its footer), names it by the blake2b-256 of its
   bytes, uploads it unless the blob store already holds exactly those bytes, adopts a finished compaction, then
-  writes the index (the live runs, oldest first) create-only. The marker is the index's name. Cost and bytes follow
-  the change. When this backend has no chain for the store's data (the first commit after a migration, a fallback
+  makes the index (the live runs, oldest first) and returns it as the marker itself (``inline-index:1:...``): the
+  checkpoint, written create-only and fenced by the framework, carries it, so no index blob is written and a commit
+  that changed nothing writes no blob at all. Cost and bytes follow the change. When this backend has no chain for the store's data (the first commit after a migration, a fallback
   restore from another backend, a broken chain), the upload writes a *base run* of the whole store instead, once.
 - ``cleanup()`` (commit pool, after the checkpoint is durable): the indexes that fell out of the last
   ``task.checkpoint.retained`` and the runs only they referenced become garbage, deleted in one request when the
@@ -48,9 +49,18 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import attrs
-from statebackend.backends.blobsnapshot.blobs import read_index, read_run
+from statebackend.backends.blobsnapshot.blobs import read_index, read_marker, read_run
 from statebackend.backends.blobsnapshot.compaction import Compaction
-from statebackend.backends.blobsnapshot.format import RunIndex, parse_index_name, replace_runs, run_name
+from statebackend.backends.blobsnapshot.format import (
+    RunIndex,
+    inline_marker,
+    is_inline_marker,
+    marker_label,
+    marker_seq,
+    parse_index_name,
+    replace_runs,
+    run_name,
+)
 from statebackend.backends.blobsnapshot.format import index_name as make_index_name
 from statebackend.backends.blobsnapshot.gc import BlobSnapshotGc, SweepReport
 from statebackend.backends.blobsnapshot.state import (
@@ -79,6 +89,7 @@ __all__ = [
     "BlobSnapshotBackupManager",
     "SweepReport",
     "read_index",
+    "read_marker",
     "read_run",
 ]
 
@@ -106,8 +117,7 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
                                 cache=cache)
             marker = markers.get(name)
             if marker is not None:
-                parsed = parse_index_name(marker)
-                state.seq = parsed[0] if parsed is not None else 0
+                state.seq = marker_seq(marker) or 0
                 self._adopt_restored_index(state, marker)
             elif store.version is None and store.count() == 0:
                 state.needs_base = False  # an empty store: the chain starts empty
@@ -202,7 +212,7 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             # this backend's restore failed (a run may be missing or damaged), or the store holds other data: the
             # chain must not be continued
             log.warning("store %s: the local data is not this backend's index %s (restored by %s); the next commit "
-                        "uploads a base run", state.name, marker, context.restored_by.get(state.name),
+                        "uploads a base run", state.name, marker_label(marker), context.restored_by.get(state.name),
                         extra=self._extra(state.name))
             context.metrics.increment("blobsnapshot.rebase.after.fallback")
             return
@@ -214,7 +224,7 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             lost = self._runs_not_whole(state, index)
             if lost:
                 log.warning("store %s: run %s of index %s (and %d more) is missing or cut; restored by %s, the next "
-                            "commit uploads a base run", state.name, lost[0], marker, len(lost) - 1, restorer,
+                            "commit uploads a base run", state.name, lost[0], marker_label(marker), len(lost) - 1, restorer,
                             extra=self._extra(state.name))
                 context.metrics.increment("blobsnapshot.rebase.after.fallback")
                 return
@@ -300,14 +310,15 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         handed_over = False
         try:
             with state.io_lock:
-                handed_over = self._upload_prepared(state, marker, prepared, view)
+                handed_over, final = self._upload_prepared(state, prepared, view)
         finally:
             if not handed_over:
                 view.close()
-        return marker
+        return final
 
-    def _upload_prepared(self, state: StoreState, marker: str, prepared: Prepared, view: ReadView) -> bool:
-        """Write this commit's run and index; returns whether ``view`` was handed to a full compaction."""
+    def _upload_prepared(self, state: StoreState, prepared: Prepared, view: ReadView) -> tuple[bool, str]:
+        """Write this commit's run and make its index; returns whether ``view`` was handed to a full compaction, and
+        the marker, which carries the index (the checkpoint records it: no index blob is written)."""
         context = self.context
         with IN_FLIGHT.hold([state.staging, state.cache]):
             covered = False  # whether the chain holds this commit's change (as a run, in a base run, or: none)
@@ -340,13 +351,21 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             index = RunIndex(
                 job=context.job_name, task=context.task_name, store=state.name,
                 checkpoint_id=prepared.version.checkpoint_id, token=prepared.version.token, seq=prepared.seq,
-                runs=runs, key_count=view.count, previous_index=state.previous_name,
+                runs=runs, key_count=view.count,
+                previous_index=None if state.previous_name is None else _previous_label(state.previous_name),
             )
-            self._put_index(marker, index)
+            marker = inline_marker(index)
+            context.metrics.increment("blobsnapshot.indexes.uploaded")  # inline: it goes up with the checkpoint
             crashpoint("blobsnapshot.upload.index_written")
             state.runs = list(runs)
             state.previous, state.previous_name = index, marker
             state.pending[marker] = index
             self._drop_stale_cache(state)
             context.metrics.record("blobsnapshot.runs.live", len(runs))
-            return self._maybe_compact(state, view)
+            return self._maybe_compact(state, view), marker
+
+
+def _previous_label(marker: str) -> str:
+    """What an index records as its ``previous_index``: the previous index blob's name, or ``<seq:012d>-<token>`` of
+    an inline previous index (a marker cannot hold another)."""
+    return marker_label(marker).removeprefix("inline index ") if is_inline_marker(marker) else marker

@@ -1,5 +1,6 @@
-"""Reading the blob-snapshot backend's blobs back, verified: an index (intact, and bound to its name) and a run
-(its size, content hash and lineage), as restore, the backup manager, compaction and the admin all read them."""
+"""Reading the blob-snapshot backend's blobs back, verified: a marker's index (inline in the marker, or an index blob
+of older releases; intact, and bound to its marker) and a run (its size, content hash and lineage), as restore, the
+backup manager, compaction and the admin all read them."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from statebackend.backends.blobsnapshot.format import (
     check_index_binding,
     check_run_binding,
     content_hash,
+    decode_inline_marker,
+    is_inline_marker,
     new_hasher,
     run_name,
 )
@@ -23,7 +26,17 @@ from statebackend.recordfile import check_digest
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
 
-__all__ = ["read_index", "read_run", "verify_env_base_run"]
+__all__ = ["read_index", "read_marker", "read_run", "verify_env_base_run"]
+
+
+def read_marker(blob_store: BlobStore, marker: str, *, job: str, task: str, store: str) -> RunIndex:
+    """The verified index a checkpoint's marker names, of either form: decoded from the marker itself (no request)
+    when it is inline, else read from the index blob it names (:func:`read_index`). The one way every reader (restore,
+    backup init, cleanup, sweep, admin) gets an index from a marker. :class:`CorruptDataError` /
+    :class:`NotFoundError` name the marker."""
+    if is_inline_marker(marker):
+        return decode_inline_marker(marker, job=job, task=task, store=store)
+    return read_index(blob_store, marker, job=job, task=task, store=store)
 
 
 def read_index(blob_store: BlobStore, name: str, *, job: str, task: str, store: str) -> RunIndex:

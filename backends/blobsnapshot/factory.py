@@ -16,8 +16,8 @@ __all__ = ["BlobSnapshotStateBackendFactory"]
 
 
 class BlobSnapshotStateBackendFactory(StateBackendFactory):
-    """An LSM tree on the blob store: one immutable sorted run per commit, merged in the background, and an index blob
-    per commit listing the live runs."""
+    """An LSM tree on the blob store: one immutable sorted run per commit, merged in the background, and an index per
+    commit listing the live runs, carried inline by the checkpoint's marker."""
 
     options: Mapping[str, Any] = {
         "compaction.fanout": OptionSpec(

@@ -1,11 +1,12 @@
-"""The blob-snapshot formats: blob names, run entries and the index blob (schema version 2).
+"""The blob-snapshot formats: blob names, run entries, the index (schema version 2) and the marker that carries it.
 
-A store's remote snapshot is a set of immutable sorted runs (an LSM tree on the blob store); the index blob lists the
-live runs and is the marker written into checkpoints. Layout under ``<job>/<task>/<store>/blobsnapshot/``::
+A store's remote snapshot is a set of immutable sorted runs (an LSM tree on the blob store); the index lists the
+live runs and travels inside the marker written into checkpoints (an index blob, for markers of older releases). Layout under ``<job>/<task>/<store>/blobsnapshot/``::
 
     runs/<hash>                        one run: a sorted record file (statebackend.recordfile, kind "run");
                                        the name IS the blake2b-256 of its bytes
-    index/<seq:012d>-<token>.json      one index per commit; the marker is its name
+    index/<seq:012d>-<token>.json      the index of a commit, written by releases before inline markers; the
+                                       marker was its name (still read, kept while a checkpoint names it)
 
 A run holds the records of versions ``first_seq .. last_seq`` of the store in key order (puts, and tombstones for
 deleted keys), newest value per key; a *base* run holds the whole store at ``last_seq`` (``first_seq == 1``, no
@@ -13,7 +14,7 @@ tombstones). The runs of an index, oldest first, are contiguous: the first start
 each next one starts right after the one before; applying them in order gives the store at the index's version
 (the last run may end before the index's ``seq``: commits that changed nothing add no run).
 
-Index blob: UTF-8 JSON, one object, keys sorted::
+Index (an inline marker's payload once inflated, or an index blob's bytes): UTF-8 JSON, one object, keys sorted::
 
     {"schema": "statebackend.blobsnapshot.index", "schema_version": 2,
      "job": ..., "task": ..., "store": ..., "checkpoint_id": "<millis>-<nanos>", "token": "<flush token>", "seq": n,
@@ -23,8 +24,18 @@ Index blob: UTF-8 JSON, one object, keys sorted::
      "previous_index": "<name>" | null,
      "checksum": "<blake2b-256 hex of the canonical body without this key>"}
 
+Marker: the checkpoint's marker carries the index itself (no index blob is written), in the versioned form::
+
+    inline-index:1:<seq:012d>-<token>:<base64url, unpadded, of the zlib-compressed canonical index JSON>
+
+(:func:`inline_marker`, :func:`decode_inline_marker`). A marker of releases before it is the index blob's name; a
+reader tells the two apart by the prefix (:func:`is_inline_marker`): a blob name starts with the job name and ends in
+``.json``, an inline marker holds neither ``/`` nor ``.``. For an inline index, ``previous_index`` is the previous
+marker's label (its blob name, or ``<seq:012d>-<token>`` of an inline one).
+
 Binding: the checksum proves an index intact; :func:`check_index_binding` proves it is the index its name designates
-(the body's ``(job, task, store, seq, token)`` against the name and the reader). A run is bound by its name (the hash
+(the body's ``(job, task, store, seq, token)`` against the name, or the inline marker's ``<seq>-<token>``, and the
+reader). A run is bound by its name (the hash
 of its bytes, checked with its size on every read) and its header's lineage (job, task, store, ``first_seq - 1``,
 ``last_seq``, checkpoint id and token) is checked against the index's entry (:func:`check_run_binding`).
 
@@ -34,9 +45,11 @@ Schema version 1 (whole-environment copies cut into chunks, written by releases 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -56,9 +69,14 @@ __all__ = [
     "check_index_binding",
     "check_run_binding",
     "content_hash",
+    "decode_inline_marker",
     "index_name",
     "index_prefix",
+    "inline_marker",
+    "is_inline_marker",
     "legacy_chunks_prefix",
+    "marker_label",
+    "marker_seq",
     "new_hasher",
     "parse_index_name",
     "replace_runs",
@@ -71,6 +89,12 @@ SCHEMA_VERSION = 2
 HASH_ALGORITHM = "blake2b-256"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _INDEX_NAME = re.compile(r"^(\d{12})-([A-Za-z0-9_-]+)\.json$")
+#: the versioned prefix of a marker that carries its index (version 1 of that form: zlib, base64url)
+INLINE_MARKER_PREFIX = "inline-index:1:"
+_INLINE_MARKER = re.compile(r"^inline-index:1:(\d{12})-([A-Za-z0-9_-]+):([A-Za-z0-9_-]+)$")
+#: the most bytes an inline marker's index may inflate to (a damaged or forged marker cannot exhaust memory); an
+#: index of 10,000 runs takes about 2.5 MB
+MAX_INLINE_INDEX_BYTES = 16 << 20
 
 MIGRATION_V1 = (
     "schema version 1 (whole-environment chunks) is no longer read: restore the store from another backend's marker "
@@ -119,24 +143,86 @@ def parse_index_name(name: str) -> tuple[int, str] | None:
     return (int(match.group(1)), match.group(2)) if match else None
 
 
+def is_inline_marker(marker: str) -> bool:
+    """Whether ``marker`` is of the inline form (carries its index) rather than an index blob's name."""
+    return marker.startswith(INLINE_MARKER_PREFIX)
+
+
+def marker_seq(marker: str) -> int | None:
+    """The ``seq`` a marker of either form names, or ``None`` when it is neither (read without decoding)."""
+    parsed = _parse_marker(marker)
+    return parsed[0] if parsed is not None else None
+
+
+def marker_label(marker: str) -> str:
+    """How messages name a marker: the index blob's name, or ``inline index <seq:012d>-<token>``."""
+    if is_inline_marker(marker):
+        parsed = _parse_marker(marker)
+        return f"inline index {parsed[0]:012d}-{parsed[1]}" if parsed is not None else "inline index (malformed)"
+    return marker
+
+
+def inline_marker(index: RunIndex) -> str:
+    """The marker that carries ``index``: its canonical JSON (checksum included), zlib-compressed, base64url."""
+    payload = base64.urlsafe_b64encode(zlib.compress(index.encode(), 9)).rstrip(b"=").decode("ascii")
+    return f"{INLINE_MARKER_PREFIX}{index.seq:012d}-{index.token}:{payload}"
+
+
+def decode_inline_marker(marker: str, *, job: str, task: str, store: str) -> RunIndex:
+    """Decode and verify an inline marker: intact (the index's checksum) and bound to the marker's ``seq``/``token``
+    and the reader's ``job``/``task``/``store`` (:func:`check_index_binding`). :class:`CorruptDataError` otherwise."""
+    label = marker_label(marker)
+    match = _INLINE_MARKER.match(marker)
+    if match is None:
+        raise CorruptDataError(
+            f"{label}: the checkpoint's blobsnapshot marker is not of the form {INLINE_MARKER_PREFIX}<seq:012d>-"
+            f"<token>:<payload>; it is damaged: restore an older checkpoint or from another backend's marker"
+        )
+    payload = match.group(3)
+    try:
+        compressed = base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        inflater = zlib.decompressobj()
+        data = inflater.decompress(compressed, MAX_INLINE_INDEX_BYTES)
+        if inflater.unconsumed_tail or not inflater.eof:
+            raise CorruptDataError(
+                f"{label}: the index is cut or inflates past {MAX_INLINE_INDEX_BYTES} bytes; the marker is damaged: "
+                f"restore an older checkpoint or from another backend's marker"
+            )
+    except (ValueError, zlib.error) as exc:
+        raise CorruptDataError(f"{label}: the marker's index does not decode ({exc}); the marker is damaged: "
+                               f"restore an older checkpoint or from another backend's marker") from exc
+    index = RunIndex.decode(data, name=label)
+    check_index_binding(index, name=marker, job=job, task=task, store=store)
+    return index
+
+
 def check_index_binding(index: RunIndex, *, name: str, job: str, task: str, store: str) -> None:
-    """Raise :class:`CorruptDataError` unless ``index`` is the index blob ``name`` designates for ``job``/``task``/
-    ``store``: the same ``(job, task, store)`` and the ``(seq, token)`` its name holds."""
-    parsed = parse_index_name(name)
+    """Raise :class:`CorruptDataError` unless ``index`` is the index marker ``name`` designates for ``job``/``task``/
+    ``store``: the same ``(job, task, store)`` and the ``(seq, token)`` the marker holds (an index blob's name, or
+    the ``<seq>-<token>`` of an inline marker)."""
+    parsed = _parse_marker(name)
+    label = marker_label(name)
     if parsed is None:
         raise CorruptDataError(
-            f"index blob {name} does not have an index name (<seq:012d>-<token>.json); the checkpoint's marker is "
+            f"index marker {label} is not an index name (<seq:012d>-<token>.json); the checkpoint's marker is "
             f"damaged: restore an older checkpoint or from another backend's marker"
         )
     expected = (job, task, store, parsed[0], parsed[1])
     found = (index.job, index.task, index.store, index.seq, index.token)
     if expected != found:
         raise CorruptDataError(
-            f"index blob {name} is intact but is not the index its name designates: expected (job, task, store, seq, "
+            f"index {label} is intact but is not the index its marker designates: expected (job, task, store, seq, "
             f"token)={expected}, found {found}; another index (an older one of this store, or another task's or "
             f"store's) was written over it. Nothing was loaded: restore an older checkpoint or from another "
             f"backend's marker"
         )
+
+
+def _parse_marker(marker: str) -> tuple[int, str] | None:
+    if is_inline_marker(marker):
+        match = _INLINE_MARKER.match(marker)
+        return (int(match.group(1)), match.group(2)) if match else None
+    return parse_index_name(marker)
 
 
 def check_run_binding(header: FileHeader, entry: RunEntry, *, name: str, index: str, job: str, task: str,
@@ -232,26 +318,28 @@ class RunIndex:
 
     @classmethod
     def decode(cls, data: bytes, *, name: str) -> RunIndex:
-        """Parse and verify an index blob; errors name ``name``."""
+        """Parse and verify an index (a blob's bytes, or an inline marker's); errors name ``name`` (the blob's name
+        or the marker's label)."""
+        what = name if name.startswith("inline index") else f"index blob {name}"
         try:
             document = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptDataError(f"index blob {name} is not valid JSON ({exc}); it is damaged or not an index")
+            raise CorruptDataError(f"{what} is not valid JSON ({exc}); it is damaged or not an index")
         if not isinstance(document, dict):
-            raise CorruptDataError(f"index blob {name} is not a JSON object")
+            raise CorruptDataError(f"{what} is not a JSON object")
         if document.get("schema") != SCHEMA:
-            raise CorruptDataError(f"index blob {name} has schema {document.get('schema')!r}, expected {SCHEMA!r}")
+            raise CorruptDataError(f"{what} has schema {document.get('schema')!r}, expected {SCHEMA!r}")
         version = document.get("schema_version")
         if version == 1:
-            raise IncompatibleFormatError(f"index blob {name}: {MIGRATION_V1}")
+            raise IncompatibleFormatError(f"{what}: {MIGRATION_V1}")
         if version != SCHEMA_VERSION:
             raise IncompatibleFormatError(
-                f"index blob {name} has schema_version {version!r}; this release reads {SCHEMA_VERSION}: upgrade "
+                f"{what} has schema_version {version!r}; this release reads {SCHEMA_VERSION}: upgrade "
                 f"statebackend to restore it"
             )
         checksum = document.pop("checksum", None)
         if checksum != _checksum(document):
-            raise CorruptDataError(f"index blob {name} failed its checksum; it was damaged after it was written")
+            raise CorruptDataError(f"{what} failed its checksum; it was damaged after it was written")
         try:
             index = cls(
                 job=_text(document["job"]),
@@ -266,14 +354,14 @@ class RunIndex:
                 hash_algorithm=_text(document["hash_algorithm"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CorruptDataError(f"index blob {name} is missing or has a malformed field: {exc!r}") from exc
+            raise CorruptDataError(f"{what} is missing or has a malformed field: {exc!r}") from exc
         if index.hash_algorithm != HASH_ALGORITHM:
             raise IncompatibleFormatError(
-                f"index blob {name} uses hash {index.hash_algorithm!r}; this release knows {HASH_ALGORITHM!r}"
+                f"{what} uses hash {index.hash_algorithm!r}; this release knows {HASH_ALGORITHM!r}"
             )
         problem = chain_problem(index.runs, index.seq)
         if problem is not None:
-            raise CorruptDataError(f"index blob {name}: {problem}")
+            raise CorruptDataError(f"{what}: {problem}")
         return index
 
     def _body(self) -> dict[str, Any]:

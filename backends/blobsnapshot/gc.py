@@ -4,17 +4,19 @@ retention cannot see.
 - **Retention** (``cleanup()``, after a checkpoint is durable): the index and its runs count as durable (bookkeeping
   only: their ``expires_at`` stays, since no sweep deletes a blob a retained checkpoint names, and rewriting the
   metadata cost a COPY per blob per commit), the index joins the window of the last ``task.checkpoint.retained``
-  durable ones, and the indexes that fall out of it and the runs only they referenced become garbage, deleted with
-  one ``delete_many`` when the checkpoint log lets its old checkpoints go (``CheckpointLog.trims``: every
-  ``retention_interval`` commits, and at close), so no checkpoint the log still holds loses a blob. What is live
-  again by then (a run a new index names) is kept.
+  durable ones, and the runs only the indexes that fall out of it referenced (and their index blobs, for markers of
+  older releases; an inline index goes with its checkpoint) become garbage, deleted with one ``delete_many`` when
+  the checkpoint log lets its old checkpoints go (``CheckpointLog.trims``: every ``retention_interval`` commits, and
+  at close), so no checkpoint the log still holds loses a blob. What is live again by then (a run a new index names)
+  is kept.
 - **Mark-and-sweep** (:meth:`BlobSnapshotGc.sweep`, every ``gc.interval.commits`` commits and at init with
-  ``gc.on.init``): the mark is every index a checkpoint in the checkpoint log names plus the ones this manager holds,
-  and every run they, the chain and a running compaction reference; the sweep deletes unmarked indexes, runs and
-  schema-1 chunks that are already expired (``expires_at``) or old enough by the age rule of
-  :mod:`statebackend.kit.gc`, and stops a quarter of the grace period after its mark. When a live index cannot be
-  read, no run is deleted. Its listing of the runs also checks the chain: a run of the chain the blob store no longer
-  holds (lost on its side) makes the next commit upload a base run.
+  ``gc.on.init``): the mark is every index a checkpoint in the checkpoint log carries (inline in its marker) or
+  names (an index blob, written by older releases) plus the ones this manager holds, and every run they, the chain
+  and a running compaction reference; the sweep deletes unmarked index blobs, runs and schema-1 chunks that are
+  already expired (``expires_at``) or old enough by the age rule of :mod:`statebackend.kit.gc`, and stops a quarter
+  of the grace period after its mark. When a live index cannot be read, no run is deleted. Its listing of the runs
+  also checks the chain: a run of the chain the blob store no longer holds (lost on its side) makes the next commit
+  upload a base run.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import attrs
 from statebackend.backends.blobsnapshot.format import (
     RunIndex,
     index_prefix,
+    is_inline_marker,
     legacy_chunks_prefix,
-    parse_index_name,
+    marker_label,
+    marker_seq,
     run_name,
     runs_prefix,
 )
@@ -81,8 +85,7 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                     self._delete_garbage(state)
                 # by the checkpoint's sequence number, not by cleanups in this process: a job that opens its task
                 # for each batch (the Spark driver) sweeps every gc.interval.commits commits all the same
-                parsed = parse_index_name(marker)
-                seq = parsed[0] if parsed is not None else state.cleanups
+                seq = marker_seq(marker) or state.cleanups
                 if self.gc_interval_commits and seq % self.gc_interval_commits == 0:
                     self._sweep_store(state, self.clock())
 
@@ -94,7 +97,7 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                 index = self._read_index(marker, state.name)
             except NotFoundError:
                 # a late cleanup of a checkpoint that already fell out of retention: nothing left to do
-                log.debug("store %s: cleanup of %s found it gone already", state.name, marker,
+                log.debug("store %s: cleanup of %s found it gone already", state.name, marker_label(marker),
                           extra=self._extra(state.name))
                 return
         self._make_durable(state, index)
@@ -109,8 +112,9 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         while len(state.retained) > max(1, self.retained):
             dropped.append(state.retained.popleft())
         for name, dropped_index in dropped:
-            state.garbage.add(name)
-            state.released[name] = dropped_index
+            if not is_inline_marker(name):  # an index blob of an older release; an inline index goes with its checkpoint
+                state.garbage.add(name)
+                state.released[name] = dropped_index
             state.garbage.update(run_name(state.prefix, digest) for digest in dropped_index.run_hashes())
 
     def _delete_garbage(self, state: StoreState) -> None:
@@ -155,13 +159,14 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             index = state.pending.pop(marker)
             if marker in in_log:
                 log.info("store %s: index %s belongs to a checkpoint that landed although its write was reported "
-                         "failed; kept as durable", state.name, marker, extra=self._extra(state.name))
+                         "failed; kept as durable", state.name, marker_label(marker), extra=self._extra(state.name))
                 self._make_durable(state, index)
                 state.retained.append((marker, index))
                 self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
             else:
                 log.debug("store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
-                          "it after the grace period", state.name, marker, extra=self._extra(state.name))
+                          "its runs after the grace period", state.name, marker_label(marker),
+                          extra=self._extra(state.name))
 
     def _make_durable(self, state: StoreState, index: RunIndex) -> None:
         """A durable checkpoint names ``index``: its runs may be named again by any later index whatever their age
@@ -177,7 +182,7 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         own = {run_name(state.prefix, run.hash) for run in (*state.runs, *state.compaction_inputs)}
         if state.compaction_output is not None:
             own.add(run_name(state.prefix, state.compaction_output))
-        kept_seqs = [parsed[0] for m, _ in state.retained if (parsed := parse_index_name(m)) is not None]
+        kept_seqs = [seq for m, _ in state.retained if (seq := marker_seq(m)) is not None]
         oldest_kept = min(kept_seqs) if kept_seqs else None
 
         def runs_named_by(marker: str) -> set[str] | None:
@@ -187,23 +192,24 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                 try:
                     index = self._read_index(marker, state.name)
                 except NotFoundError:
-                    parsed = parse_index_name(marker)
-                    if oldest_kept is not None and parsed is not None and parsed[0] < oldest_kept:
+                    seq = marker_seq(marker)
+                    if oldest_kept is not None and seq is not None and seq < oldest_kept:
                         # deleted by this manager's retention while the checkpoint log still lists it (the log is
                         # trimmed concurrently): no longer live, its runs were released with it
                         return set()
                     log.warning("store %s: sweep cannot find live index %s; runs are left alone", state.name,
-                                marker, extra=self._extra(state.name))
+                                marker_label(marker), extra=self._extra(state.name))
                     return None
                 except (CorruptDataError, IncompatibleFormatError) as exc:
                     # its runs (or chunks) are unknown: deleting "unreferenced" ones could hurt it
                     log.warning("store %s: sweep cannot read live index %s (%s); runs are left alone",
-                                state.name, marker, exc, extra=self._extra(state.name))
+                                state.name, marker_label(marker), exc, extra=self._extra(state.name))
                     return None
             return index.blob_names(state.prefix)
 
         runs = mark_referenced(list(live), runs_named_by, at=marked_at, also=own)
-        indexes = Mark(frozenset(live), at=marked_at)
+        # the index blobs live markers name (older releases'); an inline marker is no blob
+        indexes = Mark(frozenset(m for m in live if not is_inline_marker(m)), at=marked_at)
 
         def index_deleted(name: str) -> None:
             crashpoint("blobsnapshot.sweep.deleted")

@@ -1,12 +1,13 @@
 """Restore side of the blob-snapshot backend.
 
-For each store, the marker names an index: the live runs, oldest first, from the empty store to the index's version.
-Restore reads and verifies the index (checksum, binding to its name), then does the least work the local store's
+For each store, the marker carries an index (or, written by older releases, names an index blob): the live runs,
+oldest first, from the empty store to the index's version. Restore decodes or reads and verifies the index
+(checksum, binding to its marker), then does the least work the local store's
 version allows (its LMDB meta holds the version of the last flush: a checkpoint id plus a random token, written in
 the same transaction as the data):
 
-- **reuse** when the local version is the index's: nothing is read, copied or hashed (a warm open costs the index
-  read, whatever the state size);
+- **reuse** when the local version is the index's: nothing is read, copied or hashed (a warm open costs nothing
+  here, or the index blob's read for an older marker, whatever the state size);
 - **catch-up** when the local version is the version a run of the index ends at (the store is an older version of
   this chain): only the runs after it are applied;
 - **full** otherwise: every run is downloaded in parallel on a private pool (never the shared commit pool), each
@@ -33,12 +34,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import attrs
-from statebackend.backends.blobsnapshot.blobs import read_index, read_run
+from statebackend.backends.blobsnapshot.blobs import read_marker, read_run
 from statebackend.backends.blobsnapshot.format import (
     RunEntry,
     RunIndex,
     check_run_binding,
     index_prefix,
+    is_inline_marker,
+    marker_label,
     new_hasher,
     run_name,
 )
@@ -105,14 +108,15 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         metrics = context.metrics
         remove_abandoned(Path(store.path))  # what a restore killed mid-way left, whatever this one does next
         prefix = context.blob_prefix(name)
-        if not marker.startswith(index_prefix(prefix)):
+        if not is_inline_marker(marker) and not marker.startswith(index_prefix(prefix)):
             raise CorruptDataError(
-                f"store {name}: the checkpoint's blobsnapshot marker {marker!r} is not an index blob of this store "
-                f"(expected under {index_prefix(prefix)}); restore an older checkpoint or from another backend's "
-                f"marker"
+                f"store {name}: the checkpoint's blobsnapshot marker {marker!r} is neither an inline index nor an "
+                f"index blob of this store (expected under {index_prefix(prefix)}); restore an older checkpoint or "
+                f"from another backend's marker"
             )
-        # intact and bound to its name: (job, task, store, seq, token), so no other index can stand in for it
-        index = read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=name)
+        # intact and bound to its marker: (job, task, store, seq, token), so no other index can stand in for it
+        index = read_marker(context.blob_store, marker, job=context.job_name, task=context.task_name, store=name)
+        marker = marker_label(marker)  # from here on, only messages name it
         local = store.version
         if local == index.version:
             metrics.increment("restore.stores.reused")

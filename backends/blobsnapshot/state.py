@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from statebackend.backends.blobsnapshot.blobs import read_index
+from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex
 from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
@@ -105,16 +105,17 @@ class StoreState:
     compaction: Future[Compacted | None] | None = None
     compaction_inputs: tuple[RunEntry, ...] = ()
     compaction_output: str | None = None
-    #: the last index written: the previous index of the next one
+    #: the last index made (its marker): the previous index of the next one
     previous: RunIndex | None = None
     previous_name: str | None = None
-    #: indexes written whose checkpoint is not (yet) known durable
+    #: indexes made whose checkpoint is not (yet) known durable; here and below, keyed by marker (inline, or the name
+    #: of an index blob of an older release)
     pending: dict[str, RunIndex] = attrs.field(factory=dict)
     #: durable indexes, oldest first, at most ``retained``
     retained: deque[tuple[str, RunIndex]] = attrs.field(factory=deque)
-    #: indexes and runs retention let go, deleted with the checkpoint log's next trim (unless live again by then)
+    #: index blobs and runs retention let go, deleted with the checkpoint log's next trim (unless live again by then)
     garbage: set[str] = attrs.field(factory=set)
-    #: the indexes of ``garbage``: the checkpoint log may still hold their checkpoints, which a sweep then marks
+    #: the index blobs of ``garbage``: the checkpoint log may still hold their checkpoints, which a sweep then marks
     released: dict[str, RunIndex] = attrs.field(factory=dict)
     cleanups: int = 0
     last_durable_seq: int = 0
@@ -177,7 +178,8 @@ class BlobSnapshotManagerState:
         return self.context.checkpoint_log
 
     def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
-        """Index names that a checkpoint still in the checkpoint log needs: never garbage, whatever their age."""
+        """Markers of the checkpoints still in the checkpoint log (inline ones, and index blob names, which are never
+        garbage whatever their age)."""
         names = set()
         for entry in self._checkpoint_log().entries(cached=True):  # its own checkpoints are not read back
             if isinstance(entry.checkpoint, CheckpointV2):
@@ -188,7 +190,7 @@ class BlobSnapshotManagerState:
 
     def _read_index(self, marker: str, store: str) -> RunIndex:
         context = self.context
-        return read_index(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)
+        return read_marker(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)
 
     def _new_metadata(self, now: float) -> dict[str, str] | None:
         if not self.context.blob_store.supports_metadata:

@@ -1,6 +1,6 @@
-"""Writing and uploading runs and indexes: a run is encoded into the cache dir under the hash of its bytes and
-uploaded unless the blob store already holds exactly those bytes young enough to be named; an index is written
-create-only under its name. Used by the commit's upload and by compactions."""
+"""Writing and uploading runs: a run is encoded into the cache dir under the hash of its bytes and uploaded unless the
+blob store already holds exactly those bytes young enough to be named (the index goes into the checkpoint's marker,
+backup.py). Used by the commit's upload and by compactions."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, cast
 
-from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, new_hasher, run_name
+from statebackend.backends.blobsnapshot.format import RunEntry, new_hasher, run_name
 from statebackend.backends.blobsnapshot.state import BASE_LEVEL, BlobSnapshotManagerState, StoreState
 
 from statebackend.crashpoints import crashpoint
 from statebackend.envbase import write_env_base
-from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, NotFoundError
+from statebackend.errors import AlreadyExistsError, CommitError, NotFoundError
 from statebackend.kit import read_created_at
 from statebackend.recordfile import KIND_RUN, FileHeader, write_file
 from statebackend.store import LocalVersion, ReadView
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class RunUpload(BlobSnapshotManagerState):
-    """Runs and indexes, from records to blobs."""
+    """Runs, from records to blobs."""
 
     def _write_run(self, state: StoreState, records: Iterable[tuple[bytes, bytes | None]], *, first_seq: int,
                    last_seq: int, version: LocalVersion, level: int, base: bool) -> RunEntry:
@@ -177,27 +177,6 @@ class RunUpload(BlobSnapshotManagerState):
             state.uploaded_at[run.hash] = created
         else:
             state.uploaded_at.pop(run.hash, None)
-
-    def _put_index(self, marker: str, index: RunIndex) -> None:
-        data = index.encode()
-        blob_store = self.context.blob_store
-        try:
-            blob_store.put(marker, data, create_only=True, metadata=self._new_metadata(self.clock()))
-        except AlreadyExistsError:
-            # the name carries the flush's random token: only an earlier try of this very upload can have written it
-            try:
-                existing = blob_store.get(marker)
-            except NotFoundError:
-                existing = None
-            if existing != data:
-                raise CommitConflictError(
-                    f"index blob {marker} already exists with other content in {blob_store.describe()}; another "
-                    f"attempt of task {self.context.task_name} wrote it: restore from the latest checkpoint"
-                ) from None
-        metrics = self.context.metrics
-        metrics.increment("commit.bytes.uploaded", len(data))
-        metrics.increment("commit.files.uploaded")
-        metrics.increment("blobsnapshot.indexes.uploaded")
 
 
 class HashingWriter:

@@ -190,7 +190,7 @@ _SPECS = [
     _counter("blobsnapshot.rebase.after.fallback", "statebackend_blobsnapshot_rebase_after_fallback_total",
              "chains restarted with a base run because another backend restored the store or its data differs"),
     _counter("blobsnapshot.indexes.uploaded", "statebackend_blobsnapshot_indexes_uploaded_total",
-             "blob-snapshot indexes uploaded"),
+             "blob-snapshot indexes written (inline in the checkpoint's marker; index blobs before)"),
     _counter("blobsnapshot.indexes.deleted", "statebackend_blobsnapshot_indexes_deleted_total",
              "blob-snapshot indexes deleted by cleanup"),
     _counter("blobsnapshot.indexes.landed.after.failure", "statebackend_blobsnapshot_indexes_landed_after_failure_total",
