@@ -419,13 +419,18 @@ def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_
             _fill(task, "counts", n, models["counts"])
             _fill(task, "other", n, models["other"])
             latest = task.commit_durably({"input": str(n)})
+    from statebackend.backends.blobsnapshot.blobs import read_marker
+
     marker = latest.state_checkpoint_markers["blobsnapshot"]["other"]
-    kept = blobs.get(marker)
-    blobs.delete(marker)
+    index = read_marker(blobs, marker, job="job", task="task-0", store="other")  # the index is in the marker
+    hashes = {run.hash for run in index.runs}
+    victim = next(name for name in blobs.list() if "/other/" in name and name.rsplit("/", 1)[-1] in hashes)
+    kept = blobs.get(victim)
+    blobs.delete(victim)  # a run the checkpoint's marker names is gone
     fresh = config_for(tmp_path / "b", url=config["blob.store.url"], **extra)
-    with pytest.raises(NotFoundError, match="store other"):
+    with pytest.raises(NotFoundError, match=r"job/task-0/other/blobsnapshot/runs/\w+ .* is missing"):
         TaskStorage.open(fresh, "task-0", blob_store=blobs)
-    blobs.put(marker, kept)
+    blobs.put(victim, kept)
     with TaskStorage.open(fresh, "task-0", blob_store=blobs) as check:
         assert check.restored == latest
         assert contents(check, "counts") == models["counts"]
