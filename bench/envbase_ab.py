@@ -90,7 +90,7 @@ def run(backend: str, shape: str, keys: int, updates: int, commits: int, repeat:
             for start in range(0, keys, step):
                 store.put_all((key_of(i), value_of(i, counts[i])) for i in range(start, min(keys, start + step)))
             task.commit_durably({"p": "0"})
-            time.sleep(1.0)  # the load's uploads are done; count from here
+            background_done()  # the load's background uploads are over; count from here
             bottom = bottom_run(root) if backend == "blobsnapshot" else None
             now[0] = 1
             started = time.perf_counter()
@@ -150,6 +150,16 @@ def shapes(shape: str, keys: int, rng: random.Random) -> tuple[Callable[[int], b
         raw = rng.randbytes(16 * keys)
         return (lambda i: raw[16 * i:16 * i + 16]), (lambda i, count: rng.randbytes(32))
     raise SystemExit(f"unknown shape {shape!r}: int, kfmt or random")
+
+
+def background_done() -> None:
+    """Wait until the process's background snapshot and compaction threads have finished what was queued (each is one
+    thread, FIFO: a no-op queued behind the work ends after it)."""
+    from statebackend.backends.blobsnapshot.compaction import _compaction_pools
+    from statebackend.backends.changelog.snapshots import maintenance_pool
+
+    maintenance_pool().submit(lambda: None).result(timeout=600)
+    _compaction_pools.get(1).submit(lambda: None).result(timeout=600)
 
 
 @contextmanager

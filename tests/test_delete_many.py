@@ -228,11 +228,13 @@ def test_azure_batches_of_256() -> None:
 # -- the real servers ----------------------------------------------------------------------------------------------
 
 
-def _server_store(cloud: str, server: ServerProcess) -> BlobStore:
+def server_store(cloud: str, server: ServerProcess, bucket: str | None = None, prefix: str = "p") -> BlobStore:
+    """A store on the S3 server or Azurite, in ``bucket`` (a new one when None) under ``prefix``, created."""
+    bucket = bucket or f"d{uuid.uuid4().hex[:12]}"
     if cloud == "s3":
-        url, options = f"s3://d-{uuid.uuid4().hex[:12]}/p", {"endpoint.url": server.endpoint}
+        url, options = f"s3://{bucket}/{prefix}", {"endpoint.url": server.endpoint}
     else:
-        url, options = f"az://d{uuid.uuid4().hex[:12]}/p", {"connection.string": azurite_connection_string(server.port)}
+        url, options = f"az://{bucket}/{prefix}", {"connection.string": azurite_connection_string(server.port)}
     store = open_blob_store(url, {**options, "create.if.missing": True})
     store.create_resources()
     return store
@@ -242,7 +244,7 @@ def _server_store(cloud: str, server: ServerProcess) -> BlobStore:
                                    pytest.param("azure", marks=pytest.mark.azure)])
 def test_on_the_server_many_names_go_in_few_requests(cloud: str, request: pytest.FixtureRequest) -> None:
     server = request.getfixturevalue("s3_server" if cloud == "s3" else "azurite")
-    store = _server_store(cloud, server)
+    store = server_store(cloud, server)
     metrics = Metrics()
     store.use_metrics(metrics)
     names = [f"many/{i:04d}" for i in range(300)]

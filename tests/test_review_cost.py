@@ -14,24 +14,13 @@ from typing import Any
 import pytest
 from statebackend.checkpoint import CheckpointLog
 
-from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
-from tests.servers import ServerProcess, azurite_connection_string
+from tests.servers import ServerProcess
+from tests.test_delete_many import server_store
 from tests.test_retention_batches import blobs_named_by, settle
-
-
-def _server_store(cloud: str, server: ServerProcess, bucket: str, prefix: str) -> BlobStore:
-    if cloud == "s3":
-        url, options = f"s3://{bucket}/{prefix}", {"endpoint.url": server.endpoint}
-    else:
-        url, options = f"az://{bucket}/{prefix}", {"connection.string": azurite_connection_string(server.port)}
-    store = open_blob_store(url, {**options, "create.if.missing": True})
-    store.create_resources()
-    return store
-
 
 #: names a service or SDK must escape (XML in S3's DeleteObjects, a URL path in each Azure sub-request); each beside
 #: a decoy its wrong decoding would hit
@@ -45,8 +34,8 @@ _DECOYS = ["pct x", "plus x", "hash", "q", "pct/x"]
 def test_delete_many_deletes_exactly_names_that_need_escaping(cloud: str, request: pytest.FixtureRequest) -> None:
     server = request.getfixturevalue("s3_server" if cloud == "s3" else "azurite")
     bucket = f"r{uuid.uuid4().hex[:12]}"
-    store = _server_store(cloud, server, bucket, "p")
-    sibling = _server_store(cloud, server, bucket, "p2")  # same names under another root: none of its business
+    store = server_store(cloud, server, bucket, "p")
+    sibling = server_store(cloud, server, bucket, "p2")  # same names under another root: none of its business
     try:
         odd = [f"odd/{name}" for name in _ODD]
         for name in [*odd, *(f"odd/{decoy}" for decoy in _DECOYS)]:
@@ -148,7 +137,7 @@ def test_s3_delete_objects_carries_a_content_md5(s3_server: ServerProcess) -> No
     header; S3-compatible servers that follow the older rule refuse it ("MissingContentMD5"), and there every delete
     of retention, the sweeps and a fenced write's clean-up would fail (a per-name DELETE needed none). The request
     carries the Content-MD5 of its body as well, which S3 itself accepts."""
-    store = _server_store("s3", s3_server, f"r{uuid.uuid4().hex[:12]}", "p")
+    store = server_store("s3", s3_server, f"r{uuid.uuid4().hex[:12]}", "p")
     seen: list[tuple[Any, Any]] = []
 
     def capture(request: Any, **_: Any) -> None:
