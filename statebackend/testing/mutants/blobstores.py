@@ -15,6 +15,7 @@ __all__ = [
     "AbsentReadsAsEmpty",
     "CreateOnlyIsNotAtomic",
     "CreateOnlyOverwrites",
+    "DeleteManyDeletesTheFirst",
     "DeleteRemovesSiblings",
     "DropsLargePuts",
     "IgnoresRanges",
@@ -108,6 +109,15 @@ class DeleteRemovesSiblings(MemoryBlobStore):
         with self._lock:
             for other in [other for other in self._blobs if other.startswith(name)]:
                 del self._blobs[other]
+
+
+class DeleteManyDeletesTheFirst(MemoryBlobStore):
+    """A batch delete deletes the batch's first name and reports the whole batch done (a batch reply read as all
+    deleted, though it accounted for one name)."""
+
+    def delete_many(self, names: list[str]) -> None:
+        for name in names[:1]:
+            self.delete(name)
 
 
 class AbsentReadsAsEmpty(MemoryBlobStore):
