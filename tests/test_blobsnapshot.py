@@ -454,6 +454,21 @@ def test_stored_v1_index_is_refused_at_restore_naming_the_migration_path(tmp_pat
     assert marker in str(excinfo.value) and "schema version 1" in str(excinfo.value)
 
 
+def test_stored_inline_marker_sample_decodes_to_the_stored_index() -> None:
+    """The stored inline marker (form 1: ``inline-index:1:``; tests/data/blobsnapshot/marker-inline-v1.txt, written
+    once from the schema-2 index sample with ``inline_marker`` and kept as written) decodes to exactly that index,
+    bound to its job, task and store; a later marker form must keep reading it."""
+    from statebackend.backends.blobsnapshot.format import decode_inline_marker
+
+    expected = json.loads((SAMPLES / "expected-v2.json").read_text())
+    index = RunIndex.decode((SAMPLES / "index-v2.json").read_bytes(), name=expected["index_name"])
+    marker = (SAMPLES / "marker-inline-v1.txt").read_text().strip()
+    assert marker.startswith("inline-index:1:")
+    assert decode_inline_marker(marker, job="sample-job", task="task-0", store="counts") == index
+    with pytest.raises(CorruptDataError):
+        decode_inline_marker(marker, job="sample-job", task="task-1", store="counts")
+
+
 def test_stored_v2_sample_decodes_re_encodes_byte_for_byte_and_restores_exactly(tmp_path: Path) -> None:
     """The stored schema-2 sample (tests/data/blobsnapshot/make_samples.py): the index decodes and encodes back to
     the same bytes, every run is the hash its index names, and a restore of it gives exactly the expected store."""

@@ -90,6 +90,20 @@ def test_a_base_restores_exactly_the_version_it_was_written_from(tmp_path: Path,
         assert not list(tmp_path.glob("b/.envbase-*"))
 
 
+def test_the_stored_version_1_sample_still_restores(tmp_path: Path) -> None:
+    """A base written by format version 1 (tests/data/envbase/make_samples.py, kept as written) restores exactly:
+    a later change to the format must keep reading it."""
+    data = (REPO / "tests" / "data" / "envbase" / "base-v1-zstd.sbenvbs").read_bytes()
+    assert is_env_base(data[:8])
+    blobs = MemoryBlobStore()
+    blobs.put("b", data)
+    with filled_store(tmp_path / "b", 3, LocalVersion("0-0", "cccc")) as target, ThreadPoolExecutor(2) as pool:
+        header = load_env_base(target, BlobSource(blobs, "b", len(data)), V1, check=check_binding(), pool=pool)
+        assert (header.records, header.compression, header.lineage) == (200, "zstd", lineage())
+        assert target.version == V1
+        assert dict(target.items()) == {KEY.pack(i): b"v" + KEY.pack(i) for i in range(200)}
+
+
 def test_a_view_of_another_version_is_refused(tmp_path: Path) -> None:
     with (filled_store(tmp_path / "a", 10) as store, store.read_view() as view,
           open(tmp_path / "base", "wb") as out, pytest.raises(UsageError, match="only ever the copy of the version")):
