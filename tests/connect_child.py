@@ -22,7 +22,7 @@ def main(workdir: str) -> None:
     from pyspark.sql import SparkSession
 
     from statebackend.spark import StatefulForeachBatch, read_state
-    from statebackend.spark.driver import is_connect
+    from statebackend.spark.session import is_connect
     from tests.test_spark import COUNTERS, OUTPUT, batch_words, make_config
 
     spark = (SparkSession.builder.remote("local[2]")

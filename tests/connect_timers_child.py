@@ -39,7 +39,7 @@ def main(workdir: str) -> None:
 
     from statebackend.spark import TIMERS_STORE, StatefulForeachBatch, read_state
     from statebackend.spark import driver as driver_module
-    from statebackend.spark.driver import is_connect
+    from statebackend.spark.session import is_connect
     from tests.test_spark import batch_words, make_config
     from tests.test_spark_timers import OUTPUT, event_timers_arrow, fired_arrow, fired_rows, register_rows
 

@@ -279,12 +279,12 @@ def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: An
     same session (``foreachBatch`` hands each batch one); every change is seen."""
     from pyspark.sql import SparkSession
 
-    from statebackend.spark import driver
-    from statebackend.spark.driver import spark_conf_keys
+    from statebackend.spark import session
+    from statebackend.spark.session import spark_conf_keys
 
     reads: list[int] = []
-    read_keys = driver._read_java_map_keys
-    monkeypatch.setattr(driver, "_read_java_map_keys", lambda entries: reads.append(1) or read_keys(entries))
+    read_keys = session._read_java_map_keys
+    monkeypatch.setattr(session, "_read_java_map_keys", lambda entries: reads.append(1) or read_keys(entries))
     key = "spark.statebackend.task.checkpoint.retained"
     try:
         spark.conf.set(key, "7")

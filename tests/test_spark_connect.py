@@ -13,7 +13,7 @@ import pytest
 
 from statebackend.errors import ConfigError
 from statebackend.spark import StatefulForeachBatch
-from statebackend.spark.driver import effective_config, is_connect
+from statebackend.spark.session import effective_config, is_connect
 from tests.test_spark import OUTPUT, batch_count, count_rows, make_config, run_batch, state_of
 
 pytest_plugins = ["tests.spark_fixtures"]

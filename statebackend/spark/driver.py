@@ -31,6 +31,14 @@ from statebackend.spark.heartbeat import drop_heartbeats
 from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.initial import InitialState, initial_state_of
 from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
+from statebackend.spark.session import (
+    effective_config,
+    is_connect,
+    is_local_master,
+    spark_conf_keys,
+    spark_executors,
+    speculation,
+)
 from statebackend.spark.stats import STATS_COLUMN, StatsParam, TaskStats
 from statebackend.spark.timers import Timer, with_timer_store
 from statebackend.spark.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
@@ -409,7 +417,7 @@ class StatefulForeachBatch:
             return False
         if self.on_replay != "redo" or settings.checkpoint_retained < 3:
             return False
-        return not _speculation(spark)
+        return not speculation(spark)
 
     def _confirm(self, settings: Settings, stats: Sequence[TaskStats]) -> list[str]:
         """Why the checkpoints of tasks that did not wait for them are not confirmed durable (empty: all are). A
@@ -469,8 +477,8 @@ class StatefulForeachBatch:
         executors come and go."""
         context = spark.sparkContext
         if self._local_context is not context:
-            if not _is_local_master(context.master or ""):
-                return _executors(spark)
+            if not is_local_master(context.master or ""):
+                return spark_executors(spark)
             self._local_context = context
         return 1
 
@@ -580,94 +588,6 @@ def _release_checkpoint(frame: DataFrame) -> None:
     except Exception as exc:  # noqa: BLE001 - another Spark's plan: its blocks go when Spark's cleaner frees the RDD
         log.warning("could not free the output of a batch held by a local checkpoint (%s); Spark frees it when the "
                     "RDD is garbage collected", exc)
-
-
-def _speculation(spark: SparkSession) -> bool:
-    """Whether Spark may run speculative copies of tasks (``spark.speculation``)."""
-    try:
-        return str(spark.conf.get("spark.speculation", "false")).strip().lower() == "true"
-    except Exception:  # noqa: BLE001 - a conf that cannot be read: assume the worst
-        return True
-
-
-def _is_local_master(master: str) -> bool:
-    """``local``, ``local[n]``, ``local[*]``, ``local[n, f]``: one executor in the driver (not ``local-cluster``)."""
-    return master == "local" or master.startswith("local[")
-
-
-def _executors(spark: SparkSession) -> int:
-    """How many executors the application has now (classic Spark; local mode: 1)."""
-    try:
-        return max(1, int(spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size()) - 1)  # minus the driver's
-    except Exception:  # noqa: BLE001 - no such call here: take it as one executor (no affinity needed)
-        return 1
-
-
-def is_connect(spark: SparkSession) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no SparkContext, RDDs or accumulators)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
-
-
-#: keys of the Spark conf under this prefix are statebackend keys (``spark.statebackend.job.name`` is ``job.name``):
-#: ``spark-submit --conf`` only passes keys that start with ``spark.``
-SPARK_CONF_PREFIX = "spark.statebackend."
-
-
-#: classic sessions: the text of the last conf read (``toString`` of the Java map: every key and value) -> the
-#: statebackend keys in it. Keyed by content, not by session: ``foreachBatch`` hands every batch a new Python wrapper
-#: of the query's session, and equal confs give equal keys.
-_CONF_CACHE: dict[str, dict[str, str]] = {}
-
-
-def spark_conf_keys(spark: SparkSession) -> dict[str, str]:
-    """The statebackend keys set in the session's Spark conf (``spark.statebackend.*``), prefix removed.
-
-    On a classic session, reading the conf entry by entry through py4j costs two round trips per entry, and the end of
-    py4j's iteration is a Java exception that PySpark converts with a dozen more (together tens of ms, every batch).
-    So one round trip fetches the conf's text (``toString`` of its Java map: every key and value); the keys are read
-    again only when that text differs from the last read's."""
-    java_conf = getattr(getattr(spark, "conf", None), "_jconf", None)
-    if java_conf is not None:
-        try:
-            entries = java_conf.getAllAsJava()
-            text = str(entries.toString())
-        except Exception:  # noqa: BLE001 - no such call on this Spark version: read the whole conf below
-            text = None
-        if text is not None:
-            cached = _CONF_CACHE.get(text)
-            if cached is None:
-                cached = _read_java_map_keys(entries)
-                _CONF_CACHE.clear()
-                _CONF_CACHE[text] = cached
-            return dict(cached)
-    return _read_conf_keys(spark)
-
-
-def _read_java_map_keys(entries: Any) -> dict[str, str]:
-    """The statebackend keys of a Java ``Map<String, String>``: its keys as one array (indexed, not iterated: no
-    exception at the end), then the values of ours only."""
-    names = [str(name) for name in entries.keySet().toArray()]
-    return {name[len(SPARK_CONF_PREFIX):]: str(entries.get(name)) for name in names
-            if name.startswith(SPARK_CONF_PREFIX) and len(name) > len(SPARK_CONF_PREFIX)}
-
-
-def _read_conf_keys(spark: SparkSession) -> dict[str, str]:
-    try:
-        entries = dict(spark.conf.getAll)  # Spark 4: a property, on classic and Connect sessions alike
-    except (AttributeError, TypeError):
-        entries = dict(spark.sparkContext.getConf().getAll())  # Spark 3.5, classic only
-    return {key[len(SPARK_CONF_PREFIX):]: value for key, value in entries.items()
-            if key.startswith(SPARK_CONF_PREFIX) and len(key) > len(SPARK_CONF_PREFIX)}
-
-
-def effective_config(spark: SparkSession, config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` over the session's ``spark.statebackend.*`` keys: a key given in code wins over the same key in the
-    Spark conf (as in Spark, where a setting made in code wins over ``spark-submit --conf``)."""
-    merged: dict[str, Any] = dict(spark_conf_keys(spark))
-    merged.update(config)
-    if len(merged) != len(config):
-        Settings.from_config(merged)  # a wrong key from the Spark conf fails here, on the driver, naming it
-    return merged
 
 
 def _rows_frame(spark: SparkSession, rdd: Any, schema: Any) -> DataFrame:
