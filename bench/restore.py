@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
-from statebackend.backends.blobsnapshot.format import RunIndex, run_name
+from statebackend.backends.blobsnapshot.blobs import is_inline_marker, read_marker
+from statebackend.backends.blobsnapshot.format import run_name
 from statebackend.backends.changelog.marker import Recipe
 from statebackend.checkpoint import CheckpointLog
 
@@ -190,15 +191,16 @@ def marker_blobs(workdir: Path, backend: str) -> list[str]:
     prefix = f"bench/task-0/counts/{backend}/"
     if backend == "changelog":
         return list(Recipe.decode(marker, prefix=prefix).blob_names())
-    index = RunIndex.decode(blobs.get(marker), name=marker)
-    return [marker, *(run_name(prefix, run.hash) for run in index.runs)]
+    index = read_marker(blobs, marker, job="bench", task="task-0", store="counts")
+    runs = [run_name(prefix, run.hash) for run in index.runs]
+    return runs if is_inline_marker(marker) else [marker, *runs]
 
 
 def base_blob(workdir: Path, backend: str) -> str | None:
     """The environment-file base the newest checkpoint's marker starts from, if it starts from one."""
     blobs = FileBlobStore(str(workdir / "blobs"), create=False)
-    names = marker_blobs(workdir, backend)
-    first = names[0] if backend == "changelog" else names[1] if len(names) > 1 else None
+    names = [name for name in marker_blobs(workdir, backend) if "/index/" not in name]  # an index blob: not data
+    first = names[0] if names else None
     if first is None or (backend == "changelog" and "/snapshot/" not in first):
         return None
     return first if is_env_base(blobs.get(first, start=0, end=8)) else None
