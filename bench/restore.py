@@ -11,9 +11,9 @@ Not a test; run by hand. Per ``--keys`` size N and per backend (``changelog``, `
    start is not counted): seconds, MB/s of blob bytes read, keys/s, the process's peak RSS and its peak anonymous
    memory (sampled every 5 ms: RSS also counts LMDB's file pages mapped in, which the page cache holds anyway);
    the key count and a sample of values are checked. The same process then wipes the local dir and restores
-   again: the second time ("warm") the library's modules are imported, its plugin registries scanned and its
-   imports done, so it times the restore's own work, what a task restored on a reused worker process pays; the first
-   time adds what a new process pays once (about 0.05 s);
+   again: the second time ("warm") the process has restored before (its memory touched, its modules imported), what
+   a task restored on a reused worker process pays; the first time adds what a new process pays once (mostly page
+   faults on first-touch memory, docs/benchmarks.md);
 3. the limit, in the same run, on the same data: (a) py-lmdb's bulk append (``putmulti(append=True)`` in one write
    transaction, into a fresh environment) of the same sorted pairs from memory (read back from the restored store a
    million at a time; only the appends are timed), and (b) reading the same blobs from the blob store (every blob
@@ -151,9 +151,8 @@ def restore_in_child(workdir: Path, backend: str, expected_count: int, sample: d
 
 def child(spec: str) -> None:
     """The restoring process: restore, check, print one JSON line. It restores twice: first as a fresh process
-    (the library's modules imported, its registries scanned, its thread pools started by that restore: what a new
-    executor process pays once), then, after wiping the local dir again, as a process that has restored before
-    (what a task restored on a reused worker pays: the restore's own work)."""
+    (what a new worker process pays), then, after wiping the local dir again, as a process that has restored before
+    (what a task restored on a reused worker pays)."""
     args = json.loads(spec)
     workdir = Path(args["workdir"])
     config = make_config(workdir, args["backend"])
