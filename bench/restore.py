@@ -12,8 +12,8 @@ Not a test; run by hand. Per ``--keys`` size N and per backend (``changelog``, `
    memory (sampled every 5 ms: RSS also counts LMDB's file pages mapped in, which the page cache holds anyway);
    the key count and a sample of values are checked. The same process then wipes the local dir and restores
    again: the second time ("warm") the process has restored before (its memory touched, its modules imported), what
-   a task restored on a reused worker process pays; the first time adds what a new process pays once (mostly page
-   faults on first-touch memory, docs/benchmarks.md);
+   a task restored on a reused worker process pays; the first time adds what a new process pays once (imports,
+   plugin scans, first-touch memory: docs/benchmarks.md);
 3. the limit, in the same run, on the same data: (a) py-lmdb's bulk append (``putmulti(append=True)`` in one write
    transaction, into a fresh environment) of the same sorted pairs from memory (read back from the restored store a
    million at a time; only the appends are timed), and (b) reading the same blobs from the blob store (every blob
