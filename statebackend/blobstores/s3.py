@@ -28,12 +28,9 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 
 from __future__ import annotations
 
-import base64
 import builtins
 import datetime
 import functools
-import hashlib
-import http.client
 import logging
 import os
 import re
@@ -52,6 +49,15 @@ from statebackend.blobstores.parted import (
     sdk_boundary,
 )
 from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
+from statebackend.blobstores.s3_replies import AUTH_CODES as _AUTH_CODES
+from statebackend.blobstores.s3_replies import MALFORMED_REPLY as _MALFORMED_REPLY
+from statebackend.blobstores.s3_replies import NOT_FOUND_CODES as _NOT_FOUND_CODES
+from statebackend.blobstores.s3_replies import TRANSIENT_BOTO as _TRANSIENT_BOTO
+from statebackend.blobstores.s3_replies import TRANSIENT_CODES as _TRANSIENT_CODES
+from statebackend.blobstores.s3_replies import content_md5 as _content_md5
+from statebackend.blobstores.s3_replies import error_code as _code
+from statebackend.blobstores.s3_replies import page_problem as _page_problem
+from statebackend.blobstores.s3_replies import register_credentials as _register_credentials
 from statebackend.concurrency import run_all
 from statebackend.errors import (
     AlreadyExistsError,
@@ -62,14 +68,12 @@ from statebackend.errors import (
     TransientStorageError,
 )
 from statebackend.options import OptionSpec, default_of, parse_str
-from statebackend.redact import protect_sdk_loggers, redact, register_secrets, sanitized, url_has_userinfo
+from statebackend.redact import protect_sdk_loggers, redact, sanitized, url_has_userinfo
 
 try:
     import boto3
     import botocore.config
     import botocore.exceptions as boto_errors
-    from botocore.parsers import ResponseParserError
-    from urllib3 import exceptions as urllib3_errors
 except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
     raise ImportError("s3:// needs boto3: pip install 'statebackend[s3]'") from exc
 
@@ -78,34 +82,6 @@ __all__ = ["S3BlobStore"]
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
-    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "BandwidthLimitExceeded",
-}  # fmt: skip
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_AUTH_CODES = {
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-    "AuthorizationHeaderMalformed", "403",
-}  # fmt: skip
-_TRANSIENT_BOTO = (
-    boto_errors.ConnectionError,  # connect/read timeouts, refused, closed connections
-    boto_errors.HTTPClientError,
-    boto_errors.IncompleteReadError,
-    boto_errors.ResponseStreamingError,
-    boto_errors.ChecksumError,  # a body damaged or cut in transit
-    ResponseParserError,  # a reply body botocore could not parse: cut or mangled
-)
-#: what botocore (or the stdlib under it) lets through for a reply cut inside its head or body
-_MALFORMED_REPLY = (
-    http.client.HTTPException,
-    urllib3_errors.HTTPError,
-    OSError,
-    AttributeError,
-    ValueError,
-    KeyError,
-    TypeError,
-    IndexError,
-)
 #: keys in one DeleteObjects request (S3's limit)
 _DELETE_BATCH = 1000
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -653,43 +629,3 @@ class S3BlobStore(PartedBlobStore):
 
     def _safe(self, exc: BaseException) -> str:
         return redact(exc, self._secrets())
-
-
-def _content_md5(request: Any, **_: Any) -> None:
-    """Give DeleteObjects the Content-MD5 of its body: botocore (1.36 on) sends only a CRC32 header, which
-    S3-compatible servers that require Content-MD5 refuse (``MissingContentMD5``): no delete would go through there."""
-    body = request.body if isinstance(request.body, bytes) else str(request.body or "").encode()
-    request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
-
-
-def _register_credentials(client: Any) -> None:
-    """Register the secret key and session token with statebackend.redact (both appear in botocore's DEBUG logs of
-    the canonical request, the token as a header). Refreshable credentials are not touched: reading them could
-    trigger a network call at open; their values are still scrubbed by the header and field patterns."""
-    try:
-        credentials = client._request_signer._credentials  # private: to redact, never to show
-    except AttributeError:
-        return
-    if credentials is not None and not hasattr(credentials, "refresh_needed"):
-        register_secrets((getattr(credentials, "secret_key", None), getattr(credentials, "token", None)))
-
-
-def _page_problem(page: Mapping[str, Any], bucket: str, prefix: str, entries: int) -> str | None:
-    """Why a ListObjectsV2 page cannot be trusted, or None."""
-    missing = [field for field in ("IsTruncated", "KeyCount", "Name") if field not in page]
-    if missing:
-        return "missing " + ", ".join(missing)
-    if page["Name"] != bucket:
-        return "another bucket's name"
-    if (page.get("Prefix") or "") != prefix:
-        return "another prefix"
-    if page["KeyCount"] != entries:
-        return f"KeyCount {page['KeyCount']} but {entries} entries"
-    if page["IsTruncated"] and not page.get("NextContinuationToken"):
-        return "truncated without a continuation token"
-    return None
-
-
-def _code(exc: Exception) -> str:
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))
