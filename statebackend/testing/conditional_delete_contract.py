@@ -122,7 +122,7 @@ class ConditionalDeleteContract:
             judged = store.head(name).etag or ""
             start = threading.Barrier(2)
 
-            def rewrite(target: str = name) -> None:
+            def rewrite(target: str = name, start: threading.Barrier = start) -> None:
                 start.wait()
                 store.put(target, b"fresh")
 
