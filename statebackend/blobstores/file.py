@@ -220,8 +220,9 @@ class FileBlobStore(BlobStore):
         that a still newer write took meanwhile fails, and that newer version stays, as any rewrite replaces an
         older one. Between the rename and the link back (a few system calls, only when a rewrite raced the check
         by microseconds) a reader finds the name absent (``get``/``head``: :class:`NotFoundError`, ``list``
-        without it) and a create-only write may take it; a process that dies exactly there leaves that version in
-        an abandoned temp file (:meth:`abandoned_uploads`) instead of at its name."""
+        without it) and a create-only write may take it. The one way to lose that version is a process that dies
+        exactly there (or a ``link`` refused for another reason than a taken name, reported as a
+        :class:`StorageError`): it is left in a temp file, which a collection of :meth:`abandoned_uploads` removes."""
         paths = {name: self._blob_path(name) for name in versions}
         kept = {name for name, version in versions.items() if not self._delete_version(name, paths[name], version)}
         return frozenset(kept)
