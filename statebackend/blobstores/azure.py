@@ -6,6 +6,9 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 - ``put(create_only=True)`` sends ``If-None-Match: *``; the service's 409 ``BlobAlreadyExists`` becomes
   :class:`AlreadyExistsError`. Large files are staged as blocks in parallel and committed with one
   ``Put Block List`` carrying the same condition, so a create-only large upload is atomic and create-only too.
+- ``head`` gives the blob's ETag, which the service changes on every write (the same bytes too, and metadata);
+  ``delete_if_unchanged`` sends it as ``If-Match`` with each delete of a Blob Batch and takes 412 for "written
+  since, kept".
 - An absent blob is :class:`NotFoundError`; a missing container, a refused credential or a bad request is
   :class:`StorageError` saying what to fix; throttling (429, 503), other 5xx, resets, timeouts, replies cut short
   (no status code: ``IncompleteReadError``) and replies cut inside their head or missing a mandatory field (the
@@ -110,6 +113,8 @@ def _parse_account_url(key: str, raw: Any) -> str:
 
 class AzureBlobStore(PartedBlobStore):
     """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
+
+    supports_conditional_delete = True
 
     options: ClassVar[Mapping[str, OptionSpec]] = {
         **PartedBlobStore.options,
@@ -301,30 +306,67 @@ class AzureBlobStore(PartedBlobStore):
         :class:`StorageError` of :meth:`delete`. The reply must hold one answer per name asked: one that does not is
         cut or malformed, a transient fault. Per-name answers: throttling and server errors are transient
         (retried), others a :class:`StorageError` naming the names not deleted."""
-        paths = {self._root() + check_blob_name(name): name for name in dict.fromkeys(names)}
-        ordered = builtins.list(paths)
+        self._delete_batches("delete_many", {self._root() + check_blob_name(name): None for name in names})
+
+    @sdk_boundary
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        """:meth:`delete_many` with each delete conditional on the blob's ETag (``If-Match``): a blob written since
+        answers 412 ``ConditionNotMet`` and is kept (returned), an absent one is success. An absent blob may answer
+        412 too (Azurite does: RFC 9110 has no representation match ``If-Match``), so each 412 is told apart with a
+        HEAD: absent is success, present is kept. A retry after a lost reply finds a deleted blob absent (success)
+        and a rewritten one changed (kept)."""
+        etags = {self._root() + check_blob_name(name): etag for name, etag in versions.items()}
+        root = len(self._root())
+        return frozenset(name for name in (path[root:] for path in self._delete_batches("delete_if_unchanged", etags))
+                         if self._present(name))
+
+    def _present(self, name: str) -> bool:
+        try:
+            self._request("head", functools.partial(self.head, name), True)
+        except NotFoundError:
+            return False
+        return True
+
+    def _delete_batches(self, operation: str, etags: Mapping[str, str | None]) -> builtins.set[str]:
+        """Delete ``etags`` (path -> the ETag a delete is conditional on, or None) in batches, each retried for what
+        it has not settled; the paths kept because their ETag changed."""
+        ordered = builtins.list(etags)
+        kept: builtins.set[str] = set()
         for start in range(0, len(ordered), _DELETE_BATCH):
             remaining = ordered[start : start + _DELETE_BATCH]
 
             def attempt(batch: builtins.list[str] = remaining) -> None:
-                failed, error = self._delete_batch(builtins.list(batch), paths)
+                failed, error, changed = self._delete_batch(builtins.list(batch), etags)
+                kept.update(changed)
                 batch[:] = failed  # what a retry still has to delete
                 if error is not None:
                     raise error
 
-            self._request("delete_many", attempt, True)
+            self._request(operation, attempt, True)
+        return kept
 
     def _delete_batch(
-        self, batch: builtins.list[str], paths: Mapping[str, str]
-    ) -> tuple[builtins.list[str], StorageError | None]:
-        """One Blob Batch of deletes of ``batch`` (paths in the container): the paths it did not delete and the error
-        saying why (``None``: all deleted). A request that failed as a whole, or a reply without an answer for each
-        path, raises."""
+        self, batch: builtins.list[str], etags: Mapping[str, str | None]
+    ) -> tuple[builtins.list[str], StorageError | None, builtins.list[str]]:
+        """One Blob Batch of deletes of ``batch`` (paths in the container, each conditional on its ETag in
+        ``etags`` where one is given): the paths it did not delete, the error saying why (``None``: all deleted or
+        kept), and the paths kept because their ETag changed (412). A request that failed as a whole, or a reply
+        without an answer for each path, raises.
+
+        The SDK pairs the answers with the deletes by position (azure-core reads the parts of the multipart reply
+        in order and drops each part's ``Content-ID``), so the count is all this can check: a reply with one answer
+        per delete, in the order sent, is what the service promises."""
         if not batch:
-            return [], None
-        what = f"{paths[batch[0]]!r} and {len(batch) - 1} more" if len(batch) > 1 else repr(paths[batch[0]])
+            return [], None, []
+        root = len(self._root())
+        what = f"{batch[0][root:]!r} and {len(batch) - 1} more" if len(batch) > 1 else repr(batch[0][root:])
+        deletes: builtins.list[Any] = [
+            path if etags[path] is None
+            else {"name": path, "etag": etags[path], "match_condition": MatchConditions.IfNotModified}
+            for path in batch
+        ]
         with self._errors(what):
-            answers = builtins.list(self._container_client.delete_blobs(*batch, raise_on_any_failure=False))
+            answers = builtins.list(self._container_client.delete_blobs(*deletes, raise_on_any_failure=False))
             statuses = [(answer.status_code, str(answer.headers.get("x-ms-error-code") or "")) for answer in answers]
         if len(statuses) != len(batch) or any(not isinstance(status, int) for status, _ in statuses):
             raise TransientStorageError(
@@ -332,32 +374,36 @@ class AzureBlobStore(PartedBlobStore):
                 f"{len(batch)} deletes: the reply was cut or malformed; worth a retry"
             )
         failed: builtins.list[str] = []
+        changed: builtins.list[str] = []
         codes: set[str] = set()
         transient = True
         for path, (status, code) in zip(batch, statuses, strict=True):
             if 200 <= status < 300 or (status == 404 and code != "ContainerNotFound"):
                 continue  # deleted, or absent: success
+            if status == 412 and etags[path] is not None:
+                changed.append(path)  # written since the HEAD that gave the ETag: kept
+                continue
             failed.append(path)
             codes.add(f"{status} {code}".strip())
             transient = transient and (status in _TRANSIENT_STATUS or status >= 500)
         if not failed:
-            return [], None
-        shown = ", ".join(repr(paths[path]) for path in failed[:3]) + (" ..." if len(failed) > 3 else "")
+            return [], None, changed
+        shown = ", ".join(repr(path[root:]) for path in failed[:3]) + (" ..." if len(failed) > 3 else "")
         message = (f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
                    f"{', '.join(sorted(codes))}")
         if transient:
-            return failed, TransientStorageError(message + "; worth a retry")
+            return failed, TransientStorageError(message + "; worth a retry"), changed
         if any(code.endswith("ContainerNotFound") for code in codes):
             return failed, StorageError(
                 f"container {self.container!r} does not exist in {self.describe()}: create it or set "
                 "blob.store.create.if.missing=true"
-            )
+            ), changed
         if any(code.startswith("403") for code in codes):
             return failed, StorageError(
                 message + ": check the account key / SAS (its delete permission) in blob.store.connection.string or "
                 "blob.store.credential (or AZURE_STORAGE_CONNECTION_STRING)"
-            )
-        return failed, StorageError(message)
+            ), changed
+        return failed, StorageError(message), changed
 
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self._list_names(prefix)
@@ -400,7 +446,7 @@ class AzureBlobStore(PartedBlobStore):
                 f"the properties of {name!r} from {self.describe()} lack Content-Length or ETag: the reply was cut "
                 "inside its head; worth a retry"
             )
-        return BlobInfo(name=name, size=int(props.size), metadata=dict(props.metadata or {}))
+        return BlobInfo(name=name, size=int(props.size), metadata=dict(props.metadata or {}), etag=str(props.etag))
 
     @sdk_boundary
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:

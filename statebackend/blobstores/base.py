@@ -8,6 +8,11 @@ Every implementation behaves the same way, proven by one contract suite (``state
 - ``get`` of an absent name raises :class:`NotFoundError`. A byte range ``[start, end)`` is clamped to the blob.
 - ``delete`` is idempotent: an absent name is success. ``delete_many`` deletes a batch of names the same way, in
   one request where the service has one (S3 DeleteObjects, Azure Blob Batch).
+- ``delete_if_unchanged`` (where ``supports_conditional_delete``) deletes a blob only while it is still the version
+  ``head`` saw (:attr:`BlobInfo.etag`, which changes on every write of the name, the same bytes written again too):
+  a blob written again since is kept and reported, never lost (Azure ``If-Match``; the memory and ``file://``
+  stores check their own version). A garbage collector uses it so that a writer that writes an old blob again to
+  name it is never robbed of it by a sweep that judged the old version.
 - ``list(prefix)`` yields the names under ``prefix`` (plain string prefix), sorted.
 - ``head`` gives size and metadata, or :class:`NotFoundError`.
 - names that are empty, absolute, contain ``..`` or ``.`` segments, empty segments or NUL are rejected with
@@ -21,8 +26,8 @@ scheme's schema (``Settings.blob_store_options``), and every later consumer (``o
 resilience layer) uses those values; parsing them again returns them unchanged. ``from_url`` receives them parsed,
 defaults filled, as :class:`~statebackend.options.ParsedOptions`.
 
-Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``, ``supports_metadata``)
-are part of the contract with defaults that do nothing; a store overrides what it has to do.
+Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``, ``supports_metadata``,
+``supports_conditional_delete``) are part of the contract with defaults that do nothing; a store overrides what it has to do.
 
 Scheme registry (fsspec style): URL scheme -> dotted path, imported lazily, with an install hint when a package is
 missing. A distribution declares its stores as entry points in group ``statebackend.blobstores`` (statebackend's own
@@ -78,6 +83,10 @@ class BlobInfo:
     name: str
     size: int
     metadata: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: types.MappingProxyType(dict(m)))
+    #: the version of the blob this ``head`` saw, for :meth:`BlobStore.delete_if_unchanged`: opaque, and different
+    #: after every write of the name (the same bytes written again too; ``set_metadata`` may change it as well).
+    #: ``None`` where the store cannot tell (its :attr:`BlobStore.supports_conditional_delete` is false)
+    etag: str | None = None
 
 
 @attrs.frozen
@@ -139,6 +148,11 @@ class BlobStore(abc.ABC):
     url: str = ""
     #: whether ``put(..., metadata=...)`` and :meth:`set_metadata` keep user metadata
     supports_metadata: bool = True
+    #: whether :meth:`delete_if_unchanged` works: ``head`` gives every blob an :attr:`BlobInfo.etag` that changes on
+    #: every write, and a delete can be made conditional on it. False (the default, and S3's: its ETag is the MD5 of
+    #: the bytes, the same after a rewrite of the same bytes): callers use :meth:`delete_many` and bound the race
+    #: themselves; such a store is never asked for a conditional delete
+    supports_conditional_delete: bool = False
     #: the ``blob.store.*`` options this store takes (keys without the prefix), declared once: config validates
     #: ``blob.store.*`` against the schema of the URL's scheme, and ``from_url`` receives the values parsed
     options: ClassVar[Mapping[str, OptionSpec]] = {}
@@ -231,6 +245,19 @@ class BlobStore(abc.ABC):
         deleted; the other names may be gone (retrying the whole call is safe). The default deletes one by one."""
         for name in names:
             self.delete(name)
+
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        """Delete each blob of ``versions`` (name -> the :attr:`BlobInfo.etag` its ``head`` gave) only if it is still
+        that version, in one request per batch where the service batches (like :meth:`delete_many`). Returns the
+        names **kept** because they were written (or changed) since: not an error, the caller judged an older
+        version. An absent name is success (deleted, not kept). Every name is checked before anything is deleted; a
+        failure raises the error of :meth:`delete` and retrying the whole call is safe (a blob a lost reply deleted
+        is absent now: success). Only for a store whose :attr:`supports_conditional_delete` is true; the default
+        raises :class:`StorageError`."""
+        raise StorageError(
+            f"{self.describe()} cannot delete a blob on condition that it is unchanged (supports_conditional_delete "
+            f"is false); use delete_many ({len(versions)} names asked)"
+        )
 
     # -- optional capabilities: defaults that do nothing, overridden where a store has something to do ----------
 

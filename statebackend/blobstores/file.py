@@ -20,6 +20,10 @@ How the contract of :mod:`statebackend.blobstores.base` is met:
   root that point outside it are out of scope: the operator owns the directory.
 - Limitation of a directory tree: a blob ``a`` and a blob ``a/b`` cannot both exist; writing the second raises
   :class:`StorageError` saying so (object stores allow it; the backends never need it).
+- ``head`` gives each blob's version as its etag: device, inode, size and modification time (in nanoseconds, set
+  by ``put`` from the clock just before the blob is linked in, so no two writes of a name share it even where the
+  filesystem's own timestamps are coarse). Every put makes a new file, so every put changes it; ``set_metadata``
+  does not. :meth:`FileBlobStore.delete_if_unchanged` is safe against a concurrent rewrite (see there).
 - Thread-safe and multi-process-safe without locks: every visible change is one ``rename``/``link``/``unlink``.
 - Every ``OSError`` other than not-found is translated to :class:`StorageError` naming the path and the store.
 """
@@ -71,6 +75,7 @@ class FileBlobStore(BlobStore):
     No I/O happens here; the root is checked (or created) on first use.
     """
 
+    supports_conditional_delete = True
     options: ClassVar[Mapping[str, OptionSpec]] = {
         "create.if.missing": OptionSpec(
             parse_bool(), True, "create the directory when missing (false: a missing directory is an error)"
@@ -201,6 +206,70 @@ class FileBlobStore(BlobStore):
         self._fsync_directory(directory)
         self._prune_empty_directories(directory)
 
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        """Delete each blob whose version (:func:`_version`, the etag of ``head``) is still the one given; return
+        the names kept because they were written since. Every name is checked first.
+
+        Why no concurrent rewrite is lost: a ``put`` never changes a file, it renames a new one onto the name. So
+        the version is checked on the file this call *holds*, not on a path that may change under it: after a
+        first ``lstat`` (a different version: kept, nothing touched; the usual case when a writer rewrote it), the
+        file is renamed to a private temp name in its directory (one atomic step: whatever version is at the name
+        then is taken, and the name is free for any writer), and that file's version is checked. The expected
+        version is then deleted: a rewrite landing after the rename lands on the free name and stays. A different
+        version (written between the ``lstat`` and the rename) is linked back create-only: a ``link`` onto a name
+        that a still newer write took meanwhile fails, and that newer version stays, as any rewrite replaces an
+        older one. Between the rename and the link back (a few system calls, only when a rewrite raced the check
+        by microseconds) a reader finds the name absent (``get``/``head``: :class:`NotFoundError`, ``list``
+        without it) and a create-only write may take it. The one way to lose that version is a process that dies
+        exactly there (or a ``link`` refused for another reason than a taken name, reported as a
+        :class:`StorageError`): it is left in a temp file, which a collection of :meth:`abandoned_uploads` removes."""
+        paths = {name: self._blob_path(name) for name in versions}
+        kept = {name for name, version in versions.items() if not self._delete_version(name, paths[name], version)}
+        return frozenset(kept)
+
+    def _delete_version(self, name: str, path: str, version: str) -> bool:
+        """Delete ``path`` if it holds ``version``: True when deleted or absent, False when kept (another version)."""
+        try:
+            info = os.lstat(path)
+        except OSError as exc:
+            if exc.errno in _NOT_FOUND_ERRNOS:
+                return True
+            raise self._storage_error("inspect", path, exc) from exc
+        if stat.S_ISDIR(info.st_mode):
+            return True  # a directory of other blobs: no blob of this name
+        if _version(info) != version:
+            return False
+        directory = os.path.dirname(path)
+        taken_path = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
+        try:
+            os.rename(path, taken_path)
+        except FileNotFoundError:
+            return True  # a concurrent delete won; still success
+        except OSError as exc:
+            raise self._storage_error("delete", path, exc) from exc
+        try:
+            taken = os.lstat(taken_path)
+            if _version(taken) != version:
+                self._put_back(name, taken_path, path, taken.st_ino)
+                return False
+            os.unlink(taken_path)
+        except OSError as exc:
+            raise self._storage_error("delete", taken_path, exc) from exc
+        self._remove_metadata(name, taken.st_ino)
+        self._fsync_directory(directory)
+        self._prune_empty_directories(directory)
+        return True
+
+    def _put_back(self, name: str, taken_path: str, path: str, inode: int) -> None:
+        """Link a version taken by mistake back at its name, create-only (a newer write there wins), then drop the
+        temp name."""
+        try:
+            os.link(taken_path, path)
+        except FileExistsError:
+            self._remove_metadata(name, inode)  # superseded by the newer write, as a replace would have
+        os.unlink(taken_path)
+        self._fsync_directory(os.path.dirname(path))
+
     def list(self, prefix: str = "") -> Iterator[str]:
         """Yield blob names starting with ``prefix``, sorted; only directories that can match are read."""
         root = self._ready_root()
@@ -225,7 +294,7 @@ class FileBlobStore(BlobStore):
             metadata = self._read_metadata(name, before.st_ino)
             after = self._stat_blob(name, path)
             if _same_file(before, after):
-                return BlobInfo(name=name, size=after.st_size, metadata=metadata)
+                return BlobInfo(name=name, size=after.st_size, metadata=metadata, etag=_version(after))
         raise StorageError(f"blob {name!r} in {self.describe()} kept changing while being read; try again")
 
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
@@ -308,6 +377,8 @@ class FileBlobStore(BlobStore):
             with os.fdopen(fd, "wb") as out:
                 write(out)
                 out.flush()
+                stamp = time.time_ns()  # the version's mtime: fine-grained, whatever the filesystem's own clock
+                os.utime(out.fileno(), ns=(stamp, stamp))
                 os.fsync(out.fileno())
                 inode = os.fstat(out.fileno()).st_ino
             # the metadata must be durable before the blob is visible, so they appear together
@@ -580,6 +651,12 @@ def _clamp_range(size: int, start: int | None, end: int | None) -> tuple[int, in
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
+
+
+def _version(info: os.stat_result) -> str:
+    """A blob file's version (its etag): a put makes a new file with a new inode and a fresh nanosecond mtime; a
+    rename keeps all four."""
+    return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
 
 
 def _is_reserved(name: str) -> bool:

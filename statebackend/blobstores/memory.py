@@ -2,11 +2,16 @@
 
 ``memory://name`` opens a process-wide named bucket, so two opens of one URL share blobs (as two clients of one
 service would); ``MemoryBlobStore()`` is a private one.
+
+Each write (``put``, ``set_metadata``) stamps the blob with a fresh version from a process-wide counter: its
+:attr:`~statebackend.blobstores.base.BlobInfo.etag`, which :meth:`MemoryBlobStore.delete_if_unchanged` checks under
+the store's lock.
 """
 
 from __future__ import annotations
 
 import builtins
+import itertools
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
@@ -17,16 +22,26 @@ from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 
 __all__ = ["MemoryBlobStore"]
 
+#: a blob: its bytes, its metadata, its version (the etag ``head`` gives)
+_Blob = tuple[bytes, dict[str, str], str]
+#: versions for every write of every memory store in the process (``next`` on it is atomic under the GIL)
+_VERSIONS = itertools.count(1)
+
+
+def _new_version() -> str:
+    return f"m{next(_VERSIONS)}"
+
 
 class MemoryBlobStore(BlobStore):
     """Blobs in a dict guarded by a lock. Thread-safe; not durable across processes."""
 
-    _named: ClassVar[dict[str, tuple[dict[str, tuple[bytes, dict[str, str]]], threading.Lock]]] = {}
+    supports_conditional_delete = True
+    _named: ClassVar[dict[str, tuple[dict[str, _Blob], threading.Lock]]] = {}
     _named_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, name: str | None = None) -> None:
         if name is None:
-            self._blobs: dict[str, tuple[bytes, dict[str, str]]] = {}
+            self._blobs: dict[str, _Blob] = {}
             self._lock = threading.Lock()
             self.url = "memory://"
         else:
@@ -50,7 +65,7 @@ class MemoryBlobStore(BlobStore):
         with self._lock:
             if create_only and name in self._blobs:
                 raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
-            self._blobs[name] = (payload, checked)
+            self._blobs[name] = (payload, checked, _new_version())
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         check_blob_name(name)
@@ -59,7 +74,7 @@ class MemoryBlobStore(BlobStore):
             raise ConfigError(f"byte range [{start}, {end}) must not be negative")
         with self._lock:
             try:
-                data, _ = self._blobs[name]
+                data = self._blobs[name][0]
             except KeyError:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
         return data[start or 0 : end]
@@ -76,6 +91,21 @@ class MemoryBlobStore(BlobStore):
             for name in checked:
                 self._blobs.pop(name, None)
 
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        """Every name checked first, then each deleted if its version is still the one given, all under one lock."""
+        checked = {check_blob_name(name): version for name, version in versions.items()}
+        kept: set[str] = set()
+        with self._lock:
+            for name, version in checked.items():
+                blob = self._blobs.get(name)
+                if blob is None:
+                    continue
+                if blob[2] != version:
+                    kept.add(name)
+                    continue
+                del self._blobs[name]
+        return frozenset(kept)
+
     def list(self, prefix: str = "") -> Iterator[str]:
         with self._lock:
             names = sorted(n for n in self._blobs if n.startswith(prefix))
@@ -85,16 +115,16 @@ class MemoryBlobStore(BlobStore):
         check_blob_name(name)
         with self._lock:
             try:
-                data, metadata = self._blobs[name]
+                data, metadata, version = self._blobs[name]
             except KeyError:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
-        return BlobInfo(name=name, size=len(data), metadata=metadata)
+        return BlobInfo(name=name, size=len(data), metadata=metadata, etag=version)
 
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         check_blob_name(name)
         with self._lock:
             try:
-                data, _ = self._blobs[name]
+                data = self._blobs[name][0]
             except KeyError:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
-            self._blobs[name] = (data, check_metadata(metadata))
+            self._blobs[name] = (data, check_metadata(metadata), _new_version())

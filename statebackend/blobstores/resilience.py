@@ -400,6 +400,7 @@ class ResilientBlobStore(BlobStore):
         )
         self.url = inner.url  # a store's URL is set when it is opened and never changes
         self.supports_metadata = inner.supports_metadata
+        self.supports_conditional_delete = inner.supports_conditional_delete
         self._inner_handles_parts = inner.use_resilience(self.resilience)
 
     @classmethod
@@ -478,6 +479,18 @@ class ResilientBlobStore(BlobStore):
             self.inner.delete_many(names)
             return
         self.resilience.call("delete_many", lambda: self.inner.delete_many(names), hedge=True)
+
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        """Like :meth:`delete_many`: retried and hedged as a whole (operation ``delete_if_unchanged``), or per batch
+        by a store that batches its own requests. A retry stays correct: a blob an earlier attempt deleted (its reply
+        lost) is absent now, which is success; one written since is kept, whichever attempt saw it."""
+        versions = dict(versions)
+        if not versions:
+            return frozenset()
+        if self._inner_handles_parts:
+            return self.inner.delete_if_unchanged(versions)
+        return self.resilience.call("delete_if_unchanged", lambda: self.inner.delete_if_unchanged(versions),
+                                    hedge=True)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self.resilience.call("list", lambda: list(self.inner.list(prefix)), hedge=True)

@@ -8,6 +8,12 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
   Large files go up as a multipart upload of parallel parts whose ``CompleteMultipartUpload`` carries the same
   condition (supported by S3 since 2024 and by moto), so a large create-only upload is atomic and create-only too;
   a failed multipart upload is aborted.
+- No conditional delete (``supports_conditional_delete`` is false, ``head`` gives no etag): S3 and moto honour
+  ``If-Match`` on DeleteObject (moto 5.2.5 ignores the per-key ETag of DeleteObjects), but an S3 ETag is the MD5 of
+  the bytes, the same after the same bytes are written again: the very rewrite (same bytes, fresh age) that a
+  garbage collector must not delete would match. Callers fall back to ``delete_many``.
+- ``delete_many`` is DeleteObjects; a server that refuses it (``NotImplemented``/``MethodNotAllowed``) gets one
+  DeleteObject a name from then on (remembered by the store).
 - An absent blob is :class:`NotFoundError`; a missing bucket, refused credentials or a bad request is
   :class:`StorageError` saying what to fix; throttling (429, 503 SlowDown), other 5xx, resets, timeouts, cut
   replies and replies missing a mandatory field are :class:`TransientStorageError`. A reply cut inside its header
@@ -28,12 +34,9 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 
 from __future__ import annotations
 
-import base64
 import builtins
 import datetime
 import functools
-import hashlib
-import http.client
 import logging
 import os
 import re
@@ -52,6 +55,15 @@ from statebackend.blobstores.parted import (
     sdk_boundary,
 )
 from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
+from statebackend.blobstores.s3_replies import AUTH_CODES as _AUTH_CODES
+from statebackend.blobstores.s3_replies import MALFORMED_REPLY as _MALFORMED_REPLY
+from statebackend.blobstores.s3_replies import NOT_FOUND_CODES as _NOT_FOUND_CODES
+from statebackend.blobstores.s3_replies import TRANSIENT_BOTO as _TRANSIENT_BOTO
+from statebackend.blobstores.s3_replies import TRANSIENT_CODES as _TRANSIENT_CODES
+from statebackend.blobstores.s3_replies import content_md5 as _content_md5
+from statebackend.blobstores.s3_replies import error_code as _code
+from statebackend.blobstores.s3_replies import page_problem as _page_problem
+from statebackend.blobstores.s3_replies import register_credentials as _register_credentials
 from statebackend.concurrency import run_all
 from statebackend.errors import (
     AlreadyExistsError,
@@ -62,14 +74,12 @@ from statebackend.errors import (
     TransientStorageError,
 )
 from statebackend.options import OptionSpec, default_of, parse_str
-from statebackend.redact import protect_sdk_loggers, redact, register_secrets, sanitized, url_has_userinfo
+from statebackend.redact import protect_sdk_loggers, redact, sanitized, url_has_userinfo
 
 try:
     import boto3
     import botocore.config
     import botocore.exceptions as boto_errors
-    from botocore.parsers import ResponseParserError
-    from urllib3 import exceptions as urllib3_errors
 except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
     raise ImportError("s3:// needs boto3: pip install 'statebackend[s3]'") from exc
 
@@ -78,38 +88,19 @@ __all__ = ["S3BlobStore"]
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_TRANSIENT_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException",
-    "InternalError", "ServiceUnavailable", "RequestLimitExceeded", "BandwidthLimitExceeded",
-}  # fmt: skip
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_AUTH_CODES = {
-    "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-    "AuthorizationHeaderMalformed", "403",
-}  # fmt: skip
-_TRANSIENT_BOTO = (
-    boto_errors.ConnectionError,  # connect/read timeouts, refused, closed connections
-    boto_errors.HTTPClientError,
-    boto_errors.IncompleteReadError,
-    boto_errors.ResponseStreamingError,
-    boto_errors.ChecksumError,  # a body damaged or cut in transit
-    ResponseParserError,  # a reply body botocore could not parse: cut or mangled
-)
-#: what botocore (or the stdlib under it) lets through for a reply cut inside its head or body
-_MALFORMED_REPLY = (
-    http.client.HTTPException,
-    urllib3_errors.HTTPError,
-    OSError,
-    AttributeError,
-    ValueError,
-    KeyError,
-    TypeError,
-    IndexError,
-)
 #: keys in one DeleteObjects request (S3's limit)
 _DELETE_BATCH = 1000
+#: how an S3-compatible server without DeleteObjects answers it
+_BATCH_DELETE_REFUSED = {"NotImplemented", "MethodNotAllowed"}
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+def _refuses_batch_delete(exc: Exception) -> bool:
+    """Whether a DeleteObjects failed because the server does not have it (not because of the names)."""
+    response = getattr(exc, "response", None) or {}
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return _code(exc) in _BATCH_DELETE_REFUSED or status in {405, 501}
 
 
 class S3BlobStore(PartedBlobStore):
@@ -147,6 +138,9 @@ class S3BlobStore(PartedBlobStore):
         #: continuation logic is the same at any size: tests set it small to list past pages cheaply.
         self.list_page_size: int | None = None
         self._created_lock = threading.Lock()
+        #: the server answered DeleteObjects NotImplemented or MethodNotAllowed (an S3-compatible server without
+        #: it): ``delete_many`` deletes one by one from then on
+        self._batch_delete_refused = False
 
     @classmethod
     def from_url(cls, url: str, options: Mapping[str, Any]) -> ResilientBlobStore:
@@ -283,7 +277,9 @@ class S3BlobStore(PartedBlobStore):
         it has not deleted yet. An absent name is success (S3 reports it deleted). The reply must account for every
         name asked (each deleted or in error): a reply that does not is cut or malformed, a transient fault. Per-name
         errors: throttling and server errors are transient (retried), others a :class:`StorageError` naming the
-        names not deleted."""
+        names not deleted. A server that refuses DeleteObjects itself (``NotImplemented``, ``MethodNotAllowed``:
+        S3-compatible servers without it) is remembered by the store, and its names go one DeleteObject each, now
+        and from then on."""
         keys = {self._key(name): name for name in dict.fromkeys(names)}  # every name checked before any request
         ordered = builtins.list(keys)
         for start in range(0, len(ordered), _DELETE_BATCH):
@@ -291,11 +287,21 @@ class S3BlobStore(PartedBlobStore):
 
             def attempt(batch: builtins.list[str] = remaining) -> None:
                 failed, error = self._delete_batch(builtins.list(batch), keys)
-                batch[:] = failed  # what a retry still has to delete
+                batch[:] = failed  # what a retry still has to delete (all of it when DeleteObjects is refused)
                 if error is not None:
                     raise error
 
-            self._request("delete_many", attempt, True)
+            if not self._batch_delete_refused:
+                self._request("delete_many", attempt, True)
+            for key in remaining:  # none, unless the server refuses DeleteObjects
+                self._request("delete", functools.partial(self._delete_absent_too, keys[key]), True)
+
+    def _delete_absent_too(self, name: str) -> None:
+        """:meth:`delete`, for a server that may answer NoSuchKey for an absent name (S3 answers 204)."""
+        try:
+            self.delete(name)
+        except NotFoundError:
+            pass
 
     def _delete_batch(
         self, batch: builtins.list[str], keys: Mapping[str, str]
@@ -306,9 +312,17 @@ class S3BlobStore(PartedBlobStore):
             return [], None
         what = f"{keys[batch[0]]!r} and {len(batch) - 1} more" if len(batch) > 1 else repr(keys[batch[0]])
         with self._errors(what):
-            reply = self._client.delete_objects(
-                Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in batch], "Quiet": False}
-            )
+            try:
+                reply = self._client.delete_objects(
+                    Bucket=self.bucket, Delete={"Objects": [{"Key": key} for key in batch], "Quiet": False}
+                )
+            except boto_errors.ClientError as exc:
+                if not _refuses_batch_delete(exc):
+                    raise
+                _log.warning("%s refuses DeleteObjects (%s): it deletes one name a request from now on",
+                             self.describe(), _code(exc) or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+                self._batch_delete_refused = True
+                return batch, None
         deleted = {str(item.get("Key")) for item in reply.get("Deleted") or []}
         errors = {str(item.get("Key")): item for item in reply.get("Errors") or []}
         # S3 reports an absent key deleted; a compatible server that says NoSuchKey means the same
@@ -653,43 +667,3 @@ class S3BlobStore(PartedBlobStore):
 
     def _safe(self, exc: BaseException) -> str:
         return redact(exc, self._secrets())
-
-
-def _content_md5(request: Any, **_: Any) -> None:
-    """Give DeleteObjects the Content-MD5 of its body: botocore (1.36 on) sends only a CRC32 header, which
-    S3-compatible servers that require Content-MD5 refuse (``MissingContentMD5``): no delete would go through there."""
-    body = request.body if isinstance(request.body, bytes) else str(request.body or "").encode()
-    request.headers["Content-MD5"] = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
-
-
-def _register_credentials(client: Any) -> None:
-    """Register the secret key and session token with statebackend.redact (both appear in botocore's DEBUG logs of
-    the canonical request, the token as a header). Refreshable credentials are not touched: reading them could
-    trigger a network call at open; their values are still scrubbed by the header and field patterns."""
-    try:
-        credentials = client._request_signer._credentials  # private: to redact, never to show
-    except AttributeError:
-        return
-    if credentials is not None and not hasattr(credentials, "refresh_needed"):
-        register_secrets((getattr(credentials, "secret_key", None), getattr(credentials, "token", None)))
-
-
-def _page_problem(page: Mapping[str, Any], bucket: str, prefix: str, entries: int) -> str | None:
-    """Why a ListObjectsV2 page cannot be trusted, or None."""
-    missing = [field for field in ("IsTruncated", "KeyCount", "Name") if field not in page]
-    if missing:
-        return "missing " + ", ".join(missing)
-    if page["Name"] != bucket:
-        return "another bucket's name"
-    if (page.get("Prefix") or "") != prefix:
-        return "another prefix"
-    if page["KeyCount"] != entries:
-        return f"KeyCount {page['KeyCount']} but {entries} entries"
-    if page["IsTruncated"] and not page.get("NextContinuationToken"):
-        return "truncated without a continuation token"
-    return None
-
-
-def _code(exc: Exception) -> str:
-    response = getattr(exc, "response", None) or {}
-    return str(response.get("Error", {}).get("Code", ""))

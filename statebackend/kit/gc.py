@@ -33,6 +33,15 @@ since its mark (:meth:`GraceRule.sweep_deadline`: its marks may be stale by then
 while it is younger than half the grace period (:meth:`GraceRule.may_name`), so a checkpoint written within a
 quarter of the grace period of that check is never swept from under it.
 
+**A blob written again is not swept.** A writer may write an old blob again (the same bytes, a fresh age) to name
+it (blob-snapshot's content-addressed runs, changelog's reused deltas), possibly just after a sweep judged the old
+version by its ``head``. Where the blob store can (:attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_delete`:
+memory, ``file://``, Azure), the sweep deletes each blob on condition that it is still the version its ``head``
+saw (:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands.
+Elsewhere (S3, whose ETag does not change when the same bytes are written again; a store without metadata, which
+gets no ``head``) a doomed blob waits at most :data:`SWEEP_BATCH_WAIT_S` in its batch, which bounds the race
+without closing it.
+
 The mark is only as good as the listing of checkpoints it came from: build it from the task's
 :class:`~statebackend.checkpoint.CheckpointLog`, whose listings never show less than the newest checkpoint the task
 knows durable (a short listing is an error there, never "nothing is referenced"); a marker whose blobs cannot be read
@@ -79,10 +88,12 @@ CREATED_AT = "created_at"
 
 #: blobs a sweep deletes with one ``delete_many`` (S3 takes 1,000 a request, Azure 256: a store splits a bigger one)
 SWEEP_BATCH = 1000
-#: seconds a doomed blob may wait in a sweep's batch after the ``head`` that judged it: a writer may write an old
-#: blob again (fresh age, same bytes) to name it, and a delete sent later than its judgment would take the fresh
-#: blob with it. Deleting one by one left one request between the two; batching keeps the wait this short (closing
-#: the race outright needs a delete conditional on the blob being unchanged, which the blob store API lacks)
+#: seconds a doomed blob may wait in a sweep's batch after the ``head`` that judged it, on a blob store without
+#: conditional deletes: a writer may write an old blob again (fresh age, same bytes) to name it, and a delete sent
+#: later than its judgment would take the fresh blob with it; the wait keeps that window this short (plus the
+#: request's own time). Where the store deletes on condition that the blob is unchanged
+#: (``supports_conditional_delete``), a rewrite is kept however late the batch goes, so such a batch does not wait
+#: on this: it goes when full, or at the end of the listing (the deadline is checked before each batch either way)
 SWEEP_BATCH_WAIT_S = 0.1
 
 
@@ -244,6 +255,9 @@ class Swept:
     #: every name its listing of the prefix showed (none when it made no listing): a backend may check its own live
     #: blobs against it without listing again
     listed: frozenset[str] = frozenset()
+    #: blobs it judged old but kept because they were written again since its ``head`` (a conditional delete found
+    #: them changed): a writer refreshed them to name them
+    kept: tuple[str, ...] = ()
 
 
 def sweep_unreferenced(
@@ -270,11 +284,14 @@ def sweep_unreferenced(
     - A candidate's metadata is read with ``head`` where the blob store keeps metadata (a blob gone meanwhile is
       skipped); ``expired(metadata, now)`` true (a backend's own expiry) deletes it whatever its age; otherwise the
       age rule decides, at ``now`` (``None``: ``clock()`` at each blob).
-    - The doomed blobs are deleted ``batch`` at a time with one :meth:`~BlobStore.delete_many` (one request on the
-      services that batch deletes), and a batch goes as soon as its first blob has waited ``batch_wait_s`` since the
-      ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`: a blob written again meanwhile, to be named, would go
-      with it): just before each batch goes, the deadline is checked again (past it, the batch is dropped and the
-      sweep stops) and ``confirm(name)`` may still keep any of them (a blob the collector adopted meanwhile).
+    - The doomed blobs are deleted ``batch`` at a time in one request on the services that batch deletes. Where
+      the blob store supports it and ``head`` gave the blob's version, with
+      :meth:`~BlobStore.delete_if_unchanged`: a blob written again since its ``head`` (to be named) is kept
+      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end. Otherwise with
+      :meth:`~BlobStore.delete_many`, and a batch goes as soon as its first blob has waited ``batch_wait_s``
+      since the ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`). Just before each batch goes, the deadline
+      is checked again (past it, the batch is dropped and the sweep stops) and ``confirm(name)`` may still keep any
+      of them (a blob the collector adopted meanwhile).
     - After each batch, each deleted blob's first sighting is forgotten and ``on_deleted(name)`` runs. After a whole
       pass the first sightings of blobs no longer listed under ``prefix`` are forgotten.
     """
@@ -283,18 +300,33 @@ def sweep_unreferenced(
     deadline = rule.sweep_deadline(mark.at)
     listed = list(blob_store.list(prefix))
     shown = frozenset(listed)
+    conditional = blob_store.supports_conditional_delete
     deleted: list[str] = []
-    doomed: list[str] = []
-    first_judged = 0.0  # time.monotonic() of the judgment of the batch's first blob
+    kept: list[str] = []
+    doomed: dict[str, str | None] = {}  # name -> the version its head saw (None: deleted unconditionally)
+    first_judged = 0.0  # time.monotonic() of the judgment of the batch's first blob bound by the wait
+    waiting = False  # the batch holds a blob deleted unconditionally: it goes within ``batch_wait_s``
 
     def delete_doomed() -> bool:
         """Delete the doomed batch; False (nothing deleted) when the deadline passed meanwhile."""
+        nonlocal waiting
         if deadline is not None and clock() > deadline:
             return False
-        names = [name for name in doomed if confirm is None or confirm(name)]
+        batch = {name: version for name, version in doomed.items() if confirm is None or confirm(name)}
         doomed.clear()
-        blob_store.delete_many(names)
-        for name in names:
+        waiting = False
+        versions = {name: version for name, version in batch.items() if version is not None}
+        changed = blob_store.delete_if_unchanged(versions) if versions else frozenset()
+        plain = [name for name, version in batch.items() if version is None]
+        if plain or not versions:
+            blob_store.delete_many(plain)
+        if changed:
+            log.debug("sweep of %r kept %d blobs written again since they were judged: %s", prefix, len(changed),
+                      sorted(changed))
+        for name in batch:
+            if name in changed:
+                kept.append(name)
+                continue
             if rule.first_seen is not None:
                 rule.first_seen.forget(name)
             if on_deleted is not None:
@@ -302,30 +334,37 @@ def sweep_unreferenced(
             deleted.append(name)
         return True
 
+    def stop() -> Swept:
+        return Swept(tuple(deleted), stopped=True, listed=shown, kept=tuple(kept))
+
     for name in listed:
         if name in mark.blobs or (spare is not None and spare(name)):
             continue
         if deadline is not None and clock() > deadline:
-            return Swept(tuple(deleted), stopped=True, listed=shown)
-        if doomed and time.monotonic() - first_judged >= batch_wait_s and not delete_doomed():
-            return Swept(tuple(deleted), stopped=True, listed=shown)
+            return stop()
+        if waiting and time.monotonic() - first_judged >= batch_wait_s and not delete_doomed():
+            return stop()
         metadata: Mapping[str, str] | None = None
+        version: str | None = None
         if blob_store.supports_metadata:
             try:
-                metadata = blob_store.head(name).metadata
+                info = blob_store.head(name)
             except NotFoundError:
                 continue  # gone already (rule 4)
+            metadata = info.metadata
+            version = info.etag if conditional else None
         at = clock() if now is None else now
         if not ((expired is not None and metadata is not None and expired(metadata, at))
                 or rule.old_enough(name, metadata, at)):
             continue
-        if not doomed:
+        if version is None and not waiting:
             first_judged = time.monotonic()
-        doomed.append(name)
+            waiting = True
+        doomed[name] = version
         if len(doomed) >= batch and not delete_doomed():
-            return Swept(tuple(deleted), stopped=True, listed=shown)
+            return stop()
     if doomed and not delete_doomed():
-        return Swept(tuple(deleted), stopped=True, listed=shown)
+        return stop()
     if rule.first_seen is not None:
         rule.first_seen.forget_missing(prefix, shown)
-    return Swept(tuple(deleted), listed=shown)
+    return Swept(tuple(deleted), listed=shown, kept=tuple(kept))

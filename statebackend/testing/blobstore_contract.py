@@ -27,6 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
+from statebackend.testing.conditional_delete_contract import ConditionalDeleteContract
 from statebackend.testing.deadline import deadline
 
 __all__ = ["BAD_NAMES", "BlobStoreContract"]
@@ -73,8 +74,10 @@ class MetadataPortabilityContract:
         assert dict(store.head("meta/kept").metadata) == metadata
 
 
-class BlobStoreContract(MetadataPortabilityContract):
-    """Behaviour every :class:`BlobStore` implementation has. Subclass it and provide the ``store`` fixture."""
+class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract):
+    """Behaviour every :class:`BlobStore` implementation has. Subclass it and provide the ``store`` fixture. The
+    conditional deletes (:class:`~statebackend.testing.conditional_delete_contract.ConditionalDeleteContract`) are
+    checked where the store claims them, and an honest refusal where it does not."""
 
     #: size of the "large" blob and file round trips; larger than one copy buffer so streaming loops run
     large_size: int = 5 * 1024 * 1024 + 123

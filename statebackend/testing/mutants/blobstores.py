@@ -13,6 +13,7 @@ from statebackend.errors import AlreadyExistsError, NotFoundError
 
 __all__ = [
     "AbsentReadsAsEmpty",
+    "ConditionalDeleteIgnoresTheVersion",
     "CreateOnlyIsNotAtomic",
     "CreateOnlyOverwrites",
     "DeleteManyDeletesTheFirst",
@@ -128,3 +129,12 @@ class AbsentReadsAsEmpty(MemoryBlobStore):
             return super().get(name, start=start, end=end)
         except NotFoundError:
             return b""
+
+
+class ConditionalDeleteIgnoresTheVersion(MemoryBlobStore):
+    """A conditional delete deletes whatever version is there and reports nothing kept (the If-Match header was
+    never sent): a blob written again since its ``head`` is lost."""
+
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        self.delete_many(list(versions))
+        return frozenset()

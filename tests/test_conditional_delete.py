@@ -1,0 +1,214 @@
+"""Conditional deletes (``BlobStore.delete_if_unchanged``) where they matter: a garbage collection sweep that judged
+a blob by its ``head`` must not delete the same name written again since (a writer refreshing an old blob, same
+bytes, to name it in a checkpoint). The per-store semantics are in the contract suite
+(statebackend/testing/conditional_delete_contract.py); here: the sweep on every store, its fallback on a store
+without the capability, the resilience layer's retries, and S3's fallback for a server that refuses DeleteObjects."""
+
+from __future__ import annotations
+
+import builtins
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.awsrequest import AWSResponse
+
+from statebackend.blobstores.base import BlobInfo, BlobStore
+from statebackend.blobstores.file import FileBlobStore
+from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.blobstores.resilience import ResilientBlobStore
+from statebackend.errors import TransientStorageError
+from statebackend.kit import GraceRule, Mark, created_at_metadata, sweep_unreferenced
+from statebackend.metrics import Metrics
+from tests.test_delete_many import counted, requests, server_store
+
+NOW = 1_800_000_000.0
+OLD = created_at_metadata(NOW - 7_200)
+FRESH = created_at_metadata(NOW)
+
+
+class RewriteAfterHead(BlobStore):
+    """Wraps a store: the ``head`` of ``target`` is answered, then ``target`` is written again (same bytes, fresh
+    age), as a writer refreshing it to name it would, between the sweep's judgment and its delete."""
+
+    def __init__(self, inner: BlobStore, target: str) -> None:
+        self.inner, self.target = inner, target
+        self.url = inner.url
+        self.supports_metadata = inner.supports_metadata
+        self.supports_conditional_delete = inner.supports_conditional_delete
+        self.conditional_calls: list[dict[str, str]] = []
+        self.plain_calls: list[list[str]] = []
+
+    def head(self, name: str) -> BlobInfo:
+        info = self.inner.head(name)
+        if name == self.target:
+            self.inner.put(name, self.inner.get(name), metadata=FRESH)
+        return info
+
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        self.conditional_calls.append(dict(versions))
+        return self.inner.delete_if_unchanged(versions)
+
+    def delete_many(self, names: builtins.list[str]) -> None:
+        self.plain_calls.append(list(names))
+        self.inner.delete_many(names)
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        self.inner.put(name, data, create_only=create_only, metadata=metadata)
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        return self.inner.get(name, start=start, end=end)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return self.inner.list(prefix)
+
+
+def sweep_with_a_rewrite(store: BlobStore) -> tuple[RewriteAfterHead, Any]:
+    names = [f"g/run-{i:02d}" for i in range(6)]
+    for name in names:
+        store.put(name, b"run bytes", metadata=OLD)
+    racing = RewriteAfterHead(store, names[2])
+    swept = sweep_unreferenced(racing, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
+                               now=NOW)
+    return racing, swept
+
+
+def check_the_rewrite_survives(store: BlobStore) -> None:
+    racing, swept = sweep_with_a_rewrite(store)
+    assert store.supports_conditional_delete
+    assert list(store.list("g/")) == ["g/run-02"], "the rewritten blob was swept with the old ones"
+    assert store.get("g/run-02") == b"run bytes"
+    assert dict(store.head("g/run-02").metadata) == FRESH
+    assert swept.kept == ("g/run-02",) and "g/run-02" not in swept.deleted
+    assert len(swept.deleted) == 5 and racing.plain_calls == []
+    assert len(racing.conditional_calls) == 1, "the six judged blobs went in one conditional batch"
+
+
+@pytest.mark.parametrize("make", [lambda tmp: MemoryBlobStore(), lambda tmp: FileBlobStore(tmp / "blobs"),
+                                  lambda tmp: ResilientBlobStore(FileBlobStore(tmp / "blobs"))],
+                         ids=["memory", "file", "resilient-file"])
+def test_a_blob_written_again_after_its_judgment_survives_the_sweep(tmp_path: Path,
+                                                                    make: Callable[[Path], BlobStore]) -> None:
+    check_the_rewrite_survives(make(tmp_path))
+
+
+@pytest.mark.azure
+def test_on_azurite_a_blob_written_again_after_its_judgment_survives_the_sweep(azurite: Any) -> None:
+    store = server_store("azure", azurite)
+    try:
+        check_the_rewrite_survives(store)
+    finally:
+        store.close()
+
+
+@pytest.mark.s3
+def test_on_s3_the_sweep_falls_back_to_delete_many_within_the_batch_wait(s3_server: Any) -> None:
+    """S3 declines conditional deletes (its ETag is the MD5 of the bytes: a rewrite of the same bytes keeps it, as
+    moto shows here), so the sweep is back to the bounded race: plain batches, the first blob waiting at most
+    ``SWEEP_BATCH_WAIT_S``; nothing is asked of a conditional delete."""
+    store = server_store("s3", s3_server)
+    try:
+        assert not store.supports_conditional_delete
+        store.put("e/a", b"same", metadata=OLD)
+        inner: Any = store.inner  # type: ignore[attr-defined]
+        etag = inner._client.head_object(Bucket=inner.bucket, Key="p/e/a")["ETag"]
+        store.put("e/a", b"same", metadata=FRESH)
+        assert inner._client.head_object(Bucket=inner.bucket, Key="p/e/a")["ETag"] == etag
+        assert store.head("e/a").etag is None
+        racing, swept = sweep_with_a_rewrite(store)
+        assert racing.conditional_calls == [] and racing.plain_calls
+        assert sorted(n for call in racing.plain_calls for n in call) == [f"g/run-{i:02d}" for i in range(6)]
+        assert swept.kept == ()
+    finally:
+        store.close()
+
+
+def test_a_store_without_the_capability_is_never_asked_for_a_conditional_delete() -> None:
+    class Plain(MemoryBlobStore):
+        supports_conditional_delete = False
+
+        def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+            raise AssertionError("a store without the capability was asked for a conditional delete")
+
+    store = Plain()
+    for name in ["g/a", "g/b"]:
+        store.put(name, b"x", metadata=OLD)
+    wrapped = ResilientBlobStore(store)
+    assert not wrapped.supports_conditional_delete
+    swept = sweep_unreferenced(wrapped, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
+                               now=NOW)
+    assert swept.deleted == ("g/a", "g/b") and list(store.list()) == []
+
+
+def test_a_conditional_delete_retried_after_a_lost_reply_is_success() -> None:
+    """The first attempt deletes, its reply is lost: the retry finds the blob absent, which is success (not kept);
+    a blob written again between the attempts is kept whichever attempt saw it."""
+
+    class LosesFirstReply(MemoryBlobStore):
+        lost = 0
+
+        def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+            kept = super().delete_if_unchanged(versions)
+            if self.lost:
+                self.lost -= 1
+                self.put("g/rewritten", b"x", metadata=FRESH)  # written again while the reply was on its way
+                raise TransientStorageError("injected: the reply was lost")
+            return kept
+
+    inner = LosesFirstReply()
+    for name in ["g/gone", "g/rewritten"]:
+        inner.put(name, b"x", metadata=OLD)
+    store, metrics = counted(inner)
+    versions = {name: store.head(name).etag or "" for name in ["g/gone", "g/rewritten"]}
+    inner.lost = 1
+    assert store.delete_if_unchanged(versions) == {"g/rewritten"}
+    assert list(inner.list()) == ["g/rewritten"] and dict(inner.head("g/rewritten").metadata) == FRESH
+    assert requests(metrics, "delete_if_unchanged") == 1
+    assert metrics.counter("blob_store.retries", operation="delete_if_unchanged") == 1
+
+
+# -- S3: a server that refuses DeleteObjects -----------------------------------------------------------------------
+
+
+class _Body:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(("status", "code"), [(501, "NotImplemented"), (405, "MethodNotAllowed")])
+def test_s3_a_server_refusing_delete_objects_gets_one_delete_a_name_from_then_on(
+    s3_server: Any, status: int, code: str
+) -> None:
+    store = server_store("s3", s3_server, f"r{uuid.uuid4().hex[:12]}")
+    inner: Any = store.inner  # type: ignore[attr-defined]
+    refused: list[int] = []
+
+    def refuse(request: Any, **_: Any) -> AWSResponse:
+        refused.append(1)
+        body = f"<Error><Code>{code}</Code><Message>not here</Message></Error>".encode()
+        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Body(body))
+
+    inner._client.meta.events.register("before-send.s3.DeleteObjects", refuse)
+    metrics = Metrics()
+    store.use_metrics(metrics)
+    try:
+        for name in ["a", "b", "c"]:
+            store.put(name, b"x")
+        store.delete_many(["a", "b", "absent"])
+        assert list(store.list("")) == ["c"]
+        assert len(refused) == 1 and requests(metrics, "delete") == 3
+        store.delete_many(["c"])  # remembered: no DeleteObjects tried again
+        assert list(store.list("")) == [] and len(refused) == 1
+        assert requests(metrics, "delete_many") == 1 and requests(metrics, "delete") == 4
+    finally:
+        store.close()
