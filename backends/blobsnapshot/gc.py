@@ -240,6 +240,8 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         metrics.increment("blobsnapshot.sweeps")
         metrics.increment("blobsnapshot.sweep.runs.deleted", runs_deleted)
         metrics.increment("blobsnapshot.sweep.indexes.deleted", indexes_deleted)
+        if any(s.kept for s in swept):
+            metrics.increment("blobsnapshot.sweep.kept", sum(len(s.kept) for s in swept))
         if runs_deleted or indexes_deleted:
             log.debug("store %s: sweep deleted %d unreferenced runs and %d indexes", state.name, runs_deleted,
                       indexes_deleted, extra=self._extra(state.name))

@@ -67,7 +67,7 @@ class ChangelogGc(ChangelogManagerState):
                 if name in newest_seq:
                     newest_seq[name] = Recipe.decode(marker, prefix=self._lineages[name].prefix,
                                                      source=f"store {name} in checkpoint #{head.seq}").seq
-        deleted = 0
+        deleted = kept = 0
         stopped = False
         for name, lineage in self._lineages.items():
             with lineage.lock:
@@ -89,6 +89,7 @@ class ChangelogGc(ChangelogManagerState):
                 swept = sweep_unreferenced(self.context.blob_store, lineage.prefix + kind, mark, self._grace,
                                            clock=self.clock, spare=beyond_the_head, confirm=still_unmarked)
                 deleted += len(swept.deleted)
+                kept += len(swept.kept)
                 if swept.stopped:
                     stopped = True  # a checkpoint written since the mark may name blobs that are old by now
                     break
@@ -99,6 +100,8 @@ class ChangelogGc(ChangelogManagerState):
                 self.context.metrics.increment("changelog.sweep.stopped")
                 break
         self.context.metrics.increment("changelog.sweeps")
+        if kept:
+            self.context.metrics.increment("changelog.sweep.kept", kept)
         if deleted:
             self.context.metrics.increment("changelog.sweep.deleted", deleted)
             log.debug("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted,

@@ -156,6 +156,8 @@ _SPECS = [
     _counter("changelog.sweeps", "statebackend_changelog_sweeps_total", "changelog mark-and-sweep runs"),
     _counter("changelog.sweep.deleted", "statebackend_changelog_sweep_deleted_total",
              "unreferenced changelog blobs deleted by sweeps"),
+    _counter("changelog.sweep.kept", "statebackend_changelog_sweep_kept_total",
+             "blobs a sweep judged unreferenced and old but kept: written again since (conditional deletes)"),
     _counter("changelog.sweep.stopped", "statebackend_changelog_sweep_stopped_total",
              "sweeps stopped early (they ran longer than a quarter of the grace period)"),
     # -- blob-snapshot backend (backends/blobsnapshot) ---------------------------------------------------------------
@@ -198,6 +200,8 @@ _SPECS = [
     _counter("blobsnapshot.sweeps", "statebackend_blobsnapshot_sweeps_total", "blob-snapshot mark-and-sweep runs"),
     _counter("blobsnapshot.sweep.runs.deleted", "statebackend_blobsnapshot_sweep_runs_deleted_total",
              "unreferenced runs deleted by sweeps"),
+    _counter("blobsnapshot.sweep.kept", "statebackend_blobsnapshot_sweep_kept_total",
+             "runs and indexes a sweep judged unreferenced and old but kept: written again since (conditional deletes)"),
     _counter("blobsnapshot.sweep.indexes.deleted", "statebackend_blobsnapshot_sweep_indexes_deleted_total",
              "unreferenced indexes deleted by sweeps"),
     # -- the Spark driver (statebackend/spark/driver.py) ----------------------------------------------------------
