@@ -27,6 +27,8 @@ class ConditionalDeleteContract:
 
     #: rounds of the race between a rewrite and a conditional delete
     conditional_delete_races: int = 30
+    #: size of the large ``put_file`` (BlobStoreContract's: larger than a part, so uploads in parts run)
+    large_size: int
 
     def raw_get(self, store: BlobStore, name: str) -> bytes | None:  # pragma: no cover - BlobStoreContract's wins
         raise NotImplementedError
@@ -55,6 +57,51 @@ class ConditionalDeleteContract:
             version = store.head("cond/v").etag
             assert version is not None and version not in seen, f"a put of {data!r} kept an earlier version"
             seen.add(version)
+
+    def test_every_write_path_gives_a_new_version(self, store: BlobStore,
+                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+        """A writer refreshes a blob with ``put_file`` (the backends' uploads), a large one in parts where the store
+        uploads in parts: each path must give a new version, the same bytes written again too."""
+        if self._declines(store):
+            return
+        local = tmp_path_factory.mktemp("cond")
+        small, large = local / "small", local / "large"
+        small.write_bytes(b"same")
+        large.write_bytes(bytes(range(256)) * (self.large_size // 256 + 1))
+        for name, path in [("cond/pf-small", small), ("cond/pf-large", large)]:
+            seen: set[str] = set()
+            for round_no in range(2):
+                store.put_file(name, path, metadata={"created_at": "1"})
+                version = store.head(name).etag
+                assert version is not None and version not in seen, \
+                    f"put_file of {name} (round {round_no}) kept an earlier version"
+                seen.add(version)
+            judged = store.head(name).etag or ""
+            store.put_file(name, path, metadata={"created_at": "2"})
+            assert store.delete_if_unchanged({name: judged}) == {name}, f"a put_file rewrite of {name} was not kept"
+            assert self.raw_get(store, name) == path.read_bytes()
+
+    @pytest.mark.parametrize("delete", ["delete", "delete_many", "delete_if_unchanged"])
+    def test_a_version_never_comes_back_after_a_delete(self, store: BlobStore, delete: str) -> None:
+        """A blob deleted (by another collector) and written again, the same bytes under the same name, is a new
+        version: a conditional delete naming the version before the delete keeps it. (A version counted per name
+        from its creation, or a file's inode that the filesystem hands out again, would repeat.)"""
+        if self._declines(store):
+            return
+        for round_no in range(4):
+            name = f"cond/again{round_no % 2}"
+            store.put(name, b"same")
+            judged = store.head(name).etag or ""
+            if delete == "delete":
+                store.delete(name)
+            elif delete == "delete_many":
+                store.delete_many([name])
+            else:
+                assert store.delete_if_unchanged({name: judged}) == frozenset()
+            store.put(name, b"same")
+            assert store.head(name).etag != judged, f"round {round_no}: the version before the delete came back"
+            assert store.delete_if_unchanged({name: judged}) == {name}, f"round {round_no}: the rewrite was deleted"
+            assert self.raw_get(store, name) == b"same"
 
     def test_conditional_delete_of_an_unchanged_blob_deletes_it(self, store: BlobStore) -> None:
         if self._declines(store):

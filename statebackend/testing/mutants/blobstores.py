@@ -4,6 +4,7 @@ store contract suite must fail every one of them (tests/test_mutants.py; docs/co
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -13,6 +14,7 @@ from statebackend.errors import AlreadyExistsError, NotFoundError
 
 __all__ = [
     "AbsentReadsAsEmpty",
+    "ConditionalDeleteChecksThenDeletes",
     "ConditionalDeleteIgnoresTheVersion",
     "CreateOnlyIsNotAtomic",
     "CreateOnlyOverwrites",
@@ -23,7 +25,9 @@ __all__ = [
     "ListsOnePage",
     "ListsUnsorted",
     "LosesFileMetadata",
+    "PutFileKeepsTheVersion",
     "TruncatesLargeReads",
+    "VersionRestartsAfterDelete",
 ]
 
 #: the page size of :class:`ListsOnePage` (S3's)
@@ -138,3 +142,71 @@ class ConditionalDeleteIgnoresTheVersion(MemoryBlobStore):
     def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
         self.delete_many(list(versions))
         return frozenset()
+
+
+class ConditionalDeleteChecksThenDeletes(MemoryBlobStore):
+    """A conditional delete compares the version, then deletes in a second request (a HEAD, then an unconditional
+    DELETE): a rewrite landing between the two is lost."""
+
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        for name in versions:
+            check_blob_name(name)
+        kept = set()
+        for name, version in versions.items():
+            with self._lock:
+                blob = self._blobs.get(name)
+            if blob is not None and blob[2] != version:
+                kept.add(name)
+            elif blob is not None:
+                threading.Event().wait(0.005)  # the round trip between the check and the delete
+                self.delete(name)
+        return frozenset(kept)
+
+
+class VersionRestartsAfterDelete(MemoryBlobStore):
+    """A blob's version counts the writes of its name since the name was created, so a name deleted and written
+    again repeats an old version (as a file's inode handed out again would): a conditional delete takes the rewrite."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self._writes: dict[str, int] = {}
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        super().put(name, data, create_only=create_only, metadata=metadata)
+        with self._lock:
+            self._writes[name] = self._writes.get(name, 0) + 1
+            payload, checked, _ = self._blobs[name]
+            self._blobs[name] = (payload, checked, f"w{self._writes[name]}")
+
+    def delete(self, name: str) -> None:
+        super().delete(name)
+        with self._lock:
+            self._writes.pop(name, None)
+
+    def delete_many(self, names: list[str]) -> None:
+        for name in names:
+            self.delete(name)
+
+    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
+        kept = super().delete_if_unchanged(versions)
+        with self._lock:
+            for name in versions.keys() - kept:
+                self._writes.pop(name, None)
+        return kept
+
+
+class PutFileKeepsTheVersion(MemoryBlobStore):
+    """An upload from a file of the bytes already there keeps the blob's version (an upload path, such as one in
+    parts, that never gets a new one): a sweep deletes a run a writer refreshed with ``put_file``."""
+
+    def put_file(self, name: str, path: str | os.PathLike[str], *, create_only: bool = False,
+                 metadata: Mapping[str, str] | None = None) -> None:
+        with self._lock:
+            before = self._blobs.get(name)
+        super().put_file(name, path, create_only=create_only, metadata=metadata)
+        with self._lock:
+            payload, checked, version = self._blobs[name]
+            if before is not None and before[0] == payload:
+                version = before[2]
+            self._blobs[name] = (payload, checked, version)
