@@ -7,6 +7,7 @@ without the capability, the resilience layer's retries, and S3's fallback for a 
 from __future__ import annotations
 
 import builtins
+import os
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -256,3 +257,37 @@ def test_backend_sweeps_keep_and_count_a_blob_written_again_before_its_delete(tm
             assert blobs.exists(orphan), f"{backend}: the sweep deleted a blob written again after its judgment"
             assert deleted == 0
             assert task.metrics.counter(f"{backend}.sweep.kept") == 1
+
+
+def test_file_store_on_a_filesystem_that_keeps_whole_seconds_never_deletes_a_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``file://`` version is device, inode, size and mtime. A filesystem that stores whole seconds (ext4 with
+    128-byte inodes, ext3, HFS+, FAT) cuts the nanosecond stamp ``put`` sets, and it hands a freed inode out again:
+    a name deleted (by another collector) and written again within the second, same bytes, repeats the version the
+    sweep judged. Such a version must not be offered (``etag`` None: the sweep falls back to ``delete_many``)."""
+    real_utime = os.utime
+
+    def whole_seconds(target: Any, *args: Any, ns: tuple[int, int] | None = None, **kwargs: Any) -> None:
+        if ns is not None:
+            ns = (ns[0] // 1_000_000_000 * 1_000_000_000, ns[1] // 1_000_000_000 * 1_000_000_000)
+        real_utime(target, *args, ns=ns, **kwargs)
+
+    monkeypatch.setattr(os, "utime", whole_seconds)
+    store = FileBlobStore(tmp_path / "blobs")
+    lost = []
+    for round_no in range(200):
+        store.put("g/run", b"run bytes")
+        judged = store.head("g/run").etag
+        store.delete("g/run")
+        store.put("g/run", b"run bytes")  # the writer's refresh, the inode likely the freed one
+        if judged is not None and store.delete_if_unchanged({"g/run": judged}) != {"g/run"}:
+            lost.append(round_no)
+        assert store.exists("g/run") or lost
+    assert lost == [], f"rewrites deleted on a repeated version in rounds {lost[:10]}"
+    assert store.head("g/run").etag is None, "a version the filesystem's clock cannot vouch for was offered"
+    # the sweep then deletes plainly (bounded by its batch wait) and still deletes what is old
+    store.put("g/old", b"x", metadata=OLD)
+    swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
+                               now=NOW)
+    assert swept.deleted == ("g/old",) and list(store.list("g/")) == ["g/run"]

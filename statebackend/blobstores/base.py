@@ -85,7 +85,9 @@ class BlobInfo:
     metadata: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: types.MappingProxyType(dict(m)))
     #: the version of the blob this ``head`` saw, for :meth:`BlobStore.delete_if_unchanged`: opaque, and different
     #: after every write of the name (the same bytes written again too; ``set_metadata`` may change it as well).
-    #: ``None`` where the store cannot tell (its :attr:`BlobStore.supports_conditional_delete` is false)
+    #: ``None`` where the store cannot tell (its :attr:`BlobStore.supports_conditional_delete` is false, or for a blob
+    #: whose version it cannot vouch for, such as ``file://`` on a filesystem that keeps whole seconds: a collector
+    #: deletes such a blob with :meth:`BlobStore.delete_many`, as on a store without conditional deletes)
     etag: str | None = None
 
 

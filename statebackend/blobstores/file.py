@@ -22,8 +22,12 @@ How the contract of :mod:`statebackend.blobstores.base` is met:
   :class:`StorageError` saying so (object stores allow it; the backends never need it).
 - ``head`` gives each blob's version as its etag: device, inode, size and modification time (in nanoseconds, set
   by ``put`` from the clock just before the blob is linked in, so no two writes of a name share it even where the
-  filesystem's own timestamps are coarse). Every put makes a new file, so every put changes it; ``set_metadata``
-  does not. :meth:`FileBlobStore.delete_if_unchanged` is safe against a concurrent rewrite (see there).
+  kernel's own file clock is coarse). Every put makes a new file, so every put changes it; ``set_metadata`` does
+  not. A filesystem that *stores* coarse times (whole seconds: ext4 with 128-byte inodes, ext3, HFS+; FAT) cuts
+  that stamp, and hands a freed inode out again, so a name deleted and written again within the second could repeat
+  a version: ``put`` never stamps a whole millisecond, and a blob whose stored time is one gets no etag (``None``;
+  a garbage collector then deletes it plainly, see :mod:`statebackend.kit.gc`).
+  :meth:`FileBlobStore.delete_if_unchanged` is safe against a concurrent rewrite (see there).
 - Thread-safe and multi-process-safe without locks: every visible change is one ``rename``/``link``/``unlink``.
 - Every ``OSError`` other than not-found is translated to :class:`StorageError` naming the path and the store.
 """
@@ -61,6 +65,8 @@ _COPY_BUFFER = 1024 * 1024
 # a concurrent delete may prune the directory a put just created; the put then recreates it and tries again
 _MAX_DIRECTORY_RACES = 100
 _NOT_FOUND_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
+#: a stored mtime that is a multiple of this was cut by the filesystem (``put`` never stamps one): no version
+_COARSE_TIME_NS = 1_000_000
 
 
 def _absolute_path(root: str | os.PathLike[str]) -> str:
@@ -238,7 +244,7 @@ class FileBlobStore(BlobStore):
         if stat.S_ISDIR(info.st_mode):
             return True  # a directory of other blobs: no blob of this name
         if _version(info) != version:
-            return False
+            return False  # another version (or one that cannot be told apart: never deleted on condition)
         directory = os.path.dirname(path)
         taken_path = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
         try:
@@ -378,6 +384,8 @@ class FileBlobStore(BlobStore):
                 write(out)
                 out.flush()
                 stamp = time.time_ns()  # the version's mtime: fine-grained, whatever the filesystem's own clock
+                if stamp % _COARSE_TIME_NS == 0:
+                    stamp += 1  # never a whole millisecond: a stored time that is one was cut by the filesystem
                 os.utime(out.fileno(), ns=(stamp, stamp))
                 os.fsync(out.fileno())
                 inode = os.fstat(out.fileno()).st_ino
@@ -653,9 +661,13 @@ def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
 
 
-def _version(info: os.stat_result) -> str:
+def _version(info: os.stat_result) -> str | None:
     """A blob file's version (its etag): a put makes a new file with a new inode and a fresh nanosecond mtime; a
-    rename keeps all four."""
+    rename keeps all four. ``None`` when the stored mtime is a whole millisecond, which ``put`` never stamps: the
+    filesystem keeps coarse times (or the blob was written otherwise), and with a reused inode the four could repeat
+    an earlier version of the name."""
+    if info.st_mtime_ns % _COARSE_TIME_NS == 0:
+        return None
     return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
 
 

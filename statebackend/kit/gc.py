@@ -33,14 +33,15 @@ since its mark (:meth:`GraceRule.sweep_deadline`: its marks may be stale by then
 while it is younger than half the grace period (:meth:`GraceRule.may_name`), so a checkpoint written within a
 quarter of the grace period of that check is never swept from under it.
 
-**A blob written again is not swept.** A writer may write an old blob again (the same bytes, a fresh age) to name
-it (blob-snapshot's content-addressed runs, changelog's reused deltas), possibly just after a sweep judged the old
-version by its ``head``. Where the blob store can (:attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_delete`:
-memory, ``file://``, Azure), the sweep deletes each blob on condition that it is still the version its ``head``
-saw (:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands.
+**A blob written again is not swept.** A writer may write an old blob again (the same bytes, a fresh age) to name it
+(blob-snapshot's content-addressed runs; changelog never does: it re-bases instead of naming an old blob), possibly
+just after a sweep judged the old version by its ``head``. Where the blob store can
+(:attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_delete`: memory, ``file://``, Azure), the sweep
+deletes each blob on condition that it is still the version its ``head`` saw
+(:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands.
 Elsewhere (S3, whose ETag does not change when the same bytes are written again; a store without metadata, which
-gets no ``head``) a doomed blob waits at most :data:`SWEEP_BATCH_WAIT_S` in its batch, which bounds the race
-without closing it.
+gets no ``head``; a blob whose ``head`` gives no version) a doomed blob waits at most :data:`SWEEP_BATCH_WAIT_S` in
+its batch, which bounds the race without closing it.
 
 The mark is only as good as the listing of checkpoints it came from: build it from the task's
 :class:`~statebackend.checkpoint.CheckpointLog`, whose listings never show less than the newest checkpoint the task
