@@ -20,7 +20,7 @@ from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.blobstores.resilience import ResilientBlobStore
-from statebackend.errors import TransientStorageError
+from statebackend.errors import StorageError, TransientStorageError
 from statebackend.kit import GraceRule, Mark, created_at_metadata, sweep_unreferenced
 from statebackend.metrics import Metrics
 from tests.test_delete_many import counted, requests, server_store
@@ -291,3 +291,42 @@ def test_file_store_on_a_filesystem_that_keeps_whole_seconds_never_deletes_a_rew
     swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
                                now=NOW)
     assert swept.deleted == ("g/old",) and list(store.list("g/")) == ["g/run"]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (403, "AccessDenied"),
+                                              (400, "MalformedXML")])
+def test_s3_a_delete_objects_failing_otherwise_never_switches_to_one_delete_a_name(
+    s3_server: Any, status: int, code: str
+) -> None:
+    """Only a refusal of DeleteObjects itself (501, 405) switches the store to one DeleteObject a name: a throttled
+    or failing server is retried as before, a refused credential or request is an error, and the next batch is one
+    DeleteObjects again."""
+    store = server_store("s3", s3_server, f"f{uuid.uuid4().hex[:12]}")
+    inner: Any = store.inner  # type: ignore[attr-defined]
+    failed: list[int] = []
+
+    def fail_once(request: Any, **_: Any) -> AWSResponse | None:
+        if failed:
+            return None
+        failed.append(1)
+        body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Body(body))
+
+    inner._client.meta.events.register("before-send.s3.DeleteObjects", fail_once)
+    metrics = Metrics()
+    store.use_metrics(metrics)
+    try:
+        for name in ["a", "b", "c"]:
+            store.put(name, b"x")
+        if status >= 500:
+            store.delete_many(["a", "b"])  # retried (by botocore or the resilience layer)
+        else:
+            with pytest.raises(StorageError):
+                store.delete_many(["a", "b"])
+            store.delete_many(["a", "b"])
+        assert failed == [1] and list(store.list("")) == ["c"] and not inner._batch_delete_refused
+        store.delete_many(["c"])
+        assert list(store.list("")) == [] and requests(metrics, "delete") == 0
+    finally:
+        store.close()
