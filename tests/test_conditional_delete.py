@@ -330,3 +330,28 @@ def test_s3_a_delete_objects_failing_otherwise_never_switches_to_one_delete_a_na
         assert list(store.list("")) == [] and requests(metrics, "delete") == 0
     finally:
         store.close()
+
+
+@pytest.mark.azure
+def test_on_azurite_a_leased_blob_is_an_error_not_a_blob_written_again(azurite: Any) -> None:
+    """Azure answers 412 to a conditional delete for two reasons: the ETag changed (``ConditionNotMet``: kept) and a
+    lease held on the blob (``LeaseIdMissing``). The second is what ``delete_many`` reports as an error; it must not
+    be counted as a blob written again (which a sweep then keeps silently, sweep after sweep)."""
+    store = server_store("azure", azurite)
+    inner: Any = store.inner  # type: ignore[attr-defined]
+    try:
+        for name in ["leased", "rewritten", "old"]:
+            store.put(name, b"x")
+        versions = {name: store.head(name).etag or "" for name in ["leased", "rewritten", "old"]}
+        store.put("rewritten", b"x")
+        lease = inner._container_client.get_blob_client(inner._root() + "leased").acquire_lease(lease_duration=-1)
+        try:
+            with pytest.raises(StorageError, match="LeaseIdMissing"):
+                store.delete_if_unchanged(versions)
+            assert sorted(store.list("")) == ["leased", "rewritten"]
+        finally:
+            lease.release()
+        assert store.delete_if_unchanged(versions) == {"rewritten"}
+        assert list(store.list("")) == ["rewritten"]
+    finally:
+        store.close()

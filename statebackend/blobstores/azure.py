@@ -7,8 +7,8 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
   :class:`AlreadyExistsError`. Large files are staged as blocks in parallel and committed with one
   ``Put Block List`` carrying the same condition, so a create-only large upload is atomic and create-only too.
 - ``head`` gives the blob's ETag, which the service changes on every write (the same bytes too, and metadata);
-  ``delete_if_unchanged`` sends it as ``If-Match`` with each delete of a Blob Batch and takes 412 for "written
-  since, kept".
+  ``delete_if_unchanged`` sends it as ``If-Match`` with each delete of a Blob Batch and takes 412
+  ``ConditionNotMet`` for "written since, kept" (a 412 for a lease on the blob is an error, as for ``delete``).
 - An absent blob is :class:`NotFoundError`; a missing container, a refused credential or a bad request is
   :class:`StorageError` saying what to fix; throttling (429, 503), other 5xx, resets, timeouts, replies cut short
   (no status code: ``IncompleteReadError``) and replies cut inside their head or missing a mandatory field (the
@@ -83,6 +83,10 @@ T = TypeVar("T")
 _TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 #: deletes in one Blob Batch request (the service's limit)
 _DELETE_BATCH = 256
+#: a conditional delete's 412 that means "another version now" (an absent blob too, on Azurite); no code: a reply
+#: cut inside its part, taken the safe way (kept). Any other 412 (``LeaseIdMissing``: a leased blob) is an error,
+#: as for a plain delete
+_CHANGED_CODES = {"ConditionNotMet", ""}
 _CONTAINER_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,61})[a-z0-9]$")
 
 #: what the SDK (or the stdlib under it) raises for a reply cut inside its head or body, or missing a mandatory
@@ -380,8 +384,8 @@ class AzureBlobStore(PartedBlobStore):
         for path, (status, code) in zip(batch, statuses, strict=True):
             if 200 <= status < 300 or (status == 404 and code != "ContainerNotFound"):
                 continue  # deleted, or absent: success
-            if status == 412 and etags[path] is not None:
-                changed.append(path)  # written since the HEAD that gave the ETag: kept
+            if status == 412 and etags[path] is not None and code in _CHANGED_CODES:
+                changed.append(path)  # written since the HEAD that gave the ETag: kept (412 LeaseIdMissing: not)
                 continue
             failed.append(path)
             codes.add(f"{status} {code}".strip())
