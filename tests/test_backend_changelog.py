@@ -7,6 +7,8 @@ import itertools
 import random
 import shutil
 import threading
+import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -877,3 +879,56 @@ def test_a_restore_removes_the_snapshot_copy_a_restore_killed_during_its_downloa
     assert (failed, version, data) == (None, recipe.head.version, models[recipe.head.version])
     assert not left.exists()
     assert not list(local.glob(".restore-*"))
+
+
+class EarlierTryLanded(MemoryBlobStore):
+    """A memory store on which the first create-only write of a delta finds it written already by an earlier try of
+    the same upload that landed ``landed_ago`` seconds ago (its reply lost): the blob holds the same bytes with that
+    age, and the write is refused as taken."""
+
+    def __init__(self, landed_ago: float) -> None:
+        super().__init__()
+        self.landed_ago = landed_ago
+        self.landed: list[str] = []
+
+    def put(self, name: str, data: bytes, *, create_only: bool = False,
+            metadata: Mapping[str, str] | None = None) -> None:
+        if create_only and "/delta/" in name and not self.landed:
+            from statebackend.errors import AlreadyExistsError
+            from statebackend.kit import created_at_metadata
+
+            super().put(name, data, metadata=created_at_metadata(time.time() - self.landed_ago))
+            self.landed.append(name)
+            raise AlreadyExistsError(f"{name} exists")
+        super().put(name, data, create_only=create_only, metadata=metadata)
+
+
+@pytest.mark.parametrize(("landed_ago", "refreshed"), [(60.0, False), (3 * 3600.0, True)])
+def test_a_delta_an_earlier_try_wrote_is_named_only_while_young_else_written_again(
+    tmp_path: Path, landed_ago: float, refreshed: bool
+) -> None:
+    """A delta found written by an earlier try (create-only refused) is as old as that try: a young one is named as it
+    is, one older than half the grace period is written again with a fresh age (a sweep of another attempt would
+    judge it by the age it holds, not by when this commit found it)."""
+    from statebackend.kit import read_created_at
+
+    blobs = EarlierTryLanded(landed_ago)
+    config = config_for(tmp_path, **{"changelog.gc.grace.period.ms": 3_600_000})
+    model: dict[bytes, bytes] = {}
+    started = time.time()
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        write_round(task, 0, model)
+        task.commit_durably({"input": "0"})
+        write_round(task, 1, model)
+        task.commit_durably({"input": "1"})
+        assert len(blobs.landed) == 1
+        age = read_created_at(blobs.head(blobs.landed[0]).metadata)
+        assert age is not None
+        if refreshed:
+            assert age >= started - 1, "an old delta was named with the age an earlier try gave it"
+        else:
+            assert age < started - 30, "a young delta was written again for nothing"
+        assert task.metrics.counter("changelog.blobs.refreshed") == (1 if refreshed else 0)
+    shutil.rmtree(tmp_path / "local")
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert contents(task) == model

@@ -11,9 +11,9 @@ from statebackend.backends.changelog.lineage import ChangelogManagerState, Linea
 from statebackend.backends.changelog.marker import Recipe, Step
 
 from statebackend.envbase import write_env_base
-from statebackend.errors import AlreadyExistsError, CommitError, CorruptDataError
+from statebackend.errors import AlreadyExistsError, CommitError, CorruptDataError, NotFoundError
 from statebackend.fsutil import atomic_write
-from statebackend.kit import IN_FLIGHT, created_at_metadata
+from statebackend.kit import IN_FLIGHT, created_at_metadata, read_created_at
 from statebackend.recordfile import FileHeader, RecordColumns, check_digest, write_file
 from statebackend.store import ReadView
 
@@ -158,6 +158,13 @@ class ChangelogUpload(ChangelogManagerState):
         metrics.increment("commit.files.uploaded")
         metrics.record(f"changelog.{kind}.bytes", size)
 
+    def _landed_at(self, name: str) -> float | None:
+        """The ``created_at`` of blob ``name`` as the blob store holds it (``None``: absent, or no readable age)."""
+        try:
+            return read_created_at(self.context.blob_store.head(name).metadata)
+        except NotFoundError:
+            return None
+
     def _put_staged(self, lineage: Lineage, staged: Path, name: str) -> None:
         blob_store = self.context.blob_store
         created_at = self.clock()  # before the put: a sweep never sees the blob younger than it is
@@ -167,8 +174,17 @@ class ChangelogUpload(ChangelogManagerState):
             blob_store.put_file(name, staged, create_only=True, metadata=metadata)
         except AlreadyExistsError:
             # names carry the flush's unique token: only an earlier try of this very upload can have written it
-            # (a retry after a timeout whose first attempt had landed); the content is the same bytes.
-            pass
+            # (a retry after a timeout whose first attempt had landed, maybe long ago); the content is the same
+            # bytes. It is as old as that try: named only while young enough, else written again with a fresh age
+            # (a sweep of another attempt could otherwise take it for garbage while a checkpoint names it)
+            if blob_store.supports_metadata:
+                landed = self._landed_at(name)
+                if self._young_enough(landed):
+                    created_at = landed
+                else:
+                    created_at = self.clock()
+                    blob_store.put_file(name, staged, metadata=created_at_metadata(created_at))
+                    self.context.metrics.increment("changelog.blobs.refreshed")
         with lineage.lock:
             lineage.uploaded_at[name] = created_at
             lineage.blob_bytes[name] = size

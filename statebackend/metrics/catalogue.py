@@ -137,6 +137,8 @@ _SPECS = [
                "By", BYTES_BUCKETS),
     _histogram("changelog.snapshot.bytes", "statebackend_changelog_snapshot_bytes",
                "size of an uploaded changelog snapshot", "By", BYTES_BUCKETS),
+    _counter("changelog.blobs.refreshed", "statebackend_changelog_blobs_refreshed_total",
+             "deltas and snapshots an earlier try had written too long ago to name: written again with a fresh age"),
     _counter("changelog.delta.reuploads", "statebackend_changelog_delta_reuploads_total",
              "deltas uploaded again after their first upload's outcome was unknown"),
     _counter("changelog.snapshot.adopted", "statebackend_changelog_snapshot_adopted_total",
