@@ -53,6 +53,10 @@ VALUE_REPEAT_ENV = "CRASH_CHILD_VALUE_REPEAT"
 #: there instead of the crashing ``file://`` store under the work dir (tests/test_random_kills.py)
 BLOB_CONFIG_ENV = "CRASH_CHILD_BLOB_CONFIG"
 DEFAULT_VALUE_REPEAT = 3
+#: set (to anything): after each commit, wait until the background snapshot it may have started is written, so the
+#: next commit adopts it (a crash point on retention's deletes needs one adopted within the child's commits; on a
+#: loaded machine a snapshot left to race the commits could finish after the last one)
+SETTLE_ENV = "CRASH_CHILD_SETTLE_BACKGROUND"
 #: the checkpoint log's retention_interval in the child (the default, 10, would batch nothing within its commits)
 RETENTION_INTERVAL = 2
 #: under the workdir: written once the child has imported everything and starts its work (before it opens the task),
@@ -193,6 +197,10 @@ def run(workdir: Path, report: Path, commits: int) -> None:
                 checkpoint = task.commit_durably({"input": str(n)}, timeout=60)
                 assert checkpoint.input_offsets == {"input": str(n)}
                 os.write(durable_log, f"{n}\n".encode())
+                if os.environ.get(SETTLE_ENV):
+                    from statebackend.backends.changelog.backup import maintenance_pool
+
+                    maintenance_pool().submit(lambda: None).result(60)  # one thread: runs after the snapshot
         finally:
             os.close(durable_log)
 

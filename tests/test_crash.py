@@ -34,7 +34,7 @@ import pytest
 from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
 from statebackend.blobstores.file import FileBlobStore
-from tests.crash_child import STORE, TASK, blobs_dir, expected_state
+from tests.crash_child import SETTLE_ENV, STORE, TASK, blobs_dir, expected_state
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITS = 8  # commits the crashing child attempts
@@ -126,6 +126,8 @@ def _child(
     env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
     if crash_at is not None:
         env["STATEBACKEND_CRASH_AT"] = crash_at
+        if crash_at.startswith("changelog.cleanup."):  # retention deletes only once a snapshot is adopted
+            env[SETTLE_ENV] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
