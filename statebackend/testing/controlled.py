@@ -23,7 +23,9 @@ __all__ = ["ControlledBlobStore", "GatedExecutor"]
 class ControlledBlobStore(BlobStore):
     """Wraps ``inner``. Writes whose name matches ``hold`` wait for ``release`` (then fail instead of writing when
     ``fail_held`` is set: a write that never lands); writes matching ``fail`` raise :class:`TransientStorageError`
-    while ``failures_left`` > 0. ``write_sizes`` records ``(name, bytes)`` of every write that landed."""
+    while ``failures_left`` > 0. ``write_sizes`` records ``(name, bytes)`` of every write that landed; ``held_names``
+    the names of the writes waiting now. Reads whose name matches ``fail_read`` raise :class:`TransientStorageError`
+    (a restore that fails half-way)."""
 
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
@@ -45,6 +47,8 @@ class ControlledBlobStore(BlobStore):
         #: ``replies_to_lose`` > 0
         self.lose_reply: Callable[[str], bool] = lambda name: False
         self.replies_to_lose = 0
+        self.held_names: list[str] = []
+        self.fail_read: Callable[[str], bool] = lambda name: False
 
     def bytes_written(self, prefix: str = "") -> int:
         """Bytes of every write that landed under ``prefix`` so far."""
@@ -60,8 +64,13 @@ class ControlledBlobStore(BlobStore):
         if failing:
             raise TransientStorageError(f"injected failure writing {name}")
         if self.hold(name):
+            with self._lock:
+                self.held_names.append(name)
             self.held.set()
-            if not self.release.wait(timeout=self.hold_timeout_s):
+            released = self.release.wait(timeout=self.hold_timeout_s)
+            with self._lock:
+                self.held_names.remove(name)
+            if not released:
                 raise TransientStorageError(f"test never released {name}")
             if self.fail_held:
                 raise TransientStorageError(f"injected failure writing {name} (held, then failed)")
@@ -91,6 +100,8 @@ class ControlledBlobStore(BlobStore):
         self.inner.set_metadata(name, metadata)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        if self.fail_read(name):
+            raise TransientStorageError(f"injected failure reading {name}")
         return self.inner.get(name, start=start, end=end)
 
     def delete(self, name: str) -> None:

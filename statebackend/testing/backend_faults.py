@@ -1,0 +1,146 @@
+"""The backend contract suite's tests of faults: uploads under load, torn (emptied) blobs, a restore that fails
+half-way, and processes killed at random instants. Part of
+:class:`statebackend.testing.backend_contract.BackendContract` (import the suite from there); each test's docstring
+says the data loss it catches."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from statebackend.blobstores.base import BlobStore
+from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, StorageError
+from statebackend.task import TaskStorage
+from statebackend.testing.backend_base import BackendContractBase
+from statebackend.testing.backend_support import contents, flood, write_round
+from statebackend.testing.kills import KillSpec, kill_rounds
+
+__all__ = ["FaultTests"]
+
+
+class FaultTests(BackendContractBase):
+    """Fault tests of the backend suite (see the module docstring)."""
+
+    #: modules the child process of the kill test imports before it opens the task (a backend that registers
+    #: itself at import); the backend itself is resolved by its name, as a job resolves it
+    child_imports: ClassVar[tuple[str, ...]] = ()
+    #: how many times the kill test kills a committing process (each round costs about half a second)
+    kill_rounds: ClassVar[int] = 3
+
+    def test_uploads_of_tasks_committing_at_once_resolve_only_once_written(
+        self, blobs: BlobStore, tmp_path: Path
+    ) -> None:
+        """Catches an upload that resolves (so its checkpoint is written) before its blobs are, only under load:
+        two tasks of the process committing at once, each a large change set (1,500 keys). Every write of the
+        backend's uploads is held, then fails: neither commit may complete, both must fail, and each task must
+        restore its last durable checkpoint."""
+        blobs = self.controlled(blobs)
+        config = self.make_config(tmp_path)
+        names = ("task-0", "task-1")
+        prefixes = [f"job/{name}/counts/{self.backend}/" for name in names]
+        models: dict[str, dict[bytes, bytes]] = {name: {} for name in names}
+        pool = ThreadPoolExecutor(4, thread_name_prefix="contract-load")
+        tasks = {name: TaskStorage.open(config, name, blob_store=blobs, executor=pool) for name in names}
+        try:
+            for name, task in tasks.items():
+                write_round(task, 0, models[name])
+                task.commit_durably({"input": "0"})
+            durable = {name: dict(model) for name, model in models.items()}
+            blobs.hold = (lambda blob: any(blob.startswith(p) for p in prefixes) and "/snapshot/" not in blob)
+            blobs.fail_held = True
+            pending = {}
+            for name, task in tasks.items():
+                flood(task, "load", models[name], keys=1_500)
+                pending[name] = task.commit({"input": "1"})
+                assert pending[name] is not None
+            assert blobs.held.wait(self.wait_s)
+            for name in names:
+                assert not pending[name].done(), \
+                    f"{name}: the commit was durable while the backend's writes were still held (two at once)"
+            blobs.release.set()
+            for name in names:
+                with pytest.raises(CommitError) as failed:
+                    pending[name].result(timeout=self.wait_s)  # type: ignore[union-attr]
+                assert not isinstance(failed.value, CommitTimeoutError), f"{name}: the failed write was never reported"
+        finally:
+            blobs.release.set()
+            for task in tasks.values():
+                task.close()
+            pool.shutdown()
+        shutil.rmtree(tmp_path / "local")
+        for name in names:
+            with TaskStorage.open(config, name, blob_store=blobs) as task:
+                assert contents(task) == durable[name], f"{name} did not restore its last durable checkpoint"
+                assert task.restored is not None and task.restored.input_offsets == {"input": "0"}
+
+    def test_emptied_backend_blobs_are_detected(
+        self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Catches a restore that takes an empty blob (a write torn before its first byte, as a crash leaves it on
+        some stores) for a step without changes: every blob of the backend is emptied."""
+        def empty(store: BlobStore, names: list[str]) -> list[str]:
+            for name in names:
+                store.put(name, b"")
+            return names
+
+        victims, text = self.restore_after_damage(blobs, tmp_path, caplog, rounds=3, damage=empty,
+                                                  errors=CorruptDataError)
+        assert any(victim in text for victim in victims)
+
+    def test_a_restore_that_fails_half_way_is_never_taken_for_whole(self, blobs: BlobStore, tmp_path: Path) -> None:
+        """Catches a restore that loads its blobs one by one, each step labelled with the checkpoint's version: when
+        a read fails half-way (every read of the backend's blobs after the first fails), the store must be left at
+        a version of the chain or as it was, never "at the checkpoint" with part of its data, and the next restore
+        must give exactly the checkpoint's state (alone the failed open raises a storage error; in a dual commit it
+        falls back)."""
+        blobs = self.controlled(blobs)
+        config = self.make_config(tmp_path)
+        model: dict[bytes, bytes] = {}
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            for round_no in range(4):
+                write_round(task, round_no, model)
+                task.commit_durably({"input": str(round_no)})
+        shutil.rmtree(tmp_path / "local")
+        reads = {"n": 0}
+
+        def after_the_first(name: str) -> bool:
+            if not name.startswith(self.backend_prefix()):
+                return False
+            reads["n"] += 1
+            return reads["n"] > 1
+
+        blobs.fail_read = after_the_first
+        try:
+            with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+                # a backend that read one blob only (or the fallback of a dual commit) restored: exactly, then
+                assert contents(task) == model, "a restore whose reads failed gave other state without an error"
+        except StorageError:
+            assert self.dual_with is None, f"a failed read of {self.backend} did not fall back to {self.dual_with}"
+        blobs.fail_read = lambda name: False
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            assert contents(task) == model, "the restore after one that failed half-way did not give the checkpoint"
+
+    def test_sigkilled_commits_restore_exactly_the_newest_durable_checkpoint(self, tmp_path: Path) -> None:
+        """Catches what only a crash shows: a child process, the backend resolved by its name from the suite's
+        config (``extra_config`` included), commits deterministic data and is killed with SIGKILL at random
+        instants (:mod:`statebackend.testing.kills`); after each kill the newest checkpoint must hold every
+        acknowledged commit, the next process must restore exactly it on the local dir the kill left, and so must
+        a fresh local dir. The last kill lands in a full restore. Runs on a ``file://`` store under the test's
+        temp dir (the in-memory store is not shared by processes)."""
+        workdir = tmp_path / "kills"
+        config = self.make_config(workdir, **{"blob.store.url": f"file://{workdir / 'blobs'}",
+                                              "stores.counts.write.batch.max.bytes": 2048})
+        try:
+            json.dumps(config)
+        except TypeError as exc:
+            pytest.skip(f"extra_config holds values a child process cannot be given as JSON ({exc}): the kill test "
+                        "needs settings that are strings, numbers or booleans")
+        seed = os.environ.get("STATEBACKEND_KILL_SEED", type(self).__name__)
+        kill_rounds(KillSpec(config=config, imports=self.child_imports), workdir, rounds=self.kill_rounds,
+                    seed=seed, wait_s=self.wait_s)
