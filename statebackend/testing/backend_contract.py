@@ -11,7 +11,10 @@ A backend's test module subclasses :class:`BackendContract` and sets:
 - ``extra_config`` (optional): more settings;
 - ``uploads_whole_state`` (optional): True for a backend that uploads a whole copy of the store at each commit (an
   O(state) upload, like the example third-party backend); the upload-size test then only bounds it by one copy;
-- ``test_timeout_s``: the per-test deadline (:mod:`statebackend.testing.deadline`); a hung test fails.
+- ``test_timeout_s``: the per-test deadline (:mod:`statebackend.testing.deadline`); a hung test fails;
+- ``child_imports``, ``kill_rounds`` (optional): modules the kill test's child process imports first (a backend
+  registered at import), and how many times it kills (3). The child resolves the backend by its name, as a job does,
+  with this process's import path; ``extra_config`` must then hold JSON values only.
 
 The blob store is the in-memory fake by default (it passes the blob store contract suite); override the ``blobs``
 fixture to run the suite on Azurite or S3. Only the public API of :class:`TaskStorage` is used. Helpers shared with
