@@ -19,6 +19,7 @@ from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataErro
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_base import BackendContractBase
 from statebackend.testing.backend_support import contents, flood, write_round
+from statebackend.testing.controlled import GatedExecutor
 from statebackend.testing.kills import KillSpec, kill_rounds
 
 __all__ = ["FaultTests"]
@@ -78,6 +79,54 @@ class FaultTests(BackendContractBase):
             with TaskStorage.open(config, name, blob_store=blobs) as task:
                 assert contents(task) == durable[name], f"{name} did not restore its last durable checkpoint"
                 assert task.restored is not None and task.restored.input_offsets == {"input": "0"}
+
+    def test_cleanup_never_deletes_what_a_later_upload_just_wrote(self, blobs: BlobStore, tmp_path: Path) -> None:
+        """Catches a cleanup that deletes every blob no checkpoint names yet, those the next commit's upload just
+        wrote included (its checkpoint is about to name them): the race of a cleanup with the next commit, made
+        certain. The first listing under the backend's prefix after commit 3's checkpoint write (its cleanup's) is
+        held until commit 4's upload has written its blobs and commit 4's checkpoint write is held; then the
+        cleanup runs to its end, the checkpoint is written, and it must restore exactly. A backend whose cleanup
+        does not list within half a second is not held (the race is then not provoked, the rest still checked)."""
+        blobs = self.controlled(blobs)
+        config = self.make_config(tmp_path)
+        pool = GatedExecutor(4, gate_timeout_s=2 * self.wait_s)
+        model: dict[bytes, bytes] = {}
+        try:
+            with TaskStorage.open(config, "task-0", blob_store=blobs, executor=pool) as task:
+                for round_no in range(3):
+                    write_round(task, round_no, model)
+                    task.commit_durably({"input": str(round_no)})
+                start, armed = len(blobs.put_names), [True]
+
+                def cleanup_listing(prefix: str) -> bool:
+                    if not armed[0] or not prefix.startswith(self.backend_prefix()):
+                        return False
+                    if not any("/checkpoints/" in name for name in blobs.put_names[start:]):
+                        return False  # commit 3's own upload, before its checkpoint
+                    armed[0] = False
+                    return True
+
+                blobs.hold_listing = cleanup_listing
+                write_round(task, 3, model)
+                task.commit_durably({"input": "3"})
+                blobs.listing_held.wait(0.5)
+                armed[0] = False  # a cleanup that did not list by now is not held; nothing else may be
+                blobs.hold = (lambda name: "/checkpoints/" in name)
+                write_round(task, 4, model)
+                later = task.commit({"input": "4"})
+                assert later is not None and blobs.held.wait(self.wait_s), "commit 4 never wrote its checkpoint"
+                blobs.listing_release.set()
+                for thread in blobs.listing_threads:
+                    assert pool.task_ended(thread, self.wait_s), "the held cleanup did not end"
+                blobs.release.set()
+                assert later.result(timeout=self.wait_s).input_offsets == {"input": "4"}
+        finally:
+            blobs.listing_release.set()
+            blobs.release.set()
+            pool.shutdown()
+        shutil.rmtree(tmp_path / "local")
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            assert contents(task) == model, "the checkpoint of the upload that raced a cleanup restored other state"
 
     def test_emptied_backend_blobs_are_detected(
         self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
