@@ -80,17 +80,23 @@ class FaultTests(BackendContractBase):
                 assert contents(task) == durable[name], f"{name} did not restore its last durable checkpoint"
                 assert task.restored is not None and task.restored.input_offsets == {"input": "0"}
 
-    def test_cleanup_never_deletes_what_a_later_upload_just_wrote(self, blobs: BlobStore, tmp_path: Path) -> None:
-        """Catches a cleanup that deletes every blob no checkpoint names yet, those the next commit's upload just
-        wrote included (its checkpoint is about to name them): the race of a cleanup with the next commit, made
-        certain. The first listing under the backend's prefix after commit 3's checkpoint write (its cleanup's) is
-        held until commit 4's upload has written its blobs and commit 4's checkpoint write is held; then the
-        cleanup runs to its end, the checkpoint is written, and it must restore exactly. A backend whose cleanup
-        does not list within half a second is not held (the race is then not provoked, the rest still checked)."""
+    @pytest.mark.parametrize("uploader", ["this_attempt", "another_attempt"])
+    def test_cleanup_never_deletes_what_a_later_upload_just_wrote(
+        self, blobs: BlobStore, tmp_path: Path, uploader: str
+    ) -> None:
+        """Catches a cleanup that deletes blobs no checkpoint names yet, those a later upload just wrote included
+        (its checkpoint is about to name them): the race of a cleanup with the next commit, made certain, of this
+        attempt of the task and of another one (a retried or speculative task that restored the same checkpoint;
+        a cleanup that spares only its own manager's uploads fails there). The first listing under the backend's
+        prefix after commit 3's checkpoint write (its cleanup's) is held until commit 4's upload has written its
+        blobs and commit 4's checkpoint write is held; then the cleanup runs to its end, the checkpoint is written,
+        and it must restore exactly. A backend whose cleanup does not list within half a second is not held (the
+        race is then not provoked, the rest still checked)."""
         blobs = self.controlled(blobs)
         config = self.make_config(tmp_path)
         pool = GatedExecutor(4, gate_timeout_s=2 * self.wait_s)
         model: dict[bytes, bytes] = {}
+        other: TaskStorage | None = None
         try:
             with TaskStorage.open(config, "task-0", blob_store=blobs, executor=pool) as task:
                 for round_no in range(3):
@@ -111,22 +117,58 @@ class FaultTests(BackendContractBase):
                 task.commit_durably({"input": "3"})
                 blobs.listing_held.wait(0.5)
                 armed[0] = False  # a cleanup that did not list by now is not held; nothing else may be
+                committer = task
+                if uploader == "another_attempt":
+                    again = dict(config, **{"state.local.dir": str(tmp_path / "other")})
+                    committer = other = TaskStorage.open(again, "task-0", blob_store=blobs, executor=pool)
+                    assert contents(other) == model
                 blobs.hold = (lambda name: "/checkpoints/" in name)
-                write_round(task, 4, model)
-                later = task.commit({"input": "4"})
+                write_round(committer, 4, model)
+                later = committer.commit({"input": "4"})
                 assert later is not None and blobs.held.wait(self.wait_s), "commit 4 never wrote its checkpoint"
                 blobs.listing_release.set()
                 for thread in blobs.listing_threads:
                     assert pool.task_ended(thread, self.wait_s), "the held cleanup did not end"
                 blobs.release.set()
                 assert later.result(timeout=self.wait_s).input_offsets == {"input": "4"}
+                if other is not None:
+                    other.close()
         finally:
             blobs.listing_release.set()
             blobs.release.set()
+            if other is not None:
+                other.close()
             pool.shutdown()
         shutil.rmtree(tmp_path / "local")
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             assert contents(task) == model, "the checkpoint of the upload that raced a cleanup restored other state"
+            assert task.restored is not None and task.restored.input_offsets == {"input": "4"}
+
+    def test_a_failed_write_of_any_store_fails_the_commit(self, blobs: BlobStore, tmp_path: Path) -> None:
+        """Catches an upload that reports the failure of one store's write only (the first store's, say): the
+        checkpoint of a two-store task then names a blob that never landed. The writes of each store fail in
+        turn; each commit must fail, and the task then restores exactly its last durable checkpoint."""
+        blobs = self.controlled(blobs)
+        config = self.make_config(tmp_path, **self.store_config("totals"))
+        models: dict[str, dict[bytes, bytes]] = {"counts": {}, "totals": {}}
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            for round_no, victim in enumerate((None, "counts", "totals", None)):
+                write_round(task, round_no, models["counts"])
+                write_round(task, round_no + 50, models["totals"], store="totals")
+                if victim is None:
+                    task.commit_durably({"input": str(round_no)})
+                    continue
+                prefix = self.backend_prefix(victim)
+                blobs.fail = (lambda name, prefix=prefix: name.startswith(prefix) and "/snapshot/" not in name)
+                blobs.failures_left = 1
+                failed = task.commit({"input": str(round_no)})
+                assert failed is not None
+                with pytest.raises(CommitError):
+                    failed.result(timeout=self.wait_s)
+        shutil.rmtree(tmp_path / "local")
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            assert {name: contents(task, name) for name in models} == models
+            assert task.restored is not None and task.restored.input_offsets == {"input": "3"}
 
     def test_emptied_backend_blobs_are_detected(
         self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture

@@ -23,6 +23,7 @@ from statebackend.testing.reference import (
     ReferenceBackupManager,
     ReferenceRestoreManager,
     Step,
+    _close_views,
     decode_marker,
     parse_blob_name,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "ChainsOnAFailedUpload",
     "CleanupDeletesUploadsInFlight",
     "CleanupIgnoresTheLog",
+    "CleanupSparesOnlyItsOwnUploads",
     "DropsAStore",
     "EmptyBlobIsEmpty",
     "HangsOnAFailedUpload",
@@ -41,6 +43,7 @@ __all__ = [
     "LoadsStepByStep",
     "NeverCountsFull",
     "NeverCountsReused",
+    "ReportsTheFirstStoresFailure",
     "ResolvesBeforeThePut",
     "ResolvesEarlyWhenBusy",
     "ResolvesEarlyWhenLarge",
@@ -371,3 +374,48 @@ class EmptyBlobIsEmpty(ReferenceBackendFactory):
     """Takes an empty blob (a write torn before its first byte) for a step with no changes instead of damage."""
 
     restore_class = _EmptyBlobIsEmpty
+
+
+class _ReportsTheFirstStoresFailure(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        for name, step in prepared.items():  # every store written, "so one bad store does not hold up the others"
+            try:
+                self.write_step(name, step)
+            except Exception as exc:  # the mutant's mistake: only the first store's failure fails the upload
+                if name == next(iter(prepared)):
+                    with self._lock:
+                        self._chains.update(dict.fromkeys(prepared))
+                    raise
+                log.warning("store %s: upload failed (%s); going on", name, exc)
+        _close_views(prepared)
+        with self._lock:
+            self._chains.update({name: step.chain for name, step in prepared.items()})
+        return markers
+
+
+class ReportsTheFirstStoresFailure(ReferenceBackendFactory):
+    """Writes every store's step but fails the upload only when the first store's write failed: a later store's
+    failed write is logged, and the checkpoint names its blob that never landed."""
+
+    backup_class = _ReportsTheFirstStoresFailure
+
+
+class _CleanupSparesOnlyItsOwnUploads(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        with self._lock:
+            self._writing = {step.blob for step in prepared.values()}
+        return super()._upload_all(prepared, markers)
+
+    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
+        with self._lock:  # what this manager is writing now is spared; another attempt's uploads are not
+            writing = set(getattr(self, "_writing", ()))
+        return [blob for blob in blobs if parse_blob_name(prefix, blob) is not None and blob not in referenced
+                and blob not in writing]
+
+
+class CleanupSparesOnlyItsOwnUploads(ReferenceBackendFactory):
+    """Cleanup spares the blobs no checkpoint names only while this manager's own upload writes them: the blobs
+    another attempt of the task (a retried or speculative task) just wrote are deleted before its checkpoint
+    names them."""
+
+    backup_class = _CleanupSparesOnlyItsOwnUploads
