@@ -170,6 +170,38 @@ class FaultTests(BackendContractBase):
             assert {name: contents(task, name) for name in models} == models
             assert task.restored is not None and task.restored.input_offsets == {"input": "3"}
 
+    def test_a_replayed_checkpoint_restores_exactly_over_a_superseded_local_copy(
+        self, blobs: BlobStore, tmp_path: Path
+    ) -> None:
+        """Catches a catch-up that places a local copy in the checkpoint's chain by checkpoint order instead of by
+        its exact version. A replay restores an older checkpoint and commits past it (``fence_seq``), superseding
+        the newer ones; a machine whose local copy holds a superseded checkpoint (newer than the replay's base,
+        older than its commits) must then restore exactly the replay's newest checkpoint, not the replayed steps on
+        top of changes the replay undid."""
+        config = self.make_config(tmp_path, **{"task.checkpoint.retained": 4})
+        model: dict[bytes, bytes] = {}
+        models: dict[int, dict[bytes, bytes]] = {}
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            for round_no in range(5):
+                write_round(task, round_no, model)
+                task.commit_durably({"input": str(round_no)})
+                models[task.committed_seq] = dict(model)
+            head = task.committed_seq
+            base = task.checkpoint_log.entries()[-3]
+        shutil.copytree(tmp_path / "local", tmp_path / "superseded")
+        model = dict(models[base.seq])
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=base, fence_seq=head) as task:
+            assert contents(task) == model
+            for round_no in (30, 31):
+                write_round(task, round_no, model)
+                task.commit_durably({"input": f"replay-{round_no}"})
+        shutil.rmtree(tmp_path / "local")
+        shutil.move(tmp_path / "superseded", tmp_path / "local")
+        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+            assert contents(task) == model, "a superseded local copy was brought to the replay's checkpoint wrong"
+            assert task.restored is not None and task.restored.input_offsets == {"input": "replay-31"}
+            assert task.metrics.counter("restore.stores.reused") == 0
+
     def test_emptied_backend_blobs_are_detected(
         self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:

@@ -30,6 +30,7 @@ from statebackend.testing.reference import (
 
 __all__ = [
     "ArchivesLiveStore",
+    "CatchesUpByCheckpointOrder",
     "ChainsOnAFailedUpload",
     "CleanupDeletesUploadsInFlight",
     "CleanupIgnoresTheLog",
@@ -419,3 +420,30 @@ class CleanupSparesOnlyItsOwnUploads(ReferenceBackendFactory):
     names them."""
 
     backup_class = _CleanupSparesOnlyItsOwnUploads
+
+
+class _CatchesUpByCheckpointOrder(ReferenceRestoreManager):
+    def restore_store(self, name: str, store: LocalStore, chain: list[str]) -> None:
+        prefix = self.context.blob_prefix(name)
+        steps = [(blob, parsed[1]) for blob in chain if (parsed := parse_blob_name(prefix, blob)) is not None]
+        local = store.version
+        if local is not None and local != steps[-1][1]:
+            order = CheckpointId.parse(local.checkpoint_id)
+            # "the chain is in checkpoint order": the local copy sits after the newest step not newer than it
+            older = [i for i, (_, version) in enumerate(steps) if CheckpointId.parse(version.checkpoint_id) <= order]
+            if older and order < CheckpointId.parse(steps[-1][1].checkpoint_id):
+                for blob, records in self.verified_chain(name, [blob for blob, _ in steps[older[-1] + 1:]]):
+                    parsed = parse_blob_name(prefix, blob)
+                    assert parsed is not None
+                    store.apply_changes(records, parsed[1])
+                self.count("restore.stores.full")
+                return
+        super().restore_store(name, store, chain)
+
+
+class CatchesUpByCheckpointOrder(ReferenceBackendFactory):
+    """Brings an older local copy forward by applying the chain's steps newer than it, placing it in the chain by
+    checkpoint order instead of by its exact version: after a replay, a local copy of a superseded checkpoint gets
+    the replayed steps on top of changes the replay undid."""
+
+    restore_class = _CatchesUpByCheckpointOrder
