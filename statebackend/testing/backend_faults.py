@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import ClassVar
@@ -15,6 +16,7 @@ from typing import ClassVar
 import pytest
 
 from statebackend.blobstores.base import BlobStore
+from statebackend.commit import PendingCommit
 from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, StorageError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_base import BackendContractBase
@@ -55,11 +57,12 @@ class FaultTests(BackendContractBase):
             durable = {name: dict(model) for name, model in models.items()}
             blobs.hold = (lambda blob: any(blob.startswith(p) for p in prefixes) and "/snapshot/" not in blob)
             blobs.fail_held = True
-            pending = {}
+            pending: dict[str, PendingCommit] = {}
             for name, task in tasks.items():
                 flood(task, "load", models[name], keys=1_500)
-                pending[name] = task.commit({"input": "1"})
-                assert pending[name] is not None
+                started = task.commit({"input": "1"})
+                assert started is not None
+                pending[name] = started
             assert blobs.held.wait(self.wait_s)
             for name in names:
                 assert not pending[name].done(), \
@@ -67,7 +70,7 @@ class FaultTests(BackendContractBase):
             blobs.release.set()
             for name in names:
                 with pytest.raises(CommitError) as failed:
-                    pending[name].result(timeout=self.wait_s)  # type: ignore[union-attr]
+                    pending[name].result(timeout=self.wait_s)
                 assert not isinstance(failed.value, CommitTimeoutError), f"{name}: the failed write was never reported"
         finally:
             blobs.release.set()
@@ -158,8 +161,7 @@ class FaultTests(BackendContractBase):
                 if victim is None:
                     task.commit_durably({"input": str(round_no)})
                     continue
-                prefix = self.backend_prefix(victim)
-                blobs.fail = (lambda name, prefix=prefix: name.startswith(prefix) and "/snapshot/" not in name)
+                blobs.fail = _commit_writes_under(self.backend_prefix(victim))
                 blobs.failures_left = 1
                 failed = task.commit({"input": str(round_no)})
                 assert failed is not None
@@ -267,3 +269,8 @@ class FaultTests(BackendContractBase):
         seed = os.environ.get("STATEBACKEND_KILL_SEED", type(self).__name__)
         kill_rounds(KillSpec(config=config, imports=self.child_imports), workdir, rounds=self.kill_rounds,
                     seed=seed, wait_s=self.wait_s)
+
+
+def _commit_writes_under(prefix: str) -> Callable[[str], bool]:
+    """Whether a write is a commit's upload under ``prefix`` (a background snapshot's is not)."""
+    return lambda name: name.startswith(prefix) and "/snapshot/" not in name

@@ -362,7 +362,7 @@ class LoadsStepByStep(ReferenceBackendFactory):
 
 class _EmptyBlobIsEmpty(ReferenceRestoreManager):
     def verified_chain(self, name: str, chain: list[str]) -> list[tuple[str, list[Record]]]:
-        verified = []
+        verified: list[tuple[str, list[Record]]] = []
         for blob in chain:
             if self.context.blob_store.head(blob).size == 0:  # "an upload that died before writing anything"
                 verified.append((blob, []))
