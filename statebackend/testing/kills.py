@@ -13,16 +13,16 @@ first), which restores the newest durable checkpoint; writes what it restored to
 commits ``commits`` times, appending each acknowledged commit's number to ``<rundir>/durable.log`` (unbuffered: the
 line survives a SIGKILL), and closes.
 
-**The parent** (:func:`kill_rounds`) runs the child again and again on one local dir and one blob store: a first
-child commits a few times and closes cleanly; then each round starts a child on the local dir the previous one left
-(flushed but uncommitted data, a half-applied restore: whatever a kill left), kills it with SIGKILL at a random
-instant (in its commits, or, for the last round, right after it starts on a wiped local dir: in its restore), and
-checks:
+**The parent** (:func:`kill_rounds`) commits a few times itself and closes cleanly, then runs the child again and
+again on one local dir and one blob store: each round starts a child on the local dir the previous one left (flushed
+but uncommitted data, a half-applied restore: whatever a kill left), kills it with SIGKILL at a random instant (in its
+commits, or, for the last round, right after it starts on a wiped local dir: in its restore), and checks:
 
 1. the newest checkpoint of the log is at or past the last commit the child acknowledged, and at most the commit in
    flight past it;
-2. the next child restored exactly the newest durable checkpoint, on the local dir the kill left;
-3. a restore in this process, in a fresh local dir, gives exactly that checkpoint's state.
+2. the next child (at the end, the parent) restored exactly the newest durable checkpoint, on the local dir the kill
+   left;
+3. a restore in the parent, in a fresh local dir, gives exactly that checkpoint's state.
 
 The blob store must be shared by processes (``file://`` or a real service): the in-memory store is not.
 """
@@ -57,6 +57,7 @@ __all__ = [
     "expected_state",
     "kill_rounds",
     "operations",
+    "run_commits",
 ]
 
 KEY_SPACE = 400
@@ -109,36 +110,33 @@ class KillSpec:
 
 
 def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object = 0, wait_s: float = 30.0) -> int:
-    """Run a clean child, then ``rounds`` children killed at random instants (``seed`` picks them), checking after
-    each what the module docstring says; a final child restores on what the last kill left. Raises
-    :class:`AssertionError` saying what was lost or torn. Returns the newest durable input number."""
+    """Commit a few times in this process and close cleanly, then run ``rounds`` children killed at random instants
+    (``seed`` picks them), checking after each what the module docstring says; at the end this process restores on
+    what the last kill left. Raises :class:`AssertionError` saying what was lost or torn. Returns the newest durable
+    input number."""
     rng = random.Random(str(seed))
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "spec.json"
+    spec.write(spec_path)
     local = Path(str(spec.config["state.local.dir"]))
-    durable_before = 0
-    for round_no in range(rounds + 2):
-        clean, last = round_no == 0, round_no == rounds + 1
-        if round_no == rounds:
+    _, _ = run_commits(spec, 3, None)  # a clean run first: what a kill leaves then follows a clean close
+    durable_before = _durable(spec)
+    for round_no in range(rounds):
+        if round_no == rounds - 1:
             shutil.rmtree(local, ignore_errors=True)  # the last kill lands in a full restore, or just after it
-        attrs.evolve(spec, commits=3 if clean else 0 if last else spec.commits).write(spec_path)
         run = workdir / f"round-{round_no}"
         run.mkdir()
         child = subprocess.Popen([sys.executable, "-m", "statebackend.testing.kills", str(spec_path), str(run)],
                                  env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         where = f"round {round_no} (seed {seed!r})"
         try:
-            if clean or last:
-                _, stderr = child.communicate(timeout=4 * wait_s)
-                assert child.returncode == 0, f"{where}: the child failed:\n{stderr[-4000:]}"
-            else:
-                _wait_for(child, run / "started", wait_s, where)
-                if round_no < rounds:  # kill once it committed: in a later commit, an upload, a cleanup
-                    _wait_for(child, run / "durable.log", wait_s, where)
-                time.sleep(rng.uniform(0.0, 0.25))
-                child.send_signal(signal.SIGKILL)
-                _, stderr = child.communicate(timeout=wait_s)
-                assert child.returncode == -signal.SIGKILL, f"{where}: the child ended by itself:\n{stderr[-4000:]}"
+            _wait_for(child, run / "started", wait_s, where)
+            if round_no < rounds - 1:  # kill once it committed: in a later commit, an upload, a cleanup
+                _wait_for(child, run / "durable.log", wait_s, where)
+            time.sleep(rng.uniform(0.0, 0.25))
+            child.send_signal(signal.SIGKILL)
+            _, stderr = child.communicate(timeout=wait_s)
+            assert child.returncode == -signal.SIGKILL, f"{where}: the child ended by itself:\n{stderr[-4000:]}"
         finally:
             if child.poll() is None:
                 child.kill()
@@ -146,19 +144,51 @@ def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object 
         if (run / "report.json").exists():  # it got past its open: it restored the previous round's durable state
             report = json.loads((run / "report.json").read_text())
             restored = {bytes.fromhex(k): bytes.fromhex(v) for k, v in report["contents"].items()}
-            assert report["restored"] == durable_before, (
-                f"{where}: the child restored checkpoint {report['restored']} on the local dir the last kill left; "
-                f"the newest durable one is {durable_before}")
-            assert restored == expected_state(durable_before), (
-                f"{where}: the child restored other state than checkpoint {durable_before} on the local dir the "
-                f"last kill left ({_diff(restored, expected_state(durable_before))})")
+            _check_restored(f"{where}: the child, on the local dir the last kill left,", report["restored"], restored,
+                            durable_before)
         acknowledged = _acknowledged(run / "durable.log", durable_before)
         durable = _durable(spec)
         assert durable >= acknowledged, f"{where}: commit {acknowledged} was acknowledged, the log holds {durable}"
         assert durable <= acknowledged + 1, f"{where}: checkpoint {durable} is durable, {acknowledged} acknowledged"
-        _check_fresh_restore(spec, workdir / f"fresh-{round_no}", durable, where)
+        fresh = attrs.evolve(spec, config=dict(spec.config, **{"state.local.dir": str(workdir / f"fresh-{round_no}")}))
+        _check_restored(f"{where}: a fresh local dir", *run_commits(fresh, 0, None), durable)
+        shutil.rmtree(workdir / f"fresh-{round_no}", ignore_errors=True)
         durable_before = durable
+    _check_restored("at the end: the local dir the last kill left", *run_commits(spec, 0, None), durable_before)
     return durable_before
+
+
+def run_commits(spec: KillSpec, commits: int, run: Path | None) -> tuple[int, dict[bytes, bytes]]:
+    """Open the spec's task (it restores), then commit ``commits`` times and close. With ``run`` (a child's run
+    dir), report what was restored there and log every acknowledged commit. Returns the input number restored and
+    the store's contents then."""
+    with TaskStorage.open(spec.config, spec.task) as task:
+        task.checkpoint_log.retention_interval = spec.retention_interval
+        store = task.store(spec.store, typed=False)
+        restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
+        contents = dict(store.items())
+        if run is None:
+            durable_log = None
+        else:
+            partial = run / "report.json.partial"  # whole or absent: the parent reads an existing report
+            partial.write_text(json.dumps({"restored": restored,
+                                           "contents": {key.hex(): value.hex() for key, value in contents.items()}}))
+            os.replace(partial, run / "report.json")
+            durable_log = os.open(run / "durable.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            for n in range(restored + 1, restored + commits + 1):
+                for key, value in operations(n):
+                    if value is None:
+                        store.delete(key)
+                    else:
+                        store.put(key, value)
+                task.commit_durably({"input": str(n)}, timeout=60)
+                if durable_log is not None:
+                    os.write(durable_log, f"{n}\n".encode())
+        finally:
+            if durable_log is not None:
+                os.close(durable_log)
+    return restored, contents
 
 
 # -- the child ------------------------------------------------------------------------------------------------------
@@ -173,26 +203,7 @@ def main(argv: Sequence[str]) -> int:
     for module in spec.imports:
         importlib.import_module(module)
     (run / "started").write_text(str(os.getpid()))
-    with TaskStorage.open(spec.config, spec.task) as task:
-        task.checkpoint_log.retention_interval = spec.retention_interval
-        store = task.store(spec.store, typed=False)
-        restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
-        contents = {key.hex(): value.hex() for key, value in store.items()}
-        partial = run / "report.json.partial"  # whole or absent: the parent reads an existing report
-        partial.write_text(json.dumps({"restored": restored, "contents": contents}))
-        os.replace(partial, run / "report.json")
-        durable_log = os.open(run / "durable.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        try:
-            for n in range(restored + 1, restored + spec.commits + 1):
-                for key, value in operations(n):
-                    if value is None:
-                        store.delete(key)
-                    else:
-                        store.put(key, value)
-                task.commit_durably({"input": str(n)}, timeout=60)
-                os.write(durable_log, f"{n}\n".encode())
-        finally:
-            os.close(durable_log)
+    run_commits(spec, spec.commits, run)
     return 0
 
 
@@ -232,16 +243,10 @@ def _durable(spec: KillSpec) -> int:
     return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
 
 
-def _check_fresh_restore(spec: KillSpec, local: Path, durable: int, where: str) -> None:
-    config = dict(spec.config, **{"state.local.dir": str(local)})
-    with TaskStorage.open(config, spec.task) as task:
-        restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
-        got = dict(task.store(spec.store, typed=False).items())
-    assert restored == durable, f"{where}: a fresh local dir restored checkpoint {restored}, not {durable}"
+def _check_restored(who: str, restored: int, got: dict[bytes, bytes], durable: int) -> None:
+    assert restored == durable, f"{who} restored checkpoint {restored}; the newest durable one is {durable}"
     expected = expected_state(durable)
-    assert got == expected, (f"{where}: a fresh local dir restored other state than checkpoint {durable} "
-                             f"({_diff(got, expected)})")
-    shutil.rmtree(local, ignore_errors=True)
+    assert got == expected, f"{who} restored other state than checkpoint {durable} ({_diff(got, expected)})"
 
 
 def _diff(got: dict[bytes, bytes], expected: dict[bytes, bytes]) -> str:
