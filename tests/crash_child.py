@@ -17,7 +17,8 @@ and ``CRASH_CHILD_VALUE_REPEAT`` making values longer (bigger blobsnapshot runs)
 the changelog-only one tests/test_crash.py uses.
 
 The data is a function of the commit number alone, so the state of checkpoint ``n`` is :func:`expected_state` ``(n)``
-whatever happened to the process that wrote it.
+whatever happened to the process that wrote it (both from :mod:`statebackend.testing.kills`, shared with the backend
+contract suite's kill test).
 
 Crash points of this module (the blob store's side of an upload, which belongs to no other module): before every
 write, a :class:`CrashingFileBlobStore` writes the first half of the blob as a temp file where the real store would
@@ -41,10 +42,15 @@ from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
 from statebackend.crashpoints import crashpoint
 from statebackend.task import TaskStorage
 
+# the deterministic data, shared with the backend suite's kill test
+from statebackend.testing.kills import (  # noqa: F401 - re-exported for the crash tests
+    DEFAULT_VALUE_REPEAT,
+    expected_state,
+    operations,
+)
+
 TASK = "task-0"
 STORE = "counts"
-KEY_SPACE = 400
-OPERATIONS_PER_COMMIT = 80
 #: environment variables choosing the backends (tests/test_crash_blobsnapshot.py); unset: changelog only
 BACKUP_FACTORIES_ENV = "CRASH_CHILD_BACKUP_FACTORIES"
 RESTORE_FACTORY_ENV = "CRASH_CHILD_RESTORE_FACTORY"
@@ -52,7 +58,6 @@ VALUE_REPEAT_ENV = "CRASH_CHILD_VALUE_REPEAT"
 #: a JSON object of ``blob.store.*`` keys (a real server's store, e.g. ``s3://`` with its endpoint): the child commits
 #: there instead of the crashing ``file://`` store under the work dir (tests/test_random_kills.py)
 BLOB_CONFIG_ENV = "CRASH_CHILD_BLOB_CONFIG"
-DEFAULT_VALUE_REPEAT = 3
 #: set (to anything): after each commit, wait until the background snapshot it may have started is written, so the
 #: next commit adopts it (a crash point on retention's deletes needs one adopted within the child's commits; on a
 #: loaded machine a snapshot left to race the commits could finish after the last one)
@@ -96,27 +101,6 @@ def config(
     if restore_factory is not None:
         settings["stores.counts.restore.factory"] = restore_factory
     return settings
-
-
-def operations(n: int, value_repeat: int = DEFAULT_VALUE_REPEAT) -> list[tuple[bytes, bytes | None]]:
-    """The writes of commit ``n``: (key, value) puts and (key, None) deletes, distinct keys."""
-    result: list[tuple[bytes, bytes | None]] = []
-    for i in range(OPERATIONS_PER_COMMIT):
-        key = f"key{(i * 37 + n * 101) % KEY_SPACE:05d}".encode()  # 37 is prime to 400: no key twice per commit
-        result.append((key, None) if (i * 3 + n) % 7 == 0 else (key, f"value-{n}-{i}".encode() * value_repeat))
-    return result
-
-
-def expected_state(n: int, value_repeat: int = DEFAULT_VALUE_REPEAT) -> dict[bytes, bytes]:
-    """The store's contents at checkpoint ``n`` (0: no checkpoint, empty)."""
-    state: dict[bytes, bytes] = {}
-    for commit in range(1, n + 1):
-        for key, value in operations(commit, value_repeat):
-            if value is None:
-                state.pop(key, None)
-            else:
-                state[key] = value
-    return state
 
 
 def blobs_dir(workdir: Path) -> Path:

@@ -4,8 +4,12 @@
 - :mod:`statebackend.testing.backend_contract`: ``BackendContract``, the backup/restore contract of a state backend.
 - :mod:`statebackend.testing.store_contract`: the local store's contract.
 - :mod:`statebackend.testing.controlled`: ``ControlledBlobStore``, a wrapper that holds back or fails chosen writes
-  and counts the bytes written; ``GatedExecutor``, a pool whose tasks wait at a gate the test opens.
-- :mod:`statebackend.testing.backend_support`: the backend suite's helpers (``write_round``, ``flood``, ...).
+  (and fails chosen reads) and counts the bytes written; ``GatedExecutor``, a pool whose tasks wait at a gate the test opens.
+- :mod:`statebackend.testing.backend_support`: the backend suite's helpers (``write_round``, ``flood``, ...);
+  :mod:`statebackend.testing.backend_base` and :mod:`statebackend.testing.backend_faults`: the suite's settings and
+  fixtures, and its fault tests (part of ``BackendContract``).
+- :mod:`statebackend.testing.kills`: random SIGKILLs of a committing child process and the checks after each
+  (``kill_rounds``), with the deterministic data it commits (``operations``, ``expected_state``).
 - :mod:`statebackend.testing.deadline`: ``deadline``, the suites' per-test timeout that needs no plugin.
 - :mod:`statebackend.testing.reference`: the reference backend, a compact correct backend that passes the backend
   suite, and the base of the backend mutants.

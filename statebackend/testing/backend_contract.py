@@ -11,7 +11,10 @@ A backend's test module subclasses :class:`BackendContract` and sets:
 - ``extra_config`` (optional): more settings;
 - ``uploads_whole_state`` (optional): True for a backend that uploads a whole copy of the store at each commit (an
   O(state) upload, like the example third-party backend); the upload-size test then only bounds it by one copy;
-- ``test_timeout_s``: the per-test deadline (:mod:`statebackend.testing.deadline`); a hung test fails.
+- ``test_timeout_s``: the per-test deadline (:mod:`statebackend.testing.deadline`); a hung test fails;
+- ``child_imports``, ``kill_rounds`` (optional): modules the kill test's child process imports first (a backend
+  registered at import), and how many times it kills (3). The child resolves the backend by its name, as a job does,
+  with this process's import path; ``extra_config`` must then hold JSON values only.
 
 The blob store is the in-memory fake by default (it passes the blob store contract suite); override the ``blobs``
 fixture to run the suite on Azurite or S3. Only the public API of :class:`TaskStorage` is used. Helpers shared with
@@ -21,21 +24,18 @@ other suites (``contents``, ``write_round``, ``flood``, ``task_thread_calls``) a
 
 from __future__ import annotations
 
-import logging
 import shutil
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 
 from statebackend.blobstores.base import BlobStore
-from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.checkpoint import LogEntry
 from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, NotFoundError
 from statebackend.task import TaskStorage
+from statebackend.testing.backend_faults import FaultTests
 from statebackend.testing.backend_support import (
     contents,
     flood,
@@ -44,76 +44,15 @@ from statebackend.testing.backend_support import (
     task_thread_calls,
     write_round,
 )
-from statebackend.testing.controlled import ControlledBlobStore, GatedExecutor
-from statebackend.testing.deadline import deadline
+from statebackend.testing.controlled import GatedExecutor
 
 __all__ = ["BackendContract", "contents", "write_round"]
 
 
-class BackendContract:
-    backup_factories: ClassVar[str] = "changelog"
-    extra_config: ClassVar[dict[str, Any]] = {}
-    #: a built-in backend committed beside the one under test (a dual commit); ``None``: the backend alone
-    dual_with: ClassVar[str | None] = None
-    #: the backend uploads a whole copy of each store per commit (O(state), allowed but bounded by one copy)
-    uploads_whole_state: ClassVar[bool] = False
-    #: seconds a test may run before it fails (a hung backend fails, it does not hang the run); 0: no deadline
-    test_timeout_s: ClassVar[float] = 120.0
-    #: seconds a test waits for one commit or one held write before it fails
-    wait_s: ClassVar[float] = 30.0
-
-    @pytest.fixture(autouse=True)
-    def _contract_deadline(self, request: pytest.FixtureRequest) -> Iterator[None]:
-        self._controlled: list[ControlledBlobStore] = []
-        try:
-            with deadline(self.test_timeout_s, request.node.nodeid):
-                yield
-        finally:
-            for store in self._controlled:  # a failed test must not leave writes held on the shared commit pool
-                store.release.set()
-
-    def controlled(self, blobs: BlobStore) -> ControlledBlobStore:
-        """``blobs`` wrapped to hold or fail chosen writes; every hold is released when the test ends."""
-        store = ControlledBlobStore(blobs)
-        store.hold_timeout_s = 2 * self.wait_s
-        self._controlled.append(store)
-        return store
-
-    @pytest.fixture
-    def blobs(self) -> Iterator[BlobStore]:
-        with MemoryBlobStore() as store:
-            yield store
-
-    @property
-    def backend(self) -> str:
-        """The backend under test: the first of ``backup_factories``."""
-        return self.backup_factories.split(",")[0].strip()
-
-    def backend_prefix(self, store: str = "counts") -> str:
-        return f"job/task-0/{store}/{self.backend}/"
-
-    def is_commit_upload(self, name: str) -> bool:
-        """Whether a write is the backend's upload for a commit (a background snapshot's is not)."""
-        return name.startswith(self.backend_prefix()) and "/snapshot/" not in name
-
-    def store_config(self, store: str) -> dict[str, object]:
-        """The settings that declare ``store`` backed up by the backend under test (and ``dual_with``)."""
-        if self.dual_with is None:
-            return {f"stores.{store}.backup.factories": self.backup_factories}
-        both = f"{self.backup_factories},{self.dual_with}"
-        return {f"stores.{store}.backup.factories": both, f"stores.{store}.restore.factories": both}
-
-    def make_config(self, tmp_path: Path, **extra: object) -> dict[str, object]:
-        config: dict[str, object] = {
-            "job.name": "job",
-            "state.local.dir": str(tmp_path / "local"),
-            "blob.store.url": f"memory://{uuid.uuid4().hex}",
-            "task.checkpoint.retained": 2,
-            **self.store_config("counts"),
-        }
-        config.update(self.extra_config)
-        config.update(extra)
-        return config
+class BackendContract(FaultTests):
+    """The suite (see the module docstring); its settings and fixtures are in
+    :class:`~statebackend.testing.backend_base.BackendContractBase`, its fault tests in
+    :class:`~statebackend.testing.backend_faults.FaultTests`."""
 
     # -- restart and restore --------------------------------------------------------------------------------------
 
@@ -491,45 +430,6 @@ class BackendContract:
 
     # -- damage -----------------------------------------------------------------------------------------------------
 
-    def restore_after_damage(
-        self,
-        blobs: BlobStore,
-        tmp_path: Path,
-        caplog: pytest.LogCaptureFixture,
-        *,
-        rounds: int,
-        damage: Callable[[BlobStore, list[str]], list[str]],
-        errors: type[BaseException] | tuple[type[BaseException], ...],
-        after_commit: Callable[[BlobStore, int], None] | None = None,
-    ) -> tuple[list[str], str]:
-        """Commit ``rounds`` rounds, ``damage`` the backend's blobs (it gets their names and returns the ones it
-        damaged), wipe the local dir and restore. Alone, the restore must raise one of ``errors``; in a dual commit
-        it must fall back to ``dual_with`` (logged at ERROR) and give the exact state. ``after_commit(blobs, round)``
-        runs after each commit. Returns the damaged names and the error's text (alone) or the fallback's log lines
-        (dual)."""
-        config = self.make_config(tmp_path)
-        model: dict[bytes, bytes] = {}
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            for round_no in range(rounds):
-                write_round(task, round_no, model)
-                task.commit_durably({"input": str(round_no)})
-                if after_commit is not None:
-                    after_commit(blobs, round_no)
-        names = list(blobs.list(self.backend_prefix()))
-        assert names, "the backend wrote no blobs under its prefix"
-        victims = damage(blobs, names)
-        shutil.rmtree(tmp_path / "local")
-        if self.dual_with is None:
-            with pytest.raises(errors) as excinfo:
-                TaskStorage.open(config, "task-0", blob_store=blobs).close()
-            return victims, str(excinfo.value)
-        with caplog.at_level(logging.ERROR, logger="statebackend"), \
-                TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            assert contents(task) == model, f"the fallback to {self.dual_with} did not give the exact state"
-        fallbacks = [record.getMessage() for record in caplog.records
-                     if "falling back" in record.getMessage() and self.backend in record.getMessage()]
-        assert fallbacks, f"the restore did not fall back from {self.backend} to {self.dual_with}"
-        return victims, "\n".join(fallbacks)
 
     @pytest.mark.parametrize("where", ["middle", "last"])
     def test_flipped_byte_in_backend_blobs_is_detected_and_never_applied(

@@ -23,7 +23,10 @@ __all__ = ["ControlledBlobStore", "GatedExecutor"]
 class ControlledBlobStore(BlobStore):
     """Wraps ``inner``. Writes whose name matches ``hold`` wait for ``release`` (then fail instead of writing when
     ``fail_held`` is set: a write that never lands); writes matching ``fail`` raise :class:`TransientStorageError`
-    while ``failures_left`` > 0. ``write_sizes`` records ``(name, bytes)`` of every write that landed."""
+    while ``failures_left`` > 0. ``write_sizes`` records ``(name, bytes)`` of every write that landed; ``held_names``
+    the names of the writes waiting now. Reads whose name matches ``fail_read`` raise :class:`TransientStorageError`
+    (a restore that fails half-way). Listings whose prefix matches ``hold_listing`` wait for ``listing_release``
+    (``listing_held`` is set when one starts waiting): a cleanup held between its decision and its deletes."""
 
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
@@ -45,6 +48,13 @@ class ControlledBlobStore(BlobStore):
         #: ``replies_to_lose`` > 0
         self.lose_reply: Callable[[str], bool] = lambda name: False
         self.replies_to_lose = 0
+        self.held_names: list[str] = []
+        self.fail_read: Callable[[str], bool] = lambda name: False
+        self.hold_listing: Callable[[str], bool] = lambda prefix: False
+        self.listing_release = threading.Event()
+        self.listing_held = threading.Event()
+        #: the threads whose listing was held, oldest first
+        self.listing_threads: list[threading.Thread] = []
 
     def bytes_written(self, prefix: str = "") -> int:
         """Bytes of every write that landed under ``prefix`` so far."""
@@ -60,8 +70,13 @@ class ControlledBlobStore(BlobStore):
         if failing:
             raise TransientStorageError(f"injected failure writing {name}")
         if self.hold(name):
+            with self._lock:
+                self.held_names.append(name)
             self.held.set()
-            if not self.release.wait(timeout=self.hold_timeout_s):
+            released = self.release.wait(timeout=self.hold_timeout_s)
+            with self._lock:
+                self.held_names.remove(name)
+            if not released:
                 raise TransientStorageError(f"test never released {name}")
             if self.fail_held:
                 raise TransientStorageError(f"injected failure writing {name} (held, then failed)")
@@ -91,12 +106,20 @@ class ControlledBlobStore(BlobStore):
         self.inner.set_metadata(name, metadata)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        if self.fail_read(name):
+            raise TransientStorageError(f"injected failure reading {name}")
         return self.inner.get(name, start=start, end=end)
 
     def delete(self, name: str) -> None:
         self.inner.delete(name)
 
     def list(self, prefix: str = "") -> Iterator[str]:
+        if self.hold_listing(prefix):
+            with self._lock:
+                self.listing_threads.append(threading.current_thread())
+            self.listing_held.set()
+            if not self.listing_release.wait(timeout=self.hold_timeout_s):
+                raise TransientStorageError(f"test never released the listing of {prefix}")
         return self.inner.list(prefix)
 
     def head(self, name: str) -> BlobInfo:
@@ -106,7 +129,8 @@ class ControlledBlobStore(BlobStore):
 class GatedExecutor(Executor):
     """A thread pool whose tasks, once :attr:`gate` is cleared, wait for it to be set again before they run.
     ``waiting`` is set when a task starts waiting. Use it as a task's executor (``TaskStorage.open(executor=...)``)
-    to keep a commit's upload from starting while the test writes; close it with :meth:`shutdown`."""
+    to keep a commit's upload from starting while the test writes, or to wait until the task a thread runs ended
+    (:meth:`task_ended`); close it with :meth:`shutdown`."""
 
     def __init__(self, workers: int = 4, *, gate_timeout_s: float = 60.0) -> None:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gated")
@@ -114,18 +138,32 @@ class GatedExecutor(Executor):
         self.gate.set()
         self.waiting = threading.Event()
         self.gate_timeout_s = gate_timeout_s
+        self._running: set[threading.Thread] = set()
+        self._changed = threading.Condition()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``fn`` on the inner pool once the gate is open (``waiting`` is set while it waits)."""
 
         def gated() -> Any:
-            if not self.gate.is_set():
-                self.waiting.set()
-                if not self.gate.wait(self.gate_timeout_s):
-                    raise TransientStorageError("the test never opened the executor's gate")
-            return fn(*args, **kwargs)
+            with self._changed:
+                self._running.add(threading.current_thread())
+            try:
+                if not self.gate.is_set():
+                    self.waiting.set()
+                    if not self.gate.wait(self.gate_timeout_s):
+                        raise TransientStorageError("the test never opened the executor's gate")
+                return fn(*args, **kwargs)
+            finally:
+                with self._changed:
+                    self._running.discard(threading.current_thread())
+                    self._changed.notify_all()
 
         return self._pool.submit(gated)
+
+    def task_ended(self, thread: threading.Thread, timeout: float = 60.0) -> bool:
+        """Wait until ``thread`` runs no task of this pool (the one it ran returned); False on timeout."""
+        with self._changed:
+            return self._changed.wait_for(lambda: thread not in self._running, timeout)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.gate.set()

@@ -9,6 +9,7 @@ Each factory is named by its dotted path, e.g.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 from concurrent.futures import Future
 
@@ -22,22 +23,31 @@ from statebackend.testing.reference import (
     ReferenceBackupManager,
     ReferenceRestoreManager,
     Step,
+    _close_views,
     decode_marker,
     parse_blob_name,
 )
 
 __all__ = [
     "ArchivesLiveStore",
+    "CatchesUpByCheckpointOrder",
     "ChainsOnAFailedUpload",
+    "CleanupDeletesUploadsInFlight",
     "CleanupIgnoresTheLog",
+    "CleanupSparesOnlyItsOwnUploads",
     "DropsAStore",
+    "EmptyBlobIsEmpty",
     "HangsOnAFailedUpload",
     "IgnoresDeletes",
     "IgnoresTheMarker",
     "KeepsNewestN",
+    "LoadsStepByStep",
     "NeverCountsFull",
     "NeverCountsReused",
+    "ReportsTheFirstStoresFailure",
     "ResolvesBeforeThePut",
+    "ResolvesEarlyWhenBusy",
+    "ResolvesEarlyWhenLarge",
     "RestoresAStaleSnapshot",
     "ReusesAnyLocalVersion",
     "SkipsBindingCheck",
@@ -268,3 +278,172 @@ class UploadsTheWholeState(ReferenceBackendFactory):
     """Uploads a full copy at every commit while declaring O(change) uploads (the suite's default)."""
 
     backup_class = _UploadsTheWholeState
+
+
+# -- found by reading the contract as an attacker: the suite's later tests kill them (docs/contract-suites.md) -------
+
+
+_uploads_in_flight = [0]
+_in_flight_lock = threading.Lock()
+
+
+class _ResolvesEarlyWhenBusy(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        with _in_flight_lock:
+            _uploads_in_flight[0] += 1
+            busy = _uploads_in_flight[0] > 1
+        try:
+            if busy:  # "under load, keep commits fast": the writes go on in the background
+                threading.Thread(target=super()._upload_all, args=(prepared, markers), daemon=True).start()
+                return markers
+            return super()._upload_all(prepared, markers)
+        finally:
+            with _in_flight_lock:
+                _uploads_in_flight[0] -= 1
+
+
+class ResolvesEarlyWhenBusy(ReferenceBackendFactory):
+    """Resolves the upload before its blobs are written when another upload of the process is in flight (under
+    load): a crash then leaves a durable checkpoint naming blobs that never landed."""
+
+    backup_class = _ResolvesEarlyWhenBusy
+
+
+class _ResolvesEarlyWhenLarge(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        if sum(len(step.change) for step in prepared.values()) > 1_000:  # a big commit: write it in the background
+            threading.Thread(target=super()._upload_all, args=(prepared, markers), daemon=True).start()
+            return markers
+        return super()._upload_all(prepared, markers)
+
+
+class ResolvesEarlyWhenLarge(ReferenceBackendFactory):
+    """Resolves the upload of a large change set (over 1,000 records) before its blobs are written."""
+
+    backup_class = _ResolvesEarlyWhenLarge
+
+
+class _CleanupDeletesUploadsInFlight(ReferenceBackupManager):
+    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
+        # every blob no checkpoint names, a later upload's included (its checkpoint is not written yet)
+        return [blob for blob in blobs if parse_blob_name(prefix, blob) is not None and blob not in referenced]
+
+
+class CleanupDeletesUploadsInFlight(ReferenceBackendFactory):
+    """Cleanup deletes every blob no checkpoint names, also those a later upload just wrote and its checkpoint is
+    about to name (the race of a cleanup with the next commit)."""
+
+    backup_class = _CleanupDeletesUploadsInFlight
+
+
+class _LoadsStepByStep(ReferenceRestoreManager):
+    def restore_store(self, name: str, store: LocalStore, chain: list[str]) -> None:
+        parsed = parse_blob_name(self.context.blob_prefix(name), chain[-1])
+        assert parsed is not None
+        head = parsed[1]
+        if self.reusable(store, head):
+            self.count("restore.stores.reused")
+            return
+        for index, blob in enumerate(chain):  # one transaction per step, each labelled with the target version
+            ((_, records),) = self.verified_chain(name, [blob])
+            if index == 0:
+                store.replace_contents([(key, value) for key, value in records if value is not None], head)
+            else:
+                store.apply_changes(records, head)
+        self.count("restore.stores.full")
+
+
+class LoadsStepByStep(ReferenceBackendFactory):
+    """Loads the chain one blob at a time, labelling each step with the checkpoint's version: a restore that fails
+    (or dies) half-way leaves a store that says it is the checkpoint, and the next restore reuses it."""
+
+    restore_class = _LoadsStepByStep
+
+
+class _EmptyBlobIsEmpty(ReferenceRestoreManager):
+    def verified_chain(self, name: str, chain: list[str]) -> list[tuple[str, list[Record]]]:
+        verified: list[tuple[str, list[Record]]] = []
+        for blob in chain:
+            if self.context.blob_store.head(blob).size == 0:  # "an upload that died before writing anything"
+                verified.append((blob, []))
+            else:
+                verified += super().verified_chain(name, [blob])
+        return verified
+
+
+class EmptyBlobIsEmpty(ReferenceBackendFactory):
+    """Takes an empty blob (a write torn before its first byte) for a step with no changes instead of damage."""
+
+    restore_class = _EmptyBlobIsEmpty
+
+
+class _ReportsTheFirstStoresFailure(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        for name, step in prepared.items():  # every store written, "so one bad store does not hold up the others"
+            try:
+                self.write_step(name, step)
+            except Exception as exc:  # the mutant's mistake: only the first store's failure fails the upload
+                if name == next(iter(prepared)):
+                    with self._lock:
+                        self._chains.update(dict.fromkeys(prepared))
+                    raise
+                log.warning("store %s: upload failed (%s); going on", name, exc)
+        _close_views(prepared)
+        with self._lock:
+            self._chains.update({name: step.chain for name, step in prepared.items()})
+        return markers
+
+
+class ReportsTheFirstStoresFailure(ReferenceBackendFactory):
+    """Writes every store's step but fails the upload only when the first store's write failed: a later store's
+    failed write is logged, and the checkpoint names its blob that never landed."""
+
+    backup_class = _ReportsTheFirstStoresFailure
+
+
+class _CleanupSparesOnlyItsOwnUploads(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        with self._lock:
+            self._writing = {step.blob for step in prepared.values()}
+        return super()._upload_all(prepared, markers)
+
+    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
+        with self._lock:  # what this manager is writing now is spared; another attempt's uploads are not
+            writing = set(getattr(self, "_writing", ()))
+        return [blob for blob in blobs if parse_blob_name(prefix, blob) is not None and blob not in referenced
+                and blob not in writing]
+
+
+class CleanupSparesOnlyItsOwnUploads(ReferenceBackendFactory):
+    """Cleanup spares the blobs no checkpoint names only while this manager's own upload writes them: the blobs
+    another attempt of the task (a retried or speculative task) just wrote are deleted before its checkpoint
+    names them."""
+
+    backup_class = _CleanupSparesOnlyItsOwnUploads
+
+
+class _CatchesUpByCheckpointOrder(ReferenceRestoreManager):
+    def restore_store(self, name: str, store: LocalStore, chain: list[str]) -> None:
+        prefix = self.context.blob_prefix(name)
+        steps = [(blob, parsed[1]) for blob in chain if (parsed := parse_blob_name(prefix, blob)) is not None]
+        local = store.version
+        if local is not None and local != steps[-1][1]:
+            order = CheckpointId.parse(local.checkpoint_id)
+            # "the chain is in checkpoint order": the local copy sits after the newest step not newer than it
+            older = [i for i, (_, version) in enumerate(steps) if CheckpointId.parse(version.checkpoint_id) <= order]
+            if older and order < CheckpointId.parse(steps[-1][1].checkpoint_id):
+                for blob, records in self.verified_chain(name, [blob for blob, _ in steps[older[-1] + 1:]]):
+                    parsed = parse_blob_name(prefix, blob)
+                    assert parsed is not None
+                    store.apply_changes(records, parsed[1])
+                self.count("restore.stores.full")
+                return
+        super().restore_store(name, store, chain)
+
+
+class CatchesUpByCheckpointOrder(ReferenceBackendFactory):
+    """Brings an older local copy forward by applying the chain's steps newer than it, placing it in the chain by
+    checkpoint order instead of by its exact version: after a replay, a local copy of a superseded checkpoint gets
+    the replayed steps on top of changes the replay undid."""
+
+    restore_class = _CatchesUpByCheckpointOrder
