@@ -179,12 +179,12 @@ class ChangelogUpload(ChangelogManagerState):
             # (a sweep of another attempt could otherwise take it for garbage while a checkpoint names it)
             if blob_store.supports_metadata:
                 landed = self._landed_at(name)
-                if self._young_enough(landed):
-                    created_at = landed
-                else:
+                if not self._young_enough(landed):
                     created_at = self.clock()
                     blob_store.put_file(name, staged, metadata=created_at_metadata(created_at))
                     self.context.metrics.increment("changelog.blobs.refreshed")
+                elif landed is not None:
+                    created_at = landed
         with lineage.lock:
             lineage.uploaded_at[name] = created_at
             lineage.blob_bytes[name] = size
