@@ -44,9 +44,10 @@ from typing import Any
 
 import attrs
 
-from statebackend.blobstores.base import open_blob_store
+from statebackend.blobstores.base import known_blob_store_schemes, open_blob_store, register_blob_store
 from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
+from statebackend.registry import known_factories, register_factory
 from statebackend.task import TaskStorage
 
 __all__ = [
@@ -99,6 +100,11 @@ class KillSpec:
     #: the checkpoint log's ``retention_interval`` in the child: retention (and the backends' deletes with it) every
     #: few commits, so kills land in them too
     retention_interval: int = 2
+    #: backend names (``register_factory``) and blob store schemes (``register_blob_store``) -> their targets, as the
+    #: parent resolves them: the child registers those it resolves otherwise (a backend a test registered in its
+    #: own process at run time), so it runs the very backend the parent tests
+    backends: dict[str, str] = attrs.field(factory=dict)
+    schemes: dict[str, str] = attrs.field(factory=dict)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(attrs.asdict(self)))
@@ -116,6 +122,7 @@ def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object 
     input number."""
     rng = random.Random(str(seed))
     workdir.mkdir(parents=True, exist_ok=True)
+    spec = attrs.evolve(spec, backends=dict(known_factories()), schemes=dict(known_blob_store_schemes()))
     spec_path = workdir / "spec.json"
     spec.write(spec_path)
     local = Path(str(spec.config["state.local.dir"]))
@@ -202,9 +209,22 @@ def main(argv: Sequence[str]) -> int:
     spec, run = KillSpec.read(Path(argv[1])), Path(argv[2])
     for module in spec.imports:
         importlib.import_module(module)
+    _register_as_the_parent(spec)
     (run / "started").write_text(str(os.getpid()))
     run_commits(spec, spec.commits, run)
     return 0
+
+
+def _register_as_the_parent(spec: KillSpec) -> None:
+    """Register every backend name and blob store scheme this process resolves otherwise than the parent did."""
+    known = known_factories()
+    for name, target in spec.backends.items():
+        if known.get(name) != target:
+            register_factory(name, target, replace=True)
+    schemes = known_blob_store_schemes()
+    for scheme, target in spec.schemes.items():
+        if schemes.get(scheme) != target:
+            register_blob_store(scheme, target, replace=True)
 
 
 # -- the parent's checks --------------------------------------------------------------------------------------------
