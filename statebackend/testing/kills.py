@@ -45,8 +45,8 @@ from typing import Any
 import attrs
 
 from statebackend.blobstores.base import known_blob_store_schemes, open_blob_store, register_blob_store
-from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
+from statebackend.lifecycle import task_checkpoint_log
 from statebackend.registry import known_factories, register_factory
 from statebackend.task import TaskStorage
 
@@ -259,7 +259,7 @@ def _durable(spec: KillSpec) -> int:
     """The input number of the newest checkpoint in the task's log (0: none)."""
     settings = Settings.from_config(spec.config)
     with open_blob_store(settings.blob_store_url, settings.blob_store_options) as store:
-        entry = CheckpointLog(store, settings.job_name, spec.task).latest()
+        entry = task_checkpoint_log(settings, store, spec.task).latest()
     return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
 
 
