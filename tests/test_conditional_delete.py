@@ -185,21 +185,31 @@ class _Body:
         yield self.body
 
 
+def answer_delete_objects_with(store: BlobStore, status: int, code: str, *, times: int | None = None) -> list[int]:
+    """Make the S3 server seem to answer the store's DeleteObjects requests with ``status`` and error ``code``
+    (``times`` requests, ``None``: all of them; the others reach the server); returns a list that grows by one per
+    request answered so."""
+    inner: Any = store.inner  # type: ignore[attr-defined]
+    answered: list[int] = []
+
+    def answer(request: Any, **_: Any) -> AWSResponse | None:
+        if times is not None and len(answered) >= times:
+            return None
+        answered.append(1)
+        body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
+        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Body(body))
+
+    inner._client.meta.events.register("before-send.s3.DeleteObjects", answer)
+    return answered
+
+
 @pytest.mark.s3
 @pytest.mark.parametrize(("status", "code"), [(501, "NotImplemented"), (405, "MethodNotAllowed")])
 def test_s3_a_server_refusing_delete_objects_gets_one_delete_a_name_from_then_on(
     s3_server: Any, status: int, code: str
 ) -> None:
     store = server_store("s3", s3_server, f"r{uuid.uuid4().hex[:12]}")
-    inner: Any = store.inner  # type: ignore[attr-defined]
-    refused: list[int] = []
-
-    def refuse(request: Any, **_: Any) -> AWSResponse:
-        refused.append(1)
-        body = f"<Error><Code>{code}</Code><Message>not here</Message></Error>".encode()
-        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Body(body))
-
-    inner._client.meta.events.register("before-send.s3.DeleteObjects", refuse)
+    refused = answer_delete_objects_with(store, status, code)
     metrics = Metrics()
     store.use_metrics(metrics)
     try:
@@ -303,17 +313,7 @@ def test_s3_a_delete_objects_failing_otherwise_never_switches_to_one_delete_a_na
     or failing server is retried as before, a refused credential or request is an error, and the next batch is one
     DeleteObjects again."""
     store = server_store("s3", s3_server, f"f{uuid.uuid4().hex[:12]}")
-    inner: Any = store.inner  # type: ignore[attr-defined]
-    failed: list[int] = []
-
-    def fail_once(request: Any, **_: Any) -> AWSResponse | None:
-        if failed:
-            return None
-        failed.append(1)
-        body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
-        return AWSResponse(request.url, status, {"Content-Type": "application/xml"}, _Body(body))
-
-    inner._client.meta.events.register("before-send.s3.DeleteObjects", fail_once)
+    failed = answer_delete_objects_with(store, status, code, times=1)
     metrics = Metrics()
     store.use_metrics(metrics)
     try:
@@ -325,7 +325,7 @@ def test_s3_a_delete_objects_failing_otherwise_never_switches_to_one_delete_a_na
             with pytest.raises(StorageError):
                 store.delete_many(["a", "b"])
             store.delete_many(["a", "b"])
-        assert failed == [1] and list(store.list("")) == ["c"] and not inner._batch_delete_refused
+        assert failed == [1] and list(store.list("")) == ["c"] and not store.inner._batch_delete_refused  # type: ignore[attr-defined]
         store.delete_many(["c"])
         assert list(store.list("")) == [] and requests(metrics, "delete") == 0
     finally:
