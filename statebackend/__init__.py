@@ -24,6 +24,7 @@ _EXPORTS = {
     "TaskStorage": "statebackend.task",
     "PendingCommit": "statebackend.commit",
     "Settings": "statebackend.config",
+    "load_config": "statebackend.config",
     "Metrics": "statebackend.metrics",
     "BlobStore": "statebackend.blobstores.base",
     "BlobInfo": "statebackend.blobstores.base",
@@ -82,13 +83,14 @@ __all__ = [
     "TaskStorage",
     "TransientStorageError",
     "__version__",
+    "load_config",
     "open_blob_store",
 ]
 
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobInfo, BlobStore, open_blob_store
     from statebackend.commit import PendingCommit
-    from statebackend.config import Settings
+    from statebackend.config import Settings, load_config
     from statebackend.contracts import (
         BackendContext,
         StateBackendAdmin,

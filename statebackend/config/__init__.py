@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from statebackend.config.keys import GLOBAL_OPTIONS, SERDES, STORE_OPTIONS
 from statebackend.config.names import NAME_ALLOWED, NAME_MAX_LENGTH, NAME_PATTERN, check_name, parse_name
+from statebackend.config.properties import load_config
 from statebackend.config.settings import Settings, StoreSettings, config_keys
 from statebackend.options import (
     OptionSpec,
@@ -66,6 +67,7 @@ __all__ = [
     "check_name",
     "config_keys",
     "default_of",
+    "load_config",
     "parse_bool",
     "parse_bytes",
     "parse_choice",
