@@ -31,6 +31,7 @@ from statebackend.contracts import BackendContext, StateBackendAdmin
 from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
 from tests.servers import ServerProcess
+from tests.waiting import wait_until
 
 OLD = f"{time.time() - 7 * 86400:.3f}"  # a created_at a week ago: past any grace period used here
 
@@ -105,6 +106,26 @@ def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert module.returncode == 0 and module.stdout == out
     code, out, _ = cli(capsys, "--help")
     assert code == 0 and "checkpoints" in out and "gc" in out and "exit codes" in out
+
+
+def test_help_lists_each_exit_code_once_with_its_meaning(capsys: pytest.CaptureFixture[str]) -> None:
+    """The help's exit codes: one entry per code, at the start of its line, with its whole meaning (wrapped lines
+    joined), and nothing else in the section."""
+    code, out, _ = cli(capsys, "--help")
+    assert code == 0
+    section = out.split("\nexit codes:\n", 1)[1].splitlines()
+    listed: dict[int, str] = {}
+    current: int | None = None
+    for line in section:
+        head = line.split(maxsplit=1)
+        if line.startswith("  ") and not line.startswith("   ") and head and head[0].isdigit():
+            current = int(head[0])
+            assert current not in listed, f"exit code {current} is listed twice"
+            listed[current] = head[1]
+        elif line.strip():
+            assert current is not None and line.startswith("       "), line
+            listed[current] += " " + line.strip()
+    assert listed == {code: " ".join(meaning.split()) for code, meaning in EXIT_CODES.items()}
 
 
 def test_exit_codes_are_distinct_and_documented(
@@ -315,7 +336,7 @@ def test_a_backend_that_does_not_describe_or_verify_says_so(
         names = [n for n in store.list("clicks/task-0/counts/fullcopy/")]
         for name in names:
             store.set_metadata(name, {"created_at": OLD})
-    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--json")
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--force", "--json")
     report = json.loads(out)
     assert code == 0 and names and all(item["action"] == "keep" for item in report["items"])
     assert {item["blob"] for item in report["items"]} == set(names)
@@ -360,7 +381,7 @@ def test_a_dual_commit_job_with_blobsnapshot(capsys: pytest.CaptureFixture[str],
     if not accounts:
         kept = [i for i in report["items"] if "/blobsnapshot/" in i["blob"]]
         assert kept and all(i["action"] == "keep" and "does not say" in i["reason"] for i in kept)
-    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply")[0] == 0
+    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--force")[0] == 0
     assert cli(capsys, "dump", str(path), "task-0", "counts", "-D", "stores.counts.restore.factory=blobsnapshot")[0] == 0
     assert state_of_blob_store(config).keys() <= before.keys()
 
@@ -526,11 +547,20 @@ def test_gc_dry_run_then_apply(capsys: pytest.CaptureFixture[str], job: tuple[Pa
     assert all(name in planted.values() for name in by_blob)  # nothing a checkpoint needs is listed
     assert state_of_blob_store(config) == before  # a dry run deletes nothing
     assert (tmp_path / "blobs" / planted["abandoned upload"]).exists()
+    assert report["counts"] == {"delete": 4, "deleted": 0, "keep": 2, "failed": 0}
     code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h")
     assert code == 0 and "dry run, nothing deleted" in out and "run again with --apply" in out
+    assert "would delete 4 (" in out and "kept 2" in out and "DELETED" not in out
 
     code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h", "--apply")
-    assert code == 0 and "DELETED" in out
+    assert code == 0 and "DELETED" in out and "(--apply; grace 1.0h)" in out
+    assert out.count("\nDELETED ") + out.startswith("DELETED ") == 4 and out.count("\nKEEP ") == 2
+    assert "\ndeleted 4 (" in out and "; kept 2 " in out
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h", "--apply", "--json")
+    again = json.loads(out)
+    assert code == 0 and again["counts"] == {"delete": 0, "deleted": 0, "keep": 2, "failed": 0}
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h", "--apply")
+    assert code == 0 and "DELETED" not in out and "nothing deleted: nothing to delete; kept 2" in out
     after = state_of_blob_store(config)
     deleted = {planted[k] for k in ("orphaned task", "orphaned store", "unreferenced blob")}
     assert set(after) == set(before) - deleted
@@ -562,6 +592,182 @@ def test_gc_drops_a_task_named_by_the_operator(
     assert cli(capsys, "verify", str(path), "task-0")[0] == 0
     assert [json.loads(x)["key"] for x in cli(capsys, "dump", str(path), "task-0", "counts")[1].splitlines()] == \
         sorted(states["task-0"]["history"][-1])
+
+
+def test_gc_apply_with_no_garbage_says_nothing_was_deleted(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, config, _ = job
+    before = state_of_blob_store(config)
+    code, out, _ = cli(capsys, "gc", str(path), "--apply")
+    assert code == 0 and state_of_blob_store(config) == before
+    assert "DELETED" not in out and "deleted" not in out.replace("nothing deleted", "")
+    assert out.splitlines()[-1] == "nothing deleted: nothing to delete; kept 0"
+    report = json.loads(cli(capsys, "gc", str(path), "--apply", "--json")[1])
+    assert report["applied"] and report["counts"] == {"delete": 0, "deleted": 0, "keep": 0, "failed": 0}
+
+
+def test_gc_apply_stops_at_a_failed_delete_and_says_what_was_done(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, config, _ = job
+    planted = _plant_garbage(config, None)
+    from statebackend.blobstores.file import FileBlobStore
+    from statebackend.errors import StorageError
+
+    calls: list[str] = []
+    real_delete = FileBlobStore.delete
+    real_conditional = FileBlobStore.delete_if_unchanged
+
+    def failing_second(name: str) -> None:
+        calls.append(name)
+        if len(calls) == 2:
+            raise StorageError(f"the store refused to delete {name}")
+
+    def delete(self: FileBlobStore, name: str) -> None:
+        failing_second(name)
+        real_delete(self, name)
+
+    def delete_if_unchanged(self: FileBlobStore, versions: dict[str, str]) -> frozenset[str]:
+        for name in versions:
+            failing_second(name)
+        return real_conditional(self, versions)
+
+    monkeypatch.setattr(FileBlobStore, "delete", delete)
+    monkeypatch.setattr(FileBlobStore, "delete_if_unchanged", delete_if_unchanged)
+    code, out, err = cli(capsys, "gc", str(path), "--grace", "1h", "--apply", "--json")
+    report = json.loads(out)
+    assert code == 1 and "stopped deleting after a failure" in err and calls[1] in err
+    by_blob = {item["blob"]: item for item in report["items"]}
+    assert by_blob[calls[0]]["action"] == "deleted" and by_blob[calls[1]]["action"] == "failed"
+    assert len(calls) == 2  # nothing was tried after the failure
+    doomed = {planted[k] for k in ("orphaned task", "orphaned store", "unreferenced blob")}
+    untried = doomed - set(calls)
+    assert untried and all(by_blob[name]["action"] == "keep" and "stopped at an earlier failure" in
+                           by_blob[name]["reason"] for name in untried)
+    assert report["counts"] == {"delete": 0, "deleted": 1, "keep": 2 + len(untried), "failed": 1}
+    left = state_of_blob_store(config)
+    assert calls[0] not in left and calls[1] in left and untried <= left.keys()
+
+
+def _open_task_with_an_unadopted_snapshot(config: dict[str, Any]) -> tuple[TaskStorage, str]:
+    """A task kept open whose latest background snapshot is uploaded but not adopted yet: no checkpoint names it,
+    and the next commit will (changelog.snapshot.interval.commits is 2)."""
+    storage = TaskStorage.open(config, "task-0")
+    counts = storage.store("counts")
+    prefix = "clicks/task-0/counts/changelog/snapshot/"
+    with blobs_of(config) as store:
+        for run in range(4):
+            counts.put(f"k{run}", run)
+            storage.commit_durably({"clicks": str(run)})
+        named = set()
+        for entry in CheckpointLog(store, "clicks", "task-0").entries():
+            assert isinstance(entry.checkpoint, CheckpointV2)
+            for marker in entry.checkpoint.markers_for("changelog").values():
+                named.update(Recipe.decode(marker, prefix="clicks/task-0/counts/changelog/").blob_names())
+
+        def unadopted() -> list[str]:
+            return [name for name in store.list(prefix) if name not in named]
+
+        wait_until(unadopted)
+        return storage, unadopted()[0]
+
+
+def test_gc_with_grace_0_warns_and_does_not_delete_the_snapshot_the_next_commit_adopts_without_force(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri())
+    path = write_config(tmp_path / "job.properties", config)
+    storage, snapshot = _open_task_with_an_unadopted_snapshot(config)
+    try:
+        # the dry run shows it as DELETE under --grace 0, flagged, with a warning on stderr and in the report
+        code, out, err = cli(capsys, "gc", str(path), "--grace", "0", "--json")
+        report = json.loads(out)
+        item = {i["blob"]: i for i in report["items"]}[snapshot]
+        assert code == 0 and item["action"] == "delete" and "a running or next commit may name it" in item["reason"]
+        assert "warning: --grace 0 is below the safe grace 1h" in err and "changelog.gc.grace.period.ms" in err
+        assert "commit in flight or the next commit" in err and any("safe grace" in n for n in report["notes"])
+        assert report["safe_grace_s"] == 3600
+        # --apply refuses it: exit 2, nothing deleted, and the message says what to do
+        before = state_of_blob_store(config)
+        code, out, err = cli(capsys, "gc", str(path), "--grace", "0", "--apply")
+        assert code == 2 and out == "" and "refused, nothing deleted" in err
+        assert "--grace 1h or more" in err and "--force" in err
+        assert state_of_blob_store(config) == before
+        # the default grace keeps it (young), and says so, without a warning
+        code, out, err = cli(capsys, "gc", str(path), "--apply", "--json")
+        item = {i["blob"]: i for i in json.loads(out)["items"]}[snapshot]
+        assert code == 0 and err == "" and item["action"] == "keep" and "younger than the grace" in item["reason"]
+        assert snapshot in state_of_blob_store(config)
+        # the job goes on: its next commits, and their checkpoints, restore
+        counts = storage.store("counts")
+        for run in range(4, 6):
+            counts.put(f"k{run}", run)
+            storage.commit_durably({"clicks": str(run)})
+    finally:
+        storage.close()
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 0, out
+    dumped = {json.loads(x)["key"]: json.loads(x)["value"] for x in cli(capsys, "dump", str(path), "task-0",
+                                                                          "counts")[1].splitlines()}
+    assert dumped == {f"k{run}": run for run in range(6)}
+
+
+def test_gc_grace_below_a_backends_grace_period_is_unsafe_and_at_it_is_not(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
+) -> None:
+    path, config, _ = job
+    planted = _plant_garbage(config, None)
+    slower = ("-D", "changelog.gc.grace.period.ms=2h")
+    code, out, err = cli(capsys, "gc", str(path), "--grace", "1h", "--apply", *slower)
+    assert code == 2 and "--grace 1h is below the safe grace 2h" in err and "--grace 2h or more" in err
+    assert planted["unreferenced blob"] in state_of_blob_store(config)
+    code, out, err = cli(capsys, "gc", str(path), "--grace", "2h", "--apply", *slower)
+    assert code == 0 and err == "" and "warning" not in out
+    assert planted["unreferenced blob"] not in state_of_blob_store(config)
+    # --force goes ahead, still warning (an old blob is not flagged: it is past the safe grace anyway)
+    with blobs_of(config) as store:
+        store.put(planted["unreferenced blob"], b"garbage", metadata={"created_at": f"{time.time() - 5400:.3f}"})
+    code, out, err = cli(capsys, "gc", str(path), "--grace", "1h", "--apply", "--force", *slower)
+    assert code == 0 and "warning: --grace 1h is below the safe grace 2h" in err
+    assert f"DELETED  unreferenced blob  {planted['unreferenced blob']}" in out and "may name it" in out
+    assert planted["unreferenced blob"] not in state_of_blob_store(config)
+
+
+def test_gc_deletes_a_tasks_garbage_only_soon_after_reading_its_checkpoints(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit written after gc read a task's checkpoints may name an old unreferenced blob (a writer names one
+    younger than half its grace, then writes its checkpoint within a quarter): past a quarter of the backends' grace
+    since the mark, gc keeps what it judged, and says to run again."""
+    path, config, _ = job
+    planted = _plant_garbage(config, None)
+    import statebackend.cli.gc as gc_module
+
+    later = [0.0]
+
+    class Clock:
+        @staticmethod
+        def time() -> float:
+            return time.time() + later[0]
+
+    judged = gc_module._task_items
+
+    def slow_task_items(*args: Any, **kwargs: Any) -> Any:
+        items = judged(*args, **kwargs)
+        later[0] += 16 * 60  # a quarter of the changelog's 1h grace, and a minute
+        return items
+
+    monkeypatch.setattr(gc_module, "time", Clock)
+    monkeypatch.setattr(gc_module, "_task_items", slow_task_items)
+    before = state_of_blob_store(config)
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "1h", "--apply", "--json")
+    report = json.loads(out)
+    by_blob = {item["blob"]: item for item in report["items"]}
+    assert code == 0 and report["counts"]["deleted"] == 0
+    for kind in ("orphaned task", "orphaned store", "unreferenced blob"):
+        assert by_blob[planted[kind]]["action"] == "keep" and "run gc again" in by_blob[planted[kind]]["reason"]
+    assert state_of_blob_store(config) == before
 
 
 # -- against a real server (moto's S3) ---------------------------------------------------------------------------
@@ -602,7 +808,7 @@ def test_every_command_against_azurite(
     config = base_config(tmp_path, f"az://t{uuid.uuid4().hex[:20]}/state",
                          **{"blob.store.connection.string": azurite_connection})
     path = _every_command(capsys, config, tmp_path)
-    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--json")
+    code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--force", "--json")
     report = json.loads(out)
     assert code == 0 and any("cannot list abandoned uploads" in note for note in report["notes"])
     with blobs_of(config) as store:
@@ -631,7 +837,7 @@ def test_every_command_against_the_s3_server(
     assert kinds["abandoned upload"]["blob"] == "clicks/task-0/counts/changelog/delta/x.delta"
     assert kinds["abandoned upload"]["action"] == "delete" and kinds["orphaned store"]["action"] == "delete"
     assert client.list_multipart_uploads(Bucket=bucket).get("Uploads")  # the dry run left it
-    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply")[0] == 0
+    assert cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--force")[0] == 0
     assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
     with blobs_of(config) as store:
         assert not list(store.list("clicks/task-0/dropped/"))

@@ -23,24 +23,26 @@ import argparse
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 from statebackend.cli._common import (
     EXIT_CONFIG,
     EXIT_FAILURE,
+    EXIT_INTERRUPTED,
     EXIT_NOT_FOUND,
     EXIT_OK,
     EXIT_PIPE,
     EXIT_USAGE,
     Run,
 )
+from statebackend.config import load_config
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError, UsageError
 from statebackend.redact import redact
 
-__all__ = ["EXIT_CODES", "load_properties", "main"]
+__all__ = ["EXIT_CODES", "exit_codes_help", "load_properties", "main"]
 
 #: exit code -> meaning (documented in docs/operations.md)
 EXIT_CODES = {
@@ -51,26 +53,21 @@ EXIT_CODES = {
     4: "not found: no such task, checkpoint or store on the blob store",
     5: "verify: a checkpoint failed its check (a blob missing, damaged or not the one its marker names)",
     6: "verify: nothing failed, but a backend cannot verify its markers (those markers were not checked)",
+    130: "interrupted (Ctrl-C): what was done before stays done (a gc --apply may have deleted part of its list)",
     141: "the output pipe was closed by the reader (e.g. `| head`); nothing is reported",
 }
 
 
-def load_properties(path: str | Path) -> dict[str, str]:
-    """Read a ``key=value`` properties file; a line without ``=`` is a ConfigError naming the line."""
-    config: dict[str, str] = {}
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith(("#", "!")):
-            continue
-        key, sep, value = stripped.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{path}:{number}: expected key=value, got {stripped!r}")
-        config[key.strip()] = value.strip()
-    return config
+#: the earlier name of :func:`statebackend.config.load_config`, the one reader of a config file (the same function)
+load_properties = load_config
+
+
+def exit_codes_help(width: int = 79) -> str:
+    """The help's list of exit codes: each code once, on its own line, with its whole meaning (wrapped, indented)."""
+    lines = ["exit codes:"]
+    for code, meaning in EXIT_CODES.items():
+        lines += textwrap.wrap(meaning, width=width, initial_indent=f"  {code:<5}", subsequent_indent=" " * 7)
+    return "\n".join(lines)
 
 
 def _version() -> str:
@@ -93,9 +90,9 @@ def _common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the raw formatter keeps the epilog's lines: one exit code per line (the default one reflows them into one)
     parser = argparse.ArgumentParser(prog="statebackend", description=__doc__.split("\n\n")[0],
-                                     epilog="exit codes: " + "; ".join(f"{c} {m.split(':')[0]}"
-                                                                       for c, m in EXIT_CODES.items()))
+                                     epilog=exit_codes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"statebackend {_version()}")
     _common_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -131,8 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--apply", action="store_true", help="delete what the report lists (default: report only)")
     gc.add_argument("--drop-task", action="append", metavar="TASK", help="collect this task whole, checkpoints "
                     "included (a job that now runs fewer tasks; stop it first); repeatable")
-    gc.add_argument("--grace", default="24h", help="leave alone what is younger than this (default 24h; never less "
-                    "than the backends' gc grace periods), e.g. 6h, 90min, 0 for everything")
+    gc.add_argument("--grace", default="24h", help="leave alone what is younger than this (default 24h), e.g. 6h, "
+                    "90min; below the backends' gc.grace.period.ms (or 0) a running job's next commit may lose "
+                    "blobs: warned about, and --apply refuses it without --force")
+    gc.add_argument("--force", action="store_true", help="with --apply: delete even with an unsafe --grace (every "
+                    "writer of the job is stopped)")
     return parser
 
 
@@ -184,7 +184,7 @@ def _run(args: argparse.Namespace) -> int:
 
     handlers = {**commands.COMMANDS, "gc": gc.gc}
     try:
-        config = load_properties(args.config)
+        config = load_config(args.config)
         for override in args.overrides:
             key, sep, value = override.partition("=")
             if not sep or not key.strip():
@@ -208,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         _error("statebackend: interrupted")
-        return 130
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - one redacted line; a raw traceback could quote a credential
         _error(f"statebackend: unexpected {type(exc).__name__}: {exc}")
         return EXIT_FAILURE

@@ -19,6 +19,22 @@ Only what is older than ``--grace`` goes, by the age rule of :mod:`statebackend.
 blob of unknown age is kept and reported. The marks are :func:`statebackend.kit.mark_referenced` over the backends'
 ``referenced_blobs``. The checkpoint logs themselves are never touched (retention owns them), nor anything whose
 layout is not recognised.
+
+**Running writers.** The mark holds what durable checkpoints name, never what a running writer holds in memory: a
+commit in flight (its deltas or runs are uploaded before its checkpoint is written), or a finished background
+snapshot or compaction the next commit adopts. Such a blob is unmarked and young, and the writers keep to the
+backends' rule for it (``<backend>.gc.grace.period.ms``, "g"): they name an unmarked blob only while it is younger
+than g/2 and write the checkpoint within g/4. So this command is safe beside a running job when ``--grace`` is at
+least the largest g of the config's backends (the *safe grace*) and each blob is deleted within g/4 (the smallest g)
+of the listing of its task's checkpoints: a task's garbage is deleted right after its own mark, and what is left
+past that deadline is kept and reported (run again). A ``--grace`` of 0 or below the safe grace is warned about; the
+dry run then flags each blob younger than the safe grace, and ``--apply`` refuses unless ``--force`` (for a job
+whose writers are all stopped). Where the blob store can, a blob is deleted only if it is still the version its
+``head`` saw (a writer may write an old blob again to name it), as the backends' own sweeps do.
+
+**What happened** is printed exactly: every item with its action (DELETE in a dry run, DELETED, KEEP with the
+reason, FAILED), then one line of counts. A failed delete stops the deleting (the blob store refused: the rest
+would fail alike); the report still lists what was deleted before it, and the exit code is 1.
 """
 
 from __future__ import annotations
@@ -29,12 +45,15 @@ from typing import Any
 import attrs
 
 from statebackend.checkpoint import CheckpointV2
-from statebackend.cli._common import EXIT_OK, Run, UsageError, human_age, human_bytes
-from statebackend.errors import ConfigError, NotFoundError
+from statebackend.cli._common import EXIT_FAILURE, EXIT_OK, Run, UsageError, human_age, human_bytes
+from statebackend.errors import ConfigError, NotFoundError, StateBackendError
 from statebackend.kit import CREATED_AT, GraceRule, Mark, mark_referenced, referenced_by_admin
 from statebackend.options import parse_duration_ms
 
-__all__ = ["gc"]
+__all__ = ["SafeGrace", "gc", "safe_grace"]
+
+#: the backends' option whose value is the age below which their writers may still name an unreferenced blob
+GRACE_OPTION = "gc.grace.period.ms"
 
 
 @attrs.define
@@ -44,21 +63,72 @@ class Item:
     blob: str
     age_s: float | None
     size: int | None
-    action: str  # delete | deleted | keep
+    action: str  # delete | deleted | keep | failed
     reason: str
     handle: Any = None
+    #: the version its ``head`` saw (deleted only while unchanged, where the blob store can)
+    version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "task": self.task, "blob": self.blob, "age_s": self.age_s, "bytes": self.size,
                 "action": self.action, "reason": self.reason}
 
 
+@attrs.frozen
+class SafeGrace:
+    """What the config's backends need of a collector beside a running job (module docstring, "Running writers")."""
+
+    #: the largest ``gc.grace.period.ms`` of the config's stores' backends (0: none declares one)
+    floor_ms: int
+    #: the smallest positive one (None: none): a task's deletions end this long / 4 after its mark
+    window_ms: int | None
+    #: the key that sets the largest, for messages (``changelog.gc.grace.period.ms (store counts)``)
+    source: str | None
+
+
+def safe_grace(run: Run) -> SafeGrace:
+    """The safe grace of the job as its config describes it (``-D`` overrides included): over every store's backup
+    backends, the job-wide or per-store ``gc.grace.period.ms`` each declares."""
+    found: list[tuple[int, str]] = []
+    for store in sorted(run.settings.stores):
+        for factory in run.settings.stores[store].backup_factories:
+            value = run.settings.backend_options_for(factory, store=store).get(GRACE_OPTION)
+            if isinstance(value, int) and not isinstance(value, bool):
+                found.append((value, f"{factory}.{GRACE_OPTION} (store {store})"))
+    if not found:
+        return SafeGrace(0, None, None)
+    floor_ms, source = max(found)
+    positive = [ms for ms, _ in found if ms > 0]
+    return SafeGrace(floor_ms, min(positive) if positive else None, source)
+
+
+def duration_text(ms: int) -> str:
+    """``ms`` as a ``--grace`` value (the largest unit that divides it): ``1h``, ``90min``, ``30s``, ``250ms``."""
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1000)):
+        if ms and ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
 def gc(run: Run) -> int:
     try:
-        rule = GraceRule(parse_duration_ms(min=0)("--grace", run.args.grace))  # no first sightings: one run
+        grace_ms = parse_duration_ms(min=0)("--grace", run.args.grace)
     except ConfigError as exc:
         raise UsageError(str(exc)) from exc
+    rule = GraceRule(grace_ms)  # no first sightings: one run
     grace_s = rule.grace_s
+    safe = safe_grace(run)
+    warning = _unsafe_warning(grace_ms, safe)
+    if warning is not None:
+        run.warn(f"statebackend gc: warning: {warning}")
+        if run.args.apply and not run.args.force:
+            suggestion = f"give --grace {duration_text(safe.floor_ms)} or more, or " if safe.floor_ms else ""
+            raise UsageError(f"gc --apply refused, nothing deleted: --grace {run.args.grace} is unsafe beside a "
+                             f"running job; {suggestion}stop every writer of job {run.job} (the streaming query and "
+                             f"its tasks) and run again with --force")
+    # past the safe grace, a blob younger than it is flagged in the report (the dry run shows what is at risk)
+    risky_below_s = safe.floor_ms / 1000.0 if warning is not None and grace_ms < safe.floor_ms else None
+    window_s = (safe.window_ms if safe.window_ms is not None else grace_ms) / 4000.0 or None
     job = run.job
     by_task: dict[str, list[str]] = {}
     for name in run.progress(run.blob_store.list(f"{job}/"), desc="listing"):
@@ -71,39 +141,107 @@ def gc(run: Run) -> int:
         raise NotFoundError(f"--drop-task {', '.join(unknown)}: no such task of job {job!r} in "
                             f"{run.blob_store.describe()} (`statebackend tasks` lists them)")
     items: list[Item] = []
+    deleting = _Deleting(run) if run.args.apply else None
     for task, names in run.progress(sorted(by_task.items()), total=len(by_task), desc="tasks"):
         if task in dropped:
-            items.extend(Item("dropped task", task, name, None, None, "delete",
-                              f"task {task} named by --drop-task: its checkpoints and state go") for name in names)
-            continue
-        items.extend(_task_items(run, task, names, rule))
+            task_items = [Item("dropped task", task, name, None, None, "delete",
+                               f"task {task} named by --drop-task: its checkpoints and state go") for name in names]
+            deadline = None  # the operator decided: whatever its age, whatever the log says now
+        else:
+            marked_at = time.time()
+            task_items = _task_items(run, task, names, rule, risky_below_s)
+            deadline = marked_at + window_s if window_s is not None else None
+        items.extend(task_items)
+        if deleting is not None:
+            deleting.delete(task_items, deadline)
     uploads = run.blob_store.abandoned_uploads(f"{job}/")
     upload_note = None
     if uploads is None:
         upload_note = (f"{run.blob_store.describe()} cannot list abandoned uploads (Azure discards uncommitted "
                        f"blocks by itself after 7 days)")
+    upload_items = []
     for upload in uploads or []:
         old = upload.age_s is not None and upload.age_s >= grace_s
-        items.append(Item("abandoned upload", None, upload.name, upload.age_s, upload.size,
-                          "delete" if old else "keep",
-                          f"{upload.kind} never finished" if old else f"{upload.kind} younger than the grace period "
-                          f"(may still be running)", handle=upload))
-    if run.args.apply:
-        _apply(run, items)
-    report = _report(run, job, items, grace_s, upload_note)
+        reason = f"{upload.kind} never finished" if old else \
+            f"{upload.kind} younger than the grace period (may still be running)"
+        if old and risky_below_s is not None and upload.age_s is not None and upload.age_s < risky_below_s:
+            reason += f"; younger than the safe grace {human_age(risky_below_s)}: it may still be running"
+        upload_items.append(Item("abandoned upload", None, upload.name, upload.age_s, upload.size,
+                                 "delete" if old else "keep", reason, handle=upload))
+    items.extend(upload_items)
+    if deleting is not None:
+        deleting.delete(upload_items, None)  # judged by their own age just now
+    notes = [note for note in (warning, upload_note) if note]
+    report = _report(run, job, items, grace_s, safe, notes)
     if run.json:
         run.print_json(report)
     else:
         _print_report(run, report, items)
+    if deleting is not None and deleting.failure is not None:
+        run.warn(f"statebackend: gc stopped deleting after a failure: {deleting.failure}")
+        return EXIT_FAILURE
     return EXIT_OK
 
 
-def _task_items(run: Run, task: str, names: list[str], rule: GraceRule) -> list[Item]:
+def _unsafe_warning(grace_ms: int, safe: SafeGrace) -> str | None:
+    """Why ``--grace`` is unsafe beside a running job, or ``None`` when it is not."""
+    at_risk = ("unreferenced blobs a commit in flight or the next commit may name (a delta or run uploaded before "
+               "its checkpoint is written, a finished background snapshot or compaction about to be adopted) could "
+               "be deleted, and that commit then fails or its checkpoint names a missing blob")
+    if grace_ms < safe.floor_ms:
+        return (f"--grace {duration_text(grace_ms) if grace_ms else '0'} is below the safe grace "
+                f"{duration_text(safe.floor_ms)} (the largest backend gc grace period of the config: {safe.source}): "
+                f"{at_risk}")
+    if grace_ms == 0:
+        return f"--grace 0 turns the age guard off: {at_risk}"
+    return None
+
+
+class _Deleting:
+    """Deletes what a task's items mark ``delete``, right after that task's mark; stops for good at a failure."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.failure: str | None = None
+
+    def delete(self, items: list[Item], deadline: float | None) -> None:
+        doomed = [item for item in items if item.action == "delete"]
+        store = self.run.blob_store
+        conditional = store.supports_conditional_delete
+        for item in self.run.progress(doomed, total=len(doomed), desc="deleting"):
+            if self.failure is not None:
+                item.action = "keep"
+                item.reason += "; not deleted: gc stopped at an earlier failure"
+                continue
+            if deadline is not None and time.time() > deadline:
+                item.action = "keep"
+                item.reason += ("; not deleted: judged too long ago (a commit since may name it; past a quarter of "
+                                "the backends' smallest gc grace period since its task's checkpoints were read), "
+                                "run gc again")
+                continue
+            try:
+                if item.kind == "abandoned upload":
+                    store.remove_abandoned_upload(item.handle)
+                elif conditional and item.version is not None:
+                    if item.blob in store.delete_if_unchanged({item.blob: item.version}):
+                        item.action = "keep"
+                        item.reason += "; not deleted: written again since it was judged (a writer refreshed it)"
+                        continue
+                else:
+                    store.delete(item.blob)
+            except StateBackendError as exc:
+                self.failure = f"{item.blob}: {type(exc).__name__}: {exc}"
+                item.action = "failed"
+                item.reason += f"; the delete failed ({type(exc).__name__}: {exc}); it may or may not be gone"
+                continue
+            item.action = "deleted"
+
+
+def _task_items(run: Run, task: str, names: list[str], rule: GraceRule, risky_below_s: float | None) -> list[Item]:
     prefix = f"{run.job}/{task}/"
-    checkpoint_blobs = [n for n in names if n.startswith(prefix + "checkpoints/")]
     data_blobs = [n for n in names if not n.startswith(prefix + "checkpoints/")]
-    if not checkpoint_blobs:
-        return [_candidate(run, "orphaned task", task, name, rule, f"task {task} has no checkpoint")
+    if not any(True for _ in run.blob_store.list(prefix + "checkpoints/")):  # listed now: the job listing is older
+        return [_candidate(run, "orphaned task", task, name, rule, f"task {task} has no checkpoint", risky_below_s)
                 for name in data_blobs]
     marked_at = time.time()
     entries = run.log(task).entries()
@@ -135,19 +273,21 @@ def _task_items(run: Run, task: str, names: list[str], rule: GraceRule) -> list[
         mark = marks.get((factory, store))
         if mark is None:
             items.append(_candidate(run, "orphaned store", task, name, rule,
-                                    f"no checkpoint of task {task} has a {factory} marker for store {store}"))
+                                    f"no checkpoint of task {task} has a {factory} marker for store {store}",
+                                    risky_below_s))
         elif not mark.complete:
             items.append(Item("kept", task, name, None, None, "keep",
                               f"the {factory} backend does not say which blobs its markers need"))
         elif name not in mark.blobs:
             items.append(_candidate(run, "unreferenced blob", task, name, rule,
-                                    f"no checkpoint of task {task} needs it"))
+                                    f"no checkpoint of task {task} needs it", risky_below_s))
     return items
 
 
-def _candidate(run: Run, kind: str, task: str, name: str, rule: GraceRule, reason: str) -> Item:
+def _candidate(run: Run, kind: str, task: str, name: str, rule: GraceRule, reason: str,
+               risky_below_s: float | None) -> Item:
     """A garbage candidate: deleted when old enough by the age rule (this command keeps no memory between runs, so a
-    blob of unknown age is kept), else kept."""
+    blob of unknown age is kept), else kept. Old enough only by an unsafe ``--grace``: flagged in its reason."""
     try:
         info = run.blob_store.head(name)
     except NotFoundError:
@@ -159,42 +299,59 @@ def _candidate(run: Run, kind: str, task: str, name: str, rule: GraceRule, reaso
                     f"metadata), so it is kept")
     if not rule.old_enough(name, info.metadata, now):
         return Item(kind, task, name, age, info.size, "keep", f"{reason}; but younger than the grace period")
-    return Item(kind, task, name, age, info.size, "delete", reason)
+    if risky_below_s is not None and age < risky_below_s:
+        reason += f"; younger than the safe grace {human_age(risky_below_s)}: a running or next commit may name it"
+    return Item(kind, task, name, age, info.size, "delete", reason, version=info.etag)
 
 
-def _apply(run: Run, items: list[Item]) -> None:
-    doomed = [item for item in items if item.action == "delete"]
-    for item in run.progress(doomed, total=len(doomed), desc="deleting"):
-        if item.kind == "abandoned upload":
-            run.blob_store.remove_abandoned_upload(item.handle)
-        else:
-            run.blob_store.delete(item.blob)
-        item.action = "deleted"
+def _counts(items: list[Item]) -> dict[str, int]:
+    counts = {"delete": 0, "deleted": 0, "keep": 0, "failed": 0}
+    for item in items:
+        counts[item.action] += 1
+    return counts
 
 
-def _report(run: Run, job: str, items: list[Item], grace_s: float, upload_note: str | None) -> dict[str, Any]:
+def _report(run: Run, job: str, items: list[Item], grace_s: float, safe: SafeGrace,
+            notes: list[str]) -> dict[str, Any]:
     summary: dict[str, dict[str, int]] = {}
     for item in items:
         group = summary.setdefault(f"{item.kind}: {item.action}", {"count": 0, "bytes": 0})
         group["count"] += 1
         group["bytes"] += item.size or 0
+    deleted_bytes = sum(item.size or 0 for item in items if item.action in ("delete", "deleted"))
     return {"job": job, "blob_store": run.blob_store.describe(), "applied": bool(run.args.apply),
-            "grace_s": grace_s, "summary": summary, "notes": [upload_note] if upload_note else [],
-            "items": [item.to_json() for item in items]}
+            "grace_s": grace_s, "safe_grace_s": safe.floor_ms / 1000.0, "counts": _counts(items),
+            "deleted_bytes" if run.args.apply else "delete_bytes": deleted_bytes,
+            "summary": summary, "notes": notes, "items": [item.to_json() for item in items]}
 
 
 def _print_report(run: Run, report: dict[str, Any], items: list[Item]) -> None:
-    mode = "deleted" if report["applied"] else "dry run, nothing deleted"
+    mode = "--apply" if report["applied"] else "dry run, nothing deleted"
     run.print(f"gc of job {report['job']} in {report['blob_store']} ({mode}; grace {human_age(report['grace_s'])})")
+    labels = {"deleted": "DELETED", "delete": "DELETE", "keep": "KEEP", "failed": "FAILED"}
     for item in items:
-        what = "DELETED" if item.action == "deleted" else "DELETE" if item.action == "delete" else "KEEP"
-        run.print(f"{what:8} {item.kind:18} {item.blob}  ({human_bytes(item.size)}, age {human_age(item.age_s)}): "
-                  f"{item.reason}")
+        run.print(f"{labels[item.action]:8} {item.kind:18} {item.blob}  ({human_bytes(item.size)}, age "
+                  f"{human_age(item.age_s)}): {item.reason}")
     for note in report["notes"]:
         run.print(f"note: {note}")
-    if not items:
-        run.print("nothing to collect")
     for group, counts in sorted(report["summary"].items()):
         run.print(f"total {group}: {counts['count']} ({human_bytes(counts['bytes'])})")
-    if not report["applied"] and any(item.action == "delete" for item in items):
+    run.print(outcome_line(report))
+    if not report["applied"] and report["counts"]["delete"]:
         run.print("run again with --apply to delete what is marked DELETE")
+
+
+def outcome_line(report: dict[str, Any]) -> str:
+    """One line saying exactly what the run did (or, dry, would do): how many blobs deleted, kept, failed."""
+    counts = report["counts"]
+    kept = f"kept {counts['keep']}" + (" (each listed above with its reason)" if counts["keep"] else "")
+    if not report["applied"]:
+        if not counts["delete"]:
+            return f"nothing to delete; {kept}"
+        return f"would delete {counts['delete']} ({human_bytes(report['delete_bytes'])}); {kept}; nothing deleted yet"
+    if not counts["deleted"] and not counts["failed"]:
+        return f"nothing deleted: nothing to delete; {kept}"
+    done = f"deleted {counts['deleted']} ({human_bytes(report['deleted_bytes'])})"
+    if counts["failed"]:
+        done += f"; failed {counts['failed']} (stopped there)"
+    return f"{done}; {kept}"
