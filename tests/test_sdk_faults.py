@@ -14,6 +14,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -74,7 +75,7 @@ class OneShot:
 @attrs.define
 class Stores:
     """One container/bucket seen three ways: through the proxy without retries (``inner``) and with them
-    (``resilient``), and directly (``raw``, to set up and check)."""
+    (``resilient``), and directly with retries (``raw``, to set up and check; see :func:`_direct`)."""
 
     cloud: str
     inner: BlobStore
@@ -86,12 +87,19 @@ class Stores:
             store.close()
 
 
+#: every fault here closes or resets the connection, so no outcome waits on a timeout: the request timeout only
+#: guards a hang, generous enough that a slow server on a loaded machine is never taken for a fault
+REQUEST_TIMEOUT_MS = 120_000
+#: tries of the store without retries before its fault must have fired (a try that fails earlier is retried)
+FAULT_TRIES = 5
+
+
 def _options(cloud: str, port: int) -> dict[str, object]:
     common: dict[str, object] = {
         "create.if.missing": True,
         "part.size.bytes": PART,
         "max.concurrency": 2,
-        "request.timeout.ms": 10000,
+        "request.timeout.ms": REQUEST_TIMEOUT_MS,
         "retry.max.attempts": 6,
         "retry.base.delay.ms": 1,
         "retry.max.delay.ms": 20,
@@ -101,26 +109,54 @@ def _options(cloud: str, port: int) -> dict[str, object]:
     return {**common, "connection.string": azurite_connection_string(port)}
 
 
+class DirectStoreError(Exception):
+    """The direct store (set-up and checks) failed: no outcome of the store under test, so never taken for its
+    project error."""
+
+
+class _Direct:
+    """The direct store with retries, for a test's set-up and checks. Its failures leave as
+    :class:`DirectStoreError`, so an operation's ``except StateBackendError`` only ever sees the store under test;
+    ``list`` returns a list (a lazy listing would fail later, outside this wrapper)."""
+
+    def __init__(self, store: BlobStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+        if not callable(method):
+            return method
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = method(*args, **kwargs)
+                return list(result) if name == "list" else result
+            except StateBackendError as exc:
+                raise DirectStoreError(f"the direct store's {name}{args!r} failed: {exc!r}") from exc
+
+        return call
+
+
+def _direct(cloud: str, url: str, server: ServerProcess) -> BlobStore:
+    """``url`` on the server itself (no proxy), with retries: set-up and checks are not under test, and on a loaded
+    machine one slow request must not fail them."""
+    options = {**_options(cloud, server.port), "retry.max.attempts": 10, "retry.max.delay.ms": 1000}
+    return cast(BlobStore, _Direct(open_blob_store(url, options)))
+
+
 def _fresh_url(cloud: str, server: ServerProcess) -> str:
-    """A new container/bucket, created directly on the server (creation is an admin call, never retried)."""
+    """A new container/bucket, created directly on the server (with retries: creation is idempotent)."""
     url = f"s3://t-{uuid.uuid4().hex[:16]}/p" if cloud == "s3" else f"az://t{uuid.uuid4().hex[:16]}/p"
-    opener = S3BlobStore if cloud == "s3" else AzureBlobStore
-    with opener.open_inner(url, _options(cloud, server.port)) as direct:
-        direct.create_resources()
+    with open_blob_store(url, {**_options(cloud, server.port), "retry.max.attempts": 10}) as direct:
+        direct.create_resources()  # type: ignore[attr-defined]
     return url
 
 
 def _open(cloud: str, server: ServerProcess, proxy: FaultProxy) -> Stores:
-    if cloud == "s3":
-        url = f"s3://t-{uuid.uuid4().hex[:16]}/p"
-        inner: BlobStore = S3BlobStore.open_inner(url, _options(cloud, proxy.port))
-        raw: BlobStore = S3BlobStore.open_inner(url, _options(cloud, server.port))
-    else:
-        url = f"az://t{uuid.uuid4().hex[:16]}/p"
-        inner = AzureBlobStore.open_inner(url, _options(cloud, proxy.port))
-        raw = AzureBlobStore.open_inner(url, _options(cloud, server.port))
-    raw.create_resources()  # type: ignore[attr-defined]
-    return Stores(cloud, inner, open_blob_store(url, _options(cloud, proxy.port)), raw)
+    url = _fresh_url(cloud, server)
+    opener = S3BlobStore if cloud == "s3" else AzureBlobStore
+    inner: BlobStore = opener.open_inner(url, _options(cloud, proxy.port))
+    return Stores(cloud, inner, open_blob_store(url, _options(cloud, proxy.port)), _direct(cloud, url, server))
 
 
 @pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), pytest.param("azure", marks=pytest.mark.azure)])
@@ -264,27 +300,44 @@ def _raw_links(error: BaseException) -> list[str]:
 def test_one_fault_then_a_right_answer_or_a_project_error(
     cloud: tuple[str, ServerProcess], kind: str, operation: str, tmp_path: Path
 ) -> None:
+    """The store without retries, its one request faulted: the right answer (checked by the operation) or a project
+    error whose chain holds no raw SDK exception; either outcome passes, nothing else does. Then the store with
+    retries, the same fault: the right answer."""
     name, server = cloud
     op, matches = OPS[operation]
+    match = matches.get(name, b"")
     schedule = OneShot(kind)
     with FaultProxy(server.host, server.port, schedule=schedule, seed=5) as proxy:
         stores = _open(name, server, proxy)
         try:
-            # without retries: the right answer, or a project error whose chain holds no raw SDK exception
-            schedule.arm(matches.get(name, b""))
-            outcome = "returned"
-            try:
-                op(stores.inner, stores.raw, "inner", tmp_path)
-            except StateBackendError as exc:
-                assert _raw_links(exc) == [], exc
-                outcome = f"raised {exc!r}"
-            assert schedule.fired == 1, f"no request matched {matches.get(name, b'')!r}; the operation {outcome}"
+            outcomes = []
+            for attempt in range(FAULT_TRIES):
+                schedule.arm(match)
+                outcomes.append(_right_answer_or_project_error(op, stores, f"inner{attempt}", tmp_path))
+                if schedule.fired:
+                    break
+                # no request met the fault: the operation must have failed earlier (a slow server on a loaded
+                # machine), with a project error; it answered nothing about the fault, so it tries again
+                assert outcomes[-1] != "returned", f"no request matched {match!r}; the operation returned"
+            assert schedule.fired == 1, f"the fault never fired in {FAULT_TRIES} tries; outcomes: {outcomes}"
             # with retries: the right answer
-            schedule.arm(matches.get(name, b""))
+            schedule.arm(match)
             op(stores.resilient, stores.raw, "resilient", tmp_path)
             assert schedule.fired == 2
         finally:
             stores.close()
+
+
+def _right_answer_or_project_error(op: Op, stores: Stores, tag: str, tmp: Path) -> str:
+    """Run ``op`` on the store without retries: "returned" (the operation checked its answer against the direct
+    store), or the repr of the project error it raised, whose chain must hold no raw exception. Anything else (a
+    wrong answer, an SDK or stdlib exception, a failure of the direct store) fails the test."""
+    try:
+        op(stores.inner, stores.raw, tag, tmp)
+    except StateBackendError as exc:
+        assert _raw_links(exc) == [], exc
+        return f"raised {exc!r}"
+    return "returned"
 
 
 # -- the seen failures, one by one ------------------------------------------------------------------------------
