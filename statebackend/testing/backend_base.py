@@ -18,7 +18,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_support import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
-from statebackend.testing.deadline import deadline
+from statebackend.testing.deadline import deadline, scaled
 
 __all__ = ["BackendContractBase"]
 
@@ -32,7 +32,8 @@ class BackendContractBase:
     dual_with: ClassVar[str | None] = None
     #: the backend uploads a whole copy of each store per commit (O(state), allowed but bounded by one copy)
     uploads_whole_state: ClassVar[bool] = False
-    #: seconds a test may run before it fails (a hung backend fails, it does not hang the run); 0: no deadline
+    #: seconds a test may run on an idle machine before it fails (a hung backend fails, it does not hang the run;
+    #: stretched by the machine's load, statebackend.testing.deadline.scaled); 0: no deadline
     test_timeout_s: ClassVar[float] = 120.0
     #: seconds a test waits for one commit or one held write before it fails
     wait_s: ClassVar[float] = 30.0
@@ -41,7 +42,7 @@ class BackendContractBase:
     def _contract_deadline(self, request: pytest.FixtureRequest) -> Iterator[None]:
         self._controlled: list[ControlledBlobStore] = []
         try:
-            with deadline(self.test_timeout_s, request.node.nodeid):
+            with deadline(scaled(self.test_timeout_s), request.node.nodeid):  # stretched on a loaded machine
                 yield
         finally:
             for store in self._controlled:  # a failed test must not leave writes held on the shared commit pool

@@ -28,7 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 from statebackend.testing.conditional_delete_contract import ConditionalDeleteContract
-from statebackend.testing.deadline import deadline
+from statebackend.testing.deadline import deadline, scaled
 
 __all__ = ["BAD_NAMES", "BlobStoreContract"]
 
@@ -90,12 +90,13 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract):
     #: 5,000); a suite whose store lists in smaller pages on request (the built-in S3 and Azure stores'
     #: ``list_page_size``, set by their test fixtures) writes fewer
     listing_names: int = 2_500
-    #: seconds a test may run before it fails (a hung store fails its test; statebackend.testing.deadline)
+    #: seconds a test may run on an idle machine before it fails (a hung store fails its test; stretched by the
+    #: machine's load: statebackend.testing.deadline)
     test_timeout_s: float = 300.0
 
     @pytest.fixture(autouse=True)
     def _contract_deadline(self, request: pytest.FixtureRequest) -> Iterator[None]:
-        with deadline(self.test_timeout_s, request.node.nodeid):
+        with deadline(scaled(self.test_timeout_s), request.node.nodeid):  # stretched on a loaded machine
             yield
 
     @pytest.fixture

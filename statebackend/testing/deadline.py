@@ -10,11 +10,16 @@ thread's stack and ends the process: the run fails, it does not hang. Once passe
 block ends, so a teardown stuck on the same hung work (a close waiting for the upload) is interrupted as well.
 
 An interval timer pytest-timeout (or anything else) armed is put back afterwards with the time it had left.
+
+:func:`scaled` stretches a bound that holds on an idle machine by how loaded the machine is now (:func:`load_factor`):
+the suites pass their deadlines and hang guards through it, so a machine busy with other work makes a test slower,
+never a failure.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -26,12 +31,28 @@ from types import FrameType
 
 import pytest
 
-__all__ = ["BACKSTOP_S", "REPEAT_S", "deadline"]
+__all__ = ["BACKSTOP_S", "REPEAT_S", "deadline", "load_factor", "scaled"]
 
 #: seconds past the deadline after which the backstop ends a process whose test never came back to Python
 BACKSTOP_S = 60.0
 #: once the deadline passed, the test's thread is interrupted again every this many seconds until the block ends
 REPEAT_S = 2.0
+
+
+def load_factor() -> float:
+    """How many times slower than on an idle machine work runs now, at least 1: the 1-minute load average per CPU
+    (1 where the platform has no load average)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 1.0
+    return max(1.0, load / (os.cpu_count() or 1))
+
+
+def scaled(seconds: float) -> float:
+    """``seconds``, a bound that holds on an idle machine, times :func:`load_factor`: the bound of a wait that only
+    guards a hang, so a loaded machine does not trip it. ``seconds <= 0`` (no bound) stays as it is."""
+    return seconds * load_factor() if seconds > 0 else seconds
 
 
 @contextmanager

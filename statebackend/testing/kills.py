@@ -49,6 +49,7 @@ from statebackend.config import Settings
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.registry import known_factories, register_factory
 from statebackend.task import TaskStorage
+from statebackend.testing.deadline import scaled
 
 __all__ = [
     "DEFAULT_VALUE_REPEAT",
@@ -142,7 +143,7 @@ def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object 
                 _wait_for(child, run / "durable.log", wait_s, where)
             time.sleep(rng.uniform(0.0, 0.25))
             child.send_signal(signal.SIGKILL)
-            _, stderr = child.communicate(timeout=wait_s)
+            _, stderr = child.communicate(timeout=scaled(wait_s))
             assert child.returncode == -signal.SIGKILL, f"{where}: the child ended by itself:\n{stderr[-4000:]}"
         finally:
             if child.poll() is None:
@@ -189,7 +190,7 @@ def run_commits(spec: KillSpec, commits: int, run: Path | None) -> tuple[int, di
                         store.delete(key)
                     else:
                         store.put(key, value)
-                task.commit_durably({"input": str(n)}, timeout=60)
+                task.commit_durably({"input": str(n)}, timeout=scaled(60))
                 if durable_log is not None:
                     os.write(durable_log, f"{n}\n".encode())
         finally:
@@ -239,12 +240,15 @@ def _child_env() -> dict[str, str]:
 
 
 def _wait_for(child: subprocess.Popen[str], path: Path, wait_s: float, where: str) -> None:
+    """Until the child wrote ``path``: a hang guard of ``wait_s`` on an idle machine, stretched by its load (a
+    loaded machine starts the interpreter and restores in many times the idle time)."""
+    wait_s = scaled(wait_s)
     deadline = time.monotonic() + wait_s
     while not path.exists():
         if child.poll() is not None:
             _, stderr = child.communicate()
             raise AssertionError(f"{where}: the child ended before it wrote {path.name}:\n{stderr[-4000:]}")
-        assert time.monotonic() < deadline, f"{where}: the child did not write {path.name} within {wait_s} s"
+        assert time.monotonic() < deadline, f"{where}: the child did not write {path.name} within {wait_s:.0f} s"
         time.sleep(0.005)
 
 
