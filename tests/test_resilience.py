@@ -104,11 +104,13 @@ def test_an_attempt_that_overruns_the_request_timeout_is_retried(
             release.wait(30)  # a request that never answers (until teardown)
 
     scripted.before = before
-    store, sleeps, metrics = _resilient(scripted, request_timeout_s=0.05)
+    store, sleeps, metrics = _resilient(scripted, request_timeout_s=0.05, max_attempts=20)
     assert store.get("blob") == b"data"
-    assert scripted.calls["get"] == 2
-    assert metrics.counter(METRIC_TIMEOUTS) == 1
-    assert len(sleeps) == 1
+    # the first attempt never answers, so a later one did; on a loaded machine a later attempt may overrun the
+    # short timeout too (and be retried in turn): counts are "at least", each retry after one sleep
+    assert not release.is_set() and scripted.calls["get"] >= 2
+    assert metrics.counter(METRIC_TIMEOUTS) >= 1
+    assert len(sleeps) == scripted.calls["get"] - 1
 
 
 def test_a_slow_read_is_hedged_and_the_first_answer_wins(
@@ -124,7 +126,9 @@ def test_a_slow_read_is_hedged_and_the_first_answer_wins(
     scripted.before = before
     store, sleeps, metrics = _resilient(scripted, hedge_after_s=0.02, request_timeout_s=60)
     assert store.get("blob") == b"data"
-    assert metrics.counter(METRIC_HEDGES) == 1
+    # the stuck first attempt cannot answer: a hedge did (a second hedge may start when the first one is slow to be
+    # scheduled on a loaded machine; at most hedge.max = 2)
+    assert 1 <= metrics.counter(METRIC_HEDGES) <= 2
     assert sleeps == []  # a hedge is not a retry
 
 
@@ -148,7 +152,8 @@ def test_create_only_hedge_that_meets_its_own_write_succeeds(
     store, _, metrics = _resilient(scripted, hedge_after_s=0.02, request_timeout_s=60)
     store.put("blob", b"ours", create_only=True, metadata={"kind": "delta"})
     assert scripted.inner.get("blob") == b"ours"
-    assert metrics.counter(METRIC_HEDGES) == 1
+    assert not release.is_set()  # the first attempt is still held: a hedge met its write and took it for ours
+    assert 1 <= metrics.counter(METRIC_HEDGES) <= 2
 
 
 def test_create_only_retry_that_finds_other_bytes_raises_already_exists(scripted: ScriptedBlobStore) -> None:
@@ -183,7 +188,9 @@ def _open_through(kind: str, server: ServerProcess, proxy: FaultProxy, **options
         "retry.base.delay.ms": 5,
         "retry.max.delay.ms": 50,
         "retry.max.attempts": 8,
-        "request.timeout.ms": 5000,
+        # no fault here waits on a timeout (resets; holds far shorter than this): it only guards a hang, and a slow
+        # server on a loaded machine is not taken for a fault
+        "request.timeout.ms": 120_000,
         **options,
     }
     if kind == "s3":
@@ -220,8 +227,17 @@ def test_puts_and_gets_survive_ten_percent_injected_failures_with_exact_content(
 
 
 def test_hedging_cuts_the_tail_under_ten_percent_slow_requests(server: tuple[str, ServerProcess]) -> None:
+    """Without hedging, a held request is waited out; with it, no get waits for one. The hold is many times the
+    slowest plain get measured first on this machine, under its current load, so "waited out" and "answered by a
+    hedge" cannot be confused however slow the machine is."""
     kind, process = server
-    delay_s = 1.0
+    with FaultProxy(process.host, process.port) as proxy:
+        store = _open_through(kind, process, proxy)
+        store.create_resources()  # type: ignore[attr-defined]
+        store.put("blob", b"x" * 1000)
+        plain = max(_timed_get(store) for _ in range(20))
+        store.close()
+    delay_s = max(1.0, 10 * plain)
     worst: dict[bool, float] = {}
     for hedged in (False, True):
         with FaultProxy(process.host, process.port, delay_rate=0.10, delay_s=delay_s, seed=11) as proxy:
@@ -229,16 +245,18 @@ def test_hedging_cuts_the_tail_under_ten_percent_slow_requests(server: tuple[str
             store = _open_through(kind, process, proxy, **options)
             store.create_resources()  # type: ignore[attr-defined]
             store.put("blob", b"x" * 1000)
-            latencies = []
-            for _ in range(30):
-                started = time.perf_counter()
-                assert store.get("blob") == b"x" * 1000
-                latencies.append(time.perf_counter() - started)
-            worst[hedged] = max(latencies)
+            worst[hedged] = max(_timed_get(store) for _ in range(30))
             store.close()
         assert proxy.stats["delay"] > 0
-    assert worst[False] >= delay_s  # the slow requests were really slow without hedging
-    assert worst[True] < 0.6 * worst[False]
+    assert worst[False] >= delay_s, worst  # the slow requests were really slow without hedging
+    assert worst[True] < delay_s, worst  # with hedging, no get waited a held request out
+
+
+def _timed_get(store: BlobStore) -> float:
+    """Seconds one get of ``blob`` took (its answer checked)."""
+    started = time.perf_counter()
+    assert store.get("blob") == b"x" * 1000
+    return time.perf_counter() - started
 
 
 # -- create-only read-back on every path (scripted) ------------------------------------------------------------
