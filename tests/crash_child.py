@@ -41,6 +41,7 @@ from pathlib import Path
 from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
 from statebackend.crashpoints import crashpoint
 from statebackend.task import TaskStorage
+from statebackend.testing.deadline import scaled
 
 # the deterministic data, shared with the backend suite's kill test
 from statebackend.testing.kills import (  # noqa: F401 - re-exported for the crash tests
@@ -178,13 +179,13 @@ def run(workdir: Path, report: Path, commits: int) -> None:
                         store.delete(key)
                     else:
                         store.put(key, value)
-                checkpoint = task.commit_durably({"input": str(n)}, timeout=60)
+                checkpoint = task.commit_durably({"input": str(n)}, timeout=scaled(60))
                 assert checkpoint.input_offsets == {"input": str(n)}
                 os.write(durable_log, f"{n}\n".encode())
                 if os.environ.get(SETTLE_ENV):
                     from statebackend.backends.changelog.backup import maintenance_pool
 
-                    maintenance_pool().submit(lambda: None).result(60)  # one thread: runs after the snapshot
+                    maintenance_pool().submit(lambda: None).result(scaled(60))  # one thread: after the snapshot
         finally:
             os.close(durable_log)
 

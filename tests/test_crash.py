@@ -35,6 +35,7 @@ from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
 from statebackend.blobstores.file import FileBlobStore
 from tests.crash_child import SETTLE_ENV, STORE, TASK, blobs_dir, expected_state
+from tests.waiting import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 COMMITS = 8  # commits the crashing child attempts
@@ -131,7 +132,7 @@ def _child(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=90, check=False,
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(90), check=False,  # a hang guard
     )
 
 

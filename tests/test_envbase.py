@@ -33,6 +33,7 @@ from statebackend.recordfile import FileHeader
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from tests.crash_child import STORE, TASK, expected_state
+from tests.waiting import scaled
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = struct.Struct(">Q")
@@ -359,7 +360,7 @@ def _child(workdir: Path, commits: int, backend: str, crash_at: str | None = Non
     env["CRASH_CHILD_BACKUP_FACTORIES"] = backend
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "tests.crash_child", str(workdir), str(workdir / "report.json"),
-                           str(commits)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+                           str(commits)], cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(120),
                           check=False)
 
 

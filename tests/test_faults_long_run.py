@@ -15,6 +15,7 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from tests.faults import FaultProxy
 from tests.servers import ServerProcess, azurite_connection_string
+from tests.waiting import scaled
 
 COMMITS = 30
 
@@ -48,7 +49,9 @@ def test_commits_through_ten_percent_injected_failures_lose_nothing_and_restore_
             "blob.store.retry.base.delay.ms": 5,
             "blob.store.retry.max.delay.ms": 50,
             "blob.store.retry.max.attempts": 8,
-            "blob.store.request.timeout.ms": 5000,
+            # the faults are resets: none waits on a timeout, which only guards a hang (a slow server on a loaded
+            # machine is not a fault)
+            "blob.store.request.timeout.ms": 120_000,
             "stores.counts.backup.factories": "changelog,blobsnapshot",
             "changelog.snapshot.interval.commits": 5,
             "blobsnapshot.compaction.fanout": 3,
@@ -63,7 +66,7 @@ def test_commits_through_ten_percent_injected_failures_lose_nothing_and_restore_
             for round_no in range(COMMITS):
                 write_round(task, round_no, model, keys=120)
                 try:
-                    task.commit_durably({"input": str(round_no)}, timeout=120)
+                    task.commit_durably({"input": str(round_no)}, timeout=scaled(120))
                     durable = dict(model)
                 except CommitError:
                     failed_commits += 1  # nothing is lost: the next commit carries these changes

@@ -6,7 +6,8 @@ which must fail at least one test. The table of which tests killed which mutant 
 Each suite runs in pytest processes of its own on generated modules with one test class per mutant (the backend
 suite in two: its correct base in one, its mutants in the other); all start at once. In the mutant
 runs a test waits at most ``wait_s`` = 5 s for a commit, a close at most 6 s (``task.commit.timeout.ms``), and fails
-after ``test_timeout_s`` = 20 s, so a mutant that hangs costs bounded time. Once a test has killed a mutant, the rest of
+after ``test_timeout_s`` = 20 s (stretched by the machine's load), so a mutant that hangs costs bounded time; the
+correct base runs with the suite's own, longer waits, so a loaded machine never fails it. Once a test has killed a mutant, the rest of
 that mutant's tests are skipped (one kill is what this test needs); with ``STATEBACKEND_KILL_TABLE`` set every test
 runs against every mutant, so the table lists every test that kills each one. The correct base always runs whole.
 """
@@ -44,7 +45,7 @@ class _Fast(BackendContract):
 
 BACKEND_BASE = '''
 
-class TestBase(_Fast):
+class TestBase(BackendContract):  # the suite's own waits: a correct backend passes however loaded the machine is
     backup_factories: ClassVar[str] = REFERENCE_BACKEND
 '''
 
