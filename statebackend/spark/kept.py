@@ -25,12 +25,17 @@ current. Contract:
   more closes the one parked longest ago.
 - Everything parked dies with the process: that is a process exit without close, which the stores and backends
   already survive (``UNSYNCED`` under the same boot id is fine; staged files are swept at the next open).
+- ``PARKED`` goes with its task: when it is taken back, handed over or closed, and at a normal interpreter exit
+  (``atexit``; a worker ended by ``os._exit`` or a signal runs none). One left behind is harmless: it counts only
+  while the pid it names is alive *and* that process started before the file was written (a pid the system reused
+  for a younger process is not the writer); the same holds for ``HANDOVER``.
   ``release_all()`` closes every parked task of this process (for tests, and for code that wants to open a parked
   task's stores itself in the same process).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -126,12 +131,19 @@ class KeptTask:
         try:
             self.storage.close(sync_local=sync_local, handover=handover)
         finally:
-            self.blob_store.close()
+            try:
+                self.blob_store.close()
+            finally:
+                with _lock:  # another task of this process parked in the same directory keeps the marker
+                    shared = any(other is not self and other.task_dir == self.task_dir for other in _parked.values())
+                if not shared:
+                    _remove_own_marker(self.task_dir)
 
 
 _lock = threading.Lock()
 _parked: dict[tuple[str, str, str], KeptTask] = {}
 _watcher: threading.Thread | None = None
+_exit_hook = False  # the atexit hook that removes this process's PARKED files is registered
 
 
 def task_key(local_dir: str | Path, job_name: str, task_name: str) -> tuple[str, str, str]:
@@ -150,10 +162,13 @@ def take(key: tuple[str, str, str]) -> KeptTask | None:
 
 def park(key: tuple[str, str, str], kept: KeptTask) -> None:
     """Park ``kept`` (the caller gives it up); a task already parked under ``key`` is closed."""
-    global _watcher
+    global _watcher, _exit_hook
     with contextlib.suppress(OSError):
         (kept.task_dir / PARKED_FILE).write_text(str(os.getpid()))
     with _lock:
+        if not _exit_hook:
+            atexit.register(_remove_markers_at_exit)
+            _exit_hook = True
         evicted = [_parked.pop(key)] if key in _parked else []
         while len(_parked) >= MAX_PARKED:  # oldest first: dicts keep insertion order
             evicted.append(_parked.pop(next(iter(_parked))))
@@ -183,11 +198,8 @@ def release_all() -> int:
 
 def parked_elsewhere(task_dir: Path) -> bool:
     """Whether another live process of this machine has the task parked (so a handover can be asked for)."""
-    try:
-        pid = int((task_dir / PARKED_FILE).read_text().strip() or "0")
-    except (OSError, ValueError):
-        return False
-    return pid != os.getpid() and _alive(pid)
+    pid = _writer(task_dir / PARKED_FILE)
+    return pid is not None and pid != os.getpid()
 
 
 @contextlib.contextmanager
@@ -235,11 +247,59 @@ def _watch() -> None:
 
 
 def _handover_asked(task_dir: Path) -> bool:
+    pid = _writer(task_dir / HANDOVER_FILE)
+    return pid is not None and pid != os.getpid()
+
+
+def _writer(marker: Path) -> int | None:
+    """The pid a ``PARKED`` or ``HANDOVER`` file names, when that process is alive and is the one that wrote it;
+    ``None`` for a missing, unreadable or stale file (its process is gone, or the pid now belongs to a process
+    started after the file was written)."""
     try:
-        pid = int((task_dir / HANDOVER_FILE).read_text().strip() or "0")
+        pid = int(marker.read_text().strip() or "0")
+        written = marker.stat().st_mtime
     except (OSError, ValueError):
-        return False
-    return pid != os.getpid() and _alive(pid)
+        return None
+    if not _alive(pid):
+        return None
+    started = _started_at(pid)
+    if started is not None and started > written + _START_SLACK_S:
+        log.debug("%s names pid %d, which started after the file was written: stale, ignored", marker, pid)
+        return None
+    return pid
+
+
+#: seconds of doubt in a process's start time (the boot time is whole seconds; a small clock step): a pid is taken
+#: for the writer unless its process started this much after the file was written
+_START_SLACK_S = 2.0
+
+
+def _started_at(pid: int) -> float | None:
+    """When process ``pid`` started (unix seconds), from /proc; ``None`` where that cannot be read (another OS)."""
+    try:
+        after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(after_name[19])  # field 22, starttime: clock ticks after boot (fields 3.. follow the name)
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _remove_own_marker(task_dir: Path) -> None:
+    """Remove ``PARKED`` from ``task_dir`` if it names this process (another process may have parked it since)."""
+    marker = task_dir / PARKED_FILE
+    with contextlib.suppress(OSError, ValueError):
+        if int(marker.read_text().strip() or "0") == os.getpid():
+            marker.unlink()
+
+
+def _remove_markers_at_exit() -> None:
+    """At interpreter exit: the ``PARKED`` files of the tasks this process still has parked (they die with it)."""
+    with _lock:
+        dirs = {kept.task_dir for kept in _parked.values()}
+    for task_dir in dirs:
+        _remove_own_marker(task_dir)
 
 
 def _alive(pid: int) -> bool:
