@@ -4,6 +4,7 @@ Run::
 
     python examples/wordcount.py                      # 8 batches of 5,000 input rows, 4 tasks, local[2]
     python examples/wordcount.py --batches 20 --rows-per-batch 20000 --mode rows --state-dir ./demo-state
+    python examples/wordcount.py --keep-state         # keep the temp dir to look at it (statebackend ... commands)
 
 What it does:
 
@@ -15,15 +16,21 @@ What it does:
 3. Reads the state back from the blob store alone (:func:`statebackend.spark.read_state`), prints the top counts and
    compares every count with a plain Spark batch ``groupBy(word).count()`` over the same input. Prints OK or FAIL;
    exits 1 on FAIL.
+
+Without ``--state-dir`` everything goes into a new ``statebackend-wordcount-*`` temp dir, removed at the end, also
+when the run fails or is interrupted, unless ``--keep-state``. A ``--state-dir`` is the user's and is never removed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import shutil
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -92,23 +99,44 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=4, help="state tasks (partitions by word; default 4)")
     parser.add_argument("--mode", choices=["arrow", "rows"], default="arrow", help="vectorized (default) or rows")
     parser.add_argument("--state-dir", type=Path, default=None,
-                        help="where state, blobs and the Spark checkpoint go (default: a new temp dir); each run "
-                             "uses a fresh run-<time> directory under it")
+                        help="where state, blobs and the Spark checkpoint go (default: a new temp dir, removed at "
+                             "the end); each run uses a fresh run-<time> directory under it")
+    parser.add_argument("--keep-state", action="store_true",
+                        help="keep the temp dir (without --state-dir) after the run, to look at it")
     parser.add_argument("--top", type=int, default=10, help="how many top counts to print")
     args = parser.parse_args(argv)
 
-    root = args.state_dir or Path(tempfile.mkdtemp(prefix="statebackend-wordcount-"))
-    run_dir = root.resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True)
-    config = config_for(run_dir)
-    print(f"state, blobs and Spark checkpoint under {run_dir}")
+    with state_root(args.state_dir, keep=args.keep_state) as root:
+        run_dir = root.resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}"
+        run_dir.mkdir(parents=True)
+        config = config_for(run_dir)
+        print(f"state, blobs and Spark checkpoint under {run_dir}")
 
-    spark = local_spark_session("statebackend-wordcount", master="local[2]")
-    spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark_session("statebackend-wordcount", master="local[2]")
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            return _run(spark, args, config, run_dir)
+        finally:
+            spark.stop()  # before the directory goes: Spark's checkpoint and the tasks' stores are in it
+
+
+@contextlib.contextmanager
+def state_root(state_dir: Path | None, *, keep: bool) -> Iterator[Path]:
+    """``state_dir`` as given (the user's: never removed), or a new temp dir removed when the block ends, however it
+    ends, unless ``keep``."""
+    if state_dir is not None:
+        yield state_dir
+        return
+    root = Path(tempfile.mkdtemp(prefix="statebackend-wordcount-"))
     try:
-        return _run(spark, args, config, run_dir)
+        yield root
     finally:
-        spark.stop()
+        if keep:
+            print(f"kept {root} (--keep-state): remove it when done")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+            if root.exists():
+                print(f"could not remove all of {root}: remove it by hand")
 
 
 def _run(spark: Any, args: argparse.Namespace, config: dict[str, object], run_dir: Path) -> int:
