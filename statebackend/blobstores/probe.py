@@ -188,6 +188,8 @@ class _Target:
     write_fix: str
     #: what to do when the root is missing and creating it failed
     create_fix: str = "create it yourself"
+    #: how an operator makes a missing root
+    make_it: str = "create it"
 
 
 @attrs.define
@@ -266,7 +268,7 @@ class _Probe:
         if create is None:  # a store that cannot tell a missing root from a refusal: its own validate()
             requests = 0
             if self.create:
-                answer, made = self.budget.run(lambda: _ask(self.store.create_resources))
+                answer, made = self.budget.run(lambda: _ask(_unwrapped(self.store).create_resources))
                 requests += made
                 if answer.state != _OK:
                     raise self._failure((1, 2), answer, made)
@@ -285,7 +287,7 @@ class _Probe:
                 raise self._failure((1,), answer, made, problem=(
                     f"the {target.what} does not exist and blob.store.create.if.missing is false"
                 ), fix=(
-                    "create (or mount) it, or set blob.store.create.if.missing=true to let the job create it"
+                    f"{target.make_it}, or set blob.store.create.if.missing=true to let the job create it"
                 ))
             created, made_creating = self.budget.run(lambda: _ask(create))
             made += made_creating
@@ -441,6 +443,7 @@ def _file_target(store: FileBlobStore) -> _Target:
             f"create {root!r} yourself (every parent must be a directory), or let this user ({_user()}) create it: "
             "write permission on its parent; or point blob.store.url at another path"
         ),
+        make_it="create (or mount) it",
     )
 
 
