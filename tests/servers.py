@@ -20,6 +20,8 @@ from pathlib import Path
 
 import attrs
 
+from statebackend.testing.deadline import scaled
+
 __all__ = [
     "AZURITE_ACCOUNT_KEY",
     "AZURITE_ACCOUNT_NAME",
@@ -166,12 +168,15 @@ def _start(name: str, command: Callable[[int], list[str]], workdir: Path) -> Ser
         last_log = server.log_tail()
         if "EADDRINUSE" not in last_log and "Address already in use" not in last_log:
             break
-    raise ServerStartError(f"{name} did not start and answer on 127.0.0.1 within {_START_TIMEOUT_S:.0f}s:\n{last_log}")
+    raise ServerStartError(
+        f"{name} did not start and answer on 127.0.0.1 within {scaled(_START_TIMEOUT_S):.0f}s:\n{last_log}"
+    )
 
 
 def _wait_until_answers(server: ServerProcess) -> bool:
-    """Poll until the server answers any HTTP response; False if the process exits or time runs out."""
-    deadline = time.monotonic() + _START_TIMEOUT_S
+    """Poll until the server answers any HTTP response; False if the process exits or time runs out (a hang guard:
+    ``_START_TIMEOUT_S`` on an idle machine, stretched by its load)."""
+    deadline = time.monotonic() + scaled(_START_TIMEOUT_S)
     delay = 0.05
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
