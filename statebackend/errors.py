@@ -12,7 +12,8 @@
     ├── IncompatibleFormatError                  a format version this release cannot read
     ├── StoreLockedError                         another process holds the local store
     ├── LocalDirError (OSError)                  state.local.dir cannot be created, written or locked; says how to fix
-    ├── SerdeError (ValueError)                  a key or value its serde cannot encode (a lone surrogate, ...)
+    ├── SerdeError (ValueError, TypeError)       a key or value its serde cannot encode (a wrong type, a Decimal in
+    │                                            JSON, a lone surrogate); names the store, serde, key, value type
     ├── InvalidKeyError (ValueError)             a key the local store cannot hold (empty, over LMDB's limit), or keys
     │                                            out of order for a bulk load
     ├── ClosedError (ValueError)                 a store, read view, change set or spill run used after it was closed
@@ -134,8 +135,24 @@ class LocalDirError(StateBackendError, OSError):
     """The local state directory cannot be created, written or locked (permissions, a read-only or full disk)."""
 
 
-class SerdeError(StateBackendError, ValueError):
-    """A key or value its store's serde cannot encode; the message names the serde and what is accepted."""
+class SerdeError(StateBackendError, ValueError, TypeError):
+    """A key or value its store's serde cannot encode: a Python type the serde does not take (also a ``TypeError``,
+    as such refusals always were), or a value of that type it cannot represent. Raised at the ``put`` (or ``get``,
+    ``delete``, ...) of the offending key, before anything of the call is written. The message names the store, the
+    serde, the key, the type and how to fix it; the same is in the fields (``None`` where unknown, e.g. a serde
+    called outside a store): ``store``, ``serde`` (its name), ``key`` (the key's repr, cut to about 80 characters),
+    ``value_type`` (the qualified name of the type that was given), ``role`` (``"key"``, ``"value"``, ``"prefix"``,
+    ...: what could not be encoded) and ``reason`` (what the serde said, with the fix)."""
+
+    def __init__(self, message: str, *, store: str | None = None, serde: str | None = None, key: str | None = None,
+                 value_type: str | None = None, role: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.store = store
+        self.serde = serde
+        self.key = key
+        self.value_type = value_type
+        self.role = role
+        self.reason = reason
 
 
 class StoreLockedError(StateBackendError, BlockingIOError):

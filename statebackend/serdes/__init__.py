@@ -15,8 +15,11 @@ And for values only, ``record:<module>:<Class>`` (:mod:`.record`): instances of 
 NamedTuple, stored compactly under the fingerprint of the class's schema, so values written under an earlier shape
 of the class (a field added with a default, one dropped, ``int`` widened to ``float``) read as the current one.
 
-Wrong Python types raise ``TypeError`` (nothing is written); a value of the right type that the serde cannot encode
-(a string with a lone surrogate, a float NaN in JSON, an unpicklable object) raises :class:`SerdeError`; bytes that
+Whatever a serde cannot encode raises :class:`SerdeError` (nothing is written): a Python type it does not take (a
+``str`` for ``integer``, a ``Decimal`` or a ``set`` in JSON; such a ``SerdeError`` is also the ``TypeError`` it always
+was), or a value of the right type it cannot represent (a string with a lone surrogate, a float NaN in JSON, an int
+over 64 bits, an unpicklable object). Its message names the serde and the type and says how to fix it; a typed store
+view (``statebackend.store.typed``) raises it again at the offending call with the store and the key. Bytes that
 cannot be decoded raise ``CorruptDataError``.
 Whole arrays: ``encode_many(serde, objs)`` and ``decode_many(serde, datas)`` convert a sequence in one call, with the
 same results and errors as ``to_bytes`` / ``from_bytes`` item by item (the first bad item raises, naming it as the

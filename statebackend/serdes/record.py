@@ -19,10 +19,11 @@ Contract:
   Any other change (a type narrowed or changed, an optional field made required, a field added without a default)
   is refused at open by :func:`read_problems`, naming the field; the way out is a migration
   (:mod:`statebackend.values`), which rewrites every value once.
-- **Errors.** ``to_bytes`` of anything but an instance of the class, or of a field of the wrong Python type (``None``
-  in a required field, a ``bool`` in an ``int`` field), raises ``TypeError`` naming the field; an ``int`` outside
-  64 bits, a string with a lone surrogate or a ``json`` field that is not JSON raises :class:`SerdeError`. Bytes of
-  an unknown fingerprint, or damaged bytes, raise :class:`CorruptDataError`.
+- **Errors.** ``to_bytes`` of anything but an instance of the class, of a field of the wrong Python type (``None``
+  in a required field, a ``bool`` in an ``int`` field; such a :class:`SerdeError` is also a ``TypeError``), of an
+  ``int`` outside 64 bits, a string with a lone surrogate or a ``json`` field that is not JSON raises
+  :class:`SerdeError` naming the field. Bytes of an unknown fingerprint, or damaged bytes, raise
+  :class:`CorruptDataError`.
 
 Speed: encoders and decoders are generated per schema (as attrs and dataclasses generate ``__init__``): one
 ``struct`` call per value, attribute reads and type checks inline. ``python -m bench.values`` compares it with the
@@ -49,7 +50,7 @@ from typing import Any, ClassVar
 import attrs
 
 from statebackend.errors import ConfigError, CorruptDataError, SerdeError
-from statebackend.serdes.builtin import _as_list
+from statebackend.serdes.builtin import _as_list, cannot_encode, described, json_reason, type_name
 
 __all__ = [
     "FIELD_TYPES",
@@ -282,7 +283,7 @@ class RecordDicts:
         self._decoders = {_TAG + s.fingerprint: _decoder(s, None) for s in schemas}
 
     def to_bytes(self, obj: Any) -> bytes:
-        raise TypeError("RecordDicts only reads old values; write with the store's RecordSerde")
+        raise cannot_encode(RECORD, obj, "RecordDicts only reads old values; write with the store's RecordSerde")
 
     def from_bytes(self, data: bytes) -> dict[str, Any]:
         result: dict[str, Any] = _read(self._decoders, RECORD, data if data.__class__ is bytes else bytes(data))
@@ -403,8 +404,8 @@ def _encoder(record: RecordClass) -> Callable[[Any], bytes]:
     for i, field in enumerate(fields):
         value = f"v{i}"
         lines.append(f"        {value} = obj.{field.name}")
-        convert = ([f"{value} = _json({value}, F{i})"] if field.type == "json"
-                   else [f"if {value}.__class__ is not {field.type}: {value} = _{field.type}({value}, F{i})"])
+        convert = ([f"{value} = _json({value}, F{i}, obj)"] if field.type == "json"
+                   else [f"if {value}.__class__ is not {field.type}: {value} = _{field.type}({value}, F{i}, obj)"])
         if field.type == "str":
             convert.append(f"{value} = {value}.encode()")
         placeholder = "0" if field.type in ("int", "float") else "False" if field.type == "bool" else "b''"
@@ -423,14 +424,15 @@ def _encoder(record: RecordClass) -> Callable[[Any], bytes]:
     tail = "".join(f" + v{index[f.name]}" for f in layout.variable)
     lines += [f"        return {packed}{tail}",
               "    except (struct.error, UnicodeEncodeError, OverflowError) as exc:",
-              "        raise _failed(obj, exc) from None"]
+              "        raise _failed(obj, exc) from exc"]
     namespace: dict[str, Any] = {
         "CLS": record.cls, "HEAD": _TAG + record.schema.fingerprint, "PACK": layout.pack.pack, "struct": struct,
         "_int": _int, "_float": _float, "_bool": _bool, "_str": _str, "_bytes": _bytes, "_json": _json,
-        "_not_instance": lambda obj: TypeError(f"{record.spec} stores {record.cls.__qualname__} instances, got "
-                                               f"{type(obj).__name__}"),
+        "_not_instance": lambda obj: cannot_encode(
+            record.spec, obj, f"it stores {record.cls.__qualname__} instances, got {type(obj).__name__}: build a "
+                              f"{record.cls.__qualname__} from it, or declare another msg.serde for this store"),
         "_failed": functools.partial(_encode_failure, record),
-        **{f"F{i}": f"{record.spec} field {f.name!r}" for i, f in enumerate(fields)},
+        **{f"F{i}": (record.spec, f"field {f.name!r}") for i, f in enumerate(fields)},
     }
     return _compiled("\n".join(lines), namespace, "encode", record.spec)
 
@@ -523,60 +525,67 @@ def _encode_failure(record: RecordClass, obj: Any, exc: BaseException) -> Except
     for field in record.schema.fields:
         value = getattr(obj, field.name)
         if field.type == "int" and isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
-            return SerdeError(f"{record.spec} field {field.name!r}: {value} is outside the signed 64-bit range; "
-                              "declare it float, or str")
+            return cannot_encode(record.spec, obj, f"field {field.name!r}: {value} is outside the signed 64-bit "
+                                 "range; declare it float, or str")
         if field.type == "str" and isinstance(value, str):
             try:
                 value.encode()
             except UnicodeEncodeError:
-                return SerdeError(f"{record.spec} field {field.name!r}: {value[:40]!r} has a lone surrogate; "
-                                  "strings must be valid Unicode to be stored as UTF-8")
-    return SerdeError(f"{record.spec}: cannot encode a {type(obj).__name__} ({exc})")
+                return cannot_encode(record.spec, obj, f"field {field.name!r}: {value[:40]!r} has a lone surrogate; "
+                                     "strings must be valid Unicode to be stored as UTF-8 (decode the input with "
+                                     "errors='replace'), or declare the field bytes")
+    return cannot_encode(record.spec, obj, f"{type(exc).__name__}: {exc}")
 
 
-def _refused(what: str, value: Any, expected: str) -> TypeError:
+#: (the record serde's name, "field 'name'"): where a generated encoder's field check is
+_Where = tuple[str, str]
+
+
+def _refused(where: _Where, obj: Any, value: Any, expected: str) -> SerdeError:
+    spec, field = where
     if value is None:
-        return TypeError(f"{what} is not optional (annotate it '{expected} | None' to allow None)")
-    return TypeError(f"{what} takes {expected}, got {type(value).__name__}")
+        return cannot_encode(spec, obj, f"{field} is not optional (annotate it '{expected} | None' to allow None)")
+    return cannot_encode(spec, obj, f"{field} takes {expected}, got {type_name(value)}: convert it, or change the "
+                                    "field's annotation")
 
 
-def _int(value: Any, what: str) -> int:
+def _int(value: Any, where: _Where, obj: Any) -> int:
     if isinstance(value, bool) or value is None:
-        raise _refused(what, value, "int")
+        raise _refused(where, obj, value, "int")
     if isinstance(value, int):
         return int(value)
     if hasattr(value, "__index__") and type(value).__module__ == "numpy":
         return int(value.__index__())
-    raise _refused(what, value, "int")
+    raise _refused(where, obj, value, "int")
 
 
-def _float(value: Any, what: str) -> float:
+def _float(value: Any, where: _Where, obj: Any) -> float:
     if isinstance(value, bool) or value is None:
-        raise _refused(what, value, "float")
+        raise _refused(where, obj, value, "float")
     if isinstance(value, (int, float)) or type(value).__module__ == "numpy":
         try:
             return float(value)
         except (TypeError, ValueError):
             pass
-    raise _refused(what, value, "float")
+    raise _refused(where, obj, value, "float")
 
 
-def _bool(value: Any, what: str) -> bool:
+def _bool(value: Any, where: _Where, obj: Any) -> bool:
     if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
         return bool(value)
-    raise _refused(what, value, "bool")
+    raise _refused(where, obj, value, "bool")
 
 
-def _str(value: Any, what: str) -> str:
+def _str(value: Any, where: _Where, obj: Any) -> str:
     if isinstance(value, str):
         return value
-    raise _refused(what, value, "str")
+    raise _refused(where, obj, value, "str")
 
 
-def _bytes(value: Any, what: str) -> bytes:
+def _bytes(value: Any, where: _Where, obj: Any) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
-    raise _refused(what, value, "bytes")
+    raise _refused(where, obj, value, "bytes")
 
 
 def _json_encoder() -> Callable[[Any], str]:
@@ -595,13 +604,14 @@ _JSON_ENCODE = _json_encoder()
 _JSON_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
 
 
-def _json(value: Any, what: str) -> bytes:
+def _json(value: Any, where: _Where, obj: Any) -> bytes:
     if value is None:
-        raise _refused(what, value, "a JSON value")
+        raise _refused(where, obj, value, "a JSON value")
     try:
         return _JSON_ENCODE(value).encode("utf-8")
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
-        raise SerdeError(f"{what}: cannot encode a {type(value).__name__} as JSON ({exc})") from None
+    except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
+        raise cannot_encode(where[0], obj, f"{where[1]}: cannot encode {described(type_name(value))} as JSON "
+                            f"({json_reason(value, exc)})") from exc
 
 
 def _json_value(data: bytes) -> Any:
