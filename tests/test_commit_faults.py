@@ -21,7 +21,7 @@ from statebackend.errors import CommitError, StateBackendError, StorageError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
-from tests.waiting import drain_appliers, wait_until
+from tests.waiting import drain_appliers, scaled, wait_until
 
 
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
@@ -186,7 +186,7 @@ def test_an_upload_failing_to_start_fails_the_commit_after_the_started_uploads_e
         real, held = gates[0]
         held.set_result(real.result(timeout=30))  # the started upload ends after the commit's sync part returned
         with pytest.raises(CommitError, match="injected upload start failure"):
-            pending.result(timeout=10)
+            pending.result(timeout=scaled(30))
 
 
 class _GatedUploads(MemoryBlobStore):

@@ -16,6 +16,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import ConfigError, TransientStorageError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, contents
+from tests.waiting import scaled
 
 PREFIX = "job/task-0/counts/changelog/"
 LOAD_KEYS = 2_000
@@ -177,7 +178,7 @@ class LookUps(MemoryBlobStore):
                 raise TransientStorageError(f"injected: HEAD {name} failed")
             if self.hold:
                 self.held.set()
-                assert self.release.wait(timeout=20), "the test never released the look-up"
+                assert self.release.wait(timeout=scaled(60)), "the test never released the look-up"
             self.looked_up.append(name)
         return super().head(name)
 
@@ -194,7 +195,7 @@ def test_a_look_up_held_past_the_close_of_its_task_blocks_neither_commits_nor_cl
     blobs.hold = True
     task = TaskStorage.open(config, "task-0", blob_store=blobs)
     try:
-        assert blobs.held.wait(timeout=10)  # the look-up runs, held in the maintenance thread
+        assert blobs.held.wait(timeout=scaled(30))  # the look-up runs, held in the maintenance thread
         for round_no in range(3, 6):
             commit_round(task, round_no, model)  # never waits for it
     finally:
@@ -202,16 +203,16 @@ def test_a_look_up_held_past_the_close_of_its_task_blocks_neither_commits_nor_cl
     assert blobs.looked_up == []
     blobs.hold = False
     blobs.release.set()
-    maintenance_pool().submit(lambda: None).result(timeout=10)  # the shared thread is free again
+    maintenance_pool().submit(lambda: None).result(timeout=scaled(30))  # the shared thread is free again
     assert blobs.looked_up  # it finished without an error escaping
     shutil_rmtree(tmp_path / "local")
     seen: set[int] = set()
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
-        maintenance_pool().submit(lambda: None).result(timeout=10)
+        maintenance_pool().submit(lambda: None).result(timeout=scaled(30))
         for round_no in range(6, 40):  # this open's look-up worked: the ratio brings a snapshot
             commit_round(task, round_no, model)
-            maintenance_pool().submit(lambda: None).result(timeout=10)
+            maintenance_pool().submit(lambda: None).result(timeout=scaled(30))
             if snapshot_seqs(blobs, seen):
                 break
     assert snapshot_seqs(blobs, seen), "no snapshot by the ratio after a look-up that outlived its task"
@@ -230,10 +231,10 @@ def test_without_the_sizes_the_commit_cap_still_brings_the_snapshot(tmp_path: Pa
         commit_round(task, 0, model)  # the load: 2,000 keys, the base; each round after changes 100 of them
     blobs.fail = fail
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        maintenance_pool().submit(lambda: None).result(timeout=10)  # the look-up at open has run (or failed)
+        maintenance_pool().submit(lambda: None).result(timeout=scaled(30))  # the look-up at open has run (or failed)
         for round_no in range(1, 12):
             commit_round(task, round_no, model)
-            maintenance_pool().submit(lambda: None).result(timeout=10)
+            maintenance_pool().submit(lambda: None).result(timeout=scaled(30))
             snapshot_seqs(blobs, seen)
         assert task.metrics.counter("changelog.snapshot.adopted") >= 1
     seqs = snapshot_seqs(blobs, seen)

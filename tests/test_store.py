@@ -16,7 +16,7 @@ import pytest
 from statebackend.errors import LocalDirError, StateBackendError, StoreLockedError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.testing.store_contract import LocalStoreContract, v
-from tests.waiting import drain_appliers, wait_until
+from tests.waiting import drain_appliers, scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -367,7 +367,7 @@ def test_flush_and_read_view_requests_never_wait_for_an_apply_in_progress(tmp_pa
 
         worker = threading.Thread(target=task_thread)
         worker.start()
-        worker.join(10)
+        worker.join(scaled(10))  # done long before, unless it waits for the lock (until release)
         finished_while_busy = not worker.is_alive()
         release.set()
         busy.join(30)
