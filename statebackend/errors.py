@@ -20,6 +20,10 @@
     ├── UsageError (ValueError)                  an operation its contract does not allow here (the statebackend
     │                                            command's malformed arguments: exit code 2)
     ├── ConfirmationError                        the Spark driver cannot read a checkpoint it must confirm
+    ├── OutputSchemaError (TypeError)            a task's output does not fit the output schema (found before the
+    │                                            commit: the batch's checkpoint is not made)
+    ├── TaskFailedError                          a batch's task failed on a worker: the driver's summary (the error
+    │                                            first, then the user's frame), the engine's error chained
     ├── InconsistentStateError                   the blob store contradicts what is known to be durable (a
     │                                            short listing, a deleted newest checkpoint): never "start empty"
     ├── RestoreInterrupted (InterruptedError)    a restore stopped at interrupt(); the store is at a step the next
@@ -53,12 +57,14 @@ __all__ = [
     "InvalidKeyError",
     "LocalDirError",
     "NotFoundError",
+    "OutputSchemaError",
     "RedactedError",
     "RestoreInterrupted",
     "SerdeError",
     "StateBackendError",
     "StorageError",
     "StoreLockedError",
+    "TaskFailedError",
     "TransientStorageError",
     "UsageError",
 ]
@@ -119,6 +125,17 @@ class UsageError(StateBackendError, ValueError):
 class ConfirmationError(StateBackendError):
     """The Spark driver cannot read the task checkpoints it must confirm (its access to the blob store, or the log's
     versions), as opposed to a checkpoint not being there."""
+
+
+class OutputSchemaError(StateBackendError, TypeError):
+    """A task's output (of the user's function or of ``on_timers``) does not fit the job's output schema: raised in
+    the task before its commit, so no checkpoint holds a batch whose output cannot be written."""
+
+
+class TaskFailedError(StateBackendError):
+    """A task of a micro-batch failed on a worker. Raised on the driver with a summary of the worker's error (its
+    last line first, then the innermost frame of the user's code) in place of the engine's long trace, which is
+    chained (``__cause__``)."""
 
 
 class RedactedError(Exception):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import Row
 
+from statebackend.config import Settings
 from statebackend.errors import ConfigError, StateBackendError
 from statebackend.spark import TaskRunner
 from statebackend.spark.keygroups import hash_long, key_group, spark_hash, task_of_group
@@ -72,7 +73,7 @@ def route(words: list[str], num_tasks: int) -> dict[int, list[str]]:
 
 def run_task(config: dict[str, object], fn: Any, batch_id: int, task: int, num_tasks: int, words: list[str],
              now: int | None = None) -> list[Any]:
-    runner = TaskRunner(fn=fn, config=config, batch_id=batch_id, num_tasks=num_tasks, on_replay="redo",
+    runner = TaskRunner.of(fn=fn, config=config, batch_id=batch_id, num_tasks=num_tasks, on_replay="redo",
                         input_columns=("word",), now_ms=now, key_groups=K, key_types=("string",))
     return [item for item in runner.run_rows(task, iter([Row(word=w) for w in words])) if is_output(item)]
 
@@ -106,7 +107,7 @@ def test_a_key_held_by_a_task_not_owning_its_key_group_fails_the_rescale_instead
     if legacy:  # state written before key groups: rows hashed modulo num_tasks
         for task in range(2):
             words = [w for w in WORDS if spark_hash([w], ["string"]) % 2 == task]
-            runner = TaskRunner(fn=count_with_total, config=config, batch_id=0, num_tasks=2, on_replay="redo",
+            runner = TaskRunner.of(fn=count_with_total, config=config, batch_id=0, num_tasks=2, on_replay="redo",
                                 input_columns=("word",))
             list(runner.run_rows(task, iter([Row(word=w) for w in words])))
     else:
@@ -145,7 +146,7 @@ def test_a_clock_that_goes_back_never_brings_an_expired_key_back(tmp_path: Path)
 def read_all(config: dict[str, object], num_tasks: int, checkpoint: str | int = "latest") -> list[tuple[str, Any]]:
     from statebackend.spark.read import _StateReader
 
-    reader = _StateReader(config, "counts", checkpoint, num_tasks, None)
+    reader = _StateReader(Settings.from_config(config), "counts", checkpoint, num_tasks, None)
     return [(key, value) for _, key, value in reader.read(range(num_tasks))]
 
 
@@ -169,7 +170,7 @@ def test_read_state_refuses_a_migration_to_key_groups_committed_by_some_tasks_on
     config = counts_config(tmp_path)
     for task in range(2):
         words = [w for w in WORDS if spark_hash([w], ["string"]) % 2 == task]
-        runner = TaskRunner(fn=count_rows, config=config, batch_id=0, num_tasks=2, on_replay="redo",
+        runner = TaskRunner.of(fn=count_rows, config=config, batch_id=0, num_tasks=2, on_replay="redo",
                             input_columns=("word",))
         list(runner.run_rows(task, iter([Row(word=w) for w in words])))
     run_tasks(config, count_rows, 1, 2, WORDS, only=(0,))

@@ -102,11 +102,16 @@ class FailOnceAfterCommit:
         return output
 
 
-class _ExplodesOnce:
-    """An output row that cannot be pickled the first time: the task fails after its commit was durable."""
+class _ExplodesOnce(tuple):  # type: ignore[type-arg]
+    """An output row (a well-formed one: it passes the check against the output schema before the commit) that
+    cannot be pickled the first time: the task fails after its commit was durable."""
 
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
+    marker: str
+
+    def __new__(cls, marker: str) -> _ExplodesOnce:
+        row = super().__new__(cls, ("sentinel", -1))
+        row.marker = marker
+        return row
 
     def __reduce__(self) -> Any:
         if _first_time(self.marker):

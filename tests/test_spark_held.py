@@ -50,7 +50,7 @@ def many_rows(stores: Any, rows: Any) -> list[tuple[str, int]]:
 
 def test_a_task_whose_output_spills_returns_it_whole_after_its_commit(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    runner = TaskRunner(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
+    runner = TaskRunner.of(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
                         input_columns=("word",), output_memory_bytes=2048)
     out = list(runner.run_rows(0, iter([Row(word="a"), Row(word="b")])))
     assert [item for item in out if is_output(item)] == [(f"out-{i}", i) for i in range(5000)]
@@ -67,7 +67,7 @@ def test_a_failed_commit_leaves_no_spill_file(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(TaskStorage, "commit_now", fail)
     config = make_config(tmp_path)
-    runner = TaskRunner(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
+    runner = TaskRunner.of(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
                         input_columns=("word",), output_memory_bytes=2048)
     with pytest.raises(CommitError, match="injected"):
         list(runner.run_rows(0, iter([Row(word="a")])))
@@ -104,7 +104,7 @@ def test_a_function_failing_after_its_output_spilled_leaves_no_spill_file(tmp_pa
         raise RuntimeError("boom after spilling")
 
     config = make_config(tmp_path)
-    runner = TaskRunner(fn=spill_then_fail, config=config, batch_id=0, num_tasks=1, on_replay="redo",
+    runner = TaskRunner.of(fn=spill_then_fail, config=config, batch_id=0, num_tasks=1, on_replay="redo",
                         input_columns=("word",), output_memory_bytes=2048)
     with pytest.raises(RuntimeError, match="boom after spilling"):
         list(runner.run_rows(0, iter([Row(word="a")])))

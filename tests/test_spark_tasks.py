@@ -23,7 +23,7 @@ NUM_TASKS = 2
 def runner(config: dict[str, object], batch_id: int, fn: Any = count_rows, **extra: Any) -> TaskRunner:
     options: dict[str, Any] = {"num_tasks": NUM_TASKS, "on_replay": "redo"}
     options.update(extra)
-    return TaskRunner(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), **options)
+    return TaskRunner.of(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), **options)
 
 
 def rows(*words: str) -> list[Row]:
@@ -136,7 +136,7 @@ def route_words(words: list[str], num_tasks: int, key_groups: int | None) -> dic
 def run_all(config: dict[str, object], batch_id: int, words: list[str], num_tasks: int,
             key_groups: int | None) -> None:
     for task, task_words in route_words(words, num_tasks, key_groups).items():
-        runner = TaskRunner(fn=count_rows, config=config, batch_id=batch_id, input_columns=("word",),
+        runner = TaskRunner.of(fn=count_rows, config=config, batch_id=batch_id, input_columns=("word",),
                             num_tasks=num_tasks, on_replay="redo", key_groups=key_groups, key_types=("string",))
         list(runner.run_rows(task, iter(rows(*task_words))))
 

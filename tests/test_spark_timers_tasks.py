@@ -87,7 +87,7 @@ def runner(config: dict[str, object], batch_id: int, *, num_tasks: int = 1, **ex
     options: dict[str, Any] = {"on_timers": fired, "key_groups": KEY_GROUPS, "key_types": ("string",),
                                "on_replay": "redo"}
     options.update(extra)
-    return TaskRunner(fn=register, config=config, batch_id=batch_id, num_tasks=num_tasks,
+    return TaskRunner.of(fn=register, config=config, batch_id=batch_id, num_tasks=num_tasks,
                       input_columns=("word", "at", "kind", "op"), **options)
 
 
@@ -206,7 +206,7 @@ def test_the_timers_api_lists_deletes_and_refuses_what_it_cannot_keep(tmp_path: 
             stores[TIMERS_STORE]  # the timer store is no user store
         return []
 
-    TaskRunner(fn=use, config=config, batch_id=0, num_tasks=1, on_replay="redo", input_columns=("word",),
+    TaskRunner.of(fn=use, config=config, batch_id=0, num_tasks=1, on_replay="redo", input_columns=("word",),
                on_timers=fired, key_groups=KEY_GROUPS, key_types=("string",), now_ms=0).run_rows(0, iter([]))
     assert seen["listed"] == [("a", 100, PROCESSING), ("a", 200, PROCESSING), ("a", 300, PROCESSING),
                               ("a", 1000, EVENT)]
@@ -346,6 +346,7 @@ def test_the_timer_store_is_backed_up_by_the_jobs_backends_and_its_serdes_are_fi
     assert declared[prefix + "backup.factories"] == "changelog,blobsnapshot"  # counts' first, then other's
     assert declared[prefix + "restore.factories"] == "changelog,blobsnapshot"
     assert (declared[prefix + "key.serde"], declared[prefix + "msg.serde"]) == ("bytes", "bytes")
+    assert with_timer_store(declared) == declared  # declaring it again changes nothing
     chosen = with_timer_store({**config, prefix + "backup.factories": "blobsnapshot"})
     assert chosen[prefix + "backup.factories"] == "blobsnapshot" and prefix + "restore.factories" not in chosen
     with pytest.raises(ConfigError, match="serdes and TTL are fixed"):
@@ -406,11 +407,10 @@ def test_the_driver_lists_the_tasks_that_ran_on_another_executor_than_before(tmp
     job = StatefulForeachBatch(register, key_columns=["word"], num_tasks=3, config=make_config(tmp_path))
 
     def ran(*executors: str) -> list[int]:
-        job.last_batch_stats = [
+        job._note_moves(0, [
             TaskStats(batch_id=0, task_index=task, attempt=0, base_seq=0, committed_seq=1, open_ms=0.0,
                       process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=0, output_rows=0,
-                      private_dir=False, executor=executor) for task, executor in enumerate(executors)]
-        job._note_moves(0)
+                      private_dir=False, executor=executor) for task, executor in enumerate(executors)])
         return job.last_batch_moved
 
     assert ran("h1:/a", "h2:/b", "h1:/a") == []  # first sight: nothing moved

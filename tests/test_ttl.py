@@ -169,7 +169,7 @@ def count_words(stores: Any, rows: Any) -> list[tuple[str, int]]:
 
 
 def run_batch(config: dict[str, object], batch_id: int, now: int, *words: str) -> list[Any]:
-    runner = TaskRunner(fn=count_words, config=config, batch_id=batch_id, num_tasks=1, on_replay="redo",
+    runner = TaskRunner.of(fn=count_words, config=config, batch_id=batch_id, num_tasks=1, on_replay="redo",
                         input_columns=("word",), now_ms=now)
     return [item for item in runner.run_rows(0, iter([Row(word=w) for w in words])) if is_output(item)]
 

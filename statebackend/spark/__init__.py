@@ -52,14 +52,57 @@ batch is then empty): only for jobs whose sink does not need a replayed batch's 
 
 from __future__ import annotations
 
-from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
-from statebackend.spark.driver import StatefulForeachBatch
-from statebackend.spark.executor import TaskRunner, TaskStores
-from statebackend.spark.heartbeat import HEARTBEAT_COLUMN, with_heartbeat
-from statebackend.spark.read import read_state
-from statebackend.spark.session import local_spark_session
-from statebackend.spark.stats import TaskStats
-from statebackend.spark.timers import EVENT, PROCESSING, TIMERS_STORE, Timer, Timers
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from statebackend.microbatch.protocol import BatchReport, TaskStats
+    from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
+    from statebackend.spark.driver import StatefulForeachBatch
+    from statebackend.spark.executor import TaskRunner, TaskStores
+    from statebackend.spark.heartbeat import HEARTBEAT_COLUMN, with_heartbeat
+    from statebackend.spark.read import read_state
+    from statebackend.spark.session import local_spark_session
+    from statebackend.spark.timers import EVENT, PROCESSING, TIMERS_STORE, Timer, Timers
+
+# The names are imported when first used (PEP 562): the modules that need no Spark (timers, key groups, kept tasks,
+# held output, batches) are imported by statebackend.microbatch without importing pyspark.
+_LAZY = {
+    "ATTEMPTS_DIR": "statebackend.spark.batches",
+    "BATCH_OFFSET": "statebackend.spark.batches",
+    "MODES": "statebackend.spark.batches",
+    "ON_REPLAY": "statebackend.spark.batches",
+    "TASKS_OFFSET": "statebackend.spark.batches",
+    "task_name": "statebackend.spark.batches",
+    "BatchReport": "statebackend.microbatch.protocol",
+    "TaskStats": "statebackend.microbatch.protocol",
+    "StatefulForeachBatch": "statebackend.spark.driver",
+    "TaskRunner": "statebackend.spark.executor",
+    "TaskStores": "statebackend.spark.executor",
+    "HEARTBEAT_COLUMN": "statebackend.spark.heartbeat",
+    "with_heartbeat": "statebackend.spark.heartbeat",
+    "read_state": "statebackend.spark.read",
+    "local_spark_session": "statebackend.spark.session",
+    "EVENT": "statebackend.spark.timers",
+    "PROCESSING": "statebackend.spark.timers",
+    "TIMERS_STORE": "statebackend.spark.timers",
+    "Timer": "statebackend.spark.timers",
+    "Timers": "statebackend.spark.timers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "ATTEMPTS_DIR",
@@ -71,6 +114,7 @@ __all__ = [
     "PROCESSING",
     "TASKS_OFFSET",
     "TIMERS_STORE",
+    "BatchReport",
     "StatefulForeachBatch",
     "TaskRunner",
     "TaskStats",

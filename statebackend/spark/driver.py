@@ -8,7 +8,6 @@ import functools
 import logging
 import pickle
 import secrets
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,13 +18,15 @@ from pyspark.sql.functions import col
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.config import Settings
-from statebackend.errors import ConfigError, ConfirmationError
+from statebackend.errors import ConfigError
 from statebackend.exporters import start_exporters
 from statebackend.metrics import Metrics, MetricsSnapshot
+from statebackend.microbatch.coordinator import BatchCoordinator, RunResult
+from statebackend.microbatch.protocol import BatchReport
+from statebackend.microbatch.spec import BatchSpec, JobSpec, job_settings
 from statebackend.spark.batches import MODES, ON_REPLAY
-from statebackend.spark.confirm import unconfirmed_checkpoints
+from statebackend.spark.errors import summarized
 from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.heartbeat import drop_heartbeats
 from statebackend.spark.held import DEFAULT_BOUND
@@ -40,7 +41,7 @@ from statebackend.spark.session import (
     speculation,
 )
 from statebackend.spark.stats import STATS_COLUMN, StatsParam, TaskStats
-from statebackend.spark.timers import Timer, with_timer_store
+from statebackend.spark.timers import Timer
 from statebackend.spark.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
 from statebackend.store.ttl import wall_clock_ms
 
@@ -106,10 +107,16 @@ class StatefulForeachBatch:
     #: store name -> a DataFrame (or a function of the SparkSession giving one) of (key, value) to start the store
     #: from, loaded into each task before the first batch, once (``statebackend.spark.initial``)
     initial_state: InitialState | None = attrs.field(default=None, converter=initial_state_of)
-    #: stats of every task attempt of the last batch run, and of all batches (bench and tests read them)
-    last_batch_stats: list[TaskStats] = attrs.field(init=False, factory=list)
-    history: list[TaskStats] = attrs.field(init=False, factory=list)
-    #: the metrics of every task attempt of the last batch, merged (labels ``job_name``, ``task="all"``), and of all
+    #: ``on_batch(report)``: called on the driver after every batch with its :class:`BatchReport` (what the INFO line
+    #: says, as numbers, and every task attempt's :class:`TaskStats`); its exception is logged, never raised
+    on_batch: Callable[[BatchReport], Any] | None = None
+    #: probe the blob store when the job is built (it exists or can be created, the credentials work, it takes a
+    #: write): a wrong ``blob.store.*`` fails here, saying which check and how to fix it. False: the first batch finds
+    #: out (the driver cannot reach the blob store, say, where only the executors can)
+    probe: bool = True
+    #: the report of the last batch run (None before the first)
+    last_batch: BatchReport | None = attrs.field(init=False, default=None)
+    #: the merged metrics of every task attempt of the last batch (labels ``job_name`` and ``task``), and of all
     #: batches so far (exported by the driver's own Prometheus exporters when its config sets ``metrics.prometheus.*``)
     last_batch_metrics: MetricsSnapshot = attrs.field(init=False, factory=MetricsSnapshot)
     metrics: Metrics = attrs.field(init=False, factory=Metrics)
@@ -120,18 +127,13 @@ class StatefulForeachBatch:
     _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
     _input_schema: StructType | None = attrs.field(init=False, default=None)
-    _key_type_names: tuple[str, ...] | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
-    #: why the driver stopped confirming checkpoints (it could not read one), or None
-    _confirm_off: str | None = attrs.field(init=False, default=None)
-    #: ((blob store URL, options), the blob store) the driver confirms checkpoints in
-    _confirm_store: tuple[tuple[str, str], BlobStore] | None = attrs.field(init=False, default=None)
+    #: (the effective configuration, its settings as parsed once, the job spec built on them, the coordinator)
+    _job: tuple[dict[str, Any], Settings, JobSpec | None, BatchCoordinator] | None = attrs.field(init=False,
+                                                                                                   default=None)
     #: (SparkContext, the accumulator of :meth:`_stats_accumulator`)
     _stats_to: tuple[Any, Any] | None = attrs.field(init=False, default=None)
-    #: wall time of the last batch's call (tasks, confirmation, a run again) and of its confirmation, in ms
-    last_batch_ms: float = attrs.field(init=False, default=0.0)
-    last_confirm_ms: float = attrs.field(init=False, default=0.0)
     #: (batch id, num_tasks, key_groups) of the last batch whose tasks all committed under this object
     _completed: tuple[int, int, int] | None = attrs.field(init=False, default=None)
     #: the watermark's state (with ``event_time``), the event-time column's Spark type and the session time zone
@@ -180,10 +182,15 @@ class StatefulForeachBatch:
             raise ConfigError("StatefulForeachBatch watermark_delay needs event_time: the column the watermark is "
                               "derived from")
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
-        # Spark conf (spark.statebackend.*), which is read again at every batch
+        # Spark conf (spark.statebackend.*), which is read again at every batch (and parsed only when it changed)
         active = SparkSession.getActiveSession()
-        Settings.from_config(self._with_timers({**(spark_conf_keys(active) if active is not None else {}),
-                                                **self.config}))
+        settings = self._settings({**(spark_conf_keys(active) if active is not None else {}), **self.config})
+        if self.probe:
+            # the blob store exists (or is created), its credentials work and it takes writes: said now, in the
+            # user's words, not at the first batch inside a Spark trace
+            from statebackend.blobstores.probe import probe_blob_store
+
+            log.info("%s", probe_blob_store(settings).summary())
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
         """Run micro-batch ``batch_id``; hand the output to the sink, or return it (held until the next call)."""
@@ -192,67 +199,102 @@ class StatefulForeachBatch:
             self._previous = None
         batch_df = drop_heartbeats(batch_df)  # rows of with_heartbeat: a batch to run, nothing for fn
         spark = batch_df.sparkSession
-        config = self._with_timers(effective_config(spark, self.config))
+        batch_id = int(batch_id)
+        settings = self._settings(effective_config(spark, self.config))
+        job, coordinator = self._job_spec(batch_df, settings)
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
-            start_exporters(Settings.from_config(config), self.metrics)
+            start_exporters(settings, self.metrics)
             self._exporting = True
         if self.initial_state is not None:
-            self.initial_state.load_once(self, batch_df, config, int(batch_id))
-        started = time.monotonic()
-        settings = Settings.from_config(config)
-        confirming = self._confirms(spark, settings)
-        event = (self._event_clock.for_batch(spark, config, int(batch_id)) if self._event_clock is not None
+            self.initial_state.load_once(self, batch_df, settings, batch_id)
+        event = (self._event_clock.for_batch(spark, settings, batch_id) if self._event_clock is not None
                  else (None, None))
-        release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=confirming,
-                                                 event=event)
+        batch = BatchSpec(batch_id=batch_id, now_ms=wall_clock_ms(), watermark_ms=event[0], event_max_ms=event[1],
+                          previous_seen=self._completed == (batch_id - 1, self.num_tasks, self.key_groups))
+
+        def run_tasks(confirming: bool) -> RunResult:
+            return self._run_tasks(batch_df, job, attrs.evolve(batch, confirm_on_driver=confirming))
+
         try:
-            problems = self._confirm(settings, stats)
-        except BaseException:
-            release()
-            raise
-        missing = self._without_stats(stats, batch_id, confirming)
-        if missing and confirming:
-            # Such a task's output may come from an attempt that failed after handing it on, its checkpoint unknown
-            problems.append(f"no statistics came back from task(s) {missing}: their output may be that of a failed "
-                            "attempt, cached before it failed, whose checkpoint cannot be confirmed")
-        if problems:
-            # A checkpoint a task did not wait for is not in its log (its upload failed, its worker died with it, or
-            # another attempt wrote there): nothing of this run reaches the sink. The batch runs again with every
-            # task waiting for its own checkpoint: a replay (tasks whose checkpoint landed redo the batch from the
-            # previous batch's).
-            self.metrics.increment("spark.batch.reruns")
-            log.warning("batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again with "
-                        "every task waiting for its checkpoint", batch_id, len(problems), "; ".join(problems))
-            discarded = sorted(stats, key=lambda s: (s.task_index, s.attempt))
-            self.history.extend(discarded)
-            self.metrics.merge(MetricsSnapshot.merged(s.metrics for s in discarded if s.metrics is not None)
-                               .relabel(task="all"))
-            release()
-            release, output, stats = self._run_tasks(batch_df, batch_id, config, confirm_on_driver=False,
-                                                     event=event)
-            self._without_stats(stats, batch_id, False)
-        self.last_batch_ms = (time.monotonic() - started) * 1000.0
-        self._completed = (int(batch_id), self.num_tasks, self.key_groups)  # every task committed (or skipped) it
-        self.last_batch_stats = sorted(stats, key=lambda s: (s.task_index, s.attempt))
-        self.history.extend(self.last_batch_stats)
+            release, output, report = coordinator.run(batch_id, run_tasks,
+                                                      confirming=coordinator.confirms(speculation=speculation(spark)))
+        except Exception as exc:
+            summary = summarized(exc, batch_id)
+            if summary is None:
+                raise
+            log.error("%s", summary)
+            raise summary from exc
+        self._completed = (batch_id, self.num_tasks, self.key_groups)  # every task committed (or skipped) it
+        self.last_batch = report
         if self._event_clock is not None:
-            self._event_clock.completed(int(batch_id), self.last_batch_stats, self.num_tasks)
-        self._note_moves(int(batch_id))
-        self.last_batch_metrics = MetricsSnapshot.merged(
-            s.metrics for s in self.last_batch_stats if s.metrics is not None
-        ).relabel(task="all")
-        self.metrics.merge(self.last_batch_metrics)
+            self._event_clock.completed(batch_id, report.tasks, self.num_tasks)
+        self._note_moves(batch_id, report.tasks)
+        self.last_batch_metrics = MetricsSnapshot.merged(s.metrics for s in report.tasks if s.metrics is not None)
         if self.sink is None:
             self._previous = release
             return output
         try:
-            self.sink(output, int(batch_id))
+            self.sink(output, batch_id)
         finally:
             release()
         return None
 
-    def _run_tasks(self, batch_df: DataFrame, batch_id: int, config: Mapping[str, Any], *, confirm_on_driver: bool,
-                   event: tuple[int | None, int | None], every_partition: bool = False,
+    # -- what earlier releases exposed, now read from the batch's report and the coordinator ---------------------------
+
+    @property
+    def last_batch_stats(self) -> list[TaskStats]:
+        """Every task attempt's :class:`TaskStats` of the last batch's run whose output was used."""
+        return list(self.last_batch.tasks) if self.last_batch is not None else []
+
+    @property
+    def history(self) -> list[TaskStats]:
+        """Every task attempt's :class:`TaskStats` of every batch so far (runs discarded for a run again included)."""
+        return self._job[3].history if self._job is not None else []
+
+    @property
+    def last_batch_ms(self) -> float:
+        """Wall time of the last batch's call (tasks, confirmation, a run again), ms."""
+        return self.last_batch.batch_ms if self.last_batch is not None else 0.0
+
+    @property
+    def last_confirm_ms(self) -> float:
+        """Wall time the driver spent confirming the last batch's checkpoints, ms (0: none to confirm)."""
+        return self._job[3].last_confirm_ms if self._job is not None else 0.0
+
+    def _settings(self, config: dict[str, Any]) -> Settings:
+        """The settings of ``config``: parsed the first time and whenever the configuration changed (a
+        ``spark.statebackend.*`` key of the session's conf), else the ones parsed before. The job spec and the
+        coordinator are built again on new settings."""
+        if self._job is not None and self._job[0] == config:
+            return self._job[1]
+        settings = job_settings(config, timers=self.on_timers is not None)
+        if self._job is not None:
+            self._job[3].close()
+        coordinator = BatchCoordinator(settings, self.num_tasks, self.metrics, self.confirm_on_driver,
+                                       self.confirm_timeout_s, self.on_replay, self.on_batch)
+        if self._job is not None:
+            coordinator.history.extend(self._job[3].history)
+        self._job = (dict(config), settings, None, coordinator)
+        return settings
+
+    def _job_spec(self, batch_df: DataFrame, settings: Settings) -> tuple[JobSpec, BatchCoordinator]:
+        """The job's spec on ``settings``, built at the first batch that has them (it reads the key columns' types and
+        the input's columns from the batch's schema, which a streaming query's batches share)."""
+        assert self._job is not None and self._job[1] is settings
+        config, _, job, coordinator = self._job
+        if job is None:
+            event = self.event_time is not None
+            job = JobSpec(
+                settings=attrs.evolve(settings, metrics_prometheus_port=None), fn=self.fn, num_tasks=self.num_tasks,
+                on_replay=self.on_replay, input_columns=tuple(batch_df.columns), keep_open=self.keep_open,
+                output_memory_bytes=self.output_memory_bytes, key_groups=self.key_groups,
+                key_types=self._read_key_types(batch_df), key_of=self.key_of, on_timers=self.on_timers,
+                event_time=self.event_time, event_time_type=self._event_time_type(batch_df) if event else "",
+                time_zone=self._session_time_zone(batch_df.sparkSession) if event else "UTC")
+            self._job = (config, settings, job, coordinator)
+        return job, coordinator
+
+    def _run_tasks(self, batch_df: DataFrame, job: JobSpec, batch: BatchSpec, *, every_partition: bool = False,
                    ) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
         """Run the batch's tasks (one action, one job): what frees the held output, the output, the tasks' stats.
 
@@ -277,20 +319,19 @@ class StatefulForeachBatch:
                      "that moves catches up from the blob store (job.last_batch_moved lists them)")
         run_id = secrets.token_hex(8)
         stats_to = None if remote else self._stats_accumulator(spark)
+        batch = attrs.evolve(batch, run_id=run_id)
         # arrow and pandas modes go through an RDD of Rows only for affinity, when there is more than one executor
         # to choose from (the DataFrame route, Arrow all the way, cannot be pinned)
         through_rdd = not remote and (self.mode == "rows" or (self.affinity and self._executors(spark) > 1))
         if through_rdd:
             if self.mode == "rows":
-                runner = self._runner(config, batch_id, None, batch_df, confirm_on_driver, stats_to, run_id, event)
+                schema: Any = self._struct(spark) if self.output_schema is not None else None
+                runner = TaskRunner(job, attrs.evolve(batch, stats_to=stats_to, output_struct=schema))
                 task: Any = runner.run_rows
-                schema: Any = self.output_schema
             else:
                 schema = self._struct(spark)
-                runner = attrs.evolve(
-                    self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
-                                 run_id, event),
-                    input_schema=to_arrow_schema(batch_df.schema))
+                runner = TaskRunner(job, attrs.evolve(batch, stats_to=stats_to, output_schema=to_arrow_schema(schema),
+                                                      input_schema=to_arrow_schema(batch_df.schema)))
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
             rows = route(batch_df, self.key_columns, self.num_tasks, self.key_groups).rdd
             if self.affinity:
@@ -321,12 +362,11 @@ class StatefulForeachBatch:
         # computes them again; its stats travel as rows, as under Spark Connect.
         if stats_to is not None and self._executors(spark) > 1:
             stats_to = None
-        runner = self._runner(config, batch_id, to_arrow_schema(schema), batch_df, confirm_on_driver, stats_to,
-                              run_id, event)
+        runner = TaskRunner(job, attrs.evolve(batch, stats_to=stats_to, output_schema=to_arrow_schema(schema),
+                                              output_struct=schema))
         source = with_every_partition(batch_df, self._input_struct(batch_df)) if every_partition else batch_df
         partitioned = route(source, self.key_columns, self.num_tasks, self.key_groups)
-        again = functools.partial(self._run_tasks, batch_df, batch_id, config, confirm_on_driver=confirm_on_driver,
-                                  event=event, every_partition=True)
+        again = functools.partial(self._run_tasks, batch_df, job, batch, every_partition=True)
         if self.mode == "pandas":
             map_in: Any = partitioned.mapInPandas
             function: Any = runner.run_pandas
@@ -343,7 +383,7 @@ class StatefulForeachBatch:
                 raise
             if not stats and not every_partition and _checkpointed_rdd(checkpointed).getNumPartitions() == 0:
                 _release_checkpoint(checkpointed)
-                return self._no_partition(batch_id, again)
+                return self._no_partition(batch.batch_id, again)
             return functools.partial(_release_checkpoint, checkpointed), checkpointed, stats
         # Spark Connect (and classic Spark with several executors): each task's stats in one extra row, in a column
         # that is null in every output row
@@ -362,7 +402,7 @@ class StatefulForeachBatch:
         # Under Spark Connect a task's stats are in its output's cached block: none at all means no partition
         if not stats and not every_partition and (remote or persisted._jdf.rdd().getNumPartitions() == 0):
             persisted.unpersist()
-            return self._no_partition(batch_id, again)
+            return self._no_partition(batch.batch_id, again)
         return persisted.unpersist, persisted.where(stats_column.isNull()).drop(STATS_COLUMN), stats
 
     def _no_partition(self, batch_id: int, again: Callable[[], Any]) -> Any:
@@ -389,61 +429,6 @@ class StatefulForeachBatch:
             log.warning("%d task stats of an earlier run came late and were dropped (attempts of a run that had ended: "
                         "a zombie, or a block computed again for a sink)", len(reported) - len(stats))
         return stats
-
-    def _without_stats(self, stats: Sequence[TaskStats], batch_id: int, confirming: bool) -> list[int]:
-        """The tasks of the run that reported no stats. Spark counts a task as done when its output partition is in
-        the executor's block manager, and a task attempt that failed after its output was stored (its Python worker
-        killed right after the task, say) leaves it there: the attempt that follows reads that block and runs no
-        task function, so neither reports stats. When every task waited for its checkpoint before handing its
-        output on, such output is of a durable checkpoint, and only the stats are lost; when tasks may have handed
-        it on before (``confirming``), the caller runs the batch again."""
-        missing = sorted(set(range(self.num_tasks)) - {s.task_index for s in stats})
-        if missing:
-            self.metrics.increment("spark.task.stats.missing", len(missing))
-            log.warning("batch %d: no statistics came back from task(s) %s of %d (their output was read from a block "
-                        "a failed attempt stored)%s", batch_id, missing, self.num_tasks,
-                        "; the batch runs again" if confirming else "")
-        return missing
-
-    def _confirms(self, spark: SparkSession, settings: Settings) -> bool:
-        """Whether this batch's tasks may hand their output on before their checkpoint is durable: ``confirm_on_driver``
-        and a run again possible (a replay: ``on_replay="redo"`` and the previous batch's checkpoint kept through a
-        run again and a retry in it: ``task.checkpoint.retained >= 3``), not with speculation (two attempts of a task
-        would both hand output on), and not after the driver failed to read a checkpoint."""
-        wanted = self.confirm_on_driver
-        if wanted is None:  # a remote store: the task's worker is free for the next task while its upload waits
-            wanted = settings.blob_store_url.startswith(("az:", "s3:"))
-        if not wanted or self._confirm_off is not None:
-            return False
-        if self.on_replay != "redo" or settings.checkpoint_retained < 3:
-            return False
-        return not speculation(spark)
-
-    def _confirm(self, settings: Settings, stats: Sequence[TaskStats]) -> list[str]:
-        """Why the checkpoints of tasks that did not wait for them are not confirmed durable (empty: all are). A
-        checkpoint the driver cannot read at all (no access to the blob store from the driver, say) is reported once
-        and turns the confirmation off for good: the batch then runs again, and every later batch's tasks wait."""
-        if not any(s.pending_checkpoint_id for s in stats):
-            return []
-        started = time.monotonic()
-        try:
-            problems = self._unconfirmed(settings, stats)
-        except ConfirmationError as exc:
-            log.error("the driver cannot confirm task checkpoints (%s); from now on every task waits for its own "
-                      "checkpoint (StatefulForeachBatch(confirm_on_driver=False) says so from the start)", exc)
-            self._confirm_off = str(exc)
-            problems = [str(exc)]
-        self.last_confirm_ms = (time.monotonic() - started) * 1000.0
-        self.metrics.record("spark.confirm.ms", self.last_confirm_ms)
-        return problems
-
-    def _unconfirmed(self, settings: Settings, stats: Sequence[TaskStats]) -> list[str]:
-        key = (settings.blob_store_url, repr(sorted((k, repr(v)) for k, v in settings.blob_store_options.items())))
-        if self._confirm_store is None or self._confirm_store[0] != key:
-            if self._confirm_store is not None:
-                self._confirm_store[1].close()
-            self._confirm_store = (key, open_blob_store(settings.blob_store_url, settings.blob_store_options))
-        return unconfirmed_checkpoints(self._confirm_store[1], settings, stats, self.confirm_timeout_s)
 
     def _anchored(self, spark: SparkSession, rows: Any) -> Any:
         """``rows`` (one partition per task) zipped with the anchor: an RDD of ``num_tasks`` one-element partitions,
@@ -482,39 +467,6 @@ class StatefulForeachBatch:
             self._local_context = context
         return 1
 
-    def _runner(self, config: Mapping[str, Any], batch_id: int, output_schema: Any, batch_df: DataFrame,
-                confirm_on_driver: bool, stats_to: Any, run_id: str,
-                event: tuple[int | None, int | None]) -> TaskRunner:
-        return TaskRunner(
-            fn=self.fn,
-            config=config,
-            batch_id=int(batch_id),
-            num_tasks=self.num_tasks,
-            on_replay=self.on_replay,
-            input_columns=tuple(batch_df.columns),
-            output_schema=output_schema,
-            output_memory_bytes=self.output_memory_bytes,
-            keep_open=self.keep_open,
-            now_ms=wall_clock_ms(),
-            key_groups=self.key_groups,
-            key_types=self._key_types(batch_df),
-            key_of=self.key_of,
-            previous_seen=self._completed == (int(batch_id) - 1, self.num_tasks, self.key_groups),
-            confirm_on_driver=confirm_on_driver,
-            stats_to=stats_to,
-            run_id=run_id,
-            on_timers=self.on_timers,
-            event_time=self.event_time,
-            event_time_type=self._event_time_type(batch_df) if self.event_time is not None else "",
-            time_zone=self._session_time_zone(batch_df.sparkSession) if self.event_time is not None else "UTC",
-            watermark_ms=event[0],
-            event_max_ms=event[1],
-        )
-
-    def _with_timers(self, config: dict[str, Any]) -> dict[str, Any]:
-        """``config`` with the timer store declared when the job has timers (``on_timers``)."""
-        return with_timer_store(config) if self.on_timers is not None else config
-
     def _event_time_type(self, batch_df: DataFrame) -> str:
         """The Spark type name of the event-time column, read once (checked: a timestamp, or long ms)."""
         if self._event_type is None:
@@ -534,23 +486,15 @@ class StatefulForeachBatch:
             self._time_zone = str(spark.conf.get("spark.sql.session.timeZone", "UTC") or "UTC")
         return self._time_zone
 
-    def _note_moves(self, batch_id: int) -> None:
+    def _note_moves(self, batch_id: int, stats: Sequence[TaskStats]) -> None:
         """Which tasks of the batch ran on another executor than in their previous batch (their local state was not
         there, or not current: a restore or a catch-up), in ``last_batch_moved``."""
-        ran = {s.task_index: s.executor for s in self.last_batch_stats if s.executor}
+        ran = {s.task_index: s.executor for s in stats if s.executor}
         self.last_batch_moved = sorted(t for t, where in ran.items() if self._homes.get(t, where) != where)
         self._homes.update(ran)
         if self.last_batch_moved:
             log.info("batch %d: task(s) %s ran on another executor than in their previous batch", batch_id,
                      self.last_batch_moved)
-
-    def _key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
-        """The Spark type names of the key columns (how a stored key hashes when the state is rescaled). Read once
-        per StatefulForeachBatch: a streaming query's batches share one schema, and reading it costs a py4j round
-        trip and a JSON parse every batch."""
-        if self._key_type_names is None:
-            self._key_type_names = self._read_key_types(batch_df)
-        return self._key_type_names
 
     def _read_key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
         fields = {field.name: field.dataType for field in batch_df.schema.fields}
@@ -591,8 +535,8 @@ def _release_checkpoint(frame: DataFrame) -> None:
 
 
 def _rows_frame(spark: SparkSession, rdd: Any, schema: Any) -> DataFrame:
-    if schema is not None:
-        return spark.createDataFrame(rdd, schema)
+    if schema is not None:  # every row was checked against it in its task, before the commit (spark.outputs)
+        return spark.createDataFrame(rdd, schema, verifySchema=False)
     if rdd.isEmpty():
         return spark.createDataFrame([], StructType([]))
     return spark.createDataFrame(rdd)

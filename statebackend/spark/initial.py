@@ -63,12 +63,12 @@ class InitialState:
     frames: Mapping[str, Frame]
     done: bool = False
 
-    def load_once(self, job: Any, batch_df: Any, config: Mapping[str, Any], batch_id: int) -> None:
+    def load_once(self, job: Any, batch_df: Any, settings: Settings, batch_id: int) -> None:
         """Before the first batch this object runs (``job`` is the StatefulForeachBatch): load the frames unless the
         job's state is this load already (see the module docstring)."""
         if self.done:
             return
-        load_initial_state(job, batch_df, config, batch_id, self.frames)
+        load_initial_state(job, batch_df, settings, batch_id, self.frames)
         self.done = True
 
 
@@ -82,11 +82,11 @@ def initial_state_of(value: Mapping[str, Frame] | InitialState | None) -> Initia
     return InitialState(dict(value))
 
 
-def load_initial_state(job: Any, batch_df: Any, config: Mapping[str, Any], batch_id: int,
+def load_initial_state(job: Any, batch_df: Any, settings: Settings, batch_id: int,
                        frames: Mapping[str, Frame]) -> None:
     """Load ``frames`` into every task of ``job``'s layout as the checkpoint before batch ``batch_id``, unless
-    task-0's newest checkpoint says the job's state is this load already; refuse a job with other state."""
-    settings = Settings.from_config(config)
+    task-0's newest checkpoint says the job's state is this load already; refuse a job with other state.
+    ``settings``: the job's, as the driver parsed them (the workers get them pickled, never parse again)."""
     unknown = sorted(set(frames) - set(settings.stores))
     if unknown:
         raise ConfigError(f"StatefulForeachBatch initial_state: no store {', '.join(map(repr, unknown))} in the "
@@ -104,10 +104,10 @@ def load_initial_state(job: Any, batch_df: Any, config: Mapping[str, Any], batch
     encoded = None
     for store in sorted(frames):
         frame = frames[store](spark) if callable(frames[store]) else frames[store]
-        part = _encoded(frame, store, tuple(job.key_columns), key_types, config)
+        part = _encoded(frame, store, tuple(job.key_columns), key_types, settings)
         encoded = part if encoded is None else encoded.unionByName(part)
     routed = route(encoded, job.key_columns, job.num_tasks, job.key_groups)
-    loader = _Loader(dict(config), tuple(sorted(frames)), batch_id, job.num_tasks, job.key_groups, wall_clock_ms())
+    loader = _Loader(settings, tuple(sorted(frames)), batch_id, job.num_tasks, job.key_groups, wall_clock_ms())
     reports = routed.mapInArrow(loader.load, "task int, keys long, skipped boolean").collect()
     tasks = sorted(row.task for row in reports)
     if tasks != list(range(job.num_tasks)):
@@ -145,7 +145,7 @@ def _loaded_before(settings: Settings, stores: list[str], num_tasks: int, key_gr
 
 
 def _encoded(frame: Any, store: str, key_columns: tuple[str, ...], key_types: Mapping[str, str],
-             config: Mapping[str, Any]) -> Any:
+             settings: Settings) -> Any:
     """``frame`` as (the key columns, store, key bytes, value bytes), encoded with the store's serdes on the
     executors."""
     columns = {field.name: field.dataType for field in frame.schema.fields}
@@ -170,7 +170,7 @@ def _encoded(frame: Any, store: str, key_columns: tuple[str, ...], key_types: Ma
     out = StructType([*(StructField(c, columns[s], True) for c, s in zip(key_columns, routing, strict=True)),
                       StructField(_STORE, StringType(), False), StructField(_KEY, BinaryType(), False),
                       StructField(_VALUE, BinaryType(), False)])
-    encoder = _Encoder(dict(config), store, routing, "key" if "key" in columns else None, to_arrow_schema(out))
+    encoder = _Encoder(settings, store, routing, "key" if "key" in columns else None, to_arrow_schema(out))
     return frame.mapInArrow(encoder.encode, out)
 
 
@@ -178,7 +178,7 @@ def _encoded(frame: Any, store: str, key_columns: tuple[str, ...], key_types: Ma
 class _Encoder:
     """Runs on the executors: a frame's rows as (key columns, store, key bytes, value bytes)."""
 
-    config: Mapping[str, Any]
+    settings: Settings
     store: str
     routing: tuple[str, ...]
     key_column: str | None
@@ -187,7 +187,7 @@ class _Encoder:
     def encode(self, batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        store_settings = Settings.from_config(self.config).stores[self.store]
+        store_settings = self.settings.stores[self.store]
         key_serde, value_serde = get_serde(store_settings.key_serde), get_serde(store_settings.msg_serde)
         build = value_serde.record.cls if isinstance(value_serde, RecordSerde) else None
         for batch in batches:
@@ -213,7 +213,7 @@ class _Encoder:
 class _Loader:
     """Runs on the executors, one partition per task: loads the task's rows and commits the load's checkpoint."""
 
-    config: Mapping[str, Any]
+    settings: Settings
     stores: tuple[str, ...]
     batch_id: int
     num_tasks: int
@@ -239,7 +239,7 @@ class _Loader:
                 INITIAL_OFFSET: ",".join(self.stores)}
 
     def _load_task(self, index: int, batches: Iterable[Any]) -> tuple[int, bool]:
-        settings = Settings.from_config(self.config)
+        settings = self.settings
         name = task_name(index)
         offsets = self.offsets()
         blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)

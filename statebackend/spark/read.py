@@ -27,10 +27,11 @@ from pyspark.sql.types import (
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, InconsistentStateError, NotFoundError
 from statebackend.lifecycle import task_checkpoint_log
+from statebackend.microbatch.spec import job_settings
 from statebackend.serdes import is_record, record_class, record_serde
 from statebackend.serdes.record import schemas_from_text
 from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
-from statebackend.spark.timers import TIMERS_STORE, key_text, stored_timers, with_timer_store
+from statebackend.spark.timers import TIMERS_STORE, key_text, stored_timers
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 from statebackend.values import MSG_SCHEMAS
@@ -62,9 +63,7 @@ def read_state(
     kind string, at_ms long)``: the key as :func:`~statebackend.spark.timers.key_text` shows it, the kind
     ``processing`` or ``event``, the time in ms since the epoch; by task, kind, then time.
     """
-    if store == TIMERS_STORE:
-        config = with_timer_store(config)
-    settings = Settings.from_config(config)
+    settings = job_settings(config, timers=store == TIMERS_STORE)
     if store not in settings.stores:
         raise ConfigError(
             f"read_state: no store {store!r} in the configuration; configured stores: "
@@ -84,8 +83,8 @@ def read_state(
         StructField("at_ms", LongType(), False),
     ])
     # Only this store's keys: restoring the others would download state nobody asked for.
-    reader_config = {k: v for k, v in config.items() if not k.startswith("stores.") or k.startswith(f"stores.{store}.")}
-    reader = _StateReader(reader_config, store, checkpoint, num_tasks, to_arrow_schema(schema))
+    reader = _StateReader(attrs.evolve(settings, stores={store: store_settings}), store, checkpoint, num_tasks,
+                          to_arrow_schema(schema))
     # one partition per task index; DataFrame operations only, so this works alike under Spark Connect (no RDDs)
     indexes = spark.range(0, num_tasks, 1, num_tasks)
     return indexes.mapInArrow(reader.read_arrow, schema)
@@ -93,7 +92,8 @@ def read_state(
 
 @attrs.frozen
 class _StateReader:
-    config: Mapping[str, Any]
+    #: the job's settings as parsed on the driver, with only the store read
+    settings: Settings
     store: str
     checkpoint: str | int
     num_tasks: int
@@ -116,7 +116,7 @@ class _StateReader:
     def read(self, indexes: Iterable[int]) -> Iterator[tuple[Any, ...]]:
         import tempfile
 
-        settings = Settings.from_config(self.config)
+        settings = self.settings
         store_settings = settings.stores[self.store]
         for index in indexes:
             name = task_name(index)

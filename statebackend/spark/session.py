@@ -11,8 +11,6 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from statebackend.config import Settings
-
 log = logging.getLogger(__name__)
 
 def local_spark_session(
@@ -128,6 +126,4 @@ def effective_config(spark: SparkSession, config: Mapping[str, Any]) -> dict[str
     Spark conf (as in Spark, where a setting made in code wins over ``spark-submit --conf``)."""
     merged: dict[str, Any] = dict(spark_conf_keys(spark))
     merged.update(config)
-    if len(merged) != len(config):
-        Settings.from_config(merged)  # a wrong key from the Spark conf fails here, on the driver, naming it
-    return merged
+    return merged  # parsed by the caller, once per configuration: a wrong key from the Spark conf fails there

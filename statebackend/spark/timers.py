@@ -393,20 +393,25 @@ def refuse_dropping_timers(name: str, starts: Sequence[Any]) -> None:
             "it gets fires and deletes them)")
 
 
-def with_timer_store(config: Mapping[str, Any]) -> dict[str, Any]:
+def with_timer_store(config: Mapping[str, Any], parsed: Settings | None = None) -> dict[str, Any]:
     """``config`` with the timer store declared: bytes keys and values, no TTL, backed up to the backends of the
     job's own stores (all of them, in the order the stores name them, sorted by store name) and restored from
-    theirs, unless ``stores.statebackend-timers.backup.factories`` / ``restore.factories`` say otherwise."""
+    theirs, unless ``stores.statebackend-timers.backup.factories`` / ``restore.factories`` say otherwise.
+    ``parsed``: ``config`` without the timer store's keys, already parsed (its stores are read from it instead of
+    parsing again). Declaring it in a configuration that already declares it gives the same configuration."""
     prefix = f"stores.{TIMERS_STORE}."
     own = {key[len(prefix):]: value for key, value in config.items() if key.startswith(prefix)}
-    fixed = sorted(option for option in own if option in _FIXED_OPTIONS)
+    # a configuration this function already declared the timer store in keeps its serdes (the same ones)
+    fixed = sorted(option for option in own if option in _FIXED_OPTIONS
+                   and not (option in ("key.serde", "msg.serde") and own[option] == "bytes"))
     if fixed:
         raise ConfigError(f"{', '.join(prefix + option for option in fixed)}: the timer store's serdes and TTL are "
                           "fixed by statebackend; remove the key(s) (its other options, e.g. lmdb.map.size or "
                           "backup.factories, may be set)")
     declared = dict(config)
     if "backup.factories" not in own:
-        settings = Settings.from_config({key: value for key, value in config.items() if not key.startswith(prefix)})
+        settings = parsed if parsed is not None else Settings.from_config(
+            {key: value for key, value in config.items() if not key.startswith(prefix)})
         if not settings.stores:
             raise ConfigError(f"timers are kept in the store {TIMERS_STORE!r}, backed up by the backends of the job's "
                               "stores, but the config declares no store: declare one (stores.<name>.backup.factories)"

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -83,12 +83,12 @@ class EventClock:
     #: (batch id, its watermark, the largest event time through it) of the last batch whose every task reported
     _known: tuple[int, int | None, int | None] | None = None
 
-    def for_batch(self, spark: Any, config: Mapping[str, Any], batch_id: int) -> tuple[int | None, int | None]:
+    def for_batch(self, spark: Any, settings: Any, batch_id: int) -> tuple[int | None, int | None]:
         """(the watermark of ``batch_id``, the largest event time of the batches before it)."""
         if self._known is not None and self._known[0] == batch_id - 1:
             _, watermark, event_max = self._known
         else:
-            watermark, event_max = recover_event_clock(spark, config, batch_id)
+            watermark, event_max = recover_event_clock(spark, settings, batch_id)
             log.info("batch %d: event time recovered from the checkpoints below it: watermark %s, largest event "
                      "time %s", batch_id, watermark, event_max)
         return next_watermark(watermark, event_max, self.delay_ms), event_max
@@ -104,21 +104,22 @@ class EventClock:
         self._known = (batch_id, max(watermarks) if watermarks else None, max(maxima) if maxima else None)
 
 
-def recover_event_clock(spark: Any, config: Mapping[str, Any], batch_id: int) -> tuple[int | None, int | None]:
+def recover_event_clock(spark: Any, settings: Any, batch_id: int) -> tuple[int | None, int | None]:
     """(watermark, largest event time) recorded by the checkpoints of the newest batch below ``batch_id``, read on an
     executor (one task: executors reach the blob store, the driver need not)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import LongType, StructField, StructType
 
     schema = StructType([StructField("watermark", LongType(), True), StructField("event_max", LongType(), True)])
-    reader = _ClockReader(dict(config), batch_id, to_arrow_schema(schema))
+    reader = _ClockReader(settings, batch_id, to_arrow_schema(schema))
     rows = spark.range(0, 1, 1, 1).mapInArrow(reader.read_arrow, schema).collect()
     return rows[0]["watermark"], rows[0]["event_max"]
 
 
 @attrs.frozen
 class _ClockReader:
-    config: Mapping[str, Any]
+    #: the job's settings (statebackend.config.Settings), as the driver parsed them
+    settings: Any
     batch_id: int
     schema: Any
 
@@ -133,10 +134,9 @@ class _ClockReader:
 
     def read(self) -> tuple[int | None, int | None]:
         from statebackend.blobstores.base import open_blob_store
-        from statebackend.config import Settings
         from statebackend.lifecycle import task_checkpoint_log
 
-        settings = Settings.from_config(self.config)
+        settings = self.settings
         blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
         try:
             zero = task_name(0)

@@ -1,4 +1,4 @@
-"""What a task does to the Python worker process it runs in: settings parsed once per configuration, the garbage
+"""What a task does to the Python worker process it runs in: the garbage
 collector frozen at each task's start (``task.gc.freeze``), and facts about the process (its executor, whether it
 outlives the task)."""
 
@@ -7,20 +7,9 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Mapping
 from typing import Any
 
-import attrs
-
-from statebackend.config import Settings
-
-__all__ = ["GC_FULL_EVERY", "executor_id", "freeze_survivors", "process_outlives_task", "task_settings"]
-
-
-#: a worker's parsed settings by config fingerprint: every batch of a job unpickles the same config, and parsing it
-#: (every key, every backend's options) costs milliseconds per task and batch
-_SETTINGS: dict[str, Settings] = {}
-_SETTINGS_KEPT = 16
+__all__ = ["GC_FULL_EVERY", "executor_id", "freeze_survivors", "process_outlives_task"]
 
 
 #: tasks between two full collections of the process under ``task.gc.freeze``
@@ -57,18 +46,6 @@ def freeze_survivors() -> None:
         _gc_tasks += 1
         gc.collect()
         gc.freeze()
-
-
-def task_settings(config: Mapping[str, Any], fingerprint: str) -> Settings:
-    """The task's settings: ``config`` parsed, with no Prometheus port (it is the driver's endpoint: Python workers
-    would fight over it; they write a textfile or push)."""
-    settings = _SETTINGS.get(fingerprint)
-    if settings is None:
-        settings = attrs.evolve(Settings.from_config(config), metrics_prometheus_port=None)
-        if len(_SETTINGS) >= _SETTINGS_KEPT:
-            _SETTINGS.pop(next(iter(_SETTINGS)))
-        _SETTINGS[fingerprint] = settings
-    return settings
 
 
 def executor_id() -> str:
