@@ -1,4 +1,4 @@
-"""A/B of the Spark driver's row routing: key-group routing (``statebackend.spark.keygroups.route``) against the
+"""A/B of the Spark driver's row routing: key-group routing (``statebackend.microbatch.keygroups.route``) against the
 routing before key groups (``repartition(num_tasks, *key_columns)``), on bench.spark_e2e's workload, in one process,
 the two alternated so the machine's drift hits both alike.
 

@@ -26,7 +26,7 @@ import boto3
 import pytest
 from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, generate_container_sas
 
-from statebackend.blobstores.probe import PROBE_MAX_ATTEMPTS, BlobStoreProbeReport, probe_blob_store
+from statebackend.probe import PROBE_MAX_ATTEMPTS, BlobStoreProbeReport, probe_blob_store
 from statebackend.config import Settings
 from statebackend.errors import StorageError, TransientStorageError
 from tests.servers import (

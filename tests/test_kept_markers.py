@@ -1,4 +1,4 @@
-"""The ``PARKED`` and ``HANDOVER`` files of tasks kept open (statebackend.spark.kept), without Spark and without a
+"""The ``PARKED`` and ``HANDOVER`` files of tasks kept open (statebackend.microbatch.kept), without Spark and without a
 task: a marker goes with its parked task (taken, closed, process exit) and one left behind by a dead process, or
 naming a pid the system gave to a younger process, is ignored."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from statebackend.spark import kept
+from statebackend.microbatch import kept
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -119,7 +119,7 @@ def _park_in_a_child(task_dir: Path, exit_line: str) -> int:
     child = textwrap.dedent(f"""
         import os, sys
         from pathlib import Path
-        from statebackend.spark import kept
+        from statebackend.microbatch import kept
         from tests.test_kept_markers import _kept
         task_dir = Path({str(task_dir)!r})
         kept.park(kept.task_key(task_dir.parent.parent, "job", "task-0"), _kept(task_dir))

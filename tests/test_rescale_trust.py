@@ -15,8 +15,8 @@ from pyspark.sql import Row
 
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, StateBackendError
+from statebackend.microbatch.keygroups import hash_long, key_group, spark_hash, task_of_group
 from statebackend.spark import TaskRunner
-from statebackend.spark.keygroups import hash_long, key_group, spark_hash, task_of_group
 from statebackend.spark.stats import is_output
 from statebackend.task import TaskStorage
 from tests.test_spark import count_rows

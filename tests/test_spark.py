@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import pytest
 
@@ -108,7 +108,7 @@ class _ExplodesOnce(tuple):  # type: ignore[type-arg]
 
     marker: str
 
-    def __new__(cls, marker: str) -> _ExplodesOnce:
+    def __new__(cls, marker: str) -> Self:
         row = super().__new__(cls, ("sentinel", -1))
         row.marker = marker
         return row

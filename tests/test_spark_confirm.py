@@ -17,9 +17,9 @@ import pytest
 
 from statebackend.blobstores.base import open_blob_store
 from statebackend.config import Settings
+from statebackend.microbatch.batches import ATTEMPT_OFFSET
+from statebackend.microbatch.confirm import ConfirmationError, unconfirmed_checkpoints
 from statebackend.spark import StatefulForeachBatch
-from statebackend.spark.batches import ATTEMPT_OFFSET
-from statebackend.spark.confirm import ConfirmationError, unconfirmed_checkpoints
 from statebackend.spark.stats import TaskStats
 from statebackend.task import TaskStorage
 from tests.test_spark import NUM_TASKS, batch_words, count_arrow, make_config, state_of

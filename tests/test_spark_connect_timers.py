@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.connect
 def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path) -> None:
     # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
     done = subprocess.run([sys.executable, "-m", "tests.connect_timers_child", str(tmp_path)], cwd=ROOT,

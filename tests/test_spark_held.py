@@ -13,8 +13,8 @@ import pytest
 from pyspark.sql import Row
 
 from statebackend.errors import CommitError, StateBackendError
+from statebackend.microbatch.held import _SPILL_CHUNK, SPILL_DIR, HeldOutput
 from statebackend.spark import TaskRunner
-from statebackend.spark.held import _SPILL_CHUNK, SPILL_DIR, HeldOutput
 from statebackend.spark.stats import StatsRecord, is_output
 from tests.test_spark import make_config
 

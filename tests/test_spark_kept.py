@@ -1,4 +1,4 @@
-"""Tasks kept open between batches in a reused Python worker (statebackend.spark.kept), run in this process without a
+"""Tasks kept open between batches in a reused Python worker (statebackend.microbatch.kept), run in this process without a
 SparkSession: a kept task is taken back only while the checkpoint log confirms it is current; when another attempt
 committed meanwhile, on a replay, or with its local directory wiped, it is closed and the batch restores; a parked
 task is handed over to another process that needs it; exactly-once and fencing hold throughout."""
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from statebackend.errors import CommitConflictError
-from statebackend.spark import kept
+from statebackend.microbatch import kept
 from statebackend.spark.stats import is_output, is_stats
 from tests.test_spark import make_config
 from tests.test_spark_tasks import rows, runner, task_state
@@ -130,7 +130,7 @@ def test_a_task_parked_in_another_process_is_handed_over(tmp_path: Path) -> None
     assert (tmp_path / "local" / "wordcount" / "task-0" / kept.PARKED_FILE).read_text() == str(os.getpid())
     child = textwrap.dedent(f"""
         import json
-        from statebackend.spark import kept
+        from statebackend.microbatch import kept
         from tests.test_spark_tasks import runner, rows
         from statebackend.spark.stats import is_output, is_stats
         items = list(runner({config!r}, 1, keep_open=True).run_rows(0, iter(rows("a", "c"))))

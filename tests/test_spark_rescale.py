@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from statebackend.microbatch.keygroups import key_group_range, partition_tags, spark_hash, task_of_group
 from statebackend.spark import StatefulForeachBatch, read_state
-from statebackend.spark.keygroups import key_group_range, partition_tags, spark_hash, task_of_group
 from tests.test_spark import batch_words, count_rows, make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -40,7 +40,7 @@ def test_key_group_ranges_cover_every_group_once_and_match_the_routing() -> None
 def test_every_row_lands_in_the_partition_of_its_task(spark: Any) -> None:
     from pyspark.sql import functions as F
 
-    from statebackend.spark.keygroups import route
+    from statebackend.microbatch.keygroups import route
 
     frame = spark.createDataFrame([(f"k{i}", i) for i in range(3000)], "word string, n long")
     for num_tasks, key_groups in ((1, 8), (2, 128), (3, 128), (4, 128), (6, 128), (7, 10), (13, 64), (20, 128)):

@@ -122,7 +122,7 @@ def test_batch_whose_previous_batchs_checkpoint_is_gone_is_refused_not_restored_
 
 def route_words(words: list[str], num_tasks: int, key_groups: int | None) -> dict[int, list[str]]:
     """Which task each word goes to, as the driver routes rows (Spark's hash, in Python)."""
-    from statebackend.spark.keygroups import key_group, spark_hash, task_of_group
+    from statebackend.microbatch.keygroups import key_group, spark_hash, task_of_group
 
     routed: dict[int, list[str]] = {t: [] for t in range(num_tasks)}
     for word in words:

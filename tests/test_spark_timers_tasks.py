@@ -12,11 +12,9 @@ import pytest
 from pyspark.sql import Row
 
 from statebackend.errors import ConfigError
-from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, TaskRunner, Timer
-from statebackend.spark.batches import EVENT_MAX_OFFSET, WATERMARK_OFFSET
-from statebackend.spark.keygroups import key_group, task_of_group
-from statebackend.spark.stats import TaskStats, is_output, is_stats
-from statebackend.spark.timers import (
+from statebackend.microbatch.batches import EVENT_MAX_OFFSET, WATERMARK_OFFSET
+from statebackend.microbatch.keygroups import key_group, task_of_group
+from statebackend.microbatch.timers import (
     decode_key,
     encode_key,
     key_text,
@@ -25,7 +23,9 @@ from statebackend.spark.timers import (
     timer_key_columns,
     with_timer_store,
 )
-from statebackend.spark.watermark import EventClock, next_watermark, parse_delay
+from statebackend.microbatch.watermark import EventClock, next_watermark, parse_delay
+from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, TaskRunner, Timer
+from statebackend.spark.stats import TaskStats, is_output, is_stats
 from statebackend.task import TaskStorage
 from tests.test_spark import make_config
 
@@ -380,7 +380,7 @@ def test_event_times_read_alike_from_rows_arrow_batches_and_pandas_frames() -> N
     import pandas as pd
     import pyarrow as pa
 
-    from statebackend.spark.watermark import EventTimes
+    from statebackend.microbatch.watermark import EventTimes
 
     instants = [datetime.datetime(2024, 3, 31, 0, 30, tzinfo=datetime.UTC),
                 datetime.datetime(2024, 3, 31, 1, 30, tzinfo=datetime.UTC)]  # Paris changes to summer time at 1:00

@@ -8,7 +8,7 @@ The steps, in order (each a method; :meth:`TaskAttempt.run` drives them):
    fenced at (:func:`statebackend.lifecycle.decide_open`);
 3. **skip a replay** (``on_replay="skip"`` and this batch already committed): report and stop;
 4. **plan**: the batch's base (the previous batch's checkpoint, a replay's, or the old tasks' of a rescale:
-   :func:`statebackend.spark.batches.plan_batch`), refusing what would lose state (timers dropped, a rescale
+   :func:`statebackend.microbatch.batches.plan_batch`), refusing what would lose state (timers dropped, a rescale
    retention cannot serve);
 5. **open**: the decision rebased on the plan's base; the parked task taken back when it is exactly that state,
    else the task opened (restoring), in a private directory when another attempt holds the local stores; a
@@ -43,10 +43,8 @@ from statebackend.errors import ConfigError, StoreLockedError
 from statebackend.exporters import export_now, task_metrics
 from statebackend.lifecycle import OpenDecision, decide_open, task_checkpoint_log
 from statebackend.metrics import Metrics, MetricsSnapshot
-from statebackend.microbatch.protocol import MAX_WARNINGS, AttemptWarning, TaskStats
-from statebackend.microbatch.spec import BatchSpec, JobSpec
-from statebackend.spark import kept
-from statebackend.spark.batches import (
+from statebackend.microbatch import kept
+from statebackend.microbatch.batches import (
     ATTEMPT_OFFSET,
     ATTEMPTS_DIR,
     BATCH_OFFSET,
@@ -62,11 +60,13 @@ from statebackend.spark.batches import (
     plan_batch,
     task_name,
 )
-from statebackend.spark.held import SPILL_DIR, HeldOutput
-from statebackend.spark.rescale import MIN_RETAINED_FOR_RESCALE, KeyRouting, take_key_groups
-from statebackend.spark.timers import TIMERS_STORE, Timer, Timers, owner_check, refuse_dropping_timers, take_due
-from statebackend.spark.watermark import EventTimes, recorded_ms
-from statebackend.spark.worker import executor_id, freeze_survivors
+from statebackend.microbatch.held import SPILL_DIR, HeldOutput
+from statebackend.microbatch.protocol import MAX_WARNINGS, AttemptWarning, TaskStats
+from statebackend.microbatch.rescale import MIN_RETAINED_FOR_RESCALE, KeyRouting, take_key_groups
+from statebackend.microbatch.spec import BatchSpec, JobSpec
+from statebackend.microbatch.timers import TIMERS_STORE, Timer, Timers, owner_check, refuse_dropping_timers, take_due
+from statebackend.microbatch.watermark import EventTimes, recorded_ms
+from statebackend.microbatch.worker import executor_id, freeze_survivors
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
 
@@ -78,7 +78,7 @@ log = logging.getLogger(__name__)
 class TaskStores(Mapping[str, Any]):
     """What the user function and the timer handler get: the task's stores by name (typed views per their serdes),
     where it runs, the batch's times (``now_ms``: the batch clock; ``watermark_ms``: the event-time watermark, None
-    without one) and the task's :class:`~statebackend.spark.timers.Timers`. The timer store is not among the stores."""
+    without one) and the task's :class:`~statebackend.microbatch.timers.Timers`. The timer store is not among the stores."""
 
     def __init__(self, storage: TaskStorage, task_index: int, batch_id: int, *, timers: Timers | None = None,
                  now_ms: int | None = None, watermark_ms: int | None = None) -> None:

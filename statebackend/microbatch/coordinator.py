@@ -2,7 +2,7 @@
 
 :class:`BatchCoordinator` owns what happens on the driver between "run the tasks" and "hand the output on": which
 tasks may hand their output on before their checkpoint is durable, the confirmation of those checkpoints in the
-tasks' logs (:mod:`statebackend.spark.confirm`), the run again with every task waiting when one is not there, the
+tasks' logs (:mod:`statebackend.microbatch.confirm`), the run again with every task waiting when one is not there, the
 tasks that reported nothing, and what an operator sees: one INFO line per batch (:meth:`BatchReport.line`), the
 attempts' warnings logged again on the driver, the metrics of every attempt merged into the driver's registry with
 their task labels, and the ``on_batch`` listener. It needs no Spark: the engine adapter gives it a function that
@@ -22,8 +22,8 @@ from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.config import Settings
 from statebackend.errors import ConfirmationError
 from statebackend.metrics import Metrics, MetricsSnapshot
+from statebackend.microbatch.confirm import unconfirmed_checkpoints
 from statebackend.microbatch.protocol import BatchReport, TaskStats
-from statebackend.spark.confirm import unconfirmed_checkpoints
 
 __all__ = ["BatchCoordinator", "RunResult"]
 

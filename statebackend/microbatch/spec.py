@@ -20,11 +20,11 @@ __all__ = ["BatchSpec", "JobSpec", "config_fingerprint", "job_settings"]
 
 def job_settings(config: Mapping[str, Any], *, timers: bool = False) -> Settings:
     """The job's settings: ``config`` parsed (a wrong key or value raises :class:`ConfigError` naming it), with the
-    timer store declared when the job has timers (:func:`statebackend.spark.timers.with_timer_store`). The one place
+    timer store declared when the job has timers (:func:`statebackend.microbatch.timers.with_timer_store`). The one place
     the micro-batch driver parses a configuration."""
     if not timers:
         return Settings.from_config(config)
-    from statebackend.spark.timers import TIMERS_STORE, with_timer_store
+    from statebackend.microbatch.timers import TIMERS_STORE, with_timer_store
 
     prefix = f"stores.{TIMERS_STORE}."
     own = Settings.from_config({key: value for key, value in config.items() if not key.startswith(prefix)})
@@ -53,7 +53,7 @@ class JobSpec:
     on_replay: str = "redo"
     #: the Spark names of the input's columns (pandas mode builds an empty frame with them)
     input_columns: tuple[str, ...] = ()
-    #: park the task after its commit for its next batch in the same worker (``statebackend.spark.kept``)
+    #: park the task after its commit for its next batch in the same worker (``statebackend.microbatch.kept``)
     keep_open: bool = False
     #: bytes of a task's output held in memory until its commit is durable; beyond, a spill file
     output_memory_bytes: int = 256 << 20

@@ -37,8 +37,8 @@ Exactly once, and why it holds:
 - A batch id *older* than the newest committed batch means the Spark checkpoint was reset while the state was not
   (or two queries share ``job.name``): refused with a StateBackendError rather than silently mixing histories.
 
-Timers (``on_timers``, :mod:`statebackend.spark.timers`): ``fn`` registers per-key timers in processing time (the
-batch clock) or event time (a watermark derived from ``event_time``, :mod:`statebackend.spark.watermark`); after
+Timers (``on_timers``, :mod:`statebackend.microbatch.timers`): ``fn`` registers per-key timers in processing time (the
+batch clock) or event time (a watermark derived from ``event_time``, :mod:`statebackend.microbatch.watermark`); after
 ``fn`` each task hands its due timers to ``on_timers``, whose output joins the batch's. Timers live in a store of the
 task and are deleted in the commit of the batch that fired them: fired once under replays, retries and rescales.
 Spark runs no batch without new input: :func:`with_heartbeat` (:mod:`statebackend.spark.heartbeat`) keeps batches,
@@ -56,24 +56,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from statebackend.microbatch.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
     from statebackend.microbatch.protocol import BatchReport, TaskStats
-    from statebackend.spark.batches import ATTEMPTS_DIR, BATCH_OFFSET, MODES, ON_REPLAY, TASKS_OFFSET, task_name
+    from statebackend.microbatch.timers import EVENT, PROCESSING, TIMERS_STORE, Timer, Timers
     from statebackend.spark.driver import StatefulForeachBatch
     from statebackend.spark.executor import TaskRunner, TaskStores
     from statebackend.spark.heartbeat import HEARTBEAT_COLUMN, with_heartbeat
     from statebackend.spark.read import read_state
     from statebackend.spark.session import local_spark_session
-    from statebackend.spark.timers import EVENT, PROCESSING, TIMERS_STORE, Timer, Timers
 
 # The names are imported when first used (PEP 562): the modules that need no Spark (timers, key groups, kept tasks,
 # held output, batches) are imported by statebackend.microbatch without importing pyspark.
 _LAZY = {
-    "ATTEMPTS_DIR": "statebackend.spark.batches",
-    "BATCH_OFFSET": "statebackend.spark.batches",
-    "MODES": "statebackend.spark.batches",
-    "ON_REPLAY": "statebackend.spark.batches",
-    "TASKS_OFFSET": "statebackend.spark.batches",
-    "task_name": "statebackend.spark.batches",
+    "ATTEMPTS_DIR": "statebackend.microbatch.batches",
+    "BATCH_OFFSET": "statebackend.microbatch.batches",
+    "MODES": "statebackend.microbatch.batches",
+    "ON_REPLAY": "statebackend.microbatch.batches",
+    "TASKS_OFFSET": "statebackend.microbatch.batches",
+    "task_name": "statebackend.microbatch.batches",
     "BatchReport": "statebackend.microbatch.protocol",
     "TaskStats": "statebackend.microbatch.protocol",
     "StatefulForeachBatch": "statebackend.spark.driver",
@@ -83,11 +83,11 @@ _LAZY = {
     "with_heartbeat": "statebackend.spark.heartbeat",
     "read_state": "statebackend.spark.read",
     "local_spark_session": "statebackend.spark.session",
-    "EVENT": "statebackend.spark.timers",
-    "PROCESSING": "statebackend.spark.timers",
-    "TIMERS_STORE": "statebackend.spark.timers",
-    "Timer": "statebackend.spark.timers",
-    "Timers": "statebackend.spark.timers",
+    "EVENT": "statebackend.microbatch.timers",
+    "PROCESSING": "statebackend.microbatch.timers",
+    "TIMERS_STORE": "statebackend.microbatch.timers",
+    "Timer": "statebackend.microbatch.timers",
+    "Timers": "statebackend.microbatch.timers",
 }
 
 

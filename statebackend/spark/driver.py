@@ -22,16 +22,18 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.exporters import start_exporters
 from statebackend.metrics import Metrics, MetricsSnapshot
+from statebackend.microbatch.batches import MODES, ON_REPLAY
 from statebackend.microbatch.coordinator import BatchCoordinator, RunResult
+from statebackend.microbatch.held import DEFAULT_BOUND
+from statebackend.microbatch.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
 from statebackend.microbatch.protocol import BatchReport
 from statebackend.microbatch.spec import BatchSpec, JobSpec, job_settings
-from statebackend.spark.batches import MODES, ON_REPLAY
+from statebackend.microbatch.timers import Timer
+from statebackend.microbatch.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
 from statebackend.spark.errors import summarized
 from statebackend.spark.executor import TaskRunner, TaskStores
 from statebackend.spark.heartbeat import drop_heartbeats
-from statebackend.spark.held import DEFAULT_BOUND
 from statebackend.spark.initial import InitialState, initial_state_of
-from statebackend.spark.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
 from statebackend.spark.session import (
     effective_config,
     is_connect,
@@ -41,8 +43,6 @@ from statebackend.spark.session import (
     speculation,
 )
 from statebackend.spark.stats import STATS_COLUMN, StatsParam, TaskStats
-from statebackend.spark.timers import Timer
-from statebackend.spark.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
 from statebackend.store.ttl import wall_clock_ms
 
 log = logging.getLogger(__name__)
@@ -70,13 +70,13 @@ class StatefulForeachBatch:
     sink: Sink | None = None
     on_replay: str = "redo"
     #: keep each task open in its Python worker after its durable commit, for that task's next batch in the same
-    #: worker (``statebackend.spark.kept``); False: open and close the task every batch
+    #: worker (``statebackend.microbatch.kept``); False: open and close the task every batch
     keep_open: bool = True
     #: bytes of each task's output held in memory until its commit is durable; beyond, it waits in a spill file under
     #: ``state.local.dir/.spill/``
     output_memory_bytes: int = DEFAULT_BOUND
     #: the number of key groups the state is split into, fixed for the life of the state (recorded in every
-    #: checkpoint); ``num_tasks`` may change between runs up to it (``statebackend.spark.keygroups``)
+    #: checkpoint); ``num_tasks`` may change between runs up to it (``statebackend.microbatch.keygroups``)
     key_groups: int = DEFAULT_KEY_GROUPS
     #: ``key_of(store_name, key)``: the key column value(s) of a stored key, for stores whose keys are not the key
     #: column value (one key column) or the tuple of them (several); used only when the state is rescaled
@@ -87,7 +87,7 @@ class StatefulForeachBatch:
     affinity: bool = True
     #: True: a task kept open in a reused worker hands its output on right after the sync part of its commit, its
     #: upload going on beside the next tasks; the driver reads every such checkpoint back from the task's log before
-    #: the batch ends (``statebackend.spark.confirm``), and runs the batch again, every task waiting for its
+    #: the batch ends (``statebackend.microbatch.confirm``), and runs the batch again, every task waiting for its
     #: checkpoint, when one is not there within ``confirm_timeout_s``. False: every task waits for its own
     #: checkpoint. None (default): True when the blob store's uploads wait on the network (``az://``, ``s3://``),
     #: False on a local directory (``file://``: measured, the durable latency of a commit doubles for a few percent
@@ -96,11 +96,11 @@ class StatefulForeachBatch:
     confirm_on_driver: bool | None = None
     confirm_timeout_s: float = 60.0
     #: ``on_timers(stores, due_timers)``: called in each task after ``fn``, every batch that has timers due, with the
-    #: due timers in time order (``statebackend.spark.timers``); returns output as ``fn`` does. Given, ``fn`` and the
+    #: due timers in time order (``statebackend.microbatch.timers``); returns output as ``fn`` does. Given, ``fn`` and the
     #: handler may register timers through ``stores.timers``, kept in the task's timer store
     on_timers: Callable[[TaskStores, list[Timer]], Any] | None = None
     #: the event-time column (timestamp, or long ms) and the delay of the watermark event-time timers fire at
-    #: (``statebackend.spark.watermark``): batch N's watermark is the largest event time of the batches before N
+    #: (``statebackend.microbatch.watermark``): batch N's watermark is the largest event time of the batches before N
     #: minus the delay, never decreasing. ``watermark_delay``: ms, a timedelta, or a duration such as "10s", "5min"
     event_time: str | None = None
     watermark_delay: int | str | datetime.timedelta = 0
@@ -188,7 +188,7 @@ class StatefulForeachBatch:
         if self.probe:
             # the blob store exists (or is created), its credentials work and it takes writes: said now, in the
             # user's words, not at the first batch inside a Spark trace
-            from statebackend.blobstores.probe import probe_blob_store
+            from statebackend.probe import probe_blob_store
 
             log.info("%s", probe_blob_store(settings).summary())
 

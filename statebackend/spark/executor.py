@@ -16,7 +16,10 @@ from pyspark import TaskContext
 
 from statebackend.errors import ConfigError
 from statebackend.microbatch.attempt import Counted, TaskAttempt, TaskStores
+from statebackend.microbatch.held import HeldOutput
 from statebackend.microbatch.spec import BATCH_FIELDS, JOB_FIELDS, BatchSpec, JobSpec
+from statebackend.microbatch.watermark import EventTimes
+from statebackend.microbatch.worker import process_outlives_task
 from statebackend.spark.frames import (
     arrow_batches,
     batches_to_rows,
@@ -25,11 +28,8 @@ from statebackend.spark.frames import (
     rows_to_batches,
     rows_to_input_batches,
 )
-from statebackend.spark.held import HeldOutput
 from statebackend.spark.outputs import TYPED_ROWS, check_arrow, check_pandas, check_rows
 from statebackend.spark.stats import STATS_COLUMN, StatsRecord, TaskStats
-from statebackend.spark.watermark import EventTimes
-from statebackend.spark.worker import process_outlives_task
 
 __all__ = ["TaskRunner", "TaskStores"]
 

@@ -10,7 +10,7 @@ Contract:
   the key columns' value, the key columns too, which route it). Values go through the store's serde as
   ``pyarrow``'s ``to_pylist`` gives them: a struct is a dict, and a record store builds its class from it.
 - At the driver's first batch ``B`` the load runs as one Spark job before the batch's: the frames are encoded,
-  routed to tasks exactly as the batch's rows are (:func:`~statebackend.spark.keygroups.route`), and every task of
+  routed to tasks exactly as the batch's rows are (:func:`~statebackend.microbatch.keygroups.route`), and every task of
   the layout, with rows or none, opens its stores empty, writes its rows and commits one checkpoint with the input
   offsets of batch ``B - 1`` (``-1`` before batch 0) and :data:`INITIAL_OFFSET` (the stores loaded): batch ``B``
   then starts from it as from any previous batch. Every later checkpoint records the load per store
@@ -38,9 +38,9 @@ from statebackend.blobstores.base import open_blob_store
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.lifecycle import decide_open, task_checkpoint_log
+from statebackend.microbatch.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, NOW_OFFSET, TASKS_OFFSET, task_name
+from statebackend.microbatch.keygroups import route
 from statebackend.serdes import RecordSerde, encode_many, get_serde
-from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, NOW_OFFSET, TASKS_OFFSET, task_name
-from statebackend.spark.keygroups import route
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
 from statebackend.values import INITIAL

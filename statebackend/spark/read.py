@@ -27,11 +27,11 @@ from pyspark.sql.types import (
 from statebackend.config import Settings
 from statebackend.errors import ConfigError, InconsistentStateError, NotFoundError
 from statebackend.lifecycle import task_checkpoint_log
+from statebackend.microbatch.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
 from statebackend.microbatch.spec import job_settings
+from statebackend.microbatch.timers import TIMERS_STORE, key_text, stored_timers
 from statebackend.serdes import is_record, record_class, record_serde
 from statebackend.serdes.record import schemas_from_text
-from statebackend.spark.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, TASKS_OFFSET, at_or_below, task_name
-from statebackend.spark.timers import TIMERS_STORE, key_text, stored_timers
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 from statebackend.values import MSG_SCHEMAS
@@ -60,7 +60,7 @@ def read_state(
     its class.
 
     ``store=TIMERS_STORE`` (``"statebackend-timers"``) reads the tasks' pending timers as ``(task string, key string,
-    kind string, at_ms long)``: the key as :func:`~statebackend.spark.timers.key_text` shows it, the kind
+    kind string, at_ms long)``: the key as :func:`~statebackend.microbatch.timers.key_text` shows it, the kind
     ``processing`` or ``event``, the time in ms since the epoch; by task, kind, then time.
     """
     settings = job_settings(config, timers=store == TIMERS_STORE)

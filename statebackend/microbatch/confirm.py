@@ -30,8 +30,8 @@ from statebackend.checkpoint import CheckpointLog
 from statebackend.config import Settings
 from statebackend.errors import ConfirmationError, StateBackendError, TransientStorageError
 from statebackend.lifecycle import task_checkpoint_log
-from statebackend.spark.batches import ATTEMPT_OFFSET, task_name
-from statebackend.spark.stats import TaskStats
+from statebackend.microbatch.batches import ATTEMPT_OFFSET, task_name
+from statebackend.microbatch.protocol import TaskStats
 
 __all__ = ["ConfirmationError", "unconfirmed_checkpoints"]
 

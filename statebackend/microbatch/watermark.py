@@ -30,7 +30,7 @@ import attrs
 
 from statebackend.config import parse_duration_ms
 from statebackend.errors import ConfigError, InconsistentStateError
-from statebackend.spark.batches import (
+from statebackend.microbatch.batches import (
     EVENT_MAX_OFFSET,
     WATERMARK_OFFSET,
     _newest_below,
@@ -38,7 +38,7 @@ from statebackend.spark.batches import (
     layout_of,
     task_name,
 )
-from statebackend.spark.keygroups import _epoch_micros
+from statebackend.microbatch.keygroups import _epoch_micros
 
 __all__ = ["EVENT_TIME_TYPES", "EventClock", "EventTimes", "next_watermark", "parse_delay", "recorded_ms",
            "recover_event_clock"]

@@ -6,7 +6,7 @@ Contract:
 - A timer is ``(key, at_ms, kind)``: ``key`` is the key column value of a row the task got (a tuple of them for
   several key columns), ``at_ms`` ms since the epoch, ``kind`` :data:`PROCESSING` (due once the batch clock, the
   ``now.ms`` TTL stores use, reaches it) or :data:`EVENT` (due once the batch's watermark reaches it:
-  ``statebackend.spark.watermark``). Registering the same timer twice keeps one.
+  ``statebackend.microbatch.watermark``). Registering the same timer twice keeps one.
 - Timers live in the task's store :data:`TIMERS_STORE`, declared by the driver with the backends of the job's own
   stores (:func:`with_timer_store`), restored and committed with them: a timer fired by a batch is deleted in the
   same commit as the state its handler changed, so a replay or a retry (which restores the checkpoint before the
@@ -33,7 +33,7 @@ import attrs
 
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
-from statebackend.spark.keygroups import _epoch_micros, key_group_range, spark_hash, task_of_group
+from statebackend.microbatch.keygroups import _epoch_micros, key_group_range, spark_hash, task_of_group
 
 __all__ = ["EVENT", "KINDS", "PROCESSING", "TIMERS_STORE", "Timer", "Timers", "key_text", "owner_check",
            "refuse_dropping_timers", "stored_timers", "take_due", "timer_key_columns", "with_timer_store"]

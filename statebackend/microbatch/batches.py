@@ -20,7 +20,7 @@ TASKS_OFFSET = "tasks"
 #: the batch's clock (ms since the epoch), chosen by the driver when the batch first ran: TTL stores read and write at
 #: it, and a replay of the batch reads it back from the task's checkpoint of that batch, so it sees the same keys
 NOW_OFFSET = CLOCK_OFFSET
-#: event time (``statebackend.spark.watermark``): the watermark the batch fired event-time timers at, and the
+#: event time (``statebackend.microbatch.watermark``): the watermark the batch fired event-time timers at, and the
 #: largest event time seen up to and including the batch (of every task's batches before it, and of this task's input)
 WATERMARK_OFFSET = "watermark.ms"
 EVENT_MAX_OFFSET = "event.max.ms"
@@ -167,7 +167,7 @@ def _old_tasks_holding(name: str, layout: Layout, previous: Layout) -> list[int]
     """The tasks of the previous layout that may hold keys of this task's key groups now."""
     if previous.key_groups is None or layout.key_groups is None:
         return list(range(previous.tasks))  # hashed modulo num_tasks: any old task may hold any key group
-    from statebackend.spark.keygroups import key_group_range, task_of_group
+    from statebackend.microbatch.keygroups import key_group_range, task_of_group
 
     mine = key_group_range(int(name.rsplit("-", 1)[1]), layout.tasks, layout.key_groups)
     if not mine:

@@ -16,11 +16,11 @@ import attrs
 from statebackend.blobstores.base import BlobStore
 from statebackend.config import Settings
 from statebackend.errors import ConfigError
+from statebackend.microbatch.batches import RESCALE_DIR, Plan, task_name
+from statebackend.microbatch.keygroups import key_group_range, spark_hash
+from statebackend.microbatch.timers import TIMERS_STORE, timer_key_columns
 from statebackend.restore import restored_stores
 from statebackend.serdes import get_serde
-from statebackend.spark.batches import RESCALE_DIR, Plan, task_name
-from statebackend.spark.keygroups import key_group_range, spark_hash
-from statebackend.spark.timers import TIMERS_STORE, timer_key_columns
 from statebackend.task import TaskStorage
 
 __all__ = ["MIN_RETAINED_FOR_RESCALE", "KeyRouting", "take_key_groups"]
