@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.spark import StatefulForeachBatch, read_state
 from statebackend.spark.initial import INITIAL_OFFSET
@@ -228,7 +229,7 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
 
     first = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
                                  output_schema="word string, count long", initial_state={"counts": frame})
-    first.initial_state.load_once(first, batch, config, 0)  # the driver stops after the load, before batch 0
+    first.initial_state.load_once(first, batch, Settings.from_config(config), 0)  # the driver stops after the load, before batch 0
     again = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
                                  output_schema="word string, count long", initial_state={"counts": frame})
     output = {row.word: row["count"] for row in again(batch, 0).collect()}
