@@ -90,7 +90,7 @@ def spark_conf_keys(spark: SparkSession) -> dict[str, str]:
     java_conf = getattr(getattr(spark, "conf", None), "_jconf", None)
     if java_conf is not None:
         try:
-            entries = java_conf.getAllAsJava()
+            entries = _java_conf_map(spark, java_conf)
             text = str(entries.toString())
         except Exception:  # noqa: BLE001 - no such call on this Spark version: read the whole conf below
             text = None
@@ -102,6 +102,17 @@ def spark_conf_keys(spark: SparkSession) -> dict[str, str]:
                 _CONF_CACHE[text] = cached
             return dict(cached)
     return _read_conf_keys(spark)
+
+
+def _java_conf_map(spark: SparkSession, java_conf: Any) -> Any:
+    """A classic session's runtime conf as one Java ``Map<String, String>``: ``getAllAsJava`` on Spark 4; Spark 3.5's
+    ``RuntimeConfig`` has only ``getAll``, a Scala map, made a Java one by Scala's converters (still one round trip).
+    The runtime conf holds the keys set with ``spark.conf.set`` as well as those the application started with."""
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return java_conf.getAllAsJava()
+    return spark._jvm.scala.collection.JavaConverters.mapAsJavaMap(java_conf.getAll())  # type: ignore[attr-defined]
 
 
 def _read_java_map_keys(entries: Any) -> dict[str, str]:
@@ -116,7 +127,8 @@ def _read_conf_keys(spark: SparkSession) -> dict[str, str]:
     try:
         entries = dict(spark.conf.getAll)  # Spark 4: a property, on classic and Connect sessions alike
     except (AttributeError, TypeError):
-        entries = dict(spark.sparkContext.getConf().getAll())  # Spark 3.5, classic only
+        # no runtime conf readable (the Java map above failed): the conf the application started with
+        entries = dict(spark.sparkContext.getConf().getAll())
     return {key[len(SPARK_CONF_PREFIX):]: value for key, value in entries.items()
             if key.startswith(SPARK_CONF_PREFIX) and len(key) > len(SPARK_CONF_PREFIX)}
 
