@@ -26,9 +26,9 @@ import boto3
 import pytest
 from azure.storage.blob import BlobServiceClient, ContainerSasPermissions, generate_container_sas
 
-from statebackend.probe import PROBE_MAX_ATTEMPTS, BlobStoreProbeReport, probe_blob_store
 from statebackend.config import Settings
 from statebackend.errors import StorageError, TransientStorageError
+from statebackend.probe import PROBE_MAX_ATTEMPTS, BlobStoreProbeReport, probe_blob_store
 from tests.servers import (
     AZURITE_ACCOUNT_KEY,
     AZURITE_ACCOUNT_NAME,
