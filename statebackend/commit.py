@@ -16,7 +16,8 @@ One commit, in this order:
    of a sequence number wins, so a competing attempt of the same task is detected) and a listing checks that no
    newer checkpoint exists (fencing: :class:`CommitConflictError`, never tolerated); then ``CHECKPOINT-V2`` in each
    store dir; then ``cleanup()`` and checkpoint-log retention, fed by that listing, once it has
-   ``CheckpointLog.retention_interval`` old checkpoints to delete in one request.
+   ``CheckpointLog.retention_interval`` old checkpoints to delete in one request, and ``after_durable`` (the
+   metrics textfile), whose work :meth:`TaskCommitManager.close` waits for like a cleanup.
 
 The sequence number written is the one after the head seen when the task was restored, then one more per durable
 commit. A checkpoint write whose outcome is unknown (the reply was lost and every retry failed) is resolved before
@@ -124,6 +125,10 @@ class TaskCommitManager:
     last_checkpoint: CheckpointV2 | None = None
     #: store -> {"key": serde, "msg": serde}, recorded in every checkpoint so a changed serde is caught at restore
     serdes: Mapping[str, Mapping[str, str]] = attrs.field(factory=dict)
+    #: called on the commit pool once a checkpoint is durable, before its waiter is released; it must be quick (it
+    #: queues its work and returns that work's future, or None), its future is waited for by close() like a cleanup
+    #: (statebackend.exporters.textfile_after_commit: the metrics textfile)
+    after_durable: Callable[[], Future[Any] | None] | None = None
 
     _inflight: PendingCommit | None = attrs.field(init=False, default=None)
     _failure: tuple[BaseException, PendingCommit] | None = attrs.field(init=False, default=None)
@@ -418,6 +423,7 @@ class TaskCommitManager:
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
         self._cleanup(pending.checkpoint_id, uploaded, listing)  # registered before the result: close() waits for it
+        self._after_durable(pending.checkpoint_id)
         pending.future.set_result(checkpoint)
 
     def _resolve_uncertain(self, seq: int) -> int:
@@ -483,6 +489,33 @@ class TaskCommitManager:
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc,
                             extra=self._log_extra(checkpoint_id))
+
+    def _after_durable(self, checkpoint_id: CheckpointId) -> None:
+        """Start ``after_durable``'s work and register it so :meth:`close` waits for it (a failure is logged: the
+        commit stands)."""
+        hook = self.after_durable
+        if hook is None:
+            return
+        try:
+            future = hook()
+        except Exception as exc:  # noqa: BLE001 - only the metrics textfile is late; the commit is durable
+            log.warning("task %s: after checkpoint %s: %s", self.task_name, checkpoint_id, exc,
+                        extra=self._log_extra(checkpoint_id))
+            return
+        if future is None:
+            return
+        with self._lock:
+            self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
+        future.add_done_callback(self._report_after_durable(checkpoint_id))
+
+    def _report_after_durable(self, checkpoint_id: CheckpointId) -> Callable[[Future[Any]], None]:
+        def report(future: Future[Any]) -> None:
+            exc = future.exception()
+            if exc is not None:
+                log.warning("task %s: after checkpoint %s: %s", self.task_name, checkpoint_id, exc,
+                            extra=self._log_extra(checkpoint_id))
+
+        return report
 
     def _report_cleanup(self, checkpoint_id: CheckpointId) -> Callable[[Future[Any]], None]:
         def report(future: Future[Any]) -> None:

@@ -32,7 +32,7 @@ from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager,
 from statebackend.config import Settings, check_name
 from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, ConfigError
-from statebackend.exporters import export_on_close, start_exporters, task_metrics
+from statebackend.exporters import export_on_close, start_exporters, task_metrics, textfile_after_commit
 from statebackend.lifecycle import CheckpointChoice, OpenDecision, decide_open, known_durable_seq, task_checkpoint_log
 from statebackend.metrics import Metrics
 from statebackend.process import shorten_thread_switch_interval
@@ -164,6 +164,7 @@ class TaskStorage:
                 id_generator=id_generator,
                 last_checkpoint=restored,
                 serdes={name: plan.recorded for name, plan in values.items()},
+                after_durable=textfile_after_commit(settings, task_name, executor),  # the textfile at every commit
             )
             for name, plan in values.items():
                 if plan.migration is not None:  # its writes and its name land in the next commit, together

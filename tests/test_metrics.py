@@ -15,6 +15,7 @@ import threading
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +114,47 @@ def test_operations_md_lists_every_metric_with_its_prometheus_name_type_and_unit
 # -- the registry ----------------------------------------------------------------------------------------------
 
 
+def _task_snapshot(tmp_path: Path, config: dict[str, Any], task: str, commits: int) -> MetricsSnapshot:
+    """What a Spark task hands the driver: its registry's snapshot after ``commits`` commits (labels job_name, task;
+    store and backend on the per-store series)."""
+    with TaskStorage.open(config, task) as storage:
+        for n in range(commits):
+            storage.store("counts").put(f"k{n}", n)
+            storage.commit_durably({"n": str(n + 1)})
+        return storage.metrics.export()
+
+
+def test_the_driver_merges_a_batch_keeping_every_tasks_series_apart(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    job = config["job.name"]
+    first = _task_snapshot(tmp_path, config, "task-0", 1)
+    second = _task_snapshot(tmp_path, config, "task-1", 2)
+    driver = Metrics()
+    batch = driver.merge_batch([first, None, second], batch_ms=1500.0, job_name=job)  # None: stats missing
+    assert batch.counter("commit.count") == 3  # job-wide totals of the batch: a sum over the tasks' series
+    assert batch.relabel(drop=["task"]).counter("commit.count", job_name=job) == 3
+    driver.merge_batch([_task_snapshot(tmp_path, config, "task-0", 1)], batch_ms=700.0, job_name=job)
+
+    samples = _samples(prom.render(driver.export()))
+    tasks = {dict(labels).get("task") for (name, labels) in samples if name == "statebackend_commits_total"}
+    assert tasks == {"task-0", "task-1"}  # one series per task, and none for "all" (a sum() would count twice)
+    assert _value(samples, "statebackend_commits_total", job_name=job, task="task-0") == 2  # over both batches
+    assert _value(samples, "statebackend_commits_total", job_name=job, task="task-1") == 2
+    for task in ("task-0", "task-1"):
+        for backend in ("changelog", "blobsnapshot"):
+            assert _value(samples, "statebackend_commit_uploaded_bytes_total", job_name=job, task=task,
+                          store="counts", backend=backend) > 0
+    assert _value(samples, "statebackend_commit_duration_seconds_count", task="task-1") == 2
+    assert _value(samples, "statebackend_spark_batch_seconds_count", job_name=job) == 2
+    assert _value(samples, "statebackend_spark_batch_seconds_sum", job_name=job) == pytest.approx(2.2)
+    assert _value(samples, "statebackend_spark_batch_seconds_bucket", job_name=job, le="1") == 1
+
+
+def test_the_driver_refuses_to_merge_what_is_not_a_tasks_snapshot() -> None:
+    with pytest.raises(TypeError, match="MetricsSnapshot .or None., got dict"):
+        Metrics().merge_batch([MetricsSnapshot(), {"commit.count": 1}])  # type: ignore[list-item]
+
+
 def test_histograms_merge_exactly_across_tasks() -> None:
     a, b, both = Metrics(labels={"task": "a"}), Metrics(labels={"task": "b"}), Metrics()
     for value in (0.5, 3, 3, 70, 400_000):
@@ -174,7 +216,7 @@ def test_the_text_format_escapes_label_values_and_converts_milliseconds_to_secon
     samples = _samples(prom.render(metrics.export()))
     labels = {"job_name": 'a"b\\c', "task": "t\n1"}
     assert _value(samples, "statebackend_commit_sync_seconds_sum", **labels) == 1.5
-    assert _value(samples, "statebackend_commit_sync_seconds_bucket", le="1.0", **labels) == 0
+    assert samples[("statebackend_commit_sync_seconds_bucket", frozenset({**labels, "le": "1"}.items()))] == 0
     assert _value(samples, "statebackend_commit_sync_seconds_bucket", le="2.5", **labels) == 1
     assert _value(samples, "statebackend_thirdparty_widgets_total", **labels) == 2
 
@@ -221,6 +263,72 @@ def test_the_textfile_holds_the_tasks_metrics_after_commits_and_a_restore(tmp_pa
     assert _value(samples, "statebackend_restore_downloaded_bytes_total", **mine) > 0
     assert _value(samples, "statebackend_restore_seconds_count", **mine) == 2
     assert [p.name for p in textfiles.iterdir()] == [path.name]  # no temp file left
+    # the per-store series say which store and which backend: both backends upload the one store, one restores it
+    uploaded = {(ls["store"], ls["backend"]) for (n, labels), v in samples.items()
+                if n == "statebackend_commit_uploaded_bytes_total" and v > 0 for ls in [dict(labels)]}
+    assert uploaded == {("counts", "changelog"), ("counts", "blobsnapshot")}
+    restored = {(ls["store"], ls["backend"]) for (n, labels), v in samples.items()
+                if n == "statebackend_restore_downloaded_bytes_total" and v > 0 for ls in [dict(labels)]}
+    assert len(restored) == 1 and restored <= uploaded
+    assert _value(samples, "statebackend_restore_store_seconds_count", store="counts", **mine) == 1
+
+
+def test_the_textfile_follows_every_durable_commit_of_a_task_that_stays_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The textfile is rewritten after each durable commit, on the commit pool: the commit does not wait for it (the
+    first write is held here while the commit returns), and commits landing while a write waits share that write."""
+    textfiles = tmp_path / "textfiles"
+    config = _config(tmp_path, **{"metrics.prometheus.textfile.dir": str(textfiles)})
+    path = textfiles / f"statebackend-{config['job.name']}-task-0.prom"
+    mine = {"job_name": config["job.name"], "task": "task-0"}
+    real_write = prom.write_textfile
+    writers: list[str] = []
+    entered, release = threading.Event(), threading.Event()
+    released_in_time: list[bool] = []
+
+    def held_write(*args: Any) -> str:
+        writers.append(threading.current_thread().name)
+        if len(writers) == 1:  # the first write waits until the test has made two more commits
+            entered.set()
+            released_in_time.append(release.wait(timeout=120))  # a commit waiting for it would never release it
+        return real_write(*args)
+
+    monkeypatch.setattr(prom, "write_textfile", held_write)
+    with TaskStorage.open(config, "task-0") as task:
+        counts = task.store("counts")
+        counts.put("a", 1)
+        task.commit_durably({"n": "1"})
+        assert entered.wait(timeout=120)  # the write of commit 1 started, on the commit pool
+        for n in (2, 3):  # durable while that write is held: the second queues a write, the third shares it
+            counts.put("a", n)
+            task.commit_durably({"n": str(n)})
+        release.set()
+        wait(list(task.commit_manager._cleanups))  # the textfile's writes are among the commit's background work
+        assert released_in_time == [True] and len(writers) == 2
+        assert threading.current_thread().name not in writers
+        samples = _samples(path.read_text())  # the task is still open
+        assert _value(samples, "statebackend_commits_total", **mine) == 3
+        assert _value(samples, "statebackend_commit_duration_seconds_count", **mine) == 3  # counted once durable
+        assert [p.name for p in textfiles.iterdir()] == [path.name]
+
+
+def test_two_commits_of_an_open_task_show_in_its_textfile(tmp_path: Path) -> None:
+    textfiles = tmp_path / "textfiles"
+    config = _config(tmp_path, **{"metrics.prometheus.textfile.dir": str(textfiles)})
+    path = textfiles / f"statebackend-{config['job.name']}-task-0.prom"
+    mine = {"job_name": config["job.name"], "task": "task-0"}
+    task = TaskStorage.open(config, "task-0")
+    try:
+        for n in (1, 2):
+            task.store("counts").put("a", n)
+            task.commit_durably({"n": str(n)})
+            wait(list(task.commit_manager._cleanups))
+            samples = _samples(path.read_text())
+            assert _value(samples, "statebackend_commits_total", **mine) == n
+            assert _value(samples, "statebackend_commit_duration_seconds_count", **mine) == n
+    finally:
+        task.close()
 
 
 @pytest.mark.slow

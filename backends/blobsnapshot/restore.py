@@ -99,7 +99,8 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                     store.replace_contents([], None)
                 else:
                     self._restore_store(pool, name, store, marker)
-                self.context.metrics.record("restore.store.ms", (time.monotonic() - started) * 1000.0)
+                self.context.metrics.record("restore.store.ms", (time.monotonic() - started) * 1000.0, store=name,
+                                            backend=self.context.factory_name)
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -170,7 +171,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
 
     def _records(self, name: str, prefix: str, run: RunEntry, download: Future[bytes]) -> RecordReader:
         data = download.result()  # raises the run's NotFoundError / CorruptDataError
-        self.context.metrics.increment("restore.bytes", len(data))
+        self.context.metrics.increment("restore.bytes", len(data), store=name, backend=self.context.factory_name)
         # verified (size, hash, digest, lineage) before this; order and count are checked while it is read
         return iter_records(data, name=run_name(prefix, run.hash), verified=True)
 
@@ -247,7 +248,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             log.warning("store %s: the cached copy of base run %s is damaged; reading it from the blob store",
                         name, blob, extra=self._extra(name))
             load(self._base_source(name, prefix, run, marker, store, cached=False))
-        context.metrics.increment("restore.bytes", run.size)
+        context.metrics.increment("restore.bytes", run.size, store=name, backend=context.factory_name)
 
     def _extra(self, store: str, **fields: object) -> dict[str, object]:
         """Key fields of a log record, for structured handlers."""

@@ -96,12 +96,13 @@ class RunUpload(BlobSnapshotManagerState):
             )
         written = self._put_run(state, run, path)
         metrics = self.context.metrics
+        labels = {"store": state.name, "backend": self.context.factory_name}
         if written:
-            metrics.increment("commit.bytes.uploaded", run.size)
-            metrics.increment("commit.files.uploaded")
+            metrics.increment("commit.bytes.uploaded", run.size, **labels)
+            metrics.increment("commit.files.uploaded", 1, **labels)
             metrics.increment("blobsnapshot.runs.uploaded")
         else:
-            metrics.increment("commit.bytes.reused", run.size)
+            metrics.increment("commit.bytes.reused", run.size, **labels)
             metrics.increment("blobsnapshot.runs.reused")
         state.uploaded.add(run.hash)
 

@@ -96,7 +96,8 @@ class ChangelogRestoreManager(TaskRestoreManager):
                     store.replace_contents([], None)
                 else:
                     self._restore_store(pool, name, store, recipe)
-                self.context.metrics.record("restore.store.ms", (time.monotonic() - started) * 1000.0)
+                self.context.metrics.record("restore.store.ms", (time.monotonic() - started) * 1000.0, store=name,
+                                            backend=self.context.factory_name)
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -161,7 +162,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
         any failure (a bad delta is never applied, and is parsed only once)."""
         assert step.name is not None
         data = downloads[step.name].result()
-        self.context.metrics.increment("restore.bytes", len(data))
+        self.context.metrics.increment("restore.bytes", len(data), store=store, backend=self.context.factory_name)
         _check_lineage(check_digest(data, name=step.name), step, store, self.context, kind=KIND_DELTA)
         return iter_records(data, name=step.name, verified=True)
 
@@ -177,13 +178,14 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 _check_lineage(header.lineage, snapshot, name, self.context, kind=KIND_SNAPSHOT)
 
             load_env_base(store, base, snapshot.version, check=check, pool=pool)
-            self.context.metrics.increment("restore.bytes", base.size)
+            self.context.metrics.increment("restore.bytes", base.size, store=name,
+                                           backend=self.context.factory_name)
             return
         # a snapshot of sorted records (written by earlier releases)
         with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=_DOWNLOAD_PREFIX) as tmp:
             local_copy = Path(tmp) / "snapshot"
             size = self._get(name, snapshot.name, KIND_SNAPSHOT, into=local_copy)
-            self.context.metrics.increment("restore.bytes", size)
+            self.context.metrics.increment("restore.bytes", size, store=name, backend=self.context.factory_name)
             with open(local_copy, "rb") as source:
                 reader = iter_records(source, name=snapshot.name)
                 _check_lineage(reader.header, snapshot, name, self.context, kind=KIND_SNAPSHOT)

@@ -154,8 +154,9 @@ class ChangelogUpload(ChangelogManagerState):
         self._put_staged(lineage, staged, name)
         metrics = self.context.metrics
         metrics.increment(f"changelog.{kind}.uploads")
-        metrics.increment("commit.bytes.uploaded", size)
-        metrics.increment("commit.files.uploaded")
+        labels = {"store": lineage.name, "backend": self.context.factory_name}
+        metrics.increment("commit.bytes.uploaded", size, **labels)
+        metrics.increment("commit.files.uploaded", 1, **labels)
         metrics.record(f"changelog.{kind}.bytes", size)
 
     def _landed_at(self, name: str) -> float | None:

@@ -6,8 +6,9 @@ commit, per restore step and per blob-store request, never per key: one lock and
 
 - Histograms have fixed bucket bounds per metric (the catalogue), so histograms of many tasks, processes or Spark
   batches merge exactly by adding counts: :meth:`Metrics.export` gives a picklable :class:`MetricsSnapshot` that
-  merges with others (the Spark driver's per-batch aggregate is such a merge). The most recent values are kept too,
-  for :meth:`Metrics.samples` and the p50/p95 of :meth:`Metrics.snapshot`.
+  merges with others (the Spark driver's per-batch aggregate is such a merge: :meth:`Metrics.merge_batch`, which
+  keeps each task's series apart). The most recent values are kept too, for :meth:`Metrics.samples` and the p50/p95
+  of :meth:`Metrics.snapshot`.
 - OpenTelemetry: a :class:`Metrics` built with an OpenTelemetry sink (:mod:`statebackend.metrics.otel`) mirrors every
   count into the OpenTelemetry metrics API (a no-op until the application installs an SDK).
 - Prometheus: :mod:`statebackend.metrics.prometheus` renders snapshots in the text exposition format, serves them over
@@ -272,6 +273,36 @@ class Metrics:
                     self._samples[key] = deque(maxlen=self.max_samples)
                 else:
                     mine.merge(histogram)
+
+    def merge_batch(
+        self,
+        snapshots: Iterable[MetricsSnapshot | None],
+        *,
+        batch_ms: float | None = None,
+        job_name: str | None = None,
+    ) -> MetricsSnapshot:
+        """Add the snapshots the tasks of one batch handed back (``TaskStats.metrics``; ``None``: a task whose
+        statistics did not come back) into this registry, each series keeping its labels: ``job_name`` and ``task``
+        (every task's registry carries them: :func:`statebackend.exporters.task_metrics`), ``store`` and
+        ``backend``, ``operation``... So an endpoint serving this registry has one series per task (and store), and
+        job-wide totals are a ``sum`` in the query; no ``task="all"`` series is added, since a ``sum()`` over the
+        task label would then count everything twice. ``batch_ms``: the batch's wall time, recorded as
+        ``spark.batch.ms`` (labelled ``job_name`` when given). Returns the batch's merge (labels kept): its
+        ``counter(name)`` and ``histogram(name)`` are the batch's job-wide totals, ``relabel(drop=["task"])`` a
+        job-wide snapshot."""
+        batch = MetricsSnapshot()
+        for snapshot in snapshots:
+            if snapshot is None:
+                continue
+            if not isinstance(snapshot, MetricsSnapshot):
+                raise TypeError(f"Metrics.merge_batch takes the tasks' MetricsSnapshot (or None), got "
+                                f"{type(snapshot).__name__}")
+            batch.merge(snapshot)
+        self.merge(batch)
+        if batch_ms is not None:
+            labels = {"job_name": job_name} if job_name is not None else {}
+            self.record("spark.batch.ms", batch_ms, **labels)
+        return batch
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickles with its series (a Spark Connect server receives the driver's callable pickled); the sink does

@@ -74,6 +74,8 @@ def _histogram(
 
 
 _OP = ("operation",)
+#: what one store's backend sent or read: the store's name and the backend's (``changelog``, ``blobsnapshot``, ...)
+_STORE = ("store", "backend")
 
 _SPECS = [
     # -- commits (statebackend/commit.py) --------------------------------------------------------------------------
@@ -102,11 +104,12 @@ _SPECS = [
     _histogram("commit.block.ms", "statebackend_commit_block_seconds",
                "time a commit spent blocked on the previous upload", "ms", MS_BUCKETS),
     _counter("commit.bytes.uploaded", "statebackend_commit_uploaded_bytes_total",
-             "bytes the backends uploaded for commits", "By"),
+             "bytes the backends uploaded for commits", "By", labels=_STORE),
     _counter("commit.files.uploaded", "statebackend_commit_uploaded_files_total",
-             "blobs the backends uploaded for commits"),
+             "blobs the backends uploaded for commits", labels=_STORE),
     _counter("commit.bytes.reused", "statebackend_commit_reused_bytes_total",
-             "bytes a commit did not upload because the blob store already had them (blob-snapshot runs)", "By"),
+             "bytes a commit did not upload because the blob store already had them (blob-snapshot runs)", "By",
+             labels=_STORE),
     _counter("commit.cleanup.failures", "statebackend_commit_cleanup_failures_total",
              "cleanups after a durable commit that failed; their garbage is tried again at the next cleanup"),
     _counter("commit.landed.after.failure", "statebackend_commit_landed_after_failure_total",
@@ -116,8 +119,9 @@ _SPECS = [
     # -- restores (statebackend/task.py, the backends' restore managers) --------------------------------------------
     _histogram("restore.ms", "statebackend_restore_seconds", "restore of a task's stores at open", "ms", MS_BUCKETS),
     _histogram("restore.store.ms", "statebackend_restore_store_seconds", "restore of one store by one backend",
-               "ms", MS_BUCKETS),
-    _counter("restore.bytes", "statebackend_restore_downloaded_bytes_total", "bytes downloaded by restores", "By"),
+               "ms", MS_BUCKETS, labels=_STORE),
+    _counter("restore.bytes", "statebackend_restore_downloaded_bytes_total", "bytes downloaded by restores", "By",
+             labels=_STORE),
     _counter("restore.stores.reused", "statebackend_restore_stores_reused_total",
              "stores whose local data already was the checkpoint's state"),
     _counter("restore.stores.caught.up", "statebackend_restore_stores_caught_up_total",
@@ -216,6 +220,9 @@ _SPECS = [
     _histogram("spark.confirm.ms", "statebackend_spark_confirm_seconds",
                "time the driver spent confirming the checkpoints tasks did not wait for, per batch", "ms",
                MS_BUCKETS),
+    _histogram("spark.batch.ms", "statebackend_spark_batch_seconds",
+               "wall time of a batch on the driver: its tasks, the confirmation of their checkpoints, a run again",
+               "ms", MS_BUCKETS),
     # -- timers of the Spark driver's tasks (statebackend/spark/timers.py, executor.py) ----------------------------
     _counter("timers.registered", "statebackend_timers_registered_total",
              "timers the tasks' code registered (registering a timer that exists is not counted), per task attempt"),

@@ -293,7 +293,8 @@ class ReferenceBackupManager(TaskBackupManager):
         except AlreadyExistsError:
             if self.context.blob_store.get(step.blob) != data:
                 raise
-        self.context.metrics.increment("commit.bytes.uploaded", len(data))
+        self.context.metrics.increment("commit.bytes.uploaded", len(data), store=name,
+                                       backend=self.context.factory_name)
 
     def step_records(self, name: str, step: Step) -> Iterable[Record]:
         """A full copy's records from the read view of exactly the flushed version; a delta's from the change set."""
@@ -419,7 +420,8 @@ class ReferenceRestoreManager(TaskRestoreManager):
             except NotFoundError as exc:
                 raise NotFoundError(f"store {name}: blob {blob} that the checkpoint names is missing from "
                                     f"{self.context.blob_store.describe()}") from exc
-            self.context.metrics.increment("restore.bytes", len(data))
+            self.context.metrics.increment("restore.bytes", len(data), store=name,
+                                           backend=self.context.factory_name)
             verified.append((blob, decode_blob(data, name=blob, expected=self.expected(name, blob),
                                                verify=self.verify_digest)))
         return verified
