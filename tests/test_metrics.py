@@ -6,6 +6,7 @@ OpenTelemetry API receives the same metrics (read with the SDK's in-memory reade
 from __future__ import annotations
 
 import http.server
+import json
 import logging
 import os
 import re
@@ -576,3 +577,42 @@ def test_opentelemetry_data_points_carry_the_requests_own_labels(otel_reader: In
     received = [p for p in points["statebackend.blob_store.bytes.received"] if p.attributes["task"] == "t"]
     assert [(p.attributes["operation"], p.value) for p in received] == [("get", 3)]
     assert points["statebackend.blob_store.latency_s:unit"] == ["s"]
+
+
+# -- dashboards ------------------------------------------------------------------------------------------------
+
+
+def _dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every target of docs/dashboards/statebackend.json."""
+    dashboard = json.loads((ROOT / "docs" / "dashboards" / "statebackend.json").read_text())
+    return [(panel["title"], target["expr"]) for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_the_dashboard_is_built_from_exactly_the_queries_operations_md_lists() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    section = text.split("\n## Dashboards\n", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^\| ([^|`]+?) \| `([^`]+)` \|$", section, re.MULTILINE)
+    assert len(listed) >= 15
+    assert listed == _dashboard_queries()
+
+
+def test_every_dashboard_query_reads_metrics_of_the_catalogue_with_their_labels() -> None:
+    dashboard = json.loads((ROOT / "docs" / "dashboards" / "statebackend.json").read_text())
+    families = {spec.prometheus: spec for spec in CATALOGUE.values()}
+    variables = [v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    queries = [expr for _, expr in _dashboard_queries()] + variables
+    for query in queries:
+        names = re.findall(r"\b(statebackend_[a-z_]+)", query)
+        assert names, f"no statebackend metric in {query}"
+        for name in names:
+            family = re.sub(r"_(bucket|sum|count)$", "", name)
+            spec = families.get(name) or families.get(family)
+            assert spec is not None, f"{name} in {query} is not a metric of statebackend/metrics/catalogue.py"
+            assert (name == spec.prometheus) == (spec.kind == "counter"), f"{name}: a {spec.kind} is read as {name}"
+            for group in re.findall(r"by \(([^)]*)\)", query):
+                allowed = {"job_name", "task", "le", *spec.labels} if spec.kind == "histogram" else {
+                    "job_name", "task", *spec.labels}
+                if spec.name.startswith("spark."):  # the driver's own: no task
+                    allowed -= {"task"}
+                extra = {label.strip() for label in group.split(",")} - allowed
+                assert not extra, f"{query} groups {name} by {extra}, labels it does not have"
