@@ -70,13 +70,14 @@ def export_on_close(settings: Settings, task_name: str, metrics: Metrics) -> Non
     export_now(settings, task_name)
 
 
-def export_now(settings: Settings, task_name: str) -> None:
+def export_now(settings: Settings, task_name: str, *, textfile: bool = True) -> None:
     """Write or push the task's series where configured, now, on the caller's thread (a task kept open between
-    batches pushes after each batch, since it is not closed; its textfile is also written after every durable
-    commit: :func:`textfile_after_commit`). Never fails: a failure is logged."""
+    batches pushes after each batch, since it is not closed). ``textfile=False``: push only; the textfile of an open
+    task is written after every durable commit anyway (:func:`textfile_after_commit`), and a write here would cost
+    the caller's thread the fsync. Never fails: a failure is logged."""
     if settings.metrics_prometheus_textfile_dir is None and settings.metrics_prometheus_push_url is None:
         return
-    if settings.metrics_prometheus_textfile_dir is not None:
+    if textfile and settings.metrics_prometheus_textfile_dir is not None:
         _textfile(settings, task_name).write()
     if settings.metrics_prometheus_push_url is not None:
         series = prom.PROCESS.collect(job_name=settings.job_name, task=task_name)
