@@ -125,6 +125,18 @@ def _task_snapshot(tmp_path: Path, config: dict[str, Any], task: str, commits: i
         return storage.metrics.export()
 
 
+def test_export_now_without_the_textfile_leaves_it_to_the_commits(tmp_path: Path) -> None:
+    from statebackend.config import Settings
+    from statebackend.exporters import export_now
+
+    settings = Settings.from_config(_config(tmp_path, **{"metrics.prometheus.textfile.dir": str(tmp_path / "tf")}))
+    path = tmp_path / "tf" / prom.textfile_name(settings.job_name, "task-9")
+    export_now(settings, "task-9", textfile=False)  # push only (none configured): nothing written
+    assert not path.exists()
+    export_now(settings, "task-9")
+    assert path.exists()
+
+
 def test_the_driver_merges_a_batch_keeping_every_tasks_series_apart(tmp_path: Path) -> None:
     config = _config(tmp_path)
     job = config["job.name"]
