@@ -213,7 +213,7 @@ _SPECS = [
     # -- the Spark driver (statebackend/spark/driver.py) ----------------------------------------------------------
     _counter("spark.batch.reruns", "statebackend_spark_batch_reruns_total",
              "batches the driver ran again, every task waiting for its checkpoint, because a checkpoint a task did "
-             "not wait for was not in its log (statebackend.spark.confirm), or a task reported no statistics"),
+             "not wait for was not in its log (statebackend.microbatch.confirm), or a task reported no statistics"),
     _counter("spark.task.stats.missing", "statebackend_spark_task_stats_missing_total",
              "tasks whose statistics did not come back: Spark read their output from a block a failed attempt "
              "stored (classic Spark, where stats travel in an accumulator)"),
@@ -223,7 +223,7 @@ _SPECS = [
     _histogram("spark.batch.ms", "statebackend_spark_batch_seconds",
                "wall time of a batch on the driver: its tasks, the confirmation of their checkpoints, a run again",
                "ms", MS_BUCKETS),
-    # -- timers of the Spark driver's tasks (statebackend/spark/timers.py, executor.py) ----------------------------
+    # -- timers of the Spark driver's tasks (statebackend/microbatch/timers.py, executor.py) ----------------------------
     _counter("timers.registered", "statebackend_timers_registered_total",
              "timers the tasks' code registered (registering a timer that exists is not counted), per task attempt"),
     _counter("timers.deleted", "statebackend_timers_deleted_total",
