@@ -213,21 +213,42 @@ def partition_tags(num_tasks: int) -> tuple[int, ...]:
 
 def route(batch_df: Any, key_columns: Sequence[str], num_tasks: int, key_groups: int) -> Any:
     """``batch_df`` repartitioned into ``num_tasks`` partitions, partition ``t`` holding exactly the rows of the key
-    groups task ``t`` owns (DataFrame API only: works under Spark Connect too)."""
-    return batch_df.repartition(num_tasks, _partition_column(tuple(key_columns), num_tasks, key_groups,
-                                                             _is_connect(batch_df)))
+    groups task ``t`` owns (DataFrame API only: works under Spark Connect too). The row :func:`with_every_partition`
+    added is dropped after the shuffle."""
+    routed = batch_df.repartition(num_tasks, _partition_column(tuple(key_columns), num_tasks, key_groups,
+                                                               _is_connect(batch_df)))
+    if vars(batch_df).get(_HAS_ADDED_ROW, False):  # not getattr: a Connect DataFrame's is a column of that name
+        from pyspark.sql import functions as F
+
+        # in the task the row went to, before any function sees it; a nondeterministic condition, which Spark never
+        # pushes below the shuffle (there it would leave the shuffle empty again)
+        added = F.col(EVERY_PARTITION_COLUMN)
+        routed = routed.where(added.isNull() | (F.spark_partition_id() < F.lit(0))).drop(EVERY_PARTITION_COLUMN)
+    return routed
+
+
+#: the column that marks the row :func:`with_every_partition` adds (null in every row of the input)
+EVERY_PARTITION_COLUMN = "__statebackend_every_partition"
+#: the attribute :func:`with_every_partition` sets on the DataFrame it returns, so that :func:`route` drops the row
+#: without reading the schema (a round trip on classic Spark)
+_HAS_ADDED_ROW = "_statebackend_has_added_row"
 
 
 def with_every_partition(batch_df: Any, schema: Any) -> Any:
-    """``batch_df`` with the rows of an input Spark cannot know to be empty before it runs (one row of nulls that
-    ``spark_partition_id() < 0`` filters out when it runs; a nondeterministic condition is never folded, and Spark's
-    optimizer folds ``rand() < 0``): the optimizer then never drops the batch's partitions, as it does for input it
-    proves empty, and every task of the repartition runs."""
+    """``batch_df`` with one more row, which makes every task of :func:`route`'s repartition run when Spark knew the
+    input to be empty before it ran (an empty local relation, a filter on false, a limit of 0) and planned it with no
+    partition at all. The row (nulls, marked in :data:`EVERY_PARTITION_COLUMN`) goes through the shuffle and is
+    dropped after it, in the task that gets it: a shuffle that wrote no row is not enough, since adaptive execution
+    (Spark 3.5) plans what reads an empty shuffle as an empty relation, with no partition again."""
     from pyspark.sql import functions as F
 
-    never = (batch_df.sparkSession.range(0, 1, 1, 1).where(F.spark_partition_id() < F.lit(0))
-             .select(*(F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields)))
-    return batch_df.unionByName(never)
+    marked = batch_df.withColumn(EVERY_PARTITION_COLUMN, F.lit(None).cast("boolean"))
+    row = batch_df.sparkSession.range(0, 1, 1, 1).select(
+        *(F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields),
+        F.lit(True).alias(EVERY_PARTITION_COLUMN))
+    frame = marked.unionByName(row)
+    setattr(frame, _HAS_ADDED_ROW, True)
+    return frame
 
 
 def _is_connect(batch_df: Any) -> bool:
