@@ -18,6 +18,8 @@ from statebackend.spark import TaskRunner
 from statebackend.spark.stats import StatsRecord, is_output
 from tests.test_spark import make_config
 
+pytestmark = [pytest.mark.spark_matrix]
+
 
 def test_rows_over_the_bound_spill_and_come_back_in_order(tmp_path: Path) -> None:
     held = HeldOutput(4096, tmp_path / "spill").extend((f"word-{i}", i) for i in range(10_000))

@@ -21,6 +21,8 @@ from statebackend.spark.stats import is_output, is_stats
 from tests.test_spark import make_config
 from tests.test_spark_tasks import rows, runner, task_state
 
+pytestmark = [pytest.mark.spark_matrix]
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -17,6 +17,8 @@ from statebackend.spark.stats import is_output
 from statebackend.task import TaskStorage
 from tests.test_spark import count_rows, make_config
 
+pytestmark = [pytest.mark.spark_matrix]
+
 NUM_TASKS = 2
 
 

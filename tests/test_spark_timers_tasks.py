@@ -29,6 +29,8 @@ from statebackend.spark.stats import TaskStats, is_output, is_stats
 from statebackend.task import TaskStorage
 from tests.test_spark import make_config
 
+pytestmark = [pytest.mark.spark_matrix]
+
 KEY_GROUPS = 8
 
 
