@@ -276,7 +276,7 @@ def test_a_task_collects_then_freezes_the_survivors_unless_told_not_to(tmp_path:
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import gc
 
-    from statebackend.spark import worker as executor
+    from statebackend.microbatch import worker as executor
 
     config = make_config(tmp_path)
     monkeypatch.setattr(executor, "_gc_foreign", None)
@@ -301,7 +301,7 @@ def test_a_frozen_cycle_that_turns_to_garbage_is_collected_at_the_next_full_coll
     import gc
     import weakref
 
-    from statebackend.spark import worker as executor
+    from statebackend.microbatch import worker as executor
 
     monkeypatch.setattr(executor, "GC_FULL_EVERY", 3)
     monkeypatch.setattr(executor, "_gc_tasks", 0)
@@ -327,7 +327,7 @@ def test_a_frozen_cycle_that_turns_to_garbage_is_collected_at_the_next_full_coll
 def test_a_process_that_froze_objects_itself_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     import gc
 
-    from statebackend.spark import worker as executor
+    from statebackend.microbatch import worker as executor
 
     monkeypatch.setattr(executor, "_gc_tasks", 0)
     monkeypatch.setattr(executor, "_gc_foreign", None)
