@@ -156,12 +156,45 @@ def test_the_coordinator_logs_one_line_a_batch_carries_warnings_and_keeps_task_l
                 10, 4, 2, 1, 1, 2048, 4, 1)
     assert report.slowest_task == "task-1" and report.commit_max_ms == 8.0
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
-    assert lines == [report.line()]
-    assert "batch 3: 2 tasks" in lines[0] and "1 restored (2.0 KiB)" in lines[0] and "slowest task-1" in lines[0]
+    assert lines[0].startswith("batch 3: the first batch of this query") and lines[1:] == [report.line()]
+    assert "batch 3: 2 tasks" in lines[1] and "1 restored (2.0 KiB)" in lines[1] and "slowest task-1" in lines[1]
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warned == ["batch 3 task-0 (attempt 0): changelog restore failed; falling back [statebackend.restore]"]
     served = metrics.export()
     assert served.counter("commit.count", task="task-0") == 1 and served.counter("commit.count", task="task-1") == 1
+    batch_time = served.histogram("spark.batch.ms")
+    assert batch_time is not None and batch_time.count == 1
+
+
+def test_a_long_batch_says_on_the_driver_that_it_is_still_running(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    import threading
+
+    caplog.set_level(logging.INFO, logger="statebackend")
+    coordinator = BatchCoordinator(Settings.from_config(make_config(tmp_path)), 1, Metrics(), progress_every_s=0.01)
+    said = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "still running" in record.getMessage():
+                said.set()
+
+    handler = Seen()
+    logging.getLogger("statebackend").addHandler(handler)
+    try:
+        def slow(confirming: bool) -> Any:
+            assert said.wait(600), "no progress line while the batch ran"  # the tasks end once it was said
+            return lambda: None, None, [stats_of(0, commit_ms=1.0)]
+
+        coordinator.run(5, slow, confirming=False)
+    finally:
+        logging.getLogger("statebackend").removeHandler(handler)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("batch 5: still running after") for m in messages)
+    quiet = BatchCoordinator(Settings.from_config(make_config(tmp_path)), 1, Metrics(), progress_every_s=None)
+    caplog.clear()
+    quiet.run(6, lambda c: (lambda: None, None, [stats_of(0, commit_ms=1.0)]), confirming=False)
+    assert not any("still running" in r.getMessage() for r in caplog.records)
 
 
 def test_a_listener_that_fails_does_not_fail_the_batch(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

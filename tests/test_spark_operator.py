@@ -82,8 +82,10 @@ def test_every_batch_logs_one_line_and_the_driver_keeps_metrics_per_task(spark: 
     caplog.set_level(logging.INFO, logger="statebackend")
     job(words(spark, "ada", "bob", "ada"), 0)
     job(words(spark, "cy"), 1)
-    lines = [r.getMessage() for r in caplog.records if r.name == "statebackend.microbatch.coordinator"
-             and r.levelno == logging.INFO]
+    said = [r.getMessage() for r in caplog.records if r.name == "statebackend.microbatch.coordinator"
+            and r.levelno == logging.INFO]
+    assert said[0].startswith("batch 0: the first batch of this query")
+    lines = [line for line in said if " tasks (" in line]  # the batch lines
     assert [line.split(":")[0] for line in lines] == ["batch 0", "batch 1"]
     assert [report.batch_id for report in seen] == [0, 1] and seen[-1] is job.last_batch
     assert seen[0].input_rows == 3 and seen[1].input_rows == 1 and seen[1].committed == 2

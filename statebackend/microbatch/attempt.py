@@ -322,7 +322,8 @@ class TaskAttempt:
             exported = self._prior.merge(exported)
         kept_open = self._parked is not None
         if stays_open:
-            export_now(self.job.settings, self.name)  # what a close would write or push: the task stays open
+            # what a close would push: the task stays open (its textfile follows every durable commit already)
+            export_now(self.job.settings, self.name, textfile=False)
             kept.park(self._key, kept.KeptTask.after_commit(storage, self._connected_store(), self.job.fingerprint,
                                                             self._task_dir, snapshot, pending=pending))
             self._handed_on = True

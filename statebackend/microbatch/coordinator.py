@@ -12,16 +12,17 @@ runs the batch's tasks once (``run_tasks(confirm_on_driver)``).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import attrs
 
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.config import Settings
 from statebackend.errors import ConfirmationError
-from statebackend.metrics import Metrics, MetricsSnapshot
+from statebackend.metrics import Metrics
 from statebackend.microbatch.confirm import unconfirmed_checkpoints
 from statebackend.microbatch.protocol import BatchReport, TaskStats
 
@@ -46,6 +47,8 @@ class BatchCoordinator:
     on_replay: str = "redo"
     #: called with every batch's :class:`BatchReport` after the batch (its exception is logged, not raised)
     on_batch: Callable[[BatchReport], Any] | None = None
+    #: a batch still running after this long says so on the driver, and again at every such interval (None: never)
+    progress_every_s: float | None = 30.0
     last_report: BatchReport | None = attrs.field(init=False, default=None)
     history: list[TaskStats] = attrs.field(init=False, factory=list)
     last_confirm_ms: float = attrs.field(init=False, default=0.0)
@@ -74,7 +77,11 @@ class BatchCoordinator:
         not wait for, and the run again when one is missing. Returns what frees the output, the output, and the
         batch's report (logged, and handed to ``on_batch``)."""
         started = time.monotonic()
-        release, output, stats = run_tasks(confirming)
+        if self.last_report is None:
+            log.info("batch %d: the first batch of this query: each of the %d tasks opens its stores, restoring from "
+                     "the blob store what is not already on the executor's local disk", batch_id, self.num_tasks)
+        with _StillRunning(batch_id, self.num_tasks, self.progress_every_s):
+            release, output, stats = run_tasks(confirming)
         try:
             problems = self._confirm(stats)
         except BaseException:
@@ -103,7 +110,7 @@ class BatchCoordinator:
             reruns = 1
         report = BatchReport.of(batch_id, stats, (time.monotonic() - started) * 1000.0, reruns)
         self.history.extend(report.tasks)
-        self._merge_metrics(report.tasks)
+        self._merge_metrics(report.tasks, report.batch_ms)
         self.last_report = report
         self._tell(report)
         return release, output, report
@@ -126,10 +133,11 @@ class BatchCoordinator:
             except Exception:
                 log.exception("batch %d: the on_batch listener failed", report.batch_id)
 
-    def _merge_metrics(self, stats: Sequence[TaskStats]) -> None:
+    def _merge_metrics(self, stats: Sequence[TaskStats], batch_ms: float | None = None) -> None:
         """The attempts' metrics into the driver's registry, each series keeping its task (and store, backend)
-        labels: the driver's endpoint has one series per task; job-wide figures are a ``sum`` in the query."""
-        self.metrics.merge(MetricsSnapshot.merged(s.metrics for s in stats if s.metrics is not None))
+        labels: the driver's endpoint has one series per task; job-wide figures are a ``sum`` in the query.
+        ``batch_ms``: the wall time of the batch that counts (``spark.batch.ms``; not of a discarded run)."""
+        self.metrics.merge_batch((s.metrics for s in stats), batch_ms=batch_ms, job_name=self.settings.job_name)
 
     def _without_stats(self, stats: Sequence[TaskStats], batch_id: int, confirming: bool) -> list[int]:
         """The tasks of the run that reported nothing. Spark counts a task as done when its output partition is in
@@ -165,3 +173,33 @@ class BatchCoordinator:
         self.last_confirm_ms = (time.monotonic() - started) * 1000.0
         self.metrics.record("spark.confirm.ms", self.last_confirm_ms)
         return problems
+
+
+class _StillRunning:
+    """While a batch's tasks run: a line on the driver every ``every_s`` seconds saying the batch is still at it (a
+    first batch or a moved task restores state; a large batch processes), so a long batch is never silent."""
+
+    def __init__(self, batch_id: int, num_tasks: int, every_s: float | None) -> None:
+        self.batch_id, self.num_tasks, self.every_s = batch_id, num_tasks, every_s
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        if self.every_s is not None:
+            self._thread = threading.Thread(target=self._watch, name=f"statebackend-batch-{self.batch_id}",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _watch(self) -> None:
+        assert self.every_s is not None
+        started = time.monotonic()
+        while not self._done.wait(self.every_s):
+            log.info("batch %d: still running after %.0f s (%d tasks opening their stores (restoring what is not on "
+                     "local disk), running the function and committing; the executors' logs say more)",
+                     self.batch_id, time.monotonic() - started, self.num_tasks)

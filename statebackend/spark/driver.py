@@ -203,7 +203,7 @@ class StatefulForeachBatch:
         settings = self._settings(effective_config(spark, self.config))
         job, coordinator = self._job_spec(batch_df, settings)
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
-            start_exporters(settings, self.metrics)
+            start_exporters(settings, self.metrics, labels={"job_name": settings.job_name})
             self._exporting = True
         if self.initial_state is not None:
             self.initial_state.load_once(self, batch_df, settings, batch_id)
