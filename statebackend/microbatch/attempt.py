@@ -147,8 +147,10 @@ class TaskAttempt:
     #: what a closed parked task counted since its last export (it counts in this batch)
     _prior: MetricsSnapshot | None = attrs.field(init=False, default=None)
     _handed_on: bool = attrs.field(init=False, default=False)
-    #: the open step ran (its task is then closed by the step that failed, or handed on)
-    _opened: bool = attrs.field(init=False, default=False)
+    #: the parked task's storage was closed (reopened afresh, or closed after its commit)
+    _parked_closed: bool = attrs.field(init=False, default=False)
+    #: where the output waits for the commit (closed with its spill file when the attempt fails)
+    _outputs: HeldOutput | None = attrs.field(init=False, default=None)
     _warnings: _WarningCapture = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -169,17 +171,21 @@ class TaskAttempt:
         if self.job.settings.gc_freeze:
             freeze_survivors()
         with self._warnings:
+            failed = True
             try:
                 self._resume_or_connect()
                 listed = self._decide()
                 skipped = self._skip_replay(listed)
-                if skipped is not None:
-                    return [], skipped
-                plan = self._plan(listed)
-                self._open(listed, plan)
-                return self._run_and_commit(listed, plan, work, counted, events, convert, drain)
+                if skipped is None:
+                    plan = self._plan(listed)
+                    self._open(listed, plan)
+                    result = self._run_and_commit(listed, plan, work, counted, events, convert, drain)
+                else:
+                    result = [], skipped
+                failed = False
+                return result
             finally:
-                self._release()
+                self._release(failed)
 
     def _resume_or_connect(self) -> None:
         """Take back the task parked in this process (its last commit settled first), or connect afresh."""
@@ -249,7 +255,6 @@ class TaskAttempt:
         settings = self.job.settings
         decision = listed.rebased(plan.base, settings)
         parked = self._parked
-        self._opened = True
         if parked is not None and not plan.rescaled and parked.is_current(listed, decision):
             self._storage = parked.storage
             return
@@ -257,20 +262,16 @@ class TaskAttempt:
             # the log moved on (another attempt committed), a replay, or the local dir changed: reopen
             log.info("%s: the task kept open at checkpoint #%d is not current (newest #%s, base #%s); reopening it",
                      self.name, parked.seq, listed.head, plan.base.seq if plan.base is not None else None)
+            self._parked_closed = True
             parked.storage.close()
             self._prior = kept.export_since(self._registry(), parked.exported)
             self._parked = None
             self._metrics = task_metrics(settings, self.name)  # a fresh registry for the fresh open
             self._connected_store().use_metrics(self._metrics)
+        routing = self._routing() if plan.rescaled else None
         self._storage = self._open_storage(decision)
-        if plan.rescaled:
-            routing = self._routing()
-            try:
-                take_key_groups(self._storage, settings, self._connected_store(), plan, self.index, routing)
-            except BaseException:
-                self._storage.close()
-                self._storage = None
-                raise
+        if routing is not None:
+            take_key_groups(self._storage, settings, self._connected_store(), plan, self.index, routing)
 
     def _run_and_commit(self, listed: OpenDecision, plan: Plan, work: Work, counted: Counted, events: EventTimes,
                         convert: Callable[[Any], Iterable[Any]], drain: Iterator[Any] | None,
@@ -288,31 +289,24 @@ class TaskAttempt:
                             watermark_ms=watermark)
         stays_open = self.job.keep_open and self._private is None and self.outlives_task
         pending: PendingCommit | None = None
-        try:
-            outputs = self._call_user(self.job.fn, lambda: work(stores))
-            try:
-                fired, pending_timers = self._after_fn(stores, outputs, convert, drain)
-                processed = time.monotonic()
-                event_max = self._event_max(events, plan)
-                offsets = self._offsets(now_ms, watermark, event_max, token)
-                pending = storage.commit_now(offsets)
-                # Only a first attempt of a batch's first run leaves its upload running: the task stays parked in
-                # this worker and the driver confirms the checkpoint before the batch ends (a worker that dies
-                # first: the driver runs the batch again). A retry, a speculative copy or a replay waits, so the
-                # output of an attempt whose commit lost never leaves it. So does a commit whose seq may still move
-                # (a previous checkpoint write's reply was lost: its read-back decides).
-                if not (stays_open and self.batch.confirm_on_driver and self.attempt == 0 and not replaying
-                        and not storage.write_outcome_unknown):
-                    pending.result()
-                    pending = None
-            except BaseException:
-                outputs.close()  # its spill file goes with the failed attempt
-                raise
-            committed = time.monotonic()
-        except BaseException:
-            storage.close()
-            self._storage = None
-            raise
+        # a failure from here on closes the held output (its spill file) and the task: _release
+        outputs = self._call_user(self.job.fn, lambda: work(stores))
+        self._outputs = outputs
+        fired, pending_timers = self._after_fn(stores, outputs, convert, drain)
+        processed = time.monotonic()
+        event_max = self._event_max(events, plan)
+        offsets = self._offsets(now_ms, watermark, event_max, token)
+        pending = storage.commit_now(offsets)
+        # Only a first attempt of a batch's first run leaves its upload running: the task stays parked in this
+        # worker and the driver confirms the checkpoint before the batch ends (a worker that dies first: the driver
+        # runs the batch again). A retry, a speculative copy or a replay waits, so the output of an attempt whose
+        # commit lost never leaves it. So does a commit whose seq may still move (a previous checkpoint write's
+        # reply was lost: its read-back decides).
+        if not (stays_open and self.batch.confirm_on_driver and self.attempt == 0 and not replaying
+                and not storage.write_outcome_unknown):
+            pending.result()
+            pending = None
+        committed = time.monotonic()
         metrics = self._registry()
         sync_samples = storage.metrics.samples("commit.sync.ms")
         committed_seq = pending.seq if pending is not None else storage.committed_seq
@@ -321,28 +315,35 @@ class TaskAttempt:
         if self._prior is not None:
             exported = self._prior.merge(exported)
         kept_open = self._parked is not None
-        if stays_open:
-            # what a close would push: the task stays open (its textfile follows every durable commit already)
-            export_now(self.job.settings, self.name, textfile=False)
-            kept.park(self._key, kept.KeptTask.after_commit(storage, self._connected_store(), self.job.fingerprint,
-                                                            self._task_dir, snapshot, pending=pending))
-            self._handed_on = True
-        else:
-            storage.close()
-        self._storage = None
-        return outputs, self._report(
+        report = self._report(
             base_seq=plan.base.seq if plan.base is not None else 0, committed_seq=committed_seq, opened=opened,
             processed=processed, committed=committed, counted=counted.count, output_rows=outputs.rows,
             metrics=exported, watermark=watermark, event_max=event_max, kept_open=kept_open,
             commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
             pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "", token=token,
             timers_fired=fired, timers_pending=pending_timers)
+        if stays_open:
+            # what a close would push: the task stays open (its textfile follows every durable commit already)
+            export_now(self.job.settings, self.name, textfile=False)
+            kept.park(self._key, kept.KeptTask.after_commit(storage, self._connected_store(), self.job.fingerprint,
+                                                            self._task_dir, snapshot, pending=pending))
+            self._handed_on = True
+            self._storage = None
+        return outputs, report
 
-    def _release(self) -> None:
-        """Close what the attempt opened and did not hand on (a parked task keeps its blob store)."""
+    def _release(self, failed: bool) -> None:
+        """Close what the attempt opened and did not hand on: the held output of a failed attempt (its spill file),
+        the task unless it was parked again, the parked task it did not take back, the blob store (a parked task
+        keeps its own), the private directory."""
+        if failed and self._outputs is not None:
+            self._outputs.close()
         if not self._handed_on:
-            if self._parked is not None and not self._opened:
-                self._parked.storage.close()
+            storage, self._storage = self._storage, None
+            parked = self._parked
+            if parked is not None and not self._parked_closed and parked.storage is not storage:
+                parked.storage.close()
+            if storage is not None:
+                storage.close()
             if self._blob_store is not None:
                 self._blob_store.close()
         if self._private is not None:
@@ -477,8 +478,10 @@ class TaskAttempt:
                                 decision=decision, metrics=metrics)
 
     def held(self) -> HeldOutput:
-        """Where this task's output waits for its durable commit (spilling under ``state.local.dir``)."""
-        return HeldOutput(self.job.output_memory_bytes, Path(self.job.settings.local_dir) / SPILL_DIR)
+        """Where this task's output waits for its durable commit (spilling under ``state.local.dir``); closed with
+        its spill file when the attempt fails."""
+        self._outputs = HeldOutput(self.job.output_memory_bytes, Path(self.job.settings.local_dir) / SPILL_DIR)
+        return self._outputs
 
     def _report(self, *, base_seq: int, committed_seq: int, opened: float, processed: float | None,
                 committed: float | None, counted: int, output_rows: int, metrics: MetricsSnapshot,

@@ -108,12 +108,23 @@ class BatchCoordinator:
             release, output, stats = run_tasks(False)
             self._without_stats(stats, batch_id, False)
             reruns = 1
-        report = BatchReport.of(batch_id, stats, (time.monotonic() - started) * 1000.0, reruns)
-        self.history.extend(report.tasks)
-        self._merge_metrics(report.tasks, report.batch_ms)
-        self.last_report = report
-        self._tell(report)
+        try:
+            report = BatchReport.of(batch_id, stats, (time.monotonic() - started) * 1000.0, reruns)
+            self.history.extend(report.tasks)
+            self._merge_metrics(report.tasks, report.batch_ms)
+            self.last_report = report
+            self._tell(report)
+        except BaseException:
+            release()
+            raise
         return release, output, report
+
+    def carry_on_from(self, earlier: BatchCoordinator) -> None:
+        """Go on from ``earlier`` (the coordinator of the job before its configuration changed): its history, its last
+        report, and a confirmation it turned off for good (a driver that cannot read a checkpoint still cannot)."""
+        self.history.extend(earlier.history)
+        self.last_report = earlier.last_report
+        self._confirm_off = earlier._confirm_off
 
     def close(self) -> None:
         if self._confirm_store is not None:

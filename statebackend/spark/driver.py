@@ -273,7 +273,7 @@ class StatefulForeachBatch:
         coordinator = BatchCoordinator(settings, self.num_tasks, self.metrics, self.confirm_on_driver,
                                        self.confirm_timeout_s, self.on_replay, self.on_batch)
         if self._job is not None:
-            coordinator.history.extend(self._job[3].history)
+            coordinator.carry_on_from(self._job[3])
         self._job = (dict(config), settings, None, coordinator)
         return settings
 
@@ -282,6 +282,9 @@ class StatefulForeachBatch:
         the input's columns from the batch's schema, which a streaming query's batches share)."""
         assert self._job is not None and self._job[1] is settings
         config, _, job, coordinator = self._job
+        if job is not None and job.input_columns != tuple(batch_df.columns):
+            job = attrs.evolve(job, input_columns=tuple(batch_df.columns))  # pandas mode's empty frame has them
+            self._job = (config, settings, job, coordinator)
         if job is None:
             event = self.event_time is not None
             job = JobSpec(

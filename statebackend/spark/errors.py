@@ -18,6 +18,8 @@ __all__ = ["summarized", "worker_traceback"]
 
 _TRACEBACK = "Traceback (most recent call last):"
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+_GROUP_LINE = re.compile(r"^\s*\| ")
+_REPEATED = re.compile(r"^\s*\[Previous line repeated \d+ more times?\]$")
 _TASK = re.compile(r"Task (\d+) in stage [\d.]+ failed")
 
 
@@ -30,7 +32,10 @@ def _library_dirs() -> tuple[str, ...]:
     own = [Path(__file__).resolve().parents[1], *(Path(p).resolve() for m in (statebackend.backends,
                                                                               statebackend.checkpoint)
                                                    for p in m.__path__)]
-    return (*(str(d) for d in own), str(Path(sysconfig.get_paths()["stdlib"]).resolve()), "/pyspark/", "/py4j/")
+    # the package's own folder names too: executors may load the library from elsewhere (a zip, another venv)
+    return (*(str(d) for d in own), str(Path(sysconfig.get_paths()["stdlib"]).resolve()), "/pyspark/", "/py4j/",
+            "/statebackend/spark/", "/statebackend/microbatch/", "/statebackend/store/", "/statebackend/serdes/",
+            "/statebackend/blobstores/")
 
 
 _LIBRARY = _library_dirs()
@@ -41,13 +46,20 @@ def summarized(exc: BaseException, batch_id: int) -> TaskFailedError | None:
     or is the library's own error raised on the driver, which already says what it is)."""
     if isinstance(exc, StateBackendError):
         return None
-    text = worker_traceback(exc)
+    try:
+        return _summary(exc, str(exc), batch_id)
+    except Exception:  # noqa: BLE001 - a summary never replaces the failure it summarizes (a JVM gone, odd text)
+        return None
+
+
+def _summary(exc: BaseException, whole: str, batch_id: int) -> TaskFailedError | None:
+    text = _last_traceback(whole)
     if text is None:
         return None
     frames, error = _parse(text)
     if not error:
         return None
-    task = _TASK.search(str(exc))
+    task = _TASK.search(whole)
     where = f"task-{task.group(1)} of batch {batch_id}" if task else f"a task of batch {batch_id}"
     lines = [f"{where} failed: {error[0]}", *(f"  {line}" for line in error[1:])]
     user = next((f for f in reversed(frames) if not _is_library(f[0])), None)
@@ -60,11 +72,19 @@ def summarized(exc: BaseException, batch_id: int) -> TaskFailedError | None:
 
 def worker_traceback(exc: BaseException) -> str | None:
     """The last Python traceback in ``exc``'s text (a Spark exception's carries the worker's), or None."""
-    text = str(exc)
-    at = text.rfind(_TRACEBACK)
-    if at < 0:
-        return None
-    return text[at:]
+    return _last_traceback(str(exc))
+
+
+def _last_traceback(text: str) -> str | None:
+    """The last top-level Python traceback in ``text`` (not one nested in an exception group's ``|`` lines)."""
+    at = len(text)
+    while True:
+        at = text.rfind(_TRACEBACK, 0, at)
+        if at < 0:
+            return None
+        line_start = text.rfind("\n", 0, at) + 1
+        if "|" not in text[line_start:at]:  # a Spark message may lead the line; a group's nested one has "|"
+            return text[at:]
 
 
 def _parse(text: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
@@ -72,8 +92,14 @@ def _parse(text: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
     and its notes)."""
     frames: list[tuple[str, str, str, str]] = []
     lines = text.splitlines()[1:]
+    if lines and _GROUP_LINE.match(lines[0]):  # an exception group's own traceback: its lines carry "  | "
+        lines = [_GROUP_LINE.sub("", line, count=1) for line in
+                 lines[:next((i for i, line in enumerate(lines) if line.lstrip().startswith("+-")), len(lines))]]
     index = 0
     while index < len(lines):
+        if _REPEATED.match(lines[index]):
+            index += 1
+            continue
         match = _FRAME.match(lines[index])
         if match is None:
             break

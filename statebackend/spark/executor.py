@@ -28,7 +28,7 @@ from statebackend.spark.frames import (
     rows_to_batches,
     rows_to_input_batches,
 )
-from statebackend.spark.outputs import TYPED_ROWS, check_arrow, check_pandas, check_rows
+from statebackend.spark.outputs import check_arrow, check_pandas, check_rows, check_rows_for_arrow
 from statebackend.spark.stats import STATS_COLUMN, StatsRecord, TaskStats
 
 __all__ = ["TaskRunner", "TaskStores"]
@@ -69,7 +69,11 @@ class TaskRunner:
         events = self._events()
         # Spark passes an iterator (iter() returns it) but promises only an iterable
         counted = Counted(events.rows(iter(rows)))
-        convert = self._checked_rows(attempt, typed_rows=None)
+        check = check_rows(self.batch.output_struct, self._where(attempt))
+
+        def convert(result: Any) -> Iterator[Any]:
+            return check(result or ())
+
         outputs, stats = attempt.run(lambda stores: attempt.held().extend(convert(self.job.fn(stores, counted))),
                                      counted, events=events, convert=convert, drain=counted)
         return self._with_stats_record(outputs, stats)
@@ -147,7 +151,11 @@ class TaskRunner:
         events = self._events()
         source = events.batches(batches)
         counted = Counted(iter(()))
-        convert = self._checked_rows(attempt, typed_rows=TYPED_ROWS)
+        check = check_rows_for_arrow(self.batch.output_schema, self._where(attempt))
+
+        def convert(result: Any) -> Iterator[Any]:
+            return check(result or ())
+
         outputs, stats = attempt.run(lambda stores: attempt.held().extend(convert(self.job.fn(stores, rows()))),
                                      counted, events=events, convert=convert, drain=source)
         return self._with_stats(rows_to_batches(outputs, self.batch.output_schema), stats)
@@ -192,15 +200,6 @@ class TaskRunner:
         context = TaskContext.get()
         return TaskAttempt(self.job, self.batch, index, attempt=context.attemptNumber() if context is not None else 0,
                            outlives_task=process_outlives_task(context))
-
-    def _checked_rows(self, attempt: TaskAttempt, *, typed_rows: int | None) -> Callable[[Any], Iterator[Any]]:
-        """The function's rows (None: none), checked against the output schema (the Spark one of rows mode)."""
-        check = check_rows(self.batch.output_struct, self._where(attempt), typed_rows=typed_rows)
-
-        def convert(result: Any) -> Iterator[Any]:
-            return check(result or ())
-
-        return convert
 
     def _where(self, attempt: TaskAttempt) -> str:
         return f"{attempt.name}, batch {self.batch.batch_id}"

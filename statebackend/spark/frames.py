@@ -9,7 +9,7 @@ from typing import Any
 from statebackend.errors import ConfigError
 from statebackend.spark.stats import STATS_COLUMN, TaskStats
 
-__all__ = ["arrow_batches", "batches_to_rows", "pandas_frames", "pandas_with_stats", "rows_to_batches",
+__all__ = ["arrow_batches", "batches_to_rows", "pandas_frames", "pandas_with_stats", "row_record", "rows_to_batches",
            "rows_to_input_batches"]
 
 
@@ -37,26 +37,30 @@ def rows_to_batches(rows: Iterable[Any], schema: Any) -> Iterator[Any]:
     64Ki rows at a time."""
     import pyarrow as pa
 
-    names = schema.names
+    names = list(schema.names)
     records: list[dict[str, Any]] = []
     for row in rows:
-        if isinstance(row, Mapping):
-            records.append(dict(row))
-        elif hasattr(row, "asDict"):
-            records.append(row.asDict())
-        else:
-            values = tuple(row)
-            if len(values) != len(names):
-                raise ConfigError(
-                    f"an output row has {len(values)} values where output_schema has {len(names)} columns "
-                    f"({', '.join(names)}): {values!r}"
-                )
-            records.append(dict(zip(names, values, strict=True)))
+        records.append(row_record(row, names))
         if len(records) >= _ROWS_PER_BATCH:
             yield from pa.Table.from_pylist(records, schema=schema).to_batches()
             records = []
     if records:
         yield from pa.Table.from_pylist(records, schema=schema).to_batches()
+
+
+def row_record(row: Any, names: list[str]) -> dict[str, Any]:
+    """An output row (a dict, a Row, or a tuple of the schema's ``names`` in order) as a dict by column name."""
+    if isinstance(row, Mapping):
+        return dict(row)
+    if hasattr(row, "asDict"):
+        return dict(row.asDict())
+    values = tuple(row)
+    if len(values) != len(names):
+        raise ConfigError(
+            f"an output row has {len(values)} values where output_schema has {len(names)} columns "
+            f"({', '.join(names)}): {values!r}"
+        )
+    return dict(zip(names, values, strict=True))
 
 
 def rows_to_input_batches(rows: Iterable[Any], schema: Any) -> Iterator[Any]:
