@@ -341,7 +341,7 @@ def test_unbound_legacy_blob_under_the_newest_name_is_not_a_silent_rollback(tmp_
 def test_spark_replay_never_redoes_a_batch_on_empty_state_after_a_short_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import statebackend.spark.executor as spark_module
+    import statebackend.microbatch.attempt as spark_module
     from tests.test_spark import make_config
     from tests.test_spark_tasks import run, task_state
 

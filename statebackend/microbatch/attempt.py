@@ -38,6 +38,7 @@ from typing import Any, Self
 import attrs
 
 from statebackend.blobstores.base import BlobStore, open_blob_store
+from statebackend.checkpoint import CheckpointLog
 from statebackend.commit import PendingCommit
 from statebackend.errors import ConfigError, StoreLockedError
 from statebackend.exporters import export_now, task_metrics
@@ -149,6 +150,8 @@ class TaskAttempt:
     _handed_on: bool = attrs.field(init=False, default=False)
     #: the parked task's storage was closed (reopened afresh, or closed after its commit)
     _parked_closed: bool = attrs.field(init=False, default=False)
+    #: the task's checkpoint log: one object from the decision to the plan (:meth:`_task_log`)
+    _checkpoint_log: CheckpointLog | None = attrs.field(init=False, default=None)
     #: where the output waits for the commit (closed with its spill file when the attempt fails)
     _outputs: HeldOutput | None = attrs.field(init=False, default=None)
     _warnings: _WarningCapture = attrs.field(init=False)
@@ -206,9 +209,7 @@ class TaskAttempt:
     def _decide(self) -> OpenDecision:
         """The one decision of this attempt: one listing that reaches what this machine knows durable gives the
         newest checkpoint and the head the commit is fenced at; the plan only rebases it."""
-        checkpoint_log = (self._parked.storage.checkpoint_log if self._parked is not None
-                          else task_checkpoint_log(self.job.settings, self._connected_store(), self.name))
-        return decide_open(self.job.settings, self.name, checkpoint_log)
+        return decide_open(self.job.settings, self.name, self._task_log())
 
     def _skip_replay(self, listed: OpenDecision) -> TaskStats | None:
         """With ``on_replay="skip"``, the report of an attempt whose batch is already committed (None: run it)."""
@@ -232,9 +233,9 @@ class TaskAttempt:
     def _plan(self, listed: OpenDecision) -> Plan:
         """Where the batch starts from, refusing a start that would drop timers or that retention cannot serve."""
         settings, blob_store = self.job.settings, self._connected_store()
-        checkpoint_log = (self._parked.storage.checkpoint_log if self._parked is not None
-                          else task_checkpoint_log(settings, blob_store, self.name))
-        plan = plan_batch(checkpoint_log, listed.entry, self.name, self.batch.batch_id, self._layout(),
+        # the same log object the decision listed: it knows what that listing showed, so a later listing that comes
+        # back short is retried or refused, never taken for an empty log
+        plan = plan_batch(self._task_log(), listed.entry, self.name, self.batch.batch_id, self._layout(),
                           lambda other: task_checkpoint_log(settings, blob_store, other),
                           previous_seen=self.batch.previous_seen)
         if self.job.on_timers is None:
@@ -500,6 +501,13 @@ class TaskAttempt:
             timers_fired=timers_fired, watermark_ms=watermark, event_max_ms=event_max, timers_pending=timers_pending,
             warnings=self._warnings.taken(),
         )
+
+    def _task_log(self) -> CheckpointLog:
+        """The task's checkpoint log, one object for the whole attempt (the parked task's own, when taken back)."""
+        if self._checkpoint_log is None:
+            self._checkpoint_log = (self._parked.storage.checkpoint_log if self._parked is not None
+                                    else task_checkpoint_log(self.job.settings, self._connected_store(), self.name))
+        return self._checkpoint_log
 
     def _layout(self) -> Layout:
         return Layout(self.job.num_tasks, self.job.key_groups)
