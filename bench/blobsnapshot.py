@@ -44,7 +44,8 @@ _VALUE = struct.Struct(">q")
 
 
 def make_config(workdir: Path, backend: str, options: dict[str, str] | None = None) -> dict[str, Any]:
-    return {**(options or {}),
+    return {
+        **(options or {}),
         "job.name": "bench",
         "state.local.dir": str(workdir / "local"),
         "blob.store.url": f"file://{workdir / 'blobs'}",
@@ -63,8 +64,9 @@ def phase_bytes(before: dict[str, float], after: dict[str, float]) -> float:
     return sum(after.get(k, 0.0) - before.get(k, 0.0) for k in keys)
 
 
-def run_backend(backend: str, keys: int, updates: Sequence[int], commits: int, workdir: Path,
-                seed: int, options: dict[str, str]) -> dict[str, Any]:
+def run_backend(
+    backend: str, keys: int, updates: Sequence[int], commits: int, workdir: Path, seed: int, options: dict[str, str]
+) -> dict[str, Any]:
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     config = make_config(workdir, backend, {k: v for k, v in options.items() if k.startswith(backend + ".")})
@@ -113,24 +115,29 @@ def run_backend(backend: str, keys: int, updates: Sequence[int], commits: int, w
                 pending.result()  # durable before the next batch: the same history for both backends
             sync_p50, sync_p95 = p50_p95(sync_ms)
             after = counters(task)
-            result["phases"].append({
-                "updates": size,
-                "commits": commits,
-                "uploaded_per_commit": phase_bytes(before, after) / commits,
-                "change_zstd_per_commit": change_zstd / commits,
-                "sync_p50_ms": sync_p50,
-                "sync_p95_ms": sync_p95,
-                "after": after,
-            })
+            result["phases"].append(
+                {
+                    "updates": size,
+                    "commits": commits,
+                    "uploaded_per_commit": phase_bytes(before, after) / commits,
+                    "change_zstd_per_commit": change_zstd / commits,
+                    "sync_p50_ms": sync_p50,
+                    "sync_p95_ms": sync_p95,
+                    "after": after,
+                }
+            )
     # close waited for a running compaction: count its bytes in the last phase
     blob_bytes = sum(p.stat().st_size for p in (workdir / "blobs").rglob("*") if p.is_file())
     result["blob_store_bytes"] = blob_bytes
     if backend == "blobsnapshot":
         index = max((workdir / "blobs").rglob("index/*.json"))
         runs = json.loads(index.read_text())["runs"]
-        result["last_index"] = {"runs": len(runs), "bottom_bytes": runs[0]["size"],
-                                "above_bytes": sum(run["size"] for run in runs[1:]),
-                                "records": sum(run["records"] for run in runs)}
+        result["last_index"] = {
+            "runs": len(runs),
+            "bottom_bytes": runs[0]["size"],
+            "above_bytes": sum(run["size"] for run in runs[1:]),
+            "records": sum(run["records"] for run in runs),
+        }
     started = time.perf_counter()
     with TaskStorage.open(config, "task-0") as task:
         result["warm_open_s"] = time.perf_counter() - started
@@ -144,7 +151,9 @@ def run_backend(backend: str, keys: int, updates: Sequence[int], commits: int, w
     if backend == "blobsnapshot":
         # the same state right after a full compaction (one base run): a commit with a run under a tiny ratio
         # starts it, close waits for it, the next open's first commit adopts it
-        compact = dict(config, **{"blobsnapshot.compaction.full.ratio": "0.05", "blobsnapshot.compaction.full.min.bytes": "0"})
+        compact = dict(
+            config, **{"blobsnapshot.compaction.full.ratio": "0.05", "blobsnapshot.compaction.full.min.bytes": "0"}
+        )
         for _ in range(2):
             with TaskStorage.open(compact, "task-0") as task:
                 model[0] = (model[0] + 1) % 256 or 1
@@ -180,18 +189,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--commits", type=int, default=20)
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a backend option, e.g. blobsnapshot.compaction.full.ratio=0.5")
-    parser.add_argument("--restore-scale", action="store_true",
-                        help="instead: cold restore at scale against the limit measured in the same run, both "
-                             "backends, per --keys (bench/restore.py; --plot draws docs/img/restore-scale.png)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a backend option, e.g. blobsnapshot.compaction.full.ratio=0.5",
+    )
+    parser.add_argument(
+        "--restore-scale",
+        action="store_true",
+        help="instead: cold restore at scale against the limit measured in the same run, both "
+        "backends, per --keys (bench/restore.py; --plot draws docs/img/restore-scale.png)",
+    )
     parser.add_argument("--plot", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.restore_scale:
         from bench import restore
 
-        restore.main([*(f"--keys={k}" for k in args.keys or [1_000_000]), *(["--plot"] if args.plot else []),
-                      *([f"--workdir={args.workdir}"] if args.workdir else [])])
+        restore.main(
+            [
+                *(f"--keys={k}" for k in args.keys or [1_000_000]),
+                *(["--plot"] if args.plot else []),
+                *([f"--workdir={args.workdir}"] if args.workdir else []),
+            ]
+        )
         return
     sizes = args.keys or [1_000_000]
     updates = args.updates or [10_000, 50_000]
@@ -201,39 +223,85 @@ def main(argv: Sequence[str] | None = None) -> None:
         for backend in ("blobsnapshot", "changelog"):
             print(f"# {backend}, {keys:,} keys", flush=True)
             options = dict(item.split("=", 1) for item in args.option)
-            results.append(run_backend(backend, keys, updates, args.commits, base / f"{backend}-{keys}", args.seed,
-                                       options))
+            results.append(
+                run_backend(backend, keys, updates, args.commits, base / f"{backend}-{keys}", args.seed, options)
+            )
     rows = []
     for keys in sizes:
         ours = next(r for r in results if r["keys"] == keys and r["backend"] == "blobsnapshot")
         theirs = next(r for r in results if r["keys"] == keys and r["backend"] == "changelog")
         for mine, other in zip(ours["phases"], theirs["phases"], strict=True):
-            rows.append([
-                f"{keys:,}", f"{mine['updates']:,}", mine["commits"],
-                f"{mine['change_zstd_per_commit'] / 1024:.0f}",
-                f"{mine['uploaded_per_commit'] / 1024:.0f}",
-                f"{mine['uploaded_per_commit'] / mine['change_zstd_per_commit']:.2f}",
-                f"{other['uploaded_per_commit'] / 1024:.0f}",
-                f"{mine['uploaded_per_commit'] / other['uploaded_per_commit']:.2f}",
-                f"{mine['sync_p50_ms']:.1f} / {mine['sync_p95_ms']:.1f}",
-            ])
+            rows.append(
+                [
+                    f"{keys:,}",
+                    f"{mine['updates']:,}",
+                    mine["commits"],
+                    f"{mine['change_zstd_per_commit'] / 1024:.0f}",
+                    f"{mine['uploaded_per_commit'] / 1024:.0f}",
+                    f"{mine['uploaded_per_commit'] / mine['change_zstd_per_commit']:.2f}",
+                    f"{other['uploaded_per_commit'] / 1024:.0f}",
+                    f"{mine['uploaded_per_commit'] / other['uploaded_per_commit']:.2f}",
+                    f"{mine['sync_p50_ms']:.1f} / {mine['sync_p95_ms']:.1f}",
+                ]
+            )
     print()
-    print(format_table(["keys", "updates/commit", "commits", "change zstd KiB", "blobsnapshot KiB/commit",
-                        "x change", "changelog KiB/commit", "x changelog", "sync p50/p95 ms"], rows))
+    print(
+        format_table(
+            [
+                "keys",
+                "updates/commit",
+                "commits",
+                "change zstd KiB",
+                "blobsnapshot KiB/commit",
+                "x change",
+                "changelog KiB/commit",
+                "x changelog",
+                "sync p50/p95 ms",
+            ],
+            rows,
+        )
+    )
     rows = []
     for r in results:
         last = r.get("last_index")
-        shape = (f"{last['runs']} runs, {last['bottom_bytes'] / 2**20:.1f} + {last['above_bytes'] / 2**20:.1f} MiB, "
-                 f"{last['records']:,} records" if last else "")
+        shape = (
+            f"{last['runs']} runs, {last['bottom_bytes'] / 2**20:.1f} + {last['above_bytes'] / 2**20:.1f} MiB, "
+            f"{last['records']:,} records"
+            if last
+            else ""
+        )
         compacted = r.get("cold_restore_compacted_s")
-        rows.append([f"{r['keys']:,}", r["backend"], f"{r['load_s']:.1f}", f"{r['warm_open_s'] * 1000:.1f}",
-                     f"{r['cold_restore_s']:.2f}", f"{compacted:.2f}" if compacted is not None else "",
-                     f"{r['blob_store_bytes'] / 2**20:.1f}", shape])
+        rows.append(
+            [
+                f"{r['keys']:,}",
+                r["backend"],
+                f"{r['load_s']:.1f}",
+                f"{r['warm_open_s'] * 1000:.1f}",
+                f"{r['cold_restore_s']:.2f}",
+                f"{compacted:.2f}" if compacted is not None else "",
+                f"{r['blob_store_bytes'] / 2**20:.1f}",
+                shape,
+            ]
+        )
     print()
-    print(format_table(["keys", "backend", "load s", "warm open ms", "cold restore s", "cold restore, one base run s",
-                        "blob store MiB", "last index (bottom + above)"], rows))
-    path = write_result("blobsnapshot", {"machine": machine_info(), "commits": args.commits, "options": args.option,
-                                         "results": results})
+    print(
+        format_table(
+            [
+                "keys",
+                "backend",
+                "load s",
+                "warm open ms",
+                "cold restore s",
+                "cold restore, one base run s",
+                "blob store MiB",
+                "last index (bottom + above)",
+            ],
+            rows,
+        )
+    )
+    path = write_result(
+        "blobsnapshot", {"machine": machine_info(), "commits": args.commits, "options": args.option, "results": results}
+    )
     print(f"\nraw results: {path}")
 
 

@@ -119,7 +119,9 @@ def main() -> None:
             upl, downl = throughput(store, args.large_mib * MiB, work, repeats=2)
             lat = put_latencies(store, args.small_puts)
             rows.append((label, up1, down1, upl, downl, lat))
-            print(label, f"{up1:.0f} {down1:.0f} {upl:.0f} {downl:.0f} MB/s", f"p50 {percentile(lat, .5)*1e3:.2f} ms")
+            print(
+                label, f"{up1:.0f} {down1:.0f} {upl:.0f} {downl:.0f} MB/s", f"p50 {percentile(lat, 0.5) * 1e3:.2f} ms"
+            )
             store.close()
         hedge_rows = []
         for label, port, connection in [
@@ -160,8 +162,8 @@ def main() -> None:
     ]
     for label, up1, down1, upl, downl, lat in rows:
         lines.append(
-            f"| {label} | {up1:.0f} | {down1:.0f} | {upl:.0f} | {downl:.0f} | {ms(lat, .5)} | {ms(lat, .99)} "
-            f"| {ms(lat, .999)} |"
+            f"| {label} | {up1:.0f} | {down1:.0f} | {upl:.0f} | {downl:.0f} | {ms(lat, 0.5)} | {ms(lat, 0.99)} "
+            f"| {ms(lat, 0.999)} |"
         )
     lines += [
         "",
@@ -177,13 +179,13 @@ def main() -> None:
         for key in ("off", "on"):
             samples = result[key]
             lines.append(
-                f"| {label} | {key} | {ms(samples, .5)} | {ms(samples, .99)} | {ms(samples, .999)} "
+                f"| {label} | {key} | {ms(samples, 0.5)} | {ms(samples, 0.99)} | {ms(samples, 0.999)} "
                 f"| {max(samples) * 1e3:.2f} |"
             )
         off, on = result["off"], result["on"]
         lines.append(
-            f"| {label} | ratio on/off | | {percentile(on, .99) / percentile(off, .99):.2f} "
-            f"| {percentile(on, .999) / percentile(off, .999):.2f} | |"
+            f"| {label} | ratio on/off | | {percentile(on, 0.99) / percentile(off, 0.99):.2f} "
+            f"| {percentile(on, 0.999) / percentile(off, 0.999):.2f} | |"
         )
     Path(args.out).write_text("\n".join(lines) + "\n")
     print("wrote", args.out)

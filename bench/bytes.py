@@ -76,11 +76,18 @@ def counting_uploads() -> Iterator[tuple[collections.Counter[str], collections.C
 
 
 def config(root: Path, interval: int, ratio: float = 0.0) -> dict[str, Any]:
-    return {"job.name": "j", "state.local.dir": str(root / "local"), "blob.store.url": (root / "blobs").as_uri(),
-            "blob.store.create.if.missing": True, "stores.counts.backup.factories": "changelog",
-            "stores.counts.key.serde": "string", "stores.counts.msg.serde": "integer",
-            "changelog.snapshot.interval.commits": interval, "changelog.snapshot.interval.ratio": ratio,
-            "changelog.snapshot.interval.bytes": 1 << 62}
+    return {
+        "job.name": "j",
+        "state.local.dir": str(root / "local"),
+        "blob.store.url": (root / "blobs").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+        "changelog.snapshot.interval.commits": interval,
+        "changelog.snapshot.interval.ratio": ratio,
+        "changelog.snapshot.interval.bytes": 1 << 62,
+    }
 
 
 #: the key of index i: "regular" (every 4th key of 1M, as before 2026-11-25: sorted planes compress to almost nothing)
@@ -103,8 +110,10 @@ def bytes_per_commit(keys: int, updates: int, commits: int, interval: int, ratio
     root = Path(tempfile.mkdtemp(prefix="bench-bytes-"))
     rng = random.Random(1)
     try:
-        with counting_uploads() as (written, blobs, on), \
-                TaskStorage.open(config(root, interval, ratio), "task-0") as task:
+        with (
+            counting_uploads() as (written, blobs, on),
+            TaskStorage.open(config(root, interval, ratio), "task-0") as task,
+        ):
             store = task.store("counts")
             store.put_many(keys_of(range(keys)), [1] * keys)
             task.commit_durably({"batch": "0"})
@@ -120,10 +129,17 @@ def bytes_per_commit(keys: int, updates: int, commits: int, interval: int, ratio
     finally:
         shutil.rmtree(root, ignore_errors=True)
     per_commit = {kind: written[kind] / commits for kind in KINDS}
-    return {"keys": keys, "updates": updates, "commits": commits, "interval": interval, "ratio": ratio,
-            "bytes_per_commit": per_commit, "total_per_commit": sum(per_commit.values()),
-            "blobs": {kind: blobs[kind] for kind in KINDS},
-            "bytes_per_blob": {kind: written[kind] / blobs[kind] for kind in KINDS if blobs[kind]}}
+    return {
+        "keys": keys,
+        "updates": updates,
+        "commits": commits,
+        "interval": interval,
+        "ratio": ratio,
+        "bytes_per_commit": per_commit,
+        "total_per_commit": sum(per_commit.values()),
+        "blobs": {kind: blobs[kind] for kind in KINDS},
+        "bytes_per_blob": {kind: written[kind] / blobs[kind] for kind in KINDS if blobs[kind]},
+    }
 
 
 def restore_ms(keys: int, updates: int, chain: int, repeat: int) -> dict[str, Any]:
@@ -150,8 +166,14 @@ def restore_ms(keys: int, updates: int, chain: int, repeat: int) -> dict[str, An
                 replayed = int(task.metrics.counter("restore.deltas.replayed"))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"keys": keys, "updates": updates, "deltas_after_load": chain, "deltas_replayed": replayed,
-            "restore_ms_best": min(samples), "restore_ms": samples}
+    return {
+        "keys": keys,
+        "updates": updates,
+        "deltas_after_load": chain,
+        "deltas_replayed": replayed,
+        "restore_ms_best": min(samples),
+        "restore_ms": samples,
+    }
 
 
 def main() -> None:
@@ -159,17 +181,26 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=250_000)
     parser.add_argument("--updates", default="2500,12500")
     parser.add_argument("--commits", type=int, default=60)
-    parser.add_argument("--policies", default="20:0,100:1", help="snapshot policies, each "
-                        "changelog.snapshot.interval.commits:changelog.snapshot.interval.ratio (default: the old "
-                        "fixed interval of 20, and the defaults since 2026-11-25)")
+    parser.add_argument(
+        "--policies",
+        default="20:0,100:1",
+        help="snapshot policies, each "
+        "changelog.snapshot.interval.commits:changelog.snapshot.interval.ratio (default: the old "
+        "fixed interval of 20, and the defaults since 2026-11-25)",
+    )
     parser.add_argument("--key-shape", choices=KEY_SHAPES, default="spark")
     parser.add_argument("--restore", action="store_true", help="also time restores after chains of deltas")
     parser.add_argument("--chains", default="0,19,39,59")
     parser.add_argument("--restore-keys", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--restore-scale", type=int, action="append", metavar="KEYS",
-                        help="instead: cold restore of KEYS keys (repeatable: 1000000, 10000000, 50000000) against "
-                             "the limit measured in the same run, both backends (bench/restore.py)")
+    parser.add_argument(
+        "--restore-scale",
+        type=int,
+        action="append",
+        metavar="KEYS",
+        help="instead: cold restore of KEYS keys (repeatable: 1000000, 10000000, 50000000) against "
+        "the limit measured in the same run, both backends (bench/restore.py)",
+    )
     args = parser.parse_args()
     if args.restore_scale:
         from bench import restore
@@ -186,17 +217,24 @@ def main() -> None:
             result["bytes"].append(row)
             parts = "  ".join(f"{kind} {row['bytes_per_commit'][kind]:,.0f}" for kind in KINDS)
             snapshot_blob = row["bytes_per_blob"].get("snapshot", 0)
-            print(f"interval {interval:>3} ratio {ratio:g}, {count:>6,} updates/commit: {parts}  total "
-                  f"{row['total_per_commit']:,.0f} B/commit (snapshot blob {snapshot_blob:,.0f} B)", flush=True)
+            print(
+                f"interval {interval:>3} ratio {ratio:g}, {count:>6,} updates/commit: {parts}  total "
+                f"{row['total_per_commit']:,.0f} B/commit (snapshot blob {snapshot_blob:,.0f} B)",
+                flush=True,
+            )
     if args.restore:
         chains = [int(c) for c in args.chains.split(",")]
         for keys, per_commit in [(args.keys, count) for count in updates] + [
-                (args.restore_keys, count * 4) for count in updates]:
+            (args.restore_keys, count * 4) for count in updates
+        ]:
             for chain in chains:
                 row = restore_ms(keys, per_commit, chain, args.repeat)
                 result["restore"].append(row)
-                print(f"restore {keys:,} keys + {chain} deltas of {per_commit:,} updates: best "
-                      f"{row['restore_ms_best']:,.0f} ms of {[round(ms) for ms in row['restore_ms']]}", flush=True)
+                print(
+                    f"restore {keys:,} keys + {chain} deltas of {per_commit:,} updates: best "
+                    f"{row['restore_ms_best']:,.0f} ms of {[round(ms) for ms in row['restore_ms']]}",
+                    flush=True,
+                )
     print(f"raw numbers: {write_result('bytes', result)}")
 
 

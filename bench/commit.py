@@ -130,8 +130,12 @@ def load(tasks: list[TaskStorage], keys: int) -> dict[str, float]:
         task.commit_durably({"input": "load"})
     commit_s = time.perf_counter() - started - put_s
     snapshot_wait_s = drain_maintenance() / 1000.0
-    return {"put_s": put_s, "commit_s": commit_s, "background_snapshot_wait_s": snapshot_wait_s,
-            "total_s": time.perf_counter() - started}
+    return {
+        "put_s": put_s,
+        "commit_s": commit_s,
+        "background_snapshot_wait_s": snapshot_wait_s,
+        "total_s": time.perf_counter() - started,
+    }
 
 
 def plan_rounds(keys: int, updates: int, commits: int, seed: int) -> list[list[list[tuple[bytes, bytes]]]]:
@@ -146,8 +150,9 @@ def plan_rounds(keys: int, updates: int, commits: int, seed: int) -> list[list[l
     return rounds
 
 
-def run_commits(tasks: list[TaskStorage], rounds: list[list[list[tuple[bytes, bytes]]]],
-                offset_base: int) -> list[CommitSample]:
+def run_commits(
+    tasks: list[TaskStorage], rounds: list[list[list[tuple[bytes, bytes]]]], offset_base: int
+) -> list[CommitSample]:
     """One thread per task; a barrier starts each round's commits together."""
     barrier = threading.Barrier(len(tasks))
     samples: list[CommitSample] = []
@@ -175,13 +180,18 @@ def run_commits(tasks: list[TaskStorage], rounds: list[list[list[tuple[bytes, by
                 durable = time.perf_counter()
                 uploaded = task.metrics.samples(delta_samples)[before:]
                 with lock:
-                    samples.append(CommitSample(
-                        task=t, round=r, records=len(updates),
-                        raw_change_bytes=sum(len(k) + len(v) for k, v in updates),
-                        compressed_change_bytes=reference,
-                        sync_ms=(synced - started) * 1000.0, durable_ms=(durable - started) * 1000.0,
-                        delta_bytes=int(sum(uploaded)),
-                    ))
+                    samples.append(
+                        CommitSample(
+                            task=t,
+                            round=r,
+                            records=len(updates),
+                            raw_change_bytes=sum(len(k) + len(v) for k, v in updates),
+                            compressed_change_bytes=reference,
+                            sync_ms=(synced - started) * 1000.0,
+                            durable_ms=(durable - started) * 1000.0,
+                            delta_bytes=int(sum(uploaded)),
+                        )
+                    )
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             errors.append(exc)
             barrier.abort()
@@ -196,8 +206,7 @@ def run_commits(tasks: list[TaskStorage], rounds: list[list[list[tuple[bytes, by
     return samples
 
 
-def summarize_commits(updates: int, samples: list[CommitSample], snapshot_bytes: int,
-                      snapshots: int) -> dict[str, Any]:
+def summarize_commits(updates: int, samples: list[CommitSample], snapshot_bytes: int, snapshots: int) -> dict[str, Any]:
     sync_p50, sync_p95 = p50_p95([s.sync_ms for s in samples])
     durable_p50, durable_p95 = p50_p95([s.durable_ms for s in samples])
     rounds = sorted({s.round for s in samples})
@@ -221,8 +230,7 @@ def summarize_commits(updates: int, samples: list[CommitSample], snapshot_bytes:
     }
 
 
-def restore_phase(config: dict[str, Any], workdir: Path, keys: int,
-                  expected: dict[bytes, bytes]) -> dict[str, Any]:
+def restore_phase(config: dict[str, Any], workdir: Path, keys: int, expected: dict[bytes, bytes]) -> dict[str, Any]:
     """Time TaskStorage.open per task: local dir kept, local dir wiped (sequential), wiped (4 threads)."""
     per_task_keys = [len(range(t, keys, TASKS)) for t in range(TASKS)]
 
@@ -290,8 +298,11 @@ def run_size(keys: int, updates_settings: list[int], commits: int, workdir_root:
         tasks = open_tasks(config)
         try:
             loading = load(tasks, keys)
-            print(f"load: put_all {loading['put_s']:.1f} s, first commit {loading['commit_s']:.1f} s, "
-                  f"background snapshot wait {loading['background_snapshot_wait_s']:.1f} s", flush=True)
+            print(
+                f"load: put_all {loading['put_s']:.1f} s, first commit {loading['commit_s']:.1f} s, "
+                f"background snapshot wait {loading['background_snapshot_wait_s']:.1f} s",
+                flush=True,
+            )
             phases = []
             offset = 0
             last_round: dict[bytes, bytes] = {}
@@ -306,9 +317,11 @@ def run_size(keys: int, updates_settings: list[int], commits: int, workdir_root:
                 snaps, snap_bytes = snaps_after - snaps_before, snap_bytes_after - snap_bytes_before
                 phase = summarize_commits(updates, samples, int(snap_bytes), snaps)
                 phases.append(phase)
-                print(f"updates {updates:,}: sync p50 {phase['sync_ms_p50']:.1f} ms p95 {phase['sync_ms_p95']:.1f} "
-                      f"ms; durable p50 {phase['durable_ms_p50']:.1f} ms p95 {phase['durable_ms_p95']:.1f} ms",
-                      flush=True)
+                print(
+                    f"updates {updates:,}: sync p50 {phase['sync_ms_p50']:.1f} ms p95 {phase['sync_ms_p95']:.1f} "
+                    f"ms; durable p50 {phase['durable_ms_p50']:.1f} ms p95 {phase['durable_ms_p95']:.1f} ms",
+                    flush=True,
+                )
                 last_round = {k: v for per_task in rounds[-1] for k, v in per_task}
             # later rounds overwrite earlier ones, and the last setting's last round is the newest of all
         finally:
@@ -316,12 +329,22 @@ def run_size(keys: int, updates_settings: list[int], commits: int, workdir_root:
                 task.close()
         drain_maintenance()
         restore = restore_phase(config, workdir, keys, last_round)
-        print(f"restore: reuse {restore['reuse_total_ms']:.0f} ms, wiped {restore['wiped_total_ms']:.0f} ms "
-              f"(4 tasks one after another), wiped in 4 threads {restore['wiped_parallel_wall_ms']:.0f} ms",
-              flush=True)
+        print(
+            f"restore: reuse {restore['reuse_total_ms']:.0f} ms, wiped {restore['wiped_total_ms']:.0f} ms "
+            f"(4 tasks one after another), wiped in 4 threads {restore['wiped_parallel_wall_ms']:.0f} ms",
+            flush=True,
+        )
         disk = {"local_bytes": _du(workdir / "local"), "blob_bytes": _du(workdir / "blobs")}
-        return {"keys": keys, "tasks": TASKS, "commits_per_setting": commits, "load": loading, "phases": phases,
-                "restore": restore, "disk": disk, "workdir": str(workdir)}
+        return {
+            "keys": keys,
+            "tasks": TASKS,
+            "commits_per_setting": commits,
+            "load": loading,
+            "phases": phases,
+            "restore": restore,
+            "disk": disk,
+            "workdir": str(workdir),
+        }
     finally:
         if not keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -341,31 +364,72 @@ def print_report(result: dict[str, Any]) -> None:
     rows = []
     for size in result["sizes"]:
         for phase in size["phases"]:
-            rows.append([
-                size["keys"], phase["updates_per_commit"],
-                phase["sync_ms_p50"], phase["sync_ms_p95"], phase["durable_ms_p50"], phase["durable_ms_p95"],
-                int(phase["delta_bytes_per_commit_mean"]), int(phase["compressed_change_bytes_per_commit_mean"]),
-                f"{phase['delta_over_compressed_change']:.3f}", phase["background_snapshots"],
-            ])
+            rows.append(
+                [
+                    size["keys"],
+                    phase["updates_per_commit"],
+                    phase["sync_ms_p50"],
+                    phase["sync_ms_p95"],
+                    phase["durable_ms_p50"],
+                    phase["durable_ms_p95"],
+                    int(phase["delta_bytes_per_commit_mean"]),
+                    int(phase["compressed_change_bytes_per_commit_mean"]),
+                    f"{phase['delta_over_compressed_change']:.3f}",
+                    phase["background_snapshots"],
+                ]
+            )
     print()
-    print(format_table(
-        ["keys", "updates/commit", "sync p50 ms", "sync p95 ms", "durable p50 ms", "durable p95 ms",
-         "delta bytes/commit", "zstd(change) bytes", "delta/zstd", "bg snapshots"], rows))
+    print(
+        format_table(
+            [
+                "keys",
+                "updates/commit",
+                "sync p50 ms",
+                "sync p95 ms",
+                "durable p50 ms",
+                "durable p95 ms",
+                "delta bytes/commit",
+                "zstd(change) bytes",
+                "delta/zstd",
+                "bg snapshots",
+            ],
+            rows,
+        )
+    )
     rows = []
     for size in result["sizes"]:
         r = size["restore"]
-        rows.append([
-            size["keys"], r["reuse_total_ms"], r["wiped_total_ms"],
-            " / ".join(f"{x['open_ms']:.0f}" for x in r["wiped"]), r["wiped_parallel_wall_ms"],
-            sum(x["bytes_downloaded"] for x in r["wiped"]), sum(x["deltas_replayed"] for x in r["wiped"]),
-        ])
+        rows.append(
+            [
+                size["keys"],
+                r["reuse_total_ms"],
+                r["wiped_total_ms"],
+                " / ".join(f"{x['open_ms']:.0f}" for x in r["wiped"]),
+                r["wiped_parallel_wall_ms"],
+                sum(x["bytes_downloaded"] for x in r["wiped"]),
+                sum(x["deltas_replayed"] for x in r["wiped"]),
+            ]
+        )
     print()
-    print(format_table(
-        ["keys", "restore reuse ms (4 tasks)", "restore wiped ms (4 tasks)", "per task ms", "wiped, 4 threads ms",
-         "bytes downloaded", "deltas replayed"], rows))
+    print(
+        format_table(
+            [
+                "keys",
+                "restore reuse ms (4 tasks)",
+                "restore wiped ms (4 tasks)",
+                "per task ms",
+                "wiped, 4 threads ms",
+                "bytes downloaded",
+                "deltas replayed",
+            ],
+            rows,
+        )
+    )
     for ratio in result.get("sync_p50_ratios", []):
-        print(f"\nsync p50 {ratio['large_keys']:,} / {ratio['small_keys']:,} keys at {ratio['updates']:,} "
-              f"updates/commit: {ratio['ratio']:.2f}")
+        print(
+            f"\nsync p50 {ratio['large_keys']:,} / {ratio['small_keys']:,} keys at {ratio['updates']:,} "
+            f"updates/commit: {ratio['ratio']:.2f}"
+        )
 
 
 def run_api_comparison(keys: int, updates_settings: list[int], commits: int, workdir_root: Path) -> dict[str, Any]:
@@ -404,22 +468,33 @@ def run_api_comparison(keys: int, updates_settings: list[int], commits: int, wor
                         raise RuntimeError("commit skipped although the previous one was durable")
                     pending.result()
                     durable = time.perf_counter()
-                    rows[api].append(((processed - started) * 1000.0, (synced - processed) * 1000.0,
-                                      (durable - processed) * 1000.0))
+                    rows[api].append(
+                        ((processed - started) * 1000.0, (synced - processed) * 1000.0, (durable - processed) * 1000.0)
+                    )
             offset += commits
             for api, samples in rows.items():
                 process_p50, process_p95 = p50_p95([x[0] for x in samples])
                 sync_p50, sync_p95 = p50_p95([x[1] for x in samples])
                 durable_p50, durable_p95 = p50_p95([x[2] for x in samples])
-                phases.append({"updates_per_commit": updates, "updates_per_task": per_task, "api": api,
-                               "process_ms_p50": process_p50, "process_ms_p95": process_p95,
-                               "updates_per_s": per_task / (process_p50 / 1000.0),
-                               "sync_ms_p50": sync_p50, "sync_ms_p95": sync_p95,
-                               "durable_ms_p50": durable_p50, "durable_ms_p95": durable_p95})
+                phases.append(
+                    {
+                        "updates_per_commit": updates,
+                        "updates_per_task": per_task,
+                        "api": api,
+                        "process_ms_p50": process_p50,
+                        "process_ms_p95": process_p95,
+                        "updates_per_s": per_task / (process_p50 / 1000.0),
+                        "sync_ms_p50": sync_p50,
+                        "sync_ms_p95": sync_p95,
+                        "durable_ms_p50": durable_p50,
+                        "durable_ms_p95": durable_p95,
+                    }
+                )
         # both tasks applied the same increments: their states must be equal
         states = [dict(task.store(STORE).items()) for task in tasks.values()]
         if states[0] != states[1] or sum(states[0].values()) != share + commits * sum(
-                u // TASKS for u in updates_settings):
+            u // TASKS for u in updates_settings
+        ):
             raise AssertionError("the per-key and the vectorized task ended in different states")
     finally:
         for task in tasks.values():
@@ -431,18 +506,44 @@ def run_api_comparison(keys: int, updates_settings: list[int], commits: int, wor
 def print_api_report(result: dict[str, Any]) -> None:
     rows = []
     for phase in result["phases"]:
-        rows.append([phase["updates_per_task"], phase["api"], phase["process_ms_p50"], phase["process_ms_p95"],
-                     int(phase["updates_per_s"]), phase["sync_ms_p50"], phase["sync_ms_p95"],
-                     phase["durable_ms_p50"], phase["durable_ms_p95"]])
+        rows.append(
+            [
+                phase["updates_per_task"],
+                phase["api"],
+                phase["process_ms_p50"],
+                phase["process_ms_p95"],
+                int(phase["updates_per_s"]),
+                phase["sync_ms_p50"],
+                phase["sync_ms_p95"],
+                phase["durable_ms_p50"],
+                phase["durable_ms_p95"],
+            ]
+        )
     print()
-    print(format_table(["updates/task", "API", "process p50 ms", "process p95 ms", "updates/s (p50)",
-                        "sync p50 ms", "sync p95 ms", "durable p50 ms", "durable p95 ms"], rows))
+    print(
+        format_table(
+            [
+                "updates/task",
+                "API",
+                "process p50 ms",
+                "process p95 ms",
+                "updates/s (p50)",
+                "sync p50 ms",
+                "sync p95 ms",
+                "durable p50 ms",
+                "durable p95 ms",
+            ],
+            rows,
+        )
+    )
     by = {(p["updates_per_task"], p["api"]): p for p in result["phases"]}
     for (per_task, api), phase in by.items():
         if api == "vectorized":
             base = by[(per_task, "per-key")]
-            print(f"{per_task} updates/task: vectorized processing {phase['process_ms_p50'] / base['process_ms_p50']:.2f}x"
-                  f" of per-key, sync part {phase['sync_ms_p50'] / base['sync_ms_p50']:.2f}x")
+            print(
+                f"{per_task} updates/task: vectorized processing {phase['process_ms_p50'] / base['process_ms_p50']:.2f}x"
+                f" of per-key, sync part {phase['sync_ms_p50'] / base['sync_ms_p50']:.2f}x"
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -460,8 +561,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("an updates setting is larger than a key count")
 
     machine = machine_info()
-    print(f"machine: {machine['cpus']} CPUs, {machine['memory_gib']} GiB, load {machine['load_average']}, "
-          f"Python {machine['python']}")
+    print(
+        f"machine: {machine['cpus']} CPUs, {machine['memory_gib']} GiB, load {machine['load_average']}, "
+        f"Python {machine['python']}"
+    )
     if args.api:
         api_result: dict[str, Any] = {
             "benchmark": "commit-api",
@@ -484,8 +587,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratios = []
     for small, large in zip(result["sizes"], result["sizes"][1:]):
         for ps, pl in zip(small["phases"], large["phases"]):
-            ratios.append({"small_keys": small["keys"], "large_keys": large["keys"],
-                           "updates": ps["updates_per_commit"], "ratio": pl["sync_ms_p50"] / ps["sync_ms_p50"]})
+            ratios.append(
+                {
+                    "small_keys": small["keys"],
+                    "large_keys": large["keys"],
+                    "updates": ps["updates_per_commit"],
+                    "ratio": pl["sync_ms_p50"] / ps["sync_ms_p50"],
+                }
+            )
     result["sync_p50_ratios"] = ratios
     print_report(result)
     path = write_result("commit", result)

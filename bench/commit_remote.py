@@ -33,8 +33,9 @@ from statebackend.task import TaskStorage
 from tests.servers import azurite_connection_string, start_azurite, start_moto
 
 
-def run_store(label: str, blob_keys: dict[str, Any], workdir: Path, keys: int, updates: int,
-              commits: int) -> dict[str, Any]:
+def run_store(
+    label: str, blob_keys: dict[str, Any], workdir: Path, keys: int, updates: int, commits: int
+) -> dict[str, Any]:
     local = workdir / f"local-{label}"
     config: dict[str, Any] = {
         "job.name": "bench",
@@ -67,8 +68,14 @@ def run_store(label: str, blob_keys: dict[str, Any], workdir: Path, keys: int, u
     assert restored == keys, f"{label}: restored {restored} keys, expected {keys}"
     s50, s95 = p50_p95(sync_ms)
     d50, d95 = p50_p95(durable_ms)
-    return {"store": label, "sync_p50_ms": s50, "sync_p95_ms": s95, "durable_p50_ms": d50, "durable_p95_ms": d95,
-            "restore_ms": restore_ms}
+    return {
+        "store": label,
+        "sync_p50_ms": s50,
+        "sync_p95_ms": s95,
+        "durable_p50_ms": d50,
+        "durable_p95_ms": d95,
+        "restore_ms": restore_ms,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,22 +95,39 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stores = {
             "file://": {"blob.store.url": f"file://{workdir / 'blobs'}"},
-            "Azurite (az://)": {"blob.store.url": f"az://b{uuid.uuid4().hex[:12]}/state",
-                                "blob.store.connection.string": azurite_connection_string(azurite.port)},
-            "moto S3 (s3://)": {"blob.store.url": f"s3://b-{uuid.uuid4().hex[:12]}/state",
-                                "blob.store.endpoint.url": moto.endpoint},
+            "Azurite (az://)": {
+                "blob.store.url": f"az://b{uuid.uuid4().hex[:12]}/state",
+                "blob.store.connection.string": azurite_connection_string(azurite.port),
+            },
+            "moto S3 (s3://)": {
+                "blob.store.url": f"s3://b-{uuid.uuid4().hex[:12]}/state",
+                "blob.store.endpoint.url": moto.endpoint,
+            },
         }
-        rows = [run_store(label, keys, workdir, args.keys, args.updates, args.commits)
-                for label, keys in stores.items()]
+        rows = [
+            run_store(label, keys, workdir, args.keys, args.updates, args.commits) for label, keys in stores.items()
+        ]
     finally:
         azurite.stop()
         moto.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     print(f"{args.keys:,} keys in one task, {args.updates:,} distinct updates per commit, {args.commits} commits")
-    print(format_table(
-        ["store", "sync p50 ms", "sync p95 ms", "durable p50 ms", "durable p95 ms", "restore (wiped) ms"],
-        [[r["store"], f"{r['sync_p50_ms']:.1f}", f"{r['sync_p95_ms']:.1f}", f"{r['durable_p50_ms']:.1f}",
-          f"{r['durable_p95_ms']:.1f}", f"{r['restore_ms']:.0f}"] for r in rows]))
+    print(
+        format_table(
+            ["store", "sync p50 ms", "sync p95 ms", "durable p50 ms", "durable p95 ms", "restore (wiped) ms"],
+            [
+                [
+                    r["store"],
+                    f"{r['sync_p50_ms']:.1f}",
+                    f"{r['sync_p95_ms']:.1f}",
+                    f"{r['durable_p50_ms']:.1f}",
+                    f"{r['durable_p95_ms']:.1f}",
+                    f"{r['restore_ms']:.0f}",
+                ]
+                for r in rows
+            ],
+        )
+    )
     path = write_result("commit-remote", {"args": vars(args), "machine": machine_info(), "rows": rows})
     print(f"result: {path}")
     return 0

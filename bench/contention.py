@@ -44,11 +44,18 @@ from statebackend.task import TaskStorage
 
 
 def config(root: Path) -> dict[str, Any]:
-    return {"job.name": "bench", "state.local.dir": str(root / "local"), "blob.store.url": (root / "blobs").as_uri(),
-            "blob.store.create.if.missing": True, "stores.counts.backup.factories": "changelog",
-            "stores.counts.key.serde": "string", "stores.counts.msg.serde": "integer",
-            "changelog.snapshot.interval.ratio": 0, "changelog.snapshot.interval.commits": 100_000,
-            "task.thread.switch.interval.us": 0}
+    return {
+        "job.name": "bench",
+        "state.local.dir": str(root / "local"),
+        "blob.store.url": (root / "blobs").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+        "changelog.snapshot.interval.ratio": 0,
+        "changelog.snapshot.interval.commits": 100_000,
+        "task.thread.switch.interval.us": 0,
+    }
 
 
 def spin(stop: threading.Event) -> None:
@@ -71,7 +78,7 @@ def run(keys: int, updates: int, rounds: int, intervals_us: Sequence[int]) -> di
             task.commit_durably({"batch": "0"})
         rng = random.Random(1)
         for round_no in range(rounds):
-            for interval, busy in settings[round_no % len(settings):] + settings[:round_no % len(settings)]:
+            for interval, busy in settings[round_no % len(settings) :] + settings[: round_no % len(settings)]:
                 sys.setswitchinterval(interval / 1_000_000)
                 task = TaskStorage.open(cfg, "task-0")
                 store = task.store("counts")
@@ -101,9 +108,16 @@ def run(keys: int, updates: int, rounds: int, intervals_us: Sequence[int]) -> di
     for (interval, busy), got in samples.items():
         commit_p50, commit_p95 = p50_p95(got["commit"])
         close_p50, close_p95 = p50_p95(got["close"])
-        rows.append({"interval_us": interval, "spinning_thread": busy, "durable_commit_p50_ms": commit_p50,
-                     "durable_commit_p95_ms": commit_p95, "handover_close_p50_ms": close_p50,
-                     "handover_close_p95_ms": close_p95})
+        rows.append(
+            {
+                "interval_us": interval,
+                "spinning_thread": busy,
+                "durable_commit_p50_ms": commit_p50,
+                "durable_commit_p95_ms": commit_p95,
+                "handover_close_p50_ms": close_p50,
+                "handover_close_p95_ms": close_p95,
+            }
+        )
     return {"keys": keys, "updates": updates, "rounds": rounds, "rows": rows}
 
 
@@ -117,12 +131,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     intervals = [int(value) for value in args.intervals_us.split(",")]
     result = run(args.keys, args.updates, args.rounds, intervals)
     print(f"# {args.keys:,} keys, {args.updates:,} updates per commit, {args.rounds} rounds per setting\n")
-    print(format_table(
-        ["switch interval us", "thread spinning beside", "durable commit p50 ms", "p95", "handover close p50 ms",
-         "p95"],
-        [[r["interval_us"], "yes" if r["spinning_thread"] else "no", r["durable_commit_p50_ms"],
-          r["durable_commit_p95_ms"], r["handover_close_p50_ms"], r["handover_close_p95_ms"]]
-         for r in result["rows"]]))
+    print(
+        format_table(
+            [
+                "switch interval us",
+                "thread spinning beside",
+                "durable commit p50 ms",
+                "p95",
+                "handover close p50 ms",
+                "p95",
+            ],
+            [
+                [
+                    r["interval_us"],
+                    "yes" if r["spinning_thread"] else "no",
+                    r["durable_commit_p50_ms"],
+                    r["durable_commit_p95_ms"],
+                    r["handover_close_p50_ms"],
+                    r["handover_close_p95_ms"],
+                ]
+                for r in result["rows"]
+            ],
+        )
+    )
     path = write_result("contention", {**result, "machine": machine_info()})
     print(f"\nresult: {path}")
     return 0

@@ -54,9 +54,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args()
     options = dict(item.split("=", 1) for item in args.option)
-    result: dict[str, Any] = {"label": args.label, "library": statebackend.__file__, "loadavg_start": os.getloadavg(),
-                              "keys": args.keys, "updates": args.updates, "commits": args.commits,
-                              "options": options, "runs": []}
+    result: dict[str, Any] = {
+        "label": args.label,
+        "library": statebackend.__file__,
+        "loadavg_start": os.getloadavg(),
+        "keys": args.keys,
+        "updates": args.updates,
+        "commits": args.commits,
+        "options": options,
+        "runs": [],
+    }
     for shape in args.shapes.split(","):
         for backend in args.backends.split(","):
             row = run(backend, shape, args.keys, args.updates, args.commits, args.repeat, options)
@@ -70,14 +77,18 @@ def main() -> None:
     print(f"raw numbers: {path}")
 
 
-def run(backend: str, shape: str, keys: int, updates: int, commits: int, repeat: int,
-        options: dict[str, str]) -> dict[str, Any]:
+def run(
+    backend: str, shape: str, keys: int, updates: int, commits: int, repeat: int, options: dict[str, str]
+) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="bench-envbase-ab-"))
     rng = random.Random(11)
     settings = {
         **{k: v for k, v in options.items() if k.startswith(backend + ".")},
-        "job.name": "j", "state.local.dir": str(root / "local"), "blob.store.url": (root / "blobs").as_uri(),
-        "blob.store.create.if.missing": True, "stores.counts.backup.factories": backend,
+        "job.name": "j",
+        "state.local.dir": str(root / "local"),
+        "blob.store.url": (root / "blobs").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.counts.backup.factories": backend,
         "task.commit.timeout.ms": 3_600_000,
     }
     key_of, value_of = shapes(shape, keys, rng)
@@ -116,8 +127,11 @@ def run(backend: str, shape: str, keys: int, updates: int, commits: int, repeat:
                 samples.append(time.perf_counter() - started)
                 if task.store("counts").count() != keys:
                     raise AssertionError(f"restored {task.store('counts').count()} keys, expected {keys}")
-                metrics = {k: v for k, v in task.metrics.snapshot().items()
-                           if k.startswith("restore") and isinstance(v, (int, float))}
+                metrics = {
+                    k: v
+                    for k, v in task.metrics.snapshot().items()
+                    if k.startswith("restore") and isinstance(v, (int, float))
+                }
         last_index = last_runs(root) if backend == "blobsnapshot" else None
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -129,14 +143,24 @@ def run(backend: str, shape: str, keys: int, updates: int, commits: int, repeat:
     base_bytes = sum(base["size"] for base in bases)
     base_commits = [base["commit"] for base in bases]
     return {
-        "backend": backend, "shape": shape, "keys": keys, "updates": updates, "commits": commits,
+        "backend": backend,
+        "shape": shape,
+        "keys": keys,
+        "updates": updates,
+        "commits": commits,
         "history_s": history_s,
-        "total_per_commit": total / commits, "base_per_commit": base_bytes / commits,
+        "total_per_commit": total / commits,
+        "base_per_commit": base_bytes / commits,
         "rest_per_commit": (total - base_bytes) / commits,
-        "bases": bases, "base_sizes": [base["size"] for base in bases], "base_commits": base_commits,
+        "bases": bases,
+        "base_sizes": [base["size"] for base in bases],
+        "base_commits": base_commits,
         "commits_between_bases": [b - a for a, b in itertools.pairwise(base_commits)],
         "commits_since_last_base": commits - base_commits[-1] if base_commits else commits,
-        "restore_s": samples, "restore_s_best": min(samples), "restore_metrics": metrics, "last_index": last_index,
+        "restore_s": samples,
+        "restore_s_best": min(samples),
+        "restore_metrics": metrics,
+        "last_index": last_index,
         "writes": writes,
     }
 
@@ -148,7 +172,7 @@ def shapes(shape: str, keys: int, rng: random.Random) -> tuple[Callable[[int], b
         return lambda i: b"k%08d" % (i * 4), lambda i, count: _U64.pack(count)
     if shape == "random":
         raw = rng.randbytes(16 * keys)
-        return (lambda i: raw[16 * i:16 * i + 16]), (lambda i, count: rng.randbytes(32))
+        return (lambda i: raw[16 * i : 16 * i + 16]), (lambda i, count: rng.randbytes(32))
     raise SystemExit(f"unknown shape {shape!r}: int, kfmt or random")
 
 
@@ -181,8 +205,13 @@ def counting_writes() -> Iterator[tuple[list[tuple[int, str, int]], list[int]]]:
 
     def write_metadata(self: Any, name: str, inode: int, metadata: dict[str, str]) -> None:
         if now[0]:
-            writes.append((now[0], name + "#metadata",
-                           len(json.dumps({"name": name, "metadata": metadata}, sort_keys=True).encode())))
+            writes.append(
+                (
+                    now[0],
+                    name + "#metadata",
+                    len(json.dumps({"name": name, "metadata": metadata}, sort_keys=True).encode()),
+                )
+            )
         original_metadata(self, name, inode, metadata)
 
     file_blobs.FileBlobStore._write = write  # type: ignore[method-assign]
@@ -211,8 +240,11 @@ def last_runs(root: Path) -> dict[str, Any] | None:
     index = _newest_index(root)
     if not index:
         return None
-    return {"runs": len(index["runs"]), "bottom_bytes": index["runs"][0]["size"],
-            "above_bytes": sum(run["size"] for run in index["runs"][1:])}
+    return {
+        "runs": len(index["runs"]),
+        "bottom_bytes": index["runs"][0]["size"],
+        "above_bytes": sum(run["size"] for run in index["runs"][1:]),
+    }
 
 
 if __name__ == "__main__":

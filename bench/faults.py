@@ -76,8 +76,9 @@ class FaultyFileStore(BlobStore):
             self.injected += 1
             return "before" if self._rng.random() < 0.5 else "after"
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         fate = self._fate()
         if fate == "before":
             raise TransientStorageError(f"injected fault before writing {name}")
@@ -147,8 +148,16 @@ class Cell:
             self.first_errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
 
 
-def run_cell(store_kind: str, backend: str, rate: float, servers: Mapping[str, ServerProcess], commits: int,
-             restores: int, seed: int, work: Path) -> Cell:
+def run_cell(
+    store_kind: str,
+    backend: str,
+    rate: float,
+    servers: Mapping[str, ServerProcess],
+    commits: int,
+    restores: int,
+    seed: int,
+    work: Path,
+) -> Cell:
     cell = Cell()
     container = f"f{uuid.uuid4().hex[:12]}"
     with ExitStack() as stack:
@@ -170,13 +179,14 @@ def run_cell(store_kind: str, backend: str, rate: float, servers: Mapping[str, S
             base["blob.store.url"] = root.as_uri()
             base["blob.store.create.if.missing"] = True
             faulty = FaultyFileStore(FileBlobStore.from_url(root.as_uri(), {"create.if.missing": True}), rate, seed)
-            blob_store = ResilientBlobStore.wrap(faulty, {k[len("blob.store."):]: v for k, v in RETRY.items()})
+            blob_store = ResilientBlobStore.wrap(faulty, {k[len("blob.store.") :]: v for k, v in RETRY.items()})
             stack.callback(lambda: setattr(cell, "injected", faulty.injected))
             direct: dict[str, Any] = dict(base)
         else:
             server = servers[store_kind]
-            proxy = stack.enter_context(FaultProxy(server.host, server.port, failure_rate=rate, seed=seed,
-                                                   kinds=FAULT_KINDS))
+            proxy = stack.enter_context(
+                FaultProxy(server.host, server.port, failure_rate=rate, seed=seed, kinds=FAULT_KINDS)
+            )
             stack.callback(lambda: setattr(cell, "injected", sum(proxy.stats[k] for k in FAULT_KINDS)))
             base.update(_remote_keys(store_kind, container, proxy.port))
             direct = {**base, **_remote_keys(store_kind, container, server.port)}
@@ -218,8 +228,7 @@ def run_cell(store_kind: str, backend: str, rate: float, servers: Mapping[str, S
             faulted = attempt < restores
             restore_config = {**(base if faulted else direct), "state.local.dir": str(work / f"{container}-r{attempt}")}
             try:
-                with TaskStorage.open(restore_config, "task-0",
-                                      blob_store=blob_store if faulted else None) as restored:
+                with TaskStorage.open(restore_config, "task-0", blob_store=blob_store if faulted else None) as restored:
                     offsets = dict(restored.restored.input_offsets) if restored.restored else None
                     state = dict(restored.store("counts", typed=False).items())
             except StateBackendError as exc:
@@ -258,10 +267,16 @@ def run_cell(store_kind: str, backend: str, rate: float, servers: Mapping[str, S
 
 def _remote_keys(kind: str, container: str, port: int) -> dict[str, Any]:
     if kind == "s3":
-        return {"blob.store.url": f"s3://{container}/state", "blob.store.endpoint.url": f"http://127.0.0.1:{port}",
-                "blob.store.create.if.missing": True}
-    return {"blob.store.url": f"az://{container}/state",
-            "blob.store.connection.string": azurite_connection_string(port), "blob.store.create.if.missing": True}
+        return {
+            "blob.store.url": f"s3://{container}/state",
+            "blob.store.endpoint.url": f"http://127.0.0.1:{port}",
+            "blob.store.create.if.missing": True,
+        }
+    return {
+        "blob.store.url": f"az://{container}/state",
+        "blob.store.connection.string": azurite_connection_string(port),
+        "blob.store.create.if.missing": True,
+    }
 
 
 def main() -> None:
@@ -285,8 +300,11 @@ def main() -> None:
             servers["az"] = start_azurite(work / "azurite")
             stack.callback(servers["az"].stop)
         if "s3" in stores:
-            for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                               "AWS_DEFAULT_REGION": "us-east-1"}.items():
+            for key, value in {
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1",
+            }.items():
                 os.environ.setdefault(key, value)  # moto's server takes any credentials; boto3 wants some
             (work / "moto").mkdir()
             servers["s3"] = start_moto(work / "moto")
@@ -294,12 +312,24 @@ def main() -> None:
         for store_kind in stores:
             for backend in args.backends.split(","):
                 for index, rate in enumerate(rates):
-                    cell = run_cell(store_kind, backend, rate, servers, args.commits, args.restores,
-                                    args.seed + index, work)
+                    cell = run_cell(
+                        store_kind, backend, rate, servers, args.commits, args.restores, args.seed + index, work
+                    )
                     p50, p95 = p50_p95(cell.latencies_ms) if cell.latencies_ms else (0.0, 0.0)
-                    row = [store_kind, backend, f"{rate:.0%}", cell.injected, cell.acknowledged, cell.failed, cell.lost, cell.raw,
-                           cell.false_conflicts, f"{cell.restored}/{cell.restore_failed}/{cell.restore_wrong}",
-                           p50, p95]
+                    row = [
+                        store_kind,
+                        backend,
+                        f"{rate:.0%}",
+                        cell.injected,
+                        cell.acknowledged,
+                        cell.failed,
+                        cell.lost,
+                        cell.raw,
+                        cell.false_conflicts,
+                        f"{cell.restored}/{cell.restore_failed}/{cell.restore_wrong}",
+                        p50,
+                        p95,
+                    ]
                     rows.append(row)
                     results.append({"store": store_kind, "backend": backend, "rate": rate, **vars(cell)})
                     print(format_table(HEADERS, [row]).splitlines()[-1], flush=True)
@@ -311,8 +341,20 @@ def main() -> None:
     print(f"\nresult: {path}")
 
 
-HEADERS = ["store", "backend", "faults", "injected", "acked", "failed", "lost", "raw", "false conflicts",
-           "restores ok/failed/wrong", "commit p50 ms", "commit p95 ms"]
+HEADERS = [
+    "store",
+    "backend",
+    "faults",
+    "injected",
+    "acked",
+    "failed",
+    "lost",
+    "raw",
+    "false conflicts",
+    "restores ok/failed/wrong",
+    "commit p50 ms",
+    "commit p95 ms",
+]
 
 if __name__ == "__main__":
     main()

@@ -31,8 +31,9 @@ def reference_records(record_count: int) -> list[tuple[bytes, bytes | None]]:
 
 def varied_records(record_count: int) -> list[tuple[bytes, bytes | None]]:
     rnd = random.Random(3)
-    return sorted((b"user:%09d:%s" % (i * 7, b"x" * rnd.randrange(16)), b"v" * rnd.randrange(40))
-                  for i in range(record_count))
+    return sorted(
+        (b"user:%09d:%s" % (i * 7, b"x" * rnd.randrange(16)), b"v" * rnd.randrange(40)) for i in range(record_count)
+    )
 
 
 def counter_records(record_count: int) -> list[tuple[bytes, bytes | None]]:
@@ -42,20 +43,27 @@ def counter_records(record_count: int) -> list[tuple[bytes, bytes | None]]:
 
 
 def main(record_count: int = 1_000_000) -> None:
-    header = FileHeader(kind="snapshot", job="bench", task="0", store="counts", checkpoint_id="0-0", token="t",
-                        seq=1, base_seq=1)
+    header = FileHeader(
+        kind="snapshot", job="bench", task="0", store="counts", checkpoint_id="0-0", token="t", seq=1, base_seq=1
+    )
     gc.disable()  # the consumer decides about GC; 1M result tuples would otherwise time the collector, not us
     for shape, make in (("reference", reference_records), ("varied", varied_records), ("counters", counter_records)):
         records = make(record_count)
         for compression in ("zstd", "none"):
             for version in SUPPORTED_FORMAT_VERSIONS:
-                run_one(attrs.evolve(header, format_version=version), records, shape, compression,
-                        load=compression == "zstd")
+                run_one(
+                    attrs.evolve(header, format_version=version),
+                    records,
+                    shape,
+                    compression,
+                    load=compression == "zstd",
+                )
     gc.enable()
 
 
-def run_one(header: FileHeader, records: list[tuple[bytes, bytes | None]], shape: str, compression: str, *,
-            load: bool) -> None:
+def run_one(
+    header: FileHeader, records: list[tuple[bytes, bytes | None]], shape: str, compression: str, *, load: bool
+) -> None:
     count = len(records)
     start = time.perf_counter()
     data = encode(header, records, compression=compression)
@@ -86,8 +94,10 @@ def run_one(header: FileHeader, records: list[tuple[bytes, bytes | None]], shape
             store = LocalStore.open(tmp, name="bench")
             try:
                 start = time.perf_counter()
-                loaded = store.replace_contents(iter_records(io.BytesIO(data), name="bench"),  # type: ignore[arg-type]
-                                                LocalVersion("1-1", "t"))
+                loaded = store.replace_contents(
+                    iter_records(io.BytesIO(data), name="bench"),  # type: ignore[arg-type]
+                    LocalVersion("1-1", "t"),
+                )
                 elapsed = time.perf_counter() - start
             finally:
                 store.close()

@@ -82,18 +82,43 @@ class Price:
 #: and list operations $0.055 per 10,000, read and other $0.0044 per 10,000, Delete Blob free (a Blob Batch is one
 #: "other" operation plus its sub-requests, which are deletes here: free).
 PRICES: dict[str, Price] = {
-    "s3": Price("S3 Standard (us-east-1)", {"put": 0.005, "get": 0.0004, "free": 0.0, "other": 0.0004}, {
-        "put": "put", "set_metadata": "put", "list": "put", "create_multipart_upload": "put", "upload_part": "put",
-        "complete_multipart_upload": "put", "delete_many": "put", "create_resources": "put",
-        "get": "get", "get_range": "get", "head": "get", "abandoned_uploads": "put",
-        "delete": "free", "remove_abandoned_upload": "free",
-    }),
-    "az": Price("Azure Blob hot LRS (East US)", {"put": 0.0055, "get": 0.00044, "free": 0.0, "other": 0.00044}, {
-        "put": "put", "set_metadata": "put", "stage_block": "put", "commit_block_list": "put", "list": "put",
-        "create_resources": "put",
-        "get": "get", "get_range": "get", "head": "get", "delete_many": "other",
-        "delete": "free",
-    }),
+    "s3": Price(
+        "S3 Standard (us-east-1)",
+        {"put": 0.005, "get": 0.0004, "free": 0.0, "other": 0.0004},
+        {
+            "put": "put",
+            "set_metadata": "put",
+            "list": "put",
+            "create_multipart_upload": "put",
+            "upload_part": "put",
+            "complete_multipart_upload": "put",
+            "delete_many": "put",
+            "create_resources": "put",
+            "get": "get",
+            "get_range": "get",
+            "head": "get",
+            "abandoned_uploads": "put",
+            "delete": "free",
+            "remove_abandoned_upload": "free",
+        },
+    ),
+    "az": Price(
+        "Azure Blob hot LRS (East US)",
+        {"put": 0.0055, "get": 0.00044, "free": 0.0, "other": 0.00044},
+        {
+            "put": "put",
+            "set_metadata": "put",
+            "stage_block": "put",
+            "commit_block_list": "put",
+            "list": "put",
+            "create_resources": "put",
+            "get": "get",
+            "get_range": "get",
+            "head": "get",
+            "delete_many": "other",
+            "delete": "free",
+        },
+    ),
 }
 
 
@@ -140,8 +165,11 @@ def settle(task: TaskStorage) -> None:
 
 
 @contextmanager
-def counted_open(config: Mapping[str, Any], make_store: Callable[[], BlobStore], metrics: Metrics,
-                 ) -> Iterator[TaskStorage]:
+def counted_open(
+    config: Mapping[str, Any],
+    make_store: Callable[[], BlobStore],
+    metrics: Metrics,
+) -> Iterator[TaskStorage]:
     """A task on a fresh client of the blob store whose requests count into ``metrics``."""
     store = make_store()
     store.use_metrics(metrics)
@@ -152,8 +180,17 @@ def counted_open(config: Mapping[str, Any], make_store: Callable[[], BlobStore],
         store.close()
 
 
-def measure(store_label: str, make_store: Callable[[], BlobStore], backend: str, workdir: Path, *, keys: int,
-            updates: int, changed: int, idle: int) -> dict[str, Any]:
+def measure(
+    store_label: str,
+    make_store: Callable[[], BlobStore],
+    backend: str,
+    workdir: Path,
+    *,
+    keys: int,
+    updates: int,
+    changed: int,
+    idle: int,
+) -> dict[str, Any]:
     """Run the scenario of the module docstring for one blob store and backend setup; counts by phase."""
     local = workdir / f"local-{uuid.uuid4().hex[:8]}"
     config: dict[str, Any] = {
@@ -255,29 +292,49 @@ def report(rows: list[dict[str, Any]]) -> str:
         else:
             cells.extend("-" for _ in RATES)
         summary.append(cells)
-    lines.append(format_table(
-        ["backend", "store", "req/changed", "billed PUT-class", "req/idle", "billed PUT-class (idle)",
-         "bytes sent/commit (changed / idle)",
-         *(f"$/month at {rate} (changed)" for rate in RATES)], summary))
+    lines.append(
+        format_table(
+            [
+                "backend",
+                "store",
+                "req/changed",
+                "billed PUT-class",
+                "req/idle",
+                "billed PUT-class (idle)",
+                "bytes sent/commit (changed / idle)",
+                *(f"$/month at {rate} (changed)" for rate in RATES),
+            ],
+            summary,
+        )
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stores", default="s3,az", help="comma-separated: s3, az, file")
-    parser.add_argument("--backends", default=";".join(BACKENDS),
-                        help="semicolon-separated backend setups (values of stores.<name>.backup.factories)")
+    parser.add_argument(
+        "--backends",
+        default=";".join(BACKENDS),
+        help="semicolon-separated backend setups (values of stores.<name>.backup.factories)",
+    )
     parser.add_argument("--keys", type=int, default=100, help="keys in the store")
     parser.add_argument("--updates", type=int, default=10, help="keys each changed commit updates")
     parser.add_argument("--changed", type=int, default=20, help="durable commits that change the store")
     parser.add_argument("--idle", type=int, default=20, help="durable commits that change nothing")
     parser.add_argument("--label", default="", help="a word for the result file name (e.g. before, after)")
-    parser.add_argument("--figure", type=Path, default=None,
-                        help="draw requests and bytes per commit per backend into this PNG (needs the bench extra)")
-    parser.add_argument("--before", type=Path, default=None,
-                        help="a result file of an earlier run, drawn beside this one in --figure")
-    parser.add_argument("--redraw", type=Path, default=None,
-                        help="measure nothing: draw --figure from this result file (and --before)")
+    parser.add_argument(
+        "--figure",
+        type=Path,
+        default=None,
+        help="draw requests and bytes per commit per backend into this PNG (needs the bench extra)",
+    )
+    parser.add_argument(
+        "--before", type=Path, default=None, help="a result file of an earlier run, drawn beside this one in --figure"
+    )
+    parser.add_argument(
+        "--redraw", type=Path, default=None, help="measure nothing: draw --figure from this result file (and --before)"
+    )
     args = parser.parse_args(argv)
     if args.redraw is not None:
         if args.figure is None:
@@ -285,8 +342,12 @@ def main(argv: list[str] | None = None) -> int:
         result = json.loads(args.redraw.read_text())
         run = result["args"]
         before = json.loads(args.before.read_text())["rows"] if args.before is not None else None
-        draw(result["rows"], before, args.figure,
-             f"{run['changed']} changed + {run['idle']} idle commits, {run['keys']:,} keys")
+        draw(
+            result["rows"],
+            before,
+            args.figure,
+            f"{run['changed']} changed + {run['idle']} idle commits, {run['keys']:,} keys",
+        )
         print(f"figure: {args.figure}")
         return 0
     kinds = [kind.strip() for kind in args.stores.split(",") if kind.strip()]
@@ -319,15 +380,26 @@ def main(argv: list[str] | None = None) -> int:
             az_url = f"az://b{uuid.uuid4().hex[:12]}/state"
             az_options = {"connection.string": azurite_connection_string(azurite.port), "create.if.missing": True}
             AzureBlobStore.from_url(az_url, AzureBlobStore.parse_options(az_options)).create_resources()
-            makers["az"] = ("Azurite", lambda: AzureBlobStore.from_url(az_url, AzureBlobStore.parse_options(az_options)))
+            makers["az"] = (
+                "Azurite",
+                lambda: AzureBlobStore.from_url(az_url, AzureBlobStore.parse_options(az_options)),
+            )
         if "file" in kinds:
             root = workdir / "blobs"
             makers["file"] = ("file:// (counted)", lambda: ResilientBlobStore(FileBlobStore(root)))
         rows = []
         for kind, (label, make) in makers.items():
             for backend in backends:
-                row = measure(label, make, backend, workdir, keys=args.keys, updates=args.updates,
-                              changed=args.changed, idle=args.idle)
+                row = measure(
+                    label,
+                    make,
+                    backend,
+                    workdir,
+                    keys=args.keys,
+                    updates=args.updates,
+                    changed=args.changed,
+                    idle=args.idle,
+                )
                 row["kind"] = kind
                 rows.append(row)
                 print(f"measured {backend} on {label}", file=sys.stderr)
@@ -335,12 +407,21 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers:
             server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"one task, one store of {args.keys:,} keys; {args.changed} durable commits updating {args.updates} keys "
-          f"each, then {args.idle} idle durable commits")
+    print(
+        f"one task, one store of {args.keys:,} keys; {args.changed} durable commits updating {args.updates} keys "
+        f"each, then {args.idle} idle durable commits"
+    )
     print(report(rows))
     name = "requests" + (f"-{args.label}" if args.label else "")
-    path = write_result(name, {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "machine": machine_info(), "rows": rows,
-                               "prices": {k: attrs.asdict(v) for k, v in PRICES.items()}})
+    path = write_result(
+        name,
+        {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "machine": machine_info(),
+            "rows": rows,
+            "prices": {k: attrs.asdict(v) for k, v in PRICES.items()},
+        },
+    )
     print(f"\nresult: {path}")
     if args.figure is not None:
         before = json.loads(args.before.read_text())["rows"] if args.before is not None else None
@@ -358,8 +439,14 @@ def draw(rows: list[dict[str, Any]], before: list[dict[str, Any]] | None, path: 
     store = rows[0]["store"]
     mine = [row for row in rows if row["store"] == store]
     earlier = {row["backend"]: row for row in before or [] if row["store"] == store}
-    operations = sorted({op for row in [*mine, *earlier.values()] for phase in ("changed commit", "idle commit")
-                         for op in row["phases"][phase]})
+    operations = sorted(
+        {
+            op
+            for row in [*mine, *earlier.values()]
+            for phase in ("changed commit", "idle commit")
+            for op in row["phases"][phase]
+        }
+    )
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6), gridspec_kw={"width_ratios": [3, 1.3]})
     labels, stacks = [], []
     for row in mine:

@@ -115,8 +115,11 @@ def build(backend: str, keys: int, deltas: int, updates: int, workdir: Path, see
     # a base of the state so far: the blob-snapshot backend's full compaction (a tiny ratio starts it, close waits
     # for it, the next open's commit adopts it); the changelog backend's snapshot (due at every commit here, written
     # in the background, close waits for it, the next open adopts it)
-    forcing = ({"blobsnapshot.compaction.full.ratio": "0.05", "blobsnapshot.compaction.full.min.bytes": "0"}
-               if backend == "blobsnapshot" else {"changelog.snapshot.interval.commits": 1})
+    forcing = (
+        {"blobsnapshot.compaction.full.ratio": "0.05", "blobsnapshot.compaction.full.min.bytes": "0"}
+        if backend == "blobsnapshot"
+        else {"changelog.snapshot.interval.commits": 1}
+    )
     started = time.perf_counter()
     for attempt in range(8):
         with TaskStorage.open(make_config(workdir, backend, **forcing), "task-0") as task:
@@ -135,15 +138,24 @@ def build(backend: str, keys: int, deltas: int, updates: int, workdir: Path, see
         raise RuntimeError("no base was made")
     base_s = time.perf_counter() - started
     history(deltas)  # the history above the base that a restore applies
-    return {"load_s": load_s, "base_s": base_s, "changed": changed,
-            "expected_count": keys - sum(1 for v in changed.values() if v < 0)}
+    return {
+        "load_s": load_s,
+        "base_s": base_s,
+        "changed": changed,
+        "expected_count": keys - sum(1 for v in changed.values() if v < 0),
+    }
 
 
 def restore_in_child(workdir: Path, backend: str, expected_count: int, sample: dict[int, int]) -> dict[str, Any]:
     shutil.rmtree(workdir / "local", ignore_errors=True)
     args = {"workdir": str(workdir), "backend": backend, "expected_count": expected_count, "sample": sample}
-    done = subprocess.run([sys.executable, "-m", "bench.restore", "--child", json.dumps(args)],
-                          capture_output=True, text=True, check=False, cwd=Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.restore", "--child", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"the restoring process failed:\n{done.stderr[-4000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
@@ -165,6 +177,7 @@ def child(spec: str) -> None:
                 for line in status:
                     if line.startswith("RssAnon:"):
                         peak_anon[0] = max(peak_anon[0], int(line.split()[1]))
+
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     seconds: list[float] = []
@@ -189,8 +202,17 @@ def child(spec: str) -> None:
     # VmHWM, not getrusage's ru_maxrss: that one is kept across exec, so it would report the benchmark's own peak
     with open("/proc/self/status") as status:
         hwm_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    print(json.dumps({"seconds": seconds[0], "warm_seconds": seconds[1], "peak_rss_mib": hwm_kib / 1024,
-                      "peak_anon_mib": peak_anon[0] / 1024, "metrics": metrics}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds[0],
+                "warm_seconds": seconds[1],
+                "peak_rss_mib": hwm_kib / 1024,
+                "peak_anon_mib": peak_anon[0] / 1024,
+                "metrics": metrics,
+            }
+        )
+    )
 
 
 def marker_blobs(workdir: Path, backend: str) -> list[str]:
@@ -256,8 +278,9 @@ def append_limit(workdir: Path, backend: str) -> float:
     return timed
 
 
-def run(backend: str, keys: int, deltas: int, updates: int, workdir: Path, seed: int,
-        repeat: int = 3) -> dict[str, Any]:
+def run(
+    backend: str, keys: int, deltas: int, updates: int, workdir: Path, seed: int, repeat: int = 3
+) -> dict[str, Any]:
     built = build(backend, keys, deltas, updates, workdir, seed)
     rng = random.Random(seed + 1)
     sample = {k: v for k, v in built["changed"].items() if k}
@@ -279,15 +302,29 @@ def run(backend: str, keys: int, deltas: int, updates: int, workdir: Path, seed:
     warm_s = min(samples["warm"])
     data_mib = sum(f.stat().st_size for f in (workdir / "local").rglob("data.mdb")) / 2**20
     return {
-        "backend": backend, "keys": keys, "deltas": deltas, "updates": updates,
-        "load_s": built["load_s"], "base_s": built["base_s"],
-        "restore_s": seconds, "warm_restore_s": warm_s, "x_limit_warm": warm_s / max(read_s, append_s),
-        "peak_rss_mib": restored["peak_rss_mib"], "peak_anon_mib": restored["peak_anon_mib"],
+        "backend": backend,
+        "keys": keys,
+        "deltas": deltas,
+        "updates": updates,
+        "load_s": built["load_s"],
+        "base_s": built["base_s"],
+        "restore_s": seconds,
+        "warm_restore_s": warm_s,
+        "x_limit_warm": warm_s / max(read_s, append_s),
+        "peak_rss_mib": restored["peak_rss_mib"],
+        "peak_anon_mib": restored["peak_anon_mib"],
         "metrics": restored["metrics"],
-        "blob_bytes": read_bytes, "blobs": len(names), "lmdb_mib": data_mib,
-        "mb_per_s": read_bytes / 1e6 / seconds, "keys_per_s": built["expected_count"] / seconds,
-        "limit_read_s": read_s, "limit_append_s": append_s, "samples": samples,
-        "x_limit": seconds / max(read_s, append_s), "x_append": seconds / append_s, "x_read": seconds / read_s,
+        "blob_bytes": read_bytes,
+        "blobs": len(names),
+        "lmdb_mib": data_mib,
+        "mb_per_s": read_bytes / 1e6 / seconds,
+        "keys_per_s": built["expected_count"] / seconds,
+        "limit_read_s": read_s,
+        "limit_append_s": append_s,
+        "samples": samples,
+        "x_limit": seconds / max(read_s, append_s),
+        "x_append": seconds / append_s,
+        "x_read": seconds / read_s,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -308,20 +345,46 @@ def plot(path: Path = FIGURE) -> Path:
     colors = {"changelog": "tab:blue", "blobsnapshot": "tab:orange"}
     for backend in BACKENDS:
         for deltas in sorted({d for b, d, _ in newest if b == backend}):
-            rows = sorted((r for (b, d, _), r in newest.items() if (b, d) == (backend, deltas)),
-                          key=lambda r: r["keys"])
+            rows = sorted(
+                (r for (b, d, _), r in newest.items() if (b, d) == (backend, deltas)), key=lambda r: r["keys"]
+            )
             xs = [r["keys"] for r in rows]
             # the commit that adopted the base is above it too
             above = f"base + {deltas + 1} commits above" if deltas else "base + the commit that adopted it"
-            ax.plot(xs, [r["restore_s"] for r in rows], marker="o" if deltas else "s", color=colors[backend],
-                    linestyle="-" if deltas else "-.", label=f"{backend}: cold restore, {above}")
+            ax.plot(
+                xs,
+                [r["restore_s"] for r in rows],
+                marker="o" if deltas else "s",
+                color=colors[backend],
+                linestyle="-" if deltas else "-.",
+                label=f"{backend}: cold restore, {above}",
+            )
             if deltas == max(d for b, d, _ in newest if b == backend):
-                ax.plot(xs, [r["limit_append_s"] for r in rows], linestyle="--", color=colors[backend], alpha=0.6,
-                        label=f"{backend} run: limit, LMDB bulk append of the state")
-                ax.plot(xs, [r["limit_read_s"] for r in rows], linestyle=":", color=colors[backend], alpha=0.6,
-                        label=f"{backend} run: limit, reading its blobs")
-    ax.plot([1e6, 1e7], [0.25, 2.0], linestyle="none", marker="*", markersize=12, color="tab:green",
-            label="targets (1M: 0.25 s, 10M: 2 s)")
+                ax.plot(
+                    xs,
+                    [r["limit_append_s"] for r in rows],
+                    linestyle="--",
+                    color=colors[backend],
+                    alpha=0.6,
+                    label=f"{backend} run: limit, LMDB bulk append of the state",
+                )
+                ax.plot(
+                    xs,
+                    [r["limit_read_s"] for r in rows],
+                    linestyle=":",
+                    color=colors[backend],
+                    alpha=0.6,
+                    label=f"{backend} run: limit, reading its blobs",
+                )
+    ax.plot(
+        [1e6, 1e7],
+        [0.25, 2.0],
+        linestyle="none",
+        marker="*",
+        markersize=12,
+        color="tab:green",
+        label="targets (1M: 0.25 s, 10M: 2 s)",
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("keys (8-byte keys, 8-byte values)")
@@ -360,20 +423,56 @@ def main(argv: Sequence[str] | None = None) -> None:
             results.append(run(backend, keys, args.deltas, args.updates, workdir, args.seed, args.repeat))
             shutil.rmtree(workdir, ignore_errors=True)
             row = results[-1]
-            print(f"  restore {row['restore_s']:.3f} s (a process that restored before: {row['warm_restore_s']:.3f} s), "
-                  f"limit append {row['limit_append_s']:.3f} s, "
-                  f"read {row['limit_read_s']:.3f} s, peak RSS {row['peak_rss_mib']:.0f} MiB", flush=True)
-    rows = [[f"{r['keys']:,}", r["backend"], f"{r['restore_s']:.3f}", f"{r['warm_restore_s']:.3f}",
-             f"{r['limit_append_s']:.3f}", f"{r['limit_read_s']:.3f}", f"{r['x_limit']:.2f}",
-             f"{r['x_limit_warm']:.2f}", f"{r['blob_bytes'] / 2**20:.1f}",
-             f"{r['lmdb_mib']:.0f}", f"{r['mb_per_s']:.0f}", f"{r['keys_per_s'] / 1e6:.1f}",
-             f"{r['peak_rss_mib']:.0f} / {r['peak_anon_mib']:.0f}", " ".join(f"{x:.1f}" for x in r["load_average"])] for r in results]
+            print(
+                f"  restore {row['restore_s']:.3f} s (a process that restored before: {row['warm_restore_s']:.3f} s), "
+                f"limit append {row['limit_append_s']:.3f} s, "
+                f"read {row['limit_read_s']:.3f} s, peak RSS {row['peak_rss_mib']:.0f} MiB",
+                flush=True,
+            )
+    rows = [
+        [
+            f"{r['keys']:,}",
+            r["backend"],
+            f"{r['restore_s']:.3f}",
+            f"{r['warm_restore_s']:.3f}",
+            f"{r['limit_append_s']:.3f}",
+            f"{r['limit_read_s']:.3f}",
+            f"{r['x_limit']:.2f}",
+            f"{r['x_limit_warm']:.2f}",
+            f"{r['blob_bytes'] / 2**20:.1f}",
+            f"{r['lmdb_mib']:.0f}",
+            f"{r['mb_per_s']:.0f}",
+            f"{r['keys_per_s'] / 1e6:.1f}",
+            f"{r['peak_rss_mib']:.0f} / {r['peak_anon_mib']:.0f}",
+            " ".join(f"{x:.1f}" for x in r["load_average"]),
+        ]
+        for r in results
+    ]
     print()
-    print(format_table(["keys", "backend", "restore s", "warm s", "limit: append s", "limit: read s", "x limit",
-                        "warm x limit",
-                        "blobs read MiB", "LMDB MiB", "MB/s", "M keys/s", "peak RSS / anon MiB", "load"], rows))
-    path = write_result("restore", {"machine": machine_info(), "deltas": args.deltas, "updates": args.updates,
-                                    "results": results})
+    print(
+        format_table(
+            [
+                "keys",
+                "backend",
+                "restore s",
+                "warm s",
+                "limit: append s",
+                "limit: read s",
+                "x limit",
+                "warm x limit",
+                "blobs read MiB",
+                "LMDB MiB",
+                "MB/s",
+                "M keys/s",
+                "peak RSS / anon MiB",
+                "load",
+            ],
+            rows,
+        )
+    )
+    path = write_result(
+        "restore", {"machine": machine_info(), "deltas": args.deltas, "updates": args.updates, "results": results}
+    )
     print(f"\nraw results: {path}")
     if args.plot:
         print(f"figure: {plot()}")

@@ -38,17 +38,28 @@ class StatsRows(StatefulForeachBatch):
         return None
 
 
-def job(work: Path, name: str, kind: type[StatefulForeachBatch] = StatefulForeachBatch,
-        **options: Any) -> tuple[StatefulForeachBatch, dict[str, object]]:
+def job(
+    work: Path, name: str, kind: type[StatefulForeachBatch] = StatefulForeachBatch, **options: Any
+) -> tuple[StatefulForeachBatch, dict[str, object]]:
     config: dict[str, object] = {
-        "job.name": name, "state.local.dir": str(work / name / "local"),
-        "blob.store.url": f"file://{work / name / 'blobs'}", "blob.store.create.if.missing": "true",
-        "stores.counts.backup.factories": "changelog", "stores.counts.key.serde": "string",
+        "job.name": name,
+        "state.local.dir": str(work / name / "local"),
+        "blob.store.url": f"file://{work / name / 'blobs'}",
+        "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }
-    return kind(count_keys, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
-                                output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
-                                **options), config
+    return kind(
+        count_keys,
+        key_columns=["key"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema="key string",
+        mode="arrow",
+        sink=lambda frame, batch_id: None,
+        **options,
+    ), config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,19 +67,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--updates", type=int, default=10_000)
     parser.add_argument("--batches", type=int, default=16)
-    parser.add_argument("--stats-rows", action="store_true",
-                        help="add the variant whose stats travel as rows of a persisted output")
+    parser.add_argument(
+        "--stats-rows", action="store_true", help="add the variant whose stats travel as rows of a persisted output"
+    )
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="statebackend-bench-ab-"))
-    spark = local_spark_session("statebackend-bench-ab", master="local[2]",
-                                conf={"spark.sql.shuffle.partitions": str(NUM_TASKS), "spark.driver.memory": "4g"})
+    spark = local_spark_session(
+        "statebackend-bench-ab",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": str(NUM_TASKS), "spark.driver.memory": "4g"},
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         total = write_input(work / "input", args.keys, args.updates, args.batches)
         confirmed, confirmed_config = job(work, "confirmed", confirm_on_driver=True)
         waiting, waiting_config = job(work, "waiting", confirm_on_driver=False)
-        variants: dict[str, Any] = {"driver confirms": confirmed, "tasks wait (default on file://)": waiting,
-                                    "no-state floor": no_state_batch}
+        variants: dict[str, Any] = {
+            "driver confirms": confirmed,
+            "tasks wait (default on file://)": waiting,
+            "no-state floor": no_state_batch,
+        }
         checked = [("driver confirms", confirmed, confirmed_config), ("tasks wait", waiting, waiting_config)]
         if args.stats_rows:
             rows_job, rows_config = job(work, "rows", StatsRows, confirm_on_driver=False)
@@ -78,14 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         names = list(variants)
         for batch in range(args.batches + 1):
             frame = spark.read.parquet(str(work / "input" / f"batch-{batch:04d}.parquet"))
-            order = names[batch % len(names):] + names[:batch % len(names)]
+            order = names[batch % len(names) :] + names[: batch % len(names)]
             for name in order:
                 started = time.perf_counter()
                 variants[name](frame, batch)
                 if batch > 0:
                     times[name].append((time.perf_counter() - started) * 1000.0)
-        print(f"# foreachBatch call ms, {args.keys} keys, {args.updates} updates, {args.batches} batches, "
-              f"interleaved (p50 / p95)\n")
+        print(
+            f"# foreachBatch call ms, {args.keys} keys, {args.updates} updates, {args.batches} batches, "
+            f"interleaved (p50 / p95)\n"
+        )
         print("| variant | p50 | p95 | p50 vs the floor |")
         print("|---|---:|---:|---:|")
         floor = statistics.median(times["no-state floor"])
@@ -94,15 +114,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | {p50:.0f} | {percentile(values, 0.95):.0f} | {p50 / floor:.2f}x |")
         ok = True
         for name, _, config in checked:
-            keys, counted = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr(
-                "count(*)", "sum(value)").first()
+            keys, counted = (
+                read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)").first()
+            )
             good = keys == args.keys and counted == total
             ok &= good
             print(f"\n{name}: {keys} keys, counts sum to {counted} of {total} rows: {'OK' if good else 'FAIL'}")
         for name, variant, _ in checked:
             counters = variant.metrics.export()
-            print(f"{name}: reruns {counters.counter('spark.batch.reruns')}, stats missing "
-                  f"{counters.counter('spark.task.stats.missing')}")
+            print(
+                f"{name}: reruns {counters.counter('spark.batch.reruns')}, stats missing "
+                f"{counters.counter('spark.task.stats.missing')}"
+            )
         return 0 if ok else 1
     finally:
         spark.stop()

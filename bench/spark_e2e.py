@@ -106,8 +106,9 @@ def aggregate_only(batches: Any) -> Any:
 
 def no_state_batch(batch_df: Any, batch_id: int) -> None:
     """The no-state floor: the same shuffle into 4 tasks and the same Python aggregation per task, one action."""
-    batch_df.repartition(NUM_TASKS, "key").mapInArrow(aggregate_only, "key string").write.format("noop") \
-        .mode("overwrite").save()
+    batch_df.repartition(NUM_TASKS, "key").mapInArrow(aggregate_only, "key string").write.format("noop").mode(
+        "overwrite"
+    ).save()
 
 
 class DirWatcher:
@@ -138,7 +139,7 @@ class DirWatcher:
             self.scan()
 
     def scan(self) -> None:
-        for path in (self.root.rglob("*") if self.root.exists() else ()):
+        for path in self.root.rglob("*") if self.root.exists() else ():
             if "~tmp." in path.name or path.name.endswith(".partial"):
                 continue  # a blob being written aside: counted once, under its name, after the rename
             try:
@@ -187,7 +188,7 @@ def spark_kind(path: str) -> str:
 def dir_bytes_by_kind(root: Path, after: float = 0.0) -> dict[str, tuple[int, int]]:
     """(bytes, files) by kind of the files under ``root`` last modified after ``after``."""
     kinds: dict[str, tuple[int, int]] = {}
-    for path in (root.rglob("*") if root.exists() else ()):
+    for path in root.rglob("*") if root.exists() else ():
         if path.is_file() and path.stat().st_mtime > after:
             kind = spark_kind(str(path))
             total, files = kinds.get(kind, (0, 0))
@@ -196,8 +197,10 @@ def dir_bytes_by_kind(root: Path, after: float = 0.0) -> dict[str, tuple[int, in
 
 
 def kinds_text(kinds: dict[str, tuple[int, int]], batches: int) -> str:
-    return ", ".join(f"{kind} {total / batches / 1e3:.1f} KB ({files} files)"
-                     for kind, (total, files) in sorted(kinds.items(), key=lambda item: -item[1][0]))
+    return ", ".join(
+        f"{kind} {total / batches / 1e3:.1f} KB ({files} files)"
+        for kind, (total, files) in sorted(kinds.items(), key=lambda item: -item[1][0])
+    )
 
 
 def dir_bytes(root: Path, after: float = 0.0) -> int:
@@ -242,8 +245,15 @@ def write_input(directory: Path, keys: int, updates: int, batches: int, seed: in
 
 def run_spark_state_store(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
-    query = (stream.groupBy("key").count().writeStream.outputMode("update").format("noop")
-             .option("checkpointLocation", str(work / "spark-rocksdb-checkpoint")).trigger(availableNow=True).start())
+    query = (
+        stream.groupBy("key")
+        .count()
+        .writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(work / "spark-rocksdb-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"Spark's stateful query failed: {query.exception()}")
@@ -253,33 +263,50 @@ def run_spark_state_store(spark: Any, source: Path, work: Path) -> list[dict[str
         if progress["numInputRows"] == 0:
             continue
         operator = progress["stateOperators"][0]
-        rows.append({
-            "batch": progress["batchId"],
-            "duration_ms": progress["durationMs"]["triggerExecution"],
-            "commit_ms": operator["commitTimeMs"],
-            "state_rows": operator["numRowsTotal"],
-            "updated_rows": operator["numRowsUpdated"],
-            "load_end": loaded,
-        })
+        rows.append(
+            {
+                "batch": progress["batchId"],
+                "duration_ms": progress["durationMs"]["triggerExecution"],
+                "commit_ms": operator["commitTimeMs"],
+                "state_rows": operator["numRowsTotal"],
+                "updated_rows": operator["numRowsUpdated"],
+                "load_end": loaded,
+            }
+        )
     return rows
 
 
 def run_floor(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
-    query = (stream.writeStream.foreachBatch(no_state_batch).option("checkpointLocation", str(work / "floor-checkpoint"))
-             .trigger(availableNow=True).start())
+    query = (
+        stream.writeStream.foreachBatch(no_state_batch)
+        .option("checkpointLocation", str(work / "floor-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"the no-state query failed: {query.exception()}")
-    return [{"batch": p["batchId"], "duration_ms": p["durationMs"]["triggerExecution"]}
-            for p in query.recentProgress if p["numInputRows"] > 0]
+    return [
+        {"batch": p["batchId"], "duration_ms": p["durationMs"]["triggerExecution"]}
+        for p in query.recentProgress
+        if p["numInputRows"] > 0
+    ]
 
 
-def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys, keep_open: bool = True,
-                     backend: str = "changelog", options: dict[str, str] | None = None, num_tasks: int = NUM_TASKS,
-                     confirm_on_driver: bool | None = None, dump_stats: Path | None = None,
-                     blob_store: dict[str, object] | None = None,
-                     ) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int, Kinds]]:
+def run_statebackend(
+    spark: Any,
+    source: Path,
+    work: Path,
+    fn: Any = count_keys,
+    keep_open: bool = True,
+    backend: str = "changelog",
+    options: dict[str, str] | None = None,
+    num_tasks: int = NUM_TASKS,
+    confirm_on_driver: bool | None = None,
+    dump_stats: Path | None = None,
+    blob_store: dict[str, object] | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, object], tuple[int, int, Kinds]]:
     """``blob_store``: the ``blob.store.*`` keys of a remote store (default: ``file://`` under ``work``, whose
     bytes a watcher of its directory counts; a remote store's bytes are the tasks' ``blob_store.bytes.sent``)."""
     config: dict[str, object] = {
@@ -292,13 +319,25 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
         "stores.counts.msg.serde": "integer",
         **(options or {}),
     }
-    job = StatefulForeachBatch(fn, key_columns=["key"], num_tasks=num_tasks, config=config,
-                               output_schema="key string", mode="arrow", sink=lambda frame, batch_id: None,
-                               keep_open=keep_open, confirm_on_driver=confirm_on_driver)
+    job = StatefulForeachBatch(
+        fn,
+        key_columns=["key"],
+        num_tasks=num_tasks,
+        config=config,
+        output_schema="key string",
+        mode="arrow",
+        sink=lambda frame, batch_id: None,
+        keep_open=keep_open,
+        confirm_on_driver=confirm_on_driver,
+    )
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
     with DirWatcher(work / "sb-blobs") as blobs:
-        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(work / "sb-spark-checkpoint"))
-                 .trigger(availableNow=True).start())
+        query = (
+            stream.writeStream.foreachBatch(job)
+            .option("checkpointLocation", str(work / "sb-spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination()
         time.sleep(3)  # a background snapshot started by the last batches is written in this time
     if query.exception() is not None:
@@ -310,19 +349,21 @@ def run_statebackend(spark: Any, source: Path, work: Path, fn: Any = count_keys,
             continue
         stats = [s for s in job.history if s.batch_id == progress["batchId"]]
         commits = durable.get(progress["batchId"]) or [s.commit_ms for s in stats]
-        rows.append({
-            "batch": progress["batchId"],
-            "duration_ms": progress["durationMs"]["triggerExecution"],
-            "commit_max_ms": max(commits),
-            # a deferred commit of a task handed over to another worker reports nowhere: the mean of the known ones
-            # times the tasks stands for the sum then
-            "commit_sum_ms": sum(commits) / len(commits) * len(stats),
-            "sync_max_ms": max(s.commit_sync_ms for s in stats),
-            "open_max_ms": max(s.open_ms for s in stats),
-            "kept_open": sum(s.kept_open for s in stats),
-            "requests": batch_requests(job.history, progress["batchId"]),
-            "bytes_sent": batch_counter(job.history, progress["batchId"], "blob_store.bytes.sent"),
-        })
+        rows.append(
+            {
+                "batch": progress["batchId"],
+                "duration_ms": progress["durationMs"]["triggerExecution"],
+                "commit_max_ms": max(commits),
+                # a deferred commit of a task handed over to another worker reports nowhere: the mean of the known ones
+                # times the tasks stands for the sum then
+                "commit_sum_ms": sum(commits) / len(commits) * len(stats),
+                "sync_max_ms": max(s.commit_sync_ms for s in stats),
+                "open_max_ms": max(s.open_ms for s in stats),
+                "kept_open": sum(s.kept_open for s in stats),
+                "requests": batch_requests(job.history, progress["batchId"]),
+                "bytes_sent": batch_counter(job.history, progress["batchId"], "blob_store.bytes.sent"),
+            }
+        )
     if dump_stats is not None:
         write_task_stats(dump_stats, job.history)
     loaded = load_end(query)
@@ -382,14 +423,25 @@ def write_task_stats(path: Path, history: list[Any]) -> None:
         for s in history:
             metrics = s.metrics
             record = {
-                "batch": s.batch_id, "task": s.task_index, "attempt": s.attempt, "open_ms": round(s.open_ms, 2),
-                "process_ms": round(s.process_ms, 2), "commit_ms": round(s.commit_ms, 2),
-                "sync_ms": round(s.commit_sync_ms, 2), "kept_open": s.kept_open, "private_dir": s.private_dir,
-                "executor": s.executor, "pending": bool(s.pending_checkpoint_id),
+                "batch": s.batch_id,
+                "task": s.task_index,
+                "attempt": s.attempt,
+                "open_ms": round(s.open_ms, 2),
+                "process_ms": round(s.process_ms, 2),
+                "commit_ms": round(s.commit_ms, 2),
+                "sync_ms": round(s.commit_sync_ms, 2),
+                "kept_open": s.kept_open,
+                "private_dir": s.private_dir,
+                "executor": s.executor,
+                "pending": bool(s.pending_checkpoint_id),
                 "counters": {} if metrics is None else {_series(k): v for k, v in metrics.counters.items()},
-                "histograms": {} if metrics is None else {
+                "histograms": {}
+                if metrics is None
+                else {
                     _series(k): {"count": h.count, "sum": round(h.sum, 2), "max": round(h.max, 2)}
-                    for k, h in metrics.histograms.items() if h.count},
+                    for k, h in metrics.histograms.items()
+                    if h.count
+                },
             }
             out.write(json.dumps(record, default=str) + "\n")
 
@@ -423,62 +475,128 @@ def rescale_step(spark: Any, work: Path, args: Any, updates: int, total_rows: in
     more = 3
     total_rows += write_input(work / "input", args.keys, updates, more, first=args.batches + 1)
     rows, config, _ = run_statebackend(
-        spark, work / "input", work, fn, keep_open=not args.close_every_batch, backend=args.backend,
-        options=dict(option.split("=", 1) for option in args.option), num_tasks=args.rescale_to)
+        spark,
+        work / "input",
+        work,
+        fn,
+        keep_open=not args.close_every_batch,
+        backend=args.backend,
+        options=dict(option.split("=", 1) for option in args.option),
+        num_tasks=args.rescale_to,
+    )
     print(f"### Rescale: {NUM_TASKS} -> {args.rescale_to} tasks ({more} more update batches)\n")
-    print("| batch | statebackend batch ms | open ms (max; the rescaled batch: restore of the key groups) | "
-          "durable commit ms (max) |")
+    print(
+        "| batch | statebackend batch ms | open ms (max; the rescaled batch: restore of the key groups) | "
+        "durable commit ms (max) |"
+    )
     print("|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['batch']} | {row['duration_ms']} | {row['open_max_ms']:.0f} | {row['commit_max_ms']:.0f} |")
     state = read_state(spark, config, "counts", num_tasks=args.rescale_to).selectExpr("count(*)", "sum(value)")
     keys, counted = state.first()
     ok = keys == args.keys and counted == total_rows and len(rows) == more
-    print(f"\nstatebackend state check after the rescale: {keys} keys in {args.rescale_to} tasks, counts sum to "
-          f"{counted} of {total_rows} input rows: {'OK' if ok else 'FAIL'}\n", flush=True)
+    print(
+        f"\nstatebackend state check after the rescale: {keys} keys in {args.rescale_to} tasks, counts sum to "
+        f"{counted} of {total_rows} input rows: {'OK' if ok else 'FAIL'}\n",
+        flush=True,
+    )
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000, help="keys of state (default 1M)")
-    parser.add_argument("--updates", type=int, nargs="+", default=[10_000, 50_000],
-                        help="distinct keys updated per batch; one run per value (default 10000 50000)")
+    parser.add_argument(
+        "--updates",
+        type=int,
+        nargs="+",
+        default=[10_000, 50_000],
+        help="distinct keys updated per batch; one run per value (default 10000 50000)",
+    )
     parser.add_argument("--batches", type=int, default=20, help="update batches after the load batch (default 20)")
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temp dir, deleted at the end")
     parser.add_argument("--per-key", action="store_true", help="statebackend's count with the per-key API")
-    parser.add_argument("--backend", choices=["changelog", "blobsnapshot"], default="changelog",
-                        help="statebackend's backend for the counts store (default changelog)")
-    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="one more statebackend config key (repeatable), e.g. changelog.snapshot.interval.commits=50")
-    parser.add_argument("--rescale-to", type=int, default=6, metavar="N",
-                        help="then run 3 more update batches with num_tasks=N on the same state (0: skip; default 6)")
-    parser.add_argument("--cluster-batches", type=int, default=12, metavar="N",
-                        help="then a word count of N batches on local-cluster[2,1,1024] with and without affinity, "
-                             "counting the task-batches that moved executor (0: skip; default 12)")
-    parser.add_argument("--confirm-on-driver", choices=["auto", "on", "off"], default="auto",
-                        help="StatefulForeachBatch(confirm_on_driver=...): None (auto: on for az:// and s3://, off for "
-                             "file://), True or False (default auto)")
-    parser.add_argument("--close-every-batch", action="store_true",
-                        help="StatefulForeachBatch(keep_open=False): open and close every task every batch")
-    parser.add_argument("--dump-stats", type=Path, default=None, metavar="DIR",
-                        help="write every statebackend task attempt's stats to DIR/task-stats-<updates>.jsonl")
-    parser.add_argument("--blob-store", choices=["file", "s3"], default="file",
-                        help="statebackend's blob store: file:// (default; sends no requests, so counts none) or "
-                             "moto's S3 server started here (every request counted)")
-    parser.add_argument("--tws", action="store_true",
-                        help="add transformWithStateInPandas to the count (state checked equal), then run the "
-                             "sessionization through statebackend and transformWithStateInPandas (output checked equal)")
+    parser.add_argument(
+        "--backend",
+        choices=["changelog", "blobsnapshot"],
+        default="changelog",
+        help="statebackend's backend for the counts store (default changelog)",
+    )
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more statebackend config key (repeatable), e.g. changelog.snapshot.interval.commits=50",
+    )
+    parser.add_argument(
+        "--rescale-to",
+        type=int,
+        default=6,
+        metavar="N",
+        help="then run 3 more update batches with num_tasks=N on the same state (0: skip; default 6)",
+    )
+    parser.add_argument(
+        "--cluster-batches",
+        type=int,
+        default=12,
+        metavar="N",
+        help="then a word count of N batches on local-cluster[2,1,1024] with and without affinity, "
+        "counting the task-batches that moved executor (0: skip; default 12)",
+    )
+    parser.add_argument(
+        "--confirm-on-driver",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="StatefulForeachBatch(confirm_on_driver=...): None (auto: on for az:// and s3://, off for "
+        "file://), True or False (default auto)",
+    )
+    parser.add_argument(
+        "--close-every-batch",
+        action="store_true",
+        help="StatefulForeachBatch(keep_open=False): open and close every task every batch",
+    )
+    parser.add_argument(
+        "--dump-stats",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write every statebackend task attempt's stats to DIR/task-stats-<updates>.jsonl",
+    )
+    parser.add_argument(
+        "--blob-store",
+        choices=["file", "s3"],
+        default="file",
+        help="statebackend's blob store: file:// (default; sends no requests, so counts none) or "
+        "moto's S3 server started here (every request counted)",
+    )
+    parser.add_argument(
+        "--tws",
+        action="store_true",
+        help="add transformWithStateInPandas to the count (state checked equal), then run the "
+        "sessionization through statebackend and transformWithStateInPandas (output checked equal)",
+    )
     parser.add_argument("--session-keys", type=int, default=10_000, help="sessionization: keys (default 10000)")
-    parser.add_argument("--session-events", type=int, default=10_000,
-                        help="sessionization: events per batch (default 10000)")
-    parser.add_argument("--session-batches", type=int, default=10,
-                        help="sessionization: batches of events, each 60 s of event time (default 10)")
+    parser.add_argument(
+        "--session-events", type=int, default=10_000, help="sessionization: events per batch (default 10000)"
+    )
+    parser.add_argument(
+        "--session-batches",
+        type=int,
+        default=10,
+        help="sessionization: batches of events, each 60 s of event time (default 10)",
+    )
     parser.add_argument("--session-gap", type=int, default=120, help="sessionization: gap in s (default 120)")
-    parser.add_argument("--session-delay", type=int, default=10,
-                        help="sessionization: watermark delay in s (default 10)")
-    parser.add_argument("--figure", type=Path, default=None, metavar="PNG",
-                        help="draw the batch times per engine (the first --updates value) with matplotlib")
+    parser.add_argument(
+        "--session-delay", type=int, default=10, help="sessionization: watermark delay in s (default 10)"
+    )
+    parser.add_argument(
+        "--figure",
+        type=Path,
+        default=None,
+        metavar="PNG",
+        help="draw the batch times per engine (the first --updates value) with matplotlib",
+    )
     args = parser.parse_args(argv)
 
     work_root = args.work_dir or Path(tempfile.mkdtemp(prefix="statebackend-bench-spark-"))
@@ -492,24 +610,35 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
         os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    spark = local_spark_session("statebackend-bench-spark", master="local[2]", conf={
-        "spark.sql.shuffle.partitions": str(NUM_TASKS),
-        "spark.sql.streaming.stateStore.providerClass":
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        "spark.driver.memory": "4g",
-    })
+    spark = local_spark_session(
+        "statebackend-bench-spark",
+        master="local[2]",
+        conf={
+            "spark.sql.shuffle.partitions": str(NUM_TASKS),
+            "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+            "spark.driver.memory": "4g",
+        },
+    )
     spark.sparkContext.setLogLevel("ERROR")
     failed = False
     try:
-        print(f"# Spark {spark.version}, local[2], {os.cpu_count()} CPUs, {args.keys} keys, {NUM_TASKS} partitions, "
-              f"{args.batches} update batches; statebackend: {args.backend} backend"
-              f"{', ' + ', '.join(args.option) if args.option else ''}; load average {load_text(os.getloadavg())}\n")
+        print(
+            f"# Spark {spark.version}, local[2], {os.cpu_count()} CPUs, {args.keys} keys, {NUM_TASKS} partitions, "
+            f"{args.batches} update batches; statebackend: {args.backend} backend"
+            f"{', ' + ', '.join(args.option) if args.option else ''}; load average {load_text(os.getloadavg())}\n"
+        )
         figure_count: dict[str, list[dict[str, Any]]] = {}
         for updates in args.updates:
             work = work_root / f"updates-{updates}"
-            remote = None if moto is None else {"blob.store.url": f"s3://bench-{updates}-{os.getpid()}/state",
-                                                "blob.store.endpoint.url": moto.endpoint}
+            remote = (
+                None
+                if moto is None
+                else {
+                    "blob.store.url": f"s3://bench-{updates}-{os.getpid()}/state",
+                    "blob.store.endpoint.url": moto.endpoint,
+                }
+            )
             if remote is not None:
                 from statebackend.blobstores.base import open_blob_store
 
@@ -521,12 +650,17 @@ def main(argv: list[str] | None = None) -> int:
             spark_bytes = (dir_bytes(spark_state), dir_bytes(spark_state, after=spark_rows[0]["load_end"]))
             floor_rows = run_floor(spark, work / "input", work)
             sb_rows, config, sb_bytes = run_statebackend(
-                spark, work / "input", work, count_keys_per_key if args.per_key else count_keys,
-                keep_open=not args.close_every_batch, backend=args.backend,
+                spark,
+                work / "input",
+                work,
+                count_keys_per_key if args.per_key else count_keys,
+                keep_open=not args.close_every_batch,
+                backend=args.backend,
                 options=dict(option.split("=", 1) for option in args.option),
                 confirm_on_driver={"auto": None, "on": True, "off": False}[args.confirm_on_driver],
                 dump_stats=args.dump_stats / f"task-stats-{updates}.jsonl" if args.dump_stats else None,
-                blob_store=remote)
+                blob_store=remote,
+            )
             state = read_state(spark, config, "counts", num_tasks=NUM_TASKS).selectExpr("count(*)", "sum(value)")
             keys, counted = state.first()
             ok = keys == args.keys and counted == total_rows
@@ -537,13 +671,19 @@ def main(argv: list[str] | None = None) -> int:
                 tws_ok, tws_check = check_counts(spark, config, work, NUM_TASKS, args.keys)
                 failed |= not tws_ok
             if not figure_count:
-                figure_count = {"no-state floor": floor_rows, "Spark built-in (RocksDB)": spark_rows,
-                                "statebackend": sb_rows, **({"transformWithStateInPandas": tws_rows} if args.tws else {})}
+                figure_count = {
+                    "no-state floor": floor_rows,
+                    "Spark built-in (RocksDB)": spark_rows,
+                    "statebackend": sb_rows,
+                    **({"transformWithStateInPandas": tws_rows} if args.tws else {}),
+                }
             print(f"## {updates} updated keys per batch\n")
-            print("| batch | no-state floor batch ms | Spark+RocksDB batch ms | Spark commitTimeMs (sum of 4) | "
-                  "statebackend batch ms | statebackend durable commit ms (max / sum of 4) | "
-                  "statebackend sync part ms (max) | open ms (max) | tasks kept open |"
-                  f"{' transformWithStateInPandas batch ms |' if args.tws else ''}")
+            print(
+                "| batch | no-state floor batch ms | Spark+RocksDB batch ms | Spark commitTimeMs (sum of 4) | "
+                "statebackend batch ms | statebackend durable commit ms (max / sum of 4) | "
+                "statebackend sync part ms (max) | open ms (max) | tasks kept open |"
+                f"{' transformWithStateInPandas batch ms |' if args.tws else ''}"
+            )
             print(f"|---:|---:|---:|---:|---:|---:|---:|---:|---:|{'---:|' if args.tws else ''}")
             by_batch = {row["batch"]: row for row in sb_rows}
             tws_by_batch = {row["batch"]: row["duration_ms"] for row in tws_rows}
@@ -552,30 +692,45 @@ def main(argv: list[str] | None = None) -> int:
                 sb = by_batch.get(row["batch"])
                 fl = floor_by_batch.get(row["batch"])
                 tws_cell = f" {tws_by_batch.get(row['batch'], '-')} |" if args.tws else ""
-                sb_cells = (f"{sb['duration_ms']} | {sb['commit_max_ms']:.0f} / {sb['commit_sum_ms']:.0f} | "
-                            f"{sb['sync_max_ms']:.0f} | {sb['open_max_ms']:.0f} | {sb['kept_open']}"
-                            ) if sb else "- | - | - | - | -"
-                print(f"| {row['batch']} | {fl['duration_ms'] if fl else '-'} | {row['duration_ms']} | "
-                      f"{row['commit_ms']} | {sb_cells} |{tws_cell}")
+                sb_cells = (
+                    (
+                        f"{sb['duration_ms']} | {sb['commit_max_ms']:.0f} / {sb['commit_sum_ms']:.0f} | "
+                        f"{sb['sync_max_ms']:.0f} | {sb['open_max_ms']:.0f} | {sb['kept_open']}"
+                    )
+                    if sb
+                    else "- | - | - | - | -"
+                )
+                print(
+                    f"| {row['batch']} | {fl['duration_ms'] if fl else '-'} | {row['duration_ms']} | "
+                    f"{row['commit_ms']} | {sb_cells} |{tws_cell}"
+                )
             steady_spark = [r for r in spark_rows if r["batch"] > 0]
             steady_sb = [r for r in sb_rows if r["batch"] > 0]
             steady_floor = [r for r in floor_rows if r["batch"] > 0]
             print("\np50 / p95 over the update batches (batch 0, the load, left out):\n")
             print("| | batch ms | commit ms |")
             print("|---|---:|---:|")
-            print(f"| no-state floor (same shuffle and Arrow aggregation, no state) | "
-                  f"{summary([r['duration_ms'] for r in steady_floor])} | - |")
-            print(f"| Spark + RocksDB (changelog checkpointing) | {summary([r['duration_ms'] for r in steady_spark])} "
-                  f"| {summary([r['commit_ms'] for r in steady_spark])} (sum of 4 partitions) |")
-            print(f"| statebackend foreachBatch | {summary([r['duration_ms'] for r in steady_sb])} | "
-                  f"{summary([r['commit_max_ms'] for r in steady_sb])} (slowest task, durable); "
-                  f"{summary([r['commit_sum_ms'] for r in steady_sb])} (sum of 4); sync part "
-                  f"{summary([r['sync_max_ms'] for r in steady_sb])} (slowest task) |")
+            print(
+                f"| no-state floor (same shuffle and Arrow aggregation, no state) | "
+                f"{summary([r['duration_ms'] for r in steady_floor])} | - |"
+            )
+            print(
+                f"| Spark + RocksDB (changelog checkpointing) | {summary([r['duration_ms'] for r in steady_spark])} "
+                f"| {summary([r['commit_ms'] for r in steady_spark])} (sum of 4 partitions) |"
+            )
+            print(
+                f"| statebackend foreachBatch | {summary([r['duration_ms'] for r in steady_sb])} | "
+                f"{summary([r['commit_max_ms'] for r in steady_sb])} (slowest task, durable); "
+                f"{summary([r['commit_sum_ms'] for r in steady_sb])} (sum of 4); sync part "
+                f"{summary([r['sync_max_ms'] for r in steady_sb])} (slowest task) |"
+            )
             steady_tws = [r for r in tws_rows if r["batch"] > 0]
             if args.tws:
-                print(f"| transformWithStateInPandas (RocksDB, changelog checkpointing) | "
-                      f"{summary([r['duration_ms'] for r in steady_tws])} | "
-                      f"{summary([r['commit_ms'] for r in steady_tws])} (sum of 4 partitions) |")
+                print(
+                    f"| transformWithStateInPandas (RocksDB, changelog checkpointing) | "
+                    f"{summary([r['duration_ms'] for r in steady_tws])} | "
+                    f"{summary([r['commit_ms'] for r in steady_tws])} (sum of 4 partitions) |"
+                )
             med = statistics.median
             floor50 = med([r["duration_ms"] for r in steady_floor])
             spark50 = med([r["duration_ms"] for r in steady_spark])
@@ -584,57 +739,83 @@ def main(argv: list[str] | None = None) -> int:
             spark_c95 = percentile([r["commit_ms"] for r in steady_spark], 0.95)
             batches_run = len(spark_rows)
             print("\nRatios (p50 unless said):\n")
-            print(f"- batch: statebackend / Spark {sb50 / spark50:.2f}x; statebackend / floor {sb50 / floor50:.2f}x; "
-                  f"Spark / floor {spark50 / floor50:.2f}x; above the floor: statebackend {sb50 - floor50:.0f} ms, "
-                  f"Spark {spark50 - floor50:.0f} ms ({(sb50 - floor50) / max(1.0, spark50 - floor50):.2f}x)")
+            print(
+                f"- batch: statebackend / Spark {sb50 / spark50:.2f}x; statebackend / floor {sb50 / floor50:.2f}x; "
+                f"Spark / floor {spark50 / floor50:.2f}x; above the floor: statebackend {sb50 - floor50:.0f} ms, "
+                f"Spark {spark50 - floor50:.0f} ms ({(sb50 - floor50) / max(1.0, spark50 - floor50):.2f}x)"
+            )
             if args.tws:
                 tws50 = med([r["duration_ms"] for r in steady_tws])
-                print(f"- batch: statebackend / transformWithStateInPandas {sb50 / tws50:.3f}x (goal: at most 0.1x); "
-                      f"transformWithStateInPandas' load (batch 0) {tws_rows[0]['duration_ms'] / 1000:.1f} s, "
-                      f"statebackend's {sb_rows[0]['duration_ms'] / 1000:.1f} s; load average after it "
-                      f"{load_text(os.getloadavg())}")
+                print(
+                    f"- batch: statebackend / transformWithStateInPandas {sb50 / tws50:.3f}x (goal: at most 0.1x); "
+                    f"transformWithStateInPandas' load (batch 0) {tws_rows[0]['duration_ms'] / 1000:.1f} s, "
+                    f"statebackend's {sb_rows[0]['duration_ms'] / 1000:.1f} s; load average after it "
+                    f"{load_text(os.getloadavg())}"
+                )
                 print(f"- transformWithStateInPandas state check against statebackend's: {tws_check}")
             for basis, column in (("slowest task", "commit_max_ms"), ("sum of 4 tasks", "commit_sum_ms")):
                 values = [r[column] for r in steady_sb]
-                print(f"- durable commit ({basis}) / Spark commitTimeMs: p50 {med(values) / spark_c50:.2f}x, "
-                      f"p95 {percentile(values, 0.95) / spark_c95:.2f}x")
+                print(
+                    f"- durable commit ({basis}) / Spark commitTimeMs: p50 {med(values) / spark_c50:.2f}x, "
+                    f"p95 {percentile(values, 0.95) / spark_c95:.2f}x"
+                )
             updates_run = len(steady_spark)
-            print(f"- bytes written per update batch (the load left out; snapshots included): statebackend "
-                  f"{sb_bytes[1] / updates_run / 1e6:.3f} MB (blob store: deltas, snapshots, checkpoints), Spark "
-                  f"{spark_bytes[1] / updates_run / 1e6:.3f} MB (state dir: changelogs, snapshots), "
-                  f"{sb_bytes[1] / max(1, spark_bytes[1]):.2f}x")
+            print(
+                f"- bytes written per update batch (the load left out; snapshots included): statebackend "
+                f"{sb_bytes[1] / updates_run / 1e6:.3f} MB (blob store: deltas, snapshots, checkpoints), Spark "
+                f"{spark_bytes[1] / updates_run / 1e6:.3f} MB (state dir: changelogs, snapshots), "
+                f"{sb_bytes[1] / max(1, spark_bytes[1]):.2f}x"
+            )
             spark_kinds = dir_bytes_by_kind(spark_state, after=spark_rows[0]["load_end"])
-            print(f"  - by kind, per update batch: statebackend {kinds_text(sb_bytes[2], updates_run)}; Spark "
-                  f"{kinds_text(spark_kinds, updates_run)}")
+            print(
+                f"  - by kind, per update batch: statebackend {kinds_text(sb_bytes[2], updates_run)}; Spark "
+                f"{kinds_text(spark_kinds, updates_run)}"
+            )
             if remote is not None:
-                print(f"- blob store requests per update batch (statebackend's {NUM_TASKS} tasks, "
-                      f"blob_store.requests): {requests_text(steady_sb, NUM_TASKS)}")
+                print(
+                    f"- blob store requests per update batch (statebackend's {NUM_TASKS} tasks, "
+                    f"blob_store.requests): {requests_text(steady_sb, NUM_TASKS)}"
+                )
             else:
-                print("- blob store requests per update batch: not counted (file:// sends none); --blob-store s3 "
-                      "counts them")
+                print(
+                    "- blob store requests per update batch: not counted (file:// sends none); --blob-store s3 "
+                    "counts them"
+                )
             if "snapshot" not in sb_bytes[2] or not ({"snapshot", "sst"} & set(spark_kinds)):
-                print("  - NOT AMORTIZED: a system wrote no snapshot in these batches (statebackend snapshots once "
-                      "its deltas reach the last snapshot's size, Spark's maintenance every 60 s); run more batches "
-                      "(--batches 60) for bytes with snapshots in them")
-            print(f"- bytes written per batch, all {batches_run} batches (the load included): statebackend "
-                  f"{sb_bytes[0] / batches_run / 1e6:.3f} MB, Spark {spark_bytes[0] / batches_run / 1e6:.3f} MB, "
-                  f"{sb_bytes[0] / max(1, spark_bytes[0]):.2f}x")
+                print(
+                    "  - NOT AMORTIZED: a system wrote no snapshot in these batches (statebackend snapshots once "
+                    "its deltas reach the last snapshot's size, Spark's maintenance every 60 s); run more batches "
+                    "(--batches 60) for bytes with snapshots in them"
+                )
+            print(
+                f"- bytes written per batch, all {batches_run} batches (the load included): statebackend "
+                f"{sb_bytes[0] / batches_run / 1e6:.3f} MB, Spark {spark_bytes[0] / batches_run / 1e6:.3f} MB, "
+                f"{sb_bytes[0] / max(1, spark_bytes[0]):.2f}x"
+            )
             kept_share = sum(r["kept_open"] for r in steady_sb) / max(1, NUM_TASKS * len(steady_sb))
             print(f"- tasks kept open (taken back without open or restore): {kept_share:.0%} of update-batch tasks")
-            print(f"\nstatebackend state check: {keys} keys, counts sum to {counted} of {total_rows} input rows: "
-                  f"{'OK' if ok else 'FAIL'}\n", flush=True)
+            print(
+                f"\nstatebackend state check: {keys} keys, counts sum to {counted} of {total_rows} input rows: "
+                f"{'OK' if ok else 'FAIL'}\n",
+                flush=True,
+            )
             if args.rescale_to:
-                failed |= not rescale_step(spark, work, args, updates, total_rows, count_keys_per_key
-                                           if args.per_key else count_keys)
+                failed |= not rescale_step(
+                    spark, work, args, updates, total_rows, count_keys_per_key if args.per_key else count_keys
+                )
         figure_sessions: dict[str, list[dict[str, Any]]] = {}
         if args.tws:
             sessions_ok, figure_sessions = session_step(spark, work_root / "sessions", args, NUM_TASKS)
             failed |= not sessions_ok
         if args.figure is not None:
-            draw_figure(args.figure, figure_count, figure_sessions,
-                        f"Spark {spark.version}, local[2], {os.cpu_count()} CPUs; count: {args.keys} keys, "
-                        f"{args.updates[0]} updated per batch; sessions: {args.session_keys} keys, "
-                        f"{args.session_events} events per batch")
+            draw_figure(
+                args.figure,
+                figure_count,
+                figure_sessions,
+                f"Spark {spark.version}, local[2], {os.cpu_count()} CPUs; count: {args.keys} keys, "
+                f"{args.updates[0]} updated per batch; sessions: {args.session_keys} keys, "
+                f"{args.session_events} events per batch",
+            )
     finally:
         spark.stop()
         if moto is not None:
@@ -655,8 +836,10 @@ def cluster_step(batches: int, warm_up: int = 2) -> bool:
     from tests.test_spark_cluster import moves, run_cluster
 
     print(f"## Two executors (local-cluster[2,1,1024]), 4 tasks, {batches} batches, {warm_up} of warm-up\n")
-    print("| mode | affinity | task-batches moved | tasks taken back kept open | open ms p50 / max | batch ms p50 | "
-          "state |")
+    print(
+        "| mode | affinity | task-batches moved | tasks taken back kept open | open ms p50 / max | batch ms p50 | "
+        "state |"
+    )
     print("|---|---|---:|---:|---:|---:|---|")
     ok = True
     for mode, affinity in (("rows", True), ("rows", False), ("arrow", True), ("arrow", False)):
@@ -670,10 +853,12 @@ def cluster_step(batches: int, warm_up: int = 2) -> bool:
         opens = [a["open_ms"] for a in steady]
         kept = sum(a["kept_open"] for a in steady)
         ok &= bool(result["state_ok"]) and bool(result["outputs_ok"])
-        print(f"| {mode} | {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | {kept} of "
-              f"{len(steady)} | {statistics.median(opens):.1f} / {max(opens):.0f} | "
-              f"{statistics.median(result['batch_ms'][warm_up:]):.0f} | "
-              f"{'OK' if result['state_ok'] and result['outputs_ok'] else 'FAIL'} |")
+        print(
+            f"| {mode} | {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | {kept} of "
+            f"{len(steady)} | {statistics.median(opens):.1f} / {max(opens):.0f} | "
+            f"{statistics.median(result['batch_ms'][warm_up:]):.0f} | "
+            f"{'OK' if result['state_ok'] and result['outputs_ok'] else 'FAIL'} |"
+        )
     print(flush=True)
     return ok
 

@@ -49,9 +49,17 @@ def timed_count(stores: Any, batches: Any) -> None:
     state_done = time.perf_counter()
     timings = Path(stores.storage.settings.local_dir).parent / "task-timings.jsonl"
     with open(timings, "a") as out:
-        out.write(json.dumps({"batch": stores.batch_id, "task": stores.task_index,
-                              "arrow_ms": (arrow_done - started) * 1000.0,
-                              "state_ms": (state_done - arrow_done) * 1000.0}) + "\n")
+        out.write(
+            json.dumps(
+                {
+                    "batch": stores.batch_id,
+                    "task": stores.task_index,
+                    "arrow_ms": (arrow_done - started) * 1000.0,
+                    "state_ms": (state_done - arrow_done) * 1000.0,
+                }
+            )
+            + "\n"
+        )
 
 
 class Timed:
@@ -64,8 +72,12 @@ class Timed:
     def __call__(self, batch_df: Any, batch_id: int) -> Any:
         record = self.calls.setdefault(int(batch_id), {"action_ms": 0.0})
         frame, writer = type(batch_df), type(batch_df.write)  # Spark 4's classic classes override the base ones
-        originals = [(writer, "save", writer.save), (frame, "collect", frame.collect), (frame, "count", frame.count),
-                     (frame, "localCheckpoint", frame.localCheckpoint)]
+        originals = [
+            (writer, "save", writer.save),
+            (frame, "collect", frame.collect),
+            (frame, "count", frame.count),
+            (frame, "localCheckpoint", frame.localCheckpoint),
+        ]
 
         def timed(original: Any) -> Any:
             def action(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -74,6 +86,7 @@ class Timed:
                     return original(self, *args, **kwargs)
                 finally:
                     record["action_ms"] += (time.perf_counter() - started) * 1000.0
+
             return action
 
         for owner, name, original in originals:
@@ -89,8 +102,12 @@ class Timed:
 
 def run(spark: Any, source: Path, work: Path, fn: Any, name: str) -> dict[int, dict[str, float]]:
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
-    query = (stream.writeStream.foreachBatch(fn).option("checkpointLocation", str(work / f"{name}-checkpoint"))
-             .trigger(availableNow=True).start())
+    query = (
+        stream.writeStream.foreachBatch(fn)
+        .option("checkpointLocation", str(work / f"{name}-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"{name} failed: {query.exception()}")
@@ -109,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=10)
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="statebackend-bench-profile-"))
-    spark = local_spark_session("statebackend-profile", master="local[2]", conf={
-        "spark.sql.shuffle.partitions": str(NUM_TASKS), "spark.driver.memory": "4g"})
+    spark = local_spark_session(
+        "statebackend-profile",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": str(NUM_TASKS), "spark.driver.memory": "4g"},
+    )
     spark.sparkContext.setLogLevel("ERROR")
     med = statistics.median
     try:
@@ -121,13 +141,23 @@ def main(argv: list[str] | None = None) -> int:
             floor_fn = Timed(no_state_batch)
             floor = run(spark, work / "input", work, floor_fn, "floor")
             config = {
-                "job.name": "profile", "state.local.dir": str(work / "local"),
-                "blob.store.url": f"file://{work / 'blobs'}", "blob.store.create.if.missing": "true",
-                "stores.counts.backup.factories": "changelog", "stores.counts.key.serde": "string",
+                "job.name": "profile",
+                "state.local.dir": str(work / "local"),
+                "blob.store.url": f"file://{work / 'blobs'}",
+                "blob.store.create.if.missing": "true",
+                "stores.counts.backup.factories": "changelog",
+                "stores.counts.key.serde": "string",
                 "stores.counts.msg.serde": "integer",
             }
-            job = StatefulForeachBatch(timed_count, key_columns=["key"], num_tasks=NUM_TASKS, config=config,
-                                       output_schema="key string", mode="arrow", sink=lambda df, batch_id: None)
+            job = StatefulForeachBatch(
+                timed_count,
+                key_columns=["key"],
+                num_tasks=NUM_TASKS,
+                config=config,
+                output_schema="key string",
+                mode="arrow",
+                sink=lambda df, batch_id: None,
+            )
             ours_fn = Timed(job)
             ours = run(spark, work / "input", work, ours_fn, "statebackend")
             tasks = [json.loads(line) for line in timings.read_text().splitlines()] if timings.exists() else []
@@ -137,36 +167,59 @@ def main(argv: list[str] | None = None) -> int:
                 return f"{med(values):.0f}" if values else "-"
 
             def per_batch_task_sum(field: str, source: list[Any], batches: list[int] = steady) -> list[float]:
-                return [sum(getattr(s, field) if not isinstance(s, dict) else s[field]
-                            for s in source if (s.batch_id if not isinstance(s, dict) else s["batch"]) == b)
-                        for b in batches]
+                return [
+                    sum(
+                        getattr(s, field) if not isinstance(s, dict) else s[field]
+                        for s in source
+                        if (s.batch_id if not isinstance(s, dict) else s["batch"]) == b
+                    )
+                    for b in batches
+                ]
 
             stats = job.history
-            print(f"\n## {updates} updated keys per batch ({args.keys} keys, {NUM_TASKS} tasks, p50 over "
-                  f"{len(steady)} update batches, ms)\n")
+            print(
+                f"\n## {updates} updated keys per batch ({args.keys} keys, {NUM_TASKS} tasks, p50 over "
+                f"{len(steady)} update batches, ms)\n"
+            )
             print("| | no-state floor | statebackend |")
             print("|---|---:|---:|")
-            print(f"| batch (triggerExecution) | {p50([floor[b]['batch_ms'] for b in steady if b in floor])} | "
-                  f"{p50([ours[b]['batch_ms'] for b in steady])} |")
-            print(f"| Spark's streaming bookkeeping (batch - addBatch) | "
-                  f"{p50([floor[b]['batch_ms'] - floor[b]['add_batch_ms'] for b in steady if b in floor])} | "
-                  f"{p50([ours[b]['batch_ms'] - ours[b]['add_batch_ms'] for b in steady])} |")
-            print(f"| foreachBatch call (addBatch) | {p50([floor[b]['add_batch_ms'] for b in steady if b in floor])}"
-                  f" | {p50([ours[b]['add_batch_ms'] for b in steady])} |")
-            print(f"| - its actions (shuffle + tasks) | "
-                  f"{p50([floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
-                  f"{p50([ours_fn.calls[b]['action_ms'] for b in steady])} |")
-            print(f"| - the rest of the call (driver side) | "
-                  f"{p50([floor_fn.calls[b]['call_ms'] - floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
-                  f"{p50([ours_fn.calls[b]['call_ms'] - ours_fn.calls[b]['action_ms'] for b in steady])} |")
+            print(
+                f"| batch (triggerExecution) | {p50([floor[b]['batch_ms'] for b in steady if b in floor])} | "
+                f"{p50([ours[b]['batch_ms'] for b in steady])} |"
+            )
+            print(
+                f"| Spark's streaming bookkeeping (batch - addBatch) | "
+                f"{p50([floor[b]['batch_ms'] - floor[b]['add_batch_ms'] for b in steady if b in floor])} | "
+                f"{p50([ours[b]['batch_ms'] - ours[b]['add_batch_ms'] for b in steady])} |"
+            )
+            print(
+                f"| foreachBatch call (addBatch) | {p50([floor[b]['add_batch_ms'] for b in steady if b in floor])}"
+                f" | {p50([ours[b]['add_batch_ms'] for b in steady])} |"
+            )
+            print(
+                f"| - its actions (shuffle + tasks) | "
+                f"{p50([floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
+                f"{p50([ours_fn.calls[b]['action_ms'] for b in steady])} |"
+            )
+            print(
+                f"| - the rest of the call (driver side) | "
+                f"{p50([floor_fn.calls[b]['call_ms'] - floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
+                f"{p50([ours_fn.calls[b]['call_ms'] - ours_fn.calls[b]['action_ms'] for b in steady])} |"
+            )
             print(f"| tasks, sum of {NUM_TASKS}: open or take back | - | {p50(per_batch_task_sum('open_ms', stats))} |")
-            print(f"| tasks, sum of {NUM_TASKS}: Arrow conversion + group_by | - | "
-                  f"{p50(per_batch_task_sum('arrow_ms', tasks))} |")
-            print(f"| tasks, sum of {NUM_TASKS}: state calls (get_many + put_many) | - | "
-                  f"{p50(per_batch_task_sum('state_ms', tasks))} |")
+            print(
+                f"| tasks, sum of {NUM_TASKS}: Arrow conversion + group_by | - | "
+                f"{p50(per_batch_task_sum('arrow_ms', tasks))} |"
+            )
+            print(
+                f"| tasks, sum of {NUM_TASKS}: state calls (get_many + put_many) | - | "
+                f"{p50(per_batch_task_sum('state_ms', tasks))} |"
+            )
             print(f"| tasks, sum of {NUM_TASKS}: durable commit | - | {p50(per_batch_task_sum('commit_ms', stats))} |")
-            print(f"| tasks, sum of {NUM_TASKS}: of it the sync part | - | "
-                  f"{p50(per_batch_task_sum('commit_sync_ms', stats))} |")
+            print(
+                f"| tasks, sum of {NUM_TASKS}: of it the sync part | - | "
+                f"{p50(per_batch_task_sum('commit_sync_ms', stats))} |"
+            )
             kept = sum(s.kept_open for s in stats if s.batch_id > 0) / max(1, len([s for s in stats if s.batch_id > 0]))
             print(f"\ntasks kept open: {kept:.0%}", flush=True)
     finally:

@@ -32,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args(argv)
-    spark = local_spark_session("statebackend-bench-routing", master="local[2]",
-                                conf={"spark.sql.shuffle.partitions": str(e2e.NUM_TASKS), "spark.driver.memory": "4g"})
+    spark = local_spark_session(
+        "statebackend-bench-routing",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": str(e2e.NUM_TASKS), "spark.driver.memory": "4g"},
+    )
     spark.sparkContext.setLogLevel("ERROR")
     routes = {"key groups": driver.route, "repartition(n, key)": old_route}
     times: dict[str, list[float]] = {name: [] for name in routes}

@@ -101,8 +101,14 @@ class SessionProcessor(StatefulProcessor):
             self.handle.registerTimer(session[1] + self.gap_ms + 1)
         self.session.update(session)
         if closed:
-            yield pd.DataFrame({"key": [key[0]] * len(closed), "start": [s[0] for s in closed],
-                                "end": [s[1] for s in closed], "events": [s[2] for s in closed]})
+            yield pd.DataFrame(
+                {
+                    "key": [key[0]] * len(closed),
+                    "start": [s[0] for s in closed],
+                    "end": [s[1] for s in closed],
+                    "events": [s[2] for s in closed],
+                }
+            )
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:
         import pandas as pd
@@ -110,8 +116,9 @@ class SessionProcessor(StatefulProcessor):
         stored = self.session.get()
         if stored is not None:
             self.session.clear()
-            yield pd.DataFrame({"key": [key[0]], "start": [int(stored[0])], "end": [int(stored[1])],
-                                "events": [int(stored[2])]})
+            yield pd.DataFrame(
+                {"key": [key[0]], "start": [int(stored[0])], "end": [int(stored[1])], "events": [int(stored[2])]}
+            )
 
     def close(self) -> None:
         pass
@@ -167,9 +174,15 @@ def session_table(sessions: list[tuple[str, int, int, int]]) -> Any:
     """Closed sessions as an Arrow table of ``SESSION_SCHEMA``."""
     import pyarrow as pa
 
-    return pa.table({"key": pa.array([s[0] for s in sessions], pa.string()),
-                     **{name: pa.array([s[i] for s in sessions], pa.int64())
-                        for i, name in enumerate(("start", "end", "events"), 1)}})
+    return pa.table(
+        {
+            "key": pa.array([s[0] for s in sessions], pa.string()),
+            **{
+                name: pa.array([s[i] for s in sessions], pa.int64())
+                for i, name in enumerate(("start", "end", "events"), 1)
+            },
+        }
+    )
 
 
 def run_tws_count(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
@@ -177,10 +190,18 @@ def run_tws_count(spark: Any, source: Path, work: Path) -> list[dict[str, Any]]:
     ``triggerExecution`` and the state operator's ``commitTimeMs``."""
     stream = spark.readStream.schema("key string").option("maxFilesPerTrigger", 1).parquet(str(source))
     counted = stream.groupBy("key").transformWithStateInPandas(
-        statefulProcessor=CountProcessor(), outputStructType="key string, count long", outputMode="Update",
-        timeMode="None")
-    query = (counted.writeStream.outputMode("update").format("noop")
-             .option("checkpointLocation", str(work / "tws-checkpoint")).trigger(availableNow=True).start())
+        statefulProcessor=CountProcessor(),
+        outputStructType="key string, count long",
+        outputMode="Update",
+        timeMode="None",
+    )
+    query = (
+        counted.writeStream.outputMode("update")
+        .format("noop")
+        .option("checkpointLocation", str(work / "tws-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"the transformWithStateInPandas count failed: {query.exception()}")
@@ -193,20 +214,31 @@ def check_counts(spark: Any, sb_config: dict[str, object], work: Path, num_tasks
     from pyspark.sql import functions as F
 
     ours = read_state(spark, sb_config, "counts", num_tasks=num_tasks).select("key", F.col("value").alias("ours"))
-    theirs = (spark.read.format("statestore").option("path", str(work / "tws-checkpoint"))
-              .option("stateVarName", "count").load()
-              .select(F.col("key.key").alias("key"), F.col("value.value").alias("theirs")))
+    theirs = (
+        spark.read.format("statestore")
+        .option("path", str(work / "tws-checkpoint"))
+        .option("stateVarName", "count")
+        .load()
+        .select(F.col("key.key").alias("key"), F.col("value.value").alias("theirs"))
+    )
     joined = ours.join(theirs, "key", "full_outer")
     differ = joined.where(~F.col("ours").eqNullSafe(F.col("theirs")))
     n_ours, n_theirs, n_differ = ours.count(), theirs.count(), differ.count()
     ok = n_differ == 0 and n_ours == keys == n_theirs
     example = [tuple(row) for row in differ.limit(3).collect()] if n_differ else []
-    return ok, (f"{n_ours} keys in statebackend, {n_theirs} in transformWithStateInPandas, {n_differ} keys differ"
-                f"{' e.g. ' + str(example) if example else ''}: {'OK' if ok else 'FAIL'}")
+    return ok, (
+        f"{n_ours} keys in statebackend, {n_theirs} in transformWithStateInPandas, {n_differ} keys differ"
+        f"{' e.g. ' + str(example) if example else ''}: {'OK' if ok else 'FAIL'}"
+    )
 
 
-def write_session_input(directory: Path, keys: int, events: int, batches: int, seed: int = 17,
-                        ) -> list[tuple[str, int]]:
+def write_session_input(
+    directory: Path,
+    keys: int,
+    events: int,
+    batches: int,
+    seed: int = 17,
+) -> list[tuple[str, int]]:
     """Parquet files session-0000 .. (``events`` events of ``keys`` random keys each, event times uniform in the
     file's ``BATCH_SPAN_MS``), then the two sentinel files; returns the real events ``(key, ts)``."""
     import numpy as np
@@ -228,8 +260,12 @@ def write_session_input(directory: Path, keys: int, events: int, batches: int, s
         else:
             rows = [(SENTINELS[batch - batches], far + batch - batches)]
         path = directory / f"session-{batch:04d}.parquet"
-        pq.write_table(pa.table({"key": pa.array([r[0] for r in rows], pa.string()),
-                                 "ts": pa.array([r[1] for r in rows], pa.int64())}), path)
+        pq.write_table(
+            pa.table(
+                {"key": pa.array([r[0] for r in rows], pa.string()), "ts": pa.array([r[1] for r in rows], pa.int64())}
+            ),
+            path,
+        )
         os.utime(path, (stamp + 10 * batch, stamp + 10 * batch))  # the file source orders files by modification time
     return out
 
@@ -246,8 +282,14 @@ def batch_sessions(events: list[tuple[str, int]], gap_ms: int) -> list[tuple[str
     return sorted(out)
 
 
-def run_sb_sessions(spark: Any, source: Path, work: Path, gap_ms: int, delay_ms: int, num_tasks: int,
-                    ) -> list[dict[str, Any]]:
+def run_sb_sessions(
+    spark: Any,
+    source: Path,
+    work: Path,
+    gap_ms: int,
+    delay_ms: int,
+    num_tasks: int,
+) -> list[dict[str, Any]]:
     """The sessionization through StatefulForeachBatch (changelog backend, ``file://``), its sink appending each
     batch's closed sessions to Parquet under ``work/sb-sessions``."""
     config: dict[str, object] = {
@@ -267,21 +309,38 @@ def run_sb_sessions(spark: Any, source: Path, work: Path, gap_ms: int, delay_ms:
         frame.write.mode("append").parquet(target)
         sink_ms[batch_id] = (time.perf_counter() - started) * 1000
 
-    job = StatefulForeachBatch(SessionizeKeys(gap_ms), key_columns=["key"], num_tasks=num_tasks, config=config,
-                               output_schema=SESSION_SCHEMA, mode="arrow", sink=sink, on_timers=end_sessions,
-                               event_time="ts", watermark_delay=delay_ms)
+    job = StatefulForeachBatch(
+        SessionizeKeys(gap_ms),
+        key_columns=["key"],
+        num_tasks=num_tasks,
+        config=config,
+        output_schema=SESSION_SCHEMA,
+        mode="arrow",
+        sink=sink,
+        on_timers=end_sessions,
+        event_time="ts",
+        watermark_delay=delay_ms,
+    )
     stream = spark.readStream.schema("key string, ts long").option("maxFilesPerTrigger", 1).parquet(str(source))
-    query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(work / "sb-spark-checkpoint"))
-             .trigger(availableNow=True).start())
+    query = (
+        stream.writeStream.foreachBatch(job)
+        .option("checkpointLocation", str(work / "sb-spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"the statebackend sessionization failed: {query.exception()}")
     rows = progress_rows(query)
     for row in rows:  # where the batch's time went: the slowest task's parts, the timers fired, the sink's write
         stats = list({s.task_index: s for s in job.history if s.batch_id == row["batch"]}.values())
-        row.update(open_ms=max(s.open_ms for s in stats), process_ms=max(s.process_ms for s in stats),
-                   task_commit_ms=max(s.commit_ms for s in stats), fired=sum(s.timers_fired for s in stats),
-                   sink_ms=sink_ms.get(row["batch"], 0.0))
+        row.update(
+            open_ms=max(s.open_ms for s in stats),
+            process_ms=max(s.process_ms for s in stats),
+            task_commit_ms=max(s.commit_ms for s in stats),
+            fired=sum(s.timers_fired for s in stats),
+            sink_ms=sink_ms.get(row["batch"], 0.0),
+        )
     return rows
 
 
@@ -290,14 +349,27 @@ def run_tws_sessions(spark: Any, source: Path, work: Path, gap_ms: int, delay_ms
     output to Parquet under ``work/tws-sessions``."""
     from pyspark.sql import functions as F
 
-    stream = (spark.readStream.schema("key string, ts long").option("maxFilesPerTrigger", 1).parquet(str(source))
-              .withColumn("event_time", F.timestamp_millis("ts"))
-              .withWatermark("event_time", f"{delay_ms} milliseconds"))
+    stream = (
+        spark.readStream.schema("key string, ts long")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(source))
+        .withColumn("event_time", F.timestamp_millis("ts"))
+        .withWatermark("event_time", f"{delay_ms} milliseconds")
+    )
     sessions = stream.groupBy("key").transformWithStateInPandas(
-        statefulProcessor=SessionProcessor(gap_ms), outputStructType=SESSION_SCHEMA, outputMode="Append",
-        timeMode="EventTime")
-    query = (sessions.writeStream.outputMode("append").format("parquet").option("path", str(work / "tws-sessions"))
-             .option("checkpointLocation", str(work / "tws-checkpoint")).trigger(availableNow=True).start())
+        statefulProcessor=SessionProcessor(gap_ms),
+        outputStructType=SESSION_SCHEMA,
+        outputMode="Append",
+        timeMode="EventTime",
+    )
+    query = (
+        sessions.writeStream.outputMode("append")
+        .format("parquet")
+        .option("path", str(work / "tws-sessions"))
+        .option("checkpointLocation", str(work / "tws-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     if query.exception() is not None:
         raise RuntimeError(f"the transformWithStateInPandas sessionization failed: {query.exception()}")
@@ -317,38 +389,53 @@ def session_step(spark: Any, work: Path, args: Any, num_tasks: int) -> tuple[boo
     theirs = read_sessions(spark, work / "tws-sessions")
     expected = batch_sessions(events, gap_ms)
     ok, check = compare_sessions(ours, theirs, expected)
-    print(f"## Sessionization by event-time timers: {args.session_keys} keys, {args.session_events} events per "
-          f"batch, {args.session_batches} batches of {BATCH_SPAN_MS // 1000} s of event time (+2 sentinel batches), "
-          f"gap {args.session_gap} s, watermark delay {args.session_delay} s, {num_tasks} partitions\n")
+    print(
+        f"## Sessionization by event-time timers: {args.session_keys} keys, {args.session_events} events per "
+        f"batch, {args.session_batches} batches of {BATCH_SPAN_MS // 1000} s of event time (+2 sentinel batches), "
+        f"gap {args.session_gap} s, watermark delay {args.session_delay} s, {num_tasks} partitions\n"
+    )
     print(f"load average before: {load_text(load)}; after: {load_text(load_after)}\n")
-    print("| batch | statebackend batch ms | of it: open / process / commit ms (slowest task) | timers fired | "
-          "sink (Parquet write) ms | transformWithStateInPandas batch ms | its commitTimeMs (sum of 4) |")
+    print(
+        "| batch | statebackend batch ms | of it: open / process / commit ms (slowest task) | timers fired | "
+        "sink (Parquet write) ms | transformWithStateInPandas batch ms | its commitTimeMs (sum of 4) |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|")
     tws_by_batch = {row["batch"]: row for row in tws_rows}
     for row in sb_rows:
         tws = tws_by_batch.get(row["batch"])
-        print(f"| {row['batch']} | {row['duration_ms']} | {row['open_ms']:.0f} / {row['process_ms']:.0f} / "
-              f"{row['task_commit_ms']:.0f} | {row['fired']} | {row['sink_ms']:.0f} | "
-              f"{tws['duration_ms'] if tws else '-'} | {tws['commit_ms'] if tws else '-'} |")
+        print(
+            f"| {row['batch']} | {row['duration_ms']} | {row['open_ms']:.0f} / {row['process_ms']:.0f} / "
+            f"{row['task_commit_ms']:.0f} | {row['fired']} | {row['sink_ms']:.0f} | "
+            f"{tws['duration_ms'] if tws else '-'} | {tws['commit_ms'] if tws else '-'} |"
+        )
     steady = session_steady(sb_rows, args.session_batches), session_steady(tws_rows, args.session_batches)
-    print(f"\np50 / p95 over batches 1 .. {args.session_batches - 1} (the first batch and the sentinels' left out): "
-          f"statebackend {summary(steady[0])} ms, transformWithStateInPandas {summary(steady[1])} ms; statebackend / "
-          f"transformWithStateInPandas p50 {statistics.median(steady[0]) / statistics.median(steady[1]):.3f}x "
-          f"(goal: at most 0.1x)")
-    print(f"- whole run: statebackend {sum(r['duration_ms'] for r in sb_rows) / 1000:.1f} s, "
-          f"transformWithStateInPandas {sum(r['duration_ms'] for r in tws_rows) / 1000:.1f} s")
+    print(
+        f"\np50 / p95 over batches 1 .. {args.session_batches - 1} (the first batch and the sentinels' left out): "
+        f"statebackend {summary(steady[0])} ms, transformWithStateInPandas {summary(steady[1])} ms; statebackend / "
+        f"transformWithStateInPandas p50 {statistics.median(steady[0]) / statistics.median(steady[1]):.3f}x "
+        f"(goal: at most 0.1x)"
+    )
+    print(
+        f"- whole run: statebackend {sum(r['duration_ms'] for r in sb_rows) / 1000:.1f} s, "
+        f"transformWithStateInPandas {sum(r['duration_ms'] for r in tws_rows) / 1000:.1f} s"
+    )
     print(f"\nsessions check: {len(events)} events; {check}\n", flush=True)
     return ok, {"statebackend": sb_rows, "transformWithStateInPandas": tws_rows}
 
 
-def compare_sessions(ours: list[tuple[str, int, int, int]], theirs: list[tuple[str, int, int, int]],
-                     expected: list[tuple[str, int, int, int]]) -> tuple[bool, str]:
+def compare_sessions(
+    ours: list[tuple[str, int, int, int]],
+    theirs: list[tuple[str, int, int, int]],
+    expected: list[tuple[str, int, int, int]],
+) -> tuple[bool, str]:
     """Whether both sides closed exactly the sessions of a batch sessionization (sorted lists: a session closed twice
     counts twice), and the check's line: OK, or FAIL with a few sessions that differ."""
     ok = ours == theirs == expected
-    text = (f"{len(expected)} sessions in a batch sessionization; statebackend closed {len(ours)}, "
-            f"transformWithStateInPandas {len(theirs)}; equal to each other: {ours == theirs}, to the batch "
-            f"sessionization: {ours == expected and theirs == expected}: {'OK' if ok else 'FAIL'}")
+    text = (
+        f"{len(expected)} sessions in a batch sessionization; statebackend closed {len(ours)}, "
+        f"transformWithStateInPandas {len(theirs)}; equal to each other: {ours == theirs}, to the batch "
+        f"sessionization: {ours == expected and theirs == expected}: {'OK' if ok else 'FAIL'}"
+    )
     if not ok:
         differ = sorted(set(ours) ^ set(theirs)) or sorted(set(ours) ^ set(expected))
         doubled = sorted({s for s in [*ours, *theirs] if ours.count(s) > 1 or theirs.count(s) > 1})
@@ -378,8 +465,13 @@ def progress_rows(query: Any) -> list[dict[str, Any]]:
         if progress["numInputRows"] == 0:
             continue
         operators = progress["stateOperators"]
-        rows.append({"batch": progress["batchId"], "duration_ms": progress["durationMs"]["triggerExecution"],
-                     "commit_ms": operators[0]["commitTimeMs"] if operators else None})
+        rows.append(
+            {
+                "batch": progress["batchId"],
+                "duration_ms": progress["durationMs"]["triggerExecution"],
+                "commit_ms": operators[0]["commitTimeMs"] if operators else None,
+            }
+        )
     return rows
 
 
@@ -395,8 +487,9 @@ def load_text(load: tuple[float, float, float]) -> str:
     return " / ".join(f"{value:.2f}" for value in load) + " (1 / 5 / 15 min)"
 
 
-def draw_figure(path: Path, count: dict[str, list[dict[str, Any]]], sessions: dict[str, list[dict[str, Any]]],
-                title: str) -> None:
+def draw_figure(
+    path: Path, count: dict[str, list[dict[str, Any]]], sessions: dict[str, list[dict[str, Any]]], title: str
+) -> None:
     """Batch time per batch and engine, log scale: the count (left; the load batch 0 included) and the
     sessionization (right). matplotlib comes with the ``bench`` extra."""
     from bench.figures import pyplot
@@ -407,12 +500,22 @@ def draw_figure(path: Path, count: dict[str, list[dict[str, Any]]], sessions: di
     panels = [("running count", count), ("sessionization (event-time timers)", sessions)]
     panels = [(name, series) for name, series in panels if series]
     figure, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
-    styles = {"statebackend": "tab:blue", "Spark built-in (RocksDB)": "tab:green",
-              "transformWithStateInPandas": "tab:red", "no-state floor": "tab:gray"}
+    styles = {
+        "statebackend": "tab:blue",
+        "Spark built-in (RocksDB)": "tab:green",
+        "transformWithStateInPandas": "tab:red",
+        "no-state floor": "tab:gray",
+    }
     for axis, (name, series) in zip(axes[0], panels):
         for engine, rows in series.items():
-            axis.plot([r["batch"] for r in rows], [r["duration_ms"] / 1000 for r in rows], marker="o", markersize=3,
-                      label=engine, color=styles.get(engine))
+            axis.plot(
+                [r["batch"] for r in rows],
+                [r["duration_ms"] / 1000 for r in rows],
+                marker="o",
+                markersize=3,
+                label=engine,
+                color=styles.get(engine),
+            )
         axis.set_yscale("log")
         axis.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))

@@ -64,8 +64,16 @@ class Counter:
 
 
 def sessions(count: int) -> list[Session]:
-    return [_module().Session(i % 97, i * 0.25, f"/page/{i % 1000}", None if i % 3 else f"/checkout/{i % 50}",
-                    ["mobile", "de"] if i % 2 else ["web"]) for i in range(count)]
+    return [
+        _module().Session(
+            i % 97,
+            i * 0.25,
+            f"/page/{i % 1000}",
+            None if i % 3 else f"/checkout/{i % 50}",
+            ["mobile", "de"] if i % 2 else ["web"],
+        )
+        for i in range(count)
+    ]
 
 
 def main(value_count: int = 100_000, rounds: int = 7) -> None:
@@ -87,10 +95,16 @@ def main(value_count: int = 100_000, rounds: int = 7) -> None:
         Case("counter", "record (attrs)", get_serde("record:bench.values:Counter"), counters),
     ]
     with tempfile.TemporaryDirectory(prefix="bench-values-") as tmp:
-        updates = [StoreUpdate.open(f"{tmp}/json", "json (dicts)", "json",
-                                    lambda v: {**v, "count": v["count"] + 1}, as_dicts),
-                   StoreUpdate.open(f"{tmp}/record", "record (attrs)", "record:bench.values:Session",
-                                    lambda v: attrs.evolve(v, count=v.count + 1), values)]
+        updates = [
+            StoreUpdate.open(f"{tmp}/json", "json (dicts)", "json", lambda v: {**v, "count": v["count"] + 1}, as_dicts),
+            StoreUpdate.open(
+                f"{tmp}/record",
+                "record (attrs)",
+                "record:bench.values:Session",
+                lambda v: attrs.evolve(v, count=v.count + 1),
+                values,
+            ),
+        ]
         try:
             gc.disable()  # the caller decides about GC; 100k result objects would time the collector, not the serdes
             for _ in range(rounds):  # interleaved, the best of each: a machine shared with other work slows all alike
@@ -108,10 +122,16 @@ def main(value_count: int = 100_000, rounds: int = 7) -> None:
     print(format_table(headers, rows))
     print()
     print(format_table(["serde", "update_many 10k keys ms"], store_rows))
-    path = write_result("values", {"machine": machine_info(), "value_count": value_count, "rounds": rounds,
-                                   "serdes": [dict(zip(headers, row, strict=True)) for row in rows],
-                                   "store": [dict(zip(["serde", "update_many_10k_ms"], row, strict=True))
-                                             for row in store_rows]})
+    path = write_result(
+        "values",
+        {
+            "machine": machine_info(),
+            "value_count": value_count,
+            "rounds": rounds,
+            "serdes": [dict(zip(headers, row, strict=True)) for row in rows],
+            "store": [dict(zip(["serde", "update_many_10k_ms"], row, strict=True)) for row in store_rows],
+        },
+    )
     print(f"\nresults: {path}")
 
 
@@ -142,8 +162,13 @@ class Case:
     def row(self) -> list[Any]:
         count = len(self.values)
         encode: Any = "-" if self.reader is not None else min(self.encode_s) * 1e6 / count  # the old class's
-        return [self.shape, self.label, encode, min(self.decode_s) * 1e6 / count,
-                sum(map(len, self.data)) / len(self.data)]
+        return [
+            self.shape,
+            self.label,
+            encode,
+            min(self.decode_s) * 1e6 / count,
+            sum(map(len, self.data)) / len(self.data),
+        ]
 
 
 @attrs.define
@@ -158,8 +183,9 @@ class StoreUpdate:
     times: list[float] = attrs.field(factory=list)
 
     @classmethod
-    def open(cls, path: str, label: str, serde_name: str, change: Callable[[Any], Any],
-             values: list[Any]) -> StoreUpdate:
+    def open(
+        cls, path: str, label: str, serde_name: str, change: Callable[[Any], Any], values: list[Any]
+    ) -> StoreUpdate:
         keys = [f"user:{i:08d}" for i in range(len(values))]
         store = LocalStore.open(path, name="bench")
         typed = TypedStore(store, get_serde("string"), get_serde(serde_name))

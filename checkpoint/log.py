@@ -206,8 +206,11 @@ class CheckpointLog:
                         f"by another writer ({name} in {self.blob_store.describe()}); this attempt lost the race "
                         f"and must not claim its commit: restore from the latest checkpoint and redo"
                     ) from None
-                log.info("checkpoint %s already holds this exact checkpoint; treating the write as a retry", name,
-                         extra=self._log_extra(seq))
+                log.info(
+                    "checkpoint %s already holds this exact checkpoint; treating the write as a retry",
+                    name,
+                    extra=self._log_extra(seq),
+                )
         listing = self.fence(seq)
         self._remember(seq, checkpoint)
         log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix, extra=self._log_extra(seq))
@@ -259,9 +262,7 @@ class CheckpointLog:
         listing. The head is what a writer that restores the entry fences on: it may write only ``head + 1``."""
         return self.find_and_head(lambda entry: True, at_least)
 
-    def find_and_head(
-        self, predicate: Callable[[LogEntry], bool], at_least: int = 0
-    ) -> tuple[LogEntry | None, int]:
+    def find_and_head(self, predicate: Callable[[LogEntry], bool], at_least: int = 0) -> tuple[LogEntry | None, int]:
         """:meth:`find` and the head of the same listing (see :meth:`latest_and_head`). When the newest entry vanished
         between the listing and its read and a re-list found newer ones (a zombie's checkpoint removed by its own
         fencing while the next one landed), the head is at least the entry found: a head below it would fence a writer
@@ -341,7 +342,9 @@ class CheckpointLog:
         """
         listing = self._listing() if listing is None else listing
         deleted = self._expired(listing)
-        self.blob_store.delete_many([self.blob_name(seq, version) for seq in deleted for version in sorted(listing[seq])])
+        self.blob_store.delete_many(
+            [self.blob_name(seq, version) for seq in deleted for version in sorted(listing[seq])]
+        )
         if deleted:
             log.debug("checkpoint log %s: deleted old checkpoints %s", self.prefix, deleted, extra=self._log_extra())
         return deleted
@@ -381,7 +384,11 @@ class CheckpointLog:
                 return listing
             log.warning(
                 "checkpoint log %s in %s: the listing shows checkpoints up to #%d but #%d is known to be durable; "
-                "listing again in %.1f s", self.prefix, self.blob_store.describe(), max(listing, default=0), at_least,
+                "listing again in %.1f s",
+                self.prefix,
+                self.blob_store.describe(),
+                max(listing, default=0),
+                at_least,
                 delay,
                 extra=self._log_extra(at_least),
             )
@@ -421,8 +428,12 @@ class CheckpointLog:
                 continue
             if index > 0:
                 # An older entry deleted by retention between the listing and this read: newer ones were seen.
-                log.debug("checkpoint log %s: checkpoint %d was deleted by retention while being read", self.prefix,
-                          seq, extra=self._log_extra(seq))
+                log.debug(
+                    "checkpoint log %s: checkpoint %d was deleted by retention while being read",
+                    self.prefix,
+                    seq,
+                    extra=self._log_extra(seq),
+                )
                 continue
             # The newest readable checkpoint vanished between the listing and its read. Retention never deletes the
             # newest, so either newer checkpoints arrived (and retention ran) or it was deleted: look again.
@@ -442,7 +453,11 @@ class CheckpointLog:
             if seq > (readable[0] if readable else 0):
                 log.warning(
                     "checkpoint log %s: checkpoint %d exists only in versions %s, none of read versions %s; "
-                    "passing over it", self.prefix, seq, sorted(listing[seq]), self.read_versions,
+                    "passing over it",
+                    self.prefix,
+                    seq,
+                    sorted(listing[seq]),
+                    self.read_versions,
                     extra=self._log_extra(seq),
                 )
 

@@ -139,9 +139,7 @@ def _binding(document: dict[str, Any], source: str) -> Binding | None:
         raise CorruptDataError(f"checkpoint {source} has format {blob_format!r}; expected an integer")
     if blob_format == 1:
         if any(field in document for field in _BOUND_FIELDS):
-            raise CorruptDataError(
-                f"checkpoint {source} carries binding fields but no 'format': it was altered"
-            )
+            raise CorruptDataError(f"checkpoint {source} carries binding fields but no 'format': it was altered")
         return None
     if blob_format != BLOB_FORMAT:
         raise IncompatibleFormatError(

@@ -74,8 +74,10 @@ class Sessionize:
             expiry_changes[_expiry_key(session["end"], row.user)] = row.user
         sessions.put_many(users, [current[user] for user in users])
         expiry.delete_many([key for key, user in expiry_changes.items() if user is None])
-        expiry.put_many([key for key, user in expiry_changes.items() if user is not None],
-                        [user for user in expiry_changes.values() if user is not None])
+        expiry.put_many(
+            [key for key, user in expiry_changes.items() if user is not None],
+            [user for user in expiry_changes.values() if user is not None],
+        )
         clock.put("now", now)
         # Every session whose end is more than gap before the clock can no longer grow (events arrive in time order
         # across batches): emit it and drop its state.
@@ -113,8 +115,9 @@ def batch_sessions(events: list[tuple[str, int]], gap: int) -> set[tuple[str, in
     return result
 
 
-def write_input(directory: Path, files: int, events_per_file: int, users: int, seconds_per_file: int,
-                seed: int = 7) -> list[tuple[str, int]]:
+def write_input(
+    directory: Path, files: int, events_per_file: int, users: int, seconds_per_file: int, seed: int = 7
+) -> list[tuple[str, int]]:
     """Files of events in time order; each user is active in bursts, so sessions open, grow and time out."""
     rng = random.Random(seed)
     events: list[tuple[str, int]] = []
@@ -122,8 +125,10 @@ def write_input(directory: Path, files: int, events_per_file: int, users: int, s
     for index in range(files):
         base = index * seconds_per_file
         chunk = sorted(
-            (f"user{rng.randrange(users) if rng.random() < 0.7 else rng.randrange(users // 10 + 1)}",
-             base + rng.randrange(seconds_per_file))
+            (
+                f"user{rng.randrange(users) if rng.random() < 0.7 else rng.randrange(users // 10 + 1)}",
+                base + rng.randrange(seconds_per_file),
+            )
             for _ in range(events_per_file)
         )
         events.extend(chunk)
@@ -139,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=500)
     parser.add_argument("--gap", type=int, default=30, help="session gap timeout in seconds (default 30)")
     parser.add_argument("--tasks", type=int, default=4)
-    parser.add_argument("--idle-ttl", default="24h",
-                        help="processing-time TTL of open sessions nobody wrote (stores.<name>.ttl.ms; default 24h)")
+    parser.add_argument(
+        "--idle-ttl",
+        default="24h",
+        help="processing-time TTL of open sessions nobody wrote (stores.<name>.ttl.ms; default 24h)",
+    )
     parser.add_argument("--state-dir", type=Path, default=None, help="default: a new temp dir")
     args = parser.parse_args(argv)
 
@@ -171,12 +179,23 @@ def main(argv: list[str] | None = None) -> int:
     spark = local_spark_session("statebackend-sessionize", master="local[2]")
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        job = StatefulForeachBatch(Sessionize(args.gap), key_columns=["user"], num_tasks=args.tasks, config=config,
-                                   output_schema=SESSION_SCHEMA, sink=collect)
-        stream = (spark.readStream.schema("user string, ts long").option("maxFilesPerTrigger", 1)
-                  .json(str(run_dir / "input")))
-        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(run_dir / "spark-checkpoint"))
-                 .trigger(availableNow=True).start())
+        job = StatefulForeachBatch(
+            Sessionize(args.gap),
+            key_columns=["user"],
+            num_tasks=args.tasks,
+            config=config,
+            output_schema=SESSION_SCHEMA,
+            sink=collect,
+        )
+        stream = (
+            spark.readStream.schema("user string, ts long").option("maxFilesPerTrigger", 1).json(str(run_dir / "input"))
+        )
+        query = (
+            stream.writeStream.foreachBatch(job)
+            .option("checkpointLocation", str(run_dir / "spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination()
         still_open = read_state(spark, config, "sessions", num_tasks=args.tasks).collect()
     finally:
@@ -185,11 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     open_sessions = {(row.key, *(json.loads(row.value)[f] for f in ("start", "end", "events"))) for row in still_open}
     got = set(closed) | open_sessions
     expected = batch_sessions(events, args.gap)
-    print(f"{len(events)} events, {len(closed)} sessions closed and expired from state, {len(open_sessions)} "
-          f"still open in state")
+    print(
+        f"{len(events)} events, {len(closed)} sessions closed and expired from state, {len(open_sessions)} "
+        f"still open in state"
+    )
     if len(closed) != len(set(closed)) or got != expected:
-        print(f"FAIL: {len(got ^ expected)} sessions differ from a batch sessionization, e.g. "
-              f"{sorted(got ^ expected)[:3]}")
+        print(
+            f"FAIL: {len(got ^ expected)} sessions differ from a batch sessionization, e.g. "
+            f"{sorted(got ^ expected)[:3]}"
+        )
         return 1
     print(f"OK: all {len(expected)} sessions equal a batch sessionization (gap {args.gap} s)")
     return 0

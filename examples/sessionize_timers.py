@@ -71,8 +71,11 @@ def end_sessions(stores: Any, due: Any) -> list[tuple[str, int, int, int, str]]:
     """``on_timers``: the watermark passed these sessions' ends plus the gap; no event can join them any more."""
     sessions = stores["sessions"]
     users = [timer.key for timer in due]
-    closed = [(user, s["start"], s["end"], s["events"], "timer")
-              for user, s in zip(users, sessions.get_many(users)) if s is not None]
+    closed = [
+        (user, s["start"], s["end"], s["events"], "timer")
+        for user, s in zip(users, sessions.get_many(users))
+        if s is not None
+    ]
     sessions.delete_many(users)
     return closed
 
@@ -116,13 +119,26 @@ def main(argv: list[str] | None = None) -> int:
     spark = local_spark_session("statebackend-sessionize-timers", master="local[2]")
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        job = StatefulForeachBatch(Sessionize(gap_ms), key_columns=["user"], num_tasks=args.tasks, config=config,
-                                   output_schema=SESSION_SCHEMA, sink=collect, on_timers=end_sessions,
-                                   event_time="ts", watermark_delay=args.delay * 1000)
-        stream = (spark.readStream.schema("user string, ts long").option("maxFilesPerTrigger", 1)
-                  .json(str(run_dir / "input")))
-        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(run_dir / "spark-checkpoint"))
-                 .trigger(availableNow=True).start())
+        job = StatefulForeachBatch(
+            Sessionize(gap_ms),
+            key_columns=["user"],
+            num_tasks=args.tasks,
+            config=config,
+            output_schema=SESSION_SCHEMA,
+            sink=collect,
+            on_timers=end_sessions,
+            event_time="ts",
+            watermark_delay=args.delay * 1000,
+        )
+        stream = (
+            spark.readStream.schema("user string, ts long").option("maxFilesPerTrigger", 1).json(str(run_dir / "input"))
+        )
+        query = (
+            stream.writeStream.foreachBatch(job)
+            .option("checkpointLocation", str(run_dir / "spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination()
         still_open = read_state(spark, config, "sessions", num_tasks=args.tasks).collect()
         pending = read_state(spark, config, TIMERS_STORE, num_tasks=args.tasks).collect()
@@ -136,15 +152,22 @@ def main(argv: list[str] | None = None) -> int:
     expected = batch_sessions(events, args.gap)
     by_timer = sum(1 for row in closed if row[4] == "timer")
     timers_ok = sorted((row.key, row.at_ms) for row in pending) == sorted(
-        (user, end + gap_ms + 1) for user, _, end, _ in open_sessions)
-    print(f"{len(events)} events, {len(closed)} sessions closed ({by_timer} by their timer, before any later event "
-          f"of their user), {len(open_sessions)} still open in state, each with its pending timer: {timers_ok}")
+        (user, end + gap_ms + 1) for user, _, end, _ in open_sessions
+    )
+    print(
+        f"{len(events)} events, {len(closed)} sessions closed ({by_timer} by their timer, before any later event "
+        f"of their user), {len(open_sessions)} still open in state, each with its pending timer: {timers_ok}"
+    )
     if len(closed_seconds) != len(set(closed_seconds)) or got != expected or not timers_ok or not by_timer:
-        print(f"FAIL: {len(got ^ expected)} sessions differ from a batch sessionization, e.g. "
-              f"{sorted(got ^ expected)[:3]}; timers of open sessions as expected: {timers_ok}")
+        print(
+            f"FAIL: {len(got ^ expected)} sessions differ from a batch sessionization, e.g. "
+            f"{sorted(got ^ expected)[:3]}; timers of open sessions as expected: {timers_ok}"
+        )
         return 1
-    print(f"OK: all {len(expected)} sessions equal a batch sessionization (gap {args.gap} s, watermark delay "
-          f"{args.delay} s)")
+    print(
+        f"OK: all {len(expected)} sessions equal a batch sessionization (gap {args.gap} s, watermark delay "
+        f"{args.delay} s)"
+    )
     return 0
 
 

@@ -98,11 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocabulary", type=int, default=20000, help="distinct words of the first kind")
     parser.add_argument("--tasks", type=int, default=4, help="state tasks (partitions by word; default 4)")
     parser.add_argument("--mode", choices=["arrow", "rows"], default="arrow", help="vectorized (default) or rows")
-    parser.add_argument("--state-dir", type=Path, default=None,
-                        help="where state, blobs and the Spark checkpoint go (default: a new temp dir, removed at "
-                             "the end); each run uses a fresh run-<time> directory under it")
-    parser.add_argument("--keep-state", action="store_true",
-                        help="keep the temp dir (without --state-dir) after the run, to look at it")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="where state, blobs and the Spark checkpoint go (default: a new temp dir, removed at "
+        "the end); each run uses a fresh run-<time> directory under it",
+    )
+    parser.add_argument(
+        "--keep-state", action="store_true", help="keep the temp dir (without --state-dir) after the run, to look at it"
+    )
     parser.add_argument("--top", type=int, default=10, help="how many top counts to print")
     args = parser.parse_args(argv)
 
@@ -147,8 +152,10 @@ def _run(spark: Any, args: argparse.Namespace, config: dict[str, object], run_di
         stats = job.last_batch_stats
         commit = max((s.commit_ms for s in stats), default=0.0)
         restore = max((s.open_ms for s in stats), default=0.0)
-        print(f"batch {batch_id:3d}: {sum(s.input_rows for s in stats):7d} words in, {updated:6d} counts updated; "
-              f"slowest task: open+restore {restore:6.1f} ms, durable commit {commit:6.1f} ms")
+        print(
+            f"batch {batch_id:3d}: {sum(s.input_rows for s in stats):7d} words in, {updated:6d} counts updated; "
+            f"slowest task: open+restore {restore:6.1f} ms, durable commit {commit:6.1f} ms"
+        )
 
     job = StatefulForeachBatch(
         count_words if args.mode == "arrow" else count_words_rows,
@@ -168,10 +175,18 @@ def _run(spark: Any, args: argparse.Namespace, config: dict[str, object], run_di
         if batch_id == args.batches - 1:
             done.set()
 
-    source = (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", args.rows_per_batch)
-              .option("numPartitions", 2).load())
-    query = (words_of(source, args.vocabulary).writeStream.foreachBatch(process)
-             .option("checkpointLocation", str(run_dir / "spark-checkpoint")).start())
+    source = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", args.rows_per_batch)
+        .option("numPartitions", 2)
+        .load()
+    )
+    query = (
+        words_of(source, args.vocabulary)
+        .writeStream.foreachBatch(process)
+        .option("checkpointLocation", str(run_dir / "spark-checkpoint"))
+        .start()
+    )
     started = time.monotonic()
     while not done.wait(1.0):
         if not query.isActive:
@@ -180,8 +195,10 @@ def _run(spark: Any, args: argparse.Namespace, config: dict[str, object], run_di
     query.stop()
     print(f"{args.batches} batches in {time.monotonic() - started:.1f} s")
 
-    state = {row.key: row.value for row in
-             read_state(spark, config, "counts", num_tasks=args.tasks, checkpoint=args.batches - 1).collect()}
+    state = {
+        row.key: row.value
+        for row in read_state(spark, config, "counts", num_tasks=args.tasks, checkpoint=args.batches - 1).collect()
+    }
     values = spark.range(args.batches * args.rows_per_batch).withColumnRenamed("id", "value")
     expected = {row.word: row["count"] for row in words_of(values, args.vocabulary).groupBy("word").count().collect()}
 
@@ -192,11 +209,15 @@ def _run(spark: Any, args: argparse.Namespace, config: dict[str, object], run_di
     wrong = {w for w in expected.keys() | state.keys() if expected.get(w) != state.get(w)}
     if wrong:
         sample = sorted(wrong)[:5]
-        print(f"FAIL: {len(wrong)} of {len(expected)} counts differ from the batch count, e.g. "
-              + ", ".join(f"{w}: state {state.get(w)} != batch {expected.get(w)}" for w in sample))
+        print(
+            f"FAIL: {len(wrong)} of {len(expected)} counts differ from the batch count, e.g. "
+            + ", ".join(f"{w}: state {state.get(w)} != batch {expected.get(w)}" for w in sample)
+        )
         return 1
-    print(f"OK: all {len(expected)} counts equal a batch groupBy(word).count() over the same "
-          f"{args.batches * args.rows_per_batch} input rows")
+    print(
+        f"OK: all {len(expected)} counts equal a batch groupBy(word).count() over the same "
+        f"{args.batches * args.rows_per_batch} input rows"
+    )
     return 0
 
 

@@ -152,8 +152,13 @@ class TaskCommitManager:
             waited_ms = (self.clock() - inflight.started) * 1000.0
             if waited_ms < self.max_delay_ms:
                 self.metrics.increment("commit.skips")
-                log.debug("task %s: skip commit, upload of %s running for %.0f ms", self.task_name,
-                          inflight.checkpoint_id, waited_ms, extra=self._log_extra(inflight.checkpoint_id))
+                log.debug(
+                    "task %s: skip commit, upload of %s running for %.0f ms",
+                    self.task_name,
+                    inflight.checkpoint_id,
+                    waited_ms,
+                    extra=self._log_extra(inflight.checkpoint_id),
+                )
                 return None
             self.metrics.increment("commit.blocks")
             block_start = self.clock()
@@ -198,8 +203,13 @@ class TaskCommitManager:
                 failure, self._failure = self._failure, None
             if failure is not None and not failure[1].reported:
                 failure[1].reported = True
-                log.warning("task %s: the previous commit %s failed (%s); committing anew", self.task_name,
-                            failure[1].checkpoint_id, failure[0], extra=self._log_extra(failure[1].checkpoint_id))
+                log.warning(
+                    "task %s: the previous commit %s failed (%s); committing anew",
+                    self.task_name,
+                    failure[1].checkpoint_id,
+                    failure[0],
+                    extra=self._log_extra(failure[1].checkpoint_id),
+                )
         return self.last_checkpoint
 
     def _log_extra(self, checkpoint_id: object = None, *, seq: int | None = None) -> dict[str, object]:
@@ -223,16 +233,24 @@ class TaskCommitManager:
             try:
                 inflight.future.exception(self.timeout_ms / 1000.0)
             except FutureTimeoutError:
-                log.warning("task %s: closing with commit %s still running", self.task_name, inflight.checkpoint_id,
-                            extra=self._log_extra(inflight.checkpoint_id))
+                log.warning(
+                    "task %s: closing with commit %s still running",
+                    self.task_name,
+                    inflight.checkpoint_id,
+                    extra=self._log_extra(inflight.checkpoint_id),
+                )
         if not handover:
             self._retain_at_close()
         with self._lock:
             cleanups, self._cleanups = self._cleanups, []
         _, not_done = wait(cleanups, timeout=self.timeout_ms / 1000.0)
         if not_done:
-            log.warning("task %s: closing with %d cleanups still running", self.task_name, len(not_done),
-                        extra=self._log_extra())
+            log.warning(
+                "task %s: closing with %d cleanups still running",
+                self.task_name,
+                len(not_done),
+                extra=self._log_extra(),
+            )
 
     def _retain_at_close(self) -> None:
         """The last retention of this task (see :meth:`close`): after the last commit's cleanups, on the closing
@@ -251,8 +269,12 @@ class TaskCommitManager:
             self.executor.submit(self.checkpoint_log.retain, listing).result(timeout=self.timeout_ms / 1000.0)
         except Exception as exc:  # noqa: BLE001 - the next open's commits retain again; no backend deletes meanwhile
             self.metrics.increment("commit.cleanup.failures")
-            log.warning("task %s: retention at close failed (the next commits retry it): %s", self.task_name, exc,
-                        extra=self._log_extra())
+            log.warning(
+                "task %s: retention at close failed (the next commits retry it): %s",
+                self.task_name,
+                exc,
+                extra=self._log_extra(),
+            )
             return
         checkpoint_id, uploaded = last
         self._cleanup_backends(checkpoint_id, uploaded)
@@ -272,8 +294,13 @@ class TaskCommitManager:
         pending.reported = True
         self._failures_in_a_row += 1
         if self._failures_in_a_row <= self.async_failures_tolerated:
-            log.warning("task %s: async commit failure %d tolerated: %s", self.task_name, self._failures_in_a_row,
-                        failure, extra=self._log_extra())
+            log.warning(
+                "task %s: async commit failure %d tolerated: %s",
+                self.task_name,
+                self._failures_in_a_row,
+                failure,
+                extra=self._log_extra(),
+            )
             return
         if isinstance(failure, CommitError):
             raise failure
@@ -287,8 +314,9 @@ class TaskCommitManager:
         # the delta's encoding and fsyncs it slows the wait for them (measured: docs/benchmarks.md). Reads see the
         # batches in the overlay meanwhile; a snapshot's read view of one releases it at once.
         try:
-            changes: dict[str, ChangeSet] = {name: store.flush(version, hold_apply=True)
-                                             for name, store in self.stores.items()}
+            changes: dict[str, ChangeSet] = {
+                name: store.flush(version, hold_apply=True) for name, store in self.stores.items()
+            }
         except BaseException:
             self._start_applies()  # the stores flushed before the one that failed
             raise
@@ -296,9 +324,9 @@ class TaskCommitManager:
         preliminary: list[StoreMarkers] = []  # by binding
         try:
             for binding in self.backups:
-                preliminary.append(binding.manager.snapshot(
-                    checkpoint_id, {name: changes[name] for name in binding.store_names}
-                ))
+                preliminary.append(
+                    binding.manager.snapshot(checkpoint_id, {name: changes[name] for name in binding.store_names})
+                )
         except BaseException:
             self._start_applies()
             _close_all(changes)
@@ -306,8 +334,13 @@ class TaskCommitManager:
                 try:
                     binding.manager.abort(checkpoint_id)
                 except Exception as exc:  # noqa: BLE001 - the snapshot failure is the one to raise
-                    log.warning("task %s: %s abort after a failed snapshot: %s", self.task_name,
-                                binding.factory_name, exc, extra=self._log_extra())
+                    log.warning(
+                        "task %s: %s abort after a failed snapshot: %s",
+                        self.task_name,
+                        binding.factory_name,
+                        exc,
+                        extra=self._log_extra(),
+                    )
             for store in self.stores.values():
                 store.mark_dirty()
             raise
@@ -330,8 +363,13 @@ class TaskCommitManager:
             try:
                 store.start_apply()
             except Exception as exc:  # noqa: BLE001 - the batch stays pending: the next flush, read view or close applies it
-                log.warning("task %s: store %s: could not start applying a flushed batch: %s", self.task_name,
-                            store.name, exc, extra=self._log_extra())
+                log.warning(
+                    "task %s: store %s: could not start applying a flushed batch: %s",
+                    self.task_name,
+                    store.name,
+                    exc,
+                    extra=self._log_extra(),
+                )
 
     def _start_async(
         self,
@@ -416,9 +454,14 @@ class TaskCommitManager:
         self.metrics.record("commit.checkpoint.ms", (self.clock() - writing_started) * 1000.0)
         with self._lock:  # an older commit's failure nobody saw is moot now: this checkpoint holds its changes
             if self._failure is not None and self._failure[1] is not pending:
-                log.warning("task %s: commit %s failed earlier (%s); checkpoint %s now holds its changes",
-                            self.task_name, self._failure[1].checkpoint_id, self._failure[0], checkpoint.checkpoint_id,
-                            extra=self._log_extra(checkpoint.checkpoint_id))
+                log.warning(
+                    "task %s: commit %s failed earlier (%s); checkpoint %s now holds its changes",
+                    self.task_name,
+                    self._failure[1].checkpoint_id,
+                    self._failure[0],
+                    checkpoint.checkpoint_id,
+                    extra=self._log_extra(checkpoint.checkpoint_id),
+                )
                 self._failure = None
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
@@ -434,8 +477,13 @@ class TaskCommitManager:
         if self.checkpoint_log.holds(seq, uncertain[1]):
             # It landed: it is durable only if it is still the newest (a zombie's write is removed and fenced).
             self.checkpoint_log.fence(seq)
-            log.info("task %s: checkpoint #%d, reported failed, did land (its reply was lost); this commit takes #%d",
-                     self.task_name, seq, seq + 1, extra=self._log_extra(seq=seq))
+            log.info(
+                "task %s: checkpoint #%d, reported failed, did land (its reply was lost); this commit takes #%d",
+                self.task_name,
+                seq,
+                seq + 1,
+                extra=self._log_extra(seq=seq),
+            )
             self.metrics.increment("commit.landed.after.failure")
             self._uncertain = None
             self._became_durable(seq, uncertain[1])
@@ -453,9 +501,14 @@ class TaskCommitManager:
                 write_local_checkpoint(store.path, checkpoint, self.checkpoint_log.binding(seq))
             except Exception as exc:  # noqa: BLE001 - only a restore shortcut and a bound on listings are lost
                 self.metrics.increment("commit.local.checkpoint.failures")
-                log.warning("task %s: checkpoint %s is durable but its local file in %s was not written: %s",
-                            self.task_name, checkpoint.checkpoint_id, store.path, exc,
-                            extra=self._log_extra(checkpoint.checkpoint_id))
+                log.warning(
+                    "task %s: checkpoint %s is durable but its local file in %s was not written: %s",
+                    self.task_name,
+                    checkpoint.checkpoint_id,
+                    store.path,
+                    exc,
+                    extra=self._log_extra(checkpoint.checkpoint_id),
+                )
 
     def _cleanup(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers], listing: Any = None) -> None:
         # retention waits until enough old checkpoints pile up for one delete request; the backends delete what
@@ -487,8 +540,13 @@ class TaskCommitManager:
                 future.add_done_callback(self._report_cleanup(checkpoint_id))
             except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
                 self.metrics.increment("commit.cleanup.failures")
-                log.warning("task %s: cleanup of %s could not start: %s", self.task_name, binding.factory_name, exc,
-                            extra=self._log_extra(checkpoint_id))
+                log.warning(
+                    "task %s: cleanup of %s could not start: %s",
+                    self.task_name,
+                    binding.factory_name,
+                    exc,
+                    extra=self._log_extra(checkpoint_id),
+                )
 
     def _after_durable(self, checkpoint_id: CheckpointId) -> None:
         """Start ``after_durable``'s work and register it so :meth:`close` waits for it (a failure is logged: the
@@ -499,8 +557,13 @@ class TaskCommitManager:
         try:
             future = hook()
         except Exception as exc:  # noqa: BLE001 - only the metrics textfile is late; the commit is durable
-            log.warning("task %s: after checkpoint %s: %s", self.task_name, checkpoint_id, exc,
-                        extra=self._log_extra(checkpoint_id))
+            log.warning(
+                "task %s: after checkpoint %s: %s",
+                self.task_name,
+                checkpoint_id,
+                exc,
+                extra=self._log_extra(checkpoint_id),
+            )
             return
         if future is None:
             return
@@ -512,8 +575,13 @@ class TaskCommitManager:
         def report(future: Future[Any]) -> None:
             exc = future.exception()
             if exc is not None:
-                log.warning("task %s: after checkpoint %s: %s", self.task_name, checkpoint_id, exc,
-                            extra=self._log_extra(checkpoint_id))
+                log.warning(
+                    "task %s: after checkpoint %s: %s",
+                    self.task_name,
+                    checkpoint_id,
+                    exc,
+                    extra=self._log_extra(checkpoint_id),
+                )
 
         return report
 
@@ -522,15 +590,25 @@ class TaskCommitManager:
             exc = future.exception()
             if exc is not None:
                 self.metrics.increment("commit.cleanup.failures")
-                log.warning("task %s: cleanup after checkpoint %s failed (retried at the next commit): %s",
-                            self.task_name, checkpoint_id, exc, extra=self._log_extra(checkpoint_id))
+                log.warning(
+                    "task %s: cleanup after checkpoint %s failed (retried at the next commit): %s",
+                    self.task_name,
+                    checkpoint_id,
+                    exc,
+                    extra=self._log_extra(checkpoint_id),
+                )
 
         return report
 
     def _fail(self, pending: PendingCommit, exc: BaseException) -> None:
         self.metrics.increment("commit.failures")
-        log.warning("task %s: commit %s failed: %s", self.task_name, pending.checkpoint_id, exc,
-                    extra=self._log_extra(pending.checkpoint_id))
+        log.warning(
+            "task %s: commit %s failed: %s",
+            self.task_name,
+            pending.checkpoint_id,
+            exc,
+            extra=self._log_extra(pending.checkpoint_id),
+        )
         if not isinstance(exc, CommitError):
             wrapped = CommitError(f"task {self.task_name}: commit {pending.checkpoint_id} failed: {exc}")
             wrapped.__cause__ = exc

@@ -119,8 +119,9 @@ def run_all(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]])
 CANCEL_CHUNK = 8192
 
 
-def until_cancelled(records: Iterable[T], cancelled: Callable[[], bool],
-                    error: Callable[[], BaseException]) -> Iterator[T]:
+def until_cancelled(
+    records: Iterable[T], cancelled: Callable[[], bool], error: Callable[[], BaseException]
+) -> Iterator[T]:
     """``records``, taken :data:`CANCEL_CHUNK` at a time, raising ``error()`` before a chunk once ``cancelled()``
     (one check per chunk: the records themselves flow through C)."""
     source = iter(records)

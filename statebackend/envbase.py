@@ -173,8 +173,16 @@ def is_env_base(prefix: bytes) -> bool:
 # ---------------------------------------------------------------------------------------------------------- writing
 
 
-def write_env_base(view: ReadView, out: BinaryIO, lineage: FileHeader, *, scratch: Path, compression: str = "zstd",
-                   level: int = 1, check: Callable[[], None] | None = None) -> EnvBaseStats:
+def write_env_base(
+    view: ReadView,
+    out: BinaryIO,
+    lineage: FileHeader,
+    *,
+    scratch: Path,
+    compression: str = "zstd",
+    level: int = 1,
+    check: Callable[[], None] | None = None,
+) -> EnvBaseStats:
     """Write the base of exactly ``view``'s version into ``out``: a compacted copy of the view's own read
     transaction (in a temporary directory under ``scratch``), framed. ``lineage`` must name the view's version (its
     checkpoint id and token): a view of any other version is refused (:class:`UsageError`), never copied. ``check``
@@ -223,9 +231,14 @@ def read_env_base_frame(head: bytes, tail: bytes, size: int, *, name: str) -> En
     return header
 
 
-def restore_env_base(source: BaseSource, target_dir: Path | None, *, check: Callable[[EnvBaseHeader], None],
-                     pool: ThreadPoolExecutor | None = None,
-                     content_hasher: Any = None) -> EnvBaseHeader:
+def restore_env_base(
+    source: BaseSource,
+    target_dir: Path | None,
+    *,
+    check: Callable[[EnvBaseHeader], None],
+    pool: ThreadPoolExecutor | None = None,
+    content_hasher: Any = None,
+) -> EnvBaseHeader:
     """Stream the base ``source`` holds into ``target_dir/data.mdb`` (created; ``None``: only verify), verified.
 
     ``check`` sees the header before anything is written and raises when the base is not the one wanted (its
@@ -240,8 +253,10 @@ def restore_env_base(source: BaseSource, target_dir: Path | None, *, check: Call
         raise CorruptDataError(f"{source.name}: truncated at byte {size}: the base ends before its footer")
     tail = source.read(size - FOOTER_SIZE, size + 1)  # one byte more: a blob longer than its size is refused
     if len(tail) > FOOTER_SIZE:
-        raise CorruptDataError(f"{source.name}: the blob holds more than the {size} bytes it was written with; it "
-                               f"is not the base its name designates and was not used")
+        raise CorruptDataError(
+            f"{source.name}: the blob holds more than the {size} bytes it was written with; it "
+            f"is not the base its name designates and was not used"
+        )
     frames, raw_bytes, body_length = _parse_footer(tail, size, header_end, name=source.name)
     check(header)
     hasher = hashlib.blake2b(head[:header_end], digest_size=32)
@@ -269,23 +284,33 @@ def restore_env_base(source: BaseSource, target_dir: Path | None, *, check: Call
             written += _write(out, decoded.popleft())
         crashpoint("envbase.restore.written")  # every frame written, the digest not checked yet
         if count != frames or written != raw_bytes:
-            raise CorruptDataError(f"{source.name}: the base holds {count} frames of {written} bytes where its footer "
-                                   f"says {frames} frames of {raw_bytes} bytes; it is corrupt and was not used")
+            raise CorruptDataError(
+                f"{source.name}: the base holds {count} frames of {written} bytes where its footer "
+                f"says {frames} frames of {raw_bytes} bytes; it is corrupt and was not used"
+            )
         hasher.update(tail[:_FOOTER_COVERED])
         if content_hasher is not None:
             content_hasher.update(tail)
-        if hasher.digest() != tail[_FOOTER_COVERED:_FOOTER_COVERED + 32]:
-            raise CorruptDataError(f"{source.name}: the base's BLAKE2b digest does not match its bytes; it was damaged "
-                                   f"and was not used")
+        if hasher.digest() != tail[_FOOTER_COVERED : _FOOTER_COVERED + 32]:
+            raise CorruptDataError(
+                f"{source.name}: the base's BLAKE2b digest does not match its bytes; it was damaged and was not used"
+            )
     finally:
         if out is not None:
             out.close()
     return header
 
 
-def load_env_base(store: LocalStore, source: BaseSource, version: LocalVersion, *,
-                  check: Callable[[EnvBaseHeader], None], pool: ThreadPoolExecutor | None = None,
-                  content_hasher: Any = None, after_read: Callable[[], None] | None = None) -> EnvBaseHeader:
+def load_env_base(
+    store: LocalStore,
+    source: BaseSource,
+    version: LocalVersion,
+    *,
+    check: Callable[[EnvBaseHeader], None],
+    pool: ThreadPoolExecutor | None = None,
+    content_hasher: Any = None,
+    after_read: Callable[[], None] | None = None,
+) -> EnvBaseHeader:
     """Restore ``store`` from the base ``source`` holds: stream it into a fresh directory in the store dir
     (``.envbase-*``), verified (:func:`restore_env_base`; then ``after_read``, e.g. a content hash check), and only
     then, its key count checked against the header's (the copy claims the base's version from the moment it is in
@@ -325,9 +350,12 @@ def remove_abandoned(store_dir: Path) -> None:
 
 
 def _encode_header(header: EnvBaseHeader) -> bytes:
-    metadata = json.dumps({"lineage": attrs.asdict(header.lineage), "platform": header.platform,
-                           "records": header.records},
-                          separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
+    metadata = json.dumps(
+        {"lineage": attrs.asdict(header.lineage), "platform": header.platform, "records": header.records},
+        separators=(",", ":"),
+        sort_keys=True,
+        ensure_ascii=False,
+    ).encode()
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, _COMPRESSION_CODES[header.compression], 0, len(metadata))
     return prefix + metadata + _CRC32.pack(zlib.crc32(prefix + metadata))
 
@@ -342,25 +370,31 @@ def _check_key_count(env_dir: Path, header: EnvBaseHeader, map_size: int, *, nam
     finally:
         env.close()
     if count != header.records:
-        raise CorruptDataError(f"{name}: the base holds {count} keys where its header says {header.records}; "
-                               f"nothing was kept")
+        raise CorruptDataError(
+            f"{name}: the base holds {count} keys where its header says {header.records}; nothing was kept"
+        )
 
 
 def _parse_header(data: bytes, *, name: str) -> tuple[EnvBaseHeader, int]:
     if len(data) < _PREFIX.size:
-        raise CorruptDataError(f"{name}: truncated at byte {len(data)}: an env base header needs {_PREFIX.size} "
-                               f"bytes at least")
+        raise CorruptDataError(
+            f"{name}: truncated at byte {len(data)}: an env base header needs {_PREFIX.size} bytes at least"
+        )
     magic, version, compression_code, reserved, metadata_length = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise CorruptDataError(f"{name}: not an env base (bad magic {magic!r}, want {MAGIC!r})")
     if version != FORMAT_VERSION:
         if version > FORMAT_VERSION:
-            raise IncompatibleFormatError(f"{name}: env base format version {version} is newer than this release "
-                                          f"reads ({FORMAT_VERSION}); upgrade statebackend to read it")
+            raise IncompatibleFormatError(
+                f"{name}: env base format version {version} is newer than this release "
+                f"reads ({FORMAT_VERSION}); upgrade statebackend to read it"
+            )
         raise CorruptDataError(f"{name}: env base format version {version} was never written")
     if metadata_length > MAX_METADATA_BYTES:
-        raise CorruptDataError(f"{name}: env base header metadata of {metadata_length} bytes exceeds "
-                               f"{MAX_METADATA_BYTES}; the header is corrupt")
+        raise CorruptDataError(
+            f"{name}: env base header metadata of {metadata_length} bytes exceeds "
+            f"{MAX_METADATA_BYTES}; the header is corrupt"
+        )
     metadata_end = _PREFIX.size + metadata_length
     header_end = metadata_end + _CRC32.size
     if len(data) < header_end:
@@ -371,30 +405,41 @@ def _parse_header(data: bytes, *, name: str) -> tuple[EnvBaseHeader, int]:
     if compression is None or reserved != 0:
         raise CorruptDataError(f"{name}: unknown env base compression code {compression_code} (or flags {reserved})")
     try:
-        fields = json.loads(bytes(data[_PREFIX.size:metadata_end]))
-        header = EnvBaseHeader(lineage=FileHeader(**fields["lineage"]), records=int(fields["records"]),
-                               compression=compression, platform=str(fields["platform"]))
+        fields = json.loads(bytes(data[_PREFIX.size : metadata_end]))
+        header = EnvBaseHeader(
+            lineage=FileHeader(**fields["lineage"]),
+            records=int(fields["records"]),
+            compression=compression,
+            platform=str(fields["platform"]),
+        )
     except (ValueError, TypeError, KeyError, UsageError) as exc:
         raise CorruptDataError(f"{name}: env base header metadata is malformed: {exc}") from exc
     if header.platform != PLATFORM:
         raise IncompatibleFormatError(
             f"{name}: the base is an LMDB file written on a {header.platform}-bit machine; this one is "
             f"{PLATFORM}-bit and cannot read it. Restore on a machine of the writer's kind, or from another "
-            f"backend's marker")
+            f"backend's marker"
+        )
     return header, header_end
 
 
 def _parse_footer(tail: bytes, size: int, header_end: int, *, name: str) -> tuple[int, int, int]:
     if size < header_end + FOOTER_SIZE or len(tail) != FOOTER_SIZE:
-        raise CorruptDataError(f"{name}: truncated at byte {size}: the base ends before its {FOOTER_SIZE}-byte "
-                               f"footer (header ends at byte {header_end})")
+        raise CorruptDataError(
+            f"{name}: truncated at byte {size}: the base ends before its {FOOTER_SIZE}-byte "
+            f"footer (header ends at byte {header_end})"
+        )
     frames, raw_bytes, body_length, _, magic_end = _FOOTER.unpack(tail)
     if magic_end != MAGIC_END:
-        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the base was cut short or not "
-                               f"completely written (truncated at byte {size}?)")
+        raise CorruptDataError(
+            f"{name}: no end marker at byte {size - len(MAGIC_END)}: the base was cut short or not "
+            f"completely written (truncated at byte {size}?)"
+        )
     if body_length != size - FOOTER_SIZE - header_end:
-        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the base holds "
-                               f"{size - FOOTER_SIZE - header_end}; it is truncated or corrupt")
+        raise CorruptDataError(
+            f"{name}: the footer says the body has {body_length} bytes, the base holds "
+            f"{size - FOOTER_SIZE - header_end}; it is truncated or corrupt"
+        )
     return frames, raw_bytes, body_length
 
 
@@ -446,12 +491,14 @@ def _frames(segments: Iterator[bytes], hashers: tuple[Any, Any], *, name: str) -
         while len(buffer) - position >= _FRAME.size:
             stored_length, raw_length = _FRAME.unpack_from(buffer, position)
             if stored_length > MAX_FRAME_BYTES or raw_length > MAX_FRAME_BYTES or raw_length == 0:
-                raise CorruptDataError(f"{name}: a frame declares {stored_length} stored and {raw_length} raw bytes "
-                                       f"(at most {MAX_FRAME_BYTES}, raw at least 1); the base is corrupt")
+                raise CorruptDataError(
+                    f"{name}: a frame declares {stored_length} stored and {raw_length} raw bytes "
+                    f"(at most {MAX_FRAME_BYTES}, raw at least 1); the base is corrupt"
+                )
             end = position + _FRAME.size + stored_length
             if end > len(buffer):
                 break
-            yield bytes(buffer[position + _FRAME.size:end]), raw_length
+            yield bytes(buffer[position + _FRAME.size : end]), raw_length
             position = end
     if position != len(buffer):
         raise CorruptDataError(f"{name}: the body ends inside a frame; the base is truncated or corrupt")
@@ -470,15 +517,18 @@ def _decode(stored: bytes, raw_length: int, compression: str, name: str) -> byte
         except zstandard.ZstdError as exc:
             raise CorruptDataError(f"{name}: a frame has no valid zstd header ({exc}); the base is corrupt") from exc
         if content_size != raw_length:
-            raise CorruptDataError(f"{name}: a frame's zstd header records {content_size} bytes where the frame "
-                                   f"declares {raw_length}; the base is corrupt")
+            raise CorruptDataError(
+                f"{name}: a frame's zstd header records {content_size} bytes where the frame "
+                f"declares {raw_length}; the base is corrupt"
+            )
         try:
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_length)
         except zstandard.ZstdError as exc:
             raise CorruptDataError(f"{name}: a frame does not decompress ({exc}); the base is corrupt") from exc
     if len(raw) != raw_length:
-        raise CorruptDataError(f"{name}: a frame holds {len(raw)} bytes where it declares {raw_length}; the base is "
-                               f"corrupt")
+        raise CorruptDataError(
+            f"{name}: a frame holds {len(raw)} bytes where it declares {raw_length}; the base is corrupt"
+        )
     return raw
 
 

@@ -161,8 +161,17 @@ class SerdeError(StateBackendError, ValueError, TypeError):
     ``value_type`` (the qualified name of the type that was given), ``role`` (``"key"``, ``"value"``, ``"prefix"``,
     ...: what could not be encoded) and ``reason`` (what the serde said, with the fix)."""
 
-    def __init__(self, message: str, *, store: str | None = None, serde: str | None = None, key: str | None = None,
-                 value_type: str | None = None, role: str | None = None, reason: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        store: str | None = None,
+        serde: str | None = None,
+        key: str | None = None,
+        value_type: str | None = None,
+        role: str | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.store = store
         self.serde = serde

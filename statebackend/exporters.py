@@ -37,12 +37,16 @@ def task_metrics(settings: Settings, task_name: str) -> Metrics:
 
 
 def _exports_prometheus(settings: Settings) -> bool:
-    return (settings.metrics_prometheus_port is not None or settings.metrics_prometheus_textfile_dir is not None
-            or settings.metrics_prometheus_push_url is not None)
+    return (
+        settings.metrics_prometheus_port is not None
+        or settings.metrics_prometheus_textfile_dir is not None
+        or settings.metrics_prometheus_push_url is not None
+    )
 
 
-def start_exporters(settings: Settings, metrics: Metrics, task_name: str | None = None, *,
-                    labels: Mapping[str, str] | None = None) -> None:
+def start_exporters(
+    settings: Settings, metrics: Metrics, task_name: str | None = None, *, labels: Mapping[str, str] | None = None
+) -> None:
     """With a Prometheus exporter configured: register ``metrics`` with the process collector (labelled with the job
     and ``task_name`` when it has no labels of its own, or with ``labels`` when given: the Spark driver's registry
     gives ``job_name`` so its own series carry it) and start the endpoint (once per process). Never fails the task:
@@ -57,8 +61,12 @@ def start_exporters(settings: Settings, metrics: Metrics, task_name: str | None 
         try:
             prom.serve(settings.metrics_prometheus_host, port)
         except OSError as exc:
-            log.warning("metrics endpoint not started on %s:%d (metrics.prometheus.host, metrics.prometheus.port): "
-                        "%s", settings.metrics_prometheus_host, port, exc)
+            log.warning(
+                "metrics endpoint not started on %s:%d (metrics.prometheus.host, metrics.prometheus.port): %s",
+                settings.metrics_prometheus_host,
+                port,
+                exc,
+            )
 
 
 def export_on_close(settings: Settings, task_name: str, metrics: Metrics) -> None:
@@ -84,12 +92,17 @@ def export_now(settings: Settings, task_name: str, *, textfile: bool = True) -> 
         try:
             prom.push(settings.metrics_prometheus_push_url, settings.job_name, task_name, series)
         except OSError as exc:
-            log.warning("task %s: metrics not pushed to %s (metrics.prometheus.push.url): %s", task_name,
-                        redact(settings.metrics_prometheus_push_url), redact(str(exc)))
+            log.warning(
+                "task %s: metrics not pushed to %s (metrics.prometheus.push.url): %s",
+                task_name,
+                redact(settings.metrics_prometheus_push_url),
+                redact(str(exc)),
+            )
 
 
-def textfile_after_commit(settings: Settings, task_name: str,
-                          executor: Executor) -> Callable[[], Future[Any] | None] | None:
+def textfile_after_commit(
+    settings: Settings, task_name: str, executor: Executor
+) -> Callable[[], Future[Any] | None] | None:
     """What a task's commit manager calls once a commit is durable (``TaskCommitManager.after_durable``) with
     ``metrics.prometheus.textfile.dir`` set: it queues a write of the task's textfile on ``executor`` (the commit
     pool) and returns its future, or ``None`` when a write is already queued (that one collects when it starts, so
@@ -133,8 +146,12 @@ class _Textfile:
                 series = prom.PROCESS.collect(job_name=self.job_name, task=self.task_name)
                 prom.write_textfile(self.directory, self.job_name, self.task_name, series)
             except OSError as exc:
-                log.warning("task %s: metrics textfile not written to %s (metrics.prometheus.textfile.dir): %s",
-                            self.task_name, self.directory, exc)
+                log.warning(
+                    "task %s: metrics textfile not written to %s (metrics.prometheus.textfile.dir): %s",
+                    self.task_name,
+                    self.directory,
+                    exc,
+                )
 
 
 #: the textfile of each task with one in use (a task's commit manager holds it; the close and export_now write it

@@ -94,7 +94,8 @@ class OpenDecision:
         if entry is not None and entry.seq > self.head:
             raise InconsistentStateError(
                 f"task {self.task_name}: checkpoint #{entry.seq} is above the head #{self.head} of the listing the "
-                "decision was made from: the log moved on since. Decide again")
+                "decision was made from: the log moved on since. Decide again"
+            )
         return _decided(settings, self.task_name, entry, self.head, self.known_seq, self.restore_order)
 
     def confirm(self, known_seq: int) -> None:
@@ -163,8 +164,13 @@ def known_durable_seq(
         try:
             found = read_local_checkpoint_binding(task_dir / name)
         except (CorruptDataError, IncompatibleFormatError, OSError) as exc:
-            log.warning("store %s of task %s: local checkpoint file ignored: %s", name, task_name, exc,
-                        extra={"job": job_name, "task": task_name, "store": name})
+            log.warning(
+                "store %s of task %s: local checkpoint file ignored: %s",
+                name,
+                task_name,
+                exc,
+                extra={"job": job_name, "task": task_name, "store": name},
+            )
             continue
         if found is None or found[1] is None:
             continue
@@ -180,8 +186,15 @@ def recorded_serdes(store_settings: StoreSettings) -> dict[str, str]:
     return base_recorded(store_settings)
 
 
-def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: int, known: int,
-             store_names: Iterable[str], raw_values: Collection[str] = ()) -> OpenDecision:
+def _decided(
+    settings: Settings,
+    task_name: str,
+    entry: LogEntry | None,
+    head: int,
+    known: int,
+    store_names: Iterable[str],
+    raw_values: Collection[str] = (),
+) -> OpenDecision:
     """The decision for ``entry``, checked: a V1 entry below what is known durable as V2, serdes that would read the
     state as garbage."""
     if entry is not None and isinstance(entry.checkpoint, CheckpointV1):
@@ -191,8 +204,11 @@ def _decided(settings: Settings, task_name: str, entry: LogEntry | None, head: i
                 f"this machine saw checkpoint #{known} durable as a V2 checkpoint with state: its V2 blob is "
                 f"missing or unreadable. Nothing was restored or cleared; put the V2 blob back"
             )
-        log.warning("checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty", entry.seq,
-                    extra={"seq": entry.seq})
+        log.warning(
+            "checkpoint #%d is a V1 checkpoint (input offsets only): stores start empty",
+            entry.seq,
+            extra={"seq": entry.seq},
+        )
     checkpoint = entry.checkpoint if entry is not None and isinstance(entry.checkpoint, CheckpointV2) else None
     _check_serdes(settings, checkpoint, raw_values)
     order = {name: _restore_order(name, settings.stores[name], checkpoint) for name in store_names}
@@ -238,7 +254,10 @@ def _restore_order(store_name: str, store_settings: StoreSettings, checkpoint: C
     if usable and usable[0] != preferred[0]:
         log.warning(
             "store %s: checkpoint %s has no %s marker; restoring from the %s backend instead",
-            store_name, checkpoint.checkpoint_id, preferred[0], usable[0],
+            store_name,
+            checkpoint.checkpoint_id,
+            preferred[0],
+            usable[0],
             extra={"store": store_name, "checkpoint_id": str(checkpoint.checkpoint_id)},
         )
     return usable
@@ -270,8 +289,8 @@ def _check_serdes(settings: Settings, checkpoint: CheckpointV2 | None, raw_value
                 f"stores.{name}.ttl.ms is set but store {name!r} was written without a TTL (checkpoint "
                 f"{checkpoint.checkpoint_id}): its values carry no expiry. Unset stores.{name}.ttl.ms, or copy the "
                 "data into a new store that has it"
-                if envelope is None else
-                f"store {name!r} was written with a TTL (checkpoint {checkpoint.checkpoint_id}): its values carry "
+                if envelope is None
+                else f"store {name!r} was written with a TTL (checkpoint {checkpoint.checkpoint_id}): its values carry "
                 f"an expiry that reads without stores.{name}.ttl.ms would take for data. Set stores.{name}.ttl.ms "
                 "(any duration: the stored expiries stay), or copy the data into a new store"
             )

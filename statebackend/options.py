@@ -154,9 +154,7 @@ def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:
     return _scaled_parser("duration", _DURATION_UNITS, allowed, min, max)
 
 
-def _scaled_parser(
-    what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None
-) -> Parser:
+def _scaled_parser(what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None) -> Parser:
     """An int, or a string of a number and one of ``units`` (bytes, durations), within [low, high]."""
 
     def parse(key: str, raw: Any) -> int:
@@ -340,6 +338,7 @@ _BYTE_UNITS = {
 _DURATION_UNITS = {"": 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 _SCALED_RE = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)")
 
+
 def value_error(key: str, raw: Any, problem: str, allowed: str) -> ConfigError:
     shown = repr(raw)
     if len(shown) > 80:
@@ -383,5 +382,3 @@ def _scaled(key: str, raw: str, units: Mapping[str, int], allowed: str) -> int:
     except InvalidOperation as exc:  # the regex admits only decimals, so this is a guard
         raise value_error(key, raw, "not a number", allowed) from exc
     return int(number * units[unit])
-
-

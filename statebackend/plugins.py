@@ -52,8 +52,10 @@ class EntryPointTarget:
             return "reinstall the package that declares it"
         if self.extras:
             return f"pip install '{self.distribution}[{','.join(self.extras)}]'"
-        return (f"it is declared by the distribution {self.distribution!r}; reinstall it "
-                f"(pip install --force-reinstall {self.distribution})")
+        return (
+            f"it is declared by the distribution {self.distribution!r}; reinstall it "
+            f"(pip install --force-reinstall {self.distribution})"
+        )
 
 
 def entry_points(group: str) -> dict[str, tuple[EntryPointTarget, ...]]:
@@ -67,8 +69,7 @@ def entry_points(group: str) -> dict[str, tuple[EntryPointTarget, ...]]:
     found: dict[str, tuple[EntryPointTarget, ...]] = {}
     for ep in importlib.metadata.entry_points(group=group):
         dist = ep.dist.name if ep.dist is not None else None
-        target = EntryPointTarget(ep.name, f"{ep.module}:{ep.attr}" if ep.attr else ep.module, dist,
-                                  tuple(ep.extras))
+        target = EntryPointTarget(ep.name, f"{ep.module}:{ep.attr}" if ep.attr else ep.module, dist, tuple(ep.extras))
         if target not in found.get(ep.name, ()):  # one distribution seen twice on sys.path declares it once
             found[ep.name] = (*found.get(ep.name, ()), target)
     with _LOCK:

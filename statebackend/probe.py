@@ -284,17 +284,23 @@ class _Probe:
         outcome = "exists"
         if answer.state == _MISSING:
             if not self.create:
-                raise self._failure((1,), answer, made, problem=(
-                    f"the {target.what} does not exist and blob.store.create.if.missing is false"
-                ), fix=(
-                    f"{target.make_it}, or set blob.store.create.if.missing=true to let the job create it"
-                ))
+                raise self._failure(
+                    (1,),
+                    answer,
+                    made,
+                    problem=(f"the {target.what} does not exist and blob.store.create.if.missing is false"),
+                    fix=(f"{target.make_it}, or set blob.store.create.if.missing=true to let the job create it"),
+                )
             created, made_creating = self.budget.run(lambda: _ask(create))
             made += made_creating
             if created.state != _OK:
-                raise self._failure((1,), created, made_creating, problem=(
-                    f"the {target.what} does not exist and creating it failed: {created.detail}"
-                ), fix=target.create_fix)
+                raise self._failure(
+                    (1,),
+                    created,
+                    made_creating,
+                    problem=(f"the {target.what} does not exist and creating it failed: {created.detail}"),
+                    fix=target.create_fix,
+                )
             outcome = "created"
         elif answer.state != _OK:
             raise self._failure((1,), answer, made)
@@ -331,9 +337,12 @@ class _Probe:
         deleted, made = self.budget.run(lambda: _ask(lambda: store.delete(name)))
         requests += made
         if deleted.state != _OK:
-            raise self._failure((3,), deleted, made, problem=(
-                f"deleting the probe blob {name!r} failed (it is left there): {deleted.detail}"
-            ))
+            raise self._failure(
+                (3,),
+                deleted,
+                made,
+                problem=(f"deleting the probe blob {name!r} failed (it is left there): {deleted.detail}"),
+            )
         return ProbeStep(3, f"wrote, read back and deleted {name!r}", requests)
 
     def _delete_quietly(self, store: BlobStore) -> None:
@@ -342,7 +351,12 @@ class _Probe:
             _log.warning("the probe blob %r is left in %s: %s", self.name, self.where, answer.detail)
 
     def _failure(
-        self, checks: tuple[int, ...], answer: _Answer, attempts: int, *, problem: str | None = None,
+        self,
+        checks: tuple[int, ...],
+        answer: _Answer,
+        attempts: int,
+        *,
+        problem: str | None = None,
         fix: str | None = None,
     ) -> StorageError:
         """The probe's error for ``answer``: the check, what was found, what to fix; no secret in it or its chain."""
@@ -367,8 +381,9 @@ class _Probe:
         elif answer.state == _BUSY:
             kind = TransientStorageError
             problem = (
-                f"{problem}; each of {attempts} attempts failed transiently" if problem else
-                f"each of {attempts} attempts failed transiently ({answer.detail})"
+                f"{problem}; each of {attempts} attempts failed transiently"
+                if problem
+                else f"each of {attempts} attempts failed transiently ({answer.detail})"
             )
             fix = "retry later, and check the service's health"
         elif answer.state == _NOT_A_DIRECTORY:
@@ -379,9 +394,11 @@ class _Probe:
         if len(checks) == 1:
             which = f"check {checks[0]} of {len(PROBE_CHECKS)} ({PROBE_CHECKS[checks[0] - 1]})"
         else:
-            which = f"checks {checks[0]}-{checks[-1]} of {len(PROBE_CHECKS)} (" + " and ".join(
-                PROBE_CHECKS[check - 1] for check in checks
-            ) + ")"
+            which = (
+                f"checks {checks[0]}-{checks[-1]} of {len(PROBE_CHECKS)} ("
+                + " and ".join(PROBE_CHECKS[check - 1] for check in checks)
+                + ")"
+            )
         error = kind(redact(f"blob store probe of {self.where}: {which} failed: {problem}. To fix: {fix}"))
         error.__cause__ = answer.cause
         error.__suppress_context__ = True
@@ -502,9 +519,16 @@ def _azure_answer(exc: Exception, azure_errors: Any) -> _Answer:
         return _Answer(_UNREACHABLE, f"no connection: {type(exc).__name__}", cause)
     if isinstance(exc, azure_errors.ServiceResponseTimeoutError):
         return _Answer(_NO_ANSWER, f"no answer: {type(exc).__name__}", cause)
-    if isinstance(exc, azure_errors.HttpResponseError) and status is not None and status < 500 and status not in {
-        408, 429,
-    }:
+    if (
+        isinstance(exc, azure_errors.HttpResponseError)
+        and status is not None
+        and status < 500
+        and status
+        not in {
+            408,
+            429,
+        }
+    ):
         return _Answer(_FAILED, detail, cause)
     return _Answer(_BUSY, detail, cause)  # 408, 429, 5xx, a reply cut short or malformed
 

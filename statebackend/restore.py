@@ -124,27 +124,54 @@ def restore_stores(
     starts and ends (bytes downloaded, time taken) and timed into ``restore.ms``; job, task, checkpoint id and seq
     go into each record's ``extra``."""
     checkpoint, entry, task_name = decision.checkpoint, decision.entry, decision.task_name
-    extra = {"job": settings.job_name, "task": task_name,
-             "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint is not None else None,
-             "seq": entry.seq if entry is not None else None}
-    what = (f"checkpoint #{entry.seq} ({checkpoint.checkpoint_id})" if entry is not None and checkpoint is not None
-            else "no checkpoint (stores start empty)")
-    log.info("task %s of job %s: restoring %s into stores %s", task_name, settings.job_name, what,
-             ", ".join(stores) or "(none)", extra=extra)
+    extra = {
+        "job": settings.job_name,
+        "task": task_name,
+        "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint is not None else None,
+        "seq": entry.seq if entry is not None else None,
+    }
+    what = (
+        f"checkpoint #{entry.seq} ({checkpoint.checkpoint_id})"
+        if entry is not None and checkpoint is not None
+        else "no checkpoint (stores start empty)"
+    )
+    log.info(
+        "task %s of job %s: restoring %s into stores %s",
+        task_name,
+        settings.job_name,
+        what,
+        ", ".join(stores) or "(none)",
+        extra=extra,
+    )
     bytes_before = metrics.counter("restore.bytes")
     started = time.monotonic()
     try:
         restored_by = _restore(settings, decision, stores, context, failed)
     except BaseException as exc:
-        log.info("task %s of job %s: restore of %s failed after %.0f ms: %s", task_name, settings.job_name, what,
-                 (time.monotonic() - started) * 1000.0, exc, extra=extra)
+        log.info(
+            "task %s of job %s: restore of %s failed after %.0f ms: %s",
+            task_name,
+            settings.job_name,
+            what,
+            (time.monotonic() - started) * 1000.0,
+            exc,
+            extra=extra,
+        )
         raise
     elapsed_ms = (time.monotonic() - started) * 1000.0
     metrics.record("restore.ms", elapsed_ms)
     downloaded = int(metrics.counter("restore.bytes") - bytes_before)
     by = ", ".join(f"{name} from {factory or 'nothing (empty)'}" for name, factory in restored_by.items())
-    log.info("task %s of job %s: restored %s in %.0f ms, %d bytes downloaded (%s)", task_name, settings.job_name,
-             what, elapsed_ms, downloaded, by or "no stores", extra=dict(extra, bytes=downloaded, ms=round(elapsed_ms)))
+    log.info(
+        "task %s of job %s: restored %s in %.0f ms, %d bytes downloaded (%s)",
+        task_name,
+        settings.job_name,
+        what,
+        elapsed_ms,
+        downloaded,
+        by or "no stores",
+        extra=dict(extra, bytes=downloaded, ms=round(elapsed_ms)),
+    )
     return restored_by
 
 
@@ -191,8 +218,10 @@ def restored_stores(
     names = list(settings.stores) if store_names is None else store_names
     unknown = [name for name in names if name not in settings.stores]
     if unknown:
-        raise ConfigError(f"no store {', '.join(map(repr, unknown))} in the config; configured stores: "
-                          f"{', '.join(sorted(settings.stores)) or 'none'}")
+        raise ConfigError(
+            f"no store {', '.join(map(repr, unknown))} in the config; configured stores: "
+            f"{', '.join(sorted(settings.stores)) or 'none'}"
+        )
     metrics = metrics or Metrics()
     owns = blob_store is None
     blob_store = blob_store or open_blob_store(settings.blob_store_url, settings.blob_store_options)
@@ -200,14 +229,20 @@ def restored_stores(
     try:
         stores = open_local_stores(settings, task_name, names)
         checkpoint_log = task_checkpoint_log(settings, blob_store, task_name)
-        decision = decide_open(settings, task_name, checkpoint_log, choice=checkpoint, store_names=names,
-                               raw_values=raw_values)
+        decision = decide_open(
+            settings, task_name, checkpoint_log, choice=checkpoint, store_names=names, raw_values=raw_values
+        )
 
         def context(factory_name: str, group: list[str]) -> BackendContext:
             return BackendContext(
-                factory_name=factory_name, job_name=settings.job_name, task_name=task_name,
-                stores={name: stores[name] for name in group}, blob_store=blob_store, executor=_NoPool(),
-                metrics=metrics, options=options_of_group(settings, factory_name, group),
+                factory_name=factory_name,
+                job_name=settings.job_name,
+                task_name=task_name,
+                stores={name: stores[name] for name in group},
+                blob_store=blob_store,
+                executor=_NoPool(),
+                metrics=metrics,
+                options=options_of_group(settings, factory_name, group),
                 checkpoint_log=checkpoint_log,
             )
 
@@ -224,8 +259,9 @@ class _NoPool(Executor):
     """The executor of a restore-only context: restore managers download on their own pool, never on this one."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        raise UsageError("a restore-only open runs no commits, uploads or cleanups: open the task with "
-                         "TaskStorage.open to commit")
+        raise UsageError(
+            "a restore-only open runs no commits, uploads or cleanups: open the task with TaskStorage.open to commit"
+        )
 
 
 def _restore(
@@ -242,8 +278,11 @@ def _restore(
         order = list(decision.restore_order.get(name, ()))
         if not order:
             if stores[name].version is not None or stores[name].count() > 0:
-                log.info("store %s: no state in the checkpoint; clearing local data", name,
-                         extra={"job": settings.job_name, "store": name})
+                log.info(
+                    "store %s: no state in the checkpoint; clearing local data",
+                    name,
+                    extra={"job": settings.job_name, "store": name},
+                )
             stores[name].replace_contents([], None)
             restored_by[name] = None
             continue
@@ -254,8 +293,11 @@ def _restore(
         by_factory: dict[str, list[str]] = {}
         for name, order in candidates.items():
             by_factory.setdefault(order[0], []).append(name)
-        groups = [(factory_name, group) for factory_name, names in by_factory.items()
-                  for group in group_by_options(settings, factory_name, names)]
+        groups = [
+            (factory_name, group)
+            for factory_name, names in by_factory.items()
+            for group in group_by_options(settings, factory_name, names)
+        ]
         next_round: dict[str, list[str]] = {}
         for factory_name, store_names in groups:
             # A group restores together (one download pool); when it fails, each of its stores is retried on its
@@ -284,9 +326,17 @@ def _restore(
                         ) from exc
                     log.error(
                         "store %s: restore of checkpoint %s from the %s backend failed (%s); falling back to the %s "
-                        "backend", name, checkpoint.checkpoint_id if checkpoint else None, factory_name, exc, rest[0],
-                        extra={"job": settings.job_name, "store": name,
-                               "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint else None},
+                        "backend",
+                        name,
+                        checkpoint.checkpoint_id if checkpoint else None,
+                        factory_name,
+                        exc,
+                        rest[0],
+                        extra={
+                            "job": settings.job_name,
+                            "store": name,
+                            "checkpoint_id": str(checkpoint.checkpoint_id) if checkpoint else None,
+                        },
                     )
                     next_round[name] = rest
                     continue

@@ -169,8 +169,13 @@ class TaskStorage:
             for name, plan in values.items():
                 if plan.migration is not None:  # its writes and its name land in the next commit, together
                     store_settings = settings.stores[name]
-                    run_migration(stores[name], plan, get_serde(store_settings.key_serde),
-                                  ttl=store_settings.ttl_ms is not None, metrics=metrics)
+                    run_migration(
+                        stores[name],
+                        plan,
+                        get_serde(store_settings.key_serde),
+                        ttl=store_settings.ttl_ms is not None,
+                        metrics=metrics,
+                    )
         except BaseException:
             for binding in backups:  # background work started by init() must not outlive the stores
                 binding.manager.close()
@@ -330,8 +335,12 @@ class TaskStorage:
                     try:
                         binding.manager.cancel_background()
                     except Exception as exc:  # noqa: BLE001 - close then waits for the work, as without handover
-                        log.warning("task %s: %s could not cancel its background work: %s", self.task_name,
-                                    binding.factory_name, exc)
+                        log.warning(
+                            "task %s: %s could not cancel its background work: %s",
+                            self.task_name,
+                            binding.factory_name,
+                            exc,
+                        )
             self.commit_manager.close(handover=handover)
             for binding in self.commit_manager.backups:
                 binding.manager.close()
@@ -358,5 +367,8 @@ def _backup_groups(settings: Settings) -> list[tuple[str, list[str]]]:
     for name, store_settings in settings.stores.items():
         for factory_name in store_settings.backup_factories:
             by_factory.setdefault(factory_name, []).append(name)
-    return [(factory_name, group) for factory_name, names in by_factory.items()
-            for group in group_by_options(settings, factory_name, names)]
+    return [
+        (factory_name, group)
+        for factory_name, names in by_factory.items()
+        for group in group_by_options(settings, factory_name, names)
+    ]

@@ -112,36 +112,52 @@ def value_problems(name: str, store_settings: StoreSettings, checkpoint: Checkpo
     if written is None or "msg" not in written:
         if migration is None or not _has_state(name, checkpoint):
             return []
-        return [(f"stores.{name}.migration.id={migration!r}: {where} does not record how store {name!r}'s values "
-                 "were written (a release before serdes were recorded), so a migration cannot read them: commit once "
-                 "with this release without the migration, then add it")]
+        return [
+            (
+                f"stores.{name}.migration.id={migration!r}: {where} does not record how store {name!r}'s values "
+                "were written (a release before serdes were recorded), so a migration cannot read them: commit once "
+                "with this release without the migration, then add it"
+            )
+        ]
     old = written["msg"]
     if migration is not None and written.get(MSG_MIGRATION) != migration:
         if old == RECORD:
             schemas_from_text(written.get(MSG_SCHEMAS, ""), where=f"{where}, store {name!r}")  # damaged: raises
         elif old not in SERDE_NAMES:
-            return [(f"stores.{name}.migration.id={migration!r}: store {name!r} was written with serde {old!r}, "
-                     "which this release cannot read to migrate")]
+            return [
+                (
+                    f"stores.{name}.migration.id={migration!r}: store {name!r} was written with serde {old!r}, "
+                    "which this release cannot read to migrate"
+                )
+            ]
         return []
     configured = store_settings.msg_serde
-    remedy = (f"or declare a migration that rewrites its values once: stores.{name}.migration.id and "
-              f"stores.{name}.migration.function ({_EVOLVING})")
+    remedy = (
+        f"or declare a migration that rewrites its values once: stores.{name}.migration.id and "
+        f"stores.{name}.migration.function ({_EVOLVING})"
+    )
     if is_record(configured) and old == RECORD:
         reader = record_class(configured)
         problems = []
         for schema in schemas_from_text(written.get(MSG_SCHEMAS, ""), where=f"{where}, store {name!r}"):
             found = read_problems(schema, reader)
             if found:
-                problems.append(f"stores.{name}.msg.serde: {reader.cls.__qualname__} cannot read the values of store "
-                                f"{name!r} written with {schema.text} (schema {schema.fingerprint.hex()}, {where}): "
-                                f"{'; '.join(found)}. Change the class back, {remedy}")
+                problems.append(
+                    f"stores.{name}.msg.serde: {reader.cls.__qualname__} cannot read the values of store "
+                    f"{name!r} written with {schema.text} (schema {schema.fingerprint.hex()}, {where}): "
+                    f"{'; '.join(found)}. Change the class back, {remedy}"
+                )
         return problems
     if old == configured:
         return []
     back = "record:<module>:<Class>" if old == RECORD else old
-    return [(f"stores.{name}.msg.serde is {configured!r} but store {name!r} was written with "
-             f"{'record values' if old == RECORD else repr(old)} ({where}); set stores.{name}.msg.serde={back}, "
-             f"{remedy}")]
+    return [
+        (
+            f"stores.{name}.msg.serde is {configured!r} but store {name!r} was written with "
+            f"{'record values' if old == RECORD else repr(old)} ({where}); set stores.{name}.msg.serde={back}, "
+            f"{remedy}"
+        )
+    ]
 
 
 def plan_values(settings: Settings, checkpoint: CheckpointV2 | None) -> dict[str, StoreValues]:
@@ -150,8 +166,9 @@ def plan_values(settings: Settings, checkpoint: CheckpointV2 | None) -> dict[str
     return {name: _plan(name, store_settings, checkpoint) for name, store_settings in settings.stores.items()}
 
 
-def run_migration(store: LocalStore, values: StoreValues, key_serde: Serde, *, ttl: bool,
-                  metrics: Metrics | None = None) -> int:
+def run_migration(
+    store: LocalStore, values: StoreValues, key_serde: Serde, *, ttl: bool, metrics: Metrics | None = None
+) -> int:
     """Rewrite every value of ``store`` (the task's local store, restored and not yet written) with ``values``'
     migration, through the write batch; returns the number of keys rewritten or deleted, also counted in ``metrics``
     (``migration.runs``, ``migration.values.rewritten``, ``migration.values.deleted``). An exception of the function
@@ -187,9 +204,14 @@ def run_migration(store: LocalStore, values: StoreValues, key_serde: Serde, *, t
         metrics.increment("migration.runs")
         metrics.increment("migration.values.rewritten", done - deleted)
         metrics.increment("migration.values.deleted", deleted)
-    log.info("store %s: migration %s rewrote %d values in %.0f ms; they are committed with the next commit",
-             store.name, migration.id, done, (time.monotonic() - started) * 1000.0,
-             extra={"store": store.name, "migration": migration.id})
+    log.info(
+        "store %s: migration %s rewrote %d values in %.0f ms; they are committed with the next commit",
+        store.name,
+        migration.id,
+        done,
+        (time.monotonic() - started) * 1000.0,
+        extra={"store": store.name, "migration": migration.id},
+    )
     return done
 
 
@@ -207,7 +229,8 @@ def adopted(values: StoreValues, written: Mapping[str, str] | None, source: str)
             f"store {values.name!r}: the values of {source} were written with {written['msg']!r}"
             f"{' after migration ' + repr(written[MSG_MIGRATION]) if MSG_MIGRATION in written else ''}, but this "
             f"task's store holds {recorded['msg']!r}{' after migration ' + repr(mine) if mine else ''}: change "
-            "num_tasks in a run before or after the one that changes the store's values, not in the same run")
+            "num_tasks in a run before or after the one that changes the store's values, not in the same run"
+        )
     if MSG_MIGRATION in written:
         recorded[MSG_MIGRATION] = written[MSG_MIGRATION]
     if INITIAL in written:
@@ -217,8 +240,9 @@ def adopted(values: StoreValues, written: Mapping[str, str] | None, source: str)
         theirs = schemas_from_text(written.get(MSG_SCHEMAS, ""), where=f"{source}, store {values.name!r}")
         problems = [p for schema in theirs for p in read_problems(schema, serde.record)]
         if problems:
-            raise ConfigError(f"store {values.name!r}: {serde.name} cannot read the values of {source}: "
-                              + "; ".join(problems))
+            raise ConfigError(
+                f"store {values.name!r}: {serde.name} cannot read the values of {source}: " + "; ".join(problems)
+            )
         serde = serde.with_schemas(theirs)
         recorded[MSG_SCHEMAS] = schemas_to_text(serde.schemas.values())
     return attrs.evolve(values, recorded=recorded, value_serde=serde)
@@ -241,9 +265,11 @@ def _plan(name: str, store_settings: StoreSettings, checkpoint: CheckpointV2 | N
         done = written.get(MSG_MIGRATION)
         if store_settings.migration_id is not None and done != store_settings.migration_id:
             assert store_settings.migration_function is not None  # config requires both
-            migration = Migration(store_settings.migration_id,
-                                  import_named(store_settings.migration_function, "migration function"),
-                                  _old_values(name, written))
+            migration = Migration(
+                store_settings.migration_id,
+                import_named(store_settings.migration_function, "migration function"),
+                _old_values(name, written),
+            )
         else:
             if done is not None:
                 recorded[MSG_MIGRATION] = done
@@ -264,8 +290,9 @@ def _old_values(name: str, written: Mapping[str, str]) -> Serde | RecordDicts:
     try:
         return get_serde(written["msg"])
     except ConfigError:
-        raise CorruptDataError(f"store {name!r} was written with serde {written['msg']!r}, which this release cannot "
-                               "read") from None
+        raise CorruptDataError(
+            f"store {name!r} was written with serde {written['msg']!r}, which this release cannot read"
+        ) from None
 
 
 def _has_state(name: str, checkpoint: CheckpointV2) -> bool:

@@ -21,8 +21,9 @@ from statebackend.kit import created_at_metadata
 FACTORY = "blobsnapshot"
 
 
-def as_index_blob_markers(blobs: BlobStore, job: str, task: str, *,
-                          seqs: Callable[[int], bool] = lambda seq: True) -> dict[int, dict[str, str]]:
+def as_index_blob_markers(
+    blobs: BlobStore, job: str, task: str, *, seqs: Callable[[int], bool] = lambda seq: True
+) -> dict[int, dict[str, str]]:
     """Rewrite the checkpoints of ``job``/``task`` whose log seq passes ``seqs``: each inline blob-snapshot marker
     becomes an index blob (its index, encoded) and its name. Returns the new markers by checkpoint seq."""
 
@@ -38,8 +39,14 @@ def as_index_blob_markers(blobs: BlobStore, job: str, task: str, *,
     return rewrite_markers(blobs, job, task, to_blob, seqs=seqs)
 
 
-def rewrite_markers(blobs: BlobStore, job: str, task: str, change: Callable[[str, str], str], *,
-                    seqs: Callable[[int], bool] = lambda seq: True) -> dict[int, dict[str, str]]:
+def rewrite_markers(
+    blobs: BlobStore,
+    job: str,
+    task: str,
+    change: Callable[[str, str], str],
+    *,
+    seqs: Callable[[int], bool] = lambda seq: True,
+) -> dict[int, dict[str, str]]:
     """Replace each blob-snapshot marker of the checkpoints of ``job``/``task`` whose log seq passes ``seqs`` by
     ``change(store, marker)``, the checkpoint re-encoded with its binding (as if written so). Returns the new markers
     by checkpoint seq."""
@@ -48,8 +55,10 @@ def rewrite_markers(blobs: BlobStore, job: str, task: str, change: Callable[[str
         checkpoint, binding = decode_bound_checkpoint(blobs.get(name), source=name)
         if not isinstance(checkpoint, CheckpointV2) or binding is None or not seqs(binding.seq):
             continue
-        markers = {store: change(store, marker)
-                   for store, marker in checkpoint.state_checkpoint_markers.get(FACTORY, {}).items()}
+        markers = {
+            store: change(store, marker)
+            for store, marker in checkpoint.state_checkpoint_markers.get(FACTORY, {}).items()
+        }
         all_markers = {**checkpoint.state_checkpoint_markers, FACTORY: markers}
         blobs.put(name, encode_checkpoint(attrs.evolve(checkpoint, state_checkpoint_markers=all_markers), binding))
         rewritten[binding.seq] = markers

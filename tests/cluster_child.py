@@ -69,18 +69,23 @@ FUNCTIONS = {"rows": count, "arrow": count_arrow, "pandas": count_pandas}
 def main(argv: list[str]) -> int:
     work, batches, affinity, report = Path(argv[1]), int(argv[2]), argv[3] == "1", Path(argv[4])
     modes = (argv[5] if len(argv) > 5 else "rows").split(",")
-    spark = local_spark_session("statebackend-cluster", master="local-cluster[2,1,1024]",
-                                conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)})
+    spark = local_spark_session(
+        "statebackend-cluster", master="local-cluster[2,1,1024]", conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)}
+    )
     spark.sparkContext.setLogLevel("ERROR")
     try:
         # the modes run one after the other in the same application (starting a cluster costs tens of seconds), each
         # as its own job: its own job name, blob store and local state dir
         results = {mode: run_mode(spark, work / mode, batches, affinity, mode) for mode in modes}
         spark_home = Path(__import__("pyspark").__file__).parent  # local-cluster's workers work under it
-        report.write_text(json.dumps({
-            "modes": results,
-            "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
-        }))
+        report.write_text(
+            json.dumps(
+                {
+                    "modes": results,
+                    "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
+                }
+            )
+        )
     finally:
         spark.stop()
     return 0
@@ -96,8 +101,15 @@ def run_mode(spark: Any, work: Path, batches: int, affinity: bool, mode: str) ->
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }
-    job = StatefulForeachBatch(FUNCTIONS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema="word string, count long", affinity=affinity, mode=mode)
+    job = StatefulForeachBatch(
+        FUNCTIONS[mode],
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema="word string, count long",
+        affinity=affinity,
+        mode=mode,
+    )
     times = []
     outputs: list[list[tuple[str, int]]] = []
     for batch in range(batches):
@@ -112,8 +124,16 @@ def run_mode(spark: Any, work: Path, batches: int, affinity: bool, mode: str) ->
             expected[word] = expected.get(word, 0) + 1
     state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=NUM_TASKS).collect()}
     return {
-        "attempts": [{"batch": s.batch_id, "task": s.task_index, "executor": s.executor,
-                      "kept_open": s.kept_open, "open_ms": s.open_ms} for s in job.history],
+        "attempts": [
+            {
+                "batch": s.batch_id,
+                "task": s.task_index,
+                "executor": s.executor,
+                "kept_open": s.kept_open,
+                "open_ms": s.open_ms,
+            }
+            for s in job.history
+        ],
         "batch_ms": times,
         "state_ok": state == expected,
         "outputs_ok": all(out == _expected_output(batch) for batch, out in enumerate(outputs)),

@@ -39,8 +39,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ``connect`` extra needs PySpark 4.0. They are skipped there, saying so."""
     if _PYSPARK_MAJOR is None or _PYSPARK_MAJOR >= 4:
         return
-    skip = pytest.mark.skip(reason=f"Spark Connect needs PySpark 4.0+ (a local Connect server); "
-                                   f"this is PySpark {_PYSPARK_MAJOR}.x")
+    skip = pytest.mark.skip(
+        reason=f"Spark Connect needs PySpark 4.0+ (a local Connect server); this is PySpark {_PYSPARK_MAJOR}.x"
+    )
     for item in items:
         if item.get_closest_marker("connect") is not None:
             item.add_marker(skip)

@@ -18,18 +18,22 @@ def main(workdir: str) -> None:
     # an ephemeral port for the local Connect server (pyspark's test mode, where the client asks the server's JVM for
     # its port): the default 15002 collides with any other Connect server on the machine
     os.environ["SPARK_TESTING"] = "1"
-    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
     from pyspark.sql import SparkSession
 
     from statebackend.spark import StatefulForeachBatch, read_state
     from statebackend.spark.session import is_connect
     from tests.test_spark import COUNTERS, OUTPUT, batch_words, make_config
 
-    spark = (SparkSession.builder.remote("local[2]")
-             .config("spark.sql.shuffle.partitions", "2")
-             # a statebackend key given only through the Spark conf (as spark-submit --conf would)
-             .config("spark.statebackend.stores.counts.msg.serde", "integer")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.remote("local[2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        # a statebackend key given only through the Spark conf (as spark-submit --conf would)
+        .config("spark.statebackend.stores.counts.msg.serde", "integer")
+        .getOrCreate()
+    )
     result: dict[str, Any] = {"connect": is_connect(spark)}
 
     def expected(batch_ids: list[int]) -> dict[str, int]:
@@ -46,8 +50,9 @@ def main(workdir: str) -> None:
     for mode in ("rows", "arrow", "pandas"):
         config = make_config(Path(workdir) / mode)
         del config["stores.counts.msg.serde"]  # comes from the Spark conf
-        job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=3, config=config,
-                                   output_schema=OUTPUT, mode=mode)
+        job = StatefulForeachBatch(
+            COUNTERS[mode], key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT, mode=mode
+        )
         outputs = []
         for batch_id in range(3):
             frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
@@ -70,10 +75,16 @@ def main(workdir: str) -> None:
     for batch_id in range(2):
         (source / f"part-{batch_id}.txt").write_text("\n".join(batch_words(batch_id)) + "\n")
     words = spark.readStream.text(str(source)).withColumnRenamed("value", "word")
-    job = StatefulForeachBatch(COUNTERS["arrow"], key_columns=["word"], num_tasks=3, config=config,
-                               output_schema=OUTPUT, mode="arrow")
-    query = (words.writeStream.foreachBatch(job).option("checkpointLocation", str(Path(workdir) / "spark-cp"))
-             .option("maxFilesPerTrigger", 1).trigger(availableNow=True).start())
+    job = StatefulForeachBatch(
+        COUNTERS["arrow"], key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT, mode="arrow"
+    )
+    query = (
+        words.writeStream.foreachBatch(job)
+        .option("checkpointLocation", str(Path(workdir) / "spark-cp"))
+        .option("maxFilesPerTrigger", 1)
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     result["stream_state_ok"] = state(config) == expected([0, 1])
     spark.stop()

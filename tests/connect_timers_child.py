@@ -26,15 +26,18 @@ def count_loudly(stores: Any, rows: Any) -> list[tuple[str, int]]:
 
 def seed_frame(spark: Any) -> Any:
     """The initial counts, built with the session it is given (the form for a driver run by the Connect server)."""
-    return spark.createDataFrame([(f"w{i}", 100 + i) for i in range(0, 23, 2)] + [("only-seed", 7)],
-                                 "word string, value long")
+    return spark.createDataFrame(
+        [(f"w{i}", 100 + i) for i in range(0, 23, 2)] + [("only-seed", 7)], "word string, value long"
+    )
 
 
 def main(workdir: str) -> None:
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_TESTING"] = "1"  # an ephemeral port for the local Connect server (see tests/connect_child.py)
-    os.environ["PYTHONPATH"] = os.pathsep.join([root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
     from pyspark.sql import SparkSession
 
     from statebackend.spark import TIMERS_STORE, StatefulForeachBatch, read_state
@@ -60,8 +63,9 @@ def main(workdir: str) -> None:
     result["quiet"] = {"shapes": shapes, "state_ok": state == totals, "moved": job.last_batch_moved}
 
     # rows returned without output_schema: refused, naming what to give
-    loud = StatefulForeachBatch(count_loudly, key_columns=["word"], num_tasks=3,
-                                config=make_config(Path(workdir) / "loud"))
+    loud = StatefulForeachBatch(
+        count_loudly, key_columns=["word"], num_tasks=3, config=make_config(Path(workdir) / "loud")
+    )
     try:
         loud(spark.createDataFrame([("a",)], "word string"), 0).collect()
         result["loud_error"] = ""
@@ -72,26 +76,42 @@ def main(workdir: str) -> None:
     clock = [1000]
     driver_module.wall_clock_ms = lambda: clock[0]  # type: ignore[attr-defined]
     config = make_config(Path(workdir) / "timers")
-    timers = StatefulForeachBatch(register_rows, key_columns=["word"], num_tasks=3, config=config,
-                                  output_schema=OUTPUT, on_timers=fired_rows)
+    timers = StatefulForeachBatch(
+        register_rows, key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT, on_timers=fired_rows
+    )
     outputs = []
     for batch_id, rows in enumerate([[("a", 1500), ("b", 2500), ("c", 900)], [], []]):
-        outputs.append(sorted(tuple(row) for row in timers(spark.createDataFrame(rows, "word string, ts long"),
-                                                           batch_id).collect()))
+        outputs.append(
+            sorted(
+                tuple(row) for row in timers(spark.createDataFrame(rows, "word string, ts long"), batch_id).collect()
+            )
+        )
         if batch_id == 0:
             result["pending_after_0"] = sorted(
-                (row.key, row.at_ms) for row in read_state(spark, config, TIMERS_STORE, num_tasks=3).collect())
+                (row.key, row.at_ms) for row in read_state(spark, config, TIMERS_STORE, num_tasks=3).collect()
+            )
         clock[0] += 1000
     result["processing"] = {"outputs": outputs, "tasks": sorted(s.task_index for s in timers.last_batch_stats)}
 
     # event-time timers: the watermark of the batches before, minus the delay
-    events = StatefulForeachBatch(event_timers_arrow, key_columns=["word"], num_tasks=3,
-                                  config=make_config(Path(workdir) / "events"), output_schema=OUTPUT, mode="arrow",
-                                  on_timers=fired_arrow, event_time="ts", watermark_delay=100)
+    events = StatefulForeachBatch(
+        event_timers_arrow,
+        key_columns=["word"],
+        num_tasks=3,
+        config=make_config(Path(workdir) / "events"),
+        output_schema=OUTPUT,
+        mode="arrow",
+        on_timers=fired_arrow,
+        event_time="ts",
+        watermark_delay=100,
+    )
     outputs, watermarks = [], []
     for batch_id, rows in enumerate([[("a", 1000)], [("b", 3000)], []]):
-        outputs.append(sorted(tuple(row) for row in events(spark.createDataFrame(rows, "word string, ts long"),
-                                                           batch_id).collect()))
+        outputs.append(
+            sorted(
+                tuple(row) for row in events(spark.createDataFrame(rows, "word string, ts long"), batch_id).collect()
+            )
+        )
         watermarks.append(sorted({s.watermark_ms for s in events.last_batch_stats}, key=str))
     result["event"] = {"outputs": outputs, "watermarks": watermarks}
 
@@ -101,16 +121,28 @@ def main(workdir: str) -> None:
 
     config = make_config(Path(workdir) / "initial")
     seed = seed_frame(spark)
-    seeded = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config,
-                                  output_schema=COUNT_OUTPUT, initial_state={"counts": seed})
+    seeded = StatefulForeachBatch(
+        count_rows,
+        key_columns=["word"],
+        num_tasks=3,
+        config=config,
+        output_schema=COUNT_OUTPUT,
+        initial_state={"counts": seed},
+    )
 
     def batch(job: Any, batch_id: int) -> dict[str, int]:
         frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
         return {row.word: row["count"] for row in job(frame, batch_id).collect()}
 
     first = batch(seeded, 0)
-    restarted = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config,
-                                     output_schema=COUNT_OUTPUT, initial_state={"counts": lambda session: seed})
+    restarted = StatefulForeachBatch(
+        count_rows,
+        key_columns=["word"],
+        num_tasks=3,
+        config=config,
+        output_schema=COUNT_OUTPUT,
+        initial_state={"counts": lambda session: seed},
+    )
     second = batch(restarted, 1)
     counts: dict[str, int] = {f"w{i}": 100 + i for i in range(0, 23, 2)} | {"only-seed": 7}
     after_0 = dict(counts)
@@ -119,9 +151,14 @@ def main(workdir: str) -> None:
     for word in batch_words(0) + batch_words(1):
         counts[word] = counts.get(word, 0) + 1
     state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=3).collect()}
-    late = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3,
-                                config=make_config(Path(workdir) / "quiet"), output_schema=COUNT_OUTPUT,
-                                initial_state={"counts": seed})
+    late = StatefulForeachBatch(
+        count_rows,
+        key_columns=["word"],
+        num_tasks=3,
+        config=make_config(Path(workdir) / "quiet"),
+        output_schema=COUNT_OUTPUT,
+        initial_state={"counts": seed},
+    )
     try:
         batch(late, 2)
         refused = ""
@@ -132,16 +169,31 @@ def main(workdir: str) -> None:
     source.mkdir()
     (source / "part-0.txt").write_text("\n".join(batch_words(0)) + "\n")
     streamed = make_config(Path(workdir) / "initial-stream")
-    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=streamed,
-                               output_schema=COUNT_OUTPUT, initial_state={"counts": seed_frame})
-    query = (spark.readStream.text(str(source)).withColumnRenamed("value", "word").writeStream.foreachBatch(job)
-             .option("checkpointLocation", str(Path(workdir) / "initial-cp")).trigger(availableNow=True).start())
+    job = StatefulForeachBatch(
+        count_rows,
+        key_columns=["word"],
+        num_tasks=3,
+        config=streamed,
+        output_schema=COUNT_OUTPUT,
+        initial_state={"counts": seed_frame},
+    )
+    query = (
+        spark.readStream.text(str(source))
+        .withColumnRenamed("value", "word")
+        .writeStream.foreachBatch(job)
+        .option("checkpointLocation", str(Path(workdir) / "initial-cp"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     streamed_state = {row.key: row.value for row in read_state(spark, streamed, "counts", num_tasks=3).collect()}
     result["initial"] = {
         "first_ok": first == {w: after_0[w] for w in batch_words(0)},
-        "second_ok": second == {w: counts[w] for w in batch_words(1)}, "state_ok": state == counts,
-        "stream_ok": query.exception() is None and streamed_state == after_0, "refused": refused}
+        "second_ok": second == {w: counts[w] for w in batch_words(1)},
+        "state_ok": state == counts,
+        "stream_ok": query.exception() is None and streamed_state == after_0,
+        "refused": refused,
+    }
     spark.stop()
     print(json.dumps(result))
 

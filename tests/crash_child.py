@@ -71,9 +71,7 @@ RETENTION_INTERVAL = 2
 STARTED_FILE = "child.started"
 
 
-def config(
-    workdir: Path, backup_factories: str = "changelog", restore_factory: str | None = None
-) -> dict[str, object]:
+def config(workdir: Path, backup_factories: str = "changelog", restore_factory: str | None = None) -> dict[str, object]:
     settings: dict[str, object] = {
         "job.name": "job",
         "state.local.dir": str(workdir / "local"),
@@ -111,13 +109,20 @@ def blobs_dir(workdir: Path) -> Path:
 class CrashingFileBlobStore(FileBlobStore):
     """A ``file://`` store that can die in the middle of a write, leaving half the blob in a temp file."""
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         self._maybe_crash_midway(name, data)
         super().put(name, data, create_only=create_only, metadata=metadata)
 
-    def put_file(self, name: str, path: str | os.PathLike[str], *, create_only: bool = False,
-                 metadata: Mapping[str, str] | None = None) -> None:
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         self._maybe_crash_midway(name, Path(path).read_bytes())
         super().put_file(name, path, create_only=create_only, metadata=metadata)
 
@@ -150,8 +155,9 @@ def _kind(name: str) -> str:
 
 def run(workdir: Path, report: Path, commits: int) -> None:
     (workdir / STARTED_FILE).write_text(str(os.getpid()))
-    settings = config(workdir, os.environ.get(BACKUP_FACTORIES_ENV) or "changelog",
-                      os.environ.get(RESTORE_FACTORY_ENV) or None)
+    settings = config(
+        workdir, os.environ.get(BACKUP_FACTORIES_ENV) or "changelog", os.environ.get(RESTORE_FACTORY_ENV) or None
+    )
     blob_config = os.environ.get(BLOB_CONFIG_ENV)
     blob_store: FileBlobStore | None = None
     if blob_config:

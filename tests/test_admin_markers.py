@@ -41,8 +41,11 @@ def test_the_defaults_say_nothing() -> None:
 
 def _job(tmp_path: Path) -> tuple[dict[str, Any], str]:
     config: dict[str, Any] = {
-        "job.name": "job", "state.local.dir": str(tmp_path / "state"), "blob.store.url": (tmp_path / "b").as_uri(),
-        "blob.store.create.if.missing": True, "stores.s.backup.factories": "changelog",
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / "state"),
+        "blob.store.url": (tmp_path / "b").as_uri(),
+        "blob.store.create.if.missing": True,
+        "stores.s.backup.factories": "changelog",
         "changelog.snapshot.interval.commits": 3,
     }
     for run in range(5):
@@ -53,9 +56,17 @@ def _job(tmp_path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _admin(config: dict[str, Any], store: BlobStore) -> StateBackendAdmin:
-    context = BackendContext(factory_name="changelog", job_name="job", task_name="t", stores={}, blob_store=store,
-                             checkpoint_log=CheckpointLog(store, "job", "t"), executor=NoExecutor(),
-                             metrics=Metrics(), options=Settings.from_config(config).backend_options_for("changelog"))
+    context = BackendContext(
+        factory_name="changelog",
+        job_name="job",
+        task_name="t",
+        stores={},
+        blob_store=store,
+        checkpoint_log=CheckpointLog(store, "job", "t"),
+        executor=NoExecutor(),
+        metrics=Metrics(),
+        options=Settings.from_config(config).backend_options_for("changelog"),
+    )
     return resolve_factory("changelog").factory.admin(context)
 
 
@@ -74,10 +85,14 @@ def test_changelog_describes_names_and_verifies_its_recipe(tmp_path: Path) -> No
         # a recipe with a gap in its chain (format 2 cannot spell one; a format 1 marker can), and one whose delta is
         # gone
         assert recipe.snapshot is not None and recipe.snapshot.seq == 3 and [d.seq for d in recipe.deltas] == [4, 5]
-        gapped = {"format": 1, "snapshot": _format_1_step(recipe.snapshot),
-                  "deltas": [_format_1_step(recipe.deltas[1])]}  # snapshot 3, then delta 5
+        gapped = {
+            "format": 1,
+            "snapshot": _format_1_step(recipe.snapshot),
+            "deltas": [_format_1_step(recipe.deltas[1])],
+        }  # snapshot 3, then delta 5
         assert admin.verify_marker("s", json.dumps(gapped)) == [
-            "store s: the recipe jumps from seq 3 to seq 5; a delta of the chain is missing from the marker"]
+            "store s: the recipe jumps from seq 3 to seq 5; a delta of the chain is missing from the marker"
+        ]
         last = recipe.deltas[-1].name
         assert last is not None
         store.delete(last)

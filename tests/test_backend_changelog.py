@@ -65,8 +65,9 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
 
 def test_older_local_copy_catches_up_by_applying_only_missing_deltas(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100,
-                                     "changelog.snapshot.interval.ratio": 0})
+    config = config_for(
+        tmp_path, **{"changelog.snapshot.interval.commits": 100, "changelog.snapshot.interval.ratio": 0}
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(3):
@@ -111,8 +112,9 @@ def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path
 
 def test_bytes_uploaded_follow_the_change_not_the_state(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
-                                     "changelog.snapshot.interval.ratio": 0})
+    config = config_for(
+        tmp_path, **{"changelog.snapshot.interval.commits": 1000, "changelog.snapshot.interval.ratio": 0}
+    )
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         store = task.store("counts")
         # values that do not compress away (sequential keys and equal values shrink to a few KB as byte planes)
@@ -161,8 +163,10 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
 
     inner = MemoryBlobStore()
     blobs = ControlledBlobStore(inner)
-    config = config_for(tmp_path, **{"changelog.gc.interval.commits": 2, "task.checkpoint.retained": 3,
-                                     "changelog.gc.grace.period.ms": 0})
+    config = config_for(
+        tmp_path,
+        **{"changelog.gc.interval.commits": 2, "task.checkpoint.retained": 3, "changelog.gc.grace.period.ms": 0},
+    )
     model: dict[bytes, bytes] = {}
     models: dict[str, dict[bytes, bytes]] = {}
     round_no = 0
@@ -197,7 +201,8 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
         own_chain = set(manager._lineages["counts"].recipe().blob_names())  # type: ignore[attr-defined]
     entries = CheckpointLog(inner, "job", "task-0").entries()
     referenced = {
-        n for e in entries
+        n
+        for e in entries
         for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).blob_names()
     }
     stored = set(inner.list("job/task-0/counts/changelog/"))
@@ -218,8 +223,15 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
     from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "task.checkpoint.retained": 2,
-                                     "changelog.gc.interval.commits": 5, "changelog.gc.grace.period.ms": 0})
+    config = config_for(
+        tmp_path,
+        **{
+            "changelog.snapshot.interval.commits": 3,
+            "task.checkpoint.retained": 2,
+            "changelog.gc.interval.commits": 5,
+            "changelog.gc.grace.period.ms": 0,
+        },
+    )
     model: dict[bytes, bytes] = {}
     longest_chain = 0
     adopted = 0.0
@@ -243,9 +255,14 @@ def test_a_task_opened_for_each_commit_adopts_the_snapshots_it_takes_and_keeps_i
 
 def test_failed_retry_of_an_older_delta_keeps_this_commits_delta_staged_and_needs_no_rebase(tmp_path: Path) -> None:
     blobs = ControlledBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
-                                     "changelog.snapshot.interval.ratio": 0,
-                                     "task.commit.async.failures.tolerated": 5})
+    config = config_for(
+        tmp_path,
+        **{
+            "changelog.snapshot.interval.commits": 1000,
+            "changelog.snapshot.interval.ratio": 0,
+            "task.commit.async.failures.tolerated": 5,
+        },
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
@@ -276,8 +293,14 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
     from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 3, "changelog.snapshot.interval.ratio": 0,
-                                     "changelog.gc.interval.commits": 0})
+    config = config_for(
+        tmp_path,
+        **{
+            "changelog.snapshot.interval.commits": 3,
+            "changelog.snapshot.interval.ratio": 0,
+            "changelog.gc.interval.commits": 0,
+        },
+    )
     snapshots = "job/task-0/counts/changelog/snapshot/"
     model: dict[bytes, bytes] = {}
     for task_name in ("task-1", "task-0"):  # task-1: another task's snapshot of the same seq
@@ -314,7 +337,6 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
-
 
 
 def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp_path: Path) -> None:
@@ -390,7 +412,9 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
             if lineage.background is not None:
                 lineage.background.exception(timeout=30)
             if len(checkpoints) >= 2:
-                older, newer = (Recipe.decode(c.markers_for("changelog")["counts"], prefix=PREFIX) for c in checkpoints[-2:])
+                older, newer = (
+                    Recipe.decode(c.markers_for("changelog")["counts"], prefix=PREFIX) for c in checkpoints[-2:]
+                )
                 if set(older.blob_names()) - set(newer.blob_names()):
                     break  # the older retained checkpoint needs blobs the newer one does not
         else:
@@ -400,8 +424,10 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
         for checkpoint in (newest, newest, previous):
             manager.cleanup(checkpoint.checkpoint_id, checkpoint.markers_for("changelog")).result(timeout=30)
     entries = CheckpointLog(blobs, "job", "task-0").entries()
-    assert [e.checkpoint.input_offsets["input"] for e in entries] == [previous.input_offsets["input"],
-                                                                      newest.input_offsets["input"]]
+    assert [e.checkpoint.input_offsets["input"] for e in entries] == [
+        previous.input_offsets["input"],
+        newest.input_offsets["input"],
+    ]
     for entry in entries:
         shutil.rmtree(tmp_path / "local")
         with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=entry) as task:
@@ -433,8 +459,12 @@ def test_sweep_leaves_a_young_delta_of_a_replay_still_committing_below_the_heads
     inner = MemoryBlobStore()
     inner.supports_metadata = metadata
     blobs = ControlledBlobStore(inner)
-    extra = {"changelog.gc.interval.commits": 0, "task.checkpoint.retained": 10,
-             "changelog.snapshot.interval.commits": 1000, "changelog.snapshot.interval.ratio": 0}
+    extra = {
+        "changelog.gc.interval.commits": 0,
+        "task.checkpoint.retained": 10,
+        "changelog.snapshot.interval.commits": 1000,
+        "changelog.snapshot.interval.ratio": 0,
+    }
     config = config_for(tmp_path, **extra)
     model: dict[bytes, bytes] = {}
     models: list[dict[bytes, bytes]] = []
@@ -448,8 +478,13 @@ def test_sweep_leaves_a_young_delta_of_a_replay_still_committing_below_the_heads
         sweeper = _changelog_manager(task)
         inner.put(ORPHAN, b"left by a commit that died", metadata={"created_at": f"{time.time():.3f}"})
         replayed = dict(models[1])
-        with TaskStorage.open(config_for(tmp_path / "replay", **extra), "task-0", blob_store=blobs,
-                              checkpoint=entries[1], fence_seq=entries[-1].seq) as replay:
+        with TaskStorage.open(
+            config_for(tmp_path / "replay", **extra),
+            "task-0",
+            blob_store=blobs,
+            checkpoint=entries[1],
+            fence_seq=entries[-1].seq,
+        ) as replay:
             write_round(replay, 10, replayed)
             blobs.hold = lambda name: "/checkpoints/" in name
             pending = replay.commit({"input": "replay"})
@@ -560,8 +595,14 @@ def _chain_of(tmp_path: Path, rounds: int, empty: set[int], interval: int) -> tu
     from statebackend.backends.changelog.marker import Recipe
 
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": interval,
-                                     "changelog.snapshot.interval.ratio": 0, "changelog.gc.interval.commits": 0})
+    config = config_for(
+        tmp_path,
+        **{
+            "changelog.snapshot.interval.commits": interval,
+            "changelog.snapshot.interval.ratio": 0,
+            "changelog.gc.interval.commits": 0,
+        },
+    )
     model: dict[bytes, bytes] = {}
     models: dict[Any, dict[bytes, bytes]] = {None: {}}
     copies = tmp_path / "copies"
@@ -577,8 +618,9 @@ def _chain_of(tmp_path: Path, rounds: int, empty: set[int], interval: int) -> tu
     return blobs, checkpoint, models, copies
 
 
-def _restore_into(blobs: Any, checkpoint: Any, directory: Path,
-                  on_get: Any = None) -> tuple[Exception | None, Any, dict[bytes, bytes], float]:
+def _restore_into(
+    blobs: Any, checkpoint: Any, directory: Path, on_get: Any = None
+) -> tuple[Exception | None, Any, dict[bytes, bytes], float]:
     """Restore the store counts of ``checkpoint`` from ``blobs`` into the local store at ``directory`` with the
     changelog restore manager alone: the error (None: restored), the store's version and contents after it, and
     the deltas it counts replayed."""
@@ -591,10 +633,18 @@ def _restore_into(blobs: Any, checkpoint: Any, directory: Path,
 
     with LocalStore.open(directory, name="counts") as store:
         metrics = Metrics()
-        manager = ChangelogRestoreManager(BackendContext(
-            factory_name="changelog", job_name="job", task_name="task-0", stores={"counts": store},
-            blob_store=blobs, checkpoint_log=CheckpointLog(blobs, "job", "task-0"), executor=None,  # type: ignore[arg-type]
-            metrics=metrics))
+        manager = ChangelogRestoreManager(
+            BackendContext(
+                factory_name="changelog",
+                job_name="job",
+                task_name="task-0",
+                stores={"counts": store},
+                blob_store=blobs,
+                checkpoint_log=CheckpointLog(blobs, "job", "task-0"),
+                executor=None,  # type: ignore[arg-type]
+                metrics=metrics,
+            )
+        )
         if on_get is not None:
             on_get(manager)
         manager.init(checkpoint)
@@ -615,7 +665,7 @@ def _damaged(blobs: MemoryBlobStore, victim: str, how: str) -> MemoryBlobStore:
         elif how == "flipped":
             copy.put(name, data[:-20] + bytes([data[-20] ^ 1]) + data[-19:])
         elif how == "truncated":
-            copy.put(name, data[:len(data) // 2])
+            copy.put(name, data[: len(data) // 2])
     return copy
 
 
@@ -684,13 +734,15 @@ def test_a_chain_without_snapshot_restores_with_empty_steps_at_its_start_middle_
         blobs, checkpoint, models, _ = _chain_of(base, 6, empty=empty, interval=1000)
         recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is None and [step.name is None for step in recipe.deltas] == [
-            r in empty for r in range(6)]
+            r in empty for r in range(6)
+        ]
         named = [step for step in recipe.deltas if step.name is not None]
         head = recipe.deltas[-1].version
         failed, version, data, replayed = _restore_into(blobs, checkpoint, base / "full")
         assert (failed, version, data, replayed) == (None, head, models[head], len(named))
-        failed, version, data, replayed = _restore_into(_damaged(blobs, named[-1].name, "flipped"), checkpoint,
-                                                        base / "bad")
+        failed, version, data, replayed = _restore_into(
+            _damaged(blobs, named[-1].name, "flipped"), checkpoint, base / "bad"
+        )
         assert isinstance(failed, CorruptDataError)
         # the bulk path ran only when the first step has a blob; else nothing is applied
         expected = named[0].version if recipe.deltas[0].name is not None else None
@@ -768,9 +820,14 @@ def test_a_handover_close_cancels_a_running_background_snapshot_and_the_chain_st
     from statebackend.store.view import ReadView
 
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 100,
-                                     "changelog.snapshot.interval.ratio": 0.01,
-                                     "changelog.snapshot.ratio.min.bytes": 0})
+    config = config_for(
+        tmp_path,
+        **{
+            "changelog.snapshot.interval.commits": 100,
+            "changelog.snapshot.interval.ratio": 0.01,
+            "changelog.snapshot.ratio.min.bytes": 0,
+        },
+    )
     model: dict[bytes, bytes] = {}
     started = threading.Event()
     task = TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -820,7 +877,8 @@ def test_a_handover_does_not_cancel_a_snapshot_once_the_chain_reached_the_commit
 
 @pytest.mark.parametrize("restored_by", ["blobsnapshot", None])
 def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_from_a_bare_delta(
-        tmp_path: Path, restored_by: str | None) -> None:
+    tmp_path: Path, restored_by: str | None
+) -> None:
     """Another backend (or nothing) left the store empty and without a version while this backend's recipe is at
     seq 3: the next commit's recipe starts from a snapshot at seq 4. Deltas after seq 1 without a snapshot are what
     a recipe whose snapshot was removed looks like, which restore refuses; the new chain must not look like one."""
@@ -839,11 +897,23 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
         assert store.version is None and store.count() == 0
         manager = ChangelogBackupManager(
             context=BackendContext(
-                factory_name="changelog", job_name="job", task_name="task-0", stores={"counts": store},
-                blob_store=blobs, checkpoint_log=CheckpointLog(blobs, "job", "task-0"), executor=None,  # type: ignore[arg-type]
-                metrics=Metrics(), restored_by={"counts": restored_by}),
-            snapshot_interval_commits=100, snapshot_interval_bytes=64 << 20, compression="zstd",
-            compression_level=3, retained=3, snapshot_interval_ratio=0)
+                factory_name="changelog",
+                job_name="job",
+                task_name="task-0",
+                stores={"counts": store},
+                blob_store=blobs,
+                checkpoint_log=CheckpointLog(blobs, "job", "task-0"),
+                executor=None,  # type: ignore[arg-type]
+                metrics=Metrics(),
+                restored_by={"counts": restored_by},
+            ),
+            snapshot_interval_commits=100,
+            snapshot_interval_bytes=64 << 20,
+            compression="zstd",
+            compression_level=3,
+            retained=3,
+            snapshot_interval_ratio=0,
+        )
         try:
             manager.init(checkpoint)
             store.put(b"k", b"v")
@@ -860,7 +930,8 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
 
 
 def test_a_restore_removes_the_snapshot_copy_a_restore_killed_during_its_download_left_in_the_store_dir(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """A full restore downloads the snapshot into a temporary dir inside the store dir; a SIGKILL there (no finally
     runs) leaves that copy, as big as the state. The next restore of the store (which holds its lock, so no other
     restore can be using it) removes it: a task that keeps being killed while it restores must not fill the disk."""
@@ -891,8 +962,9 @@ class EarlierTryLanded(MemoryBlobStore):
         self.landed_ago = landed_ago
         self.landed: list[str] = []
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         if create_only and "/delta/" in name and not self.landed:
             from statebackend.errors import AlreadyExistsError
             from statebackend.kit import created_at_metadata

@@ -38,10 +38,13 @@ def test_the_kill_test_runs_a_backend_registered_only_in_the_testing_process(
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
     register_factory("team-backend", REFERENCE_BACKEND)
-    config = TestReferenceBackend().make_config(tmp_path, **{
-        "blob.store.url": f"file://{tmp_path / 'blobs'}",
-        "stores.counts.backup.factories": "team-backend",
-        "stores.counts.restore.factory": "team-backend",
-    })
+    config = TestReferenceBackend().make_config(
+        tmp_path,
+        **{
+            "blob.store.url": f"file://{tmp_path / 'blobs'}",
+            "stores.counts.backup.factories": "team-backend",
+            "stores.counts.restore.factory": "team-backend",
+        },
+    )
     durable = kill_rounds(KillSpec(config=config), tmp_path / "kills", rounds=2, seed="registered", wait_s=30)
     assert durable >= 4  # the parent's 3 commits, then the first child committed: it resolved "team-backend"

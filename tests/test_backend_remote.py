@@ -17,15 +17,17 @@ from tests.servers import ServerProcess
 
 
 def azure_blobs(connection: str) -> BlobStore:
-    store = open_blob_store(f"az://t{uuid.uuid4().hex[:20]}/state",
-                            {"connection.string": connection, "create.if.missing": True})
+    store = open_blob_store(
+        f"az://t{uuid.uuid4().hex[:20]}/state", {"connection.string": connection, "create.if.missing": True}
+    )
     store.create_resources()  # type: ignore[attr-defined]
     return store
 
 
 def s3_blobs(endpoint: str) -> BlobStore:
-    store = open_blob_store(f"s3://t-{uuid.uuid4().hex[:20]}/state",
-                            {"endpoint.url": endpoint, "create.if.missing": True})
+    store = open_blob_store(
+        f"s3://t-{uuid.uuid4().hex[:20]}/state", {"endpoint.url": endpoint, "create.if.missing": True}
+    )
     store.create_resources()  # type: ignore[attr-defined]
     return store
 
@@ -83,6 +85,7 @@ class TestBlobSnapshotOnS3Server(BackendContract):
     def blobs(self, s3_server: ServerProcess) -> Iterator[BlobStore]:
         with s3_blobs(s3_server.endpoint) as store:
             yield store
+
 
 @pytest.mark.s3
 @pytest.mark.slow

@@ -24,8 +24,10 @@ def test_sessions_built_batch_by_batch_equal_the_batch_sessionization() -> None:
     sessions of all events at once, when no event is late (as in the bench: each batch's events, in any order, come
     after the batches before)."""
     rng = random.Random(5)
-    batches = [[(f"u{rng.randrange(20)}", rng.randrange(60 * b, 60 * (b + 1))) for _ in range(rng.randrange(0, 25))]
-               for b in range(40)]
+    batches = [
+        [(f"u{rng.randrange(20)}", rng.randrange(60 * b, 60 * (b + 1))) for _ in range(rng.randrange(0, 25))]
+        for b in range(40)
+    ]
     events = [event for batch in batches for event in batch]
     open_sessions: dict[str, tuple[int, int, int]] = {}
     closed: list[tuple[str, int, int, int]] = []
@@ -45,10 +47,10 @@ def test_compare_sessions_fails_on_a_missing_an_extra_or_a_doubled_session() -> 
     expected = [("a", 1, 5, 2), ("b", 3, 3, 1)]
     assert compare_sessions(list(expected), list(expected), expected)[0]
     for ours, theirs in (
-        (expected[:1], expected),                        # statebackend lost one
-        (expected, [*expected, ("c", 9, 9, 1)]),         # transformWithStateInPandas made one up
-        (expected, sorted([*expected, expected[0]])),    # one emitted twice
-        ([("a", 1, 5, 3), expected[1]], expected),       # a count differs
+        (expected[:1], expected),  # statebackend lost one
+        (expected, [*expected, ("c", 9, 9, 1)]),  # transformWithStateInPandas made one up
+        (expected, sorted([*expected, expected[0]])),  # one emitted twice
+        ([("a", 1, 5, 3), expected[1]], expected),  # a count differs
     ):
         ok, text = compare_sessions(ours, theirs, expected)
         assert not ok

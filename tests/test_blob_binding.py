@@ -71,8 +71,9 @@ class RecordingBlobStore(ControlledBlobStore):
         super().__init__(inner)
         self.written: dict[str, bytes] = {}
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().put(name, data, create_only=create_only, metadata=metadata)
         self.written.setdefault(name, data)
 
@@ -128,8 +129,9 @@ def _wait_for_background_snapshots(task: TaskStorage) -> None:
                     lineage.background.exception(timeout=60)
 
 
-def _run_task(task_name: str, backend: str, local: Path, blobs: BlobStore, url: str, shift: int,
-              older_local: Path | None = None) -> tuple[dict[bytes, bytes], Any]:
+def _run_task(
+    task_name: str, backend: str, local: Path, blobs: BlobStore, url: str, shift: int, older_local: Path | None = None
+) -> tuple[dict[bytes, bytes], Any]:
     """Commit ``ROUNDS`` rounds to both stores; the last one in a second open of the task, after copying the closed
     local dir to ``older_local`` (a local store one commit behind)."""
     model: dict[bytes, bytes] = {}
@@ -138,8 +140,10 @@ def _run_task(task_name: str, backend: str, local: Path, blobs: BlobStore, url: 
     for rounds in (range(ROUNDS - 1), range(ROUNDS - 1, ROUNDS)):
         if older_local is not None and rounds.start > 0:
             shutil.copytree(local, older_local)
-        with ThreadPoolExecutor(2) as pool, TaskStorage.open(config, task_name, blob_store=blobs,
-                                                             executor=pool) as task:
+        with (
+            ThreadPoolExecutor(2) as pool,
+            TaskStorage.open(config, task_name, blob_store=blobs, executor=pool) as task,
+        ):
             for round_no in rounds:
                 if round_no == 0:  # bulk that later rounds leave alone: the first run is big, later ones small
                     for i in range(4000):
@@ -177,8 +181,9 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Scenario]:
         root = tmp_path_factory.mktemp(f"binding-{backend}")
         url = f"memory://{uuid.uuid4().hex}"
         blobs = RecordingBlobStore(MemoryBlobStore())
-        model, checkpoint = _run_task("task-0", backend, root / "local", blobs, url, shift=0,
-                                      older_local=root / "older-local")
+        model, checkpoint = _run_task(
+            "task-0", backend, root / "local", blobs, url, shift=0, older_local=root / "older-local"
+        )
         _run_task("task-1", backend, root / "local-1", blobs, url, shift=100)
         if backend == "blobsnapshot":
             # the index blob's matrix runs on checkpoints as releases before inline markers wrote them (a damaged
@@ -188,9 +193,14 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Scenario]:
             markers = {**checkpoint.state_checkpoint_markers, backend: rewritten[max(rewritten)]}
             checkpoint = attrs.evolve(checkpoint, state_checkpoint_markers=markers)
         final = {name: (blobs.get(name), dict(blobs.head(name).metadata)) for name in blobs.list("")}
-        built[backend] = Scenario(backend=backend, final=final, written=dict(blobs.written),
-                                  needed=_needed(backend, blobs, checkpoint), older_local=root / "older-local",
-                                  model=model)
+        built[backend] = Scenario(
+            backend=backend,
+            final=final,
+            written=dict(blobs.written),
+            needed=_needed(backend, blobs, checkpoint),
+            older_local=root / "older-local",
+            model=model,
+        )
     return built
 
 
@@ -208,14 +218,20 @@ def _substitute(scenario: Scenario, victim: str, folder: str, *, task: str, stor
     ``older``, the newest blob of the victim's own store written before it. Never the victim's own bytes."""
     own = scenario.written.get(victim) or scenario.final[victim][0]
     prefix = scenario.prefix(task, store) + folder
-    candidates = [(name, data) for name, data in scenario.written.items()
-                  if name.startswith(prefix) and name != victim and data != own]
+    candidates = [
+        (name, data)
+        for name, data in scenario.written.items()
+        if name.startswith(prefix) and name != victim and data != own
+    ]
     victim_seq = _seq(victim)
     if older:
         names = list(scenario.written)
         position = names.index(victim) if victim in names else len(names)
-        candidates = [(n, d) for n, d in candidates if names.index(n) < position
-                      and (victim_seq is None or (_seq(n) or 0) < victim_seq)]
+        candidates = [
+            (n, d)
+            for n, d in candidates
+            if names.index(n) < position and (victim_seq is None or (_seq(n) or 0) < victim_seq)
+        ]
         assert candidates, f"no older blob of the kind of {victim} was written"
         return candidates[-1][1]
     same_seq = [(n, d) for n, d in candidates if victim_seq is not None and _seq(n) == victim_seq]
@@ -252,8 +268,14 @@ def another_stores_blob(scenario: Scenario, blobs: BlobStore, victim: str, folde
 
 
 Damage = Callable[[Scenario, BlobStore, str, str], None]
-DAMAGES: list[Damage] = [flip_a_byte, cut_short, delete, older_blob_of_the_same_store, another_tasks_blob,
-                         another_stores_blob]
+DAMAGES: list[Damage] = [
+    flip_a_byte,
+    cut_short,
+    delete,
+    older_blob_of_the_same_store,
+    another_tasks_blob,
+    another_stores_blob,
+]
 
 
 def _restore_fails_naming(scenario: Scenario, blobs: BlobStore, local: Path, victim: str) -> None:
@@ -281,8 +303,11 @@ def test_damaged_blob_is_refused_naming_it_on_a_full_restore(
     _restore_fails_naming(scenario, blobs, tmp_path / "local", victim)
 
 
-CATCH_UP_KINDS = [("changelog", "delta", "delta/"), ("blobsnapshot", "index", "index/"),
-                  ("blobsnapshot", "run", "runs/")]
+CATCH_UP_KINDS = [
+    ("changelog", "delta", "delta/"),
+    ("blobsnapshot", "index", "index/"),
+    ("blobsnapshot", "run", "runs/"),
+]
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
@@ -318,10 +343,15 @@ def test_scenarios_hold_what_the_matrix_needs(scenarios: dict[str, Scenario]) ->
     for backend, scenario in scenarios.items():
         for _, kind, folder in (k for k in KINDS if k[0] == backend):
             victim = scenario.needed[kind][-1]
-            for task, store, older in (("task-0", "counts", True), ("task-1", "counts", False),
-                                       ("task-0", "other", False)):
-                assert _substitute(scenario, victim, folder, task=task, store=store, older=older) != \
-                    scenario.final[victim][0]
+            for task, store, older in (
+                ("task-0", "counts", True),
+                ("task-1", "counts", False),
+                ("task-0", "other", False),
+            ):
+                assert (
+                    _substitute(scenario, victim, folder, task=task, store=store, older=older)
+                    != scenario.final[victim][0]
+                )
         if backend == "blobsnapshot":
             parsed = parse_index_name(scenario.needed["index"][0])
             assert parsed is not None and parsed[0] == ROUNDS

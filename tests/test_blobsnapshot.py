@@ -301,8 +301,9 @@ def test_index_names_its_previous_index_and_appends_the_new_run(tmp_path: Path) 
 
 def test_store_dropped_from_config_leaves_the_others_restorable(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{
-        "stores.other.backup.factories": "blobsnapshot", "stores.other.restore.factory": "blobsnapshot"})
+    config = make_config(
+        tmp_path, **{"stores.other.backup.factories": "blobsnapshot", "stores.other.restore.factory": "blobsnapshot"}
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, model, 0, 1000, "a")
@@ -491,13 +492,19 @@ def test_stored_v2_sample_decodes_re_encodes_byte_for_byte_and_restores_exactly(
     config = make_config(tmp_path, **{"job.name": "sample-job"})
     with TaskStorage.open(config, "task-0", blob_store=MemoryBlobStore()) as task:
         context = BackendContext(
-            factory_name="blobsnapshot", job_name="sample-job", task_name="task-0", stores=task.stores,
-            blob_store=blobs, checkpoint_log=task.checkpoint_log, executor=task.commit_manager.executor,
+            factory_name="blobsnapshot",
+            job_name="sample-job",
+            task_name="task-0",
+            stores=task.stores,
+            blob_store=blobs,
+            checkpoint_log=task.checkpoint_log,
+            executor=task.commit_manager.executor,
             metrics=task.metrics,
         )
         manager = BlobSnapshotRestoreManager(context=context)
-        manager.init(CheckpointV2(CheckpointId.parse(index.checkpoint_id), {"input": "0"},
-                                  {"blobsnapshot": {"counts": name}}))
+        manager.init(
+            CheckpointV2(CheckpointId.parse(index.checkpoint_id), {"input": "0"}, {"blobsnapshot": {"counts": name}})
+        )
         manager.restore()
         assert contents(task) == want
         assert task.stores["counts"].version == index.version
@@ -509,13 +516,28 @@ SAMPLES = Path(__file__).parent / "data" / "blobsnapshot"
 
 def _sample_index() -> RunIndex:
     def entry(seed: bytes, first: int, last: int, level: int, base: bool) -> RunEntry:
-        return RunEntry(hash=content_hash(seed), size=100 + last, records=10 * last, level=level, base=base,
-                        first_seq=first, last_seq=last, checkpoint_id=f"1700000000000-{last:06d}", token=f"tok-{last}")
+        return RunEntry(
+            hash=content_hash(seed),
+            size=100 + last,
+            records=10 * last,
+            level=level,
+            base=base,
+            first_seq=first,
+            last_seq=last,
+            checkpoint_id=f"1700000000000-{last:06d}",
+            token=f"tok-{last}",
+        )
 
     return RunIndex(
-        job="job", task="task-0", store="counts", checkpoint_id="1700000000000-000007", token="tok-7", seq=7,
+        job="job",
+        task="task-0",
+        store="counts",
+        checkpoint_id="1700000000000-000007",
+        token="tok-7",
+        seq=7,
         runs=(entry(b"base", 1, 3, 1 << 16, True), entry(b"merged", 4, 5, 1, False), entry(b"one", 6, 6, 0, False)),
-        key_count=42, previous_index="job/task-0/counts/blobsnapshot/index/000000000006-tok-6.json",
+        key_count=42,
+        previous_index="job/task-0/counts/blobsnapshot/index/000000000006-tok-6.json",
     )
 
 
@@ -571,8 +593,14 @@ def test_interrupted_restore_leaves_previous_state(tmp_path: Path) -> None:
     config, older, _ = _committed_twice(tmp_path, blobs)
     with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e: e.seq == 1) as task:
         context = BackendContext(
-            factory_name="blobsnapshot", job_name="job", task_name="task-0", stores=task.stores, blob_store=blobs,
-            checkpoint_log=task.checkpoint_log, executor=task.commit_manager.executor, metrics=task.metrics,
+            factory_name="blobsnapshot",
+            job_name="job",
+            task_name="task-0",
+            stores=task.stores,
+            blob_store=blobs,
+            checkpoint_log=task.checkpoint_log,
+            executor=task.commit_manager.executor,
+            metrics=task.metrics,
         )
         manager = BlobSnapshotRestoreManager(context=context)
         manager.init(task.checkpoint_log.read(2).checkpoint)  # type: ignore[arg-type]

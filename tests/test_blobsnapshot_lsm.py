@@ -40,10 +40,18 @@ PREFIX = "job/task-0/counts/blobsnapshot/"
 #: compactions as often as possible: merges of every two runs of a level, no minimum size for a full compaction
 EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0}
 #: no compaction at all (fanout and size thresholds out of reach)
-NEVER = {"blobsnapshot.compaction.fanout": 1000, "blobsnapshot.compaction.full.ratio": 100.0,
-         "blobsnapshot.compaction.full.min.bytes": "1GiB"}
-METRICS = ("blobsnapshot.compactions.merge", "blobsnapshot.compactions.full", "blobsnapshot.compaction.adopted",
-           "blobsnapshot.base.runs", "blobsnapshot.runs.deleted")
+NEVER = {
+    "blobsnapshot.compaction.fanout": 1000,
+    "blobsnapshot.compaction.full.ratio": 100.0,
+    "blobsnapshot.compaction.full.min.bytes": "1GiB",
+}
+METRICS = (
+    "blobsnapshot.compactions.merge",
+    "blobsnapshot.compactions.full",
+    "blobsnapshot.compaction.adopted",
+    "blobsnapshot.base.runs",
+    "blobsnapshot.runs.deleted",
+)
 
 
 def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
@@ -135,8 +143,9 @@ def run_records(blobs: BlobStore, digest: str) -> list[tuple[bytes, bytes | None
         return list(iter_records(data, name=digest))
     # a base run written as an environment file: its records are those of the LMDB environment it holds
     with tempfile.TemporaryDirectory() as tmp:
-        envbase.restore_env_base(envbase.BlobSource(blobs, name, len(data)), Path(tmp) / "env",
-                                 check=lambda header: None)
+        envbase.restore_env_base(
+            envbase.BlobSource(blobs, name, len(data)), Path(tmp) / "env", check=lambda header: None
+        )
         env, data_db, _ = open_env(Path(tmp) / "env", 1 << 30, create=False)
         try:
             with env.begin(db=data_db) as txn:
@@ -232,8 +241,14 @@ def test_a_full_compaction_writes_a_base_run_without_tombstones_and_restores_exa
     """Deletes are tombstones in the runs above the bottom; a full compaction rewrites the store from LMDB as a base
     run: no tombstone, exactly the live keys, adopted by the next commit in place of every run it covers."""
     blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{"blobsnapshot.compaction.fanout": 100, "blobsnapshot.compaction.full.ratio": 0.05,
-                                      "blobsnapshot.compaction.full.min.bytes": 0})
+    config = make_config(
+        tmp_path,
+        **{
+            "blobsnapshot.compaction.fanout": 100,
+            "blobsnapshot.compaction.full.ratio": 0.05,
+            "blobsnapshot.compaction.full.min.bytes": 0,
+        },
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write(task, model, {f"k{i:05d}".encode(): f"value-{i}".encode() * 3 for i in range(500)})
@@ -261,8 +276,14 @@ def test_a_full_compaction_writes_a_base_run_without_tombstones_and_restores_exa
 
 def test_merges_replace_the_runs_of_one_level_with_one_run_of_the_next(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{"blobsnapshot.compaction.fanout": 3, "blobsnapshot.compaction.full.ratio": 100.0,
-                                      "blobsnapshot.compaction.full.min.bytes": 0})
+    config = make_config(
+        tmp_path,
+        **{
+            "blobsnapshot.compaction.fanout": 3,
+            "blobsnapshot.compaction.full.ratio": 100.0,
+            "blobsnapshot.compaction.full.min.bytes": 0,
+        },
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         rounds(task, model, 0, 4)  # the bottom run and three level-0 runs above it: a merge starts
@@ -461,8 +482,9 @@ def test_gc_deletes_runs_merged_away_once_out_of_retention_and_never_one_a_retai
     tmp_path: Path,
 ) -> None:
     blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **EAGER, **{"blobsnapshot.gc.grace.period.ms": 0,
-                                                "blobsnapshot.gc.interval.commits": 1})
+    config = make_config(
+        tmp_path, **EAGER, **{"blobsnapshot.gc.grace.period.ms": 0, "blobsnapshot.gc.interval.commits": 1}
+    )
     model: dict[bytes, bytes] = {}
     states: dict[str, dict[bytes, bytes]] = {}
     ever_listed: set[str] = set()
@@ -507,8 +529,14 @@ def compacted_history(
 ) -> Iterator[tuple[MemoryBlobStore, dict[str, object], RunIndex, dict[bytes, bytes]]]:
     """A history whose newest index lists a base run written by a full compaction, a merged run and a level-0 run."""
     blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.ratio": 0.05,
-                                      "blobsnapshot.compaction.full.min.bytes": 0})
+    config = make_config(
+        tmp_path,
+        **{
+            "blobsnapshot.compaction.fanout": 2,
+            "blobsnapshot.compaction.full.ratio": 0.05,
+            "blobsnapshot.compaction.full.min.bytes": 0,
+        },
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         rounds(task, model, 0, 2)  # the run above the bottom one: a full compaction (ratio 0.05)
@@ -526,7 +554,8 @@ def compacted_history(
 @pytest.mark.parametrize("position", [0, 1, 2], ids=["base-from-full-compaction", "merged", "level-0"])
 @pytest.mark.parametrize("damage", ["flip", "cut", "swap"])
 def test_every_damage_to_a_compacted_run_is_named_and_never_loaded(
-    compacted_history: tuple[MemoryBlobStore, dict[str, object], RunIndex, dict[bytes, bytes]], tmp_path: Path,
+    compacted_history: tuple[MemoryBlobStore, dict[str, object], RunIndex, dict[bytes, bytes]],
+    tmp_path: Path,
     position: int,
     damage: str,
 ) -> None:
@@ -535,7 +564,7 @@ def test_every_damage_to_a_compacted_run_is_named_and_never_loaded(
     victim = run_name(PREFIX, index.runs[position].hash)
     data = damaged.get(victim)
     if damage == "flip":
-        data = data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x01]) + data[len(data) // 2 + 1:]
+        data = data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0x01]) + data[len(data) // 2 + 1 :]
     elif damage == "cut":
         data = data[: len(data) * 2 // 3]
     else:  # another run of the same index under this name

@@ -113,9 +113,7 @@ def test_unreachable_endpoint_is_reported_by_validate() -> None:
     assert "cannot reach" in str(caught.value) and "endpoint" in str(caught.value)
 
 
-def test_connection_string_comes_from_the_environment(
-    azurite_connection: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_connection_string_comes_from_the_environment(azurite_connection: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_connection)
     store = open_blob_store(f"az://{_container()}/p", {"create.if.missing": True})
     store.put("from-env", b"ok")

@@ -51,8 +51,9 @@ def example_installed() -> None:
     try:
         importlib.metadata.distribution("statebackend-mem2")
     except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the example blob store is not installed: pip install -e examples/thirdparty_blobstore "
-                    "(./dev test does it)")
+        pytest.fail(
+            "the example blob store is not installed: pip install -e examples/thirdparty_blobstore (./dev test does it)"
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -81,8 +82,11 @@ def test_the_scheme_is_declared_by_the_installed_package_and_nothing_in_statebac
 
 
 def test_statebackends_own_schemes_are_entry_points_of_its_own_distribution() -> None:
-    own = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-           if ep.dist is not None and ep.dist.name == "statebackend"}
+    own = {
+        ep.name: ep.value
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if ep.dist is not None and ep.dist.name == "statebackend"
+    }
     assert own == OWN
     assert {scheme: known_blob_store_schemes()[scheme] for scheme in OWN} == OWN
     assert base._SCHEMES == {}  # nothing is registered by hand
@@ -220,10 +224,14 @@ def test_an_unknown_scheme_is_an_error_listing_the_known_ones() -> None:
     with pytest.raises(ConfigError) as info:
         open_blob_store("nope://bucket")
     message = str(info.value)
-    assert message == ("blob.store.url 'nope://bucket' has an unknown scheme 'nope'; known: az://, file://, mem2://, "
-                       "memory://, s3://")
-    with pytest.raises(ConfigError, match="blob.store.url='nope://bucket' is not valid: unknown scheme 'nope'; "
-                                          "allowed: a URL starting with az://, file://, mem2://, memory://, s3://"):
+    assert message == (
+        "blob.store.url 'nope://bucket' has an unknown scheme 'nope'; known: az://, file://, mem2://, memory://, s3://"
+    )
+    with pytest.raises(
+        ConfigError,
+        match="blob.store.url='nope://bucket' is not valid: unknown scheme 'nope'; "
+        "allowed: a URL starting with az://, file://, mem2://, memory://, s3://",
+    ):
         Settings.from_config({"blob.store.url": "nope://bucket"})
 
 
@@ -247,10 +255,13 @@ def test_a_scheme_registered_at_run_time_needs_replace_to_shadow_a_known_one() -
     assert known_blob_store_schemes()["mine"] == "statebackend.blobstores.memory:MemoryBlobStore"
 
 
-@pytest.mark.parametrize(("scheme", "target", "problem"), [
-    ("Bad_Scheme", "statebackend.blobstores.memory:MemoryBlobStore", "is not a valid URL scheme"),
-    ("fine", "statebackend.blobstores.memory.MemoryBlobStore", "is not a dotted path 'package.module:Class'"),
-])
+@pytest.mark.parametrize(
+    ("scheme", "target", "problem"),
+    [
+        ("Bad_Scheme", "statebackend.blobstores.memory:MemoryBlobStore", "is not a valid URL scheme"),
+        ("fine", "statebackend.blobstores.memory.MemoryBlobStore", "is not a dotted path 'package.module:Class'"),
+    ],
+)
 def test_a_bad_registration_is_refused(scheme: str, target: str, problem: str) -> None:
     with pytest.raises(ConfigError, match=problem):
         register_blob_store(scheme, target)
@@ -259,8 +270,11 @@ def test_a_bad_registration_is_refused(scheme: str, target: str, problem: str) -
 
 def test_a_target_that_is_no_blob_store_is_refused_when_opened() -> None:
     register_blob_store("notastore", f"{__name__}:NotAStore")
-    with pytest.raises(ConfigError, match=r"is <class '.*NotAStore'>, not a subclass of "
-                                          r"statebackend.blobstores.base.BlobStore \(registered by register_blob_store"):
+    with pytest.raises(
+        ConfigError,
+        match=r"is <class '.*NotAStore'>, not a subclass of "
+        r"statebackend.blobstores.base.BlobStore \(registered by register_blob_store",
+    ):
         open_blob_store("notastore://x")
     register_blob_store("nofromurl", f"{__name__}:StoreWithoutFromUrl")
     with pytest.raises(ConfigError, match=r"has no from_url\(url, options\) classmethod"):
@@ -295,14 +309,16 @@ def other_distributions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     """Two more installed distributions (dist-infos on sys.path): one declares mem2 too, with another class, and a
     scheme whose package needs an extra; the other declares a scheme whose module is broken."""
     module = "sb_test_store_module"
-    (tmp_path / f"{module}.py").write_text(textwrap.dedent(
-        """
+    (tmp_path / f"{module}.py").write_text(
+        textwrap.dedent(
+            """
         from statebackend.blobstores.memory import MemoryBlobStore
 
         class OtherStore(MemoryBlobStore):
             pass
         """
-    ))
+        )
+    )
     (tmp_path / "sb_test_broken_store.py").write_text("raise RuntimeError('this module is broken')\n")
     for dist, entry_points in {
         "sb_test_stores": f"mem2 = {module}:OtherStore\nfast = sb_test_absent_sdk_store:Store [fast]\n",
@@ -343,8 +359,11 @@ def test_an_entry_point_whose_package_needs_an_extra_says_which_to_install() -> 
 
 @pytest.mark.usefixtures("other_distributions")
 def test_a_module_that_fails_to_import_is_a_config_error_naming_the_scheme() -> None:
-    with pytest.raises(ConfigError, match=r"blob store broken:// could not be loaded from 'sb_test_broken_store:Store':"
-                                          r" RuntimeError: this module is broken"):
+    with pytest.raises(
+        ConfigError,
+        match=r"blob store broken:// could not be loaded from 'sb_test_broken_store:Store':"
+        r" RuntimeError: this module is broken",
+    ):
         open_blob_store("broken://x")
     # the scheme whose package is broken is left out of the option schemas; the others are there
     assert "mem2" not in base.blob_store_option_schemas()  # declared twice: refused

@@ -42,8 +42,9 @@ JOB = "probejob"
 
 
 def _settings(url: str, **options: Any) -> Settings:
-    return Settings.from_config({"job.name": JOB, "blob.store.url": url,
-                                 **{f"blob.store.{key}": value for key, value in options.items()}})
+    return Settings.from_config(
+        {"job.name": JOB, "blob.store.url": url, **{f"blob.store.{key}": value for key, value in options.items()}}
+    )
 
 
 def _probe_error(settings: Settings, *, secret: str | None = None) -> StorageError:
@@ -165,7 +166,8 @@ def test_file_directory_the_user_may_not_write_fails_the_write_check() -> None:
 def test_store_of_another_scheme_is_checked_by_its_validate_and_the_write_probe() -> None:
     report = probe_blob_store(_settings(f"memory://{_name()}"))
     assert [(step.check, step.outcome) for step in report.steps[:2]] == [
-        (1, "validated by the store"), (2, "validated with check 1 (the store tells them apart only by its messages)"),
+        (1, "validated by the store"),
+        (2, "validated with check 1 (the store tells them apart only by its messages)"),
     ]
     assert report.steps[2].outcome.startswith(f"wrote, read back and deleted '{JOB}/.probe/")
     assert report.requests == 4
@@ -187,8 +189,9 @@ def test_azure_existing_container_passes_and_leaves_nothing(azurite_connection: 
 
 def test_azure_missing_container_without_create_names_the_key(azurite_connection: str) -> None:
     container = _name()
-    error = _probe_error(_settings(f"az://{container}/p", **{"connection.string": azurite_connection}),
-                         secret=AZURITE_ACCOUNT_KEY)
+    error = _probe_error(
+        _settings(f"az://{container}/p", **{"connection.string": azurite_connection}), secret=AZURITE_ACCOUNT_KEY
+    )
     message = str(error)
     assert "check 1 of 3 (the store exists or can be created)" in message
     assert f"container {container!r} (account {AZURITE_ACCOUNT_NAME}) does not exist" in message
@@ -199,8 +202,9 @@ def test_azure_missing_container_without_create_names_the_key(azurite_connection
 
 def test_azure_missing_container_with_create_is_created(azurite_connection: str) -> None:
     container = _name()
-    report = probe_blob_store(_settings(f"az://{container}", **{"connection.string": azurite_connection,
-                                                               "create.if.missing": "true"}))
+    report = probe_blob_store(
+        _settings(f"az://{container}", **{"connection.string": azurite_connection, "create.if.missing": "true"})
+    )
     _assert_checked_everything(report, created=True)
     service = BlobServiceClient.from_connection_string(azurite_connection)
     assert service.get_container_client(container).exists()
@@ -221,12 +225,15 @@ def test_azure_read_only_sas_fails_the_write_check(azurite: ServerProcess, azuri
     container = _name()
     BlobServiceClient.from_connection_string(azurite_connection).create_container(container)
     sas = generate_container_sas(
-        AZURITE_ACCOUNT_NAME, container, account_key=AZURITE_ACCOUNT_KEY,
+        AZURITE_ACCOUNT_NAME,
+        container,
+        account_key=AZURITE_ACCOUNT_KEY,
         permission=ContainerSasPermissions(read=True, list=True),
         expiry=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1),
     )
-    settings = _settings(f"az://{container}/p", **{"account.url": f"{azurite.endpoint}/{AZURITE_ACCOUNT_NAME}",
-                                                    "credential": sas})
+    settings = _settings(
+        f"az://{container}/p", **{"account.url": f"{azurite.endpoint}/{AZURITE_ACCOUNT_NAME}", "credential": sas}
+    )
     message = str(_probe_error(settings, secret=sas.split("sig=")[1].split("&")[0]))
     assert "check 3 of 3 (the store is writable)" in message
     assert f"writing the probe blob '{JOB}/.probe/" in message
@@ -255,8 +262,9 @@ def test_s3_missing_bucket_without_create_names_the_key(s3_server: ServerProcess
 
 def test_s3_missing_bucket_with_create_is_created(s3_server: ServerProcess) -> None:
     bucket = _name()
-    report = probe_blob_store(_settings(f"s3://{bucket}", **{"endpoint.url": s3_server.endpoint,
-                                                            "create.if.missing": "true"}))
+    report = probe_blob_store(
+        _settings(f"s3://{bucket}", **{"endpoint.url": s3_server.endpoint, "create.if.missing": "true"})
+    )
     _assert_checked_everything(report, created=True)
     boto3.client("s3", endpoint_url=s3_server.endpoint).head_bucket(Bucket=bucket)
 
@@ -276,8 +284,12 @@ class _AuthServer:
 def auth_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_AuthServer]:
     server = start_moto(tmp_path_factory.mktemp("moto-auth"))
     try:
-        anyone = {"endpoint_url": server.endpoint, "region_name": "us-east-1", "aws_access_key_id": "setup",
-                  "aws_secret_access_key": "setup"}
+        anyone = {
+            "endpoint_url": server.endpoint,
+            "region_name": "us-east-1",
+            "aws_access_key_id": "setup",
+            "aws_secret_access_key": "setup",
+        }
         iam = boto3.client("iam", **anyone)
         keys = {}
         for user, actions in (("full", ["s3:*"]), ("read-only", ["s3:ListBucket", "s3:GetObject"])):
@@ -289,8 +301,9 @@ def auth_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_AuthServer]:
         bucket = _name()
         boto3.client("s3", **anyone).create_bucket(Bucket=bucket)
         # from now on moto authenticates every request (INITIAL_NO_AUTH_ACTION_COUNT 0)
-        request = urllib.request.Request(f"{server.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
-                                         headers={"Content-Type": "text/plain"})  # a form's body is not read
+        request = urllib.request.Request(
+            f"{server.endpoint}/moto-api/reset-auth", data=b"0", method="POST", headers={"Content-Type": "text/plain"}
+        )  # a form's body is not read
         with urllib.request.urlopen(request, timeout=30) as answer:
             assert json.load(answer)["status"] == "ok"
         yield _AuthServer(server, bucket, keys["full"], keys["read-only"])
@@ -306,8 +319,9 @@ def _use_keys(monkeypatch: pytest.MonkeyPatch, access_key: str, secret_key: str)
 
 
 def _auth_settings(auth_s3: _AuthServer, bucket: str | None = None) -> Settings:
-    return _settings(f"s3://{bucket or auth_s3.bucket}/p", **{"endpoint.url": auth_s3.server.endpoint,
-                                                            "region": "us-east-1"})
+    return _settings(
+        f"s3://{bucket or auth_s3.bucket}/p", **{"endpoint.url": auth_s3.server.endpoint, "region": "us-east-1"}
+    )
 
 
 def test_s3_server_with_authentication_takes_the_right_keys(
@@ -355,10 +369,16 @@ def dummy_aws_keys(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_closed_port_is_unreachable_and_not_a_credentials_problem() -> None:
     port = free_port()
     cases = [
-        (_settings(f"az://{_name()}/p", **{"connection.string": azurite_connection_string(port)}),
-         f"http://127.0.0.1:{port}", "blob.store.connection.string (BlobEndpoint)"),
-        (_settings(f"s3://{_name()}/p", **{"endpoint.url": f"http://127.0.0.1:{port}", "region": "us-east-1"}),
-         f"http://127.0.0.1:{port}", "blob.store.endpoint.url"),
+        (
+            _settings(f"az://{_name()}/p", **{"connection.string": azurite_connection_string(port)}),
+            f"http://127.0.0.1:{port}",
+            "blob.store.connection.string (BlobEndpoint)",
+        ),
+        (
+            _settings(f"s3://{_name()}/p", **{"endpoint.url": f"http://127.0.0.1:{port}", "region": "us-east-1"}),
+            f"http://127.0.0.1:{port}",
+            "blob.store.endpoint.url",
+        ),
     ]
     for settings, endpoint, key in cases:
         error = _probe_error(settings, secret=AZURITE_ACCOUNT_KEY)
@@ -381,9 +401,15 @@ def test_endpoint_that_never_answers_stops_after_the_capped_attempts() -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
-        settings = _settings(f"s3://{_name()}/p", **{"endpoint.url": endpoint, "region": "us-east-1",
-                                                     "request.timeout.ms": "200",
-                                                     "retry.max.attempts": "20"})
+        settings = _settings(
+            f"s3://{_name()}/p",
+            **{
+                "endpoint.url": endpoint,
+                "region": "us-east-1",
+                "request.timeout.ms": "200",
+                "retry.max.attempts": "20",
+            },
+        )
         message = str(_probe_error(settings))
     assert "check 1 of 3" in message
     assert f"{endpoint} did not answer (no answer" in message

@@ -30,10 +30,26 @@ from statebackend.store import LocalStore, LocalVersion
 
 SAMPLES = pathlib.Path(__file__).parent / "data" / "changelog"
 
-DELTA = FileHeader(kind="delta", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
-                   token="tok", seq=5, base_seq=4)
-SNAPSHOT = FileHeader(kind="snapshot", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
-                      token="tok", seq=5, base_seq=5)
+DELTA = FileHeader(
+    kind="delta",
+    job="job",
+    task="task-3",
+    store="counts",
+    checkpoint_id="1700000000000-1",
+    token="tok",
+    seq=5,
+    base_seq=4,
+)
+SNAPSHOT = FileHeader(
+    kind="snapshot",
+    job="job",
+    task="task-3",
+    store="counts",
+    checkpoint_id="1700000000000-1",
+    token="tok",
+    seq=5,
+    base_seq=5,
+)
 SMALL_DELTA = [(b"a", b"1"), (b"b", None), (b"c", b""), (b"d\xff", b"value-d")]
 #: keys of one length, puts' values of one length: both columns are byte planes in version 3
 FIXED_DELTA = [(b"k01", b"\x00\x00\x00\x07"), (b"k02", None), (b"k05", b"\x00\x00\x01\x00")]
@@ -57,7 +73,7 @@ class TrickleReader(io.RawIOBase):
 
     def readinto(self, buffer: bytearray) -> int:  # type: ignore[override]
         n = min(len(buffer), self._step, len(self._data) - self._pos)
-        buffer[:n] = self._data[self._pos:self._pos + n]
+        buffer[:n] = self._data[self._pos : self._pos + n]
         self._pos += n
         return n
 
@@ -101,19 +117,36 @@ def body_of(records: list[tuple[bytes, bytes | None]]) -> bytes:
     return out
 
 
-def block_of(records: list[tuple[bytes, bytes | None]], *, ops: bytes | None = None, count: int | None = None,
-             flags: int | None = None, key_bytes: int | None = None, value_lengths: list[int] | None = None) -> bytes:
+def block_of(
+    records: list[tuple[bytes, bytes | None]],
+    *,
+    ops: bytes | None = None,
+    count: int | None = None,
+    flags: int | None = None,
+    key_bytes: int | None = None,
+    value_lengths: list[int] | None = None,
+) -> bytes:
     """A version 2 block built by hand; the keyword arguments override what a correct writer would put there."""
     keys = [key for key, _ in records]
     values = [value or b"" for _, value in records]
     if ops is None and any(value is None for _, value in records):
         ops = bytes(2 if value is None else 1 for _, value in records)
     lengths = value_lengths if value_lengths is not None else [len(value) for value in values]
-    head = struct.pack("<IBII", len(records) if count is None else count,
-                       (0 if ops is None else 1) if flags is None else flags,
-                       sum(map(len, keys)) if key_bytes is None else key_bytes, sum(lengths))
-    return (head + (ops or b"") + struct.pack(f"<{len(keys)}I", *map(len, keys))
-            + struct.pack(f"<{len(keys)}I", *lengths) + b"".join(keys) + b"".join(values))
+    head = struct.pack(
+        "<IBII",
+        len(records) if count is None else count,
+        (0 if ops is None else 1) if flags is None else flags,
+        sum(map(len, keys)) if key_bytes is None else key_bytes,
+        sum(lengths),
+    )
+    return (
+        head
+        + (ops or b"")
+        + struct.pack(f"<{len(keys)}I", *map(len, keys))
+        + struct.pack(f"<{len(keys)}I", *lengths)
+        + b"".join(keys)
+        + b"".join(values)
+    )
 
 
 def planes(column: list[bytes]) -> bytes:
@@ -121,9 +154,17 @@ def planes(column: list[bytes]) -> bytes:
     return bytes(record[i] for i in range(len(column[0]) if column else 0) for record in column)
 
 
-def fixed_block_of(records: list[tuple[bytes, bytes | None]], *, keys_fixed: bool = True, values_fixed: bool = True,
-                   count: int | None = None, key_length: int | None = None, value_length: int | None = None,
-                   key_bytes: int | None = None, value_bytes: int | None = None) -> bytes:
+def fixed_block_of(
+    records: list[tuple[bytes, bytes | None]],
+    *,
+    keys_fixed: bool = True,
+    values_fixed: bool = True,
+    count: int | None = None,
+    key_length: int | None = None,
+    value_length: int | None = None,
+    key_bytes: int | None = None,
+    value_bytes: int | None = None,
+) -> bytes:
     """A version 3 block built by hand, a column of one length as byte planes; the keyword arguments override what a
     correct writer would put there."""
     keys = [key for key, _ in records]
@@ -143,9 +184,13 @@ def fixed_block_of(records: list[tuple[bytes, bytes | None]], *, keys_fixed: boo
         parts.append(struct.pack(f"<{len(keys)}I", *(len(value or b"") for _, value in records)))
     parts.append(planes(keys) if keys_fixed else b"".join(keys))
     parts.append(planes(puts) if values_fixed else b"".join(puts))
-    parts[0] = struct.pack("<IBII", len(records) if count is None else count, flags,
-                           sum(map(len, keys)) if key_bytes is None else key_bytes,
-                           sum(map(len, puts)) if value_bytes is None else value_bytes)
+    parts[0] = struct.pack(
+        "<IBII",
+        len(records) if count is None else count,
+        flags,
+        sum(map(len, keys)) if key_bytes is None else key_bytes,
+        sum(map(len, puts)) if value_bytes is None else value_bytes,
+    )
     return b"".join(parts)
 
 
@@ -154,8 +199,11 @@ def body_in(version: int, records: list[tuple[bytes, bytes | None]]) -> bytes:
         return body_of(records)
     if version == 2:
         return block_of(records)
-    return fixed_block_of(records, keys_fixed=len({len(key) for key, _ in records}) == 1,
-                          values_fixed=len({len(value) for _, value in records if value is not None}) == 1)
+    return fixed_block_of(
+        records,
+        keys_fixed=len({len(key) for key, _ in records}) == 1,
+        values_fixed=len({len(value) for _, value in records if value is not None}) == 1,
+    )
 
 
 # ------------------------------------------------------------------------------------------------------- round trips
@@ -169,10 +217,16 @@ def files(draw: st.DrawFn) -> tuple[FileHeader, list[tuple[bytes, bytes | None]]
     value_size = draw(st.integers(min_value=0, max_value=12))
     key_lengths = draw(st.sampled_from([[key_size], [key_size, key_size + 1], None]))
     value_lengths = draw(st.sampled_from([[value_size], [0, value_size], None]))
-    keys = (st.binary(max_size=24) if key_lengths is None
-            else st.sampled_from(key_lengths).flatmap(lambda n: st.binary(min_size=n, max_size=n)))
-    puts = (st.binary(max_size=40) if value_lengths is None
-            else st.sampled_from(value_lengths).flatmap(lambda n: st.binary(min_size=n, max_size=n)))
+    keys = (
+        st.binary(max_size=24)
+        if key_lengths is None
+        else st.sampled_from(key_lengths).flatmap(lambda n: st.binary(min_size=n, max_size=n))
+    )
+    puts = (
+        st.binary(max_size=40)
+        if value_lengths is None
+        else st.sampled_from(value_lengths).flatmap(lambda n: st.binary(min_size=n, max_size=n))
+    )
     values = puts if header.kind == "snapshot" else st.one_of(st.none(), puts)
     records = sorted(draw(st.dictionaries(keys, values, max_size=60)).items())
     return header, records, draw(st.sampled_from(["none", "zstd"]))
@@ -217,7 +271,7 @@ def test_records_straddling_blocks_and_a_record_bigger_than_blocks_round_trip(co
 
 def uncompressed_blocks(data: bytes) -> list[tuple[int, int, int]]:
     """(record count, flags, key+value bytes) of each block of an uncompressed version 2 or 3 file."""
-    body = data[fmt.header_size(data[:16], name="x"):-fmt.FOOTER_SIZE]
+    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE]
     blocks = []
     position = 0
     while position < len(body):
@@ -232,7 +286,9 @@ def test_version_2_cuts_blocks_at_the_record_cap_and_at_about_a_mebibyte() -> No
     """Small records fill blocks of BLOCK_MAX_RECORDS; big ones close a block at about 1 MiB (bounded memory)."""
     small = [(b"%08d" % i, b"") for i in range(fmt.BLOCK_MAX_RECORDS + 5)]
     assert [count for count, _, _ in uncompressed_blocks(encode(SNAPSHOT, small, compression="none"))] == [
-        fmt.BLOCK_MAX_RECORDS, 5]
+        fmt.BLOCK_MAX_RECORDS,
+        5,
+    ]
     big: list[tuple[bytes, bytes | None]] = [(b"%08d" % i, b"x" * 30_000 if i % 3 else None) for i in range(300)]
     blocks = uncompressed_blocks(encode(DELTA, big, compression="none"))
     assert sum(count for count, _, _ in blocks) == 300
@@ -252,36 +308,44 @@ def test_version_3_stores_a_column_of_one_length_once_and_as_byte_planes() -> No
     records: list[tuple[bytes, bytes | None]] = [(b"k%04d" % i, b"%08d" % (i * i)) for i in range(300)]
     data = encode(SNAPSHOT, records, compression="none")
     assert uncompressed_blocks(data) == [(300, 2 | 4, 300 * 13)]
-    body = data[fmt.header_size(data[:16], name="x"):-fmt.FOOTER_SIZE]
+    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE]
     assert body == fixed_block_of(records)  # the layout as docs/formats-changelog.md describes it, built by hand
     keys_start = 13 + 4 + 4
-    assert body[keys_start:keys_start + 600] == b"k" * 300 + b"0" * 300  # every key's first byte, then second byte
+    assert body[keys_start : keys_start + 600] == b"k" * 300 + b"0" * 300  # every key's first byte, then second byte
     values_start = keys_start + 300 * 5
-    assert body[values_start:values_start + 900] == b"0" * 900  # the first three value planes (i * i < 10 ** 5)
+    assert body[values_start : values_start + 900] == b"0" * 900  # the first three value planes (i * i < 10 ** 5)
 
 
 def test_version_3_value_planes_hold_the_puts_only_and_deletes_keep_their_place() -> None:
     records: list[tuple[bytes, bytes | None]] = [
-        (b"k%03d" % i, None if i % 7 in (0, 3) else b"v%03d" % i) for i in range(100)]
+        (b"k%03d" % i, None if i % 7 in (0, 3) else b"v%03d" % i) for i in range(100)
+    ]
     data = encode(DELTA, records, compression="none")
     assert uncompressed_blocks(data) == [(100, 1 | 2 | 4, 400 + 4 * sum(v is not None for _, v in records))]
-    body = data[fmt.header_size(data[:16], name="x"):-fmt.FOOTER_SIZE]
+    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE]
     assert body == fixed_block_of(records)
     assert list(iter_records(data, name="f")) == records
     assert list(iter_records(io.BytesIO(data), name="f")) == records
 
 
-@pytest.mark.parametrize(("records", "flags"), [
-    pytest.param([(b"a", b"x" * (fmt.PLANES_MAX_LENGTH + 1)), (b"b", b"y" * (fmt.PLANES_MAX_LENGTH + 1))], 2,
-                 id="values-longer-than-planes-take"),
-    pytest.param([(b"a", b"1"), (b"bb", b"2")], 4, id="keys-of-two-lengths"),
-    pytest.param([(b"a", b"1"), (b"b", b"22"), (b"c", None)], 1 | 2, id="values-of-two-lengths"),
-    pytest.param([(b"a", None), (b"b", None)], 1 | 2, id="deletes-only"),
-    pytest.param([(b"a", b""), (b"b", b""), (b"c", None)], 1 | 2 | 4, id="empty-values"),
-    pytest.param([(b"", b"v")], 2 | 4, id="one-empty-key"),
-])
-def test_version_3_uses_planes_only_for_a_column_of_one_short_length(records: list[tuple[bytes, bytes | None]],
-                                                                      flags: int) -> None:
+@pytest.mark.parametrize(
+    ("records", "flags"),
+    [
+        pytest.param(
+            [(b"a", b"x" * (fmt.PLANES_MAX_LENGTH + 1)), (b"b", b"y" * (fmt.PLANES_MAX_LENGTH + 1))],
+            2,
+            id="values-longer-than-planes-take",
+        ),
+        pytest.param([(b"a", b"1"), (b"bb", b"2")], 4, id="keys-of-two-lengths"),
+        pytest.param([(b"a", b"1"), (b"b", b"22"), (b"c", None)], 1 | 2, id="values-of-two-lengths"),
+        pytest.param([(b"a", None), (b"b", None)], 1 | 2, id="deletes-only"),
+        pytest.param([(b"a", b""), (b"b", b""), (b"c", None)], 1 | 2 | 4, id="empty-values"),
+        pytest.param([(b"", b"v")], 2 | 4, id="one-empty-key"),
+    ],
+)
+def test_version_3_uses_planes_only_for_a_column_of_one_short_length(
+    records: list[tuple[bytes, bytes | None]], flags: int
+) -> None:
     data = encode(DELTA, records, compression="none")
     assert [block_flags for _, block_flags, _ in uncompressed_blocks(data)] == [flags]
     assert list(iter_records(data, name="f")) == records
@@ -326,8 +390,9 @@ def test_write_file_streams_to_an_unseekable_output_and_reports_stats(version: i
     out = UnseekableWriter()
     stats = write_file(out, in_version(DELTA, version), SMALL_DELTA)  # type: ignore[arg-type]
     data = b"".join(out.chunks)
-    assert stats == fmt.FileStats(record_count=4, raw_bytes=sum(len(k) + len(v or b"") for k, v in SMALL_DELTA),
-                                  file_bytes=len(data))
+    assert stats == fmt.FileStats(
+        record_count=4, raw_bytes=sum(len(k) + len(v or b"") for k, v in SMALL_DELTA), file_bytes=len(data)
+    )
     assert list(iter_records(data, name="f")) == SMALL_DELTA
 
 
@@ -400,8 +465,9 @@ def test_file_header_rejects_a_delta_whose_base_is_not_the_previous_version() ->
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 @pytest.mark.parametrize("mask", [0x01, 0x80, 0xFF])
-def test_every_flipped_byte_is_detected(compression: str, mask: int, version: int,
-                                        records: list[tuple[bytes, bytes | None]]) -> None:
+def test_every_flipped_byte_is_detected(
+    compression: str, mask: int, version: int, records: list[tuple[bytes, bytes | None]]
+) -> None:
     data = encode(in_version(DELTA, version), records, compression=compression)
     for position in range(len(data)):
         corrupt = bytearray(data)
@@ -429,8 +495,9 @@ def test_a_flipped_body_byte_yields_nothing_from_bytes(version: int) -> None:
 @pytest.mark.parametrize("records", [SMALL_DELTA, FIXED_DELTA], ids=["varied", "fixed"])
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_every_truncation_is_detected(compression: str, version: int,
-                                      records: list[tuple[bytes, bytes | None]]) -> None:
+def test_every_truncation_is_detected(
+    compression: str, version: int, records: list[tuple[bytes, bytes | None]]
+) -> None:
     data = encode(in_version(DELTA, version), records, compression=compression)
     for length in range(len(data)):
         cut = data[:length]
@@ -491,8 +558,10 @@ def test_version_2_keys_out_of_order_across_blocks_are_rejected_by_the_reader() 
     body = block_of([(b"a", b"1"), (b"c", b"2")]) + block_of([(b"c", b"3")])
     data = hand_built(DELTA, body, count=3)
     for read in every_reading(data):
-        with pytest.raises(CorruptDataError, match="record 2 in the block at body byte 33 has key b'c', not after "
-                                                   "b'c'; keys must strictly increase"):
+        with pytest.raises(
+            CorruptDataError,
+            match="record 2 in the block at body byte 33 has key b'c', not after b'c'; keys must strictly increase",
+        ):
             read()  # type: ignore[operator]
 
 
@@ -504,26 +573,48 @@ def test_a_delete_in_a_snapshot_file_is_rejected_by_the_reader(version: int) -> 
             read()  # type: ignore[operator]
 
 
-@pytest.mark.parametrize(("block", "message"), [
-    pytest.param(block_of([(b"a", b"1")], count=0),
-                 "record count 0 and flags 0; a valid version 3 block has 1..65536 records", id="no-records"),
-    pytest.param(block_of([(b"a", b"1")], count=fmt.BLOCK_MAX_RECORDS + 1), "record count 65537", id="too-many"),
-    pytest.param(block_of([(b"a", b"1")], flags=8), "flags 8; .* flags within 7", id="unknown-flag"),
-    pytest.param(block_of([(b"a", b"1"), (b"b", b"2")], key_bytes=1),
-                 "lengths that do not add up to its 1 key and 2 value bytes", id="key-bytes-too-small"),
-    pytest.param(block_of([(b"a", b"1"), (b"b", b"22")], value_lengths=[3, 1]),
-                 r"ends inside the block at body byte 0 \(records 0 to 1: 21 of 22 bytes\)", id="lengths-past-end"),
-    pytest.param(block_of([(b"a", b"1"), (b"b", None)], ops=b"\x01\x03"),
-                 "record 1 in the block at body byte 0 has op 3", id="bad-op"),
-    pytest.param(block_of([(b"a", b"1"), (b"b", b"2")], ops=b"\x01\x02"),
-                 "record 1 .* is a delete with value length 1", id="delete-with-value"),
-    pytest.param(block_of([(b"a", b"1")])[:10], "ends inside the header of the block at body byte 0",
-                 id="cut-header"),
-    pytest.param(block_of([(b"a", b"1")]) + b"\x00", "ends inside the header of the block at body byte 23",
-                 id="trailing-byte"),
-    # lengths moved between records of a block still cut the block's bytes exactly: a valid file, other records
-    pytest.param(block_of([(b"a", b"1"), (b"b", b"22")], value_lengths=[2, 1]), None, id="valid-other-split"),
-])
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        pytest.param(
+            block_of([(b"a", b"1")], count=0),
+            "record count 0 and flags 0; a valid version 3 block has 1..65536 records",
+            id="no-records",
+        ),
+        pytest.param(block_of([(b"a", b"1")], count=fmt.BLOCK_MAX_RECORDS + 1), "record count 65537", id="too-many"),
+        pytest.param(block_of([(b"a", b"1")], flags=8), "flags 8; .* flags within 7", id="unknown-flag"),
+        pytest.param(
+            block_of([(b"a", b"1"), (b"b", b"2")], key_bytes=1),
+            "lengths that do not add up to its 1 key and 2 value bytes",
+            id="key-bytes-too-small",
+        ),
+        pytest.param(
+            block_of([(b"a", b"1"), (b"b", b"22")], value_lengths=[3, 1]),
+            r"ends inside the block at body byte 0 \(records 0 to 1: 21 of 22 bytes\)",
+            id="lengths-past-end",
+        ),
+        pytest.param(
+            block_of([(b"a", b"1"), (b"b", None)], ops=b"\x01\x03"),
+            "record 1 in the block at body byte 0 has op 3",
+            id="bad-op",
+        ),
+        pytest.param(
+            block_of([(b"a", b"1"), (b"b", b"2")], ops=b"\x01\x02"),
+            "record 1 .* is a delete with value length 1",
+            id="delete-with-value",
+        ),
+        pytest.param(
+            block_of([(b"a", b"1")])[:10], "ends inside the header of the block at body byte 0", id="cut-header"
+        ),
+        pytest.param(
+            block_of([(b"a", b"1")]) + b"\x00",
+            "ends inside the header of the block at body byte 23",
+            id="trailing-byte",
+        ),
+        # lengths moved between records of a block still cut the block's bytes exactly: a valid file, other records
+        pytest.param(block_of([(b"a", b"1"), (b"b", b"22")], value_lengths=[2, 1]), None, id="valid-other-split"),
+    ],
+)
 def test_every_inconsistent_version_2_block_is_named_by_the_reader(block: bytes, message: str | None) -> None:
     """Checked even under a valid digest: a writer bug must not reach the store."""
     data = hand_built(DELTA, block, count=2 if message is None else 1)
@@ -546,27 +637,53 @@ def test_a_version_2_block_with_a_version_3_flag_is_refused(flags: int) -> None:
 TWO_FIXED = [(b"ab", b"12345678"), (b"cd", b"87654321")]
 
 
-@pytest.mark.parametrize(("block", "message"), [
-    pytest.param(fixed_block_of(TWO_FIXED, key_length=3),
-                 "2 keys of length 3 that do not add up to its 4 key and 16 value bytes", id="key-length"),
-    pytest.param(fixed_block_of(TWO_FIXED, value_length=7),
-                 "2 values of length 7 that do not add up to its 4 key and 16 value bytes", id="value-length"),
-    pytest.param(fixed_block_of(TWO_FIXED, key_length=0xFFFF_FFFF),
-                 "2 keys of length 4294967295", id="huge-key-length"),
-    pytest.param(fixed_block_of(TWO_FIXED, values_fixed=False, key_bytes=3, value_bytes=17),
-                 "keys of length 2 that do not add up to its 3 key", id="key-bytes-with-value-lengths"),
-    pytest.param(fixed_block_of(TWO_FIXED, keys_fixed=False, value_bytes=15, key_bytes=5),
-                 "key and value lengths that do not add up to its 5 key", id="key-lengths-with-fixed-values"),
-    pytest.param(fixed_block_of([(b"ab", b"12345678"), (b"cd", None)], value_length=4),
-                 "1 values of length 4 that do not add up to its 4 key and 8 value bytes", id="puts-only-length"),
-    # keys as planes, value lengths per record: a valid block (the delete's length 0), whatever the value bytes
-    pytest.param(fixed_block_of([(b"ab", b"12"), (b"cd", None)], values_fixed=False)[:-2] + b"\x00\x00",
-                 None, id="fixed-keys-varied-values-valid"),
-    pytest.param(fixed_block_of([(b"cd", b"1"), (b"ab", b"2")]), "record 1 .*keys must strictly increase",
-                 id="planes-out-of-order"),
-    pytest.param(fixed_block_of(TWO_FIXED)[:-1], r"ends inside the block at body byte 0 \(records 0 to 1",
-                 id="cut-planes"),
-])
+@pytest.mark.parametrize(
+    ("block", "message"),
+    [
+        pytest.param(
+            fixed_block_of(TWO_FIXED, key_length=3),
+            "2 keys of length 3 that do not add up to its 4 key and 16 value bytes",
+            id="key-length",
+        ),
+        pytest.param(
+            fixed_block_of(TWO_FIXED, value_length=7),
+            "2 values of length 7 that do not add up to its 4 key and 16 value bytes",
+            id="value-length",
+        ),
+        pytest.param(
+            fixed_block_of(TWO_FIXED, key_length=0xFFFF_FFFF), "2 keys of length 4294967295", id="huge-key-length"
+        ),
+        pytest.param(
+            fixed_block_of(TWO_FIXED, values_fixed=False, key_bytes=3, value_bytes=17),
+            "keys of length 2 that do not add up to its 3 key",
+            id="key-bytes-with-value-lengths",
+        ),
+        pytest.param(
+            fixed_block_of(TWO_FIXED, keys_fixed=False, value_bytes=15, key_bytes=5),
+            "key and value lengths that do not add up to its 5 key",
+            id="key-lengths-with-fixed-values",
+        ),
+        pytest.param(
+            fixed_block_of([(b"ab", b"12345678"), (b"cd", None)], value_length=4),
+            "1 values of length 4 that do not add up to its 4 key and 8 value bytes",
+            id="puts-only-length",
+        ),
+        # keys as planes, value lengths per record: a valid block (the delete's length 0), whatever the value bytes
+        pytest.param(
+            fixed_block_of([(b"ab", b"12"), (b"cd", None)], values_fixed=False)[:-2] + b"\x00\x00",
+            None,
+            id="fixed-keys-varied-values-valid",
+        ),
+        pytest.param(
+            fixed_block_of([(b"cd", b"1"), (b"ab", b"2")]),
+            "record 1 .*keys must strictly increase",
+            id="planes-out-of-order",
+        ),
+        pytest.param(
+            fixed_block_of(TWO_FIXED)[:-1], r"ends inside the block at body byte 0 \(records 0 to 1", id="cut-planes"
+        ),
+    ],
+)
 def test_every_inconsistent_version_3_block_is_named_by_the_reader(block: bytes, message: str | None) -> None:
     """A corrupt single length is caught against the block's byte counts before anything is allocated for it."""
     data = hand_built(DELTA, block, count=2)
@@ -589,12 +706,16 @@ def test_a_version_3_file_built_by_hand_reads_back() -> None:
         assert read() == first + second + third  # type: ignore[operator]
 
 
-@pytest.mark.parametrize(("value_bytes", "message"), [
-    (0xFFFF_FFF0, "declares 1 key and 4294967280 value bytes, more than the 1074790400 a block may hold"),  # ~4 GiB
-    (fmt.MAX_BLOCK_BYTES - 1, "ends inside the block at body byte 0"),  # within the cap: what the body holds
-])
+@pytest.mark.parametrize(
+    ("value_bytes", "message"),
+    [
+        (0xFFFF_FFF0, "declares 1 key and 4294967280 value bytes, more than the 1074790400 a block may hold"),  # ~4 GiB
+        (fmt.MAX_BLOCK_BYTES - 1, "ends inside the block at body byte 0"),  # within the cap: what the body holds
+    ],
+)
 def test_a_huge_corrupt_block_size_in_a_stream_is_refused_or_a_truncation_not_a_huge_allocation(
-        value_bytes: int, message: str) -> None:
+    value_bytes: int, message: str
+) -> None:
     block = block_of([(b"a", b"1")])
     block = block[:9] + struct.pack("<I", value_bytes) + block[13:]
     data = hand_built(DELTA, block, count=1)
@@ -649,8 +770,9 @@ def loaded_store(tmp_path: pathlib.Path) -> LocalStore:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_a_stream_whose_checksum_fails_at_the_end_loads_nothing_into_the_store(tmp_path: pathlib.Path,
-                                                                               version: int) -> None:
+def test_a_stream_whose_checksum_fails_at_the_end_loads_nothing_into_the_store(
+    tmp_path: pathlib.Path, version: int
+) -> None:
     """The footer checks run inside putmulti's loop, so they abort replace_contents' transaction."""
     records = [(b"%06d" % i, b"v%d" % i) for i in range(70_000)]
     data = bytearray(encode(in_version(SNAPSHOT, version), records, compression="none"))

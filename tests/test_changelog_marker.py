@@ -43,16 +43,25 @@ def format_1(recipe: Recipe) -> str:
     def step(s: Step) -> dict[str, object]:
         return {"seq": s.seq, "checkpoint_id": s.checkpoint_id, "token": s.token, "name": s.name}
 
-    return json.dumps({"format": 1, "snapshot": None if recipe.snapshot is None else step(recipe.snapshot),
-                       "deltas": [step(d) for d in recipe.deltas]}, separators=(",", ":"))
+    return json.dumps(
+        {
+            "format": 1,
+            "snapshot": None if recipe.snapshot is None else step(recipe.snapshot),
+            "deltas": [step(d) for d in recipe.deltas],
+        },
+        separators=(",", ":"),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ stored samples
 
 
 def test_there_is_a_stored_sample_of_every_marker_format_read() -> None:
-    assert sorted(int(path.stem.split("-v")[1]) for path in SAMPLES.glob("marker-v*.json")) == list(
-        READ_MARKER_FORMATS) == [1, MARKER_FORMAT]
+    assert (
+        sorted(int(path.stem.split("-v")[1]) for path in SAMPLES.glob("marker-v*.json"))
+        == list(READ_MARKER_FORMATS)
+        == [1, MARKER_FORMAT]
+    )
 
 
 @pytest.mark.parametrize("version", READ_MARKER_FORMATS)
@@ -72,7 +81,8 @@ def test_the_format_1_sample_names_the_blobs_format_2_derives() -> None:
     assert recipe.snapshot is not None
     assert recipe.snapshot.name == snapshot_name(stored["prefix"], 40, recipe.snapshot.token)
     assert [d.name for d in recipe.deltas] == [
-        None if d.seq == 43 else delta_name(stored["prefix"], d.seq, d.token) for d in recipe.deltas]
+        None if d.seq == 43 else delta_name(stored["prefix"], d.seq, d.token) for d in recipe.deltas
+    ]
     assert list(recipe.blob_names()) == [recipe.snapshot.name] + [d.name for d in recipe.deltas if d.seq != 43]
 
 
@@ -88,20 +98,29 @@ def test_format_2_spells_out_steps_compactly_and_an_empty_delta_by_a_flag() -> N
         "format": 2,
         "snapshot": [40, "1700000000000-000040", "0123456789abcdef"],
         "seq": 41,
-        "deltas": [["1700000000041-000287", "0000000000000029"], ["1700000000042-000294", "000000000000002a"],
-                   ["1700000000043-000301", "000000000000002b", 0], ["1700000000044-000308", "000000000000002c"],
-                   ["1700000000045-000315", "000000000000002d"]],
+        "deltas": [
+            ["1700000000041-000287", "0000000000000029"],
+            ["1700000000042-000294", "000000000000002a"],
+            ["1700000000043-000301", "000000000000002b", 0],
+            ["1700000000044-000308", "000000000000002c"],
+            ["1700000000045-000315", "000000000000002d"],
+        ],
     }
     assert json.loads(stored["markers"]["empty"]) == {"format": 2, "snapshot": None, "deltas": []}
 
 
 def test_a_step_costs_under_a_third_of_the_checkpoint_bytes_it_cost_in_format_1() -> None:
     """The marker is a JSON string inside the checkpoint: its quotes are escaped there, so measure it escaped."""
+
     def recipe(deltas: int) -> Recipe:
         tokens = [f"{seq:016x}" for seq in range(41 + deltas)]
-        return Recipe(Step(40, "1732500000000-000040", tokens[40], snapshot_name(PREFIX, 40, tokens[40])), tuple(
-            Step(seq, f"1732500000{seq:03d}-{seq:06d}", tokens[seq], delta_name(PREFIX, seq, tokens[seq]))
-            for seq in range(41, 41 + deltas)))
+        return Recipe(
+            Step(40, "1732500000000-000040", tokens[40], snapshot_name(PREFIX, 40, tokens[40])),
+            tuple(
+                Step(seq, f"1732500000{seq:03d}-{seq:06d}", tokens[seq], delta_name(PREFIX, seq, tokens[seq]))
+                for seq in range(41, 41 + deltas)
+            ),
+        )
 
     def per_step(encode: Any) -> float:
         return (len(json.dumps(encode(recipe(20)))) - len(json.dumps(encode(recipe(0))))) / 20
@@ -145,51 +164,79 @@ def test_format_2_round_trips_every_recipe_and_format_1_reads_the_same(recipe: R
 
 
 def test_a_format_2_marker_names_the_blobs_under_the_prefix_it_is_decoded_with() -> None:
-    recipe = Recipe(Step(3, "c3", "t3", snapshot_name(PREFIX, 3, "t3")), (Step(4, "c4", "t4", delta_name(PREFIX, 4, "t4")),))
+    recipe = Recipe(
+        Step(3, "c3", "t3", snapshot_name(PREFIX, 3, "t3")), (Step(4, "c4", "t4", delta_name(PREFIX, 4, "t4")),)
+    )
     other = "job/task-1/counts/changelog/"
     assert list(Recipe.decode(recipe.encode(prefix=PREFIX), prefix=other).blob_names()) == [
-        f"{other}snapshot/000000000003-t3.snap", f"{other}delta/000000000004-t4.delta"]
+        f"{other}snapshot/000000000003-t3.snap",
+        f"{other}delta/000000000004-t4.delta",
+    ]
 
 
-@pytest.mark.parametrize(("recipe", "message"), [
-    pytest.param(Recipe(Step(3, "c", "t", "elsewhere/3.snap")), "snapshot 'elsewhere/3.snap' at seq 3 is not",
-                 id="snapshot-name"),
-    pytest.param(Recipe(Step(3, "c", "t", None)), "snapshot None at seq 3 is not", id="snapshot-without-blob"),
-    pytest.param(Recipe(None, (Step(4, "c", "t", delta_name(PREFIX, 4, "other-token")),)),
-                 "delta '.*other-token.delta' at seq 4 is not", id="delta-name"),
-    pytest.param(Recipe(None, (Step(4, "c", "t", None), Step(6, "c", "t", None))), "delta seq 6 follows 4",
-                 id="gap"),
-    pytest.param(Recipe(Step(3, "c", "t", snapshot_name(PREFIX, 3, "t")), (Step(5, "c", "t", None),)),
-                 "first delta has seq 5, the snapshot 3", id="gap-after-snapshot"),
-])
+@pytest.mark.parametrize(
+    ("recipe", "message"),
+    [
+        pytest.param(
+            Recipe(Step(3, "c", "t", "elsewhere/3.snap")),
+            "snapshot 'elsewhere/3.snap' at seq 3 is not",
+            id="snapshot-name",
+        ),
+        pytest.param(Recipe(Step(3, "c", "t", None)), "snapshot None at seq 3 is not", id="snapshot-without-blob"),
+        pytest.param(
+            Recipe(None, (Step(4, "c", "t", delta_name(PREFIX, 4, "other-token")),)),
+            "delta '.*other-token.delta' at seq 4 is not",
+            id="delta-name",
+        ),
+        pytest.param(
+            Recipe(None, (Step(4, "c", "t", None), Step(6, "c", "t", None))), "delta seq 6 follows 4", id="gap"
+        ),
+        pytest.param(
+            Recipe(Step(3, "c", "t", snapshot_name(PREFIX, 3, "t")), (Step(5, "c", "t", None),)),
+            "first delta has seq 5, the snapshot 3",
+            id="gap-after-snapshot",
+        ),
+    ],
+)
 def test_a_recipe_format_2_cannot_name_exactly_is_refused_by_the_encoder(recipe: Recipe, message: str) -> None:
     with pytest.raises(StateBackendError, match=message):
         recipe.encode(prefix=PREFIX)
 
 
-@pytest.mark.parametrize(("marker", "message"), [
-    pytest.param({"snapshot": None, "deltas": {}}, "'deltas' is not a list", id="deltas-object"),
-    pytest.param({"deltas": []}, "the snapshot .* is not \\[seq, checkpoint id, token\\]", id="no-snapshot-key"),
-    pytest.param({"snapshot": [0, "c", "t"], "deltas": []}, "snapshot \\[0, 'c', 't'\\]", id="snapshot-seq-0"),
-    pytest.param({"snapshot": [True, "c", "t"], "deltas": []}, "snapshot \\[True", id="snapshot-seq-bool"),
-    pytest.param({"snapshot": [3, "c"], "deltas": []}, "snapshot \\[3, 'c'\\]", id="snapshot-short"),
-    pytest.param({"snapshot": [3, "c", ""], "deltas": []}, "snapshot \\[3, 'c', ''\\]", id="snapshot-empty-token"),
-    pytest.param({"snapshot": {"seq": 3}, "deltas": []}, "snapshot \\{'seq': 3\\}", id="snapshot-object"),
-    pytest.param({"snapshot": None, "deltas": [["c", "t"]]}, "first delta's 'seq' is None, not a seq",
-                 id="deltas-without-seq"),
-    pytest.param({"snapshot": None, "seq": 0, "deltas": [["c", "t"]]}, "'seq' is 0", id="seq-0"),
-    pytest.param({"snapshot": None, "seq": "4", "deltas": [["c", "t"]]}, "'seq' is '4'", id="seq-string"),
-    pytest.param({"snapshot": [3, "c", "t"], "seq": 5, "deltas": [["c", "t"]]},
-                 "'seq' is 5, not the snapshot's seq \\+ 1 \\(4\\)", id="seq-after-a-gap"),
-    pytest.param({"snapshot": None, "seq": 4, "deltas": []}, "'seq' 4 without deltas", id="seq-without-deltas"),
-    pytest.param({"snapshot": None, "seq": 4, "deltas": [["c", "t", 1]]}, "delta 0 \\['c', 't', 1\\]",
-                 id="no-blob-flag-1"),
-    pytest.param({"snapshot": None, "seq": 4, "deltas": [["c", "t", None]]}, "delta 0", id="no-blob-flag-null"),
-    pytest.param({"snapshot": None, "seq": 4, "deltas": [["c", "t"], ["c"]]}, "delta 1 \\['c'\\]",
-                 id="delta-short"),
-    pytest.param({"snapshot": None, "seq": 4, "deltas": [["c", 7]]}, "delta 0 \\['c', 7\\]", id="token-number"),
-    pytest.param({"snapshot": None, "seq": 4, "deltas": [{"seq": 4}]}, "delta 0 \\{'seq': 4\\}", id="delta-object"),
-])
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        pytest.param({"snapshot": None, "deltas": {}}, "'deltas' is not a list", id="deltas-object"),
+        pytest.param({"deltas": []}, "the snapshot .* is not \\[seq, checkpoint id, token\\]", id="no-snapshot-key"),
+        pytest.param({"snapshot": [0, "c", "t"], "deltas": []}, "snapshot \\[0, 'c', 't'\\]", id="snapshot-seq-0"),
+        pytest.param({"snapshot": [True, "c", "t"], "deltas": []}, "snapshot \\[True", id="snapshot-seq-bool"),
+        pytest.param({"snapshot": [3, "c"], "deltas": []}, "snapshot \\[3, 'c'\\]", id="snapshot-short"),
+        pytest.param({"snapshot": [3, "c", ""], "deltas": []}, "snapshot \\[3, 'c', ''\\]", id="snapshot-empty-token"),
+        pytest.param({"snapshot": {"seq": 3}, "deltas": []}, "snapshot \\{'seq': 3\\}", id="snapshot-object"),
+        pytest.param(
+            {"snapshot": None, "deltas": [["c", "t"]]},
+            "first delta's 'seq' is None, not a seq",
+            id="deltas-without-seq",
+        ),
+        pytest.param({"snapshot": None, "seq": 0, "deltas": [["c", "t"]]}, "'seq' is 0", id="seq-0"),
+        pytest.param({"snapshot": None, "seq": "4", "deltas": [["c", "t"]]}, "'seq' is '4'", id="seq-string"),
+        pytest.param(
+            {"snapshot": [3, "c", "t"], "seq": 5, "deltas": [["c", "t"]]},
+            "'seq' is 5, not the snapshot's seq \\+ 1 \\(4\\)",
+            id="seq-after-a-gap",
+        ),
+        pytest.param({"snapshot": None, "seq": 4, "deltas": []}, "'seq' 4 without deltas", id="seq-without-deltas"),
+        pytest.param(
+            {"snapshot": None, "seq": 4, "deltas": [["c", "t", 1]]}, "delta 0 \\['c', 't', 1\\]", id="no-blob-flag-1"
+        ),
+        pytest.param({"snapshot": None, "seq": 4, "deltas": [["c", "t", None]]}, "delta 0", id="no-blob-flag-null"),
+        pytest.param(
+            {"snapshot": None, "seq": 4, "deltas": [["c", "t"], ["c"]]}, "delta 1 \\['c'\\]", id="delta-short"
+        ),
+        pytest.param({"snapshot": None, "seq": 4, "deltas": [["c", 7]]}, "delta 0 \\['c', 7\\]", id="token-number"),
+        pytest.param({"snapshot": None, "seq": 4, "deltas": [{"seq": 4}]}, "delta 0 \\{'seq': 4\\}", id="delta-object"),
+    ],
+)
 def test_every_malformed_format_2_marker_is_corrupt(marker: dict[str, object], message: str) -> None:
     with pytest.raises(CorruptDataError, match=message):
         Recipe.decode(json.dumps({"format": 2, **marker}), prefix=PREFIX, source="store counts")
@@ -211,7 +258,8 @@ def test_a_marker_that_is_no_json_object_is_corrupt(marker: str) -> None:
 
 
 def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in_format_2(
-        tmp_path: pathlib.Path) -> None:
+    tmp_path: pathlib.Path,
+) -> None:
     """As after an upgrade: the head checkpoint was written by a release that wrote format 1."""
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 4})
@@ -228,8 +276,10 @@ def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in
     old = head.checkpoint
     log = CheckpointLog(blobs, "job", "task-0")
     # the same checkpoint as an older release wrote it: its recipe ends at its own version, as every commit's does
-    log.write(head.seq + 1, CheckpointV2(old.checkpoint_id, old.input_offsets,
-                                         {"changelog": {"counts": format_1(recipe)}}, old.serdes))
+    log.write(
+        head.seq + 1,
+        CheckpointV2(old.checkpoint_id, old.input_offsets, {"changelog": {"counts": format_1(recipe)}}, old.serdes),
+    )
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model

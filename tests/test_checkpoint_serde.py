@@ -152,7 +152,11 @@ def test_stored_samples_of_blob_format_2_decode_with_their_binding_and_encode_by
     stored = (SAMPLES / name).read_bytes()
     checkpoint, binding = decode_bound_checkpoint(stored, source=name)
     assert binding == Binding("job", "task-0", 42)
-    expected = CheckpointV2(SAMPLE_V2.checkpoint_id, SAMPLE_V2.input_offsets, SAMPLE_V2.state_checkpoint_markers,
-                            {"counts": {"key": "string", "msg": "integer"}})
+    expected = CheckpointV2(
+        SAMPLE_V2.checkpoint_id,
+        SAMPLE_V2.input_offsets,
+        SAMPLE_V2.state_checkpoint_markers,
+        {"counts": {"key": "string", "msg": "integer"}},
+    )
     assert checkpoint == (expected.to_v1() if name.startswith("v1") else expected)
     assert encode_checkpoint(checkpoint, binding) == stored.rstrip(b"\n")

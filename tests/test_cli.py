@@ -86,8 +86,14 @@ def job(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, dict]]
 
 
 def blobs_of(config: dict[str, Any]) -> BlobStore:
-    return open_blob_store(config["blob.store.url"], {k[len("blob.store."):]: v for k, v in config.items()
-                                                     if k.startswith("blob.store.") and k != "blob.store.url"})
+    return open_blob_store(
+        config["blob.store.url"],
+        {
+            k[len("blob.store.") :]: v
+            for k, v in config.items()
+            if k.startswith("blob.store.") and k != "blob.store.url"
+        },
+    )
 
 
 def state_of_blob_store(config: dict[str, Any]) -> dict[str, tuple[bytes, dict[str, str]]]:
@@ -101,8 +107,9 @@ def state_of_blob_store(config: dict[str, Any]) -> dict[str, tuple[bytes, dict[s
 def test_version_and_help(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(capsys, "--version")
     assert code == 0 and out.startswith("statebackend ")
-    module = subprocess.run([sys.executable, "-m", "statebackend.cli", "--version"], capture_output=True, text=True,
-                            timeout=60, check=False)
+    module = subprocess.run(
+        [sys.executable, "-m", "statebackend.cli", "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
     assert module.returncode == 0 and module.stdout == out
     code, out, _ = cli(capsys, "--help")
     assert code == 0 and "checkpoints" in out and "gc" in out and "exit codes" in out
@@ -150,8 +157,9 @@ def test_options_are_accepted_before_and_after_the_command(
     capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]
 ) -> None:
     path, _, _ = job
-    code, out, _ = cli(capsys, "-D", "job.name=other", "checkpoints", str(path), "task-0", "--json",
-                       "-D", "job.name=clicks")
+    code, out, _ = cli(
+        capsys, "-D", "job.name=other", "checkpoints", str(path), "task-0", "--json", "-D", "job.name=clicks"
+    )
     assert code == 0 and [row["seq"] for row in json.loads(out)] == [1, 2, 3, 4, 5]  # the later -D wins
     code, out, _ = cli(capsys, "--json", "checkpoints", str(path), "task-0")
     assert code == 0 and json.loads(out)[0]["seq"] == 1
@@ -164,8 +172,9 @@ def test_validate(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dic
     code, out, _ = cli(capsys, "validate", str(path))
     assert code == 0 and out.startswith("changelog: OK (FileBlobStore(")
     code, out, _ = cli(capsys, "validate", str(path), "--json")
-    assert code == 0 and json.loads(out) == [{"backend": "changelog", "result": "OK",
-                                              "blob_store": json.loads(out)[0]["blob_store"]}]
+    assert code == 0 and json.loads(out) == [
+        {"backend": "changelog", "result": "OK", "blob_store": json.loads(out)[0]["blob_store"]}
+    ]
 
 
 # -- listings -------------------------------------------------------------------------------------------------
@@ -188,8 +197,10 @@ def test_jobs_tasks_stores(capsys: pytest.CaptureFixture[str], job: tuple[Path, 
     assert newest is not None and isinstance(newest.checkpoint, CheckpointV2)
     assert rows[1]["newest_seq"] == 5 and rows[1]["stores"] == ["counts"]
     millis = newest.checkpoint.checkpoint_id.millis
-    assert rows[1]["newest_time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + \
-        f".{millis % 1000:03d}Z"
+    assert (
+        rows[1]["newest_time"]
+        == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + f".{millis % 1000:03d}Z"
+    )
     code, _, err = cli(capsys, "tasks", str(path), "--job", "nojob")
     assert code == 4 and "nojob" in err
 
@@ -215,8 +226,9 @@ def test_checkpoints_times_and_sizes(capsys: pytest.CaptureFixture[str], job: tu
     assert rows[-1]["bytes"] == expected > 0
     assert rows[-1]["checkpoint_id"] == str(entry.checkpoint.checkpoint_id)
     millis = entry.checkpoint.checkpoint_id.millis
-    assert rows[-1]["time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + \
-        f".{millis % 1000:03d}Z"
+    assert (
+        rows[-1]["time"] == time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(millis // 1000)) + f".{millis % 1000:03d}Z"
+    )
     assert rows[-1]["input_offsets"] == {"clicks": "4"}
     code, out, _ = cli(capsys, "checkpoints", str(path), "task-0")
     lines = out.splitlines()
@@ -320,9 +332,7 @@ def _fullcopy_job(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     return write_config(tmp_path / "fullcopy.properties", config), config
 
 
-def test_a_backend_that_does_not_describe_or_verify_says_so(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_a_backend_that_does_not_describe_or_verify_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path, config = _fullcopy_job(tmp_path)
     code, out, _ = cli(capsys, "verify", str(path), "task-0")
     assert code == 6 and "UNVERIFIED" in out and "the fullcopy backend does not verify its markers" in out
@@ -346,15 +356,23 @@ def test_a_backend_that_does_not_describe_or_verify_says_so(
 
 def test_a_dual_commit_job_with_blobsnapshot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """changelog and blobsnapshot side by side: the command works with whatever each backend's admin says."""
-    config = base_config(tmp_path, (tmp_path / "dual").as_uri(),
-                         **{"stores.counts.backup.factories": "changelog,blobsnapshot"})
+    config = base_config(
+        tmp_path, (tmp_path / "dual").as_uri(), **{"stores.counts.backup.factories": "changelog,blobsnapshot"}
+    )
     states = make_job(config, tasks=("task-0",), runs=3)
     path = write_config(tmp_path / "dual.properties", config)
     with blobs_of(config) as store:
-        context = BackendContext(factory_name="blobsnapshot", job_name="clicks", task_name="task-0", stores={},
-                                 blob_store=store, checkpoint_log=CheckpointLog(store, "clicks", "task-0"),
-                                 executor=NoExecutor(), metrics=Metrics(),
-                                 options=Settings.from_config(config).backend_options_for("blobsnapshot"))
+        context = BackendContext(
+            factory_name="blobsnapshot",
+            job_name="clicks",
+            task_name="task-0",
+            stores={},
+            blob_store=store,
+            checkpoint_log=CheckpointLog(store, "clicks", "task-0"),
+            executor=NoExecutor(),
+            metrics=Metrics(),
+            options=Settings.from_config(config).backend_options_for("blobsnapshot"),
+        )
         admin = type(resolve_factory("blobsnapshot").factory.admin(context))
     # whatever the blob-snapshot admin implements (its three methods are optional), the command follows it
     describes = admin.describe_marker is not StateBackendAdmin.describe_marker
@@ -372,17 +390,21 @@ def test_a_dual_commit_job_with_blobsnapshot(capsys: pytest.CaptureFixture[str],
     assert (rows[-1]["bytes"] is not None) == accounts
     # dump from each backend's marker gives the same state, and writes nothing
     for backend in ("changelog", "blobsnapshot"):
-        code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-D",
-                           f"stores.counts.restore.factory={backend}")
+        code, out, _ = cli(
+            capsys, "dump", str(path), "task-0", "counts", "-D", f"stores.counts.restore.factory={backend}"
+        )
         assert code == 0
-        assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
-            states["task-0"]["history"][-1]
+        assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == states["task-0"]["history"][
+            -1
+        ]
     report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
     if not accounts:
         kept = [i for i in report["items"] if "/blobsnapshot/" in i["blob"]]
         assert kept and all(i["action"] == "keep" and "does not say" in i["reason"] for i in kept)
     assert cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--force")[0] == 0
-    assert cli(capsys, "dump", str(path), "task-0", "counts", "-D", "stores.counts.restore.factory=blobsnapshot")[0] == 0
+    assert (
+        cli(capsys, "dump", str(path), "task-0", "counts", "-D", "stores.counts.restore.factory=blobsnapshot")[0] == 0
+    )
     assert state_of_blob_store(config).keys() <= before.keys()
 
 
@@ -414,8 +436,7 @@ def test_restore_prewarms_a_machine(
     target = tmp_path / "prewarmed"
     code, out, _ = cli(capsys, "restore", str(path), "task-0", str(target), "--json")
     result = json.loads(out)
-    assert code == 0 and result["seq"] == 5 and result["stores"] == {"counts": {"restored_by": "changelog",
-                                                                                "keys": 7}}
+    assert code == 0 and result["seq"] == 5 and result["stores"] == {"counts": {"restored_by": "changelog", "keys": 7}}
     assert result["bytes_downloaded"] > 0
     # the task opened on that directory finds its state there and downloads nothing
     with TaskStorage.open(dict(config, **{"state.local.dir": str(target)}), "task-0") as storage:
@@ -436,13 +457,23 @@ def test_dump_is_read_only_json_lines(
         raise AssertionError("dump must not open a full TaskStorage")
 
     monkeypatch.setattr(TaskStorage, "open", no_task_storage)
-    code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-D", "changelog.gc.interval.commits=1",
-                       "-D", "changelog.gc.grace.period.ms=0")
+    code, out, _ = cli(
+        capsys,
+        "dump",
+        str(path),
+        "task-0",
+        "counts",
+        "-D",
+        "changelog.gc.interval.commits=1",
+        "-D",
+        "changelog.gc.grace.period.ms=0",
+    )
     records = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and {r["key"]: r["value"] for r in records} == states["task-0"]["history"][-1]
     code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts", "-c", "2")
-    assert {json.loads(line)["key"]: json.loads(line)["value"] for line in out.splitlines()} == \
-        states["task-0"]["history"][1]
+    assert {json.loads(line)["key"]: json.loads(line)["value"] for line in out.splitlines()} == states["task-0"][
+        "history"
+    ][1]
     code, out, _ = cli(capsys, "dump", str(path), "task-1", "counts", "--raw")
     first = json.loads(out.splitlines()[0])
     assert base64.b64decode(first["key_base64"]) == b"ada" and len(base64.b64decode(first["value_base64"])) == 8
@@ -453,9 +484,15 @@ def test_dump_is_read_only_json_lines(
 
 
 def test_dump_of_a_store_the_config_no_longer_has(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
-                         **{"stores.old.backup.factories": "changelog", "stores.old.key.serde": "string",
-                            "stores.old.msg.serde": "json"})
+    config = base_config(
+        tmp_path,
+        (tmp_path / "blobs").as_uri(),
+        **{
+            "stores.old.backup.factories": "changelog",
+            "stores.old.key.serde": "string",
+            "stores.old.msg.serde": "json",
+        },
+    )
     with TaskStorage.open(config, "task-0") as storage:
         storage.store("old").put("ada", {"clicks": [1, 2]})
         storage.commit_durably({"clicks": "1"})
@@ -466,14 +503,17 @@ def test_dump_of_a_store_the_config_no_longer_has(capsys: pytest.CaptureFixture[
 
 
 def test_dump_reads_a_record_store_as_dicts_of_the_schema_each_value_was_written_with(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """A record store whose class changed between deployments: dump shows every value as JSON, the old ones with
     the fields they were written with, the new ones with the class's fields (not a repr, not an error)."""
     from tests.record_values import CountV1, CountV2
 
-    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
-                         **{"stores.counts.key.serde": "string",
-                            "stores.counts.msg.serde": "record:tests.record_values:CountV1"})
+    config = base_config(
+        tmp_path,
+        (tmp_path / "blobs").as_uri(),
+        **{"stores.counts.key.serde": "string", "stores.counts.msg.serde": "record:tests.record_values:CountV1"},
+    )
     with TaskStorage.open(config, "task-0") as storage:
         storage.store("counts").put("ada", CountV1(count=1, first="b0"))
         storage.commit_durably({"clicks": "1"})
@@ -485,7 +525,9 @@ def test_dump_reads_a_record_store_as_dicts_of_the_schema_each_value_was_written
     code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts")
     assert code == 0
     assert sorted((r["key"], r["value"]) for r in map(json.loads, out.splitlines())) == [
-        ("ada", {"count": 1, "first": "b0"}), ("bob", {"count": 2.5, "last": "b1"})]
+        ("ada", {"count": 1, "first": "b0"}),
+        ("bob", {"count": 2.5, "last": "b1"}),
+    ]
 
 
 def test_dump_into_a_closed_pipe_is_quiet(job: tuple[Path, dict, dict], tmp_path: Path) -> None:
@@ -497,8 +539,13 @@ def test_dump_into_a_closed_pipe_is_quiet(job: tuple[Path, dict, dict], tmp_path
         storage.commit_durably({"clicks": "5"})
     script = shutil.which("statebackend", path=str(Path(sys.executable).parent))
     assert script is not None
-    pipeline = subprocess.run(["bash", "-c", f'set -o pipefail; "{script}" dump "{path}" task-0 counts | head -n 2'],
-                              capture_output=True, text=True, timeout=120, check=False)
+    pipeline = subprocess.run(
+        ["bash", "-c", f'set -o pipefail; "{script}" dump "{path}" task-0 counts | head -n 2'],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert pipeline.stdout.count("\n") == 2 and json.loads(pipeline.stdout.splitlines()[0])["key"] == "ada"
     assert pipeline.stderr == ""
     assert pipeline.returncode == 141
@@ -519,8 +566,13 @@ def _plant_garbage(config: dict[str, Any], root: Path | None) -> dict[str, str]:
     }
     with blobs_of(config) as store:
         for kind, name in planted.items():
-            metadata = {"created_at": f"{time.time():.3f}"} if kind == "young" else \
-                {} if kind == "ageless" else {"created_at": OLD}
+            metadata = (
+                {"created_at": f"{time.time():.3f}"}
+                if kind == "young"
+                else {}
+                if kind == "ageless"
+                else {"created_at": OLD}
+            )
             store.put(name, b"garbage", metadata=metadata)
     if root is not None:
         temp = root / "clicks" / "task-0" / "counts" / "changelog" / "delta" / ".statebackend~tmp.0123456789abcdef"
@@ -530,8 +582,9 @@ def _plant_garbage(config: dict[str, Any], root: Path | None) -> dict[str, str]:
     return planted
 
 
-def test_gc_dry_run_then_apply(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict],
-                               tmp_path: Path) -> None:
+def test_gc_dry_run_then_apply(
+    capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict], tmp_path: Path
+) -> None:
     path, config, states = job
     planted = _plant_garbage(config, tmp_path / "blobs")
     before = state_of_blob_store(config)
@@ -569,8 +622,9 @@ def test_gc_dry_run_then_apply(capsys: pytest.CaptureFixture[str], job: tuple[Pa
         assert cli(capsys, "verify", str(path), task)[0] == 0
         for seq in (1, 5):
             code, out, _ = cli(capsys, "dump", str(path), task, "counts", "-c", str(seq))
-            assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
-                states[task]["history"][seq - 1]
+            assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == states[task]["history"][
+                seq - 1
+            ]
     assert cli(capsys, "gc", str(path), "--grace", "nonsense")[0] == 2
 
 
@@ -590,8 +644,9 @@ def test_gc_drops_a_task_named_by_the_operator(
     assert set(after) == {n for n in before if not n.startswith("clicks/task-1/")}
     assert cli(capsys, "checkpoints", str(path), "task-1")[0] == 4
     assert cli(capsys, "verify", str(path), "task-0")[0] == 0
-    assert [json.loads(x)["key"] for x in cli(capsys, "dump", str(path), "task-0", "counts")[1].splitlines()] == \
-        sorted(states["task-0"]["history"][-1])
+    assert [json.loads(x)["key"] for x in cli(capsys, "dump", str(path), "task-0", "counts")[1].splitlines()] == sorted(
+        states["task-0"]["history"][-1]
+    )
 
 
 def test_gc_apply_with_no_garbage_says_nothing_was_deleted(
@@ -643,8 +698,10 @@ def test_gc_apply_stops_at_a_failed_delete_and_says_what_was_done(
     assert len(calls) == 2  # nothing was tried after the failure
     doomed = {planted[k] for k in ("orphaned task", "orphaned store", "unreferenced blob")}
     untried = doomed - set(calls)
-    assert untried and all(by_blob[name]["action"] == "keep" and "stopped at an earlier failure" in
-                           by_blob[name]["reason"] for name in untried)
+    assert untried and all(
+        by_blob[name]["action"] == "keep" and "stopped at an earlier failure" in by_blob[name]["reason"]
+        for name in untried
+    )
     assert report["counts"] == {"delete": 0, "deleted": 1, "keep": 2 + len(untried), "failed": 1}
     left = state_of_blob_store(config)
     assert calls[0] not in left and calls[1] in left and untried <= left.keys()
@@ -708,8 +765,10 @@ def test_gc_with_grace_0_warns_and_does_not_delete_the_snapshot_the_next_commit_
         storage.close()
     code, out, _ = cli(capsys, "verify", str(path), "task-0")
     assert code == 0, out
-    dumped = {json.loads(x)["key"]: json.loads(x)["value"] for x in cli(capsys, "dump", str(path), "task-0",
-                                                                          "counts")[1].splitlines()}
+    dumped = {
+        json.loads(x)["key"]: json.loads(x)["value"]
+        for x in cli(capsys, "dump", str(path), "task-0", "counts")[1].splitlines()
+    }
     assert dumped == {f"k{run}": run for run in range(6)}
 
 
@@ -790,11 +849,9 @@ def _every_command(capsys: pytest.CaptureFixture[str], config: dict[str, Any], t
     code, out, _ = cli(capsys, "restore", str(path), "task-0", str(tmp_path / "warm"), "--json")
     assert code == 0 and json.loads(out)["stores"]["counts"]["keys"] == 6
     code, out, _ = cli(capsys, "dump", str(path), "task-0", "counts")
-    assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == \
-        states["task-0"]["history"][-1]
+    assert {json.loads(x)["key"]: json.loads(x)["value"] for x in out.splitlines()} == states["task-0"]["history"][-1]
     with blobs_of(config) as store:  # an orphaned store's old blob: gc deletes it, the checkpoints still verify
-        store.put("clicks/task-0/dropped/changelog/delta/000000000001-aaaa.delta", b"old",
-                  metadata={"created_at": OLD})
+        store.put("clicks/task-0/dropped/changelog/delta/000000000001-aaaa.delta", b"old", metadata={"created_at": OLD})
     report = json.loads(cli(capsys, "gc", str(path), "--grace", "0", "--json")[1])
     assert {item["kind"]: item["action"] for item in report["items"]}["orphaned store"] == "delete"
     return path
@@ -805,8 +862,9 @@ def _every_command(capsys: pytest.CaptureFixture[str], config: dict[str, Any], t
 def test_every_command_against_azurite(
     capsys: pytest.CaptureFixture[str], azurite_connection: str, tmp_path: Path
 ) -> None:
-    config = base_config(tmp_path, f"az://t{uuid.uuid4().hex[:20]}/state",
-                         **{"blob.store.connection.string": azurite_connection})
+    config = base_config(
+        tmp_path, f"az://t{uuid.uuid4().hex[:20]}/state", **{"blob.store.connection.string": azurite_connection}
+    )
     path = _every_command(capsys, config, tmp_path)
     code, out, _ = cli(capsys, "gc", str(path), "--grace", "0", "--apply", "--force", "--json")
     report = json.loads(out)
@@ -845,15 +903,22 @@ def test_every_command_against_the_s3_server(
 
 
 def test_dump_of_a_dropped_record_store_reads_it_with_the_recorded_schemas(
-        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     """A record store the config no longer has, with a TTL: dump reads every value with the schema the checkpoint
     recorded it was written with (no class needed: the config names none); ``--raw`` gives the stored bytes."""
     from tests.record_values import CountV1, CountV2
 
-    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
-                         **{"stores.old.backup.factories": "changelog", "stores.old.key.serde": "string",
-                            "stores.old.msg.serde": "record:tests.record_values:CountV1",
-                            "stores.old.ttl.ms": str(86_400_000)})
+    config = base_config(
+        tmp_path,
+        (tmp_path / "blobs").as_uri(),
+        **{
+            "stores.old.backup.factories": "changelog",
+            "stores.old.key.serde": "string",
+            "stores.old.msg.serde": "record:tests.record_values:CountV1",
+            "stores.old.ttl.ms": str(86_400_000),
+        },
+    )
     with TaskStorage.open(config, "task-0") as storage:
         storage.store("old").put("ada", CountV1(count=1, first="b0"))
         storage.commit_durably({"clicks": "1"})
@@ -866,23 +931,39 @@ def test_dump_of_a_dropped_record_store_reads_it_with_the_recorded_schemas(
     code, out, err = cli(capsys, "dump", str(path), "task-0", "old")
     assert code == 0, err
     records = sorted(map(json.loads, out.splitlines()), key=lambda r: r["key"])
-    assert [(r["key"], r["value"]) for r in records] == [("ada", {"count": 1, "first": "b0"}),
-                                                         ("bob", {"count": 2.5, "last": "b1"})]
+    assert [(r["key"], r["value"]) for r in records] == [
+        ("ada", {"count": 1, "first": "b0"}),
+        ("bob", {"count": 2.5, "last": "b1"}),
+    ]
     assert all(r["expires_at_ms"] > time.time() * 1000 for r in records)
     code, out, _ = cli(capsys, "dump", str(path), "task-0", "old", "--raw")
-    assert code == 0 and sorted(base64.b64decode(json.loads(x)["key_base64"]) for x in out.splitlines()) == \
-        [b"ada", b"bob"]
+    assert code == 0 and sorted(base64.b64decode(json.loads(x)["key_base64"]) for x in out.splitlines()) == [
+        b"ada",
+        b"bob",
+    ]
 
 
 def test_dump_prints_a_record_values_bytes_field_as_base64(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from tests.record_values import Every
 
-    config = base_config(tmp_path, (tmp_path / "blobs").as_uri(),
-                         **{"stores.counts.msg.serde": "record:tests.record_values:Every"})
+    config = base_config(
+        tmp_path, (tmp_path / "blobs").as_uri(), **{"stores.counts.msg.serde": "record:tests.record_values:Every"}
+    )
     with TaskStorage.open(config, "task-0") as storage:
         storage.store("counts").put("ada", Every(1, 0.5, True, "s", b"\x00\xff", [1], props={"k": None}))
         storage.commit_durably({"clicks": "1"})
     code, out, _ = cli(capsys, "dump", str(write_config(tmp_path / "every.properties", config)), "task-0", "counts")
-    assert code == 0 and json.loads(out) == {"key": "ada", "value": {
-        "i": 1, "f": 0.5, "b": True, "s": "s", "raw_base64": "AP8=", "items": [1], "note": None, "n": None,
-        "props": {"k": None}}}
+    assert code == 0 and json.loads(out) == {
+        "key": "ada",
+        "value": {
+            "i": 1,
+            "f": 0.5,
+            "b": True,
+            "s": "s",
+            "raw_base64": "AP8=",
+            "items": [1],
+            "note": None,
+            "n": None,
+            "props": {"k": None},
+        },
+    }

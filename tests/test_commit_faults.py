@@ -245,7 +245,6 @@ def test_a_commit_holds_its_flushed_batch_out_of_lmdb_until_its_uploads_end_and_
         assert contents(task) == model
 
 
-
 def test_a_flush_failing_in_one_store_releases_the_batches_the_other_stores_held_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

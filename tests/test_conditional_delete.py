@@ -56,8 +56,9 @@ class RewriteAfterHead(BlobStore):
         self.plain_calls.append(list(names))
         self.inner.delete_many(names)
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
@@ -75,8 +76,9 @@ def sweep_with_a_rewrite(store: BlobStore) -> tuple[RewriteAfterHead, Any]:
     for name in names:
         store.put(name, b"run bytes", metadata=OLD)
     racing = RewriteAfterHead(store, names[2])
-    swept = sweep_unreferenced(racing, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
-                               now=NOW)
+    swept = sweep_unreferenced(
+        racing, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW, now=NOW
+    )
     return racing, swept
 
 
@@ -91,11 +93,18 @@ def check_the_rewrite_survives(store: BlobStore) -> None:
     assert len(racing.conditional_calls) == 1, "the six judged blobs went in one conditional batch"
 
 
-@pytest.mark.parametrize("make", [lambda tmp: MemoryBlobStore(), lambda tmp: FileBlobStore(tmp / "blobs"),
-                                  lambda tmp: ResilientBlobStore(FileBlobStore(tmp / "blobs"))],
-                         ids=["memory", "file", "resilient-file"])
-def test_a_blob_written_again_after_its_judgment_survives_the_sweep(tmp_path: Path,
-                                                                    make: Callable[[Path], BlobStore]) -> None:
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda tmp: MemoryBlobStore(),
+        lambda tmp: FileBlobStore(tmp / "blobs"),
+        lambda tmp: ResilientBlobStore(FileBlobStore(tmp / "blobs")),
+    ],
+    ids=["memory", "file", "resilient-file"],
+)
+def test_a_blob_written_again_after_its_judgment_survives_the_sweep(
+    tmp_path: Path, make: Callable[[Path], BlobStore]
+) -> None:
     check_the_rewrite_survives(make(tmp_path))
 
 
@@ -142,8 +151,9 @@ def test_a_store_without_the_capability_is_never_asked_for_a_conditional_delete(
         store.put(name, b"x", metadata=OLD)
     wrapped = ResilientBlobStore(store)
     assert not wrapped.supports_conditional_delete
-    swept = sweep_unreferenced(wrapped, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
-                               now=NOW)
+    swept = sweep_unreferenced(
+        wrapped, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW, now=NOW
+    )
     assert swept.deleted == ("g/a", "g/b") and list(store.list()) == []
 
 
@@ -248,16 +258,18 @@ def test_backend_sweeps_keep_and_count_a_blob_written_again_before_its_delete(tm
     from tests.test_blobsnapshot import backup_manager, make_config
 
     for backend, config, orphan in (
-        ("changelog", config_for(tmp_path / "c", **{"changelog.gc.grace.period.ms": 3_600_000}),
-         "job/task-0/counts/changelog/delta/000000000001-00000000000000000000000000000000.delta"),
+        (
+            "changelog",
+            config_for(tmp_path / "c", **{"changelog.gc.grace.period.ms": 3_600_000}),
+            "job/task-0/counts/changelog/delta/000000000001-00000000000000000000000000000000.delta",
+        ),
         ("blobsnapshot", make_config(tmp_path / "b"), "job/task-0/counts/blobsnapshot/runs/" + "ab" * 32),
     ):
         blobs = RewritesWhatASweepDeletes()
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             task.store("counts").put(b"k", b"v")
             task.commit_durably({"input": "0"})
-            manager = (task.commit_manager.backups[0].manager if backend == "changelog"
-                       else backup_manager(task))
+            manager = task.commit_manager.backups[0].manager if backend == "changelog" else backup_manager(task)
             blobs.put(orphan, b"garbage of an attempt long gone", metadata=created_at_metadata(manager.clock() - 7_200))
             if backend == "changelog":
                 deleted = manager.sweep()  # type: ignore[attr-defined]
@@ -298,14 +310,14 @@ def test_file_store_on_a_filesystem_that_keeps_whole_seconds_never_deletes_a_rew
     assert store.head("g/run").etag is None, "a version the filesystem's clock cannot vouch for was offered"
     # the sweep then deletes plainly (bounded by its batch wait) and still deletes what is old
     store.put("g/old", b"x", metadata=OLD)
-    swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW,
-                               now=NOW)
+    swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW, now=NOW)
     assert swept.deleted == ("g/old",) and list(store.list("g/")) == ["g/run"]
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize(("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (403, "AccessDenied"),
-                                              (400, "MalformedXML")])
+@pytest.mark.parametrize(
+    ("status", "code"), [(503, "SlowDown"), (500, "InternalError"), (403, "AccessDenied"), (400, "MalformedXML")]
+)
 def test_s3_a_delete_objects_failing_otherwise_never_switches_to_one_delete_a_name(
     s3_server: Any, status: int, code: str
 ) -> None:

@@ -191,8 +191,18 @@ def test_none_values_count_as_unset() -> None:
 
 @pytest.mark.parametrize(
     ("raw", "expected"),
-    [("100", 100), (100, 100), ("512KiB", 512 * 1024), ("64MiB", 64 << 20), ("1GiB", 1 << 30), ("1TiB", 1 << 40),
-     ("64 mib", 64 << 20), ("1.5GiB", 3 << 29), ("10MB", 10_000_000), ("7B", 7)],
+    [
+        ("100", 100),
+        (100, 100),
+        ("512KiB", 512 * 1024),
+        ("64MiB", 64 << 20),
+        ("1GiB", 1 << 30),
+        ("1TiB", 1 << 40),
+        ("64 mib", 64 << 20),
+        ("1.5GiB", 3 << 29),
+        ("10MB", 10_000_000),
+        ("7B", 7),
+    ],
 )
 def test_parse_bytes_accepts_plain_counts_and_units(raw: Any, expected: int) -> None:
     assert parse_bytes()("k", raw) == expected
@@ -205,8 +215,17 @@ def test_parse_bytes_rejects_what_is_not_a_byte_count(raw: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "expected"), [("1500", 1500), (1500, 1500), ("250ms", 250), ("30s", 30000), ("5m", 300000),
-                          ("5min", 300000), ("1h", 3600000), ("1.5s", 1500)],
+    ("raw", "expected"),
+    [
+        ("1500", 1500),
+        (1500, 1500),
+        ("250ms", 250),
+        ("30s", 30000),
+        ("5m", 300000),
+        ("5min", 300000),
+        ("1h", 3600000),
+        ("1.5s", 1500),
+    ],
 )
 def test_parse_duration_ms_accepts_milliseconds_and_units(raw: Any, expected: int) -> None:
     assert parse_duration_ms()("k", raw) == expected
@@ -232,8 +251,19 @@ def test_parse_int_checks_type_and_range() -> None:
         parse("k", 2.0)
 
 
-@pytest.mark.parametrize(("raw", "expected"), [("true", True), ("FALSE", False), (" yes ", True), ("off", False),
-                                               ("1", True), ("0", False), (True, True), (False, False)])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("true", True),
+        ("FALSE", False),
+        (" yes ", True),
+        ("off", False),
+        ("1", True),
+        ("0", False),
+        (True, True),
+        (False, False),
+    ],
+)
 def test_parse_bool_accepts_the_usual_spellings(raw: Any, expected: bool) -> None:
     assert parse_bool()("k", raw) is expected
 
@@ -258,9 +288,16 @@ def test_parse_list_trims_items_and_parses_each() -> None:
     assert parse_list(parse_int())("k", [3, "4"]) == (3, 4)
 
 
-@pytest.mark.parametrize(("raw", "problem"), [("a,,b", "item 2 is empty"), ("a,", "item 2 is empty"),
-                                              ("", "the list is empty"), ([], "the list is empty"),
-                                              (5, "a int is not a list")])
+@pytest.mark.parametrize(
+    ("raw", "problem"),
+    [
+        ("a,,b", "item 2 is empty"),
+        ("a,", "item 2 is empty"),
+        ("", "the list is empty"),
+        ([], "the list is empty"),
+        (5, "a int is not a list"),
+    ],
+)
 def test_parse_list_rejects_empty_items_and_non_lists(raw: Any, problem: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(problem)):
         parse_list()("k", raw)
@@ -360,8 +397,14 @@ def test_keys_of_other_systems_are_kept_and_ignored() -> None:
 
 
 def test_every_problem_is_reported_at_once_first_problem_on_the_first_line() -> None:
-    message = error_of({"task.commit.ms": "abc", "job.nmae": "x", "stores.s.key.serde": "jsn",
-                        "stores.s.backup.factories": "changelog"})
+    message = error_of(
+        {
+            "task.commit.ms": "abc",
+            "job.nmae": "x",
+            "stores.s.key.serde": "jsn",
+            "stores.s.backup.factories": "changelog",
+        }
+    )
     lines = message.splitlines()
     assert lines[0].startswith("blob.store.url is missing")
     assert len(lines) == 4
@@ -593,8 +636,11 @@ def test_reference_docs_list_every_blob_store_option_with_the_schemes_that_take_
 def own_blob_store_option_schemas() -> dict[str, Mapping[str, OptionSpec]]:
     """The option schemas of statebackend's own schemes (the reference documents those, not the ones an installed
     third-party package adds, such as the example mem2://)."""
-    own = {ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
-           if ep.dist is not None and ep.dist.name == "statebackend"}
+    own = {
+        ep.name
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+        if ep.dist is not None and ep.dist.name == "statebackend"
+    }
     return {scheme: schema for scheme, schema in blob_store_option_schemas().items() if scheme in own}
 
 
@@ -614,11 +660,15 @@ def test_a_bad_azure_account_url_is_refused_by_config_without_echoing_it() -> No
     # its query may be a SAS: the spec checks it (once, at config time) and never shows it
     for bad in ("https://user:sekrit@acct.blob.core.windows.net/", "ftp://acct/?sig=sekrit", "  "):
         message = error_of({"blob.store.url": AZ_URL, "blob.store.account.url": bad})
-        assert "blob.store.account.url='<not echoed>' is not valid: not an http(s) URL without user:password@" in message
+        assert (
+            "blob.store.account.url='<not echoed>' is not valid: not an http(s) URL without user:password@" in message
+        )
         assert "sekrit" not in message
     account_url = "https://acct.blob.core.windows.net/?sv=1&sig=abc"
-    assert settings(blob__store__url=AZ_URL, blob__store__account__url=account_url).blob_store_options[
-        "account.url"] == account_url
+    assert (
+        settings(blob__store__url=AZ_URL, blob__store__account__url=account_url).blob_store_options["account.url"]
+        == account_url
+    )
 
 
 def test_a_misspelled_blob_store_option_still_gets_did_you_mean() -> None:
@@ -628,8 +678,9 @@ def test_a_misspelled_blob_store_option_still_gets_did_you_mean() -> None:
 
 def test_hedge_max_has_one_range_in_config_and_in_the_store() -> None:
     # seen: config allowed 1 to 8, the resilience layer's own parser 0 and up
-    assert "blob.store.hedge.max=0 is not valid: out of range" in error_of({"blob.store.url": S3_URL,
-                                                                           "blob.store.hedge.max": 0})
+    assert "blob.store.hedge.max=0 is not valid: out of range" in error_of(
+        {"blob.store.url": S3_URL, "blob.store.hedge.max": 0}
+    )
     with pytest.raises(ConfigError, match="blob.store.hedge.max=0 is not valid: out of range"):
         ResilienceSettings.from_options({"hedge.max": 0})
     assert ResilienceSettings.from_options({"hedge.max": "3"}).max_hedges == 3
@@ -637,12 +688,14 @@ def test_hedge_max_has_one_range_in_config_and_in_the_store() -> None:
 
 def test_a_store_exists_only_when_its_backup_factories_are_set() -> None:
     # seen: a typo in a store's name silently created a second store with default settings
-    message = error_of({
-        "blob.store.url": URL,
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.count.msg.serde": "integer",
-    })
+    message = error_of(
+        {
+            "blob.store.url": URL,
+            "stores.counts.backup.factories": "changelog",
+            "stores.counts.key.serde": "string",
+            "stores.count.msg.serde": "integer",
+        }
+    )
     assert message.startswith("stores.count.msg.serde: store 'count' is not declared")
     assert "did you mean stores.counts.msg.serde?" in message
     alone = error_of({"blob.store.url": URL, "stores.sessions.key.serde": "string"})
@@ -650,8 +703,9 @@ def test_a_store_exists_only_when_its_backup_factories_are_set() -> None:
     assert settings(stores__counts__backup__factories="changelog").stores["counts"].key_serde == "bytes"
 
 
-@pytest.mark.parametrize(("raw", "message"), [(10, "too short"), (-1, "out of range"), (100_001, "out of range"),
-                                              ("fast", "not an integer")])
+@pytest.mark.parametrize(
+    ("raw", "message"), [(10, "too short"), (-1, "out of range"), (100_001, "out of range"), ("fast", "not an integer")]
+)
 def test_a_bad_thread_switch_interval_names_the_key_and_what_is_allowed(raw: object, message: str) -> None:
     with pytest.raises(ConfigError, match=rf"task\.thread\.switch\.interval\.us.*{message}.*allowed"):
         Settings.from_config({"blob.store.url": URL, "task.thread.switch.interval.us": raw})
@@ -664,8 +718,11 @@ def test_opening_a_task_lowers_the_thread_switch_interval_and_never_raises_it(tm
 
     before = sys.getswitchinterval()  # the test process's own, restored at the end
     try:
-        config = {"blob.store.url": (tmp_path / "blobs").as_uri(), "blob.store.create.if.missing": True,
-                  "state.local.dir": str(tmp_path / "local")}
+        config = {
+            "blob.store.url": (tmp_path / "blobs").as_uri(),
+            "blob.store.create.if.missing": True,
+            "state.local.dir": str(tmp_path / "local"),
+        }
         sys.setswitchinterval(0.005)
         with TaskStorage.open({**config, "task.thread.switch.interval.us": 0}, "t"):
             assert sys.getswitchinterval() == pytest.approx(0.005)

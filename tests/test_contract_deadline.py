@@ -16,8 +16,10 @@ from statebackend.testing.deadline import deadline, load_factor, scaled
 
 def test_a_wait_past_the_deadline_fails_the_test_naming_it() -> None:
     started = time.monotonic()
-    with pytest.raises(pytest.fail.Exception, match="the-hung-test did not finish within 0.2 s"), \
-            deadline(0.2, "the-hung-test"):
+    with (
+        pytest.raises(pytest.fail.Exception, match="the-hung-test did not finish within 0.2 s"),
+        deadline(0.2, "the-hung-test"),
+    ):
         threading.Event().wait(30)
     assert time.monotonic() - started < 10
 

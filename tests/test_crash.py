@@ -132,7 +132,12 @@ def _child(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(90), check=False,  # a hang guard
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(90),
+        check=False,  # a hang guard
     )
 
 

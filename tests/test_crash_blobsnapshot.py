@@ -115,9 +115,7 @@ DUAL = "changelog,blobsnapshot"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("crash_at", list(CRASH_POINTS))
-def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkpoint(
-    work: Path, crash_at: str
-) -> None:
+def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkpoint(work: Path, crash_at: str) -> None:
     durable = _crash(work, crash_at, CRASH_POINTS[crash_at], factories=BLOBSNAPSHOT)
     _restore_and_go_on(work, durable, factories=BLOBSNAPSHOT)
 
@@ -127,8 +125,9 @@ def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_du
     """A first child dies after making commit 4's index (an orphan run, no checkpoint); the next one restores
     commit 3 and dies at the first delete of its start-up sweep of that garbage."""
     _crash(work, "blobsnapshot.upload.index_written:4", exactly(3, landed=False), factories=BLOBSNAPSHOT)
-    sweeping = _child(work / "run", work / "sweeping.json", 0, crash_at="blobsnapshot.sweep.deleted:1",
-                      factories=BLOBSNAPSHOT)
+    sweeping = _child(
+        work / "run", work / "sweeping.json", 0, crash_at="blobsnapshot.sweep.deleted:1", factories=BLOBSNAPSHOT
+    )
     assert sweeping.returncode == -signal.SIGKILL, (
         f"the start-up sweep was to die at its first delete but the child exited with {sweeping.returncode}:\n"
         f"{sweeping.stderr[-3000:]}"
@@ -146,8 +145,13 @@ def test_sigkill_mid_blobsnapshot_upload_of_a_dual_commit_restores_exactly_throu
 ) -> None:
     """Dual commit: the changelog delta of the commit in flight may be uploaded, its blobsnapshot upload is cut
     short; no checkpoint names either, and both backends restore exactly the previous one."""
-    durable = _crash(work, "blobsnapshot.upload.run_staged:4", exactly(3, landed=False), factories=DUAL,
-                     restore_factory=restore_factory)
+    durable = _crash(
+        work,
+        "blobsnapshot.upload.run_staged:4",
+        exactly(3, landed=False),
+        factories=DUAL,
+        restore_factory=restore_factory,
+    )
     _restore_and_go_on(work, durable, factories=DUAL, restore_factory=restore_factory)
 
 
@@ -158,8 +162,14 @@ def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restor
     """Run the crashing child in ``work/run``; check what it left; return the durable commit number."""
     workdir = work / "run"
     workdir.mkdir()
-    crashed = _child(workdir, work / "crashing.json", COMMITS, crash_at=crash_at, factories=factories,
-                     restore_factory=restore_factory)
+    crashed = _child(
+        workdir,
+        work / "crashing.json",
+        COMMITS,
+        crash_at=crash_at,
+        factories=factories,
+        restore_factory=restore_factory,
+    )
     assert crashed.returncode == -signal.SIGKILL, (
         f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
     )
@@ -240,7 +250,12 @@ def _child(
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return subprocess.run(
         [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(90), check=False,  # a hang guard
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(90),
+        check=False,  # a hang guard
     )
 
 
@@ -265,8 +280,12 @@ def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
         assert marker is not None, f"checkpoint #{entry.seq} has no blobsnapshot marker"
         index = read_marker(blob_store, marker, job="job", task=TASK, store=STORE)
         prefix = f"job/{TASK}/{STORE}/{BLOBSNAPSHOT}/"
-        missing = sorted(run.hash for run in index.runs if not blob_store.exists(run_name(prefix, run.hash))
-                         or blob_store.head(run_name(prefix, run.hash)).size != run.size)
+        missing = sorted(
+            run.hash
+            for run in index.runs
+            if not blob_store.exists(run_name(prefix, run.hash))
+            or blob_store.head(run_name(prefix, run.hash)).size != run.size
+        )
         assert not missing, f"checkpoint #{entry.seq}: index {marker} lists missing runs {missing}"
 
 
@@ -283,8 +302,11 @@ def _assert_only_retained_blobs(workdir: Path) -> None:
     indexes = set(blob_store.list(index_prefix(prefix)))
     named = {m for m in markers if not is_inline_marker(m)}  # index blobs: none since inline markers
     assert indexes == named, f"indexes no checkpoint names: {sorted(indexes - named)}"
-    referenced = {name for m in markers
-                  for name in read_marker(blob_store, m, job="job", task=TASK, store=STORE).blob_names(prefix)}
+    referenced = {
+        name
+        for m in markers
+        for name in read_marker(blob_store, m, job="job", task=TASK, store=STORE).blob_names(prefix)
+    }
     runs = set(blob_store.list(runs_prefix(prefix)))
     assert runs == referenced, f"runs no retained index lists: {sorted(runs - referenced)}"
 

@@ -37,10 +37,10 @@ def counted(inner: BlobStore) -> tuple[ResilientBlobStore, Metrics]:
     return store, metrics
 
 
-@pytest.mark.parametrize("make", [lambda tmp: MemoryBlobStore(), lambda tmp: FileBlobStore(tmp / "blobs")],
-                         ids=["memory", "file"])
-def test_a_batch_is_one_request_and_absent_names_are_success(tmp_path: Path,
-                                                             make: Callable[[Path], BlobStore]) -> None:
+@pytest.mark.parametrize(
+    "make", [lambda tmp: MemoryBlobStore(), lambda tmp: FileBlobStore(tmp / "blobs")], ids=["memory", "file"]
+)
+def test_a_batch_is_one_request_and_absent_names_are_success(tmp_path: Path, make: Callable[[Path], BlobStore]) -> None:
     store, metrics = counted(make(tmp_path))
     for i in range(5):
         store.put(f"x/{i}", b"x")
@@ -87,8 +87,10 @@ def all_deleted(keys: list[str]) -> dict[str, Any]:
 def failing(code: str, *failed: str) -> Callable[[list[str]], dict[str, Any]]:
     def reply(keys: list[str]) -> dict[str, Any]:
         bad = [key for key in keys if key.rsplit("/", 1)[-1] in failed]
-        return {"Deleted": [{"Key": key} for key in keys if key not in bad],
-                "Errors": [{"Key": key, "Code": code, "Message": "scripted"} for key in bad]}
+        return {
+            "Deleted": [{"Key": key} for key in keys if key not in bad],
+            "Errors": [{"Key": key, "Code": code, "Message": "scripted"} for key in bad],
+        }
 
     return reply
 
@@ -135,12 +137,17 @@ def test_s3_a_reply_missing_a_key_is_cut_and_retried_whole() -> None:
 def test_s3_sdk_errors_are_translated() -> None:
     from botocore.exceptions import ClientError
 
-    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "no"},
-                          "ResponseMetadata": {"HTTPStatusCode": 403}}, "DeleteObjects")
-    busy = ClientError({"Error": {"Code": "InternalError", "Message": "busy"},
-                        "ResponseMetadata": {"HTTPStatusCode": 500}}, "DeleteObjects")
-    store = S3BlobStore(ScriptedS3(lambda keys: denied, lambda keys: busy, lambda keys: ValueError("cut")), "bucket",
-                        url="s3://bucket")
+    denied = ClientError(
+        {"Error": {"Code": "AccessDenied", "Message": "no"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
+        "DeleteObjects",
+    )
+    busy = ClientError(
+        {"Error": {"Code": "InternalError", "Message": "busy"}, "ResponseMetadata": {"HTTPStatusCode": 500}},
+        "DeleteObjects",
+    )
+    store = S3BlobStore(
+        ScriptedS3(lambda keys: denied, lambda keys: busy, lambda keys: ValueError("cut")), "bucket", url="s3://bucket"
+    )
     with pytest.raises(StorageError, match="refused the credentials") as refused:
         store.delete_many(["a"])
     assert not isinstance(refused.value, TransientStorageError)
@@ -240,8 +247,9 @@ def server_store(cloud: str, server: ServerProcess, bucket: str | None = None, p
     return store
 
 
-@pytest.mark.parametrize("cloud", [pytest.param("s3", marks=pytest.mark.s3),
-                                   pytest.param("azure", marks=pytest.mark.azure)])
+@pytest.mark.parametrize(
+    "cloud", [pytest.param("s3", marks=pytest.mark.s3), pytest.param("azure", marks=pytest.mark.azure)]
+)
 def test_on_the_server_many_names_go_in_few_requests(cloud: str, request: pytest.FixtureRequest) -> None:
     server = request.getfixturevalue("s3_server" if cloud == "s3" else "azurite")
     store = server_store(cloud, server)

@@ -51,8 +51,9 @@ def _temp_dirs(tmp_path: Path) -> list[Path]:
     return sorted(tmp_path.glob("statebackend-wordcount-*"))
 
 
-def test_the_temp_dir_is_removed_after_a_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_temp_dir_is_removed_after_a_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     module, seen = _wordcount(monkeypatch, tmp_path, lambda run_dir: (run_dir / "state").mkdir() or 0)
     assert module.main([]) == 0
     assert len(seen) == 1 and seen[0].parent.name.startswith("statebackend-wordcount-")
@@ -72,8 +73,9 @@ def test_the_temp_dir_is_removed_when_the_run_fails(monkeypatch: pytest.MonkeyPa
     assert module.main([]) == 1 and seen and _temp_dirs(tmp_path) == []
 
 
-def test_the_temp_dir_is_kept_when_asked_and_a_given_dir_always(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_temp_dir_is_kept_when_asked_and_a_given_dir_always(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     module, seen = _wordcount(monkeypatch, tmp_path, lambda run_dir: 0)
     assert module.main(["--keep-state"]) == 0
     kept = _temp_dirs(tmp_path)

@@ -41,8 +41,16 @@ V1 = LocalVersion("1-1", "aaaa")
 
 
 def lineage(version: LocalVersion = V1, *, store: str = "s", seq: int = 5) -> FileHeader:
-    return FileHeader(kind="snapshot", job="j", task="t", store=store, checkpoint_id=version.checkpoint_id,
-                      token=version.token, seq=seq, base_seq=seq)
+    return FileHeader(
+        kind="snapshot",
+        job="j",
+        task="t",
+        store=store,
+        checkpoint_id=version.checkpoint_id,
+        token=version.token,
+        seq=seq,
+        base_seq=seq,
+    )
 
 
 def filled_store(path: Path, keys: int, version: LocalVersion = V1, *, value: bytes = b"v") -> LocalStore:
@@ -69,8 +77,9 @@ def check_binding(store: str = "s", seq: int = 5) -> Any:
 
 
 @pytest.mark.parametrize("compression", ["zstd", "none"])
-def test_a_base_restores_exactly_the_version_it_was_written_from(tmp_path: Path, compression: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_base_restores_exactly_the_version_it_was_written_from(
+    tmp_path: Path, compression: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(envbase, "FRAME_RAW_BYTES", 64 << 10)  # many frames
     monkeypatch.setattr(envbase, "SEGMENT_BYTES", 100 << 10)  # frames straddle reads
     with filled_store(tmp_path / "a", 20_000) as source:
@@ -83,8 +92,9 @@ def test_a_base_restores_exactly_the_version_it_was_written_from(tmp_path: Path,
     blobs = MemoryBlobStore()
     blobs.put("b", (tmp_path / "base").read_bytes())
     with filled_store(tmp_path / "b", 10, LocalVersion("0-0", "cccc")) as target, ThreadPoolExecutor(2) as pool:
-        header = load_env_base(target, BlobSource(blobs, "b", blobs.head("b").size), V1, check=check_binding(),
-                               pool=pool)
+        header = load_env_base(
+            target, BlobSource(blobs, "b", blobs.head("b").size), V1, check=check_binding(), pool=pool
+        )
         assert header.records == 20_000 and header.compression == compression
         assert target.version == V1
         assert dict(target.items()) == {KEY.pack(i): b"v" + KEY.pack(i) for i in range(20_000)}
@@ -106,13 +116,17 @@ def test_the_stored_version_1_sample_still_restores(tmp_path: Path) -> None:
 
 
 def test_a_view_of_another_version_is_refused(tmp_path: Path) -> None:
-    with (filled_store(tmp_path / "a", 10) as store, store.read_view() as view,
-          open(tmp_path / "base", "wb") as out, pytest.raises(UsageError, match="only ever the copy of the version")):
+    with (
+        filled_store(tmp_path / "a", 10) as store,
+        store.read_view() as view,
+        open(tmp_path / "base", "wb") as out,
+        pytest.raises(UsageError, match="only ever the copy of the version"),
+    ):
         write_env_base(view, out, lineage(LocalVersion("1-1", "other")), scratch=tmp_path)
 
 
 def _flip(data: bytes, at: int) -> bytes:
-    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1:]
+    return data[:at] + bytes([data[at] ^ 0x40]) + data[at + 1 :]
 
 
 DAMAGES = {
@@ -144,16 +158,17 @@ def _drop_second_frame(data: bytes) -> bytes:
     stored, _ = struct.unpack_from("<II", data, start)
     second = start + 8 + stored
     stored2, _ = struct.unpack_from("<II", data, second)
-    cut = data[:second] + data[second + 8 + stored2:]
-    footer = bytearray(cut[-envbase.FOOTER_SIZE:])
+    cut = data[:second] + data[second + 8 + stored2 :]
+    footer = bytearray(cut[-envbase.FOOTER_SIZE :])
     body = len(cut) - envbase.FOOTER_SIZE - start
     footer[16:24] = struct.pack("<Q", body)
-    return cut[:-envbase.FOOTER_SIZE] + bytes(footer)
+    return cut[: -envbase.FOOTER_SIZE] + bytes(footer)
 
 
 @pytest.mark.parametrize("damage", list(DAMAGES))
-def test_a_damaged_base_is_refused_before_anything_is_replaced(tmp_path: Path, damage: str,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_damaged_base_is_refused_before_anything_is_replaced(
+    tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(envbase, "FRAME_RAW_BYTES", 64 << 10)
     with filled_store(tmp_path / "a", 20_000) as source:
         data = write_base(source, tmp_path / "base")
@@ -168,8 +183,9 @@ def test_a_damaged_base_is_refused_before_anything_is_replaced(tmp_path: Path, d
 
 
 @pytest.mark.parametrize(("store", "seq"), [("other", 5), ("s", 4)])
-def test_a_base_of_another_store_or_seq_is_refused_before_a_byte_is_written(tmp_path: Path, store: str,
-                                                                            seq: int) -> None:
+def test_a_base_of_another_store_or_seq_is_refused_before_a_byte_is_written(
+    tmp_path: Path, store: str, seq: int
+) -> None:
     with filled_store(tmp_path / "a", 1000) as source:
         write_base(source, tmp_path / "base", store=store, seq=seq)
     target = tmp_path / "target"
@@ -179,7 +195,8 @@ def test_a_base_of_another_store_or_seq_is_refused_before_a_byte_is_written(tmp_
 
 
 def test_a_base_written_on_another_kind_of_machine_is_refused_before_a_byte_is_written(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An LMDB file holds native integers: a base from a machine of another byte order or word size is refused as
     incompatible (restore falls back), never opened."""
     with filled_store(tmp_path / "a", 100) as source:
@@ -197,8 +214,9 @@ def test_a_missing_base_is_not_found(tmp_path: Path) -> None:
         load_env_base(target, BlobSource(MemoryBlobStore(), "gone", 1000), V1, check=check_binding())
 
 
-def test_a_restore_reads_in_bounded_ranged_reads_and_holds_a_few_frames(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_restore_reads_in_bounded_ranged_reads_and_holds_a_few_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Memory is bounded by design: ranged reads of at most SEGMENT_BYTES (never the whole blob), at most READ_AHEAD
     reads and decoded frames in flight; measured here against a base many times that size."""
     monkeypatch.setattr(envbase, "FRAME_RAW_BYTES", 128 << 10)
@@ -246,8 +264,14 @@ def backend_config(tmp_path: Path, backend: str) -> dict[str, object]:
     if backend == "changelog":
         config["changelog.snapshot.interval.commits"] = 3
     else:
-        config.update({"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.ratio": 0.5,
-                       "blobsnapshot.compaction.full.min.bytes": 0, "blobsnapshot.gc.on.init": "false"})
+        config.update(
+            {
+                "blobsnapshot.compaction.fanout": 2,
+                "blobsnapshot.compaction.full.ratio": 0.5,
+                "blobsnapshot.compaction.full.min.bytes": 0,
+                "blobsnapshot.gc.on.init": "false",
+            }
+        )
     return config
 
 
@@ -294,10 +318,12 @@ def newest_base(blobs: Any, task: TaskStorage, backend: str) -> str | None:
 def old_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bases written as the releases before environment files wrote them: sorted records."""
 
-    def old_base_run(self: Any, state: Any, view: Any, *, last_seq: int, version: LocalVersion,
-                     check: Any = None) -> Any:
-        return self._write_run(state, view.items(), first_seq=1, last_seq=last_seq, version=version,
-                               level=BASE_LEVEL, base=True)
+    def old_base_run(
+        self: Any, state: Any, view: Any, *, last_seq: int, version: LocalVersion, check: Any = None
+    ) -> Any:
+        return self._write_run(
+            state, view.items(), first_seq=1, last_seq=last_seq, version=version, level=BASE_LEVEL, base=True
+        )
 
     def old_snapshot(self: Any, lineage: Any, step: Any, view: Any, name: str, check: Any = None) -> Path:
         return self._stage(lineage, step, "snapshot", view.items(), name)
@@ -307,8 +333,9 @@ def old_writers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
-def test_old_record_bases_restore_and_a_mixed_history_works(tmp_path: Path, backend: str,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_old_record_bases_restore_and_a_mixed_history_works(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = backend_config(tmp_path, backend)
     blobs = MemoryBlobStore()
     model: dict[bytes, bytes] = {}
@@ -359,15 +386,22 @@ def _child(workdir: Path, commits: int, backend: str, crash_at: str | None = Non
         env["STATEBACKEND_CRASH_AT"] = crash_at
     env["CRASH_CHILD_BACKUP_FACTORIES"] = backend
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-m", "tests.crash_child", str(workdir), str(workdir / "report.json"),
-                           str(commits)], cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(120),
-                          check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.crash_child", str(workdir), str(workdir / "report.json"), str(commits)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
 
 
 @pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
 @pytest.mark.parametrize("crash_at", ["envbase.restore.written:1", "envbase.restore.verified:1"])
-def test_a_restore_killed_while_it_loads_a_base_leaves_nothing_taken_for_data(tmp_path: Path, backend: str,
-                                                                              crash_at: str) -> None:
+def test_a_restore_killed_while_it_loads_a_base_leaves_nothing_taken_for_data(
+    tmp_path: Path, backend: str, crash_at: str
+) -> None:
     import json
 
     commits = 12

@@ -17,8 +17,9 @@ def _modules() -> list[tuple[Path, ast.Module]]:
 
 
 def _exception_names() -> set[str]:
-    names = {name for name, value in vars(errors).items() if isinstance(value, type)
-             and issubclass(value, BaseException)}
+    names = {
+        name for name, value in vars(errors).items() if isinstance(value, type) and issubclass(value, BaseException)
+    }
     return names | {"Exception", "BaseException", "ValueError", "OSError", "InterruptedError", "TimeoutError"}
 
 
@@ -37,8 +38,11 @@ def test_every_exception_class_of_the_library_is_defined_in_errors_py() -> None:
 
 
 def test_every_error_in_errors_py_is_exported_and_drawn_in_the_tree() -> None:
-    defined = {name for name, value in vars(errors).items() if isinstance(value, type)
-               and issubclass(value, BaseException) and value.__module__ == errors.__name__}
+    defined = {
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == errors.__name__
+    }
     assert defined == set(errors.__all__)
     doc = errors.__doc__ or ""
     assert [name for name in sorted(defined) if name not in doc] == []

@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_example(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          check=False)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
+    )
 
 
 class Examples:
@@ -54,8 +55,9 @@ class Examples:
 
     def _start(self, name: str) -> None:
         args, cwd = self._waiting.pop(name)
-        self._running[name] = subprocess.Popen([sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True)
+        self._running[name] = subprocess.Popen(
+            [sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +71,9 @@ def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         scripts["sessionize"] = (["examples/sessionize.py", "--files", "3", "--events-per-file", "1000"], ROOT)
     if "test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization" in wanted:
         scripts["sessionize_timers"] = (
-            ["examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000"], ROOT)
+            ["examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000"],
+            ROOT,
+        )
     if "test_readme_spark_snippet_runs_as_written_after_the_quick_start" in wanted:
         folder = tmp_path_factory.mktemp("snippet")
         quick_start, spark_snippet = readme_python_blocks()[:2]
@@ -110,12 +114,14 @@ def test_sessionize_example_equals_a_batch_sessionization(spark_examples: Exampl
 @pytest.mark.slow
 @pytest.mark.spark
 def test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization(
-        spark_examples: Examples) -> None:
+    spark_examples: Examples,
+) -> None:
     result = spark_examples.result("sessionize_timers")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
-    closed_by_timer = [int(line.split(", ")[1].split()[0]) for line in result.stdout.splitlines()
-                       if line.startswith("batch ")]
+    closed_by_timer = [
+        int(line.split(", ")[1].split()[0]) for line in result.stdout.splitlines() if line.startswith("batch ")
+    ]
     assert closed_by_timer[0] == 0 and sum(closed_by_timer) > 0  # no watermark yet in the first batch
 
 
@@ -128,8 +134,9 @@ def test_readme_quick_start_runs_as_written_and_prints_restored_counts(tmp_path:
     quick_start = readme_python_blocks()[0]
     script = tmp_path / "quick_start.py"
     script.write_text(quick_start)
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.splitlines() == ["3 {'ada': 2, 'bob': 1}", "5 {'ada': 2, 'bob': 2, 'cy': 1}"]
 

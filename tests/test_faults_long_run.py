@@ -30,8 +30,10 @@ def blob_store_keys(kind: str, process: ServerProcess, port: int) -> dict[str, o
     container = f"t{uuid.uuid4().hex[:16]}"
     if kind == "s3":
         return {"blob.store.url": f"s3://{container}/state", "blob.store.endpoint.url": f"http://127.0.0.1:{port}"}
-    return {"blob.store.url": f"az://{container}/state",
-            "blob.store.connection.string": azurite_connection_string(port)}
+    return {
+        "blob.store.url": f"az://{container}/state",
+        "blob.store.connection.string": azurite_connection_string(port),
+    }
 
 
 @pytest.mark.slow
@@ -76,8 +78,12 @@ def test_commits_through_ten_percent_injected_failures_lose_nothing_and_restore_
     direct = blob_store_keys(kind, process, process.port)
     for restore_factory in ("changelog", "blobsnapshot"):
         shutil.rmtree(tmp_path / "local", ignore_errors=True)
-        restore_config = {**config, **direct, "blob.store.url": keys["blob.store.url"],
-                          "stores.counts.restore.factory": restore_factory}
+        restore_config = {
+            **config,
+            **direct,
+            "blob.store.url": keys["blob.store.url"],
+            "stores.counts.restore.factory": restore_factory,
+        }
         with TaskStorage.open(restore_config, "task-0") as task:
             assert task.restored is not None
             assert contents(task) == durable

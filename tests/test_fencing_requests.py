@@ -65,8 +65,9 @@ def test_the_listing_after_the_write_refuses_a_zombie_however_far_ahead_the_owne
     zombie_metrics = Metrics()
     zombie_blobs = ResilientBlobStore(inner)
     zombie_blobs.use_metrics(zombie_metrics)
-    zombie = TaskStorage.open(config_for(tmp_path / "zombie", url), "task-0", blob_store=zombie_blobs,
-                              metrics=zombie_metrics)
+    zombie = TaskStorage.open(
+        config_for(tmp_path / "zombie", url), "task-0", blob_store=zombie_blobs, metrics=zombie_metrics
+    )
     assert zombie.committed_seq == n
     # the owner is still running: its retention freed old seqs in batches, the last ones it holds are not freed yet
     with TaskStorage.open(config_for(tmp_path / "owner", url), "task-0", blob_store=blobs) as owner:

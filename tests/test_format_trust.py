@@ -40,8 +40,16 @@ from statebackend.testing.backend_contract import contents, write_round
 from tests.test_backend_changelog import PREFIX, config_for
 from tests.test_changelog_format import TrickleReader, uncompressed_blocks
 
-DELTA = FileHeader(kind="delta", job="job", task="task-3", store="counts", checkpoint_id="1700000000000-1",
-                   token="0123456789abcdef", seq=7, base_seq=6)
+DELTA = FileHeader(
+    kind="delta",
+    job="job",
+    task="task-3",
+    store="counts",
+    checkpoint_id="1700000000000-1",
+    token="0123456789abcdef",
+    seq=7,
+    base_seq=6,
+)
 SNAPSHOT = attrs.evolve(DELTA, kind="snapshot", base_seq=7)
 RUN = attrs.evolve(DELTA, kind="run", base_seq=0)
 BAD = (CorruptDataError, IncompatibleFormatError)
@@ -75,10 +83,12 @@ def every_reading(data: bytes, name: str = "blob-under-test") -> list[tuple[str,
         verify(data, name=name)
         return list(iter_records(data, name=name, verified=True))
 
-    return [outcome(verified),
-            outcome(lambda: list(iter_records(data, name=name))),
-            outcome(lambda: list(iter_records(io.BytesIO(data), name=name))),
-            outcome(lambda: list(iter_records(TrickleReader(data, 7), name=name)))]
+    return [
+        outcome(verified),
+        outcome(lambda: list(iter_records(data, name=name))),
+        outcome(lambda: list(iter_records(io.BytesIO(data), name=name))),
+        outcome(lambda: list(iter_records(TrickleReader(data, 7), name=name))),
+    ]
 
 
 def assert_refused_everywhere(data: bytes, name: str = "blob-under-test") -> None:
@@ -88,23 +98,23 @@ def assert_refused_everywhere(data: bytes, name: str = "blob-under-test") -> Non
 
 def sections(data: bytes) -> tuple[int, int]:
     """(header end, body end) of a well-formed file."""
-    header_end = fmt.header_size(data[:fmt.HEADER_PREFIX_SIZE], name="f")
+    header_end = fmt.header_size(data[: fmt.HEADER_PREFIX_SIZE], name="f")
     return header_end, len(data) - fmt.FOOTER_SIZE
 
 
 def reseal(data: bytes, *, body_length: int | None = None) -> bytes:
     """``data`` with its header CRC, footer body length and digest made right again, as a writer that meant to write
     these bytes would have: whatever it then decodes to, the checksums cannot tell."""
-    header_end = fmt.header_size(data[:fmt.HEADER_PREFIX_SIZE], name="f")
+    header_end = fmt.header_size(data[: fmt.HEADER_PREFIX_SIZE], name="f")
     metadata_end = header_end - 4
     out = bytearray(data)
     out[metadata_end:header_end] = struct.pack("<I", zlib.crc32(bytes(out[:metadata_end])))
     body_end = len(out) - fmt.FOOTER_SIZE
     count, _, _, _ = struct.unpack_from("<QQ16s8s", out, body_end)
     covered = struct.pack("<QQ", count, body_end - header_end if body_length is None else body_length)
-    out[body_end:body_end + 16] = covered
-    digest = hashlib.blake2b(bytes(out[:body_end + 16]), digest_size=16).digest()
-    out[body_end + 16:body_end + 32] = digest
+    out[body_end : body_end + 16] = covered
+    digest = hashlib.blake2b(bytes(out[: body_end + 16]), digest_size=16).digest()
+    out[body_end + 16 : body_end + 32] = digest
     return bytes(out)
 
 
@@ -133,10 +143,10 @@ def record_lists(draw: st.DrawFn, *, deletes: bool = True) -> Records:
     n = draw(st.integers(min_value=0, max_value=40))
     key_length = draw(st.one_of(st.none(), KEY_LENGTHS))
     value_length = draw(st.one_of(st.none(), st.integers(min_value=0, max_value=70)))
-    key = (st.binary(min_size=key_length, max_size=key_length) if key_length is not None
-           else st.binary(max_size=12))
-    value = (st.binary(min_size=value_length, max_size=value_length) if value_length is not None
-             else st.binary(max_size=80))
+    key = st.binary(min_size=key_length, max_size=key_length) if key_length is not None else st.binary(max_size=12)
+    value = (
+        st.binary(min_size=value_length, max_size=value_length) if value_length is not None else st.binary(max_size=80)
+    )
     if deletes:
         value = st.one_of(value, st.none())
     records = sorted(draw(st.dictionaries(key, value, max_size=n)).items())
@@ -157,32 +167,41 @@ def check_round_trip(header: FileHeader, records: Records, *, compression: str, 
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-@pytest.mark.parametrize("records", [
-    [],
-    [(b"", b"")],
-    [(b"", None)],
-    [(b"only", b"one")],
-    [(b"k\x00", b"")] + [(bytes([0x6b, i]), b"") for i in range(1, 5)],  # every value empty
-    [(bytes([i]) * 3, bytes([255 - i]) * 8) for i in range(100)],  # every key and value of one length
-    [(bytes([i]) * 3, bytes([i]) * 8) for i in range(9)] + [(b"\xff" * 3, b"x" * 9)],  # the last value 1 longer
-    [(bytes([i]) * 3, b"v" * 4) for i in range(9)] + [(b"\xff" * 4, b"v" * 4)],  # the last key 1 longer
-    [(b"a", b"x" * 64), (b"b", b"y" * 64)],  # at PLANES_MAX_LENGTH
-    [(b"a", b"x" * 65), (b"b", b"y" * 65)],  # just over it
-    [(b"a" * 64, b"1"), (b"b" * 64, b"2")],
-    [(b"a", None), (b"b", None), (b"c", None)],  # deletes only
-    [(b"a", None), (b"b", b"1234"), (b"c", None), (b"d", b"5678")],  # planes around deletes
-    [("\u00e9t\u00e9".encode(), "\u2603".encode()), (b"\xf0\x9f\x92\xa9", b"\x00\xff\x00")],
-    [(b"big", bytes(range(256)) * 1200), (b"bigger", b"\x01" * (3 << 20))],  # values above the block size
-], ids=lambda records: f"{len(records)}-records")
+@pytest.mark.parametrize(
+    "records",
+    [
+        [],
+        [(b"", b"")],
+        [(b"", None)],
+        [(b"only", b"one")],
+        [(b"k\x00", b"")] + [(bytes([0x6B, i]), b"") for i in range(1, 5)],  # every value empty
+        [(bytes([i]) * 3, bytes([255 - i]) * 8) for i in range(100)],  # every key and value of one length
+        [(bytes([i]) * 3, bytes([i]) * 8) for i in range(9)] + [(b"\xff" * 3, b"x" * 9)],  # the last value 1 longer
+        [(bytes([i]) * 3, b"v" * 4) for i in range(9)] + [(b"\xff" * 4, b"v" * 4)],  # the last key 1 longer
+        [(b"a", b"x" * 64), (b"b", b"y" * 64)],  # at PLANES_MAX_LENGTH
+        [(b"a", b"x" * 65), (b"b", b"y" * 65)],  # just over it
+        [(b"a" * 64, b"1"), (b"b" * 64, b"2")],
+        [(b"a", None), (b"b", None), (b"c", None)],  # deletes only
+        [(b"a", None), (b"b", b"1234"), (b"c", None), (b"d", b"5678")],  # planes around deletes
+        [("\u00e9t\u00e9".encode(), "\u2603".encode()), (b"\xf0\x9f\x92\xa9", b"\x00\xff\x00")],
+        [(b"big", bytes(range(256)) * 1200), (b"bigger", b"\x01" * (3 << 20))],  # values above the block size
+    ],
+    ids=lambda records: f"{len(records)}-records",
+)
 def test_version_3_round_trips_the_edge_cases(records: Records, compression: str) -> None:
     check_round_trip(DELTA, records, compression=compression)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(records=record_lists(), compression=st.sampled_from(["none", "zstd"]),
-       budget=st.sampled_from([None, 1, 16, 200]), kind=st.sampled_from(["delta", "run", "snapshot"]))
-def test_version_3_round_trips_any_records_in_any_blocks(records: Records, compression: str, budget: int | None,
-                                                         kind: str) -> None:
+@given(
+    records=record_lists(),
+    compression=st.sampled_from(["none", "zstd"]),
+    budget=st.sampled_from([None, 1, 16, 200]),
+    kind=st.sampled_from(["delta", "run", "snapshot"]),
+)
+def test_version_3_round_trips_any_records_in_any_blocks(
+    records: Records, compression: str, budget: int | None, kind: str
+) -> None:
     header = {"delta": DELTA, "run": RUN, "snapshot": SNAPSHOT}[kind]
     if kind == "snapshot":
         records = [(key, b"" if value is None else value) for key, value in records]
@@ -208,8 +227,8 @@ def test_every_cut_and_every_flip_of_a_many_block_version_3_file_is_refused(comp
     assert every_reading(data) == [("ok", MULTI_BLOCK)] * 4
     for position in range(len(data)):
         assert_refused_everywhere(data[:position])
-        assert_refused_everywhere(data[:position] + data[position + 1:])
-        assert_refused_everywhere(data[:position] + data[position:position + 1] * 2 + data[position + 1:])
+        assert_refused_everywhere(data[:position] + data[position + 1 :])
+        assert_refused_everywhere(data[:position] + data[position : position + 1] * 2 + data[position + 1 :])
         for mask in (0x01, 0x80):
             damaged = bytearray(data)
             damaged[position] ^= mask
@@ -221,14 +240,15 @@ def test_every_cut_and_every_flip_of_a_many_block_version_3_file_is_refused(comp
 def test_appended_garbage_is_refused(compression: str, garbage: bytes) -> None:
     data = encode_small_blocks(DELTA, MULTI_BLOCK, budget=24, compression=compression)
     assert_refused_everywhere(data + garbage)
-    assert_refused_everywhere(data + data[-fmt.FOOTER_SIZE:])  # a second copy of the footer
+    assert_refused_everywhere(data + data[-fmt.FOOTER_SIZE :])  # a second copy of the footer
     assert_refused_everywhere(data + data)  # the file twice
 
 
 @settings(max_examples=150, deadline=None)
 @given(records=record_lists(), compression=st.sampled_from(["none", "zstd"]), data=st.data())
-def test_any_damage_to_a_version_3_file_is_refused_never_decoded_otherwise(records: Records, compression: str,
-                                                                           data: st.DataObject) -> None:
+def test_any_damage_to_a_version_3_file_is_refused_never_decoded_otherwise(
+    records: Records, compression: str, data: st.DataObject
+) -> None:
     original = encode_small_blocks(DELTA, records, budget=20, compression=compression)
     damaged = bytearray(original)
     for _ in range(data.draw(st.integers(min_value=1, max_value=4))):
@@ -241,20 +261,27 @@ def test_any_damage_to_a_version_3_file_is_refused_never_decoded_otherwise(recor
         elif how == "insert":
             damaged[position:position] = data.draw(st.binary(min_size=1, max_size=8))
         else:
-            del damaged[position:position + data.draw(st.integers(1, 8))]
+            del damaged[position : position + data.draw(st.integers(1, 8))]
     assume(bytes(damaged) != original)
     assert_refused_everywhere(bytes(damaged))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("job", "jab"), ("task", "task-4"), ("store", "cownts"), ("seq", 8), ("token", "fedcba9876543210"),
-    ("checkpoint_id", "1700000000000-2"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("job", "jab"),
+        ("task", "task-4"),
+        ("store", "cownts"),
+        ("seq", 8),
+        ("token", "fedcba9876543210"),
+        ("checkpoint_id", "1700000000000-2"),
+    ],
+)
 def test_a_header_field_changed_and_its_crc_made_right_still_fails_the_digest(field: str, value: object) -> None:
     data = encode(DELTA, MULTI_BLOCK, compression="zstd")
     header_end, _ = sections(data)
     other = attrs.evolve(DELTA, **{field: value, **({"base_seq": 7} if field == "seq" else {})})
-    other_header = encode(other, [], compression="zstd")[:sections(encode(other, [], compression="zstd"))[0]]
+    other_header = encode(other, [], compression="zstd")[: sections(encode(other, [], compression="zstd"))[0]]
     assert len(other_header) == header_end  # same length: only the digest can tell
     assert_refused_everywhere(other_header + data[header_end:])
 
@@ -279,8 +306,9 @@ def check_consistent_or_refused(data: bytes, header: FileHeader = DELTA) -> None
 
 @settings(max_examples=200, deadline=None)
 @given(records=record_lists(), data=st.data(), kind=st.sampled_from(["delta", "snapshot"]))
-def test_a_re_sealed_version_3_body_is_refused_or_read_alike_by_every_reader(records: Records, data: st.DataObject,
-                                                                              kind: str) -> None:
+def test_a_re_sealed_version_3_body_is_refused_or_read_alike_by_every_reader(
+    records: Records, data: st.DataObject, kind: str
+) -> None:
     """Damage a checksum cannot see (the file re-sealed after it): the block structure alone must refuse it or read
     it the same way everywhere, never crash, hang or allocate by a corrupt length."""
     header = SNAPSHOT if kind == "snapshot" else DELTA
@@ -300,35 +328,50 @@ def block(n: int, flags: int, key_bytes: int, value_bytes: int, rest: bytes) -> 
     return struct.pack("<IBII", n, flags, key_bytes, value_bytes) + rest
 
 
-@pytest.mark.parametrize("body,message", [
-    # huge lengths: refused by the sizes the block declares, before any of it is read
-    (block(1 << 16, 2 | 4, 0xFFFFFFFF, 0xFFFFFFFF, b"\x01\x00\x00\x00" * 2), "more than the 1074790400 a block"),
-    (block(1, 0, 0xFFFFFFFF, 0, b"\xff\xff\xff\xff\x00\x00\x00\x00"), "more than the 1074790400 a block"),
-    # within the cap: reading no more than the body holds
-    (block(1, 0, 1 << 30, 0, b"\x00\x00\x00\x40\x00\x00\x00\x00"), "ends inside the block"),
-    (block((1 << 16) + 1, 0, 1, 1, b""), "record count"),
-    (block(0, 0, 0, 0, b""), "record count"),
-    (block(1, 8, 0, 0, b"\x00" * 8), "flags"),
-    # a fixed key length that does not add up (a product that would overflow 32 bits)
-    (block(1 << 16, 2, 1 << 16, 0, struct.pack("<I", 1 << 16) + b"\x00" * 4 * (1 << 16)), "ends inside|add up"),
-    (block(2, 2, 4, 0, struct.pack("<I", 0x80000002) + b"\x00" * 8 + b"abcd"), "add up"),
-    (block(2, 4, 2, 6, b"\x01\x00\x00\x00\x01\x00\x00\x00" + struct.pack("<I", 0x80000003) + b"abxyzxyz"), "add up"),
-    # fixed values with deletes: the column holds the puts' values only
-    (block(2, 1 | 4, 2, 4, b"\x02\x01" + b"\x01\x00\x00\x00" * 2 + b"\x04\x00\x00\x00" + b"ab" + b"wxyz" + b"\x00"),
-     "ends inside|add up|left over|block"),
-    (block(2, 1 | 4, 2, 8, b"\x02\x01" + b"\x01\x00\x00\x00" * 2 + b"\x04\x00\x00\x00" + b"ab" + b"wxyzwxyz"),
-     "add up"),
-    # zero-length fixed keys: two empty keys are not increasing
-    (block(2, 2 | 4, 0, 2, b"\x00\x00\x00\x00\x01\x00\x00\x00" + b"xy"), "strictly increase|not after"),
-    (block(1, 1, 1, 1, b"\x03" + b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"kv"), "op 3"),
-    (block(1, 1, 1, 1, b"\x02" + b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"kv"), "delete with value length"),
-])
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        # huge lengths: refused by the sizes the block declares, before any of it is read
+        (block(1 << 16, 2 | 4, 0xFFFFFFFF, 0xFFFFFFFF, b"\x01\x00\x00\x00" * 2), "more than the 1074790400 a block"),
+        (block(1, 0, 0xFFFFFFFF, 0, b"\xff\xff\xff\xff\x00\x00\x00\x00"), "more than the 1074790400 a block"),
+        # within the cap: reading no more than the body holds
+        (block(1, 0, 1 << 30, 0, b"\x00\x00\x00\x40\x00\x00\x00\x00"), "ends inside the block"),
+        (block((1 << 16) + 1, 0, 1, 1, b""), "record count"),
+        (block(0, 0, 0, 0, b""), "record count"),
+        (block(1, 8, 0, 0, b"\x00" * 8), "flags"),
+        # a fixed key length that does not add up (a product that would overflow 32 bits)
+        (block(1 << 16, 2, 1 << 16, 0, struct.pack("<I", 1 << 16) + b"\x00" * 4 * (1 << 16)), "ends inside|add up"),
+        (block(2, 2, 4, 0, struct.pack("<I", 0x80000002) + b"\x00" * 8 + b"abcd"), "add up"),
+        (
+            block(2, 4, 2, 6, b"\x01\x00\x00\x00\x01\x00\x00\x00" + struct.pack("<I", 0x80000003) + b"abxyzxyz"),
+            "add up",
+        ),
+        # fixed values with deletes: the column holds the puts' values only
+        (
+            block(
+                2, 1 | 4, 2, 4, b"\x02\x01" + b"\x01\x00\x00\x00" * 2 + b"\x04\x00\x00\x00" + b"ab" + b"wxyz" + b"\x00"
+            ),
+            "ends inside|add up|left over|block",
+        ),
+        (
+            block(2, 1 | 4, 2, 8, b"\x02\x01" + b"\x01\x00\x00\x00" * 2 + b"\x04\x00\x00\x00" + b"ab" + b"wxyzwxyz"),
+            "add up",
+        ),
+        # zero-length fixed keys: two empty keys are not increasing
+        (block(2, 2 | 4, 0, 2, b"\x00\x00\x00\x00\x01\x00\x00\x00" + b"xy"), "strictly increase|not after"),
+        (block(1, 1, 1, 1, b"\x03" + b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"kv"), "op 3"),
+        (block(1, 1, 1, 1, b"\x02" + b"\x01\x00\x00\x00\x01\x00\x00\x00" + b"kv"), "delete with value length"),
+    ],
+)
 def test_adversarial_version_3_blocks_are_refused_cheaply_and_named(body: bytes, message: str) -> None:
     data = file_with_body(body, count=2)
     tracemalloc.start()
     try:
-        for reading in (lambda: verify(data, name="blob-x"), lambda: list(iter_records(data, name="blob-x")),
-                        lambda: list(iter_records(io.BytesIO(data), name="blob-x"))):
+        for reading in (
+            lambda: verify(data, name="blob-x"),
+            lambda: list(iter_records(data, name="blob-x")),
+            lambda: list(iter_records(io.BytesIO(data), name="blob-x")),
+        ):
             with pytest.raises(CorruptDataError, match=message) as info:
                 reading()
             assert "blob-x" in str(info.value)
@@ -373,9 +416,12 @@ def peak_while_refused(data: bytes, message: str, name: str = "blob-bomb") -> in
     refuse ``data`` with a CorruptDataError naming ``name`` and matching ``message``."""
     tracemalloc.start()
     try:
-        for reading in (lambda: verify(data, name=name), lambda: list(iter_records(data, name=name, verified=True)),
-                        lambda: list(iter_records(io.BytesIO(data), name=name)),
-                        lambda: list(iter_records(TrickleReader(data, 1 << 16), name=name))):
+        for reading in (
+            lambda: verify(data, name=name),
+            lambda: list(iter_records(data, name=name, verified=True)),
+            lambda: list(iter_records(io.BytesIO(data), name=name)),
+            lambda: list(iter_records(TrickleReader(data, 1 << 16), name=name)),
+        ):
             with pytest.raises(CorruptDataError, match=message) as info:
                 reading()
             assert name in str(info.value)
@@ -384,23 +430,47 @@ def peak_while_refused(data: bytes, message: str, name: str = "blob-bomb") -> in
         tracemalloc.stop()
 
 
-@pytest.mark.parametrize(("version", "prefix", "message"), [
-    # a block declaring u32-max key bytes, and a block declaring one byte more than a block may hold
-    pytest.param(3, block(1, 0, 0xFFFFFFFF, 0, struct.pack("<II", 0xFFFFFFFF, 0)),
-                 "block at body byte 0 .* declares 4294967295 key and 0 value bytes, more than the 1074790400 a "
-                 "block may hold", id="v3-u32-max"),
-    pytest.param(3, block(1, 4, 1, fmt.MAX_BLOCK_BYTES, struct.pack("<II", 1, fmt.MAX_BLOCK_BYTES)),
-                 "declares 1 key and 1074790400 value bytes, more than the 1074790400", id="v3-one-byte-over"),
-    pytest.param(2, block(1, 0, 1 << 31, 1 << 31, struct.pack("<II", 1 << 31, 1 << 31)),
-                 "more than the 1074790400 a block", id="v2-2GiB-and-2GiB"),
-    # version 1: one record's prefix
-    pytest.param(1, struct.pack("<BII", 1, 0xFFFFFFFF, 0),
-                 "record 0 at body byte 0 declares 4294967295 key and 0 value bytes", id="v1-u32-max"),
-    pytest.param(1, struct.pack("<BII", 1, 1, fmt.MAX_BLOCK_BYTES), "more than the 1074790400 a record may hold",
-                 id="v1-one-byte-over"),
-])
+@pytest.mark.parametrize(
+    ("version", "prefix", "message"),
+    [
+        # a block declaring u32-max key bytes, and a block declaring one byte more than a block may hold
+        pytest.param(
+            3,
+            block(1, 0, 0xFFFFFFFF, 0, struct.pack("<II", 0xFFFFFFFF, 0)),
+            "block at body byte 0 .* declares 4294967295 key and 0 value bytes, more than the 1074790400 a "
+            "block may hold",
+            id="v3-u32-max",
+        ),
+        pytest.param(
+            3,
+            block(1, 4, 1, fmt.MAX_BLOCK_BYTES, struct.pack("<II", 1, fmt.MAX_BLOCK_BYTES)),
+            "declares 1 key and 1074790400 value bytes, more than the 1074790400",
+            id="v3-one-byte-over",
+        ),
+        pytest.param(
+            2,
+            block(1, 0, 1 << 31, 1 << 31, struct.pack("<II", 1 << 31, 1 << 31)),
+            "more than the 1074790400 a block",
+            id="v2-2GiB-and-2GiB",
+        ),
+        # version 1: one record's prefix
+        pytest.param(
+            1,
+            struct.pack("<BII", 1, 0xFFFFFFFF, 0),
+            "record 0 at body byte 0 declares 4294967295 key and 0 value bytes",
+            id="v1-u32-max",
+        ),
+        pytest.param(
+            1,
+            struct.pack("<BII", 1, 1, fmt.MAX_BLOCK_BYTES),
+            "more than the 1074790400 a record may hold",
+            id="v1-one-byte-over",
+        ),
+    ],
+)
 def test_a_forged_body_that_decompresses_to_more_than_a_block_may_hold_is_refused_before_it_is_read(
-        version: int, prefix: bytes, message: str) -> None:
+    version: int, prefix: bytes, message: str
+) -> None:
     """The digest is no secret: a few KiB of zstd that decompress to gigabytes pass every checksum. Each reader
     refuses the block (or version 1 record) by the size it declares, before decompressing any of it: the peak stays
     far below the 64 MiB the body really holds (reading them took twice that before the bound)."""
@@ -447,25 +517,46 @@ class Claimed(bytes):
 
 
 @pytest.mark.parametrize("version", [1, 2, 3])
-@pytest.mark.parametrize(("records", "index", "sizes"), [
-    # a value past a u32 length, a key past it, and two values each within u32 whose block is not
-    pytest.param([(b"a", b"1"), (b"b", b"2"), (b"c", Claimed(b"x", 5 << 30))], 2, "1 key and 5368709120 value bytes",
-                 id="value-past-u32"),
-    pytest.param([(b"a", b"1"), (Claimed(b"b", 5 << 30), b"2")], 1, "5368709120 key and 1 value bytes",
-                 id="key-past-u32"),
-    pytest.param([(b"a", Claimed(b"x", 3 << 30)), (b"b", Claimed(b"y", 3 << 30))], 0,
-                 "1 key and 3221225472 value bytes", id="block-past-u32"),
-    pytest.param([(b"a", b"1"), (b"b", Claimed(b"y", fmt.MAX_BLOCK_BYTES))], 1, "1 key and 1074790400 value bytes",
-                 id="one-byte-over"),
-])
+@pytest.mark.parametrize(
+    ("records", "index", "sizes"),
+    [
+        # a value past a u32 length, a key past it, and two values each within u32 whose block is not
+        pytest.param(
+            [(b"a", b"1"), (b"b", b"2"), (b"c", Claimed(b"x", 5 << 30))],
+            2,
+            "1 key and 5368709120 value bytes",
+            id="value-past-u32",
+        ),
+        pytest.param(
+            [(b"a", b"1"), (Claimed(b"b", 5 << 30), b"2")], 1, "5368709120 key and 1 value bytes", id="key-past-u32"
+        ),
+        pytest.param(
+            [(b"a", Claimed(b"x", 3 << 30)), (b"b", Claimed(b"y", 3 << 30))],
+            0,
+            "1 key and 3221225472 value bytes",
+            id="block-past-u32",
+        ),
+        pytest.param(
+            [(b"a", b"1"), (b"b", Claimed(b"y", fmt.MAX_BLOCK_BYTES))],
+            1,
+            "1 key and 1074790400 value bytes",
+            id="one-byte-over",
+        ),
+    ],
+)
 def test_a_record_bigger_than_a_block_may_hold_is_refused_up_front_naming_it_and_the_limit(
-        version: int, records: Records, index: int, sizes: str) -> None:
+    version: int, records: Records, index: int, sizes: str
+) -> None:
     """Not a struct or overflow error from packing a u32 field: the limit, below 4 GiB, is checked on the lengths
     first, and every u32 field of a block is within it."""
     assert fmt.MAX_BLOCK_BYTES < 1 << 32
     key = records[index][0]
-    with pytest.raises(StateBackendError, match=re.escape(
-            f"record {index} (key {bytes(key)[:64]!r}) has {sizes}, more than the {fmt.MAX_BLOCK_BYTES} bytes")):
+    with pytest.raises(
+        StateBackendError,
+        match=re.escape(
+            f"record {index} (key {bytes(key)[:64]!r}) has {sizes}, more than the {fmt.MAX_BLOCK_BYTES} bytes"
+        ),
+    ):
         encode(attrs.evolve(DELTA, format_version=version), records, compression="none")
 
 
@@ -477,7 +568,8 @@ def walk_blocks(data: bytes) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("version", [2, 3])
 @pytest.mark.parametrize("shape", ["planes", "varied"])
 def test_records_bigger_than_the_chunk_was_sized_for_are_carried_to_the_next_block_within_the_limit(
-        monkeypatch: pytest.MonkeyPatch, version: int, shape: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, version: int, shape: str
+) -> None:
     """With the limit lowered to 1000 bytes: a chunk of records far bigger than the ones before it is cut into
     blocks of at most the limit, in order, across several blocks from one chunk; a record of exactly the limit is one
     block; one byte more is refused, naming the record."""
@@ -498,9 +590,13 @@ def test_records_bigger_than_the_chunk_was_sized_for_are_carried_to_the_next_blo
     columns = fmt.RecordColumns([key for key, _ in records], [value for _, value in records])
     assert encode(header, columns, compression="none") == data
     too_big = [*records[:-1], (b"x" * 10 + b"!", b"y" * 990)]
-    with pytest.raises(StateBackendError, match=re.escape(
+    with pytest.raises(
+        StateBackendError,
+        match=re.escape(
             f"record {len(records) - 1} (key {b'x' * 10 + b'!'!r}) has 11 key and 990 value bytes, more than the "
-            "1000 bytes")):
+            "1000 bytes"
+        ),
+    ):
         encode(header, too_big, compression="zstd")
 
 
@@ -534,6 +630,7 @@ def format_2_edits(marker: str) -> Iterator[tuple[str, str]]:
             document["seq"] += by
             if document["snapshot"] is not None:
                 document["snapshot"][0] += by
+
         return change
 
     def set_seq(by: int) -> Callable[[dict[str, Any]], None]:
@@ -548,24 +645,36 @@ def format_2_edits(marker: str) -> Iterator[tuple[str, str]]:
     for index in range(len(deltas) - 1):
         yield f"deltas {index} and {index + 1} swapped", edited(lambda d, i=index: swap(steps_of(d), i, None))
         yield f"tokens of deltas {index} and {index + 1} swapped", edited(lambda d, i=index: swap(steps_of(d), i, 1))
-        yield (f"checkpoint ids of deltas {index} and {index + 1} swapped",
-               edited(lambda d, i=index: swap(steps_of(d), i, 0)))
+        yield (
+            f"checkpoint ids of deltas {index} and {index + 1} swapped",
+            edited(lambda d, i=index: swap(steps_of(d), i, 0)),
+        )
     if original["snapshot"] is not None and deltas:
+
         def snapshot_token_swap(document: dict[str, Any]) -> None:
             document["snapshot"][2], steps_of(document)[0][1] = steps_of(document)[0][1], document["snapshot"][2]
 
         yield "tokens of the snapshot and delta 0 swapped", edited(snapshot_token_swap)
-        yield "the snapshot's checkpoint id swapped with delta 0's", edited(
-            lambda d: (d["snapshot"].__setitem__(1, steps_of(d)[0][0]), steps_of(d)[0].__setitem__(0,
-                                                                                                    original["snapshot"][1])))
+        yield (
+            "the snapshot's checkpoint id swapped with delta 0's",
+            edited(
+                lambda d: (
+                    d["snapshot"].__setitem__(1, steps_of(d)[0][0]),
+                    steps_of(d)[0].__setitem__(0, original["snapshot"][1]),
+                )
+            ),
+        )
 
 
 def format_1(recipe: Recipe) -> dict[str, Any]:
     def step(s: Step) -> dict[str, object]:
         return {"seq": s.seq, "checkpoint_id": s.checkpoint_id, "token": s.token, "name": s.name}
 
-    return {"format": 1, "snapshot": None if recipe.snapshot is None else step(recipe.snapshot),
-            "deltas": [step(d) for d in recipe.deltas]}
+    return {
+        "format": 1,
+        "snapshot": None if recipe.snapshot is None else step(recipe.snapshot),
+        "deltas": [step(d) for d in recipe.deltas],
+    }
 
 
 def format_1_edits(recipe: Recipe) -> Iterator[tuple[str, str]]:
@@ -621,8 +730,9 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
     return Chain(blobs, config, model, head, behind)
 
 
-def restore_with_marker(chain: Chain, tmp_path: Path, marker: str, *, local: Path | None,
-                        errors: list[str] | None = None) -> dict[bytes, bytes] | None:
+def restore_with_marker(
+    chain: Chain, tmp_path: Path, marker: str, *, local: Path | None, errors: list[str] | None = None
+) -> dict[bytes, bytes] | None:
     """Write the head checkpoint again with ``marker`` (its checksum made right: only the recipe decides), restore
     into a fresh local dir (or a copy of ``local``); the store's contents, or None when the restore refused (its
     message appended to ``errors``)."""
@@ -630,8 +740,10 @@ def restore_with_marker(chain: Chain, tmp_path: Path, marker: str, *, local: Pat
     for name in chain.blobs.list(""):
         blobs.put(name, chain.blobs.get(name))
     old = chain.head.checkpoint
-    CheckpointLog(blobs, "job", "task-0").write(chain.head.seq + 1, CheckpointV2(
-        old.checkpoint_id, old.input_offsets, {"changelog": {"counts": marker}}, old.serdes))
+    CheckpointLog(blobs, "job", "task-0").write(
+        chain.head.seq + 1,
+        CheckpointV2(old.checkpoint_id, old.input_offsets, {"changelog": {"counts": marker}}, old.serdes),
+    )
     config = dict(chain.config, **{"state.local.dir": str(tmp_path / "local")})
     shutil.rmtree(tmp_path / "local", ignore_errors=True)
     if local is not None:
@@ -672,8 +784,9 @@ def test_an_edited_marker_is_refused_or_restores_exactly_never_another_state(cha
     assert refused > 0
 
 
-def test_a_recipe_cut_short_at_its_end_is_refused_naming_the_store_and_both_versions(chain: Chain,
-                                                                                     tmp_path: Path) -> None:
+def test_a_recipe_cut_short_at_its_end_is_refused_naming_the_store_and_both_versions(
+    chain: Chain, tmp_path: Path
+) -> None:
     """Each blob of the shorter recipe is intact and bound to its step: only the checkpoint's own version, which the
     last step of every recipe a commit writes is, tells that the last commit's changes would be missing."""
     marker = json.loads(chain.head.checkpoint.markers_for("changelog")["counts"])
@@ -701,21 +814,23 @@ def test_a_format_1_recipe_with_a_gap_is_refused_naming_the_seqs(chain: Chain, t
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_a_marker_changed_in_one_character_is_refused_or_restores_exactly(chain: Chain, tmp_path: Path,
-                                                                         data: st.DataObject) -> None:
+def test_a_marker_changed_in_one_character_is_refused_or_restores_exactly(
+    chain: Chain, tmp_path: Path, data: st.DataObject
+) -> None:
     """As in a checkpoint without a checksum (blob format 1, still read): one character of the marker changed to one
     that keeps it likely to parse (a digit, a hex digit, JSON punctuation)."""
     marker = chain.head.checkpoint.markers_for("changelog")["counts"]
     position = data.draw(st.integers(min_value=0, max_value=len(marker) - 1))
     character = data.draw(st.sampled_from('0123456789abcdef,[]"-'))
-    changed = marker[:position] + character + marker[position + 1:]
+    changed = marker[:position] + character + marker[position + 1 :]
     assume(changed != marker)
     local = data.draw(st.sampled_from([None, chain.behind]))
     assert restore_with_marker(chain, tmp_path, changed, local=local) in (None, chain.model)
 
 
-def test_a_recipe_whose_snapshot_was_removed_is_refused_not_replayed_on_the_empty_store(chain: Chain,
-                                                                                        tmp_path: Path) -> None:
+def test_a_recipe_whose_snapshot_was_removed_is_refused_not_replayed_on_the_empty_store(
+    chain: Chain, tmp_path: Path
+) -> None:
     """``"snapshot": null`` with the deltas' seqs kept: each delta is intact and bound to its step, but the first
     applies on the version before it (the snapshot's), not on the empty store; replaying them on an empty store
     would restore a state without everything the snapshot held."""
@@ -738,8 +853,10 @@ def test_a_format_1_recipe_without_the_snapshot_or_its_blob_is_refused(chain: Ch
     without["snapshot"] = None
     no_blob = format_1(recipe)
     no_blob["snapshot"]["name"] = None
-    for document, message in ((without, f"starts at seq {recipe.snapshot.seq + 1} without a snapshot"),
-                              (no_blob, f"a snapshot at seq {recipe.snapshot.seq} that names no blob")):
+    for document, message in (
+        (without, f"starts at seq {recipe.snapshot.seq + 1} without a snapshot"),
+        (no_blob, f"a snapshot at seq {recipe.snapshot.seq} that names no blob"),
+    ):
         for local in (None, chain.behind):
             errors: list[str] = []
             assert restore_with_marker(chain, tmp_path, json.dumps(document), local=local, errors=errors) is None

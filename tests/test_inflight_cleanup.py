@@ -25,8 +25,11 @@ from tests import backend_helpers
 from tests.backend_helpers import FAR_FUTURE, sweep
 
 BACKENDS: dict[str, dict[str, object]] = {
-    "changelog": {"changelog.snapshot.interval.commits": 2, "changelog.gc.interval.commits": 1,
-                  "changelog.gc.grace.period.ms": 0},
+    "changelog": {
+        "changelog.snapshot.interval.commits": 2,
+        "changelog.gc.interval.commits": 1,
+        "changelog.gc.grace.period.ms": 0,
+    },
     "blobsnapshot": {"blobsnapshot.gc.grace.period.ms": 0, "blobsnapshot.gc.interval.commits": 1},
 }
 
@@ -58,8 +61,9 @@ def test_sweep_and_cleanup_while_a_checkpoint_write_is_in_flight_keep_everything
             assert blobs.held.wait(30), "the checkpoint write never started"
             for binding in task.commit_manager.backups:
                 sweep(binding.manager)
-                binding.manager.cleanup(previous.checkpoint_id,
-                                        previous.markers_for(binding.factory_name)).result(timeout=30)
+                binding.manager.cleanup(previous.checkpoint_id, previous.markers_for(binding.factory_name)).result(
+                    timeout=30
+                )
                 sweep(binding.manager)
         finally:
             blobs.release.set()
@@ -145,8 +149,13 @@ def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(t
     after every grace period, must keep it, and the next commit lists it."""
     inner = MemoryBlobStore()
     config = make_config("blobsnapshot", tmp_path)
-    config.update({"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0,
-                   "blobsnapshot.gc.interval.commits": 0})
+    config.update(
+        {
+            "blobsnapshot.compaction.fanout": 2,
+            "blobsnapshot.compaction.full.min.bytes": 0,
+            "blobsnapshot.gc.interval.commits": 0,
+        }
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         manager = next(b.manager for b in task.commit_manager.backups)

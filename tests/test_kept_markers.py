@@ -37,8 +37,15 @@ class _BlobStore:
 
 
 def _kept(task_dir: Path) -> kept.KeptTask:
-    return kept.KeptTask(storage=_Storage(), blob_store=_BlobStore(), fingerprint="f", seq=1,  # type: ignore[arg-type]
-                         checkpoint_id="1-1", files={}, task_dir=task_dir)
+    return kept.KeptTask(
+        storage=_Storage(),
+        blob_store=_BlobStore(),
+        fingerprint="f",
+        seq=1,  # type: ignore[arg-type]
+        checkpoint_id="1-1",
+        files={},
+        task_dir=task_dir,
+    )
 
 
 @pytest.fixture
@@ -83,8 +90,10 @@ def test_a_marker_naming_a_pid_reused_by_a_younger_process_does_not_count(
     """The file was written before the process that has its pid now started: that process is not its writer."""
     started = kept._started_at(sleeper.pid)
     assert started is not None and abs(started - time.time()) < 600  # a start time, in this clock
-    for name, asked in ((kept.PARKED_FILE, lambda: kept.parked_elsewhere(task_dir)),
-                        (kept.HANDOVER_FILE, lambda: kept._handover_asked(task_dir))):
+    for name, asked in (
+        (kept.PARKED_FILE, lambda: kept.parked_elsewhere(task_dir)),
+        (kept.HANDOVER_FILE, lambda: kept._handover_asked(task_dir)),
+    ):
         marker = task_dir / name
         marker.write_text(str(sleeper.pid))
         assert asked(), name  # written after the process started: its own
@@ -127,8 +136,15 @@ def _park_in_a_child(task_dir: Path, exit_line: str) -> int:
         print(os.getpid(), flush=True)
         {exit_line}
     """)
-    done = subprocess.run([sys.executable, "-c", child], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)),
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", child],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return int(done.stdout.split()[0])
 

@@ -211,14 +211,16 @@ def test_the_sweep_deletes_exactly_the_unmarked_blobs_that_are_old_enough() -> N
     store.put("q/old", b"x", metadata=aged(7200))  # outside the prefix
     rule = GraceRule(HOUR_MS, FirstSeen())
     deleted: list[str] = []
-    swept = sweep_unreferenced(store, "p/", Mark(frozenset({"p/marked"}), at=NOW), rule, clock=_Clock(),
-                               on_deleted=deleted.append)
+    swept = sweep_unreferenced(
+        store, "p/", Mark(frozenset({"p/marked"}), at=NOW), rule, clock=_Clock(), on_deleted=deleted.append
+    )
     assert swept.deleted == ("p/old",) and not swept.stopped
     assert deleted == ["p/old"]
     assert sorted(store.list("")) == ["p/ageless", "p/future", "p/marked", "p/young", "q/old"]
     # an hour later the ageless blob (first seen by the sweep above) and the young one go; the marked one stays
-    later = sweep_unreferenced(store, "p/", Mark(frozenset({"p/marked"}), at=NOW + 3600), rule,
-                               clock=_Clock(NOW + 3600))
+    later = sweep_unreferenced(
+        store, "p/", Mark(frozenset({"p/marked"}), at=NOW + 3600), rule, clock=_Clock(NOW + 3600)
+    )
     assert sorted(later.deleted) == ["p/ageless", "p/young"]
     assert sorted(store.list("p/")) == ["p/future", "p/marked"]
 
@@ -230,16 +232,27 @@ def test_an_incomplete_mark_sweeps_nothing_not_even_a_listing() -> None:
 
     store = NoListing()
     store.put("p/old", b"x", metadata=aged(7200))
-    swept = sweep_unreferenced(store, "p/", Mark(frozenset(), at=NOW, complete=False), GraceRule(0, FirstSeen()),
-                               clock=_Clock())
+    swept = sweep_unreferenced(
+        store, "p/", Mark(frozenset(), at=NOW, complete=False), GraceRule(0, FirstSeen()), clock=_Clock()
+    )
     assert swept.deleted == () and store.exists("p/old")
 
 
 def test_spare_expired_and_confirm_let_the_backend_decide_more() -> None:
-    store = _store(spared=aged(7200), expired={**aged(60), "expires_at": str(NOW - 1)},
-                   unexpired={**aged(60), "expires_at": str(NOW + 100)}, adopted=aged(7200), old=aged(7200))
+    store = _store(
+        spared=aged(7200),
+        expired={**aged(60), "expires_at": str(NOW - 1)},
+        unexpired={**aged(60), "expires_at": str(NOW + 100)},
+        adopted=aged(7200),
+        old=aged(7200),
+    )
     swept = sweep_unreferenced(
-        store, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=_Clock(), now=NOW,
+        store,
+        "p/",
+        Mark(frozenset(), at=NOW),
+        GraceRule(HOUR_MS, FirstSeen()),
+        clock=_Clock(),
+        now=NOW,
         spare=lambda name: name == "p/spared",
         expired=lambda metadata, now: float(metadata.get("expires_at", "inf")) <= now,
         confirm=lambda name: name != "p/adopted",
@@ -262,8 +275,9 @@ def test_the_sweep_stops_a_quarter_of_the_grace_period_after_its_mark() -> None:
     slow = Slow()
     slow.head = store.head  # type: ignore[method-assign]
     slow.list = store.list  # type: ignore[method-assign]
-    swept = sweep_unreferenced(slow, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=clock,
-                               batch=1)
+    swept = sweep_unreferenced(
+        slow, "p/", Mark(frozenset(), at=NOW), GraceRule(HOUR_MS, FirstSeen()), clock=clock, batch=1
+    )
     assert swept.stopped and len(swept.deleted) == 1
     assert len(list(store.list("p/"))) == 2
     # with no grace period there is no deadline

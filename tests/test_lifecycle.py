@@ -108,8 +108,10 @@ def test_two_attempts_opened_on_one_decision_cannot_both_commit(tmp_path: Path) 
     with open_blob_store(settings.blob_store_url) as blobs:
         decision = decide_open(settings, "task-0", task_checkpoint_log(settings, blobs, "task-0"))
         second = attrs.evolve(settings, local_dir=str(tmp_path / "b"))
-        with TaskStorage.open(settings, "task-0", blob_store=blobs, decision=decision) as one, \
-                TaskStorage.open(second, "task-0", blob_store=blobs, decision=decision) as two:
+        with (
+            TaskStorage.open(settings, "task-0", blob_store=blobs, decision=decision) as one,
+            TaskStorage.open(second, "task-0", blob_store=blobs, decision=decision) as two,
+        ):
             one.store("counts", typed=False).put(b"k", b"one")
             one.commit_durably({"input": "one"})
             two.store("counts", typed=False).put(b"k", b"two")
@@ -160,8 +162,7 @@ def test_the_checkpoint_log_of_a_task_is_built_in_one_place() -> None:
     for folder in ("statebackend", "backends"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-                        and node.func.id == "CheckpointLog"):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "CheckpointLog":
                     built.append(str(path.relative_to(ROOT)))
     assert built == ["statebackend/lifecycle.py"]
 

@@ -17,18 +17,27 @@ from statebackend.cli import main
 
 def test_reads_key_value_lines_comments_and_blanks(tmp_path: Path) -> None:
     path = tmp_path / "job.properties"
-    path.write_text("# the job\n! also a comment\n\n  job.name = clicks  \nblob.store.url=file:///tmp/x?a=b\n"
-                    "stores.counts.backup.factories=changelog\njob.name=clicks2\nempty.value=\n", encoding="utf-8")
-    assert load_config(path) == {"job.name": "clicks2", "blob.store.url": "file:///tmp/x?a=b",
-                                 "stores.counts.backup.factories": "changelog", "empty.value": ""}
+    path.write_text(
+        "# the job\n! also a comment\n\n  job.name = clicks  \nblob.store.url=file:///tmp/x?a=b\n"
+        "stores.counts.backup.factories=changelog\njob.name=clicks2\nempty.value=\n",
+        encoding="utf-8",
+    )
+    assert load_config(path) == {
+        "job.name": "clicks2",
+        "blob.store.url": "file:///tmp/x?a=b",
+        "stores.counts.backup.factories": "changelog",
+        "empty.value": "",
+    }
     assert load_config(str(path)) == load_config(path)
 
 
 def test_the_result_opens_a_task(tmp_path: Path) -> None:
     path = tmp_path / "job.properties"
-    path.write_text(f"job.name=clicks\nstate.local.dir={tmp_path / 'state'}\nblob.store.url={(tmp_path / 'b').as_uri()}\n"
-                    "blob.store.create.if.missing=true\nstores.counts.backup.factories=changelog\n"
-                    "stores.counts.key.serde=string\nstores.counts.msg.serde=integer\n")
+    path.write_text(
+        f"job.name=clicks\nstate.local.dir={tmp_path / 'state'}\nblob.store.url={(tmp_path / 'b').as_uri()}\n"
+        "blob.store.create.if.missing=true\nstores.counts.backup.factories=changelog\n"
+        "stores.counts.key.serde=string\nstores.counts.msg.serde=integer\n"
+    )
     config = load_config(path)
     assert Settings.from_config(config).job_name == "clicks"
     with TaskStorage.open(config, "task-0") as storage:

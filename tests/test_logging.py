@@ -21,9 +21,11 @@ def _all_modules() -> list[str]:
     import statebackend.checkpoint
 
     names = ["statebackend.checkpoint"]
-    found = [*pkgutil.walk_packages(statebackend.__path__, prefix="statebackend."),
-             *pkgutil.walk_packages(statebackend.backends.__path__, prefix="statebackend.backends."),
-             *pkgutil.walk_packages(statebackend.checkpoint.__path__, prefix="statebackend.checkpoint.")]
+    found = [
+        *pkgutil.walk_packages(statebackend.__path__, prefix="statebackend."),
+        *pkgutil.walk_packages(statebackend.backends.__path__, prefix="statebackend.backends."),
+        *pkgutil.walk_packages(statebackend.checkpoint.__path__, prefix="statebackend.checkpoint."),
+    ]
     for info in found:
         if info.name.startswith("statebackend.spark") or info.name.endswith(".__main__"):
             continue  # spark needs pyspark (checked by its source below); a __main__ runs the command
@@ -85,8 +87,15 @@ def test_restore_start_and_end_at_info_with_bytes_time_and_fields(
     assert start.levelno == end.levelno == logging.INFO
     assert "restoring checkpoint #1" in start.getMessage()
     assert f"{downloaded} bytes downloaded" in end.getMessage() and downloaded > 0
-    assert _fields(start) == {"job": "clicks", "task": "task-0", "store": None,
-                              "checkpoint_id": str(checkpoint.checkpoint_id), "seq": 1, "bytes": None, "ms": None}
+    assert _fields(start) == {
+        "job": "clicks",
+        "task": "task-0",
+        "store": None,
+        "checkpoint_id": str(checkpoint.checkpoint_id),
+        "seq": 1,
+        "bytes": None,
+        "ms": None,
+    }
     fields = _fields(end)
     assert fields["bytes"] == downloaded and isinstance(fields["ms"], int) and fields["ms"] >= 0
     assert fields["seq"] == 1 and fields["task"] == "task-0"
@@ -95,8 +104,15 @@ def test_restore_start_and_end_at_info_with_bytes_time_and_fields(
 def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = _config(tmp_path, **{"task.checkpoint.retained": 2, "changelog.snapshot.interval.commits": 2,
-                                  "changelog.gc.interval.commits": 1, "changelog.gc.grace.period.ms": 0})
+    config = _config(
+        tmp_path,
+        **{
+            "task.checkpoint.retained": 2,
+            "changelog.snapshot.interval.commits": 2,
+            "changelog.gc.interval.commits": 1,
+            "changelog.gc.grace.period.ms": 0,
+        },
+    )
     with TaskStorage.open(config, "task-0") as task:
         task.checkpoint_log.retention_interval = 2  # retention's batches within the commits below
         counts = task.store("counts")
@@ -125,8 +141,10 @@ def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
 
 
 def test_a_fallback_warning_names_the_store(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    config = _config(tmp_path, **{"stores.counts.backup.factories": "changelog,blobsnapshot",
-                                  "stores.counts.restore.factory": "changelog"})
+    config = _config(
+        tmp_path,
+        **{"stores.counts.backup.factories": "changelog,blobsnapshot", "stores.counts.restore.factory": "changelog"},
+    )
     with TaskStorage.open(config, "task-0") as task:
         task.store("counts").put("ada", 1)
         task.commit_durably({"clicks": "1"})

@@ -48,8 +48,9 @@ def make_config(backend: str, tmp_path: Path) -> dict[str, object]:
     return backend_helpers.make_config(backend, tmp_path, BACKENDS[backend])
 
 
-def lose_the_checkpoint_reply(task: TaskStorage, blobs: ControlledBlobStore, round_no: int,
-                              model: dict[bytes, bytes]) -> Any:
+def lose_the_checkpoint_reply(
+    task: TaskStorage, blobs: ControlledBlobStore, round_no: int, model: dict[bytes, bytes]
+) -> Any:
     """Commit ``round_no`` with its checkpoint write landing but reported failed; return the pending commit."""
     blobs.lose_reply, blobs.replies_to_lose = (lambda name: "/checkpoints/" in name), 1
     write_round(task, round_no, model)
@@ -151,7 +152,9 @@ def test_a_base_run_whose_checkpoint_reply_was_lost_is_listed_again_by_the_next_
     with TaskStorage.open(changelog, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
         task.commit_durably({"input": "0"})
-    config = dict(make_config("blobsnapshot", tmp_path), **{"stores.counts.restore.factories": "blobsnapshot,changelog"})
+    config = dict(
+        make_config("blobsnapshot", tmp_path), **{"stores.counts.restore.factories": "blobsnapshot,changelog"}
+    )
     config.pop("stores.counts.restore.factory")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         lose_the_checkpoint_reply(task, blobs, 1, model)  # uploads a base run: no blobsnapshot chain yet

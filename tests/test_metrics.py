@@ -155,8 +155,17 @@ def test_the_driver_merges_a_batch_keeping_every_tasks_series_apart(tmp_path: Pa
     assert _value(samples, "statebackend_commits_total", job_name=job, task="task-1") == 2
     for task in ("task-0", "task-1"):
         for backend in ("changelog", "blobsnapshot"):
-            assert _value(samples, "statebackend_commit_uploaded_bytes_total", job_name=job, task=task,
-                          store="counts", backend=backend) > 0
+            assert (
+                _value(
+                    samples,
+                    "statebackend_commit_uploaded_bytes_total",
+                    job_name=job,
+                    task=task,
+                    store="counts",
+                    backend=backend,
+                )
+                > 0
+            )
     assert _value(samples, "statebackend_commit_duration_seconds_count", task="task-1") == 2
     assert _value(samples, "statebackend_spark_batch_seconds_count", job_name=job) == 2
     assert _value(samples, "statebackend_spark_batch_seconds_sum", job_name=job) == pytest.approx(2.2)
@@ -181,7 +190,12 @@ def test_histograms_merge_exactly_across_tasks() -> None:
     expected = both.export().histogram("commit.sync.ms")
     assert histogram is not None and expected is not None
     assert (histogram.counts, histogram.count, histogram.sum, histogram.min, histogram.max) == (
-        expected.counts, expected.count, expected.sum, expected.min, expected.max)
+        expected.counts,
+        expected.count,
+        expected.sum,
+        expected.min,
+        expected.max,
+    )
     assert histogram.bounds == MS_BUCKETS and histogram.counts[-1] == 1  # 400 s lands above the last bound
     with pytest.raises(ValueError, match="different bucket bounds"):
         histogram.merge(HistogramData.empty((1.0, 2.0)))
@@ -237,12 +251,15 @@ def test_the_text_format_escapes_label_values_and_converts_milliseconds_to_secon
 # -- configuration ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("key", "value", "allowed"), [
-    ("metrics.otel", "maybe", "one of auto, on, off"),
-    ("metrics.prometheus.port", "70000", "from 0 to 65535"),
-    ("metrics.prometheus.textfile.dir", "", "a non-empty directory path"),
-    ("metrics.prometheus.push.url", "http://user:pw@gateway:9091", "http://host:port"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "allowed"),
+    [
+        ("metrics.otel", "maybe", "one of auto, on, off"),
+        ("metrics.prometheus.port", "70000", "from 0 to 65535"),
+        ("metrics.prometheus.textfile.dir", "", "a non-empty directory path"),
+        ("metrics.prometheus.push.url", "http://user:pw@gateway:9091", "http://host:port"),
+    ],
+)
 def test_a_wrong_metrics_value_names_the_key_and_what_is_allowed(
     tmp_path: Path, key: str, value: str, allowed: str
 ) -> None:
@@ -277,11 +294,19 @@ def test_the_textfile_holds_the_tasks_metrics_after_commits_and_a_restore(tmp_pa
     assert _value(samples, "statebackend_restore_seconds_count", **mine) == 2
     assert [p.name for p in textfiles.iterdir()] == [path.name]  # no temp file left
     # the per-store series say which store and which backend: both backends upload the one store, one restores it
-    uploaded = {(ls["store"], ls["backend"]) for (n, labels), v in samples.items()
-                if n == "statebackend_commit_uploaded_bytes_total" and v > 0 for ls in [dict(labels)]}
+    uploaded = {
+        (ls["store"], ls["backend"])
+        for (n, labels), v in samples.items()
+        if n == "statebackend_commit_uploaded_bytes_total" and v > 0
+        for ls in [dict(labels)]
+    }
     assert uploaded == {("counts", "changelog"), ("counts", "blobsnapshot")}
-    restored = {(ls["store"], ls["backend"]) for (n, labels), v in samples.items()
-                if n == "statebackend_restore_downloaded_bytes_total" and v > 0 for ls in [dict(labels)]}
+    restored = {
+        (ls["store"], ls["backend"])
+        for (n, labels), v in samples.items()
+        if n == "statebackend_restore_downloaded_bytes_total" and v > 0
+        for ls in [dict(labels)]
+    }
     assert len(restored) == 1 and restored <= uploaded
     assert _value(samples, "statebackend_restore_store_seconds_count", store="counts", **mine) == 1
 
@@ -366,8 +391,9 @@ def test_the_endpoint_serves_every_task_of_the_process_after_real_commits(tmp_pa
 
 
 @pytest.mark.slow
-def test_a_port_that_cannot_be_bound_is_logged_and_the_task_runs(tmp_path: Path,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_a_port_that_cannot_be_bound_is_logged_and_the_task_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -408,8 +434,10 @@ def test_a_closing_task_pushes_its_metrics_to_the_gateway(tmp_path: Path) -> Non
 
 
 def _remote_config(tmp_path: Path, kind: str, server: Any) -> dict[str, Any]:
-    config = _config(tmp_path, **{"metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"),
-                                  "blob.store.part.size.bytes": "5MiB"})
+    config = _config(
+        tmp_path,
+        **{"metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"), "blob.store.part.size.bytes": "5MiB"},
+    )
     config["stores.counts.backup.factories"] = "changelog"
     config["stores.counts.msg.serde"] = "bytes"
     if kind == "s3":
@@ -459,7 +487,8 @@ def test_blob_store_request_and_byte_counters_move_on_a_real_server(
     assert _value(samples, "statebackend_blob_store_received_bytes_total", operation="get") >= delta_bytes
     assert _value(samples, "statebackend_blob_store_request_seconds_count", operation="list") >= 2
     assert _value(samples, "statebackend_blob_store_attempts_per_request_count") == _value(
-        samples, "statebackend_blob_store_requests_total")
+        samples, "statebackend_blob_store_requests_total"
+    )
     assert _value(samples, "statebackend_restore_stores_full_total") == 1
 
 
@@ -583,8 +612,11 @@ def test_opentelemetry_data_points_carry_the_requests_own_labels(otel_reader: In
     assert store.get("a") == b"xyz"
     store.close()
     points = _points(otel_reader)
-    requests = {(p.attributes["operation"], p.attributes["outcome"]): p.value
-                for p in points["statebackend.blob_store.requests"] if p.attributes["job_name"] == "j"}
+    requests = {
+        (p.attributes["operation"], p.attributes["outcome"]): p.value
+        for p in points["statebackend.blob_store.requests"]
+        if p.attributes["job_name"] == "j"
+    }
     assert requests == {("put", "ok"): 1, ("get", "ok"): 1}
     received = [p for p in points["statebackend.blob_store.bytes.received"] if p.attributes["task"] == "t"]
     assert [(p.attributes["operation"], p.value) for p in received] == [("get", 3)]
@@ -622,8 +654,11 @@ def test_every_dashboard_query_reads_metrics_of_the_catalogue_with_their_labels(
             assert spec is not None, f"{name} in {query} is not a metric of statebackend/metrics/catalogue.py"
             assert (name == spec.prometheus) == (spec.kind == "counter"), f"{name}: a {spec.kind} is read as {name}"
             for group in re.findall(r"by \(([^)]*)\)", query):
-                allowed = {"job_name", "task", "le", *spec.labels} if spec.kind == "histogram" else {
-                    "job_name", "task", *spec.labels}
+                allowed = (
+                    {"job_name", "task", "le", *spec.labels}
+                    if spec.kind == "histogram"
+                    else {"job_name", "task", *spec.labels}
+                )
                 if spec.name.startswith("spark."):  # the driver's own: no task
                     allowed -= {"task"}
                 extra = {label.strip() for label in group.split(",")} - allowed

@@ -58,19 +58,23 @@ def attempt_batch(job: JobSpec, batch_id: int, words: list[str], fn: Any = count
 
 
 def test_the_core_imports_no_spark() -> None:
-    code = ("import sys, statebackend.microbatch.attempt, statebackend.microbatch.coordinator; "
-            "print('pyspark' in sys.modules)")
+    code = (
+        "import sys, statebackend.microbatch.attempt, statebackend.microbatch.coordinator; "
+        "print('pyspark' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
 
 def test_an_attempt_commits_its_batch_and_the_next_one_builds_on_it_without_parsing_the_config(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     job = JobSpec.from_config(make_config(tmp_path), fn=count, num_tasks=1, key_groups=4, key_types=("string",))
     parses = []
     original = Settings.from_config.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(Settings, "from_config",
-                        classmethod(lambda cls, config: parses.append(1) or original(cls, config)))
+    monkeypatch.setattr(
+        Settings, "from_config", classmethod(lambda cls, config: parses.append(1) or original(cls, config))
+    )
     out0, stats0 = attempt_batch(job, 0, ["a", "b", "a"])
     out1, stats1 = attempt_batch(job, 1, ["a"])
     assert parses == []  # the workers use the settings the spec carries
@@ -118,7 +122,8 @@ def test_what_an_attempt_logs_at_warning_travels_back_in_its_report(tmp_path: Pa
 
     _, stats = attempt_batch(job, 0, ["a"], fn=warn)
     assert [(w.level, w.message, w.logger) for w in stats.warnings] == [
-        ("WARNING", "retrying a put: reset by peer", "statebackend.blobstores.test")]
+        ("WARNING", "retrying a put: reset by peer", "statebackend.blobstores.test")
+    ]
 
 
 def stats_of(task: int, *, commit_ms: float, restored: int = 0, warnings: tuple[Any, ...] = ()) -> TaskStats:
@@ -130,14 +135,28 @@ def stats_of(task: int, *, commit_ms: float, restored: int = 0, warnings: tuple[
         metrics.increment("restore.bytes", restored)
     else:
         metrics.increment("restore.stores.reused")
-    return TaskStats(batch_id=3, task_index=task, attempt=0, base_seq=2, committed_seq=3, open_ms=1.0,
-                     process_ms=10.0 * (task + 1), commit_ms=commit_ms, commit_sync_ms=1.0, input_rows=5,
-                     output_rows=2, private_dir=False, metrics=metrics.export(), timers_fired=task,
-                     warnings=warnings)
+    return TaskStats(
+        batch_id=3,
+        task_index=task,
+        attempt=0,
+        base_seq=2,
+        committed_seq=3,
+        open_ms=1.0,
+        process_ms=10.0 * (task + 1),
+        commit_ms=commit_ms,
+        commit_sync_ms=1.0,
+        input_rows=5,
+        output_rows=2,
+        private_dir=False,
+        metrics=metrics.export(),
+        timers_fired=task,
+        warnings=warnings,
+    )
 
 
 def test_the_coordinator_logs_one_line_a_batch_carries_warnings_and_keeps_task_labels(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from statebackend.microbatch.protocol import AttemptWarning
 
     settings = Settings.from_config(make_config(tmp_path))
@@ -148,12 +167,20 @@ def test_the_coordinator_logs_one_line_a_batch_carries_warnings_and_keeps_task_l
     stats = [stats_of(0, commit_ms=4.0, restored=2048, warnings=(warning,)), stats_of(1, commit_ms=8.0)]
     caplog.set_level(logging.INFO, logger="statebackend")
     released = []
-    _, output, report = coordinator.run(3, lambda confirming: (lambda: released.append(1), "out", stats),
-                                        confirming=False)
+    _, output, report = coordinator.run(
+        3, lambda confirming: (lambda: released.append(1), "out", stats), confirming=False
+    )
     assert output == "out" and released == [] and reports == [report]
-    assert (report.input_rows, report.output_rows, report.committed, report.stores_restored,
-            report.stores_reused, report.restore_bytes, report.blob_requests, report.timers_fired) == (
-                10, 4, 2, 1, 1, 2048, 4, 1)
+    assert (
+        report.input_rows,
+        report.output_rows,
+        report.committed,
+        report.stores_restored,
+        report.stores_reused,
+        report.restore_bytes,
+        report.blob_requests,
+        report.timers_fired,
+    ) == (10, 4, 2, 1, 1, 2048, 4, 1)
     assert report.slowest_task == "task-1" and report.commit_max_ms == 8.0
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert lines[0].startswith("batch 3: the first batch of this query") and lines[1:] == [report.line()]
@@ -166,8 +193,9 @@ def test_the_coordinator_logs_one_line_a_batch_carries_warnings_and_keeps_task_l
     assert batch_time is not None and batch_time.count == 1
 
 
-def test_a_long_batch_says_on_the_driver_that_it_is_still_running(tmp_path: Path,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_a_long_batch_says_on_the_driver_that_it_is_still_running(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     import threading
 
     caplog.set_level(logging.INFO, logger="statebackend")
@@ -182,6 +210,7 @@ def test_a_long_batch_says_on_the_driver_that_it_is_still_running(tmp_path: Path
     handler = Seen()
     logging.getLogger("statebackend").addHandler(handler)
     try:
+
         def slow(confirming: bool) -> Any:
             assert said.wait(600), "no progress line while the batch ran"  # the tasks end once it was said
             return lambda: None, None, [stats_of(0, commit_ms=1.0)]
@@ -202,8 +231,7 @@ def test_a_listener_that_fails_does_not_fail_the_batch(tmp_path: Path, caplog: p
         raise ValueError("listener bug")
 
     coordinator = BatchCoordinator(Settings.from_config(make_config(tmp_path)), 1, Metrics(), on_batch=listener)
-    _, _, report = coordinator.run(0, lambda c: (lambda: None, None, [stats_of(0, commit_ms=1.0)]),
-                                   confirming=False)
+    _, _, report = coordinator.run(0, lambda c: (lambda: None, None, [stats_of(0, commit_ms=1.0)]), confirming=False)
     assert report.committed == 1
     assert any("on_batch listener failed" in r.getMessage() for r in caplog.records)
 
@@ -224,14 +252,19 @@ def test_a_spark_failure_is_summarized_with_the_error_first_and_the_users_frame(
         "    raise SerdeError(...)\n"
         "statebackend.errors.SerdeError: store 'totals': the json serde cannot encode the value of key 'ada'\n"
         "(statebackend: raised in orders.total of task-2, batch 7, attempt 0)\n"
-        "\n\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:600)\n")
+        "\n\tat org.apache.spark.api.python.BasePythonRunner.handlePythonException(PythonRunner.scala:600)\n"
+    )
     summary = summarized(RuntimeError(trace), 7)
     assert isinstance(summary, TaskFailedError)
     lines = str(summary).splitlines()
-    assert lines[0] == ("task-2 of batch 7 failed: statebackend.errors.SerdeError: store 'totals': the json serde "
-                        "cannot encode the value of key 'ada'")
-    assert "in your code: /home/ada/jobs/orders.py, line 17, in total: totals.put(row.user, Decimal(row.amount))" \
+    assert lines[0] == (
+        "task-2 of batch 7 failed: statebackend.errors.SerdeError: store 'totals': the json serde "
+        "cannot encode the value of key 'ada'"
+    )
+    assert (
+        "in your code: /home/ada/jobs/orders.py, line 17, in total: totals.put(row.user, Decimal(row.amount))"
         in str(summary)
+    )
     assert summarized(RuntimeError("no traceback here"), 7) is None
 
 

@@ -45,8 +45,9 @@ def work(task: TaskStorage, model: dict[bytes, bytes], round_no: int) -> None:
             model[key] = value
 
 
-def run_step(config: dict[str, object], blobs: MemoryBlobStore, model: dict[bytes, bytes], rounds: range,
-             offsets: list[int]) -> TaskStorage:
+def run_step(
+    config: dict[str, object], blobs: MemoryBlobStore, model: dict[bytes, bytes], rounds: range, offsets: list[int]
+) -> TaskStorage:
     """Open (restoring), check the state is exact, commit some rounds, close; returns the closed task for metrics."""
     task = TaskStorage.open(config, "task-0", blob_store=blobs)
     try:
@@ -61,8 +62,9 @@ def run_step(config: dict[str, object], blobs: MemoryBlobStore, model: dict[byte
     return task
 
 
-def reopen_exact(config: dict[str, object], blobs: MemoryBlobStore, model: dict[bytes, bytes],
-                 tmp_path: Path, *, wipe: bool) -> TaskStorage:
+def reopen_exact(
+    config: dict[str, object], blobs: MemoryBlobStore, model: dict[bytes, bytes], tmp_path: Path, *, wipe: bool
+) -> TaskStorage:
     if wipe:
         shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -139,8 +141,9 @@ def test_rolling_back_from_dual_to_changelog_loses_nothing(tmp_path: Path) -> No
 def test_dual_commit_writes_both_markers_in_one_checkpoint(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     url = f"memory://{uuid.uuid4().hex}"
-    with TaskStorage.open(config_for(tmp_path, url, "changelog,blobsnapshot", "blobsnapshot"), "task-0",
-                          blob_store=blobs) as task:
+    with TaskStorage.open(
+        config_for(tmp_path, url, "changelog,blobsnapshot", "blobsnapshot"), "task-0", blob_store=blobs
+    ) as task:
         work(task, {}, 0)
         checkpoint = task.commit_durably({"input": "0"})
     assert set(checkpoint.markers_for("changelog")) == {"counts"}

@@ -29,7 +29,7 @@ from statebackend.testing.mutants import BACKEND_MUTANTS, BLOB_STORE_MUTANTS, Mu
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-BACKEND_MODULE = '''
+BACKEND_MODULE = """
 from typing import Any, ClassVar
 from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.reference import REFERENCE_BACKEND
@@ -41,21 +41,21 @@ class _Fast(BackendContract):
     extra_config: ClassVar[dict[str, Any]] = {"task.commit.timeout.ms": 6_000}
 
 
-'''
+"""
 
-BACKEND_BASE = '''
+BACKEND_BASE = """
 
 class TestBase(BackendContract):  # the suite's own waits: a correct backend passes however loaded the machine is
     backup_factories: ClassVar[str] = REFERENCE_BACKEND
-'''
+"""
 
-BACKEND_CLASS = '''
+BACKEND_CLASS = """
 
 class TestMutant_{name}(_Fast):
     backup_factories: ClassVar[str] = "{target}"
-'''
+"""
 
-BLOB_STORE_MODULE = '''
+BLOB_STORE_MODULE = """
 from collections.abc import Iterator
 import pytest
 from statebackend.blobstores.memory import MemoryBlobStore
@@ -79,16 +79,16 @@ class _Memory(BlobStoreContract):
 
 class TestBase(_Memory):
     pass
-'''
+"""
 
-BLOB_STORE_CLASS = '''
+BLOB_STORE_CLASS = """
 
 class TestMutant_{name}(_Memory):
     store_class = {name}
-'''
+"""
 
 
-STOP_AT_FIRST_KILL = '''
+STOP_AT_FIRST_KILL = """
 import pytest
 
 _killed: set[str] = set()
@@ -105,7 +105,7 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     if report.failed and item.cls is not None and item.cls.__name__.startswith("TestMutant_"):
         _killed.add(item.cls.__name__)
-'''
+"""
 
 
 @attrs.frozen
@@ -147,10 +147,24 @@ def _start(tmp: Path, suite: str, sources: list[str]) -> SuiteRun:
         if not os.environ.get("STATEBACKEND_KILL_TABLE"):
             (folder / "conftest.py").write_text(STOP_AT_FIRST_KILL)
         report = folder / "report.xml"
-        command = [sys.executable, "-m", "pytest", str(module), "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                   "--junitxml", str(report), "--basetemp", str(folder / "tmp")]
-        processes.append((subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                           text=True), report))
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(module),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--junitxml",
+            str(report),
+            "--basetemp",
+            str(folder / "tmp"),
+        ]
+        processes.append(
+            (subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), report)
+        )
     return SuiteRun(suite, tuple(processes))
 
 
@@ -158,11 +172,14 @@ def _start(tmp: Path, suite: str, sources: list[str]) -> SuiteRun:
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SuiteRun]]:
     tmp = tmp_path_factory.mktemp("mutants")
     # the backend suite in two processes: the correct base (every test) beside the mutants (each until a test kills it)
-    backend = [BACKEND_MODULE + BACKEND_BASE, BACKEND_MODULE + "".join(
-        BACKEND_CLASS.format(name=m.name, target=m.target) for m in BACKEND_MUTANTS)]
+    backend = [
+        BACKEND_MODULE + BACKEND_BASE,
+        BACKEND_MODULE + "".join(BACKEND_CLASS.format(name=m.name, target=m.target) for m in BACKEND_MUTANTS),
+    ]
     imports = "\n".join(f"from {m.target.partition(':')[0]} import {m.name}" for m in BLOB_STORE_MUTANTS)
     blob = BLOB_STORE_MODULE.format(imports=imports) + "".join(
-        BLOB_STORE_CLASS.format(name=m.name) for m in BLOB_STORE_MUTANTS)
+        BLOB_STORE_CLASS.format(name=m.name) for m in BLOB_STORE_MUTANTS
+    )
     started = {"backend": _start(tmp, "backend", backend), "blobstore": _start(tmp, "blobstore", [blob])}
     try:
         yield started
@@ -176,15 +193,26 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SuiteRu
 
 def _kill_table(suite: str, mutants: tuple[Mutant, ...], outcomes: dict[str, dict[str, str]]) -> dict[str, object]:
     base = outcomes.get("TestBase", {})
-    table = {m.name: sorted(test for test, outcome in outcomes.get(f"TestMutant_{m.name}", {}).items()
-                            if outcome == "failed") for m in mutants}
+    table = {
+        m.name: sorted(
+            test for test, outcome in outcomes.get(f"TestMutant_{m.name}", {}).items() if outcome == "failed"
+        )
+        for m in mutants
+    }
     killed = sum(1 for tests in table.values() if tests)
-    print(f"\n{suite} suite: {killed} of {len(mutants)} mutants killed; the correct base: "
-          f"{sum(o == 'passed' for o in base.values())} of {len(base)} tests passed")
+    print(
+        f"\n{suite} suite: {killed} of {len(mutants)} mutants killed; the correct base: "
+        f"{sum(o == 'passed' for o in base.values())} of {len(base)} tests passed"
+    )
     for mutant in mutants:
         print(f"  {mutant.name:24} {', '.join(table[mutant.name]) or 'SURVIVED'}")
-    return {"suite": suite, "base": base, "killed_by": table,
-            "breaks": {m.name: m.breaks for m in mutants}, "tests": len(base)}
+    return {
+        "suite": suite,
+        "base": base,
+        "killed_by": table,
+        "breaks": {m.name: m.breaks for m in mutants},
+        "tests": len(base),
+    }
 
 
 def _record(entry: dict[str, object]) -> None:
@@ -206,8 +234,9 @@ def test_the_suite_passes_its_correct_base_and_kills_every_mutant(
     _record(entry)
     base = outcomes.get("TestBase", {})
     assert len(base) >= 20, f"the {suite} suite ran only {len(base)} tests on its correct base"
-    assert {test: o for test, o in base.items() if o != "passed"} == {}, \
+    assert {test: o for test, o in base.items() if o != "passed"} == {}, (
         f"the {suite} suite does not pass its correct base"
+    )
     for mutant in mutants:
         ran = outcomes.get(f"TestMutant_{mutant.name}", {})
         assert len(ran) == len(base), f"{mutant.name}: ran {len(ran)} of the suite's {len(base)} tests"

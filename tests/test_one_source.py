@@ -95,8 +95,11 @@ def test_the_resilience_defaults_are_the_schema_defaults() -> None:
 @pytest.mark.parametrize("store_class", [AzureBlobStore, S3BlobStore])
 def test_the_remote_stores_defaults_are_their_schema_defaults(store_class: type[PartedBlobStore]) -> None:
     parameters = inspect.signature(store_class.__init__).parameters
-    for parameter, option in {"part_size": "part.size.bytes", "max_concurrency": "max.concurrency",
-                              "create_if_missing": "create.if.missing"}.items():
+    for parameter, option in {
+        "part_size": "part.size.bytes",
+        "max_concurrency": "max.concurrency",
+        "create_if_missing": "create.if.missing",
+    }.items():
         assert parameters[parameter].default == default_of(store_class.options, option), parameter
 
 
@@ -192,8 +195,11 @@ def test_the_blob_store_guide_gives_each_schemes_default_of_every_option() -> No
 def own_blob_store_option_schemas() -> dict[str, Mapping[str, OptionSpec]]:
     """The option schemas of statebackend's own schemes (the docs give those, not the ones an installed third-party
     package adds, such as the example mem2://)."""
-    own = {ep.name for ep in importlib.metadata.entry_points(group=base.ENTRY_POINT_GROUP)
-           if ep.dist is not None and ep.dist.name == "statebackend"}
+    own = {
+        ep.name
+        for ep in importlib.metadata.entry_points(group=base.ENTRY_POINT_GROUP)
+        if ep.dist is not None and ep.dist.name == "statebackend"
+    }
     assert own == {"file", "memory", "az", "s3"}
     return {scheme: schema for scheme, schema in base.blob_store_option_schemas().items() if scheme in own}
 
@@ -219,8 +225,22 @@ def test_config_takes_exactly_the_serdes_statebackend_defines() -> None:
 # -- names ------------------------------------------------------------------------------------------------------
 
 VALID_NAMES = ["a", "7", "task-0", "orders.by.id", "A_b-C.9", "x" * NAME_MAX_LENGTH, "a..b"]
-INVALID_NAMES = ["", ".", "..", ".hidden", "-rf", "_x", "a/b", "a\\b", "a b", "tâche", "x" * (NAME_MAX_LENGTH + 1),
-                 "a\x00b", "a\nb", "t:0"]
+INVALID_NAMES = [
+    "",
+    ".",
+    "..",
+    ".hidden",
+    "-rf",
+    "_x",
+    "a/b",
+    "a\\b",
+    "a b",
+    "tâche",
+    "x" * (NAME_MAX_LENGTH + 1),
+    "a\x00b",
+    "a\nb",
+    "t:0",
+]
 
 
 @pytest.mark.parametrize("name", VALID_NAMES)
@@ -234,8 +254,9 @@ def test_a_name_the_rule_refuses_names_what_is_wrong_and_what_is_allowed(name: A
         check_name("task name", name)
     message = str(info.value)
     assert message.startswith(f"task name {name!r} is not valid: ")
-    assert message.endswith(f"allowed: 1 to {NAME_MAX_LENGTH} ASCII letters, digits, '.', '_' or '-', starting with a "
-                            "letter or digit")
+    assert message.endswith(
+        f"allowed: 1 to {NAME_MAX_LENGTH} ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
+    )
 
 
 @pytest.mark.parametrize("name", [*VALID_NAMES, *INVALID_NAMES])
@@ -262,8 +283,14 @@ def test_a_dotted_store_name_leaves_every_store_key_unambiguous() -> None:
     for option in STORE_OPTIONS:
         for other in STORE_OPTIONS:
             assert not option.endswith("." + other), f"stores.<name>.{option} could be read as option {other}"
-    settings = Settings.from_config({"blob.store.url": URL, "stores.a.backup.factories": "changelog",
-                                     "stores.a.ttl.backup.factories": "changelog", "stores.a.ttl.ttl.ms": "5s"})
+    settings = Settings.from_config(
+        {
+            "blob.store.url": URL,
+            "stores.a.backup.factories": "changelog",
+            "stores.a.ttl.backup.factories": "changelog",
+            "stores.a.ttl.ttl.ms": "5s",
+        }
+    )
     assert (settings.stores["a"].ttl_ms, settings.stores["a.ttl"].ttl_ms) == (None, 5000)
 
 
@@ -330,14 +357,25 @@ def test_the_stores_use_the_values_config_parsed_without_parsing_again(monkeypat
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")  # boto3 would otherwise look for credentials on the network
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     account_key = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-    tuned = {"blob.store.max.concurrency": "16", "blob.store.retry.max.attempts": "7",
-             "blob.store.part.size.bytes": "16MiB", "blob.store.hedge.after.ms": "2s"}
+    tuned = {
+        "blob.store.max.concurrency": "16",
+        "blob.store.retry.max.attempts": "7",
+        "blob.store.part.size.bytes": "16MiB",
+        "blob.store.hedge.after.ms": "2s",
+    }
     configs = {
-        "s3": {"blob.store.url": "s3://bucket/prefix", "blob.store.endpoint.url": "http://127.0.0.1:9",
-               "blob.store.region": "us-east-1", **tuned},
-        "az": {"blob.store.url": "az://container/prefix", **tuned, "blob.store.connection.string":
-               f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={account_key};"
-               "BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;"},
+        "s3": {
+            "blob.store.url": "s3://bucket/prefix",
+            "blob.store.endpoint.url": "http://127.0.0.1:9",
+            "blob.store.region": "us-east-1",
+            **tuned,
+        },
+        "az": {
+            "blob.store.url": "az://container/prefix",
+            **tuned,
+            "blob.store.connection.string": f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={account_key};"
+            "BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;",
+        },
     }
     parsed = {scheme: Settings.from_config(config) for scheme, config in configs.items()}
 

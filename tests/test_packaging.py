@@ -38,8 +38,9 @@ def test_a_users_own_checkpoint_and_backends_modules_do_not_shadow_ours(tmp_path
     (tmp_path / "backends").mkdir()
     (tmp_path / "backends" / "__init__.py").write_text("MINE = True\n")
     (tmp_path / "job.py").write_text(SCRIPT)
-    result = subprocess.run([sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                            check=False)
+    result = subprocess.run(
+        [sys.executable, "job.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "{b'k': b'v'}"
 
@@ -53,8 +54,13 @@ def test_every_log_record_comes_from_a_statebackend_logger(tmp_path: Path, caplo
     import pytest
 
     assert isinstance(caplog, pytest.LogCaptureFixture)
-    config = {"job.name": "j", "state.local.dir": str(tmp_path / "state"), "blob.store.url": "memory://packaging",
-              "stores.s.backup.factories": "changelog,blobsnapshot", "changelog.snapshot.interval.commits": 1}
+    config = {
+        "job.name": "j",
+        "state.local.dir": str(tmp_path / "state"),
+        "blob.store.url": "memory://packaging",
+        "stores.s.backup.factories": "changelog,blobsnapshot",
+        "changelog.snapshot.interval.commits": 1,
+    }
     with caplog.at_level(logging.DEBUG):
         for n in range(3):
             with TaskStorage.open(config, "task-0") as task:
@@ -68,8 +74,12 @@ def test_every_log_record_comes_from_a_statebackend_logger(tmp_path: Path, caplo
 def test_objects_that_hold_resources_compare_by_identity(tmp_path: Path) -> None:
     # attrs' value equality on a TaskStorage compared every store, pool and log field by field, and made two open
     # handles of the same task "equal"
-    config = {"job.name": "j", "state.local.dir": str(tmp_path / "state"), "blob.store.url": "memory://identity",
-              "stores.s.backup.factories": "changelog"}
+    config = {
+        "job.name": "j",
+        "state.local.dir": str(tmp_path / "state"),
+        "blob.store.url": "memory://identity",
+        "stores.s.backup.factories": "changelog",
+    }
     with TaskStorage.open(config, "task-0") as task:
         # a shallow copy holds the very same fields: equal by value, not the same object
         assert copy.copy(task) != task

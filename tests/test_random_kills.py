@@ -62,21 +62,29 @@ def test_random_sigkills_never_lose_an_acknowledged_commit(work: Path, backends:
 @pytest.mark.s3
 def test_random_sigkills_on_the_s3_server(work: Path, s3_server: object) -> None:
     """The same on moto's S3 server: kills also land between a multipart upload's parts and its completion."""
-    _kill_rounds(work, "changelog,blobsnapshot", {
-        "blob.store.url": f"s3://t-{uuid.uuid4().hex[:20]}/state",
-        "blob.store.endpoint.url": s3_server.endpoint,  # type: ignore[attr-defined]
-        "blob.store.create.if.missing": True,
-    })
+    _kill_rounds(
+        work,
+        "changelog,blobsnapshot",
+        {
+            "blob.store.url": f"s3://t-{uuid.uuid4().hex[:20]}/state",
+            "blob.store.endpoint.url": s3_server.endpoint,  # type: ignore[attr-defined]
+            "blob.store.create.if.missing": True,
+        },
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.azure
 def test_random_sigkills_on_azurite(work: Path, azurite_connection: str) -> None:
-    _kill_rounds(work, "changelog,blobsnapshot", {
-        "blob.store.url": f"az://t{uuid.uuid4().hex[:20]}/state",
-        "blob.store.connection.string": azurite_connection,
-        "blob.store.create.if.missing": True,
-    })
+    _kill_rounds(
+        work,
+        "changelog,blobsnapshot",
+        {
+            "blob.store.url": f"az://t{uuid.uuid4().hex[:20]}/state",
+            "blob.store.connection.string": azurite_connection,
+            "blob.store.create.if.missing": True,
+        },
+    )
 
 
 def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | None) -> None:
@@ -92,10 +100,11 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
     def durable_commit(directory: Path) -> int:
         if blob_config is None:
             return _durable_commit(directory)
-        options = {key[len("blob.store."):]: value for key, value in blob_config.items() if key != "blob.store.url"}
+        options = {key[len("blob.store.") :]: value for key, value in blob_config.items() if key != "blob.store.url"}
         with open_blob_store(str(blob_config["blob.store.url"]), options) as store:
             entry = CheckpointLog(store, "job", TASK).latest()
         return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
+
     if blob_config is not None:  # a first child creates the bucket or container (a kill may come before it can)
         first = _child_with(workdir, work / "first.json", env)
         assert first.returncode == 0, first.stderr[-3000:]
@@ -109,7 +118,11 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
         (workdir / STARTED_FILE).unlink(missing_ok=True)
         child = subprocess.Popen(
             [sys.executable, "-m", "tests.crash_child", str(workdir), str(report_path), "100000"],
-            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         try:
             _wait_until(child, lambda: (workdir / STARTED_FILE).exists(), "started its work")
@@ -168,7 +181,12 @@ def _child_with(workdir: Path, report: Path, env: dict[str, str]) -> subprocess.
     timeout only guards a hang: 90 s on an idle machine, stretched by its load."""
     return subprocess.run(
         [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), "0"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=scaled(90), check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(90),
+        check=False,
     )
 
 

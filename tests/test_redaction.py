@@ -216,8 +216,8 @@ def test_azure_credentials_never_appear(
         with open_blob_store(f"az://{container}/p", _azure_form("connection-string-account-key", port)[0]) as admin:
             admin.create_resources()  # type: ignore[attr-defined]
     store = open_blob_store(
-        f"az://{container}/p", {**options, "retry.max.attempts": 2, "retry.base.delay.ms": 1,
-                                "request.timeout.ms": _timeout_ms(reachable)}
+        f"az://{container}/p",
+        {**options, "retry.max.attempts": 2, "retry.base.delay.ms": 1, "request.timeout.ms": _timeout_ms(reachable)},
     )
     try:
         errors = _exercise(store, reachable)
@@ -238,8 +238,13 @@ def test_aws_secret_key_and_session_token_never_appear(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     monkeypatch.setenv("AWS_SESSION_TOKEN", token)
     endpoint = s3_server.endpoint if reachable else f"http://127.0.0.1:{free_port()}"
-    options = {"endpoint.url": endpoint, "create.if.missing": True, "retry.max.attempts": 2,
-               "retry.base.delay.ms": 1, "request.timeout.ms": _timeout_ms(reachable)}
+    options = {
+        "endpoint.url": endpoint,
+        "create.if.missing": True,
+        "retry.max.attempts": 2,
+        "retry.base.delay.ms": 1,
+        "request.timeout.ms": _timeout_ms(reachable),
+    }
     store = open_blob_store(f"s3://t-{uuid.uuid4().hex[:20]}/p", options)
     try:
         if reachable:
@@ -254,15 +259,21 @@ def test_aws_secret_key_and_session_token_never_appear(
 
 @pytest.mark.parametrize(
     "url",
-    ["s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@bucket/p",
-     "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMI/K7MDENGbPxRfiCYEXAMPLEKEY@bucket/p",
-     "az://user:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@container/p",
-     "az://container/p?sv=2021&sig=wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY"],
+    [
+        "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@bucket/p",
+        "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMI/K7MDENGbPxRfiCYEXAMPLEKEY@bucket/p",
+        "az://user:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@container/p",
+        "az://container/p?sv=2021&sig=wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY",
+    ],
 )
 def test_credentials_in_the_url_are_refused_without_echoing_them(url: str) -> None:
     with pytest.raises(ConfigError) as caught:
-        open_blob_store(url, {"endpoint.url": "http://127.0.0.1:9"} if url.startswith("s3") else
-                        _azure_form("connection-string-account-key", 9)[0])
+        open_blob_store(
+            url,
+            {"endpoint.url": "http://127.0.0.1:9"}
+            if url.startswith("s3")
+            else _azure_form("connection-string-account-key", 9)[0],
+        )
     _assert_clean(_texts_of(caught.value), ["wJalrXUtnFEMIK7MDENG", "AKIAEXAMPLEKEY"])
     assert "blob.store.url" in str(caught.value)
 
@@ -277,25 +288,30 @@ def _cli(tmp_path: Path, config: dict[str, str], *args: str) -> tuple[int, str]:
 
 
 @pytest.mark.azure
-@pytest.mark.parametrize("form", ["connection-string-sas", "account-url-with-sas", "credential-sas-string",
-                                  "connection-string-account-key"])
+@pytest.mark.parametrize(
+    "form", ["connection-string-sas", "account-url-with-sas", "credential-sas-string", "connection-string-account-key"]
+)
 @pytest.mark.parametrize("command", [("validate",), ("checkpoints", "task-0")])
 def test_cli_output_never_shows_a_credential(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], form: str, command: tuple[str, ...]
 ) -> None:
     options, secrets = _azure_form(form, free_port())  # unreachable: every command fails and says why
     config = {f"blob.store.{key}": str(value) for key, value in options.items()}
-    config.update({"blob.store.url": f"az://t{uuid.uuid4().hex[:20]}/p", "blob.store.retry.max.attempts": "1",
-                   "blob.store.request.timeout.ms": "2000", "stores.counts.backup.factories": "changelog"})
+    config.update(
+        {
+            "blob.store.url": f"az://t{uuid.uuid4().hex[:20]}/p",
+            "blob.store.retry.max.attempts": "1",
+            "blob.store.request.timeout.ms": "2000",
+            "stores.counts.backup.factories": "changelog",
+        }
+    )
     status, _ = _cli(tmp_path, config, *command)
     out, err = capsys.readouterr()
     assert status != 0 and err.startswith("statebackend:")
     _assert_clean([out, err], secrets)
 
 
-def test_cli_refuses_a_url_with_userinfo_without_echoing_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_refuses_a_url_with_userinfo_without_echoing_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = {"blob.store.url": "s3://AKIAEXAMPLEKEY:wJalrXUtnFEMIK7MDENGbPxRfiCYEXAMPLEKEY@bucket/p"}
     status, _ = _cli(tmp_path, config, "checkpoints", "task-0")
     out, err = capsys.readouterr()

@@ -52,8 +52,11 @@ def requests(metrics: Metrics) -> dict[str, float]:
 
 
 def minus(after: Mapping[str, float], before: Mapping[str, float]) -> dict[str, float]:
-    return {op: after.get(op, 0.0) - before.get(op, 0.0) for op in set(after) | set(before)
-            if after.get(op, 0.0) != before.get(op, 0.0)}
+    return {
+        op: after.get(op, 0.0) - before.get(op, 0.0)
+        for op in set(after) | set(before)
+        if after.get(op, 0.0) != before.get(op, 0.0)
+    }
 
 
 def settle(task: TaskStorage) -> None:
@@ -88,10 +91,14 @@ def check_budget(per_commit: list[dict[str, float]], fixed: Mapping[str, int], p
     """Every commit costs at least its fixed requests; beyond them, the data PUTs (any ``put``: nothing but data
     and the fixed checkpoint is put) and everything else average at most their budgets. Returns the average
     of everything else."""
-    short = [(n, counts) for n, counts in enumerate(per_commit) if any(counts.get(op, 0) < k for op, k in fixed.items())]
+    short = [
+        (n, counts) for n, counts in enumerate(per_commit) if any(counts.get(op, 0) < k for op, k in fixed.items())
+    ]
     assert not short, f"{phase}: commits without their fixed requests {dict(fixed)}: {short[:3]}"
-    extra = [{op: count - fixed.get(op, 0) for op, count in counts.items() if count > fixed.get(op, 0)}
-             for counts in per_commit]
+    extra = [
+        {op: count - fixed.get(op, 0) for op, count in counts.items() if count > fixed.get(op, 0)}
+        for counts in per_commit
+    ]
     over = [(n, e) for n, e in enumerate(extra) if e]
     data_puts = sum(e.get("put", 0) for e in extra) / len(per_commit)
     assert data_puts <= DATA_PUT_BUDGET, (

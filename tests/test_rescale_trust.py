@@ -52,7 +52,8 @@ def test_a_timestamp_key_hashes_as_spark_hashes_its_row_in_any_time_zone() -> No
         assert spark_hash([row_value], ["timestamp"]) == hash_long(micros), row_value
         assert spark_hash([pd.Timestamp(row_value)], ["timestamp"]) == hash_long(micros), row_value
         aware = datetime.datetime.fromtimestamp(micros // 1_000_000, datetime.UTC).replace(
-            microsecond=micros % 1_000_000)
+            microsecond=micros % 1_000_000
+        )
         assert spark_hash([aware.astimezone(_zone("Europe/Berlin"))], ["timestamp"]) == hash_long(micros)
         ntz = TimestampNTZType().fromInternal(micros)  # wall-clock time, hashed as if UTC
         assert spark_hash([ntz], ["timestamp_ntz"]) == hash_long(micros)
@@ -71,15 +72,38 @@ def route(words: list[str], num_tasks: int) -> dict[int, list[str]]:
     return routed
 
 
-def run_task(config: dict[str, object], fn: Any, batch_id: int, task: int, num_tasks: int, words: list[str],
-             now: int | None = None) -> list[Any]:
-    runner = TaskRunner.of(fn=fn, config=config, batch_id=batch_id, num_tasks=num_tasks, on_replay="redo",
-                        input_columns=("word",), now_ms=now, key_groups=K, key_types=("string",))
+def run_task(
+    config: dict[str, object],
+    fn: Any,
+    batch_id: int,
+    task: int,
+    num_tasks: int,
+    words: list[str],
+    now: int | None = None,
+) -> list[Any]:
+    runner = TaskRunner.of(
+        fn=fn,
+        config=config,
+        batch_id=batch_id,
+        num_tasks=num_tasks,
+        on_replay="redo",
+        input_columns=("word",),
+        now_ms=now,
+        key_groups=K,
+        key_types=("string",),
+    )
     return [item for item in runner.run_rows(task, iter([Row(word=w) for w in words])) if is_output(item)]
 
 
-def run_tasks(config: dict[str, object], fn: Any, batch_id: int, num_tasks: int, words: list[str],
-              now: int | None = None, only: tuple[int, ...] | None = None) -> dict[str, int]:
+def run_tasks(
+    config: dict[str, object],
+    fn: Any,
+    batch_id: int,
+    num_tasks: int,
+    words: list[str],
+    now: int | None = None,
+    only: tuple[int, ...] | None = None,
+) -> dict[str, int]:
     out: dict[str, int] = {}
     for task, task_words in route(words, num_tasks).items():
         if only is None or task in only:
@@ -102,13 +126,15 @@ WORDS = [f"w{i}" for i in range(40)]
 
 @pytest.mark.parametrize("legacy", [False, True])
 def test_a_key_held_by_a_task_not_owning_its_key_group_fails_the_rescale_instead_of_being_merged(
-        tmp_path: Path, legacy: bool) -> None:
+    tmp_path: Path, legacy: bool
+) -> None:
     config = counts_config(tmp_path)
     if legacy:  # state written before key groups: rows hashed modulo num_tasks
         for task in range(2):
             words = [w for w in WORDS if spark_hash([w], ["string"]) % 2 == task]
-            runner = TaskRunner.of(fn=count_with_total, config=config, batch_id=0, num_tasks=2, on_replay="redo",
-                                input_columns=("word",))
+            runner = TaskRunner.of(
+                fn=count_with_total, config=config, batch_id=0, num_tasks=2, on_replay="redo", input_columns=("word",)
+            )
             list(runner.run_rows(task, iter([Row(word=w) for w in words])))
     else:
         run_tasks(config, count_with_total, 0, 2, WORDS)
@@ -170,8 +196,9 @@ def test_read_state_refuses_a_migration_to_key_groups_committed_by_some_tasks_on
     config = counts_config(tmp_path)
     for task in range(2):
         words = [w for w in WORDS if spark_hash([w], ["string"]) % 2 == task]
-        runner = TaskRunner.of(fn=count_rows, config=config, batch_id=0, num_tasks=2, on_replay="redo",
-                            input_columns=("word",))
+        runner = TaskRunner.of(
+            fn=count_rows, config=config, batch_id=0, num_tasks=2, on_replay="redo", input_columns=("word",)
+        )
         list(runner.run_rows(task, iter([Row(word=w) for w in words])))
     run_tasks(config, count_rows, 1, 2, WORDS, only=(0,))
     with pytest.raises(StateBackendError, match="key_groups"):

@@ -113,9 +113,7 @@ def test_an_attempt_that_overruns_the_request_timeout_is_retried(
     assert len(sleeps) == scripted.calls["get"] - 1
 
 
-def test_a_slow_read_is_hedged_and_the_first_answer_wins(
-    scripted: ScriptedBlobStore, release: threading.Event
-) -> None:
+def test_a_slow_read_is_hedged_and_the_first_answer_wins(scripted: ScriptedBlobStore, release: threading.Event) -> None:
     scripted.inner.put("blob", b"data")
     calls = iter(range(100))
 

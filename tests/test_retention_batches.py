@@ -147,8 +147,9 @@ def test_a_collectors_mark_does_not_read_back_what_its_own_log_wrote(tmp_path: P
     ids = CheckpointIdGenerator()
     written = {}
     for seq in range(1, 6):
-        written[seq] = CheckpointV2(checkpoint_id=ids.next(), input_offsets={"input": str(seq)},
-                                    state_checkpoint_markers={})
+        written[seq] = CheckpointV2(
+            checkpoint_id=ids.next(), input_offsets={"input": str(seq)}, state_checkpoint_markers={}
+        )
         log.write(seq, written[seq])
     gets = metrics.counter("blob_store.requests", operation="get")
     assert [e.checkpoint for e in log.entries(cached=True)] == [written[s] for s in range(1, 6)]
@@ -158,8 +159,9 @@ def test_a_collectors_mark_does_not_read_back_what_its_own_log_wrote(tmp_path: P
     assert metrics.counter("blob_store.requests", operation="get") == gets + 1 + 5
     # another writer's checkpoint, and one this writer's log object did not write, are read
     other = CheckpointLog(inner, "job", "task-0", retained=5)
-    other.write(6, CheckpointV2(checkpoint_id=ids.next(), input_offsets={"input": "other"},
-                                state_checkpoint_markers={}))
+    other.write(
+        6, CheckpointV2(checkpoint_id=ids.next(), input_offsets={"input": "other"}, state_checkpoint_markers={})
+    )
     gets = metrics.counter("blob_store.requests", operation="get")
     assert [e.checkpoint.input_offsets["input"] for e in log.entries(cached=True)][-1] == "other"
     assert metrics.counter("blob_store.requests", operation="get") == gets + 1

@@ -24,13 +24,29 @@ from tests.test_retention_batches import blobs_named_by, settle
 
 #: names a service or SDK must escape (XML in S3's DeleteObjects, a URL path in each Azure sub-request); each beside
 #: a decoy its wrong decoding would hit
-_ODD = ["sp ace/a", "pct%20x", "plus+x", "hash#x", "q?x=1", "amp&x", "lt<x>", "quote'\"x", "é/ü", "semi;x",
-        "tilde~x", "pct%2Fx", "colon:x", "at@x", "tab\tx"]
+_ODD = [
+    "sp ace/a",
+    "pct%20x",
+    "plus+x",
+    "hash#x",
+    "q?x=1",
+    "amp&x",
+    "lt<x>",
+    "quote'\"x",
+    "é/ü",
+    "semi;x",
+    "tilde~x",
+    "pct%2Fx",
+    "colon:x",
+    "at@x",
+    "tab\tx",
+]
 _DECOYS = ["pct x", "plus x", "hash", "q", "pct/x"]
 
 
-@pytest.mark.parametrize("cloud", [pytest.param("s3", marks=pytest.mark.s3),
-                                   pytest.param("azure", marks=pytest.mark.azure)])
+@pytest.mark.parametrize(
+    "cloud", [pytest.param("s3", marks=pytest.mark.s3), pytest.param("azure", marks=pytest.mark.azure)]
+)
 def test_delete_many_deletes_exactly_names_that_need_escaping(cloud: str, request: pytest.FixtureRequest) -> None:
     server = request.getfixturevalue("s3_server" if cloud == "s3" else "azurite")
     bucket = f"r{uuid.uuid4().hex[:12]}"
@@ -106,8 +122,11 @@ def test_an_older_attempts_close_and_sweep_keep_every_blob_of_the_new_owners_che
             _assert_log_keeps_its_blobs(inner, f"owner round {round_no}")
         expected = dict(model)
         # the older attempt, unaware, sweeps (its mark reads the log) ...
-        orphan = PREFIX + ("changelog/delta/000000000001-00000000deadbeef.delta" if factories == "changelog"
-                           else "blobsnapshot/runs/" + "ab" * 32)
+        orphan = PREFIX + (
+            "changelog/delta/000000000001-00000000deadbeef.delta"
+            if factories == "changelog"
+            else "blobsnapshot/runs/" + "ab" * 32
+        )
         inner.put(orphan, b"x", metadata={"created_at": "1000.000"})
         for binding in older.commit_manager.backups:
             binding.manager.sweep()
@@ -200,12 +219,12 @@ def test_a_doomed_blob_waits_in_a_sweeps_batch_no_longer_than_the_batch_wait() -
     store = Store()
     for name in names:
         store.put(name, b"x", metadata=created_at_metadata(now - 7_200))
-    swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=now), GraceRule(3_600_000), clock=lambda: now,
-                               now=now)
+    swept = sweep_unreferenced(store, "g/", Mark(frozenset(), at=now), GraceRule(3_600_000), clock=lambda: now, now=now)
     assert store.exists(refreshed), "a blob refreshed to be named was deleted on its old age"
     assert store.get(refreshed) == b"a"
-    assert refreshed in swept.deleted and deleted_at[refreshed] < refreshed_at[0], \
+    assert refreshed in swept.deleted and deleted_at[refreshed] < refreshed_at[0], (
         "the old blob's delete went before the writer wrote it again"
+    )
     assert set(swept.deleted) == set(names), "every blob judged old was deleted"
     assert len({deleted_at[name] for name in names}) > 1, "the twelve blobs went in more than one batch"
     # each went within the wait, counted in the work done meanwhile rather than in seconds (a loaded machine stalls
@@ -213,13 +232,14 @@ def test_a_doomed_blob_waits_in_a_sweeps_batch_no_longer_than_the_batch_wait() -
     # its delete, plus one that ended between the judgment's timestamp here and the sweep's own. A sweep that held
     # its batch to the end would see every later HEAD end first
     for name in swept.deleted:
-        late = [head for head, at in judged_at.items()
-                if judged_at[name] + SWEEP_BATCH_WAIT_S < at < deleted_at[name]]
+        late = [head for head, at in judged_at.items() if judged_at[name] + SWEEP_BATCH_WAIT_S < at < deleted_at[name]]
         assert len(late) <= 2, f"{name} waited in its batch past the wait, through the HEADs of {late}"
 
 
 @pytest.mark.parametrize("factories", ["changelog", "blobsnapshot"])
-def test_an_older_attempts_close_racing_the_new_owners_commits_keeps_their_blobs(tmp_path: Path, factories: str) -> None:
+def test_an_older_attempts_close_racing_the_new_owners_commits_keeps_their_blobs(
+    tmp_path: Path, factories: str
+) -> None:
     """The older attempt's close (its trim on a stale listing, then its backends' garbage) runs while the new owner
     commits and trims: no checkpoint the log holds loses a blob, and the owner's last one restores exactly."""
     inner = MemoryBlobStore()

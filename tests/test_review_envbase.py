@@ -61,7 +61,8 @@ def zstd_zeros(size: int) -> bytes:
 
 
 def test_a_frame_that_decompresses_to_more_than_it_declares_is_refused_before_it_is_decompressed(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """bounded memory: the frame declares 4 MiB (within every limit) but its zstd header says 256 MiB; the reader
     must refuse it from the header, not decompress all of it (python-zstandard ignores ``max_output_size`` when the
     frame records its content size) and compare the length afterwards."""
@@ -87,15 +88,16 @@ def test_a_frame_whose_zstd_header_claims_an_absurd_size_is_corrupt_data_not_mem
         data = write_base(source, tmp_path / "base")
     start = 16 + struct.unpack_from("<I", data, 12)[0] + 4
     stored_length, raw_length = _FRAME.unpack_from(data, start)
-    stored = data[start + 8:start + 8 + stored_length]
+    stored = data[start + 8 : start + 8 + stored_length]
     assert stored[4] == 0x80, "the writer's frame header is magic, descriptor (4-byte content size), window, size"
     # the frame header descriptor now says an 8-byte content size; those 8 bytes read 1 PiB (the digest is stale)
     damaged_frame = stored[:4] + bytes([0xC0]) + stored[5:6] + struct.pack("<Q", 1 << 50) + stored[10:]
-    damaged = (data[:start] + _FRAME.pack(len(damaged_frame), raw_length) + damaged_frame
-               + data[start + 8 + stored_length:])
-    footer = bytearray(damaged[-envbase.FOOTER_SIZE:])
+    damaged = (
+        data[:start] + _FRAME.pack(len(damaged_frame), raw_length) + damaged_frame + data[start + 8 + stored_length :]
+    )
+    footer = bytearray(damaged[-envbase.FOOTER_SIZE :])
     footer[16:24] = struct.pack("<Q", len(damaged) - envbase.FOOTER_SIZE - start)
-    damaged = damaged[:-envbase.FOOTER_SIZE] + bytes(footer)
+    damaged = damaged[: -envbase.FOOTER_SIZE] + bytes(footer)
     blobs = MemoryBlobStore()
     blobs.put("b", damaged)
     old = LocalVersion("0-0", "cccc")
@@ -132,7 +134,8 @@ class _Killed(BaseException):
 
 
 def test_a_base_whose_key_count_is_not_its_headers_never_leaves_its_version_claimed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """damaged data loaded after a crash: the key count the header records is the check that the environment copy
     holds what the writer's view held (the digest only proves the bytes are the writer's). It ran after the swap,
     while the copied environment already claimed the base's version (its meta ``version`` record): a process killed

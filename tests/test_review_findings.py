@@ -26,7 +26,8 @@ def config_for(local: Path, factories: str = "changelog", url: str | None = None
         "state.local.dir": str(local),
         "blob.store.url": url or f"memory://{uuid.uuid4().hex}",
         "stores.counts.backup.factories": factories,
-        "changelog.snapshot.interval.commits": 1000, "changelog.snapshot.interval.ratio": 0,
+        "changelog.snapshot.interval.commits": 1000,
+        "changelog.snapshot.interval.ratio": 0,
     }
     config.update(extra)
     return config
@@ -71,8 +72,9 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})  # the blob store is healthy again: must commit as seq 3
         assert task.metrics.counter("commit.conflicts") == 0
-    with TaskStorage.open(config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0",
-                          blob_store=blobs.inner) as check:
+    with TaskStorage.open(
+        config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
+    ) as check:
         assert check.restored == latest
         assert contents(check) == model
 
@@ -158,8 +160,9 @@ def test_failure_landing_during_commit_is_never_raised_after_a_newer_acknowledge
         third = task.commit({"input": "3"})  # seen: raises commit 1's failure, one commit late
         assert third is not None
         latest = third.result(timeout=30)
-    with TaskStorage.open(config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0",
-                          blob_store=blobs.inner) as check:
+    with TaskStorage.open(
+        config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
+    ) as check:
         assert check.restored == latest
         assert contents(check) == model
 
@@ -174,10 +177,13 @@ def _fill(task: TaskStorage, name: str, round_no: int, model: dict[bytes, bytes]
 
 def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_same_backend(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{
-        "stores.other.backup.factories": "changelog,blobsnapshot",
-        "stores.other.restore.factories": "changelog,blobsnapshot",
-    })
+    config = config_for(
+        tmp_path,
+        **{
+            "stores.other.backup.factories": "changelog,blobsnapshot",
+            "stores.other.restore.factories": "changelog,blobsnapshot",
+        },
+    )
     models: dict[str, dict[bytes, bytes]] = {"counts": {}, "other": {}}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(3):
@@ -187,10 +193,18 @@ def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_sam
     deltas = sorted(b for b in blobs.list("job/task-0/other/changelog/") if b.endswith(".delta"))
     assert deltas
     blobs.delete(deltas[-1])  # only the store with a second backend loses a blob
-    with TaskStorage.open(config_for(tmp_path / "fresh", url=config["blob.store.url"], **{
-        "stores.other.backup.factories": "changelog,blobsnapshot",
-        "stores.other.restore.factories": "changelog,blobsnapshot",
-    }), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(
+        config_for(
+            tmp_path / "fresh",
+            url=config["blob.store.url"],
+            **{
+                "stores.other.backup.factories": "changelog,blobsnapshot",
+                "stores.other.restore.factories": "changelog,blobsnapshot",
+            },
+        ),
+        "task-0",
+        blob_store=blobs,
+    ) as check:
         assert check.restored == latest
         assert contents(check, "counts") == models["counts"]
         assert contents(check, "other") == models["other"]
@@ -247,8 +261,13 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
             models.append(dict(model))
         entries = task.checkpoint_log.entries()
     if replay:  # redo from checkpoint #2, superseding #3 and #4 (what the Spark driver does for a replayed batch)
-        owner = TaskStorage.open(config_for(tmp_path / "w", url=url, **extra), "task-0", blob_store=blobs,
-                                 checkpoint=entries[1], fence_seq=entries[-1].seq)
+        owner = TaskStorage.open(
+            config_for(tmp_path / "w", url=url, **extra),
+            "task-0",
+            blob_store=blobs,
+            checkpoint=entries[1],
+            fence_seq=entries[-1].seq,
+        )
         model = dict(models[1])
     else:
         owner = TaskStorage.open(config_for(tmp_path / "w", url=url, **extra), "task-0", blob_store=blobs)
@@ -312,8 +331,12 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
         offsets = [entry.checkpoint.input_offsets["input"] for entry in check.checkpoint_log.entries()]
     assert offsets == ["4"]  # seen: ["zombie", "4"]
     # a restore chosen by offsets (what a Spark replay or read_state does) never lands on the zombie's state
-    with TaskStorage.open(config_for(tmp_path / "pick", url=url), "task-0", blob_store=inner,
-                          checkpoint=lambda entry: entry.checkpoint.input_offsets["input"] != "4") as picked:
+    with TaskStorage.open(
+        config_for(tmp_path / "pick", url=url),
+        "task-0",
+        blob_store=inner,
+        checkpoint=lambda entry: entry.checkpoint.input_offsets["input"] != "4",
+    ) as picked:
         assert picked.restored is None
 
 
@@ -400,8 +423,9 @@ def test_checkpoint_that_landed_but_whose_fencing_listing_came_back_short_is_no_
         write_round(task, 2, model)
         latest = task.commit_durably({"input": "2"})
         assert task.metrics.counter("commit.conflicts") == 0
-    with TaskStorage.open(config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0",
-                          blob_store=blobs.inner) as check:
+    with TaskStorage.open(
+        config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
+    ) as check:
         assert check.restored == latest
         assert contents(check) == model
         assert check.checkpoint_log.seqs()[-1] == 3
@@ -457,8 +481,9 @@ def test_store_added_later_keeps_the_local_floor_and_starts_empty(tmp_path: Path
         task.store("extra").put(b"x", b"1")
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})
-    with TaskStorage.open(dict(grown, **{"state.local.dir": str(tmp_path / "fresh")}), "task-0",
-                          blob_store=blobs.inner) as check:
+    with TaskStorage.open(
+        dict(grown, **{"state.local.dir": str(tmp_path / "fresh")}), "task-0", blob_store=blobs.inner
+    ) as check:
         assert check.restored == latest
         assert contents(check) == model
         assert contents(check, "extra") == {b"x": b"1"}

@@ -28,8 +28,11 @@ from statebackend.testing.controlled import ControlledBlobStore
 
 PREFIX = "job/task-0/counts/blobsnapshot/"
 #: no compaction at all
-NEVER = {"blobsnapshot.compaction.fanout": 1000, "blobsnapshot.compaction.full.ratio": 100.0,
-         "blobsnapshot.compaction.full.min.bytes": "1GiB"}
+NEVER = {
+    "blobsnapshot.compaction.fanout": 1000,
+    "blobsnapshot.compaction.full.ratio": 100.0,
+    "blobsnapshot.compaction.full.min.bytes": "1GiB",
+}
 #: merges of every two runs of a level; a full compaction only when the runs above the bottom outgrow it
 MERGE_EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0}
 
@@ -95,7 +98,8 @@ class FakeClock:
 
 
 def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Commit 2's run cannot be written into the run cache (disk full): commit 2 fails, its flush is in LMDB all the
     same (the store's batch was handed to the applier and is not carried into the next change set). The next commit
     must cover it (a base run, as after abort()); otherwise its index describes a state without commit 2's update,
@@ -129,7 +133,8 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
 
 
 def test_a_dual_commit_whose_other_snapshot_failed_first_keeps_the_blobsnapshot_chain_whole(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """backup.factories=changelog,blobsnapshot: the changelog backend's snapshot() raises, so blobsnapshot's never
     runs for that commit, but every store was already flushed (the framework marks it dirty and aborts every backend).
     The blobsnapshot chain must not go on as if that flush never happened: restoring its next checkpoint from
@@ -167,7 +172,8 @@ def test_a_dual_commit_whose_other_snapshot_failed_first_keeps_the_blobsnapshot_
 
 
 def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Contrast to the test above: with two stores on blobsnapshot alone, the second store's snapshot failing after the
     first one's ran makes abort() re-base both; the next checkpoint restores exactly."""
     blobs = MemoryBlobStore()
@@ -332,7 +338,8 @@ def test_a_recomputed_compaction_found_present_with_an_old_age_is_not_adopted_as
 
 
 def test_a_dual_commit_whose_blobsnapshot_snapshot_failed_first_keeps_the_changelog_chain_whole(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The mirror of the dual-commit test above: backup.factories=blobsnapshot,changelog and blobsnapshot's snapshot()
     raises before it prepared anything, so the changelog backend's snapshot() never runs for that flush. Restoring
     the next checkpoint from changelog must still give the whole state."""
@@ -362,8 +369,9 @@ def test_a_dual_commit_whose_blobsnapshot_snapshot_failed_first_keeps_the_change
         task.commit_durably({"input": "2"})
     for factories in ("changelog", "blobsnapshot"):
         shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open({**config, "stores.counts.restore.factory": factories}, "task-0",
-                              blob_store=blobs) as task:
+        with TaskStorage.open(
+            {**config, "stores.counts.restore.factory": factories}, "task-0", blob_store=blobs
+        ) as task:
             assert contents(task) == model, f"restored from {factories}: the failed commit's change is lost"
 
 
@@ -375,8 +383,9 @@ def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> 
     whose expiry is near before an index names it.)"""
     clock = FakeClock()
     blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS,
-                                               "blobsnapshot.ttl.ms": 100_000})
+    config = make_config(
+        tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS, "blobsnapshot.ttl.ms": 100_000}
+    )
     model: dict[bytes, bytes] = {}
     try:
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -407,8 +416,11 @@ def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> 
 
 # -- replays, records and lineages that held ---------------------------------------------------------------------------
 
-EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0,
-         "blobsnapshot.compaction.full.ratio": 0.3}
+EAGER = {
+    "blobsnapshot.compaction.fanout": 2,
+    "blobsnapshot.compaction.full.min.bytes": 0,
+    "blobsnapshot.compaction.full.ratio": 0.3,
+}
 
 
 def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: int = 300) -> None:
@@ -433,7 +445,8 @@ def settle(task: TaskStorage) -> None:
 
 @pytest.mark.parametrize("back", [1, 2, 3])
 def test_a_replay_to_an_older_checkpoint_in_the_same_dir_with_a_compaction_record_restores_exactly(
-        tmp_path: Path, back: int) -> None:
+    tmp_path: Path, back: int
+) -> None:
     """A Spark replay restores an older checkpoint (fence_seq = the head) in the same local dir, which holds the newer
     state and the compaction record the superseded batches left. The redo and the commits after it (with merges and
     full compactions at almost every commit) restore exactly the replayed history, warm and cold; nothing of the
@@ -511,7 +524,8 @@ def test_a_lost_cached_copy_of_an_old_undurable_run_costs_one_commit_not_all_lat
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
 def test_random_faults_reopens_wipes_and_replays_restore_exactly_the_last_durable_checkpoint(
-        tmp_path: Path, seed: int) -> None:
+    tmp_path: Path, seed: int
+) -> None:
     """Commits that fail at a run, index or checkpoint write, checkpoints that land with their reply lost, reopens in
     the same dir, wiped dirs and Spark-style replays of the previous checkpoint, with merges and full compactions at
     almost every commit: every open restores exactly the newest durable checkpoint (or the replayed one)."""
@@ -519,8 +533,11 @@ def test_random_faults_reopens_wipes_and_replays_restore_exactly_the_last_durabl
 
     rng = random.Random(seed)
     blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **EAGER, **{"task.checkpoint.retained": 3, "blobsnapshot.gc.interval.commits": 4,
-                                               "blobsnapshot.gc.grace.period.ms": 0})
+    config = make_config(
+        tmp_path,
+        **EAGER,
+        **{"task.checkpoint.retained": 3, "blobsnapshot.gc.interval.commits": 4, "blobsnapshot.gc.grace.period.ms": 0},
+    )
     model: dict[bytes, bytes] = {}
     models: dict[str, dict[bytes, bytes]] = {}
     newest: str | None = None  # the label of the newest durable checkpoint (by seq: a replay's redo supersedes)
@@ -558,8 +575,9 @@ def test_random_faults_reopens_wipes_and_replays_restore_exactly_the_last_durabl
                 expected = newest
                 if kind == "replay" and len(entries) >= 2:
                     chosen = entries[-2]
-                    task = TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=chosen,
-                                            fence_seq=entries[-1].seq)
+                    task = TaskStorage.open(
+                        config, "task-0", blob_store=blobs, checkpoint=chosen, fence_seq=entries[-1].seq
+                    )
                     expected = chosen.checkpoint.input_offsets["input"]
                 else:
                     task = TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -613,8 +631,12 @@ def test_commits_whose_write_batch_spilled_restore_exactly_cold_and_by_catch_up(
 
 # -- restore fallback between the two backends of a dual commit, both orders --------------------------------------------
 
-DUAL = {**EAGER, "stores.counts.backup.factories": "changelog,blobsnapshot",
-        "changelog.snapshot.interval.commits": 3, "task.checkpoint.retained": 3}
+DUAL = {
+    **EAGER,
+    "stores.counts.backup.factories": "changelog,blobsnapshot",
+    "changelog.snapshot.interval.commits": 3,
+    "task.checkpoint.retained": 3,
+}
 
 
 def restored_by(task: TaskStorage) -> str | None:
@@ -641,7 +663,8 @@ def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> s
 
 @pytest.mark.parametrize(("broken", "fallback"), [("blobsnapshot", "changelog"), ("changelog", "blobsnapshot")])
 def test_a_fallback_restore_in_either_order_rebases_the_broken_backend_and_both_stay_exact(
-        tmp_path: Path, broken: str, fallback: str) -> None:
+    tmp_path: Path, broken: str, fallback: str
+) -> None:
     """restore.factories=<broken>,<fallback>: the broken backend's blob of the newest checkpoint is missing, so the
     other one restores; the broken one must start anew (restore_failures), not continue its chain. After more commits
     (with compactions), each backend alone restores exactly, cold."""
@@ -717,8 +740,9 @@ def test_close_waits_for_a_running_full_compaction_and_the_next_open_adopts_it(t
 
     blobs = ControlledBlobStore(MemoryBlobStore())
     blobs.hold = lambda name: threading.current_thread().name.startswith("blobsnapshot-compaction")
-    config = make_config(tmp_path, **{"blobsnapshot.compaction.full.min.bytes": 0,
-                                      "blobsnapshot.compaction.full.ratio": 0.05})
+    config = make_config(
+        tmp_path, **{"blobsnapshot.compaction.full.min.bytes": 0, "blobsnapshot.compaction.full.ratio": 0.05}
+    )
     model: dict[bytes, bytes] = {}
     closed = threading.Event()
     try:
@@ -757,8 +781,9 @@ def test_a_merge_adopted_after_its_ttl_is_not_named_expired(tmp_path: Path) -> N
 
     clock = FakeClock()
     blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **MERGE_EAGER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS,
-                                                     "blobsnapshot.ttl.ms": 100_000})
+    config = make_config(
+        tmp_path, **MERGE_EAGER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS, "blobsnapshot.ttl.ms": 100_000}
+    )
     model: dict[bytes, bytes] = {}
     try:
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -844,9 +869,15 @@ def test_a_lost_run_is_noticed_when_the_other_backend_of_a_dual_commit_restored_
     the changelog loses the acknowledged checkpoint, and so does dropping changelog in a migration. (The mirror holds
     for a lost changelog delta when blobsnapshot restores first.)"""
     blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **NEVER, **{"stores.counts.backup.factories": "changelog,blobsnapshot",
-                                               "stores.counts.restore.factories": "changelog,blobsnapshot",
-                                               "changelog.snapshot.interval.commits": 3})
+    config = make_config(
+        tmp_path,
+        **NEVER,
+        **{
+            "stores.counts.backup.factories": "changelog,blobsnapshot",
+            "stores.counts.restore.factories": "changelog,blobsnapshot",
+            "changelog.snapshot.interval.commits": 3,
+        },
+    )
     del config["stores.counts.restore.factory"]
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -866,8 +897,9 @@ def test_a_lost_run_is_noticed_when_the_other_backend_of_a_dual_commit_restored_
         index = latest_index(blobs, task)
         assert missing_runs(blobs, index) == [], "every new blobsnapshot index names the lost run"
     shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open({**config, "stores.counts.restore.factories": "blobsnapshot"}, "task-0",
-                          blob_store=blobs) as task:
+    with TaskStorage.open(
+        {**config, "stores.counts.restore.factories": "blobsnapshot"}, "task-0", blob_store=blobs
+    ) as task:
         assert restored_by(task) == "blobsnapshot"
         assert contents(task) == model
 
@@ -875,7 +907,8 @@ def test_a_lost_run_is_noticed_when_the_other_backend_of_a_dual_commit_restored_
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_random_dual_commit_histories_with_faults_damage_and_replays_restore_exactly_by_either_backend(
-        tmp_path: Path, seed: int) -> None:
+    tmp_path: Path, seed: int
+) -> None:
     """Dual commit (changelog + blobsnapshot, compactions at almost every commit, sweeps with no grace period): commits
     that fail at a run, index, delta or checkpoint write or land with their reply lost, reopens, wiped dirs, replays,
     and a lost blob of one backend's newest checkpoint (the next open tries that backend first, so it notices and
@@ -885,9 +918,16 @@ def test_random_dual_commit_histories_with_faults_damage_and_replays_restore_exa
 
     rng = random.Random(seed)
     blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **DUAL, **{"blobsnapshot.gc.interval.commits": 3,
-                                              "changelog.gc.interval.commits": 3,
-                                              "blobsnapshot.gc.grace.period.ms": 0, "changelog.gc.grace.period.ms": 0})
+    config = make_config(
+        tmp_path,
+        **DUAL,
+        **{
+            "blobsnapshot.gc.interval.commits": 3,
+            "changelog.gc.interval.commits": 3,
+            "blobsnapshot.gc.grace.period.ms": 0,
+            "changelog.gc.grace.period.ms": 0,
+        },
+    )
     del config["stores.counts.restore.factory"]
     damaged_first: list[str] = []
 
@@ -944,8 +984,9 @@ def test_random_dual_commit_histories_with_faults_damage_and_replays_restore_exa
                 expected = newest
                 if kind == "replay" and len(entries) >= 2:
                     chosen = entries[-2]
-                    task = TaskStorage.open(open_config(), "task-0", blob_store=blobs, checkpoint=chosen,
-                                            fence_seq=entries[-1].seq)
+                    task = TaskStorage.open(
+                        open_config(), "task-0", blob_store=blobs, checkpoint=chosen, fence_seq=entries[-1].seq
+                    )
                     expected = chosen.checkpoint.input_offsets["input"]
                 else:
                     task = TaskStorage.open(open_config(), "task-0", blob_store=blobs)
@@ -961,8 +1002,9 @@ def test_random_dual_commit_histories_with_faults_damage_and_replays_restore_exa
         assert newest is not None
         for alone in ("blobsnapshot", "changelog"):
             shutil.rmtree(tmp_path / "local")
-            task = TaskStorage.open({**config, "stores.counts.restore.factories": alone}, "task-0",
-                                    blob_store=blobs.inner)
+            task = TaskStorage.open(
+                {**config, "stores.counts.restore.factories": alone}, "task-0", blob_store=blobs.inner
+            )
             assert restored_by(task) == alone
             assert contents(task) == models[newest], alone
             task.close()

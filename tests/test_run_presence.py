@@ -42,8 +42,9 @@ RUNS = "job/task-0/counts/blobsnapshot/runs/"
 
 def _open_inner(port: int, url: str) -> AzureBlobStore:
     """The store without retries, so a wrong answer is seen as it comes."""
-    return AzureBlobStore.open_inner(url, {"create.if.missing": True,
-                                           "connection.string": azurite_connection_string(port)})
+    return AzureBlobStore.open_inner(
+        url, {"create.if.missing": True, "connection.string": azurite_connection_string(port)}
+    )
 
 
 @pytest.mark.azure
@@ -94,8 +95,9 @@ class LyingStore(BlobStore):
             return True
         return False
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         refused = self.lie == "head" and self.lied_about is None and name.startswith(RUNS)
         if create_only and (self._lie_now("put", name) or refused):
             raise AlreadyExistsError(f"blob {name!r} already exists (a reply about something else)")
@@ -160,8 +162,9 @@ class LosingStore(LyingStore):
     def __init__(self, inner: BlobStore) -> None:
         super().__init__(inner, lie="none")
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().put(name, data, create_only=create_only, metadata=metadata)
         if self.lied_about is None and "/checkpoints/" in name:  # the first checkpoint, its index inline
             self.lied_about = next(iter(self.inner.list(RUNS)))  # the one run it names

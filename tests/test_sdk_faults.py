@@ -370,11 +370,10 @@ def test_azure_reply_cut_short_is_transient_and_retried(azurite: ServerProcess, 
 
 
 @pytest.mark.azure
-@pytest.mark.parametrize(("kind", "operation"), [(CUT_HEAD, "put"), (CUT_HEAD, "head"), (CUT_HEADERS, "list"),
-                                                 (CUT_STATUS_LINE, "get")])
-def test_azure_reply_cut_in_its_head_raises_no_sdk_exception(
-    azurite: ServerProcess, kind: str, operation: str
-) -> None:
+@pytest.mark.parametrize(
+    ("kind", "operation"), [(CUT_HEAD, "put"), (CUT_HEAD, "head"), (CUT_HEADERS, "list"), (CUT_STATUS_LINE, "get")]
+)
+def test_azure_reply_cut_in_its_head_raises_no_sdk_exception(azurite: ServerProcess, kind: str, operation: str) -> None:
     """Seen: DeserializationError, TypeError, AttributeError, ValueError reached callers."""
     schedule = OneShot(kind)
     # seed 3: the cut of CUT_HEAD falls inside the Date header (put) / before Content-Length (head)
@@ -419,8 +418,12 @@ def test_s3_list_page_cut_in_its_head_is_retried_never_empty(s3_server: ServerPr
 @pytest.mark.s3
 @pytest.mark.parametrize(
     ("kind", "operation"),
-    [(CUT_AFTER_STATUS_LINE, "get"), (CUT_AFTER_STATUS_LINE, "head"), (CUT_HEADERS, "head"),
-     (CUT_AFTER_STATUS_LINE, "create_multipart_upload")],
+    [
+        (CUT_AFTER_STATUS_LINE, "get"),
+        (CUT_AFTER_STATUS_LINE, "head"),
+        (CUT_HEADERS, "head"),
+        (CUT_AFTER_STATUS_LINE, "create_multipart_upload"),
+    ],
 )
 def test_s3_reply_without_mandatory_fields_is_transient(
     s3_server: ServerProcess, kind: str, operation: str, tmp_path: Path
@@ -528,4 +531,3 @@ def test_fault_proxy_injects_every_kind_it_is_given(cloud: tuple[str, ServerProc
             assert store.get(f"b/{i}") == DATA
         store.close()
     assert all(proxy.stats[kind] > 0 for kind in FAULT_KINDS), proxy.stats
-

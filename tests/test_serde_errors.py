@@ -26,13 +26,25 @@ CASES: dict[str, tuple[Any, list[tuple[Any, str]]]] = {
     "bytes": (b"ok", [("text", "a str"), (bytearray(b"x"), "a bytearray"), (None, "None")]),
     "string": ("ok", [(b"raw", "a bytes"), ("bad\udcff", "a str"), (7, "an int")]),
     "integer": (7, [("ada", "a str"), (True, "a bool"), (2**63, "an int"), (1.5, "a float")]),
-    "json": ({"n": 1}, [(decimal.Decimal("1.5"), "a decimal.Decimal"), ({"p": [1, {2, 3}]}, "a dict"),
-                        (float("nan"), "a float"), ({(1, 2): 3}, "a dict")]),
+    "json": (
+        {"n": 1},
+        [
+            (decimal.Decimal("1.5"), "a decimal.Decimal"),
+            ({"p": [1, {2, 3}]}, "a dict"),
+            (float("nan"), "a float"),
+            ({(1, 2): 3}, "a dict"),
+        ],
+    ),
     "pickle": ((1, "x"), [(lambda: None, "a function"), (threading.Lock(), "a _thread.lock")]),
-    V1: (rv.CountV1(1, "x"), [(rv.CountV1(True, "x"), "a tests.record_values.CountV1"),  # type: ignore[arg-type]
-                              (rv.CountV1(2**63, "x"), "a tests.record_values.CountV1"),
-                              (rv.CountV1(1, "\ud800"), "a tests.record_values.CountV1"),
-                              ({"count": 1, "first": "x"}, "a dict")]),
+    V1: (
+        rv.CountV1(1, "x"),
+        [
+            (rv.CountV1(True, "x"), "a tests.record_values.CountV1"),  # type: ignore[arg-type]
+            (rv.CountV1(2**63, "x"), "a tests.record_values.CountV1"),
+            (rv.CountV1(1, "\ud800"), "a tests.record_values.CountV1"),
+            ({"count": 1, "first": "x"}, "a dict"),
+        ],
+    ),
 }
 KEY_SERDES = ["bytes", "string", "integer", "json", "pickle"]
 GOOD_KEY = {"bytes": b"good", "string": "good", "integer": 1, "json": ["good"], "pickle": ("good",)}
@@ -61,7 +73,8 @@ def assert_names_it(error: SerdeError, *, serde: str, key: Any, type_text: str, 
 
 @pytest.mark.parametrize("serde", list(CASES))
 def test_a_value_its_serde_cannot_encode_raises_at_the_put_naming_store_serde_key_and_type(
-        local: LocalStore, serde: str) -> None:
+    local: LocalStore, serde: str
+) -> None:
     good, bad_values = CASES[serde]
     typed = local.typed(get_serde("string"), get_serde(serde))
     typed.put("before", good)
@@ -172,7 +185,8 @@ def test_bad_input_loses_nothing_the_store_held_or_was_about_to_commit(tmp_path:
         with pytest.raises(SerdeError) as raised:
             counts.put("ada", decimal.Decimal("1.5"))
         assert str(raised.value).startswith(
-            "store 'counts': the json serde cannot encode the value of key 'ada' (a decimal.Decimal): ")
+            "store 'counts': the json serde cannot encode the value of key 'ada' (a decimal.Decimal): "
+        )
         counts.put("after", 3)
         task.commit_durably({"input": "2"})
         assert dict(counts.items()) == {"committed": 1, "pending": 2, "after": 3}
@@ -223,8 +237,10 @@ def test_a_third_party_serdes_error_is_wrapped_naming_it(local: LocalStore) -> N
     typed = TypedStore(local, get_serde("string"), _Strict())
     with pytest.raises(SerdeError) as raised:
         typed.put("ada", "x")
-    assert str(raised.value) == ("store 'counts': the strict serde cannot encode the value of key 'ada' (a str): "
-                                 "ValueError: invalid literal for int() with base 10: 'x'")
+    assert str(raised.value) == (
+        "store 'counts': the strict serde cannot encode the value of key 'ada' (a str): "
+        "ValueError: invalid literal for int() with base 10: 'x'"
+    )
     assert isinstance(raised.value.__cause__, ValueError) and not isinstance(raised.value.__cause__, SerdeError)
 
 
@@ -245,4 +261,9 @@ def test_a_serde_error_keeps_its_fields_through_pickle(local: LocalStore) -> Non
     copy = pickle.loads(pickle.dumps(raised.value))
     assert str(copy) == str(raised.value)
     assert (copy.store, copy.serde, copy.key, copy.value_type, copy.role) == (
-        "counts", "json", "'ada'", "decimal.Decimal", "value")
+        "counts",
+        "json",
+        "'ada'",
+        "decimal.Decimal",
+        "value",
+    )

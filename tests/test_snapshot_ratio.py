@@ -26,9 +26,15 @@ UPDATES = 100
 def config_for(tmp_path: Path, **extra: object) -> dict[str, object]:
     # states of some hundred KiB: the ratio alone decides (snapshot.ratio.min.bytes, tested below, would hold off
     # the snapshots of so small a state)
-    return BackendContract().make_config(tmp_path, **{"changelog.snapshot.interval.commits": 1000,
-                                                      "changelog.snapshot.ratio.min.bytes": 0,
-                                                      "changelog.gc.interval.commits": 0, **extra})
+    return BackendContract().make_config(
+        tmp_path,
+        **{
+            "changelog.snapshot.interval.commits": 1000,
+            "changelog.snapshot.ratio.min.bytes": 0,
+            "changelog.gc.interval.commits": 0,
+            **extra,
+        },
+    )
 
 
 def value(key: int, round_no: int) -> bytes:
@@ -115,8 +121,9 @@ def test_deltas_under_the_ratio_min_bytes_make_no_snapshot_due(tmp_path: Path) -
     seen: set[int] = set()
     model: dict[bytes, bytes] = {}
     min_bytes = 40_000
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.ratio": 0.2,
-                                     "changelog.snapshot.ratio.min.bytes": min_bytes})
+    config = config_for(
+        tmp_path, **{"changelog.snapshot.interval.ratio": 0.2, "changelog.snapshot.ratio.min.bytes": min_bytes}
+    )
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(40):
             commit_round(task, round_no, model)
@@ -136,8 +143,7 @@ def test_deltas_under_the_ratio_min_bytes_make_no_snapshot_due(tmp_path: Path) -
 
 def test_ratio_zero_leaves_the_commit_interval_alone(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.ratio": 0,
-                                     "changelog.snapshot.interval.commits": 45})
+    config = config_for(tmp_path, **{"changelog.snapshot.interval.ratio": 0, "changelog.snapshot.interval.commits": 45})
     model: dict[bytes, bytes] = {}
     seen: set[int] = set()
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -223,8 +229,9 @@ def test_without_the_sizes_the_commit_cap_still_brings_the_snapshot(tmp_path: Pa
     """The look-up at open fails: this manager never learns the base's size, the ratio cannot fire, the commit
     interval does (a control run where the look-up works snapshots by the ratio, earlier)."""
     blobs = LookUps()
-    config = config_for(tmp_path, **{"changelog.snapshot.interval.ratio": 0.1,
-                                     "changelog.snapshot.interval.commits": 9})
+    config = config_for(
+        tmp_path, **{"changelog.snapshot.interval.ratio": 0.1, "changelog.snapshot.interval.commits": 9}
+    )
     model: dict[bytes, bytes] = {}
     seen: set[int] = set()
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:

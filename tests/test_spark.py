@@ -182,8 +182,9 @@ def batch_count(spark: Any, batch_ids: list[int]) -> dict[str, int]:
 @pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
 def test_normal_run_state_and_output_equal_a_batch_count(spark: Any, tmp_path: Path, mode: str) -> None:
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT, mode=mode)
+    job = StatefulForeachBatch(
+        COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, mode=mode
+    )
     for batch_id in range(3):
         output = run_batch(spark, job, batch_id)
         totals = batch_count(spark, list(range(batch_id + 1)))
@@ -195,8 +196,9 @@ def test_normal_run_state_and_output_equal_a_batch_count(spark: Any, tmp_path: P
 
 def test_replayed_batch_is_applied_once(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT)
+    job = StatefulForeachBatch(
+        count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT
+    )
     for batch_id in range(3):
         first_output = run_batch(spark, job, batch_id)
     replayed_output = run_batch(spark, job, 2)  # Spark re-runs its last batch after a driver crash
@@ -236,8 +238,9 @@ def test_task_failing_after_its_commit_is_redone_from_the_previous_checkpoint(sp
 
 def test_local_state_wiped_between_batches_is_restored_from_the_blob_store(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT)
+    job = StatefulForeachBatch(
+        count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT
+    )
     for batch_id in range(5):
         if batch_id in (2, 4):
             shutil.rmtree(tmp_path / "local")
@@ -258,11 +261,16 @@ def test_streaming_query_over_files_stopped_and_restarted_from_its_checkpoint(sp
         (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
 
     def run_query() -> StatefulForeachBatch:
-        job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                   output_schema=OUTPUT, sink=sink)
+        job = StatefulForeachBatch(
+            count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, sink=sink
+        )
         stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-                 .trigger(availableNow=True).start())
+        query = (
+            stream.writeStream.foreachBatch(job)
+            .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(120)
         assert query.exception() is None
         return job
@@ -295,10 +303,10 @@ def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: An
         spark.conf.set(key, "7")
         assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"
         assert len(reads) == 1
-        assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"   # from the cache
+        assert spark_conf_keys(spark)["task.checkpoint.retained"] == "7"  # from the cache
         wrapper = SparkSession(spark.sparkContext, spark._jsparkSession)
         assert wrapper is not spark
-        assert spark_conf_keys(wrapper)["task.checkpoint.retained"] == "7"   # from the cache too
+        assert spark_conf_keys(wrapper)["task.checkpoint.retained"] == "7"  # from the cache too
         assert len(reads) == 1
         spark.conf.set(key, "8")
         assert spark_conf_keys(spark)["task.checkpoint.retained"] == "8"
@@ -314,9 +322,14 @@ def test_an_output_column_named_like_the_stats_column_is_refused(spark: Any, tmp
     from statebackend.errors import ConfigError
     from statebackend.spark.stats import STATS_COLUMN
 
-    job = StatefulForeachBatch(COUNTERS["arrow"], key_columns=["word"], num_tasks=NUM_TASKS,
-                               config=make_config(tmp_path), output_schema=f"word string, {STATS_COLUMN} binary",
-                               mode="arrow")
+    job = StatefulForeachBatch(
+        COUNTERS["arrow"],
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=make_config(tmp_path),
+        output_schema=f"word string, {STATS_COLUMN} binary",
+        mode="arrow",
+    )
     with pytest.raises(ConfigError, match=STATS_COLUMN):
         job(spark.createDataFrame([("a",)], "word string"), 0)
     assert not (tmp_path / "blobs").exists() or not any((tmp_path / "blobs").rglob("*.json"))  # nothing committed
@@ -324,7 +337,8 @@ def test_an_output_column_named_like_the_stats_column_is_refused(spark: Any, tmp
 
 @pytest.mark.parametrize("mode", ["rows", "arrow"])
 def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the_output_it_held(
-        spark: Any, tmp_path: Path, mode: str) -> None:
+    spark: Any, tmp_path: Path, mode: str
+) -> None:
     """Classic Spark: rows go through a persisted RDD, arrow through a local checkpoint of the mapped DataFrame
     (local mode); either way the stats come through the accumulator, not as a row or column of the output, and the
     output is freed once the sink has had it."""
@@ -334,8 +348,15 @@ def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the
     def sink(frame: Any, batch_id: int) -> None:
         sunk.append((batch_id, frame.columns, sorted((row.word, row["count"]) for row in frame.collect())))
 
-    job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT, mode=mode, sink=sink)
+    job = StatefulForeachBatch(
+        COUNTERS[mode],
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode=mode,
+        sink=sink,
+    )
     held_before = persistent_rdd_ids(spark)
     runs = set()
     for batch_id in range(3):
@@ -361,9 +382,21 @@ def test_stats_of_another_run_are_not_taken_for_this_runs() -> None:
     from statebackend.spark.stats import TaskStats
 
     def stats(task: int, run_id: str) -> TaskStats:
-        return TaskStats(batch_id=4, task_index=task, attempt=0, base_seq=1, committed_seq=2, open_ms=0.0,
-                         process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=1, output_rows=1,
-                         private_dir=False, run_id=run_id)
+        return TaskStats(
+            batch_id=4,
+            task_index=task,
+            attempt=0,
+            base_seq=1,
+            committed_seq=2,
+            open_ms=0.0,
+            process_ms=0.0,
+            commit_ms=0.0,
+            commit_sync_ms=0.0,
+            input_rows=1,
+            output_rows=1,
+            private_dir=False,
+            run_id=run_id,
+        )
 
     class Accumulator:
         def __init__(self) -> None:
@@ -389,15 +422,24 @@ class LosesStatsOfTaskZeroOnce(StatefulForeachBatch):
 
 
 def test_a_task_without_stats_when_tasks_did_not_wait_for_their_checkpoints_runs_the_batch_again(
-        spark: Any, tmp_path: Path) -> None:
+    spark: Any, tmp_path: Path
+) -> None:
     config = make_config(tmp_path)
     sunk: list[tuple[int, list[tuple[str, int]]]] = []
 
     def sink(frame: Any, batch_id: int) -> None:
         sunk.append((batch_id, sorted((row.word, row["count"]) for row in frame.collect())))
 
-    job = LosesStatsOfTaskZeroOnce(count_arrow, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                   output_schema=OUTPUT, mode="arrow", sink=sink, confirm_on_driver=True)
+    job = LosesStatsOfTaskZeroOnce(
+        count_arrow,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode="arrow",
+        sink=sink,
+        confirm_on_driver=True,
+    )
     for batch_id in range(3):
         job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
     counters = job.metrics.export()
@@ -415,12 +457,26 @@ def test_a_replay_skipped_by_every_task_reports_every_tasks_stats(spark: Any, tm
     """on_replay="skip": the tasks of a replayed batch skip it and say so in their stats, which reach the driver as
     this run's (not taken for missing ones)."""
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT, mode=mode, on_replay="skip")
+    job = StatefulForeachBatch(
+        COUNTERS[mode],
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode=mode,
+        on_replay="skip",
+    )
     for batch_id in range(2):
         run_batch(spark, job, batch_id)
-    restarted = StatefulForeachBatch(COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                     output_schema=OUTPUT, mode=mode, on_replay="skip")
+    restarted = StatefulForeachBatch(
+        COUNTERS[mode],
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode=mode,
+        on_replay="skip",
+    )
     assert run_batch(spark, restarted, 1) == []  # skipped: no output
     assert sorted(s.task_index for s in restarted.last_batch_stats) == list(range(NUM_TASKS))
     assert all(s.committed_seq == 0 for s in restarted.last_batch_stats)
@@ -438,9 +494,15 @@ def count_arrow_failing_in_task_one(stores: Any, batches: Any) -> Any:
 
 
 def test_a_batch_whose_task_fails_holds_no_output_of_the_tasks_that_succeeded(spark: Any, tmp_path: Path) -> None:
-    job = StatefulForeachBatch(count_arrow_failing_in_task_one, key_columns=["word"], num_tasks=NUM_TASKS,
-                               config=make_config(tmp_path), output_schema=OUTPUT, mode="arrow",
-                               sink=lambda frame, batch_id: None)
+    job = StatefulForeachBatch(
+        count_arrow_failing_in_task_one,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=make_config(tmp_path),
+        output_schema=OUTPUT,
+        mode="arrow",
+        sink=lambda frame, batch_id: None,
+    )
     held_before = persistent_rdd_ids(spark)
     with pytest.raises(Exception, match="task 1 fails every attempt"):
         job(spark.createDataFrame([(w,) for w in batch_words(0)], "word string"), 0)

@@ -33,12 +33,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 def lsm_config(tmp_path: Path) -> dict[str, object]:
-    return make_config(tmp_path, **{
-        "stores.counts.backup.factories": "blobsnapshot",
-        "blobsnapshot.compaction.fanout": 2,
-        "blobsnapshot.compaction.full.ratio": 3,
-        "blobsnapshot.compaction.full.min.bytes": 0,
-    })
+    return make_config(
+        tmp_path,
+        **{
+            "stores.counts.backup.factories": "blobsnapshot",
+            "blobsnapshot.compaction.fanout": 2,
+            "blobsnapshot.compaction.full.ratio": 3,
+            "blobsnapshot.compaction.full.min.bytes": 0,
+        },
+    )
 
 
 def test_compacting_state_stays_exact_through_replays_failures_and_wipes(spark: Any, tmp_path: Path) -> None:
@@ -60,14 +63,17 @@ def test_compacting_state_stays_exact_through_replays_failures_and_wipes(spark: 
     assert any(not run.base and run.level >= 1 for run in runs), "no merge was adopted"
     shutil.rmtree(tmp_path / "local")
     assert run_batch(spark, job, 8) == sorted(
-        (w, c) for w, c in batch_count(spark, list(range(9))).items() if w in set(_words(8)))
+        (w, c) for w, c in batch_count(spark, list(range(9))).items() if w in set(_words(8))
+    )
 
 
 def test_rows_mode_on_blobsnapshot_equals_changelog(spark: Any, tmp_path: Path) -> None:
     lsm = lsm_config(tmp_path / "lsm")
     changelog = make_config(tmp_path / "changelog")
-    jobs = [StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                 output_schema=OUTPUT) for config in (lsm, changelog)]
+    jobs = [
+        StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+        for config in (lsm, changelog)
+    ]
     for batch_id in range(5):
         first, second = (run_batch(spark, job, batch_id) for job in jobs)
         assert first == second

@@ -27,9 +27,24 @@ def run_cluster_modes(tmp_path: Path, batches: int, affinity: bool, modes: tuple
     """Run tests/cluster_child.py once: the given modes one after the other on one cluster; mode -> its result."""
     report = tmp_path / f"report-{int(affinity)}-{'-'.join(modes)}.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "tests.cluster_child", str(tmp_path), str(batches),
-                           "1" if affinity else "0", str(report), ",".join(modes)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.cluster_child",
+            str(tmp_path),
+            str(batches),
+            "1" if affinity else "0",
+            str(report),
+            ",".join(modes),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-5000:]
     result: dict[str, Any] = json.loads(report.read_text())
     shutil.rmtree(result["app_work_dir"], ignore_errors=True)  # the executors' working dirs, local state included

@@ -30,9 +30,22 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _stats(task_index: int, seq: int, checkpoint_id: str, token: str = "") -> TaskStats:
-    return TaskStats(batch_id=1, task_index=task_index, attempt=0, base_seq=seq - 1, committed_seq=seq, open_ms=0.0,
-                     process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=1, output_rows=0,
-                     private_dir=False, pending_checkpoint_id=checkpoint_id, attempt_token=token)
+    return TaskStats(
+        batch_id=1,
+        task_index=task_index,
+        attempt=0,
+        base_seq=seq - 1,
+        committed_seq=seq,
+        open_ms=0.0,
+        process_ms=0.0,
+        commit_ms=0.0,
+        commit_sync_ms=0.0,
+        input_rows=1,
+        output_rows=0,
+        private_dir=False,
+        pending_checkpoint_id=checkpoint_id,
+        attempt_token=token,
+    )
 
 
 def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_path: Path) -> None:
@@ -50,8 +63,7 @@ def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_pa
         assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, second_id, "token-a")], 1.0) == []
         # another attempt's checkpoint at that seq: refused at once, naming both; by its id, or, with the same id
         # (two attempts can issue one), by its attempt token
-        wrong = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(first.checkpoint_id), "token-a")],
-                                        30.0)
+        wrong = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, str(first.checkpoint_id), "token-a")], 30.0)
         assert len(wrong) == 1 and "another attempt's" in wrong[0] and second_id in wrong[0]
         twin = unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, second_id, "token-b")], 30.0)
         assert len(twin) == 1 and "token-a" in twin[0] and "token-b" in twin[0]
@@ -69,7 +81,7 @@ def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_pa
         blob_store.close()
 
 
-CHILD = '''
+CHILD = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, {repo!r})
@@ -98,7 +110,7 @@ assert query.exception() is None, query.exception()
 print(json.dumps({{"deferred": sum(1 for s in job.history if s.pending_checkpoint_id),
                    "reruns": job.metrics.export().counter("spark.batch.reruns")}}))
 spark.stop()
-'''
+"""
 
 
 @pytest.mark.slow
@@ -115,10 +127,20 @@ def test_workers_killed_at_checkpoint_writes_lose_no_batch_and_sink_each_output_
         os.utime(source / f"part-{batch:03d}.txt", (1_000_000 + batch, 1_000_000 + batch))
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(repo=str(REPO), config=config))
-    env = {**os.environ, "STATEBACKEND_CRASH_AT": "commit.before_checkpoint_write:3",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    child = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=600, check=False)
+    env = {
+        **os.environ,
+        "STATEBACKEND_CRASH_AT": "commit.before_checkpoint_write:3",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    child = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     summary = json.loads(child.stdout.strip().splitlines()[-1])
     assert summary["deferred"] > 0  # tasks did hand their output on before their checkpoint was durable
@@ -158,7 +180,8 @@ def count_arrow_quietly_until(batch: int) -> Any:
 @pytest.mark.spark
 @pytest.mark.parametrize("confirm_on_driver", [False, True])
 def test_output_after_batches_without_any_reaches_the_sink_exactly(
-        spark: Any, tmp_path: Path, confirm_on_driver: bool) -> None:
+    spark: Any, tmp_path: Path, confirm_on_driver: bool
+) -> None:
     """Batches without output, then batches with: the sink gets exactly a batch count's output each batch (empty
     while there is none), once, and the state is exact, whether tasks wait for their checkpoints or not."""
     config = make_config(tmp_path)
@@ -167,9 +190,16 @@ def test_output_after_batches_without_any_reaches_the_sink_exactly(
     def sink(frame: Any, batch_id: int) -> None:
         delivered[batch_id] = sorted((row["word"], row["count"]) for row in frame.collect())
 
-    job = StatefulForeachBatch(count_arrow_quietly_until(3), key_columns=["word"], num_tasks=NUM_TASKS,
-                               config=config, output_schema="word string, count long", mode="arrow", sink=sink,
-                               confirm_on_driver=confirm_on_driver)
+    job = StatefulForeachBatch(
+        count_arrow_quietly_until(3),
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema="word string, count long",
+        mode="arrow",
+        sink=sink,
+        confirm_on_driver=confirm_on_driver,
+    )
     expected: dict[str, int] = {}
     for batch_id in range(5):
         job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)

@@ -25,8 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.connect
 def test_every_mode_replay_streaming_query_and_read_state_under_spark_connect(tmp_path: Path) -> None:
     # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
-    done = subprocess.run([sys.executable, "-m", "tests.connect_child", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.connect_child", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["connect"] is True
@@ -64,7 +70,8 @@ def test_a_wrong_key_in_the_spark_conf_is_named(spark: Any, tmp_path: Path) -> N
     spark.conf.set("spark.statebackend.changelog.snapshot.intervl.commits", "3")
     try:
         with pytest.raises(ConfigError, match="changelog.snapshot.intervl.commits"):
-            StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=make_config(tmp_path),
-                                 output_schema=OUTPUT)
+            StatefulForeachBatch(
+                count_rows, key_columns=["word"], num_tasks=3, config=make_config(tmp_path), output_schema=OUTPUT
+            )
     finally:
         spark.conf.unset("spark.statebackend.changelog.snapshot.intervl.commits")

@@ -21,8 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.connect
 def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path) -> None:
     # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
-    done = subprocess.run([sys.executable, "-m", "tests.connect_timers_child", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.connect_timers_child", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["connect"] is True
@@ -33,9 +39,12 @@ def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path)
         "outputs": [[["c", 900, "processing", 0]], [["a", 1500, "processing", 1]], [["b", 2500, "processing", 2]]],
         "tasks": [0, 1, 2],  # the batch without input ran every task
     }
-    assert result["event"] == {"outputs": [[], [], [["a", 1500, "event", 2]]],
-                               "watermarks": [[None], [900], [2900]]}
+    assert result["event"] == {"outputs": [[], [], [["a", 1500, "event", 2]]], "watermarks": [[None], [900], [2900]]}
     initial = result["initial"]
     assert {k: v for k, v in initial.items() if k != "refused"} == {
-        "first_ok": True, "second_ok": True, "state_ok": True, "stream_ok": True}
+        "first_ok": True,
+        "second_ok": True,
+        "state_ok": True,
+        "stream_ok": True,
+    }
     assert "already has state" in initial["refused"] and "'counts'" in initial["refused"]

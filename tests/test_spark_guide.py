@@ -31,8 +31,9 @@ def guide_script() -> str:
     """The guide's Python blocks as one script, each followed by a line that says it ran to its end."""
     parts = []
     for number, block in enumerate(python_blocks(GUIDE), start=1):
-        parts.append(f"# --- docs/spark.md, Python block {number} ---\n{block}\nprint({DONE.format(number)!r}, "
-                     "flush=True)\n")
+        parts.append(
+            f"# --- docs/spark.md, Python block {number} ---\n{block}\nprint({DONE.format(number)!r}, flush=True)\n"
+        )
     return "\n".join(parts)
 
 
@@ -77,7 +78,9 @@ def test_every_python_block_of_the_guide_runs_in_order_and_the_quick_start_count
     failed = len(ran) + 1
     assert result.returncode == 0 and len(ran) == blocks, (
         f"docs/spark.md's Python block {failed} of {blocks} failed (exit {result.returncode}):\n"
-        + result.stdout[-3000:] + result.stderr[-5000:])
+        + result.stdout[-3000:]
+        + result.stderr[-5000:]
+    )
     assert ran == [DONE.format(number) for number in range(1, blocks + 1)]
     # the quick start prints the counts it read back from the blob store: the words of its one input file
     lines = result.stdout.splitlines()

@@ -52,8 +52,15 @@ def many_rows(stores: Any, rows: Any) -> list[tuple[str, int]]:
 
 def test_a_task_whose_output_spills_returns_it_whole_after_its_commit(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    runner = TaskRunner.of(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
-                        input_columns=("word",), output_memory_bytes=2048)
+    runner = TaskRunner.of(
+        fn=many_rows,
+        config=config,
+        batch_id=0,
+        num_tasks=1,
+        on_replay="redo",
+        input_columns=("word",),
+        output_memory_bytes=2048,
+    )
     out = list(runner.run_rows(0, iter([Row(word="a"), Row(word="b")])))
     assert [item for item in out if is_output(item)] == [(f"out-{i}", i) for i in range(5000)]
     stats = [item.stats for item in out if isinstance(item, StatsRecord)]
@@ -69,12 +76,18 @@ def test_a_failed_commit_leaves_no_spill_file(tmp_path: Path, monkeypatch: pytes
 
     monkeypatch.setattr(TaskStorage, "commit_now", fail)
     config = make_config(tmp_path)
-    runner = TaskRunner.of(fn=many_rows, config=config, batch_id=0, num_tasks=1, on_replay="redo",
-                        input_columns=("word",), output_memory_bytes=2048)
+    runner = TaskRunner.of(
+        fn=many_rows,
+        config=config,
+        batch_id=0,
+        num_tasks=1,
+        on_replay="redo",
+        input_columns=("word",),
+        output_memory_bytes=2048,
+    )
     with pytest.raises(CommitError, match="injected"):
         list(runner.run_rows(0, iter([Row(word="a")])))
     assert list((tmp_path / "local" / SPILL_DIR).iterdir()) == []
-
 
 
 @pytest.mark.parametrize("chunks_kept", [0, 1, 2])
@@ -92,7 +105,7 @@ def test_a_spill_file_cut_short_is_an_error_not_fewer_rows(tmp_path: Path, chunk
             pickle.load(source)
             ends.append(source.tell())
     assert ends[-1] == len(whole)
-    held._path.write_bytes(whole[:ends[chunks_kept - 1]] if chunks_kept else b"")
+    held._path.write_bytes(whole[: ends[chunks_kept - 1]] if chunks_kept else b"")
     with pytest.raises(StateBackendError, match="spill file"):
         list(held)
     assert list((tmp_path / "spill").iterdir()) == []  # the file goes all the same
@@ -106,8 +119,15 @@ def test_a_function_failing_after_its_output_spilled_leaves_no_spill_file(tmp_pa
         raise RuntimeError("boom after spilling")
 
     config = make_config(tmp_path)
-    runner = TaskRunner.of(fn=spill_then_fail, config=config, batch_id=0, num_tasks=1, on_replay="redo",
-                        input_columns=("word",), output_memory_bytes=2048)
+    runner = TaskRunner.of(
+        fn=spill_then_fail,
+        config=config,
+        batch_id=0,
+        num_tasks=1,
+        on_replay="redo",
+        input_columns=("word",),
+        output_memory_bytes=2048,
+    )
     with pytest.raises(RuntimeError, match="boom after spilling"):
         list(runner.run_rows(0, iter([Row(word="a")])))
     assert list((tmp_path / "local" / SPILL_DIR).iterdir()) == []

@@ -58,7 +58,7 @@ def test_a_kept_task_is_taken_back_by_the_next_batch_and_the_state_is_exact(tmp_
 def test_a_kept_task_whose_log_moved_on_restores_and_never_commits_on_top(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     run_kept(config, 0, "a")
-    run_kept(config, 1, "a")          # parked at checkpoint #2
+    run_kept(config, 1, "a")  # parked at checkpoint #2
     # Another attempt (here: in this process, without keeping open; the parked task holds the lock, so it works in a
     # private copy restored from the blob store) commits batch 2 as #3.
     output, other = run_kept(config, 2, "a", "b", keep_open=False)
@@ -78,7 +78,7 @@ def test_a_stale_kept_task_that_commits_anyway_is_fenced(tmp_path: Path) -> None
     parked = kept.take(next(iter(kept._parked)))
     assert parked is not None
     try:
-        run_kept(config, 1, "a", keep_open=False)   # another attempt: private copy, commits #2
+        run_kept(config, 1, "a", keep_open=False)  # another attempt: private copy, commits #2
         parked.storage.store("counts").put("a", 100)
         with pytest.raises(CommitConflictError):
             parked.storage.commit_durably({"batch": "1", "tasks": "2"})
@@ -91,7 +91,7 @@ def test_a_replayed_batch_does_not_take_back_the_kept_task(tmp_path: Path) -> No
     config = make_config(tmp_path)
     run_kept(config, 0, "a")
     run_kept(config, 1, "a", "b")
-    output, stats = run_kept(config, 1, "a", "b")   # Spark replays batch 1
+    output, stats = run_kept(config, 1, "a", "b")  # Spark replays batch 1
     assert not stats.kept_open and stats.base_seq == 1 and stats.committed_seq == 3
     assert output == [("a", 2), ("b", 1)]
     _, stats = run_kept(config, 2, "b")
@@ -128,7 +128,7 @@ def test_a_failing_batch_closes_the_kept_task_and_its_retry_redoes_it(tmp_path: 
 
 def test_a_task_parked_in_another_process_is_handed_over(tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    run_kept(config, 0, "a")               # parked here, holding the stores' locks
+    run_kept(config, 0, "a")  # parked here, holding the stores' locks
     assert (tmp_path / "local" / "wordcount" / "task-0" / kept.PARKED_FILE).read_text() == str(os.getpid())
     child = textwrap.dedent(f"""
         import json
@@ -142,15 +142,16 @@ def test_a_task_parked_in_another_process_is_handed_over(tmp_path: Path) -> None
         print(json.dumps([out, stats.private_dir, stats.base_seq, stats.committed_seq]))
     """)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", child], check=False, cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", child], check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     import json
 
     out, private_dir, base_seq, committed_seq = json.loads(done.stdout.strip().splitlines()[-1])
     assert out == [["a", 2], ["c", 1]]
-    assert not private_dir and (base_seq, committed_seq) == (1, 2)   # handed over: it used the local stores
-    assert kept._parked == {}                                          # this process let it go
+    assert not private_dir and (base_seq, committed_seq) == (1, 2)  # handed over: it used the local stores
+    assert kept._parked == {}  # this process let it go
     assert state_now(config) == ({"a": 2, "c": 1}, 2)
 
 

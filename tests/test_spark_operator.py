@@ -36,8 +36,7 @@ def test_a_missing_blob_store_directory_fails_when_the_job_is_built(tmp_path: Pa
     assert "check 1 of 3" in str(raised.value)
 
 
-def test_a_value_its_serde_cannot_encode_is_the_first_line_and_nothing_is_committed(spark: Any,
-                                                                                     tmp_path: Path) -> None:
+def test_a_value_its_serde_cannot_encode_is_the_first_line_and_nothing_is_committed(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stores.counts.msg.serde": "json"})
 
     def decimals(stores: Any, rows: Any) -> list[Any]:
@@ -61,11 +60,13 @@ def test_output_rows_of_the_wrong_shape_fail_the_task_before_its_commit(spark: A
         count_rows(stores, rows)
         return [("ada", 1, "extra")]
 
-    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=1, config=config,
-                               output_schema="word string, count long")
+    job = StatefulForeachBatch(
+        count_rows, key_columns=["word"], num_tasks=1, config=config, output_schema="word string, count long"
+    )
     job(words(spark, "ada"), 0)
-    bad = StatefulForeachBatch(wrong, key_columns=["word"], num_tasks=1, config=config,
-                               output_schema="word string, count long")
+    bad = StatefulForeachBatch(
+        wrong, key_columns=["word"], num_tasks=1, config=config, output_schema="word string, count long"
+    )
     with pytest.raises(TaskFailedError, match="OutputSchemaError") as raised:
         bad(words(spark, "ada"), 1)
     first = str(raised.value).splitlines()[0]
@@ -73,17 +74,22 @@ def test_output_rows_of_the_wrong_shape_fail_the_task_before_its_commit(spark: A
     assert newest_batch(config, "task-0") == "0"  # batch 1 made no checkpoint
 
 
-def test_every_batch_logs_one_line_and_the_driver_keeps_metrics_per_task(spark: Any, tmp_path: Path,
-                                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_every_batch_logs_one_line_and_the_driver_keeps_metrics_per_task(
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     config = make_config(tmp_path)
     seen: list[Any] = []
-    job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=2, config=config, on_batch=seen.append,
-                               keep_open=False)
+    job = StatefulForeachBatch(
+        count_rows, key_columns=["word"], num_tasks=2, config=config, on_batch=seen.append, keep_open=False
+    )
     caplog.set_level(logging.INFO, logger="statebackend")
     job(words(spark, "ada", "bob", "ada"), 0)
     job(words(spark, "cy"), 1)
-    said = [r.getMessage() for r in caplog.records if r.name == "statebackend.microbatch.coordinator"
-            and r.levelno == logging.INFO]
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "statebackend.microbatch.coordinator" and r.levelno == logging.INFO
+    ]
     assert said[0].startswith("batch 0: the first batch of this query")
     lines = [line for line in said if " tasks (" in line]  # the batch lines
     assert [line.split(":")[0] for line in lines] == ["batch 0", "batch 1"]

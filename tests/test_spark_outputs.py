@@ -33,8 +33,11 @@ def test_rows_on_the_rdd_route_take_what_spark_verifies_and_refuse_the_rest() ->
     check = check_rows(STRUCT, "task-0, batch 1")
     good = [("a", 1), Row(word="b", count=2), {"word": "c"}, {"word": "d", "count": 4, "extra": 1}, ("e", None)]
     assert list(check(good)) == good
-    with pytest.raises(OutputSchemaError, match=r"task-0, batch 1: an output row does not fit output_schema "
-                                                r"\(word string, count bigint\)"):
+    with pytest.raises(
+        OutputSchemaError,
+        match=r"task-0, batch 1: an output row does not fit output_schema "
+        r"\(word string, count bigint\)",
+    ):
         list(check([("a", 1), ("b", 1, "extra")]))
     with pytest.raises(OutputSchemaError, match="count"):
         list(check([("a", "not a number")]))

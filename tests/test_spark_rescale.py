@@ -33,8 +33,10 @@ def test_key_group_ranges_cover_every_group_once_and_match_the_routing() -> None
             owned = [g for t in range(num_tasks) for g in key_group_range(t, num_tasks, key_groups)]
             assert owned == list(range(key_groups))
             for task in range(num_tasks):
-                assert all(task_of_group(g, num_tasks, key_groups) == task
-                           for g in key_group_range(task, num_tasks, key_groups))
+                assert all(
+                    task_of_group(g, num_tasks, key_groups) == task
+                    for g in key_group_range(task, num_tasks, key_groups)
+                )
 
 
 def test_every_row_lands_in_the_partition_of_its_task(spark: Any) -> None:
@@ -77,8 +79,9 @@ def test_the_python_hash_is_sparks_hash(spark: Any, data: st.DataObject) -> None
         assert got == [spark_hash([v], [type_name]) for v in values], type_name
     pairs = data.draw(st.lists(st.tuples(VALUES["string"], VALUES["long"]), min_size=30, max_size=50))
     frame = spark.createDataFrame(pairs, "a string, b long")
-    assert [row[0] for row in frame.select(F.hash("a", "b")).collect()] == \
-        [spark_hash(list(p), ["string", "long"]) for p in pairs]
+    assert [row[0] for row in frame.select(F.hash("a", "b")).collect()] == [
+        spark_hash(list(p), ["string", "long"]) for p in pairs
+    ]
 
 
 def _write(source: Path, batch: int) -> None:
@@ -112,11 +115,16 @@ def test_num_tasks_4_6_2_4_between_runs_keeps_exact_state(spark: Any, tmp_path: 
         for _ in range(2):
             _write(source, written)
             written += 1
-        job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=num_tasks, config=config,
-                                   output_schema=OUTPUT, key_groups=16)
+        job = StatefulForeachBatch(
+            count_rows, key_columns=["word"], num_tasks=num_tasks, config=config, output_schema=OUTPUT, key_groups=16
+        )
         stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-                 .trigger(availableNow=True).start())
+        query = (
+            stream.writeStream.foreachBatch(job)
+            .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(180)
         assert query.exception() is None, query.exception()
         assert {s.task_index for s in job.history} == set(range(num_tasks))
@@ -126,7 +134,7 @@ def test_num_tasks_4_6_2_4_between_runs_keeps_exact_state(spark: Any, tmp_path: 
         read_state(spark, config, "counts", num_tasks=6).collect()
 
 
-CHILD = '''
+CHILD = """
 import os, sys, time
 from pathlib import Path
 sys.path.insert(0, {repo!r})
@@ -153,7 +161,7 @@ query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(r
 query.awaitTermination()
 assert query.exception() is None, query.exception()
 spark.stop()
-'''
+"""
 
 
 def test_sigkill_in_a_rescaled_first_batch_then_resume(spark: Any, tmp_path: Path) -> None:
@@ -165,22 +173,34 @@ def test_sigkill_in_a_rescaled_first_batch_then_resume(spark: Any, tmp_path: Pat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
     def child(num_tasks: int, slow_batch: int) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, str(script), str(tmp_path), str(num_tasks), str(slow_batch)],
-                                cwd=REPO, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path), str(num_tasks), str(slow_batch)],
+            cwd=REPO,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
 
     for batch in range(2):
         _write(source, batch)
     # the first run, 4 tasks over batches 0 and 1, in this process's session (a child would start another JVM); its
     # master retries a failed task attempt, which local[2] would not: no attempt may have needed that
-    first = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=4, config=config, output_schema=OUTPUT,
-                                 key_groups=16)
+    first = StatefulForeachBatch(
+        count_rows, key_columns=["word"], num_tasks=4, config=config, output_schema=OUTPUT, key_groups=16
+    )
     stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-    query = (stream.writeStream.foreachBatch(first).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-             .trigger(availableNow=True).start())
+    query = (
+        stream.writeStream.foreachBatch(first)
+        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     assert sorted((s.batch_id, s.task_index, s.attempt) for s in first.history) == [
-        (batch, task, 0) for batch in range(2) for task in range(4)]
+        (batch, task, 0) for batch in range(2) for task in range(4)
+    ]
     for batch in range(2, 4):
         _write(source, batch)
     second = child(6, 2)  # batch 2 is the first with 6 tasks: rescaled
@@ -192,13 +212,19 @@ def test_sigkill_in_a_rescaled_first_batch_then_resume(spark: Any, tmp_path: Pat
     second.wait(60)
     assert second.returncode == -signal.SIGKILL
     # the resume in this process's session (a third JVM would cost tens of seconds): Spark re-runs batch 2, then 3
-    third = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=6, config=config, output_schema=OUTPUT,
-                                 key_groups=16)
+    third = StatefulForeachBatch(
+        count_rows, key_columns=["word"], num_tasks=6, config=config, output_schema=OUTPUT, key_groups=16
+    )
     stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-    query = (stream.writeStream.foreachBatch(third).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-             .trigger(availableNow=True).start())
+    query = (
+        stream.writeStream.foreachBatch(third)
+        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination(300)
     assert query.exception() is None, query.exception()
     assert sorted({(s.batch_id, s.task_index) for s in third.history}) == [
-        (batch, task) for batch in (2, 3) for task in range(6)]
+        (batch, task) for batch in (2, 3) for task in range(6)
+    ]
     assert _state(spark, config, 6) == _expected(range(4))

@@ -62,8 +62,9 @@ def test_two_attempts_at_once_one_commit_wins_and_a_retry_redoes_the_batch_once(
 
     def attempt() -> None:
         try:
-            results.append([item for item in runner(config, 1, fn).run_rows(0, iter(rows("a", "c")))
-                            if is_output(item)])
+            results.append(
+                [item for item in runner(config, 1, fn).run_rows(0, iter(rows("a", "c"))) if is_output(item)]
+            )
         except CommitError as exc:
             results.append(exc)
 
@@ -103,7 +104,8 @@ def test_batch_older_than_the_newest_committed_one_is_refused(tmp_path: Path) ->
 
 
 def test_batch_whose_previous_batchs_checkpoint_is_gone_is_refused_not_restored_from_older_state(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     config = make_config(tmp_path)
     for batch_id in range(3):
         run(config, batch_id, "a")
@@ -135,11 +137,18 @@ def route_words(words: list[str], num_tasks: int, key_groups: int | None) -> dic
     return routed
 
 
-def run_all(config: dict[str, object], batch_id: int, words: list[str], num_tasks: int,
-            key_groups: int | None) -> None:
+def run_all(config: dict[str, object], batch_id: int, words: list[str], num_tasks: int, key_groups: int | None) -> None:
     for task, task_words in route_words(words, num_tasks, key_groups).items():
-        runner = TaskRunner.of(fn=count_rows, config=config, batch_id=batch_id, input_columns=("word",),
-                            num_tasks=num_tasks, on_replay="redo", key_groups=key_groups, key_types=("string",))
+        runner = TaskRunner.of(
+            fn=count_rows,
+            config=config,
+            batch_id=batch_id,
+            input_columns=("word",),
+            num_tasks=num_tasks,
+            on_replay="redo",
+            key_groups=key_groups,
+            key_types=("string",),
+        )
         list(runner.run_rows(task, iter(rows(*task_words))))
 
 
@@ -161,7 +170,7 @@ def test_rescaling_gives_each_task_exactly_the_keys_of_its_key_groups(tmp_path: 
         del config["changelog.snapshot.interval.commits"]
     expected: dict[str, int] = {}
     for batch_id, num_tasks in enumerate([2, 2, 3, 3, 1, 4]):
-        words = WORDS[batch_id * 7: batch_id * 7 + 30]
+        words = WORDS[batch_id * 7 : batch_id * 7 + 30]
         run_all(config, batch_id, words, num_tasks, key_groups=8)
         for word in words:
             expected[word] = expected.get(word, 0) + 1
@@ -172,7 +181,8 @@ def test_rescaling_gives_each_task_exactly_the_keys_of_its_key_groups(tmp_path: 
 
 
 def test_changing_num_tasks_with_too_few_retained_checkpoints_is_refused_before_anything_changes(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     config = make_config(tmp_path, **{"task.checkpoint.retained": 2})
     run_all(config, 0, WORDS[:20], 2, key_groups=8)
     before = tasks_state(config, 2)
@@ -253,8 +263,9 @@ def test_wrong_arguments_are_refused_on_the_driver(tmp_path: Path, options: dict
 
 def test_misspelled_config_key_is_refused_on_the_driver(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tsak.commit.ms"):
-        StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=2,
-                             config=make_config(tmp_path, **{"tsak.commit.ms": 5}))
+        StatefulForeachBatch(
+            count_rows, key_columns=["word"], num_tasks=2, config=make_config(tmp_path, **{"tsak.commit.ms": 5})
+        )
 
 
 class _Node:
@@ -272,8 +283,9 @@ def _garbage_cycle() -> Any:
     return weakref.ref(first)
 
 
-def test_a_task_collects_then_freezes_the_survivors_unless_told_not_to(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_task_collects_then_freezes_the_survivors_unless_told_not_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import gc
 
     from statebackend.microbatch import worker as executor
@@ -297,7 +309,8 @@ def test_a_task_collects_then_freezes_the_survivors_unless_told_not_to(tmp_path:
 
 
 def test_a_frozen_cycle_that_turns_to_garbage_is_collected_at_the_next_full_collection(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import gc
     import weakref
 

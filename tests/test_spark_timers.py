@@ -61,10 +61,14 @@ def fired_arrow(stores: Any, timers: Any) -> Any:
     import pyarrow as pa
 
     rows = fired_rows(stores, timers)
-    return pa.table({"word": pa.array([r[0] for r in rows], pa.string()),
-                     "at_ms": pa.array([r[1] for r in rows], pa.int64()),
-                     "kind": pa.array([r[2] for r in rows], pa.string()),
-                     "batch": pa.array([r[3] for r in rows], pa.int64())})
+    return pa.table(
+        {
+            "word": pa.array([r[0] for r in rows], pa.string()),
+            "at_ms": pa.array([r[1] for r in rows], pa.int64()),
+            "kind": pa.array([r[2] for r in rows], pa.string()),
+            "batch": pa.array([r[3] for r in rows], pa.int64()),
+        }
+    )
 
 
 def fired_pandas(stores: Any, timers: Any) -> Any:
@@ -73,8 +77,11 @@ def fired_pandas(stores: Any, timers: Any) -> Any:
     return pd.DataFrame(fired_rows(stores, timers), columns=["word", "at_ms", "kind", "batch"])
 
 
-MODES = {"rows": (register_rows, fired_rows), "arrow": (register_arrow, fired_arrow),
-         "pandas": (register_pandas, fired_pandas)}
+MODES = {
+    "rows": (register_rows, fired_rows),
+    "arrow": (register_arrow, fired_arrow),
+    "pandas": (register_pandas, fired_pandas),
+}
 
 
 class EventTimers:
@@ -145,14 +152,16 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return fixed
 
 
-def run_batch(spark: Any, job: StatefulForeachBatch, batch_id: int, rows: list[tuple[Any, ...]],
-              schema: str = INPUT) -> list[tuple[Any, ...]]:
+def run_batch(
+    spark: Any, job: StatefulForeachBatch, batch_id: int, rows: list[tuple[Any, ...]], schema: str = INPUT
+) -> list[tuple[Any, ...]]:
     output = job(spark.createDataFrame(rows, schema), batch_id)
     return sorted(tuple(row) for row in output.collect())
 
 
-def pending(spark: Any, config: dict[str, object], num_tasks: int = NUM_TASKS,
-            checkpoint: str | int = "latest") -> list[tuple[str, str, int]]:
+def pending(
+    spark: Any, config: dict[str, object], num_tasks: int = NUM_TASKS, checkpoint: str | int = "latest"
+) -> list[tuple[str, str, int]]:
     frame = read_state(spark, config, TIMERS_STORE, num_tasks=num_tasks, checkpoint=checkpoint)
     assert frame.columns == ["task", "key", "kind", "at_ms"]
     return sorted((row.key, row.kind, row.at_ms) for row in frame.collect())
@@ -167,11 +176,13 @@ def counts(spark: Any, config: dict[str, object], num_tasks: int = NUM_TASKS) ->
 
 @pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
 def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_without_rows(
-        spark: Any, tmp_path: Path, clock: Clock, mode: str) -> None:
+    spark: Any, tmp_path: Path, clock: Clock, mode: str
+) -> None:
     config = make_config(tmp_path)
     fn, handler = MODES[mode]
-    job = StatefulForeachBatch(fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT,
-                               mode=mode, on_timers=handler)
+    job = StatefulForeachBatch(
+        fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, mode=mode, on_timers=handler
+    )
     clock.now = 1000
     assert run_batch(spark, job, 0, [("a", 1500), ("b", 2500), ("c", 900)]) == [("c", 900, PROCESSING, 0)]
     assert pending(spark, config, checkpoint=0) == [("a", PROCESSING, 1500), ("b", PROCESSING, 2500)]
@@ -194,7 +205,8 @@ def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_witho
 
 @pytest.mark.parametrize(("mode", "column"), [("arrow", "long"), ("rows", "timestamp")])
 def test_event_time_timers_fire_when_the_watermark_of_earlier_batches_passes_them(
-        spark: Any, tmp_path: Path, mode: str, column: str) -> None:
+    spark: Any, tmp_path: Path, mode: str, column: str
+) -> None:
     config = make_config(tmp_path)
 
     def at(ms: int) -> Any:
@@ -203,9 +215,17 @@ def test_event_time_timers_fire_when_the_watermark_of_earlier_batches_passes_the
     fn: Any = EventTimers()
     if mode == "arrow":
         fn = event_timers_arrow
-    job = StatefulForeachBatch(fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT,
-                               mode=mode, on_timers=fired_rows if mode == "rows" else fired_arrow, event_time="ts",
-                               watermark_delay=100)
+    job = StatefulForeachBatch(
+        fn,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode=mode,
+        on_timers=fired_rows if mode == "rows" else fired_arrow,
+        event_time="ts",
+        watermark_delay=100,
+    )
     schema = f"word string, ts {column}"
     batches = [[("a", at(1000)), ("b", at(1200))], [("c", at(2000))], [], [], [("d", at(5000))], []]
     outputs, watermarks = [], []
@@ -245,13 +265,22 @@ def run_reference(spark: Any, tmp_path: Path, clock: Clock) -> tuple[list[Any], 
 
 
 def both_job(config: dict[str, object], on_timers: Any = fired_rows, **extra: Any) -> StatefulForeachBatch:
-    return StatefulForeachBatch(both_timers, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                output_schema=OUTPUT, on_timers=on_timers, event_time="ts",
-                                watermark_delay=0, **extra)
+    return StatefulForeachBatch(
+        both_timers,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        on_timers=on_timers,
+        event_time="ts",
+        watermark_delay=0,
+        **extra,
+    )
 
 
 def test_replays_and_a_driver_restarted_on_a_wiped_local_dir_fire_each_timer_once(
-        spark: Any, tmp_path: Path, clock: Clock) -> None:
+    spark: Any, tmp_path: Path, clock: Clock
+) -> None:
     expected, left = run_reference(spark, tmp_path, clock)
     assert sum(len(o) for o in expected) >= 6  # timers of both kinds fired in several batches
     config = make_config(tmp_path / "run")
@@ -278,8 +307,9 @@ def test_replays_and_a_driver_restarted_on_a_wiped_local_dir_fire_each_timer_onc
 
 
 @pytest.mark.parametrize("how", ["raise", "pickle", "kill"])
-def test_a_failed_or_killed_task_attempt_fires_its_timers_once(spark: Any, tmp_path: Path, clock: Clock,
-                                                                how: str) -> None:
+def test_a_failed_or_killed_task_attempt_fires_its_timers_once(
+    spark: Any, tmp_path: Path, clock: Clock, how: str
+) -> None:
     expected, left = run_reference(spark, tmp_path, clock)
     config = make_config(tmp_path / "run")
     job = both_job(config, on_timers=Failing(tmp_path / "marker", 2, how))
@@ -296,13 +326,27 @@ def test_a_failed_or_killed_task_attempt_fires_its_timers_once(spark: Any, tmp_p
 def test_timers_move_with_their_key_groups_when_num_tasks_changes(spark: Any, tmp_path: Path, clock: Clock) -> None:
     config = make_config(tmp_path)
     words = [f"w{i}" for i in range(20)]
-    job = StatefulForeachBatch(register_rows, key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT,
-                               on_timers=fired_rows, key_groups=16)
+    job = StatefulForeachBatch(
+        register_rows,
+        key_columns=["word"],
+        num_tasks=3,
+        config=config,
+        output_schema=OUTPUT,
+        on_timers=fired_rows,
+        key_groups=16,
+    )
     clock.now = 0
     assert run_batch(spark, job, 0, [(w, 1000 + 100 * i) for i, w in enumerate(words)]) == []
     assert [key for key, _, _ in pending(spark, config, 3)] == sorted(words)
-    fewer = StatefulForeachBatch(register_rows, key_columns=["word"], num_tasks=2, config=config,
-                                 output_schema=OUTPUT, on_timers=fired_rows, key_groups=16)
+    fewer = StatefulForeachBatch(
+        register_rows,
+        key_columns=["word"],
+        num_tasks=2,
+        config=config,
+        output_schema=OUTPUT,
+        on_timers=fired_rows,
+        key_groups=16,
+    )
     clock.now = 1950
     first = run_batch(spark, fewer, 1, [])
     assert [row[0] for row in first] == sorted(words[:10])
@@ -313,14 +357,16 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes(spark: Any, tm
 
 
 @pytest.mark.parametrize("mode", ["arrow", "pandas"])
-def test_input_spark_knows_to_be_empty_still_runs_every_task(spark: Any, tmp_path: Path, clock: Clock,
-                                                               mode: str) -> None:
+def test_input_spark_knows_to_be_empty_still_runs_every_task(
+    spark: Any, tmp_path: Path, clock: Clock, mode: str
+) -> None:
     """A filter on false is planned with no partition at all: the tasks still run, commit and fire their timers, and
     the next batch finds every task's checkpoint of it."""
     config = make_config(tmp_path)
     fn, handler = MODES[mode]
-    job = StatefulForeachBatch(fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT,
-                               mode=mode, on_timers=handler)
+    job = StatefulForeachBatch(
+        fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, mode=mode, on_timers=handler
+    )
     clock.now = 0
     run_batch(spark, job, 0, [("a", 500), ("b", 1500)])
     clock.now = 1000
@@ -339,7 +385,8 @@ def register_a_second_later(stores: Any, rows: Any) -> None:
 
 
 def test_a_heartbeat_keeps_batches_and_processing_time_timers_coming_after_the_input_stops(
-        spark: Any, tmp_path: Path) -> None:
+    spark: Any, tmp_path: Path
+) -> None:
     """One file of input, then none: without the heartbeat Spark would run no batch and the timer would never fire.
     With it, batches keep coming, the timer fires once in a batch without input, and the function never sees a
     heartbeat row (its null word would fail the timer's registration)."""
@@ -358,11 +405,22 @@ def test_a_heartbeat_keeps_batches_and_processing_time_timers_coming_after_the_i
         outputs.append((batch_id, rows, sum(s.input_rows for s in job.last_batch_stats)))
 
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(register_a_second_later, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT, on_timers=fired_rows, sink=sink)
+    job = StatefulForeachBatch(
+        register_a_second_later,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        on_timers=fired_rows,
+        sink=sink,
+    )
     stream = with_heartbeat(spark.readStream.schema(INPUT).json(str(source)))
-    query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-             .trigger(processingTime="200 milliseconds").start())
+    query = (
+        stream.writeStream.foreachBatch(job)
+        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
     try:
         deadline = time.monotonic() + 120
         while not any(rows for _, rows, _ in outputs) and time.monotonic() < deadline and query.exception() is None:

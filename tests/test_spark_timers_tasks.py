@@ -86,11 +86,21 @@ def config_of(tmp_path: Path, **extra: object) -> dict[str, object]:
 
 
 def runner(config: dict[str, object], batch_id: int, *, num_tasks: int = 1, **extra: Any) -> TaskRunner:
-    options: dict[str, Any] = {"on_timers": fired, "key_groups": KEY_GROUPS, "key_types": ("string",),
-                               "on_replay": "redo"}
+    options: dict[str, Any] = {
+        "on_timers": fired,
+        "key_groups": KEY_GROUPS,
+        "key_types": ("string",),
+        "on_replay": "redo",
+    }
     options.update(extra)
-    return TaskRunner.of(fn=register, config=config, batch_id=batch_id, num_tasks=num_tasks,
-                      input_columns=("word", "at", "kind", "op"), **options)
+    return TaskRunner.of(
+        fn=register,
+        config=config,
+        batch_id=batch_id,
+        num_tasks=num_tasks,
+        input_columns=("word", "at", "kind", "op"),
+        **options,
+    )
 
 
 def add(word: str, at: int, kind: str = PROCESSING) -> Row:
@@ -101,8 +111,9 @@ def drop(word: str, at: int, kind: str = PROCESSING) -> Row:
     return Row(word=word, at=at, kind=kind, op="del")
 
 
-def run(config: dict[str, object], batch_id: int, rows: list[Row], *, task: int = 0,
-        **extra: Any) -> tuple[list[Any], TaskStats]:
+def run(
+    config: dict[str, object], batch_id: int, rows: list[Row], *, task: int = 0, **extra: Any
+) -> tuple[list[Any], TaskStats]:
     items = list(runner(config, batch_id, **extra).run_rows(task, iter(rows)))
     stats = [item.stats for item in items if is_stats(item)]
     return [item for item in items if is_output(item)], stats[0]
@@ -120,8 +131,11 @@ def checkpoint_offsets(config: dict[str, object], task: str = "task-0") -> dict[
 
 
 def words_of_task(task: int, num_tasks: int, count: int) -> list[str]:
-    found = [w for w in (f"k{i}" for i in range(500))
-             if task_of_group(key_group([w], ["string"], KEY_GROUPS), num_tasks, KEY_GROUPS) == task]
+    found = [
+        w
+        for w in (f"k{i}" for i in range(500))
+        if task_of_group(key_group([w], ["string"], KEY_GROUPS), num_tasks, KEY_GROUPS) == task
+    ]
     return found[:count]
 
 
@@ -144,16 +158,27 @@ def test_processing_time_timers_fire_once_at_the_first_batch_whose_clock_reaches
 
 def test_due_timers_come_in_time_order_then_kind_then_key(tmp_path: Path) -> None:
     config = config_of(tmp_path)
-    run(config, 0, [add("b", 700), add("a", 700), add("c", 300, EVENT), add("d", 700, EVENT), add("e", 100)],
-        now_ms=50, watermark_ms=10, event_time="at", event_time_type="long")
+    run(
+        config,
+        0,
+        [add("b", 700), add("a", 700), add("c", 300, EVENT), add("d", 700, EVENT), add("e", 100)],
+        now_ms=50,
+        watermark_ms=10,
+        event_time="at",
+        event_time_type="long",
+    )
     output, stats = run(config, 1, [], now_ms=1000, watermark_ms=800, event_time="at", event_time_type="long")
     assert [(key, at, kind) for key, at, kind, *_ in output] == [
-        ("e", 100, PROCESSING), ("c", 300, EVENT), ("d", 700, EVENT), ("a", 700, PROCESSING), ("b", 700, PROCESSING)]
+        ("e", 100, PROCESSING),
+        ("c", 300, EVENT),
+        ("d", 700, EVENT),
+        ("a", 700, PROCESSING),
+        ("b", 700, PROCESSING),
+    ]
     assert stats.timers_fired == 5
 
 
-def test_register_twice_keeps_one_delete_and_list_and_a_rearmed_timer_waits_for_the_next_batch(
-        tmp_path: Path) -> None:
+def test_register_twice_keeps_one_delete_and_list_and_a_rearmed_timer_waits_for_the_next_batch(tmp_path: Path) -> None:
     config = config_of(tmp_path)
     run(config, 0, [add("a", 500), add("a", 500), add("a", 900), add("a", 400, EVENT), drop("a", 900)], now_ms=0)
     assert timers_of(config) == [("a", 400, EVENT), ("a", 500, PROCESSING)]
@@ -170,12 +195,29 @@ def test_each_batch_counts_the_timers_registered_deleted_fired_and_pending(tmp_p
         assert stats.metrics is not None
         pending = stats.metrics.histogram("timers.pending")
         assert pending is not None and pending.count == 1  # one sample per task and batch
-        return (stats.metrics.counter("timers.registered"), stats.metrics.counter("timers.deleted"),
-                stats.metrics.counter("timers.fired"), pending.sum, stats.timers_pending)
+        return (
+            stats.metrics.counter("timers.registered"),
+            stats.metrics.counter("timers.deleted"),
+            stats.metrics.counter("timers.fired"),
+            pending.sum,
+            stats.timers_pending,
+        )
 
     # a duplicate is not registered again, a delete of a timer that is not there deletes nothing, "c" fires at once
-    _, stats = run(config, 0, [add("a", 500), add("a", 500), add("b", 900), add("c", 100), add("d", 700, EVENT),
-                               drop("b", 900), drop("b", 901)], now_ms=200)
+    _, stats = run(
+        config,
+        0,
+        [
+            add("a", 500),
+            add("a", 500),
+            add("b", 900),
+            add("c", 100),
+            add("d", 700, EVENT),
+            drop("b", 900),
+            drop("b", 901),
+        ],
+        now_ms=200,
+    )
     assert counts(stats) == (4, 1, 1, 2, 2)
     _, stats = run(config, 1, [add("e", 2000)], now_ms=600, on_timers=rearm)  # "a" fires and is registered again
     assert counts(stats) == (2, 0, 1, 3, 3)
@@ -199,8 +241,12 @@ def test_the_timers_api_lists_deletes_and_refuses_what_it_cannot_keep(tmp_path: 
         seen["events"] = [t.at_ms for t in timers.list("a", kind=EVENT)]
         seen["deleted"] = (timers.delete("a", 200), timers.delete("a", 200), timers.delete_all("a", kind=PROCESSING))
         seen["left"] = [(t.key, t.at_ms, t.kind) for t in timers.list("a")]
-        for wrong in [lambda: timers.register("a", 1, kind="wall"), lambda: timers.register("a", "soon"),
-                      lambda: timers.register(7, 1), lambda: timers.register("x" * 600, 1)]:
+        for wrong in [
+            lambda: timers.register("a", 1, kind="wall"),
+            lambda: timers.register("a", "soon"),
+            lambda: timers.register(7, 1),
+            lambda: timers.register("x" * 600, 1),
+        ]:
             with pytest.raises(ConfigError):
                 wrong()
         seen["stores"] = sorted(stores)
@@ -208,10 +254,24 @@ def test_the_timers_api_lists_deletes_and_refuses_what_it_cannot_keep(tmp_path: 
             stores[TIMERS_STORE]  # the timer store is no user store
         return []
 
-    TaskRunner.of(fn=use, config=config, batch_id=0, num_tasks=1, on_replay="redo", input_columns=("word",),
-               on_timers=fired, key_groups=KEY_GROUPS, key_types=("string",), now_ms=0).run_rows(0, iter([]))
-    assert seen["listed"] == [("a", 100, PROCESSING), ("a", 200, PROCESSING), ("a", 300, PROCESSING),
-                              ("a", 1000, EVENT)]
+    TaskRunner.of(
+        fn=use,
+        config=config,
+        batch_id=0,
+        num_tasks=1,
+        on_replay="redo",
+        input_columns=("word",),
+        on_timers=fired,
+        key_groups=KEY_GROUPS,
+        key_types=("string",),
+        now_ms=0,
+    ).run_rows(0, iter([]))
+    assert seen["listed"] == [
+        ("a", 100, PROCESSING),
+        ("a", 200, PROCESSING),
+        ("a", 300, PROCESSING),
+        ("a", 1000, EVENT),
+    ]
     assert seen["events"] == [1000]
     assert seen["deleted"] == (True, False, 2)
     assert seen["left"] == [("a", 1000, EVENT)]
@@ -264,8 +324,15 @@ def test_a_handler_failing_before_the_commit_is_retried_and_its_timers_fire_once
 def test_event_time_timers_fire_at_the_watermark_and_a_replay_keeps_the_recorded_one(tmp_path: Path) -> None:
     config = config_of(tmp_path)
     options = {"event_time": "at", "event_time_type": "long"}
-    _, stats = run(config, 0, [add("a", 400, EVENT), add("b", 900, EVENT), add("c", 100)], now_ms=0,
-                   watermark_ms=None, event_max_ms=None, **options)
+    _, stats = run(
+        config,
+        0,
+        [add("a", 400, EVENT), add("b", 900, EVENT), add("c", 100)],
+        now_ms=0,
+        watermark_ms=None,
+        event_max_ms=None,
+        **options,
+    )
     assert (stats.watermark_ms, stats.event_max_ms) == (None, 900)  # the largest event time of the input
     assert WATERMARK_OFFSET not in checkpoint_offsets(config)
     assert checkpoint_offsets(config)[EVENT_MAX_OFFSET] == "900"
@@ -303,8 +370,10 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes_and_fire_once(
     pending = [key for task in range(3) for key, _, _ in timers_of(config, f"task-{task}")]
     assert sorted(fired_keys + pending) == every and not set(fired_keys) & set(pending)
     for task in range(3):
-        assert all(task_of_group(key_group([k], ["string"], KEY_GROUPS), 3, KEY_GROUPS) == task
-                   for k, _, _ in timers_of(config, f"task-{task}"))
+        assert all(
+            task_of_group(key_group([k], ["string"], KEY_GROUPS), 3, KEY_GROUPS) == task
+            for k, _, _ in timers_of(config, f"task-{task}")
+        )
     for task in range(3):
         output, _ = run(config, 2, [], task=task, num_tasks=3, now_ms=5000)
         fired_keys += [row[0] for row in output]
@@ -313,10 +382,18 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes_and_fire_once(
 
 @pytest.mark.parametrize(
     ("key", "types"),
-    [("alice", ("string",)), (7, ("long",)), ((1, "x"), ("integer", "string")), (2.5, ("double",)),
-     (b"\x00\xff", ("binary",)), (True, ("boolean",)), (datetime.date(2024, 2, 29), ("date",)),
-     (datetime.datetime(2024, 5, 1, 12, 30, 1, 5), ("timestamp",)),
-     (datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.UTC), ("timestamp",)), (None, ("string",))],
+    [
+        ("alice", ("string",)),
+        (7, ("long",)),
+        ((1, "x"), ("integer", "string")),
+        (2.5, ("double",)),
+        (b"\x00\xff", ("binary",)),
+        (True, ("boolean",)),
+        (datetime.date(2024, 2, 29), ("date",)),
+        (datetime.datetime(2024, 5, 1, 12, 30, 1, 5), ("timestamp",)),
+        (datetime.datetime(2024, 5, 1, 12, 30, tzinfo=datetime.UTC), ("timestamp",)),
+        (None, ("string",)),
+    ],
 )
 def test_a_timer_key_reads_back_as_the_values_it_was_registered_with(key: Any, types: tuple[str, ...]) -> None:
     columns = normalize_key(key, types)
@@ -341,8 +418,10 @@ def test_keys_normalize_by_their_column_types_and_records_name_their_key() -> No
 
 
 def test_the_timer_store_is_backed_up_by_the_jobs_backends_and_its_serdes_are_fixed(tmp_path: Path) -> None:
-    config = make_config(tmp_path, **{"stores.other.backup.factories": "blobsnapshot,changelog",
-                                      "stores.other.restore.factories": "blobsnapshot"})
+    config = make_config(
+        tmp_path,
+        **{"stores.other.backup.factories": "blobsnapshot,changelog", "stores.other.restore.factories": "blobsnapshot"},
+    )
     declared = with_timer_store(config)
     prefix = f"stores.{TIMERS_STORE}."
     assert declared[prefix + "backup.factories"] == "changelog,blobsnapshot"  # counts' first, then other's
@@ -368,9 +447,22 @@ def test_the_watermark_is_the_largest_event_time_before_minus_the_delay_never_de
     clock = EventClock(100)
 
     def stats(task: int, watermark: int | None, event_max: int | None) -> TaskStats:
-        return TaskStats(batch_id=3, task_index=task, attempt=0, base_seq=1, committed_seq=2, open_ms=0.0,
-                         process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=0, output_rows=0,
-                         private_dir=False, watermark_ms=watermark, event_max_ms=event_max)
+        return TaskStats(
+            batch_id=3,
+            task_index=task,
+            attempt=0,
+            base_seq=1,
+            committed_seq=2,
+            open_ms=0.0,
+            process_ms=0.0,
+            commit_ms=0.0,
+            commit_sync_ms=0.0,
+            input_rows=0,
+            output_rows=0,
+            private_dir=False,
+            watermark_ms=watermark,
+            event_max_ms=event_max,
+        )
 
     clock.completed(3, [stats(0, 500, 800), stats(1, 500, 1200)], 2)
     assert clock.for_batch(None, {}, 4) == (1100, 1200)  # known: no checkpoint read (no Spark session here)
@@ -384,16 +476,20 @@ def test_event_times_read_alike_from_rows_arrow_batches_and_pandas_frames() -> N
 
     from statebackend.microbatch.watermark import EventTimes
 
-    instants = [datetime.datetime(2024, 3, 31, 0, 30, tzinfo=datetime.UTC),
-                datetime.datetime(2024, 3, 31, 1, 30, tzinfo=datetime.UTC)]  # Paris changes to summer time at 1:00
+    instants = [
+        datetime.datetime(2024, 3, 31, 0, 30, tzinfo=datetime.UTC),
+        datetime.datetime(2024, 3, 31, 1, 30, tzinfo=datetime.UTC),
+    ]  # Paris changes to summer time at 1:00
     expected = int(instants[1].timestamp() * 1000)
     rows = EventTimes("ts", "timestamp")
     list(rows.rows(iter([Row(ts=i.astimezone().replace(tzinfo=None)) for i in instants] + [Row(ts=None)])))
     batches = EventTimes("ts", "timestamp")
     list(batches.batches(iter([pa.record_batch({"ts": pa.array(instants + [None], pa.timestamp("us", tz="UTC"))})])))
     frames = EventTimes("ts", "timestamp", "Europe/Paris")
-    paris = [i.astimezone(datetime.timezone(datetime.timedelta(hours=h))).replace(tzinfo=None)
-             for i, h in zip(instants, (1, 2), strict=True)]
+    paris = [
+        i.astimezone(datetime.timezone(datetime.timedelta(hours=h))).replace(tzinfo=None)
+        for i, h in zip(instants, (1, 2), strict=True)
+    ]
     frames.frame(pd.DataFrame({"ts": pd.to_datetime(paris)}))
     assert rows.max_ms == batches.max_ms == frames.max_ms == expected
     longs = EventTimes("ts", "long")
@@ -409,10 +505,27 @@ def test_the_driver_lists_the_tasks_that_ran_on_another_executor_than_before(tmp
     job = StatefulForeachBatch(register, key_columns=["word"], num_tasks=3, config=make_config(tmp_path))
 
     def ran(*executors: str) -> list[int]:
-        job._note_moves(0, [
-            TaskStats(batch_id=0, task_index=task, attempt=0, base_seq=0, committed_seq=1, open_ms=0.0,
-                      process_ms=0.0, commit_ms=0.0, commit_sync_ms=0.0, input_rows=0, output_rows=0,
-                      private_dir=False, executor=executor) for task, executor in enumerate(executors)])
+        job._note_moves(
+            0,
+            [
+                TaskStats(
+                    batch_id=0,
+                    task_index=task,
+                    attempt=0,
+                    base_seq=0,
+                    committed_seq=1,
+                    open_ms=0.0,
+                    process_ms=0.0,
+                    commit_ms=0.0,
+                    commit_sync_ms=0.0,
+                    input_rows=0,
+                    output_rows=0,
+                    private_dir=False,
+                    executor=executor,
+                )
+                for task, executor in enumerate(executors)
+            ],
+        )
         return job.last_batch_moved
 
     assert ran("h1:/a", "h2:/b", "h1:/a") == []  # first sight: nothing moved

@@ -108,11 +108,21 @@ def test_a_streaming_querys_values_gain_and_lose_a_field_between_two_runs(spark:
     def run_query(fn: Any, msg_serde: str, batches: range) -> None:
         for batch in batches:
             (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
-        job = StatefulForeachBatch(fn, key_columns=["word"], num_tasks=NUM_TASKS,
-                                   config=config_for(tmp_path, msg_serde), output_schema=OUTPUT, sink=sink)
+        job = StatefulForeachBatch(
+            fn,
+            key_columns=["word"],
+            num_tasks=NUM_TASKS,
+            config=config_for(tmp_path, msg_serde),
+            output_schema=OUTPUT,
+            sink=sink,
+        )
         stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-        query = (stream.writeStream.foreachBatch(job).option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-                 .trigger(availableNow=True).start())
+        query = (
+            stream.writeStream.foreachBatch(job)
+            .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination(120)
         assert query.exception() is None
 
@@ -120,37 +130,64 @@ def test_a_streaming_querys_values_gain_and_lose_a_field_between_two_runs(spark:
     # which file a batch read is Spark's choice: the batch ids a word was seen in come from the outputs
     first = {w: min(b for b in (0, 1) if w in outputs[b]) for w in word_counts([0, 1])}
     assert state_of(config_for(tmp_path, V1), tmp_path) == {
-        w: rv.CountV1(n, f"b{first[w]}") for w, n in word_counts([0, 1]).items()}
+        w: rv.CountV1(n, f"b{first[w]}") for w, n in word_counts([0, 1]).items()
+    }
     run_query(count_v2, V2, range(2, 4))  # the next deployment: the class changed, the state stays
     totals = word_counts([0, 1, 2, 3])
     last = {w: max(b for b in (2, 3) if w in outputs[b]) for w in word_counts([2, 3])}
     assert {w: outputs[b][w] for w, b in last.items()} == {w: float(totals[w]) for w in last}
     assert state_of(config_for(tmp_path, V2), tmp_path) == {
-        w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()}
+        w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()
+    }
     # read_state gives the values as the current class's fields: V1 values (words not seen since) as V2 reads them
     frame = read_state(spark, config_for(tmp_path, V2), "counts", num_tasks=NUM_TASKS)
     assert frame.schema["value"].dataType.simpleString() == "struct<count:double,last:string>"
     assert {row.key: row.value.asDict() for row in frame.collect()} == {
-        w: {"count": float(n), "last": f"b{last[w]}" if w in last else ""} for w, n in totals.items()}
+        w: {"count": float(n), "last": f"b{last[w]}" if w in last else ""} for w, n in totals.items()
+    }
 
 
 def test_read_state_gives_a_record_store_as_a_struct_of_every_field_type(spark: Any, tmp_path: Path) -> None:
-    config = make_config(tmp_path, **{"job.name": "every", "stores.counts.msg.serde": "record:tests.record_values:Every"})
-    values = {"full": rv.Every(1, 2.5, True, "s\u00e9", b"\x00\xff", [1, {"b": 2, "a": None}], "n", -3, {"k\u00e9": [1]}),
-              "sparse": rv.Every(-(1 << 63), -0.0, False, "", b"", [])}
+    config = make_config(
+        tmp_path, **{"job.name": "every", "stores.counts.msg.serde": "record:tests.record_values:Every"}
+    )
+    values = {
+        "full": rv.Every(1, 2.5, True, "s\u00e9", b"\x00\xff", [1, {"b": 2, "a": None}], "n", -3, {"k\u00e9": [1]}),
+        "sparse": rv.Every(-(1 << 63), -0.0, False, "", b"", []),
+    }
     with TaskStorage.open(config, "task-0") as task:
         for key, value in values.items():
             task.store("counts").put(key, value)
         task.commit_durably({"batch": "0", "tasks": "1"})
     frame = read_state(spark, config, "counts", num_tasks=1)
     assert frame.schema["value"].dataType.simpleString() == (
-        "struct<i:bigint,f:double,b:boolean,s:string,raw:binary,items:string,note:string,n:bigint,props:string>")
+        "struct<i:bigint,f:double,b:boolean,s:string,raw:binary,items:string,note:string,n:bigint,props:string>"
+    )
     rows = {row.key: row.value.asDict() for row in frame.collect()}
     assert {key: {**row, "raw": bytes(row["raw"])} for key, row in rows.items()} == {
-        "full": {"i": 1, "f": 2.5, "b": True, "s": "s\u00e9", "raw": b"\x00\xff", "items": '[1,{"a":null,"b":2}]',
-                 "note": "n", "n": -3, "props": '{"k\u00e9":[1]}'},
-        "sparse": {"i": -(1 << 63), "f": -0.0, "b": False, "s": "", "raw": b"", "items": "[]", "note": None,
-                   "n": None, "props": None}}
+        "full": {
+            "i": 1,
+            "f": 2.5,
+            "b": True,
+            "s": "s\u00e9",
+            "raw": b"\x00\xff",
+            "items": '[1,{"a":null,"b":2}]',
+            "note": "n",
+            "n": -3,
+            "props": '{"k\u00e9":[1]}',
+        },
+        "sparse": {
+            "i": -(1 << 63),
+            "f": -0.0,
+            "b": False,
+            "s": "",
+            "raw": b"",
+            "items": "[]",
+            "note": None,
+            "n": None,
+            "props": None,
+        },
+    }
     # a class that cannot be imported where read_state runs: refused on the driver, naming the class and the store
     gone = dict(config, **{"stores.counts.msg.serde": "record:tests.no_such_module:Every"})
     with pytest.raises(ConfigError, match="stores.counts.msg.serde.*tests.no_such_module"):
@@ -160,8 +197,9 @@ def test_read_state_gives_a_record_store_as_a_struct_of_every_field_type(spark: 
 def test_a_rescaled_task_reads_the_record_values_it_copies_with_their_schemas(spark: Any, tmp_path: Path) -> None:
     """num_tasks 2 -> 3 in the run that also changes the class: each new task copies V1 values as stored from the
     old tasks, and its checkpoints record V1's schema beside V2's, so they read in this and every later batch."""
-    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=2, config=config_for(tmp_path, V1),
-                               output_schema=OUTPUT)
+    job = StatefulForeachBatch(
+        count_v1, key_columns=["word"], num_tasks=2, config=config_for(tmp_path, V1), output_schema=OUTPUT
+    )
     run_batch(spark, job, 0)
     evolved = config_for(tmp_path, V2)
     job = StatefulForeachBatch(count_v2, key_columns=["word"], num_tasks=3, config=evolved, output_schema=OUTPUT)
@@ -170,23 +208,34 @@ def test_a_rescaled_task_reads_the_record_values_it_copies_with_their_schemas(sp
     totals = word_counts([0, 1, 2])
     last = {w: max(b for b in (1, 2) if w in batch_words(b)) for w in word_counts([1, 2])}
     assert state_of(evolved, tmp_path, num_tasks=3) == {
-        w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()}
+        w: rv.CountV2(float(n), f"b{last[w]}" if w in last else "") for w, n in totals.items()
+    }
 
 
 def test_a_migration_runs_once_per_task_also_when_its_batch_is_replayed(spark: Any, tmp_path: Path) -> None:
     config = config_for(tmp_path, V1)
-    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT)
+    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
     run_batch(spark, job, 0)
-    migrating = config_for(tmp_path, "record:tests.record_values:CountV3", **{
-        "stores.counts.migration.id": "split-first", "stores.counts.migration.function": "tests.record_values:split_first"})
-    job = StatefulForeachBatch(count_v3, key_columns=["word"], num_tasks=NUM_TASKS, config=migrating,
-                               output_schema=OUTPUT)
+    migrating = config_for(
+        tmp_path,
+        "record:tests.record_values:CountV3",
+        **{
+            "stores.counts.migration.id": "split-first",
+            "stores.counts.migration.function": "tests.record_values:split_first",
+        },
+    )
+    job = StatefulForeachBatch(
+        count_v3, key_columns=["word"], num_tasks=NUM_TASKS, config=migrating, output_schema=OUTPUT
+    )
     first = run_batch(spark, job, 1)
     assert run_batch(spark, job, 1) == first  # a replay migrates the state before batch 1 again, and lands once
     run_batch(spark, job, 2)
-    expected = {w: rv.CountV3(n, 0, "b0") if w in batch_words(0) else rv.CountV3(n, min(
-        b for b in (1, 2) if w in batch_words(b))) for w, n in word_counts([0, 1, 2]).items()}
+    expected = {
+        w: rv.CountV3(n, 0, "b0")
+        if w in batch_words(0)
+        else rv.CountV3(n, min(b for b in (1, 2) if w in batch_words(b)))
+        for w, n in word_counts([0, 1, 2]).items()
+    }
     assert state_of(migrating, tmp_path) == expected
     for index in range(NUM_TASKS):  # the migration's name is in the newest checkpoint of every task
         with TaskStorage.open(dict(migrating, **{"state.local.dir": str(tmp_path / "peek")}), f"task-{index}") as t:
@@ -197,21 +246,40 @@ def test_a_migration_runs_once_per_task_also_when_its_batch_is_replayed(spark: A
 def test_stores_start_from_an_initial_state_loaded_once(spark: Any, tmp_path: Path) -> None:
     config = config_for(tmp_path, V1)
     initial = {f"w{i}": (100 + i, "seed") for i in range(0, 23, 2)} | {"only-initial": (7, "seed")}
-    frame = spark.createDataFrame([(w, {"count": c, "first": f}) for w, (c, f) in initial.items()],
-                                  "key string, value struct<count: long, first: string>")
-    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT, initial_state={"counts": frame})
+    frame = spark.createDataFrame(
+        [(w, {"count": c, "first": f}) for w, (c, f) in initial.items()],
+        "key string, value struct<count: long, first: string>",
+    )
+    job = StatefulForeachBatch(
+        count_v1,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        initial_state={"counts": frame},
+    )
     output = dict(run_batch(spark, job, 0))
     assert all(output[w] == initial.get(w, (0, ""))[0] + n for w, n in word_counts([0]).items())
     assert run_batch(spark, job, 0) == sorted(output.items())  # a replay of batch 0 starts from the load again
     run_batch(spark, job, 1)
     # a restart: a new driver object with the same initial_state loads nothing (its state records the load)
-    restarted = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                     output_schema=OUTPUT, initial_state={"counts": lambda session: frame})
+    restarted = StatefulForeachBatch(
+        count_v1,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        initial_state={"counts": lambda session: frame},
+    )
     run_batch(spark, restarted, 2)
     counts = word_counts([0, 1, 2])
-    expected = {w: rv.CountV1(initial.get(w, (0, ""))[0] + counts[w], "seed" if w in initial else
-                              f"b{min(b for b in (0, 1, 2) if w in batch_words(b))}") for w in set(counts) | set(initial)}
+    expected = {
+        w: rv.CountV1(
+            initial.get(w, (0, ""))[0] + counts[w],
+            "seed" if w in initial else f"b{min(b for b in (0, 1, 2) if w in batch_words(b))}",
+        )
+        for w in set(counts) | set(initial)
+    }
     assert state_of(config, tmp_path) == expected
     for index in range(NUM_TASKS):  # each task committed the load once, as the checkpoint before batch 0
         with TaskStorage.open(dict(config, **{"state.local.dir": str(tmp_path / "peek")}), f"task-{index}") as t:
@@ -227,11 +295,25 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
     batch = spark.createDataFrame([(w,) for w in batch_words(0)], "word string")
     from tests.test_spark import count_rows
 
-    first = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                 output_schema="word string, count long", initial_state={"counts": frame})
-    first.initial_state.load_once(first, batch, Settings.from_config(config), 0)  # the driver stops after the load, before batch 0
-    again = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                 output_schema="word string, count long", initial_state={"counts": frame})
+    first = StatefulForeachBatch(
+        count_rows,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema="word string, count long",
+        initial_state={"counts": frame},
+    )
+    first.initial_state.load_once(
+        first, batch, Settings.from_config(config), 0
+    )  # the driver stops after the load, before batch 0
+    again = StatefulForeachBatch(
+        count_rows,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema="word string, count long",
+        initial_state={"counts": frame},
+    )
     output = {row.word: row["count"] for row in again(batch, 0).collect()}
     assert all(output[w] == 10 + n for w, n in word_counts([0]).items() if w.startswith("w"))
     for index in range(NUM_TASKS):
@@ -242,23 +324,51 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
 
 def test_an_initial_state_is_refused_on_state_no_load_made(spark: Any, tmp_path: Path) -> None:
     config = config_for(tmp_path, V1)
-    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                               output_schema=OUTPUT)
+    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
     run_batch(spark, job, 0)
-    frame = spark.createDataFrame([("w1", {"count": 1, "first": "x"})],
-                                  "key string, value struct<count: long, first: string>")
-    late = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                output_schema=OUTPUT, initial_state={"counts": frame})
-    with pytest.raises(ConfigError, match="job 'values' already has state .*that no initial load of store\\(s\\) "
-                                          "'counts' made"):
+    frame = spark.createDataFrame(
+        [("w1", {"count": 1, "first": "x"})], "key string, value struct<count: long, first: string>"
+    )
+    late = StatefulForeachBatch(
+        count_v1,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        initial_state={"counts": frame},
+    )
+    with pytest.raises(
+        ConfigError, match="job 'values' already has state .*that no initial load of store\\(s\\) 'counts' made"
+    ):
         run_batch(spark, late, 1)
     with pytest.raises(ConfigError, match="no store 'nope' in the configuration"):
-        run_batch(spark, StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config,
-                                              output_schema=OUTPUT, initial_state={"nope": frame}), 1)
-    wrong_type = spark.createDataFrame([(1, {"count": 1, "first": "x"})],
-                                       "key long, value struct<count: long, first: string>")
+        run_batch(
+            spark,
+            StatefulForeachBatch(
+                count_v1,
+                key_columns=["word"],
+                num_tasks=NUM_TASKS,
+                config=config,
+                output_schema=OUTPUT,
+                initial_state={"nope": frame},
+            ),
+            1,
+        )
+    wrong_type = spark.createDataFrame(
+        [(1, {"count": 1, "first": "x"})], "key long, value struct<count: long, first: string>"
+    )
     fresh = config_for(tmp_path / "fresh", V1)
     with pytest.raises(ConfigError, match="column 'key' is long but the key column 'word' of the stream is string"):
-        run_batch(spark, StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=fresh,
-                                              output_schema=OUTPUT, initial_state={"counts": wrong_type}), 0)
+        run_batch(
+            spark,
+            StatefulForeachBatch(
+                count_v1,
+                key_columns=["word"],
+                num_tasks=NUM_TASKS,
+                config=fresh,
+                output_schema=OUTPUT,
+                initial_state={"counts": wrong_type},
+            ),
+            0,
+        )
     assert state_of(config, tmp_path) == {w: rv.CountV1(n, "b0") for w, n in word_counts([0]).items()}

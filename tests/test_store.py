@@ -389,15 +389,34 @@ def test_a_local_dir_that_cannot_be_created_is_a_clear_error(tmp_path: Path) -> 
 
 
 #: what users may do with a store; everything else public on ``LocalStore`` is for backends
-USER_OPERATIONS = {"name", "get", "contains", "put", "delete", "put_all", "delete_all", "iter_prefix", "iter_range",
-                   "items", "count", "get_many", "put_many", "delete_many"}
+USER_OPERATIONS = {
+    "name",
+    "get",
+    "contains",
+    "put",
+    "delete",
+    "put_all",
+    "delete_all",
+    "iter_prefix",
+    "iter_range",
+    "items",
+    "count",
+    "get_many",
+    "put_many",
+    "delete_many",
+}
 
 
-@pytest.mark.parametrize(("serdes", "typed"), [(("bytes", "bytes"), False), (("string", "integer"), False),
-                                                (("bytes", "bytes"), True), (("string", "integer"), True)])
-def test_task_store_gives_users_the_user_operations_only(
-    tmp_path: Path, serdes: tuple[str, str], typed: bool
-) -> None:
+@pytest.mark.parametrize(
+    ("serdes", "typed"),
+    [
+        (("bytes", "bytes"), False),
+        (("string", "integer"), False),
+        (("bytes", "bytes"), True),
+        (("string", "integer"), True),
+    ],
+)
+def test_task_store_gives_users_the_user_operations_only(tmp_path: Path, serdes: tuple[str, str], typed: bool) -> None:
     from statebackend.task import TaskStorage
 
     config = {
@@ -466,7 +485,6 @@ def test_a_held_flush_waits_in_the_overlay_until_started_and_a_read_view_of_it_r
         store.flush(v(3), hold_apply=True).close()
     with LocalStore.open(tmp_path / "s", name="s") as reopened:  # close applied the held batch
         assert reopened.version == v(3) and reopened.get(b"c") == b"3"
-
 
 
 def test_a_flush_sorts_nothing_its_change_set_sorts_once_on_first_use_and_counts_exactly(tmp_path: Path) -> None:

@@ -83,10 +83,13 @@ def declared(*names: str, backends: str = "changelog") -> dict[str, str]:
 
 
 def test_a_store_option_overrides_the_job_wide_one_for_that_store_only() -> None:
-    s = settings(**declared("counts", "other"), **{
-        "changelog.compression": "none",
-        "stores.counts.changelog.snapshot.interval.commits": "5",
-    })
+    s = settings(
+        **declared("counts", "other"),
+        **{
+            "changelog.compression": "none",
+            "stores.counts.changelog.snapshot.interval.commits": "5",
+        },
+    )
     counts = s.backend_options_for("changelog", store="counts")
     assert counts["snapshot.interval.commits"] == 5
     assert counts["compression"] == "none"  # the job-wide value under the store's own
@@ -101,8 +104,10 @@ def test_the_store_option_is_read_by_the_backends_short_name_or_dotted_path_spel
     s = settings(**{"stores.counts.backup.factories": target, "stores.counts.changelog.compression": "none"})
     assert s.backend_options_for(target, store="counts")["compression"] == "none"
     message = error_of(**declared("counts"), **{f"stores.counts.{target}.compression": "none"})
-    assert message == (f"stores.counts.{target}.compression: options of backend {target!r} are read under its "
-                       "canonical name; write it as stores.counts.changelog.compression")
+    assert message == (
+        f"stores.counts.{target}.compression: options of backend {target!r} are read under its "
+        "canonical name; write it as stores.counts.changelog.compression"
+    )
 
 
 def test_a_dotted_path_backend_takes_store_options_under_its_path() -> None:
@@ -114,8 +119,10 @@ def test_a_dotted_path_backend_takes_store_options_under_its_path() -> None:
 
 def test_a_bad_store_option_value_names_the_key_and_what_is_allowed() -> None:
     message = error_of(**declared("counts"), **{"stores.counts.changelog.snapshot.interval.commits": "0"})
-    assert message == ("stores.counts.changelog.snapshot.interval.commits='0' is not valid: out of range; "
-                       "allowed: an integer (at least 1)")
+    assert message == (
+        "stores.counts.changelog.snapshot.interval.commits='0' is not valid: out of range; "
+        "allowed: an integer (at least 1)"
+    )
     message = error_of(**declared("counts"), **{"stores.counts.changelog.compression": "bzip2"})
     assert message.startswith("stores.counts.changelog.compression='bzip2' is not valid")
     assert message.endswith("allowed: one of zstd, none")
@@ -129,14 +136,18 @@ def test_the_same_bad_value_gets_the_same_message_job_wide_and_per_store() -> No
 
 def test_a_misspelled_store_option_gets_did_you_mean_with_the_right_key() -> None:
     message = error_of(**declared("counts"), **{"stores.counts.changelog.snapshot.interval.comits": "5"})
-    assert message == ("stores.counts.changelog.snapshot.interval.comits: unknown key; did you mean "
-                       "stores.counts.changelog.snapshot.interval.commits?")
+    assert message == (
+        "stores.counts.changelog.snapshot.interval.comits: unknown key; did you mean "
+        "stores.counts.changelog.snapshot.interval.commits?"
+    )
 
 
 def test_a_misspelled_backend_in_a_store_option_gets_did_you_mean() -> None:
     message = error_of(**declared("counts"), **{"stores.counts.changelgo.snapshot.interval.commits": "5"})
-    assert message == ("stores.counts.changelgo.snapshot.interval.commits: unknown key; did you mean "
-                       "stores.counts.changelog.snapshot.interval.commits?")
+    assert message == (
+        "stores.counts.changelgo.snapshot.interval.commits: unknown key; did you mean "
+        "stores.counts.changelog.snapshot.interval.commits?"
+    )
 
 
 def test_an_unknown_store_option_with_no_near_miss_lists_the_backends_keys_for_that_store() -> None:
@@ -164,22 +175,32 @@ def test_a_store_option_whose_name_ends_like_a_store_option_is_read_as_the_backe
 
 def test_a_store_option_of_a_backend_the_store_does_not_use_is_an_error() -> None:
     message = error_of(**declared("counts"), **{"stores.counts.blobsnapshot.gc.on.init": "true"})
-    assert message.startswith("stores.counts.blobsnapshot.gc.on.init: store 'counts' is not backed up or restored by "
-                              "backend 'blobsnapshot' (its backends: changelog)")
+    assert message.startswith(
+        "stores.counts.blobsnapshot.gc.on.init: store 'counts' is not backed up or restored by "
+        "backend 'blobsnapshot' (its backends: changelog)"
+    )
 
 
 def test_a_store_option_of_a_restore_only_backend_is_accepted() -> None:
-    s = settings(**{"stores.counts.backup.factories": "blobsnapshot", "stores.counts.restore.factories":
-                    "changelog,blobsnapshot", "stores.counts.changelog.restore.download.concurrency": "2"})
+    s = settings(
+        **{
+            "stores.counts.backup.factories": "blobsnapshot",
+            "stores.counts.restore.factories": "changelog,blobsnapshot",
+            "stores.counts.changelog.restore.download.concurrency": "2",
+        }
+    )
     assert s.backend_options_for("changelog", store="counts")["restore.download.concurrency"] == 2
 
 
 def test_dotted_store_names_take_store_options() -> None:
-    s = settings(**declared("orders", "orders.by.id"), **{
-        "stores.orders.by.id.changelog.snapshot.interval.commits": "3",
-        "stores.orders.by.id.key.serde": "string",
-        "stores.orders.changelog.snapshot.interval.commits": "4",
-    })
+    s = settings(
+        **declared("orders", "orders.by.id"),
+        **{
+            "stores.orders.by.id.changelog.snapshot.interval.commits": "3",
+            "stores.orders.by.id.key.serde": "string",
+            "stores.orders.changelog.snapshot.interval.commits": "4",
+        },
+    )
     assert s.backend_options_for("changelog", store="orders.by.id")["snapshot.interval.commits"] == 3
     assert s.backend_options_for("changelog", store="orders")["snapshot.interval.commits"] == 4
     assert s.stores["orders.by.id"].key_serde == "string"
@@ -192,12 +213,15 @@ def test_a_key_that_reads_as_options_of_two_stores_is_an_error_naming_both() -> 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(RecordingFactory, "options", registered)
         message = error_of(**declared("a", "a.tarsnap", backends="tarsnap"), **{"stores.a.tarsnap.ttl.ms": "5s"})
-    assert message == ("stores.a.tarsnap.ttl.ms: reads two ways: option ttl.ms of store 'a.tarsnap', or option "
-                       "ttl.ms of backend 'tarsnap' of store 'a'; rename one of the stores")
+    assert message == (
+        "stores.a.tarsnap.ttl.ms: reads two ways: option ttl.ms of store 'a.tarsnap', or option "
+        "ttl.ms of backend 'tarsnap' of store 'a'; rename one of the stores"
+    )
 
 
-def test_a_key_of_a_store_named_like_another_stores_backend_stays_that_stores_when_the_backend_lacks_the_option(
-) -> None:
+def test_a_key_of_a_store_named_like_another_stores_backend_stays_that_stores_when_the_backend_lacks_the_option() -> (
+    None
+):
     s = settings(**declared("a", "a.changelog"), **{"stores.a.changelog.key.serde": "string"})
     assert s.stores["a.changelog"].key_serde == "string"
     assert s.store_backend_options == {}
@@ -211,10 +235,13 @@ def test_keys_of_an_undeclared_store_are_still_reported_as_such() -> None:
 
 def test_an_unknown_key_of_a_declared_store_says_what_the_store_takes() -> None:
     message = error_of(**declared("counts"), **{"stores.counts.retention": "5"})
-    assert message.startswith("stores.counts.retention: unknown key; allowed: stores.counts.<option> with <option> one "
-                              "of backup.factories")
-    assert message.endswith("or stores.counts.<backend>.<option> with <backend> one of the store's backends "
-                            "(changelog) and <option> one of its options (see docs/configuration.md)")
+    assert message.startswith(
+        "stores.counts.retention: unknown key; allowed: stores.counts.<option> with <option> one of backup.factories"
+    )
+    assert message.endswith(
+        "or stores.counts.<backend>.<option> with <backend> one of the store's backends "
+        "(changelog) and <option> one of its options (see docs/configuration.md)"
+    )
 
 
 def test_a_none_store_option_counts_as_unset() -> None:
@@ -228,8 +255,10 @@ def test_backend_options_for_an_unknown_store_is_an_error() -> None:
 
 
 def test_store_options_survive_pickling_and_their_secrets_stay_out_of_the_repr() -> None:
-    s = settings(**declared("counts", backends="tarsnap"), **{"stores.counts.tarsnap.token": "sekrit-value",
-                                                              "stores.counts.tarsnap.keep": "4"})
+    s = settings(
+        **declared("counts", backends="tarsnap"),
+        **{"stores.counts.tarsnap.token": "sekrit-value", "stores.counts.tarsnap.keep": "4"},
+    )
     again = pickle.loads(pickle.dumps(s))
     assert again == s
     assert again.backend_options_for("tarsnap", store="counts")["token"] == "sekrit-value"
@@ -240,11 +269,14 @@ def test_store_options_survive_pickling_and_their_secrets_stay_out_of_the_repr()
 
 
 def test_stores_are_grouped_by_their_backends_options() -> None:
-    s = settings(**declared("a", "b", "c", "d"), **{
-        "stores.b.changelog.compression": "none",
-        "stores.c.changelog.compression": "zstd",  # the job-wide value: c goes with a and d
-        "stores.d.changelog.compression.level": "3",
-    })
+    s = settings(
+        **declared("a", "b", "c", "d"),
+        **{
+            "stores.b.changelog.compression": "none",
+            "stores.c.changelog.compression": "zstd",  # the job-wide value: c goes with a and d
+            "stores.d.changelog.compression.level": "3",
+        },
+    )
     assert group_by_options(s, "changelog", ["a", "b", "c", "d"]) == [["a", "c", "d"], ["b"]]
     assert options_of_group(s, "changelog", ["a", "c"]) == s.backend_options["changelog"]
     with pytest.raises(UsageError, match="backend changelog: stores a and b have different options"):
@@ -283,11 +315,16 @@ def recipe(checkpoint: CheckpointV2, store: str) -> Recipe:
 
 def test_a_store_changelog_snapshot_interval_applies_to_that_store_only(tmp_path: Path) -> None:
     names = ("fast", "slow")
-    config = task_config(tmp_path, *names, **{
-        "changelog.snapshot.interval.commits": 1000, "changelog.snapshot.interval.ratio": 0,
-        "changelog.snapshot.interval.bytes": "1GiB",
-        "stores.fast.changelog.snapshot.interval.commits": 2,
-    })
+    config = task_config(
+        tmp_path,
+        *names,
+        **{
+            "changelog.snapshot.interval.commits": 1000,
+            "changelog.snapshot.interval.ratio": 0,
+            "changelog.snapshot.interval.bytes": "1GiB",
+            "stores.fast.changelog.snapshot.interval.commits": 2,
+        },
+    )
     blobs = MemoryBlobStore()
     model: dict[str, dict[bytes, bytes]] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -316,11 +353,16 @@ def test_a_store_changelog_snapshot_interval_applies_to_that_store_only(tmp_path
 
 def test_backup_and_restore_managers_get_their_groups_options(tmp_path: Path) -> None:
     names = ("a", "b", "c")
-    config = task_config(tmp_path, *names, backends="tarsnap", **{
-        "tarsnap.keep": 2,
-        "stores.b.tarsnap.keep": 5,
-        "stores.c.tarsnap.restore.download.concurrency": 3,
-    })
+    config = task_config(
+        tmp_path,
+        *names,
+        backends="tarsnap",
+        **{
+            "tarsnap.keep": 2,
+            "stores.b.tarsnap.keep": 5,
+            "stores.c.tarsnap.restore.download.concurrency": 3,
+        },
+    )
     blobs = MemoryBlobStore()
     model: dict[str, dict[bytes, bytes]] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -344,8 +386,15 @@ def test_backup_and_restore_managers_get_their_groups_options(tmp_path: Path) ->
 
 def test_stores_with_equal_options_share_one_manager_on_backup_and_restore(tmp_path: Path) -> None:
     names = ("a", "b", "c")
-    config = task_config(tmp_path, *names, backends="tarsnap", **{"stores.b.tarsnap.keep": 1,  # the default
-                                                                  "stores.c.tarsnap.keep": 9})
+    config = task_config(
+        tmp_path,
+        *names,
+        backends="tarsnap",
+        **{
+            "stores.b.tarsnap.keep": 1,  # the default
+            "stores.c.tarsnap.keep": 9,
+        },
+    )
     blobs = MemoryBlobStore()
     model: dict[str, dict[bytes, bytes]] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -355,8 +404,12 @@ def test_stores_with_equal_options_share_one_manager_on_backup_and_restore(tmp_p
     with restored_stores(config, "task-0", blob_store=blobs) as restored:
         assert {name: dict(store.items()) for name, store in restored.stores.items()} == model
     kinds = [(kind, stores, options["keep"]) for kind, stores, options in RecordingFactory.contexts]
-    assert kinds == [("backup", ("a", "b"), 1), ("backup", ("c",), 9), ("restore", ("a", "b"), 1),
-                     ("restore", ("c",), 9)]
+    assert kinds == [
+        ("backup", ("a", "b"), 1),
+        ("backup", ("c",), 9),
+        ("restore", ("a", "b"), 1),
+        ("restore", ("c",), 9),
+    ]
 
 
 # -- the example third-party backend ----------------------------------------------------------------------------
@@ -367,16 +420,18 @@ def fullcopy_installed() -> None:
     try:
         importlib.metadata.distribution("statebackend-fullcopy")
     except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the example backend is not installed: pip install -e examples/thirdparty_backend "
-                    "(./dev test does it)")
+        pytest.fail(
+            "the example backend is not installed: pip install -e examples/thirdparty_backend (./dev test does it)"
+        )
 
 
 @pytest.mark.usefixtures("fullcopy_installed")
 def test_the_example_third_party_backend_keeps_copies_of_one_store_by_its_store_option(tmp_path: Path) -> None:
     names = ("counts", "other")
     # one commit thread: each cleanup runs before the log's retention, so it sees the three newest checkpoints
-    config = task_config(tmp_path, *names, backends="fullcopy", **{"stores.counts.fullcopy.keep": 2,
-                                                                   "task.commit.pool.size": 1})
+    config = task_config(
+        tmp_path, *names, backends="fullcopy", **{"stores.counts.fullcopy.keep": 2, "task.commit.pool.size": 1}
+    )
     settings = Settings.from_config(config)
     assert settings.backend_options_for("fullcopy", store="counts") == {"keep": 2}
     assert settings.backend_options_for("fullcopy", store="other") == {"keep": 0}

@@ -27,8 +27,9 @@ def example_installed() -> None:
     try:
         importlib.metadata.distribution("statebackend-fullcopy")
     except importlib.metadata.PackageNotFoundError:
-        pytest.fail("the example backend is not installed: pip install -e examples/thirdparty_backend "
-                    "(./dev test does it)")
+        pytest.fail(
+            "the example backend is not installed: pip install -e examples/thirdparty_backend (./dev test does it)"
+        )
 
 
 def test_the_registry_finds_it_by_its_short_name_through_the_entry_point() -> None:

@@ -47,8 +47,9 @@ class HookedBlobStore(BlobStore):
         self.short_lists = 0
         self._lock = threading.Lock()
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         self.on_put(name, False)
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
         self.on_put(name, True)
@@ -81,7 +82,7 @@ def config_for(local: Path, factories: str = "changelog", **extra: Any) -> dict[
         "blob.store.url": f"memory://{uuid.uuid4().hex}",
         "stores.counts.backup.factories": factories,
         "changelog.snapshot.interval.commits": 1000,
-"changelog.snapshot.interval.ratio": 0,  # deltas only: a restore reads every delta
+        "changelog.snapshot.interval.ratio": 0,  # deltas only: a restore reads every delta
     }
     config.update(extra)
     return config
@@ -116,8 +117,9 @@ def test_attempt_whose_restore_overlaps_another_attempts_commit_is_fenced(tmp_pa
     blobs.on_get = hold_restore
     with ThreadPoolExecutor(1) as pool:
         # attempt A: a fresh machine, so it downloads (and is held in the middle of its restore)
-        opening = pool.submit(TaskStorage.open, config_for(tmp_path / "b", **_same_url(config)), "task-0",
-                              blob_store=blobs)
+        opening = pool.submit(
+            TaskStorage.open, config_for(tmp_path / "b", **_same_url(config)), "task-0", blob_store=blobs
+        )
         assert restoring.wait(30)
         # attempt B commits n+1 while A restores
         other_model = dict(model)
@@ -174,8 +176,11 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
         task.commit_durably({"input": "0"})
-    zombie = TaskStorage.open(config_for(tmp_path / "zombie", **_same_url(config), **{"task.checkpoint.retained": 1}),
-                              "task-0", blob_store=blobs)
+    zombie = TaskStorage.open(
+        config_for(tmp_path / "zombie", **_same_url(config), **{"task.checkpoint.retained": 1}),
+        "task-0",
+        blob_store=blobs,
+    )
     with TaskStorage.open(config, "task-0", blob_store=blobs) as owner:
         for n in range(1, 5):
             write_round(owner, n, model)
@@ -362,8 +367,9 @@ def test_restore_falls_back_to_the_next_backend_with_a_marker(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, "changelog,blobsnapshot",
-                        **{"stores.counts.restore.factories": "changelog,blobsnapshot"})
+    config = config_for(
+        tmp_path, "changelog,blobsnapshot", **{"stores.counts.restore.factories": "changelog,blobsnapshot"}
+    )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(3):
@@ -377,9 +383,12 @@ def test_restore_falls_back_to_the_next_backend_with_a_marker(
         data = bytearray(blobs.get(deltas[0]))
         data[len(data) // 2] ^= 0x40
         blobs.put(deltas[0], bytes(data))
-    with caplog.at_level(logging.ERROR, logger="statebackend.restore"), TaskStorage.open(
-        config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
-    ) as task:
+    with (
+        caplog.at_level(logging.ERROR, logger="statebackend.restore"),
+        TaskStorage.open(
+            config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
+        ) as task,
+    ):
         assert task.restored == latest
         assert contents(task) == model
     assert any("falling back to the blobsnapshot backend" in r.getMessage() for r in caplog.records)
@@ -395,8 +404,9 @@ def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None
         if name.endswith(".delta") or "/runs/" in name or "/index/" in name or "/indexes/" in name:
             blobs.delete(name)
     with pytest.raises(StateBackendError, match="changelog: .*blobsnapshot: "):
-        TaskStorage.open(config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0",
-                         blob_store=blobs)
+        TaskStorage.open(
+            config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
+        )
 
 
 # -- serdes are recorded ----------------------------------------------------------------------------------------------
@@ -409,8 +419,9 @@ def test_a_changed_serde_is_a_clear_error_naming_the_store_and_both_serdes(tmp_p
         task.store("counts").put("ada", 3)
         task.commit_durably({"input": "1"})
     changed = dict(config, **{"stores.counts.msg.serde": "json"})
-    with pytest.raises(ConfigError, match="stores.counts.msg.serde is 'json' but store 'counts' was written with "
-                                          "'integer'"):
+    with pytest.raises(
+        ConfigError, match="stores.counts.msg.serde is 'json' but store 'counts' was written with 'integer'"
+    ):
         TaskStorage.open(changed, "task-0", blob_store=blobs)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:  # unchanged config still opens
         assert task.store("counts").get("ada") == 3
@@ -441,12 +452,15 @@ def test_sweep_under_a_short_listing_deletes_nothing_a_checkpoint_needs(tmp_path
         blobs.short_lists = 0
         assert sorted(blobs.inner.list("job/task-0/counts/")) == before
     # every retained checkpoint still restores exactly
-    log = TaskStorage.open(config_for(tmp_path / "x", factory, **_same_url(config)), "task-0",
-                           blob_store=blobs.inner)
+    log = TaskStorage.open(config_for(tmp_path / "x", factory, **_same_url(config)), "task-0", blob_store=blobs.inner)
     with log:
         entries = log.checkpoint_log.entries()
     assert [e.checkpoint.input_offsets["input"] for e in entries] == ["1", "2", "3"]
     for entry in entries:
-        with TaskStorage.open(config_for(tmp_path / f"r{entry.seq}", factory, **_same_url(config)), "task-0",
-                              blob_store=blobs.inner, checkpoint=entry) as check:
+        with TaskStorage.open(
+            config_for(tmp_path / f"r{entry.seq}", factory, **_same_url(config)),
+            "task-0",
+            blob_store=blobs.inner,
+            checkpoint=entry,
+        ) as check:
             assert contents(check) == models[int(entry.checkpoint.input_offsets["input"])]

@@ -169,8 +169,15 @@ def count_words(stores: Any, rows: Any) -> list[tuple[str, int]]:
 
 
 def run_batch(config: dict[str, object], batch_id: int, now: int, *words: str) -> list[Any]:
-    runner = TaskRunner.of(fn=count_words, config=config, batch_id=batch_id, num_tasks=1, on_replay="redo",
-                        input_columns=("word",), now_ms=now)
+    runner = TaskRunner.of(
+        fn=count_words,
+        config=config,
+        batch_id=batch_id,
+        num_tasks=1,
+        on_replay="redo",
+        input_columns=("word",),
+        now_ms=now,
+    )
     return [item for item in runner.run_rows(0, iter([Row(word=w) for w in words])) if is_output(item)]
 
 
@@ -188,8 +195,7 @@ def test_a_replayed_batch_sees_the_keys_its_first_run_saw(tmp_path: Path) -> Non
     assert run_batch(config, 4, 5_000_000, "a", "b") == [("a", 1), ("b", 1)]
 
 
-def test_dump_leaves_expired_keys_out_and_shows_the_expiry(capsys: pytest.CaptureFixture[str],
-                                                          tmp_path: Path) -> None:
+def test_dump_leaves_expired_keys_out_and_shows_the_expiry(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stores.last.ttl.sweep.keys": 0})
     run_batch(config, 0, 1000, "a", "b")
     run_batch(config, 1, 1060, "a")
@@ -197,8 +203,7 @@ def test_dump_leaves_expired_keys_out_and_shows_the_expiry(capsys: pytest.Captur
     assert main(["dump", str(path), "task-0", "last"]) == 0
     records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     # at batch 1's clock (1060) b is still alive (until 1100); a was refreshed at 1060
-    assert records == [{"key": "a", "value": 2, "expires_at_ms": 1160}, {"key": "b", "value": 1,
-                                                                        "expires_at_ms": 1100}]
+    assert records == [{"key": "a", "value": 2, "expires_at_ms": 1160}, {"key": "b", "value": 1, "expires_at_ms": 1100}]
     run_batch(config, 2, 1100, "c")
     assert main(["dump", str(path), "task-0", "last"]) == 0
     keys = [json.loads(line)["key"] for line in capsys.readouterr().out.splitlines()]

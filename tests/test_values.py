@@ -29,8 +29,10 @@ from tests import record_values as rv
 V1 = "record:tests.record_values:CountV1"
 V2 = "record:tests.record_values:CountV2"
 V3 = "record:tests.record_values:CountV3"
-SPLIT = {"stores.counts.migration.id": "split-first",
-         "stores.counts.migration.function": "tests.record_values:split_first"}
+SPLIT = {
+    "stores.counts.migration.id": "split-first",
+    "stores.counts.migration.function": "tests.record_values:split_first",
+}
 
 
 def make_config(tmp_path: Path, msg_serde: str, backend: str = "changelog", **extra: object) -> dict[str, object]:
@@ -84,8 +86,12 @@ def test_a_value_schema_gains_and_loses_a_field_across_opens(tmp_path: Path, bac
     assert {s.text for s in schemas} == {"count:int,first:str", "count:float,last:str"}  # old values still stored
     shutil.rmtree(tmp_path / "local")  # from the blob store alone: old and new values side by side
     with TaskStorage.open(evolved, "task-0") as task:
-        assert contents(task) == {"k0": rv.CountV2(0.0), "k1": rv.CountV2(10.0, "b9"), "k2": rv.CountV2(2.5, "b9"),
-                                  "new": rv.CountV2(7.0)}
+        assert contents(task) == {
+            "k0": rv.CountV2(0.0),
+            "k1": rv.CountV2(10.0, "b9"),
+            "k2": rv.CountV2(2.5, "b9"),
+            "new": rv.CountV2(7.0),
+        }
         assert task.store("counts").get_many(["k0", "nope", "new"]) == [rv.CountV2(0.0), None, rv.CountV2(7.0)]
         raw = task.store("counts", typed=False)
         assert raw.get(b"k0")[1:5] != raw.get(b"k2")[1:5]  # each value carries the fingerprint it was written with
@@ -93,16 +99,22 @@ def test_a_value_schema_gains_and_loses_a_field_across_opens(tmp_path: Path, bac
 
 def test_an_incompatible_change_is_refused_at_open_naming_the_store_and_the_field(tmp_path: Path) -> None:
     config = write_v1(tmp_path, keys=3)
-    with pytest.raises(ConfigError, match=r"stores\.counts\.msg\.serde: CountBadType cannot read the values of store "
-                                          r"'counts' written with count:int,first:str .*field 'first' was str and is "
-                                          r"int now.*stores\.counts\.migration\.id"):
-        TaskStorage.open(dict(config, **{"stores.counts.msg.serde": "record:tests.record_values:CountBadType"}),
-                         "task-0")
+    with pytest.raises(
+        ConfigError,
+        match=r"stores\.counts\.msg\.serde: CountBadType cannot read the values of store "
+        r"'counts' written with count:int,first:str .*field 'first' was str and is "
+        r"int now.*stores\.counts\.migration\.id",
+    ):
+        TaskStorage.open(
+            dict(config, **{"stores.counts.msg.serde": "record:tests.record_values:CountBadType"}), "task-0"
+        )
     with pytest.raises(ConfigError, match="field 'seen' is new and has no default"):
-        TaskStorage.open(dict(config, **{"stores.counts.msg.serde": "record:tests.record_values:CountNoDefault"}),
-                         "task-0")
-    with pytest.raises(ConfigError, match="stores.counts.msg.serde is 'json' but store 'counts' was written with "
-                                          "record values"):
+        TaskStorage.open(
+            dict(config, **{"stores.counts.msg.serde": "record:tests.record_values:CountNoDefault"}), "task-0"
+        )
+    with pytest.raises(
+        ConfigError, match="stores.counts.msg.serde is 'json' but store 'counts' was written with record values"
+    ):
         TaskStorage.open(dict(config, **{"stores.counts.msg.serde": "json"}), "task-0")
     with TaskStorage.open(config, "task-0") as task:  # refused opens changed nothing
         assert contents(task) == {f"k{i}": rv.CountV1(i, f"b{i}") for i in range(3)}
@@ -114,8 +126,11 @@ def test_a_schema_recorded_once_must_stay_readable_until_a_migration(tmp_path: P
     with TaskStorage.open(dict(config, **{"stores.counts.msg.serde": V2}), "task-0") as task:
         task.store("counts").put("k9", rv.CountV2(1.5))
         task.commit_durably({"batch": "2"})
-    with pytest.raises(ConfigError, match="written with count:float,last:str .*field 'count' was float and is int "
-                                          "now: .*; field 'first' is new and has no default"):
+    with pytest.raises(
+        ConfigError,
+        match="written with count:float,last:str .*field 'count' was float and is int "
+        "now: .*; field 'first' is new and has no default",
+    ):
         TaskStorage.open(config, "task-0")
 
 
@@ -127,9 +142,11 @@ def test_the_read_rules() -> None:
     assert read_problems(schema("count:int,first:str"), count_v1) == []
     assert read_problems(schema("count:int,first:str,gone:bytes?"), count_v1) == []  # a dropped field
     assert read_problems(schema("count:int,first:str?"), count_v1) == [
-        "field 'first' was optional and is required now: stored values may hold None"]
+        "field 'first' was optional and is required now: stored values may hold None"
+    ]
     assert read_problems(schema("count:float,first:str"), count_v1) == [
-        "field 'count' was float and is int now: only int -> float and a scalar -> json read old values"]
+        "field 'count' was float and is int now: only int -> float and a scalar -> json read old values"
+    ]
     every = record_class("record:tests.record_values:Every")
     # scalars widen to a JSON field, a required field may become optional
     old = schema("i:int,f:int,b:bool,s:str,raw:bytes,items:str,note:str,n:int,props:bool")
@@ -162,9 +179,14 @@ def test_checkpoints_record_the_schemas_as_strings_every_checkpoint_reader_reads
         assert checkpoint is not None
         assert task.recorded_serdes["counts"] == checkpoint.serdes["counts"]
     recorded = dict(checkpoint.serdes["counts"])
-    assert recorded == {"key": "string", "msg": "record", "msg.migration": "split-first",
-                        "msg.schemas": json.dumps({record_class(V1).schema.fingerprint.hex(): "count:int,first:str"},
-                                                  separators=(",", ":"))}
+    assert recorded == {
+        "key": "string",
+        "msg": "record",
+        "msg.migration": "split-first",
+        "msg.schemas": json.dumps(
+            {record_class(V1).schema.fingerprint.hex(): "count:int,first:str"}, separators=(",", ":")
+        ),
+    }
     binding = Binding("values", "task-0", 1)
     data = encode_checkpoint(checkpoint, binding)
     assert decode_checkpoint(data, expect=binding) == checkpoint
@@ -193,7 +215,8 @@ def test_a_migration_runs_once_its_writes_and_its_name_in_one_checkpoint(tmp_pat
         migrated = task.commit_durably({"batch": "2"})
     assert migrated.serdes["counts"]["msg.migration"] == "split-first"
     assert {s.text for s in schemas_from_text(migrated.serdes["counts"]["msg.schemas"])} == {
-        "count:int,first:int,tag:str"}  # every value was rewritten: the old schema is no longer recorded
+        "count:int,first:int,tag:str"
+    }  # every value was rewritten: the old schema is no longer recorded
     # a second open, and an open from the blob store alone, do not run it again
     rv.CALLS.clear()
     for wipe in (False, True):
@@ -218,8 +241,14 @@ def test_a_migration_runs_once_its_writes_and_its_name_in_one_checkpoint(tmp_pat
 
 def test_a_migration_that_fails_part_way_leaves_the_store_as_it_was(tmp_path: Path) -> None:
     config = write_v1(tmp_path)
-    failing = dict(config, **{"stores.counts.msg.serde": V3, "stores.counts.migration.id": "split-first",
-                              "stores.counts.migration.function": "tests.record_values:fail_at_k5"})
+    failing = dict(
+        config,
+        **{
+            "stores.counts.msg.serde": V3,
+            "stores.counts.migration.id": "split-first",
+            "stores.counts.migration.function": "tests.record_values:fail_at_k5",
+        },
+    )
     with pytest.raises(RuntimeError, match="injected failure") as raised:
         TaskStorage.open(failing, "task-0")
     assert "in migration 'split-first' of store 'counts', at key 'k5'" in raised.value.__notes__
@@ -247,8 +276,13 @@ def test_a_migration_of_json_values_rewrites_and_deletes_keeping_each_expiry(tmp
             task.ttl_now_ms = now
             task.store("counts").put(f"k{i}", i)
         task.commit_durably({"batch": "1"})
-    migrating = dict(config, **{"stores.counts.migration.id": "drop-small",
-                                "stores.counts.migration.function": "tests.record_values:drop_small"})
+    migrating = dict(
+        config,
+        **{
+            "stores.counts.migration.id": "drop-small",
+            "stores.counts.migration.function": "tests.record_values:drop_small",
+        },
+    )
     with TaskStorage.open(migrating, "task-0") as task:
         task.ttl_now_ms = 10_000
         assert contents(task) == {"k2": 4}
@@ -256,8 +290,11 @@ def test_a_migration_of_json_values_rewrites_and_deletes_keeping_each_expiry(tmp
         task.commit_durably({"batch": "2"})
     assert sorted(key for _, key in rv.CALLS) == ["k0", "k1", "k2"]
     # counted: one run, one value rewritten, two keys deleted; an open after it has landed runs and counts nothing
-    assert [task.metrics.counter(f"migration.{name}") for name in ("runs", "values.rewritten", "values.deleted")] == \
-        [1, 1, 2]
+    assert [task.metrics.counter(f"migration.{name}") for name in ("runs", "values.rewritten", "values.deleted")] == [
+        1,
+        1,
+        2,
+    ]
     with TaskStorage.open(migrating, "task-0") as task:
         assert task.metrics.counter("migration.runs") == 0 and task.metrics.counter("migration.values.rewritten") == 0
 
@@ -290,14 +327,18 @@ def test_values_copied_from_another_tasks_checkpoint_read_with_its_schemas(tmp_p
         old.store("counts").put("a", rv.CountV1(1, "b1"))
         old.commit_durably({"batch": "1"})
     evolved = dict(config, **{"stores.counts.msg.serde": V2})
-    with TaskStorage.open(evolved, "task-0") as task, \
-            restored_stores(dict(evolved, **{"state.local.dir": str(tmp_path / "scratch")}), "task-1") as source:
+    with (
+        TaskStorage.open(evolved, "task-0") as task,
+        restored_stores(dict(evolved, **{"state.local.dir": str(tmp_path / "scratch")}), "task-1") as source,
+    ):
         task.adopt_values(source.checkpoint, "task-1's checkpoint")
         task.stores["counts"].put_many(*map(list, zip(*source.stores["counts"].items(), strict=True)))
         assert contents(task) == {"a": rv.CountV2(1.0)}
         checkpoint = task.commit_durably({"batch": "2"})
     assert {s.text for s in schemas_from_text(checkpoint.serdes["counts"]["msg.schemas"])} == {
-        "count:int,first:str", "count:float,last:str"}
+        "count:int,first:str",
+        "count:float,last:str",
+    }
 
 
 def test_values_copied_from_a_checkpoint_before_this_stores_migration_are_refused(tmp_path: Path) -> None:
@@ -306,8 +347,10 @@ def test_values_copied_from_a_checkpoint_before_this_stores_migration_are_refuse
         old.store("counts").put("a", rv.CountV1(1, "b1"))
         old.commit_durably({"batch": "1"})
     migrating = dict(config, **{"stores.counts.msg.serde": V3}, **SPLIT)
-    with TaskStorage.open(migrating, "task-0") as task, \
-            restored_stores(dict(config, **{"state.local.dir": str(tmp_path / "scratch")}), "task-1") as source:
+    with (
+        TaskStorage.open(migrating, "task-0") as task,
+        restored_stores(dict(config, **{"state.local.dir": str(tmp_path / "scratch")}), "task-1") as source,
+    ):
         with pytest.raises(ConfigError, match="change num_tasks in a run before or after"):
             task.adopt_values(source.checkpoint, "task-1's checkpoint")
         assert task.recorded_serdes["counts"]["msg.migration"] == "split-first"  # nothing was changed
@@ -316,13 +359,24 @@ def test_values_copied_from_a_checkpoint_before_this_stores_migration_are_refuse
 # -- the serde ----------------------------------------------------------------------------------------------------
 
 TEXT = st.text(max_size=20)
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
-                    lambda children: st.lists(children, max_size=3) | st.dictionaries(TEXT, children, max_size=3),
-                    max_leaves=8)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(TEXT, children, max_size=3),
+    max_leaves=8,
+)
 INT64 = st.integers(-(2**63), 2**63 - 1)
-EVERY = st.builds(rv.Every, i=INT64, f=st.floats(allow_nan=False), b=st.booleans(), s=TEXT, raw=st.binary(max_size=20),
-                  items=st.lists(JSON, max_size=4), note=st.none() | TEXT, n=st.none() | INT64,
-                  props=st.none() | st.dictionaries(TEXT, JSON, max_size=3))
+EVERY = st.builds(
+    rv.Every,
+    i=INT64,
+    f=st.floats(allow_nan=False),
+    b=st.booleans(),
+    s=TEXT,
+    raw=st.binary(max_size=20),
+    items=st.lists(JSON, max_size=4),
+    note=st.none() | TEXT,
+    n=st.none() | INT64,
+    props=st.none() | st.dictionaries(TEXT, JSON, max_size=3),
+)
 
 
 @given(EVERY)
@@ -385,16 +439,24 @@ def test_damaged_bytes_are_corrupt_data() -> None:
 
 
 def _settings(**keys: object) -> Settings:
-    return Settings.from_config({"blob.store.url": "file:///tmp/values", "stores.counts.backup.factories": "changelog",
-                                 **{f"stores.counts.{k.replace('__', '.')}": v for k, v in keys.items()}})
+    return Settings.from_config(
+        {
+            "blob.store.url": "file:///tmp/values",
+            "stores.counts.backup.factories": "changelog",
+            **{f"stores.counts.{k.replace('__', '.')}": v for k, v in keys.items()},
+        }
+    )
 
 
 def test_a_record_class_is_named_or_given_and_checked_where_the_config_is_read() -> None:
     assert _settings(msg__serde=V1).stores["counts"].msg_serde == V1
     assert _settings(msg__serde=rv.CountV1).stores["counts"].msg_serde == V1
-    with pytest.raises(ConfigError, match="stores.counts.msg.serde='record:tests.record_values:Nope' is not valid: "
-                                          "record class tests.record_values:Nope: module 'tests.record_values' has "
-                                          "no 'Nope'"):
+    with pytest.raises(
+        ConfigError,
+        match="stores.counts.msg.serde='record:tests.record_values:Nope' is not valid: "
+        "record class tests.record_values:Nope: module 'tests.record_values' has "
+        "no 'Nope'",
+    ):
         _settings(msg__serde="record:tests.record_values:Nope")
     with pytest.raises(ConfigError, match="module 'no_such_module' cannot be imported"):
         _settings(msg__serde="record:no_such_module:Count")
@@ -410,12 +472,16 @@ def test_an_unsupported_field_type_is_refused_naming_the_field() -> None:
 
 
 def test_a_migration_needs_its_name_and_an_importable_function() -> None:
-    with pytest.raises(ConfigError, match="stores.counts.migration.id is set but stores.counts.migration.function "
-                                          "is not"):
+    with pytest.raises(
+        ConfigError, match="stores.counts.migration.id is set but stores.counts.migration.function is not"
+    ):
         _settings(migration__id="v2")
-    with pytest.raises(ConfigError, match="stores.counts.migration.function='tests.record_values:nope' is not "
-                                          "valid: function tests.record_values:nope: module 'tests.record_values' has "
-                                          "no 'nope'"):
+    with pytest.raises(
+        ConfigError,
+        match="stores.counts.migration.function='tests.record_values:nope' is not "
+        "valid: function tests.record_values:nope: module 'tests.record_values' has "
+        "no 'nope'",
+    ):
         _settings(migration__id="v2", migration__function="tests.record_values:nope")
     with pytest.raises(ConfigError, match="is a int, not a function"):
         _settings(migration__id="v2", migration__function="tests.record_values:NOT_A_FUNCTION")

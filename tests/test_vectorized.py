@@ -62,8 +62,9 @@ class VectorizedEqualsPerKey(RuleBasedStateMachine):
         """Read-modify-write: append a byte; every ``delete_every``-th key (by position) is deleted instead."""
 
         def new_values(olds: list[bytes | None]) -> list[bytes | None]:
-            return [None if delete_every and i % delete_every == 0 else (old or b"") + b"+"
-                    for i, old in enumerate(olds)]
+            return [
+                None if delete_every and i % delete_every == 0 else (old or b"") + b"+" for i, old in enumerate(olds)
+            ]
 
         expected = new_values([self.model.get(k) for k in keys])
         for key, value in zip(keys, expected):
@@ -117,9 +118,9 @@ def test_get_many_reads_a_key_written_in_this_batch_and_one_only_in_a_pending_fl
         store.put_many([b"a", b"b"], [b"1", b"2"])
         store.flush(LocalVersion("c1", "t")).close()
         store.apply_pending()
-        store.put_many([b"c"], [b"3"])                        # in the write batch only
-        store.flush(LocalVersion("c2", "t")).close()           # now pending (maybe), then applied
-        store.delete_many([b"a"])                             # a tombstone over LMDB
+        store.put_many([b"c"], [b"3"])  # in the write batch only
+        store.flush(LocalVersion("c2", "t")).close()  # now pending (maybe), then applied
+        store.delete_many([b"a"])  # a tombstone over LMDB
         store.put_many([b"d", b"b"], [b"4", b"22"])
         assert store.get_many([b"a", b"b", b"c", b"d", b"x", b"b"]) == [None, b"22", b"3", b"4", None, b"22"]
 
@@ -160,7 +161,7 @@ def test_typed_vectorized_calls_take_arrow_arrays_and_equal_the_per_key_calls(tm
         typed.delete_many(["ada", "nobody"])
         assert dict(typed.items()) == {"bob": -1, "cy": 2**62 + 1}
         with pytest.raises(TypeError):
-            typed.put_many(pa.array(["a", None]), [1, 2])   # a null key is refused like None
+            typed.put_many(pa.array(["a", None]), [1, 2])  # a null key is refused like None
         with pytest.raises(ValueError, match="returned 1 values for 2 keys"):
             typed.update_many(["a", "b"], lambda olds: [1])
 
@@ -169,9 +170,11 @@ SERDE_VALUES = {
     "bytes": st.binary(max_size=20),
     "string": st.text(max_size=12),
     "integer": st.integers(min_value=-(2**63), max_value=2**63 - 1),
-    "json": st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-                         lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
-                                                                                     max_size=3), max_leaves=6),
+    "json": st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+        max_leaves=6,
+    ),
     "pickle": st.tuples(st.integers(), st.text(max_size=5)),
 }
 
@@ -186,8 +189,12 @@ def test_encode_and_decode_many_equal_the_per_item_calls(name: str, data: Any) -
     assert encoded == [serde.to_bytes(o) for o in objs]
     assert decode_many(serde, encoded) == [serde.from_bytes(b) for b in encoded]
     if name in ("string", "bytes", "integer"):
-        assert encode_many(serde, pa.array(objs, {"string": pa.string(), "bytes": pa.binary(),
-                                                  "integer": pa.int64()}[name])) == encoded
+        assert (
+            encode_many(
+                serde, pa.array(objs, {"string": pa.string(), "bytes": pa.binary(), "integer": pa.int64()}[name])
+            )
+            == encoded
+        )
 
 
 def test_decode_many_refuses_corrupt_bytes_like_the_per_item_call() -> None:
@@ -200,8 +207,13 @@ def test_decode_many_refuses_corrupt_bytes_like_the_per_item_call() -> None:
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batches=st.lists(st.lists(st.tuples(st.text(min_size=1, max_size=4), st.integers(-5, 5) | st.none()),
-                                 max_size=30), min_size=1, max_size=4))
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.text(min_size=1, max_size=4), st.integers(-5, 5) | st.none()), max_size=30),
+        min_size=1,
+        max_size=4,
+    )
+)
 def test_commit_and_restore_after_vectorized_writes_are_exact(tmp_path_factory: Any, batches: Any) -> None:
     """Each batch's updates go through put_many / delete_many (None deletes); after each durable commit a restore
     into an empty directory from the blob store alone gives exactly the model; the reopened task does too."""
@@ -214,7 +226,7 @@ def test_commit_and_restore_after_vectorized_writes_are_exact(tmp_path_factory: 
         "stores.s.backup.factories": "changelog",
         "stores.s.key.serde": "string",
         "stores.s.msg.serde": "integer",
-        "stores.s.write.batch.max.bytes": 64,   # spills inside a batch
+        "stores.s.write.batch.max.bytes": 64,  # spills inside a batch
         "changelog.snapshot.interval.commits": 2,
     }
     model: dict[str, int] = {}

@@ -39,8 +39,16 @@ class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
             except NotFoundError:
                 size = None
                 missing += 1
-            runs.append({"blob": name, "bytes": size, "level": "base" if run.base else run.level,
-                         "first_seq": run.first_seq, "last_seq": run.last_seq, "records": run.records})
+            runs.append(
+                {
+                    "blob": name,
+                    "bytes": size,
+                    "level": "base" if run.base else run.level,
+                    "first_seq": run.first_seq,
+                    "last_seq": run.last_seq,
+                    "records": run.records,
+                }
+            )
         inline = is_inline_marker(marker)
         index_bytes = 0 if inline else blob_store.head(marker).size
         return {
@@ -82,18 +90,33 @@ class BlobSnapshotAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         for run in index.runs:
             name = run_name(prefix, run.hash)
             try:
-                count = verify_env_base_run(context.blob_store, prefix, run, index=label, job=context.job_name,
-                                            task=context.task_name, store=store)
+                count = verify_env_base_run(
+                    context.blob_store,
+                    prefix,
+                    run,
+                    index=label,
+                    job=context.job_name,
+                    task=context.task_name,
+                    store=store,
+                )
                 if count is None:
-                    data = read_run(context.blob_store, prefix, run, index=label, job=context.job_name,
-                                    task=context.task_name, store=store)
+                    data = read_run(
+                        context.blob_store,
+                        prefix,
+                        run,
+                        index=label,
+                        job=context.job_name,
+                        task=context.task_name,
+                        store=store,
+                    )
                     count = sum(1 for _ in iter_records(data, name=name, verified=True))
             except StateBackendError as exc:
                 problems.append(f"store {store}: {exc}")
                 continue
             if count != run.records:
-                problems.append(f"store {store}: run {name} holds {count} records where index {label} lists "
-                                f"{run.records}")
+                problems.append(
+                    f"store {store}: run {name} holds {count} records where index {label} lists {run.records}"
+                )
         return problems
 
     def _index(self, store: str, marker: str) -> RunIndex:

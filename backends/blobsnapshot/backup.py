@@ -113,8 +113,9 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             # process whose close timed out
             for stale in staging.iterdir():
                 IN_FLIGHT.remove_unless_held(stale)
-            state = StoreState(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging,
-                                cache=cache)
+            state = StoreState(
+                name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging, cache=cache
+            )
             marker = markers.get(name)
             if marker is not None:
                 state.seq = marker_seq(marker) or 0
@@ -141,8 +142,12 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         return markers
 
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
-        return gather({name: self.context.executor.submit(self._upload_store, self._states[name], marker)
-                       for name, marker in markers.items()})
+        return gather(
+            {
+                name: self.context.executor.submit(self._upload_store, self._states[name], marker)
+                for name, marker in markers.items()
+            }
+        )
 
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
         return self.context.executor.submit(self._cleanup, dict(markers))
@@ -202,8 +207,13 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         try:
             index = self._read_index(marker, state.name)
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
-            log.warning("store %s: cannot read the checkpoint's blobsnapshot index (%s); the next commit uploads a "
-                        "base run of the whole store", state.name, exc, extra=self._extra(state.name))
+            log.warning(
+                "store %s: cannot read the checkpoint's blobsnapshot index (%s); the next commit uploads a "
+                "base run of the whole store",
+                state.name,
+                exc,
+                extra=self._extra(state.name),
+            )
             return
         state.previous, state.previous_name = index, marker
         state.retained.append((marker, index))
@@ -211,9 +221,14 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         if failed_here or state.store.version != index.version:
             # this backend's restore failed (a run may be missing or damaged), or the store holds other data: the
             # chain must not be continued
-            log.warning("store %s: the local data is not this backend's index %s (restored by %s); the next commit "
-                        "uploads a base run", state.name, marker_label(marker), context.restored_by.get(state.name),
-                        extra=self._extra(state.name))
+            log.warning(
+                "store %s: the local data is not this backend's index %s (restored by %s); the next commit "
+                "uploads a base run",
+                state.name,
+                marker_label(marker),
+                context.restored_by.get(state.name),
+                extra=self._extra(state.name),
+            )
             context.metrics.increment("blobsnapshot.rebase.after.fallback")
             return
         restorer = context.restored_by.get(state.name, context.factory_name)
@@ -223,9 +238,16 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             # per run (at most 1 + (fanout - 1) x levels) says whether the chain can be continued.
             lost = self._runs_not_whole(state, index)
             if lost:
-                log.warning("store %s: run %s of index %s (and %d more) is missing or cut; restored by %s, the next "
-                            "commit uploads a base run", state.name, lost[0], marker_label(marker), len(lost) - 1, restorer,
-                            extra=self._extra(state.name))
+                log.warning(
+                    "store %s: run %s of index %s (and %d more) is missing or cut; restored by %s, the next "
+                    "commit uploads a base run",
+                    state.name,
+                    lost[0],
+                    marker_label(marker),
+                    len(lost) - 1,
+                    restorer,
+                    extra=self._extra(state.name),
+                )
                 context.metrics.increment("blobsnapshot.rebase.after.fallback")
                 return
         state.runs = list(index.runs)
@@ -259,8 +281,13 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         except FileNotFoundError:
             return
         except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-            log.warning("store %s: ignoring unreadable compaction record %s (%s)", state.name, record, exc,
-                        extra=self._extra(state.name))
+            log.warning(
+                "store %s: ignoring unreadable compaction record %s (%s)",
+                state.name,
+                record,
+                exc,
+                extra=self._extra(state.name),
+            )
             record.unlink(missing_ok=True)
             return
         if replace_runs(state.runs, compacted.inputs, compacted.output) is None:
@@ -332,8 +359,15 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
                     context.metrics.increment("blobsnapshot.base.runs")
                 elif prepared.change is not None:
                     first = state.runs[-1].last_seq + 1 if state.runs else 1
-                    run = self._write_run(state, iter(prepared.change), first_seq=first, last_seq=prepared.seq,
-                                          version=prepared.version, level=0, base=False)
+                    run = self._write_run(
+                        state,
+                        iter(prepared.change),
+                        first_seq=first,
+                        last_seq=prepared.seq,
+                        version=prepared.version,
+                        level=0,
+                        base=False,
+                    )
                     state.runs.append(run)
                 covered = True
                 crashpoint("blobsnapshot.upload.run_staged")
@@ -341,17 +375,23 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
                     self._ensure_uploaded(state, run)
                 crashpoint("blobsnapshot.upload.runs_uploaded")
             except BaseException:
-                if not covered or (state.runs and not all(state.cached(r).exists() or r.hash in state.uploaded
-                                                          for r in state.runs)):
+                if not covered or (
+                    state.runs and not all(state.cached(r).exists() or r.hash in state.uploaded for r in state.runs)
+                ):
                     # this commit's change could not be written as a run (it is in LMDB all the same), or a run is
                     # neither uploaded nor staged: the chain cannot be completed, the next upload writes a base run
                     state.needs_base = True
                 raise
             runs = self._adopt_compaction(state, tuple(state.runs))
             index = RunIndex(
-                job=context.job_name, task=context.task_name, store=state.name,
-                checkpoint_id=prepared.version.checkpoint_id, token=prepared.version.token, seq=prepared.seq,
-                runs=runs, key_count=view.count,
+                job=context.job_name,
+                task=context.task_name,
+                store=state.name,
+                checkpoint_id=prepared.version.checkpoint_id,
+                token=prepared.version.token,
+                seq=prepared.seq,
+                runs=runs,
+                key_count=view.count,
                 previous_index=None if state.previous_name is None else _previous_label(state.previous_name),
             )
             marker = inline_marker(index)

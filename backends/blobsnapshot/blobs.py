@@ -54,8 +54,17 @@ def read_index(blob_store: BlobStore, name: str, *, job: str, task: str, store: 
     return index
 
 
-def read_run(blob_store: BlobStore, store_prefix: str, entry: RunEntry, *, index: str, job: str, task: str,
-             store: str, local: Path | None = None) -> bytes:
+def read_run(
+    blob_store: BlobStore,
+    store_prefix: str,
+    entry: RunEntry,
+    *,
+    index: str,
+    job: str,
+    task: str,
+    store: str,
+    local: Path | None = None,
+) -> bytes:
     """The verified bytes of ``entry``'s run: from ``local`` when that file holds exactly them, else downloaded.
     Size, content hash and header lineage are checked; a missing or damaged run names itself and the index."""
     name = run_name(store_prefix, entry.hash)
@@ -85,8 +94,9 @@ def read_run(blob_store: BlobStore, store_prefix: str, entry: RunEntry, *, index
     return data
 
 
-def verify_env_base_run(blob_store: BlobStore, store_prefix: str, entry: RunEntry, *, index: str, job: str, task: str,
-                        store: str) -> int | None:
+def verify_env_base_run(
+    blob_store: BlobStore, store_prefix: str, entry: RunEntry, *, index: str, job: str, task: str, store: str
+) -> int | None:
     """For a base run written as an environment file (``statebackend.envbase``): every byte read in ranged reads and
     checked as restore checks it (size, content hash, header lineage, frames, digest), nothing written; returns the
     key count its header records. ``None`` when the run is sorted records (:func:`read_run` reads those)."""
@@ -104,6 +114,7 @@ def verify_env_base_run(blob_store: BlobStore, store_prefix: str, entry: RunEntr
     except NotFoundError as exc:
         raise NotFoundError(f"run {name} that index {index} lists is missing from {blob_store.describe()}") from exc
     if hasher.hexdigest() != entry.hash:
-        raise CorruptDataError(f"run {name} that index {index} lists failed its hash check; it was damaged in the "
-                               f"blob store")
+        raise CorruptDataError(
+            f"run {name} that index {index} lists failed its hash check; it was damaged in the blob store"
+        )
     return header.records

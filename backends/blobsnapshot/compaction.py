@@ -52,8 +52,9 @@ class Compaction(RunUpload):
         exc = compaction.exception()
         if exc is not None:
             self.context.metrics.increment("blobsnapshot.compaction.failures")
-            log.warning("store %s: compaction failed (tried again later): %s", state.name, exc,
-                        extra=self._extra(state.name))
+            log.warning(
+                "store %s: compaction failed (tried again later): %s", state.name, exc, extra=self._extra(state.name)
+            )
             return runs
         compacted = compaction.result()
         if compacted is None or compacted.generation != state.generation:
@@ -67,18 +68,28 @@ class Compaction(RunUpload):
             path = state.cached(compacted.output)
             if not path.exists():
                 self.context.metrics.increment("blobsnapshot.compaction.too.old")
-                log.warning("store %s: not adopting compacted run %s: uploaded more than half of "
-                            "blobsnapshot.gc.grace.period.ms ago", state.name, compacted.output.hash,
-                            extra=self._extra(state.name))
+                log.warning(
+                    "store %s: not adopting compacted run %s: uploaded more than half of "
+                    "blobsnapshot.gc.grace.period.ms ago",
+                    state.name,
+                    compacted.output.hash,
+                    extra=self._extra(state.name),
+                )
                 return runs
             now = self.clock()
             try:
-                self.context.blob_store.put_file(run_name(state.prefix, compacted.output.hash), path,
-                                                 metadata=self._new_metadata(now))
+                self.context.blob_store.put_file(
+                    run_name(state.prefix, compacted.output.hash), path, metadata=self._new_metadata(now)
+                )
             except StateBackendError as exc:
                 self.context.metrics.increment("blobsnapshot.compaction.failures")
-                log.warning("store %s: could not write compacted run %s again (compacting later): %s", state.name,
-                            compacted.output.hash, exc, extra=self._extra(state.name))
+                log.warning(
+                    "store %s: could not write compacted run %s again (compacting later): %s",
+                    state.name,
+                    compacted.output.hash,
+                    exc,
+                    extra=self._extra(state.name),
+                )
                 return runs
             compacted = attrs.evolve(compacted, uploaded_at=now)
             self.context.metrics.increment("blobsnapshot.compaction.refreshed")
@@ -102,8 +113,11 @@ class Compaction(RunUpload):
             base_bytes = runs[0].size if runs else 0
             upper_bytes = sum(run.size for run in upper)
             pool = _compaction_pools.get(1)
-            if upper and view.version == upper[-1].version and upper_bytes >= max(
-                    self.compaction_full_ratio * base_bytes, self.compaction_full_min_bytes):
+            if (
+                upper
+                and view.version == upper[-1].version
+                and upper_bytes >= max(self.compaction_full_ratio * base_bytes, self.compaction_full_min_bytes)
+            ):
                 state.compaction_inputs = runs
                 state.compaction = pool.submit(self._compact_full, state, view, runs, state.generation)
                 return True
@@ -113,15 +127,21 @@ class Compaction(RunUpload):
                 state.compaction = pool.submit(self._compact_merge, state, inputs, state.generation)
         return False
 
-    def _compact_full(self, state: StoreState, view: ReadView, inputs: tuple[RunEntry, ...],
-                      generation: int) -> Compacted:
+    def _compact_full(
+        self, state: StoreState, view: ReadView, inputs: tuple[RunEntry, ...], generation: int
+    ) -> Compacted:
         """A new base run: the whole store at the last input's version, from an LMDB read view of it."""
         last = inputs[-1]
         try:
             with IN_FLIGHT.hold([state.staging, state.cache]):
                 what = _what(state)
-                output = self._write_base(state, view, last_seq=last.last_seq, version=last.version,
-                                          check=lambda: self._cancellation.check(what))
+                output = self._write_base(
+                    state,
+                    view,
+                    last_seq=last.last_seq,
+                    version=last.version,
+                    check=lambda: self._cancellation.check(what),
+                )
         finally:
             view.close()
         return self._publish_compaction(state, inputs, output, generation)
@@ -131,21 +151,43 @@ class Compaction(RunUpload):
         the tombstones (the bottom run below may hold the keys they delete)."""
         context = self.context
         with IN_FLIGHT.hold([state.staging, state.cache]):
-            sources = [read_run(context.blob_store, state.prefix, run, index="(compaction)", job=context.job_name,
-                                task=context.task_name, store=state.name, local=state.cached(run))
-                       for run in inputs]
-            records = _merge([iter_records(data, name=run_name(state.prefix, run.hash), verified=True)
-                              for run, data in zip(inputs, sources, strict=True)],
-                             total=sum(run.records for run in inputs), drop_tombstones=inputs[0].first_seq == 1)
+            sources = [
+                read_run(
+                    context.blob_store,
+                    state.prefix,
+                    run,
+                    index="(compaction)",
+                    job=context.job_name,
+                    task=context.task_name,
+                    store=state.name,
+                    local=state.cached(run),
+                )
+                for run in inputs
+            ]
+            records = _merge(
+                [
+                    iter_records(data, name=run_name(state.prefix, run.hash), verified=True)
+                    for run, data in zip(inputs, sources, strict=True)
+                ],
+                total=sum(run.records for run in inputs),
+                drop_tombstones=inputs[0].first_seq == 1,
+            )
             del sources
             last = inputs[-1]
-            output = self._write_run(state, self._cancellation.records(records, _what(state)),
-                                     first_seq=inputs[0].first_seq, last_seq=last.last_seq, version=last.version,
-                                     level=max(run.level for run in inputs) + 1, base=False)
+            output = self._write_run(
+                state,
+                self._cancellation.records(records, _what(state)),
+                first_seq=inputs[0].first_seq,
+                last_seq=last.last_seq,
+                version=last.version,
+                level=max(run.level for run in inputs) + 1,
+                base=False,
+            )
         return self._publish_compaction(state, inputs, output, generation)
 
-    def _publish_compaction(self, state: StoreState, inputs: tuple[RunEntry, ...], output: RunEntry,
-                            generation: int) -> Compacted:
+    def _publish_compaction(
+        self, state: StoreState, inputs: tuple[RunEntry, ...], output: RunEntry, generation: int
+    ) -> Compacted:
         # written, not uploaded: the cached file goes with the next cleanup of the cache
         self._cancellation.check(_what(state))
         with state.state_lock:
@@ -177,14 +219,15 @@ def _tier_to_merge(upper: list[RunEntry], fanout: int) -> tuple[RunEntry, ...]:
         runs = by_level[level]
         if len(runs) >= fanout:
             start = upper.index(runs[0])
-            candidate = tuple(upper[start:start + fanout])
+            candidate = tuple(upper[start : start + fanout])
             if all(run.level == level for run in candidate):
                 return candidate
     return ()
 
 
-def _merge(sources: list[Iterable[tuple[bytes, bytes | None]]], *, total: int,
-           drop_tombstones: bool) -> Iterator[tuple[bytes, bytes | None]]:
+def _merge(
+    sources: list[Iterable[tuple[bytes, bytes | None]]], *, total: int, drop_tombstones: bool
+) -> Iterator[tuple[bytes, bytes | None]]:
     """The records of ``sources`` (oldest first, each sorted) as one sorted stream, newest value per key."""
     if total <= _DICT_MERGE_MAX_RECORDS:
         merged: dict[bytes, bytes | None] = {}
@@ -197,8 +240,9 @@ def _merge(sources: list[Iterable[tuple[bytes, bytes | None]]], *, total: int,
     return _heap_merge(sources, drop_tombstones=drop_tombstones)
 
 
-def _heap_merge(sources: list[Iterable[tuple[bytes, bytes | None]]], *,
-                drop_tombstones: bool) -> Iterator[tuple[bytes, bytes | None]]:
+def _heap_merge(
+    sources: list[Iterable[tuple[bytes, bytes | None]]], *, drop_tombstones: bool
+) -> Iterator[tuple[bytes, bytes | None]]:
     ranked = [((key, -rank, value) for key, value in source) for rank, source in enumerate(sources)]
     previous: bytes | None = None
     for key, _rank, value in heapq.merge(*ranked):

@@ -21,27 +21,38 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
 
     options: Mapping[str, Any] = {
         "compaction.fanout": OptionSpec(
-            parse_int(min=2, max=1000), 10,
-            "merge this many runs of one level into one run of the next level (size-tiered compaction)"),
+            parse_int(min=2, max=1000),
+            10,
+            "merge this many runs of one level into one run of the next level (size-tiered compaction)",
+        ),
         "compaction.full.ratio": OptionSpec(
-            parse_float(min=0.05, max=100.0), 1.0,
-            "write a new base run once the runs above the base add up to this many times its size"),
+            parse_float(min=0.05, max=100.0),
+            1.0,
+            "write a new base run once the runs above the base add up to this many times its size",
+        ),
         "compaction.full.min.bytes": OptionSpec(
-            parse_bytes(min=0), 1 << 20, "runs above the base smaller than this in total never trigger a base run"),
+            parse_bytes(min=0), 1 << 20, "runs above the base smaller than this in total never trigger a base run"
+        ),
         "compression.level": OptionSpec(parse_int(min=1, max=22), 3, "zstd level of the runs"),
         "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel run downloads per restore"),
         "gc.grace.period.ms": OptionSpec(
-            parse_duration_ms(min=0), 3_600_000, "an unreferenced run or index younger than this is left alone"),
+            parse_duration_ms(min=0), 3_600_000, "an unreferenced run or index younger than this is left alone"
+        ),
         "gc.interval.commits": OptionSpec(
-            parse_int(min=0), 100, "run the mark-and-sweep every this many commits (0: only when the task starts)"),
+            parse_int(min=0), 100, "run the mark-and-sweep every this many commits (0: only when the task starts)"
+        ),
         "gc.on.init": OptionSpec(
-            parse_bool(), False,
+            parse_bool(),
+            False,
             "also sweep in the background when the task starts (off: a job that opens its task per batch would "
-            "sweep every batch)"),
+            "sweep every batch)",
+        ),
         "ttl.ms": OptionSpec(
-            parse_duration_ms(min=1), 7 * 24 * 3_600_000,
+            parse_duration_ms(min=1),
+            7 * 24 * 3_600_000,
             "expiry written on new runs and indexes: a sweep deletes an expired blob no checkpoint names whatever "
-            "its age"),
+            "its age",
+        ),
     }
 
     def backup_manager(self, context: BackendContext) -> BlobSnapshotBackupManager:

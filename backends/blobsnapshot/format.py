@@ -189,8 +189,10 @@ def decode_inline_marker(marker: str, *, job: str, task: str, store: str) -> Run
                 f"restore an older checkpoint or from another backend's marker"
             )
     except (ValueError, zlib.error) as exc:
-        raise CorruptDataError(f"{label}: the marker's index does not decode ({exc}); the marker is damaged: "
-                               f"restore an older checkpoint or from another backend's marker") from exc
+        raise CorruptDataError(
+            f"{label}: the marker's index does not decode ({exc}); the marker is damaged: "
+            f"restore an older checkpoint or from another backend's marker"
+        ) from exc
     index = RunIndex.decode(data, name=label)
     check_index_binding(index, name=marker, job=job, task=task, store=store)
     return index
@@ -225,12 +227,21 @@ def _parse_marker(marker: str) -> tuple[int, str] | None:
     return parse_index_name(marker)
 
 
-def check_run_binding(header: FileHeader, entry: RunEntry, *, name: str, index: str, job: str, task: str,
-                      store: str) -> None:
+def check_run_binding(
+    header: FileHeader, entry: RunEntry, *, name: str, index: str, job: str, task: str, store: str
+) -> None:
     """Raise :class:`CorruptDataError` unless the run file's header is the lineage ``entry`` of ``index`` names."""
     expected = (KIND_RUN, job, task, store, entry.first_seq - 1, entry.last_seq, entry.checkpoint_id, entry.token)
-    found = (header.kind, header.job, header.task, header.store, header.base_seq, header.seq, header.checkpoint_id,
-             header.token)
+    found = (
+        header.kind,
+        header.job,
+        header.task,
+        header.store,
+        header.base_seq,
+        header.seq,
+        header.checkpoint_id,
+        header.token,
+    )
     if expected != found:
         raise CorruptDataError(
             f"run {name} that index {index} lists is intact but holds another lineage: expected (kind, job, task, "
@@ -262,8 +273,14 @@ class RunEntry:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "hash": self.hash, "size": self.size, "records": self.records, "level": self.level, "base": self.base,
-            "first_seq": self.first_seq, "last_seq": self.last_seq, "checkpoint_id": self.checkpoint_id,
+            "hash": self.hash,
+            "size": self.size,
+            "records": self.records,
+            "level": self.level,
+            "base": self.base,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "checkpoint_id": self.checkpoint_id,
             "token": self.token,
         }
 
@@ -273,9 +290,14 @@ class RunEntry:
         if not isinstance(base, bool):
             raise TypeError(f"expected a boolean 'base', got {base!r}")
         return cls(
-            hash=_digest(item["hash"]), size=_count(item["size"]), records=_count(item["records"]),
-            level=_count(item["level"]), base=base, first_seq=_count(item["first_seq"]),
-            last_seq=_count(item["last_seq"]), checkpoint_id=_text(item["checkpoint_id"]),
+            hash=_digest(item["hash"]),
+            size=_count(item["size"]),
+            records=_count(item["records"]),
+            level=_count(item["level"]),
+            base=base,
+            first_seq=_count(item["first_seq"]),
+            last_seq=_count(item["last_seq"]),
+            checkpoint_id=_text(item["checkpoint_id"]),
             token=_text(item["token"]),
         )
 
@@ -386,8 +408,10 @@ def chain_problem(runs: Sequence[RunEntry], seq: int) -> str | None:
     expected_first = 1
     for position, run in enumerate(runs):
         if run.first_seq != expected_first or run.last_seq < run.first_seq:
-            return (f"run {position} holds versions {run.first_seq}..{run.last_seq} where the chain needs it to start "
-                    f"at {expected_first}; the runs do not rebuild one history")
+            return (
+                f"run {position} holds versions {run.first_seq}..{run.last_seq} where the chain needs it to start "
+                f"at {expected_first}; the runs do not rebuild one history"
+            )
         if run.base and (run.first_seq != 1 or position != 0):
             return f"run {position} is a base run but is not the first run of the chain"
         expected_first = run.last_seq + 1
@@ -406,11 +430,11 @@ def replace_runs(runs: Sequence[RunEntry], inputs: Iterable[RunEntry], output: R
         start = runs.index(inputs[0])
     except ValueError:
         return None
-    if list(runs[start:start + len(inputs)]) != inputs:
+    if list(runs[start : start + len(inputs)]) != inputs:
         return None
     if (inputs[0].first_seq, inputs[-1].last_seq) != (output.first_seq, output.last_seq):
         return None
-    return (*runs[:start], output, *runs[start + len(inputs):])
+    return (*runs[:start], output, *runs[start + len(inputs) :])
 
 
 def _canonical(document: Mapping[str, Any]) -> bytes:

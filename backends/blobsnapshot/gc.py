@@ -97,8 +97,12 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                 index = self._read_index(marker, state.name)
             except NotFoundError:
                 # a late cleanup of a checkpoint that already fell out of retention: nothing left to do
-                log.debug("store %s: cleanup of %s found it gone already", state.name, marker_label(marker),
-                          extra=self._extra(state.name))
+                log.debug(
+                    "store %s: cleanup of %s found it gone already",
+                    state.name,
+                    marker_label(marker),
+                    extra=self._extra(state.name),
+                )
                 return
         self._make_durable(state, index)
         crashpoint("blobsnapshot.cleanup.durable")
@@ -112,7 +116,9 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         while len(state.retained) > max(1, self.retained):
             dropped.append(state.retained.popleft())
         for name, dropped_index in dropped:
-            if not is_inline_marker(name):  # an index blob of an older release; an inline index goes with its checkpoint
+            if not is_inline_marker(
+                name
+            ):  # an index blob of an older release; an inline index goes with its checkpoint
                 state.garbage.add(name)
                 state.released[name] = dropped_index
             state.garbage.update(run_name(state.prefix, digest) for digest in dropped_index.run_hashes())
@@ -158,15 +164,24 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         for marker in older:
             index = state.pending.pop(marker)
             if marker in in_log:
-                log.info("store %s: index %s belongs to a checkpoint that landed although its write was reported "
-                         "failed; kept as durable", state.name, marker_label(marker), extra=self._extra(state.name))
+                log.info(
+                    "store %s: index %s belongs to a checkpoint that landed although its write was reported "
+                    "failed; kept as durable",
+                    state.name,
+                    marker_label(marker),
+                    extra=self._extra(state.name),
+                )
                 self._make_durable(state, index)
                 state.retained.append((marker, index))
                 self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
             else:
-                log.debug("store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
-                          "its runs after the grace period", state.name, marker_label(marker),
-                          extra=self._extra(state.name))
+                log.debug(
+                    "store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
+                    "its runs after the grace period",
+                    state.name,
+                    marker_label(marker),
+                    extra=self._extra(state.name),
+                )
 
     def _make_durable(self, state: StoreState, index: RunIndex) -> None:
         """A durable checkpoint names ``index``: its runs may be named again by any later index whatever their age
@@ -197,13 +212,22 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
                         # deleted by this manager's retention while the checkpoint log still lists it (the log is
                         # trimmed concurrently): no longer live, its runs were released with it
                         return set()
-                    log.warning("store %s: sweep cannot find live index %s; runs are left alone", state.name,
-                                marker_label(marker), extra=self._extra(state.name))
+                    log.warning(
+                        "store %s: sweep cannot find live index %s; runs are left alone",
+                        state.name,
+                        marker_label(marker),
+                        extra=self._extra(state.name),
+                    )
                     return None
                 except (CorruptDataError, IncompatibleFormatError) as exc:
                     # its runs (or chunks) are unknown: deleting "unreferenced" ones could hurt it
-                    log.warning("store %s: sweep cannot read live index %s (%s); runs are left alone",
-                                state.name, marker_label(marker), exc, extra=self._extra(state.name))
+                    log.warning(
+                        "store %s: sweep cannot read live index %s (%s); runs are left alone",
+                        state.name,
+                        marker_label(marker),
+                        exc,
+                        extra=self._extra(state.name),
+                    )
                     return None
             return index.blob_names(state.prefix)
 
@@ -222,20 +246,44 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             state.durable_runs.discard(digest)
 
         blob_store = self.context.blob_store
-        swept = [sweep_unreferenced(blob_store, index_prefix(state.prefix), indexes, self._grace, clock=self.clock,
-                                    now=now, expired=_expired, on_deleted=index_deleted)]
+        swept = [
+            sweep_unreferenced(
+                blob_store,
+                index_prefix(state.prefix),
+                indexes,
+                self._grace,
+                clock=self.clock,
+                now=now,
+                expired=_expired,
+                on_deleted=index_deleted,
+            )
+        ]
         # runs, and the chunks of schema-1 snapshots once no live index is one (an incomplete mark sweeps nothing)
         for prefix in (runs_prefix(state.prefix), legacy_chunks_prefix(state.prefix)):
             if not swept[-1].stopped:
-                swept.append(sweep_unreferenced(blob_store, prefix, runs, self._grace, clock=self.clock, now=now,
-                                                expired=_expired, on_deleted=run_deleted))
+                swept.append(
+                    sweep_unreferenced(
+                        blob_store,
+                        prefix,
+                        runs,
+                        self._grace,
+                        clock=self.clock,
+                        now=now,
+                        expired=_expired,
+                        on_deleted=run_deleted,
+                    )
+                )
         if len(swept) > 1 and runs.complete:
             self._check_chain_present(state, swept[1].listed)
         indexes_deleted = len(swept[0].deleted)
         runs_deleted = sum(len(s.deleted) for s in swept[1:])
         if any(s.stopped for s in swept):
-            log.warning("store %s: sweep ran longer than a quarter of the gc grace period since its mark; stopped "
-                        "(the next sweep marks anew)", state.name, extra=self._extra(state.name))
+            log.warning(
+                "store %s: sweep ran longer than a quarter of the gc grace period since its mark; stopped "
+                "(the next sweep marks anew)",
+                state.name,
+                extra=self._extra(state.name),
+            )
         metrics = self.context.metrics
         metrics.increment("blobsnapshot.sweeps")
         metrics.increment("blobsnapshot.sweep.runs.deleted", runs_deleted)
@@ -243,8 +291,13 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
         if any(s.kept for s in swept):
             metrics.increment("blobsnapshot.sweep.kept", sum(len(s.kept) for s in swept))
         if runs_deleted or indexes_deleted:
-            log.debug("store %s: sweep deleted %d unreferenced runs and %d indexes", state.name, runs_deleted,
-                      indexes_deleted, extra=self._extra(state.name))
+            log.debug(
+                "store %s: sweep deleted %d unreferenced runs and %d indexes",
+                state.name,
+                runs_deleted,
+                indexes_deleted,
+                extra=self._extra(state.name),
+            )
         return SweepReport(indexes_deleted, runs_deleted, not runs.complete)
 
     def _check_chain_present(self, state: StoreState, listed: frozenset[str]) -> None:
@@ -263,9 +316,13 @@ class BlobSnapshotGc(BlobSnapshotManagerState):
             except NotFoundError:
                 pass
             self.context.metrics.increment("blobsnapshot.runs.missing")
-            log.error("store %s: run %s of the chain is missing from the blob store; the checkpoints that name it "
-                      "cannot be restored from blobsnapshot; the next commit uploads a base run", state.name, name,
-                      extra=self._extra(state.name))
+            log.error(
+                "store %s: run %s of the chain is missing from the blob store; the checkpoints that name it "
+                "cannot be restored from blobsnapshot; the next commit uploads a base run",
+                state.name,
+                name,
+                extra=self._extra(state.name),
+            )
             state.uploaded.discard(run.hash)
             state.durable_runs.discard(run.hash)
             state.needs_base = True

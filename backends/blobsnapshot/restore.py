@@ -99,8 +99,12 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                     store.replace_contents([], None)
                 else:
                     self._restore_store(pool, name, store, marker)
-                self.context.metrics.record("restore.store.ms", (time.monotonic() - started) * 1000.0, store=name,
-                                            backend=self.context.factory_name)
+                self.context.metrics.record(
+                    "restore.store.ms",
+                    (time.monotonic() - started) * 1000.0,
+                    store=name,
+                    backend=self.context.factory_name,
+                )
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -127,11 +131,15 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         to_apply = list(index.runs[start:]) if start is not None else list(index.runs)
         # a base run written as an environment file is streamed into place, never held whole; the others are
         # downloaded in parallel meanwhile
-        env_base = start is None and bool(to_apply) and to_apply[0].base and self._is_env_base(
-            name, prefix, to_apply[0], marker, store)
+        env_base = (
+            start is None
+            and bool(to_apply)
+            and to_apply[0].base
+            and self._is_env_base(name, prefix, to_apply[0], marker, store)
+        )
         downloads: dict[RunEntry, Future[bytes]] = {
             run: pool.submit(self._download, name, prefix, run, marker, store)
-            for run in to_apply[1 if env_base else 0:]
+            for run in to_apply[1 if env_base else 0 :]
         }
         try:
             if start is None:
@@ -166,8 +174,14 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             for future in downloads.values():
                 future.cancel()
         self._finish(name, store, index, marker)
-        log.info("store %s: restored from %s (%d of %d runs applied)", name, marker, len(to_apply), len(index.runs),
-                 extra=self._extra(name))
+        log.info(
+            "store %s: restored from %s (%d of %d runs applied)",
+            name,
+            marker,
+            len(to_apply),
+            len(index.runs),
+            extra=self._extra(name),
+        )
 
     def _records(self, name: str, prefix: str, run: RunEntry, download: Future[bytes]) -> RecordReader:
         data = download.result()  # raises the run's NotFoundError / CorruptDataError
@@ -193,11 +207,20 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         context = self.context
         # a run this machine wrote or merged may still be cached in the store dir: read, verified, not downloaded
         local = Path(store.path) / CACHE_DIR / run.hash
-        return read_run(context.blob_store, prefix, run, index=marker, job=context.job_name, task=context.task_name,
-                        store=name, local=local)
+        return read_run(
+            context.blob_store,
+            prefix,
+            run,
+            index=marker,
+            job=context.job_name,
+            task=context.task_name,
+            store=name,
+            local=local,
+        )
 
-    def _base_source(self, name: str, prefix: str, run: RunEntry, marker: str, store: LocalStore,
-                     *, cached: bool = True) -> BaseSource:
+    def _base_source(
+        self, name: str, prefix: str, run: RunEntry, marker: str, store: LocalStore, *, cached: bool = True
+    ) -> BaseSource:
         """Where the base run is read from: the store dir's run cache when it holds a file of the run's size, else
         the blob store (a missing blob names itself and the index)."""
         local = Path(store.path) / CACHE_DIR / run.hash
@@ -216,8 +239,9 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         self._sources[run.hash] = source
         return is_env_base(source.read(0, min(run.size, HEAD_BYTES)))
 
-    def _load_env_base(self, pool: ThreadPoolExecutor, name: str, prefix: str, run: RunEntry, marker: str,
-                       store: LocalStore) -> None:
+    def _load_env_base(
+        self, pool: ThreadPoolExecutor, name: str, prefix: str, run: RunEntry, marker: str, store: LocalStore
+    ) -> None:
         """Stream the base run into the store dir, verified (size, content hash, header lineage, digest, frames)
         before it replaces the store's environment; a damaged cached copy is read again from the blob store."""
         context = self.context
@@ -225,8 +249,9 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         blob = run_name(prefix, run.hash)
 
         def check(header: EnvBaseHeader) -> None:
-            check_run_binding(header.lineage, run, name=blob, index=marker, job=context.job_name,
-                              task=context.task_name, store=name)
+            check_run_binding(
+                header.lineage, run, name=blob, index=marker, job=context.job_name, task=context.task_name, store=name
+            )
 
         def load(source: BaseSource) -> None:
             hasher = new_hasher()
@@ -235,18 +260,24 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                 if source.size != run.size or hasher.hexdigest() != run.hash:
                     raise CorruptDataError(
                         f"run {blob} that index {marker} lists failed its hash check ({source.size} bytes, expected "
-                        f"{run.size}); it was damaged and was not loaded")
+                        f"{run.size}); it was damaged and was not loaded"
+                    )
 
-            load_env_base(store, source, run.version, check=check, pool=pool, content_hasher=hasher,
-                          after_read=check_hash)
+            load_env_base(
+                store, source, run.version, check=check, pool=pool, content_hasher=hasher, after_read=check_hash
+            )
 
         try:
             load(source)
         except CorruptDataError:
             if not isinstance(source, FileSource):
                 raise
-            log.warning("store %s: the cached copy of base run %s is damaged; reading it from the blob store",
-                        name, blob, extra=self._extra(name))
+            log.warning(
+                "store %s: the cached copy of base run %s is damaged; reading it from the blob store",
+                name,
+                blob,
+                extra=self._extra(name),
+            )
             load(self._base_source(name, prefix, run, marker, store, cached=False))
         context.metrics.increment("restore.bytes", run.size, store=name, backend=context.factory_name)
 

@@ -69,13 +69,20 @@ class Compacted:
     uploaded_at: float | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"inputs": [run.to_json() for run in self.inputs], "output": self.output.to_json(),
-                "uploaded_at": self.uploaded_at}
+        return {
+            "inputs": [run.to_json() for run in self.inputs],
+            "output": self.output.to_json(),
+            "uploaded_at": self.uploaded_at,
+        }
 
     @classmethod
     def from_json(cls, document: Mapping[str, Any], generation: int) -> Compacted:
-        return cls(tuple(RunEntry.from_json(item) for item in document["inputs"]),
-                   RunEntry.from_json(document["output"]), generation, document.get("uploaded_at"))
+        return cls(
+            tuple(RunEntry.from_json(item) for item in document["inputs"]),
+            RunEntry.from_json(document["output"]),
+            generation,
+            document.get("uploaded_at"),
+        )
 
 
 @attrs.define(eq=False)
@@ -128,8 +135,11 @@ class StoreState:
         """Indexes this manager must keep. ``suspect_pending=False`` leaves out the pending ones older than the
         newest durable one: their commit failed, or their cleanup is late (then the checkpoint log names them)."""
         live = dict(self.retained)
-        live.update((name, index) for name, index in self.pending.items()
-                    if suspect_pending or index.seq > self.last_durable_seq)
+        live.update(
+            (name, index)
+            for name, index in self.pending.items()
+            if suspect_pending or index.seq > self.last_durable_seq
+        )
         if self.previous is not None and self.previous_name is not None:
             live[self.previous_name] = self.previous
         return live

@@ -29,12 +29,28 @@ log = logging.getLogger(__name__)
 class RunUpload(BlobSnapshotManagerState):
     """Runs, from records to blobs."""
 
-    def _write_run(self, state: StoreState, records: Iterable[tuple[bytes, bytes | None]], *, first_seq: int,
-                   last_seq: int, version: LocalVersion, level: int, base: bool) -> RunEntry:
+    def _write_run(
+        self,
+        state: StoreState,
+        records: Iterable[tuple[bytes, bytes | None]],
+        *,
+        first_seq: int,
+        last_seq: int,
+        version: LocalVersion,
+        level: int,
+        base: bool,
+    ) -> RunEntry:
         """Encode ``records`` (sorted) as a run file in the cache dir, named by its hash."""
-        header = FileHeader(kind=KIND_RUN, job=self.context.job_name, task=self.context.task_name, store=state.name,
-                            checkpoint_id=version.checkpoint_id, token=version.token, seq=last_seq,
-                            base_seq=first_seq - 1)
+        header = FileHeader(
+            kind=KIND_RUN,
+            job=self.context.job_name,
+            task=self.context.task_name,
+            store=state.name,
+            checkpoint_id=version.checkpoint_id,
+            token=version.token,
+            seq=last_seq,
+            base_seq=first_seq - 1,
+        )
         partial = state.staging / f"{uuid.uuid4().hex}.partial"
         try:
             with open(partial, "wb") as raw:
@@ -45,30 +61,68 @@ class RunUpload(BlobSnapshotManagerState):
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
-        return RunEntry(hash=digest, size=stats.file_bytes, records=stats.record_count, level=level, base=base,
-                        first_seq=first_seq, last_seq=last_seq, checkpoint_id=version.checkpoint_id,
-                        token=version.token)
+        return RunEntry(
+            hash=digest,
+            size=stats.file_bytes,
+            records=stats.record_count,
+            level=level,
+            base=base,
+            first_seq=first_seq,
+            last_seq=last_seq,
+            checkpoint_id=version.checkpoint_id,
+            token=version.token,
+        )
 
-    def _write_base(self, state: StoreState, view: ReadView, *, last_seq: int, version: LocalVersion,
-                    check: Callable[[], None] | None = None) -> RunEntry:
+    def _write_base(
+        self,
+        state: StoreState,
+        view: ReadView,
+        *,
+        last_seq: int,
+        version: LocalVersion,
+        check: Callable[[], None] | None = None,
+    ) -> RunEntry:
         """Write a base run of the whole store at ``version`` (which ``view`` must be at) into the cache dir, named by
         its hash: an environment-file base (``statebackend.envbase``), so a cold restore streams it into place with
         no re-insertion."""
-        header = FileHeader(kind=KIND_RUN, job=self.context.job_name, task=self.context.task_name, store=state.name,
-                            checkpoint_id=version.checkpoint_id, token=version.token, seq=last_seq, base_seq=0)
+        header = FileHeader(
+            kind=KIND_RUN,
+            job=self.context.job_name,
+            task=self.context.task_name,
+            store=state.name,
+            checkpoint_id=version.checkpoint_id,
+            token=version.token,
+            seq=last_seq,
+            base_seq=0,
+        )
         partial = state.staging / f"{uuid.uuid4().hex}.partial"
         try:
             with open(partial, "wb") as raw:
                 out = HashingWriter(raw)
-                stats = write_env_base(view, cast("BinaryIO", out), header, scratch=state.staging,
-                                       level=self.compression_level, check=check)
+                stats = write_env_base(
+                    view,
+                    cast("BinaryIO", out),
+                    header,
+                    scratch=state.staging,
+                    level=self.compression_level,
+                    check=check,
+                )
             digest = out.hexdigest()
             os.replace(partial, state.cache / digest)
         except BaseException:
             partial.unlink(missing_ok=True)
             raise
-        return RunEntry(hash=digest, size=stats.file_bytes, records=stats.records, level=BASE_LEVEL, base=True,
-                        first_seq=1, last_seq=last_seq, checkpoint_id=version.checkpoint_id, token=version.token)
+        return RunEntry(
+            hash=digest,
+            size=stats.file_bytes,
+            records=stats.records,
+            level=BASE_LEVEL,
+            base=True,
+            first_seq=1,
+            last_seq=last_seq,
+            checkpoint_id=version.checkpoint_id,
+            token=version.token,
+        )
 
     def _ensure_uploaded(self, state: StoreState, run: RunEntry) -> None:
         """Make sure the blob store holds ``run``. A run this manager uploaded that no durable index names and that
@@ -143,8 +197,12 @@ class RunUpload(BlobSnapshotManagerState):
                         state.attempted.discard(run.hash)
                         return False  # same name, same content: an earlier try (or an identical run) wrote it
                     if found == "absent":
-                        log.warning("store %s: run %s was reported taken but holds no blob of its length; writing "
-                                    "it again", state.name, name, extra=self._extra(state.name))
+                        log.warning(
+                            "store %s: run %s was reported taken but holds no blob of its length; writing it again",
+                            state.name,
+                            name,
+                            extra=self._extra(state.name),
+                        )
                     blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
         except BaseException:
             state.attempted.add(run.hash)  # it may have landed: the next try looks it up before sending it again
@@ -163,8 +221,13 @@ class RunUpload(BlobSnapshotManagerState):
         except NotFoundError:
             return "absent", None
         if info.size != run.size:
-            log.warning("run %s: the blob store reports %d bytes where the run has %d; not taken as present",
-                        name, info.size, run.size, extra=self._extra(state.name))
+            log.warning(
+                "run %s: the blob store reports %d bytes where the run has %d; not taken as present",
+                name,
+                info.size,
+                run.size,
+                extra=self._extra(state.name),
+            )
             return "absent", None
         created = read_created_at(info.metadata)  # None: no age we can read (written by another tool)
         if run.hash in state.durable_runs or not blob_store.supports_metadata:

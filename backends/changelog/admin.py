@@ -73,8 +73,10 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
         steps = list(recipe.steps())
         for before, after in itertools.pairwise(steps):
             if after.seq != before.seq + 1:
-                problems.append(f"store {store}: the recipe jumps from seq {before.seq} to seq {after.seq}; a delta "
-                                f"of the chain is missing from the marker")
+                problems.append(
+                    f"store {store}: the recipe jumps from seq {before.seq} to seq {after.seq}; a delta "
+                    f"of the chain is missing from the marker"
+                )
         with tempfile.TemporaryDirectory(prefix="statebackend-verify-") as tmp:
             for s in steps:
                 if s.name is None:
@@ -83,8 +85,10 @@ class ChangelogAdmin(BlobStoreBackendAdmin, StateBackendAdmin):
                 try:
                     self._verify_blob(store, s, kind, Path(tmp))
                 except NotFoundError:
-                    problems.append(f"store {store}: {kind} {s.name} (seq {s.seq}) is missing from "
-                                    f"{self.context.blob_store.describe()}")
+                    problems.append(
+                        f"store {store}: {kind} {s.name} (seq {s.seq}) is missing from "
+                        f"{self.context.blob_store.describe()}"
+                    )
                 except StateBackendError as exc:
                     named = "" if s.name in str(exc) else f" {s.name}"  # the format's errors name the blob already
                     problems.append(f"store {store}: {kind}{named} (seq {s.seq}): {exc}")

@@ -83,8 +83,9 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
             for stale in staging.iterdir():  # left by a crashed process (its commits never became durable), not in
                 IN_FLIGHT.remove_unless_held(stale)  # flight for an earlier open in this process whose close timed out
             lineage = Lineage(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
-            recipe = (Recipe.decode(markers[name], prefix=lineage.prefix, source=f"store {name}") if name in markers
-                      else None)
+            recipe = (
+                Recipe.decode(markers[name], prefix=lineage.prefix, source=f"store {name}") if name in markers else None
+            )
             head = recipe.head if recipe is not None else None
             # which backend restored the store at open (absent: a context built outside TaskStorage, taken as this
             # one). Restored by another backend (this one's restore failed: a blob of the chain may be missing), the
@@ -106,9 +107,13 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
                 # too for an empty store whose recipe is past seq 0: deltas after seq 1 without a snapshot are what a
                 # recipe whose snapshot was removed looks like, and restore refuses them.
                 if recipe is not None and not ours:
-                    log.warning("store %s: restored by the %s backend, not from this backend's recipe; the changelog "
-                                "chain starts anew from a snapshot at the next commit", name, restorer,
-                                extra=self._log_extra(name))
+                    log.warning(
+                        "store %s: restored by the %s backend, not from this backend's recipe; the changelog "
+                        "chain starts anew from a snapshot at the next commit",
+                        name,
+                        restorer,
+                        extra=self._log_extra(name),
+                    )
                     self.context.metrics.increment("changelog.rebase.after.fallback")
                 lineage.seq = recipe.seq if recipe is not None else 0
                 lineage.base = None
@@ -128,8 +133,12 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
                 if lineage.commits_since_snapshot < 0:
                     # re-base: the recipe is one snapshot of this very version, written by upload()
                     lineage.rebase_view = change.read_view()  # future: opened once the flush is applied
-                    step = Step(lineage.seq, version.checkpoint_id, version.token,
-                                snapshot_name(lineage.prefix, lineage.seq, version.token))
+                    step = Step(
+                        lineage.seq,
+                        version.checkpoint_id,
+                        version.token,
+                        snapshot_name(lineage.prefix, lineage.seq, version.token),
+                    )
                     lineage.base, lineage.deltas = step, []
                     lineage.commits_since_snapshot = 0
                     lineage.bytes_since_snapshot = 0
@@ -146,8 +155,12 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
         return markers
 
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
-        return gather({name: self.context.executor.submit(self._upload_store, self._lineages[name], marker)
-                       for name, marker in markers.items()})
+        return gather(
+            {
+                name: self.context.executor.submit(self._upload_store, self._lineages[name], marker)
+                for name, marker in markers.items()
+            }
+        )
 
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
         return self.context.executor.submit(self._cleanup, markers)
@@ -171,8 +184,9 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
         with ExitStack() as held:
             for lineage in self._lineages.values():
                 held.enter_context(lineage.lock)
-            if all(lineage.commits_since_snapshot < self.snapshot_interval_commits
-                   for lineage in self._lineages.values()):
+            if all(
+                lineage.commits_since_snapshot < self.snapshot_interval_commits for lineage in self._lineages.values()
+            ):
                 self._cancellation.cancel()
 
     def close(self) -> None:
@@ -189,4 +203,3 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
             if lineage.rebase_view is not None:
                 close_when_ready(lineage.rebase_view)
                 lineage.rebase_view = None
-

@@ -20,24 +20,32 @@ class ChangelogStateBackendFactory(StateBackendFactory):
 
     options: Mapping[str, Any] = {
         "snapshot.interval.ratio": OptionSpec(
-            parse_float(min=0.0), 1.0,
+            parse_float(min=0.0),
+            1.0,
             "take a background snapshot once the delta files since the last one hold this many times its bytes "
-            "(0: off): a restore then downloads at most 1 + this many snapshots' worth"),
+            "(0: off): a restore then downloads at most 1 + this many snapshots' worth",
+        ),
         "snapshot.interval.commits": OptionSpec(
-            parse_int(min=1), 100, "... or after this many commits since the last one, whatever their size"),
+            parse_int(min=1), 100, "... or after this many commits since the last one, whatever their size"
+        ),
         "snapshot.interval.bytes": OptionSpec(
-            parse_bytes(), 64 << 20, "... or after this many bytes of change since the last one"),
+            parse_bytes(), 64 << 20, "... or after this many bytes of change since the last one"
+        ),
         "snapshot.ratio.min.bytes": OptionSpec(
-            parse_bytes(), 1 << 20,
+            parse_bytes(),
+            1 << 20,
             "delta files since the last snapshot smaller than this in total never make one due by the ratio (a "
-            "small state's snapshots would cost a PUT every few commits; restore reads at most this much more)"),
+            "small state's snapshots would cost a PUT every few commits; restore reads at most this much more)",
+        ),
         "compression": OptionSpec(parse_choice("zstd", "none"), "zstd", "compression of delta and snapshot files"),
         "compression.level": OptionSpec(parse_int(min=1, max=22), 3, "zstd level (1 fastest .. 22 smallest)"),
         "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel downloads per restore"),
         "gc.interval.commits": OptionSpec(
-            parse_int(min=0), 100, "mark-and-sweep unreferenced blobs every this many commits (0: never)"),
+            parse_int(min=0), 100, "mark-and-sweep unreferenced blobs every this many commits (0: never)"
+        ),
         "gc.grace.period.ms": OptionSpec(
-            parse_duration_ms(min=0), 3_600_000, "unreferenced blobs younger than this are left alone by the sweep"),
+            parse_duration_ms(min=0), 3_600_000, "unreferenced blobs younger than this are left alone by the sweep"
+        ),
     }
 
     def backup_manager(self, context: BackendContext) -> ChangelogBackupManager:

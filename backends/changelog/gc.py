@@ -57,16 +57,18 @@ class ChangelogGc(ChangelogManagerState):
 
         def recipe_blobs(item: tuple[str, int, str]) -> Iterable[str]:
             name, seq, marker = item
-            return Recipe.decode(marker, prefix=self._lineages[name].prefix,
-                                 source=f"store {name} in checkpoint #{seq}").blob_names()
+            return Recipe.decode(
+                marker, prefix=self._lineages[name].prefix, source=f"store {name} in checkpoint #{seq}"
+            ).blob_names()
 
         marks = {name: mark_referenced(items, recipe_blobs, at=marked_at) for name, items in logged.items()}
         head = entries[-1] if entries else None
         if head is not None and isinstance(head.checkpoint, CheckpointV2):
             for name, marker in head.checkpoint.markers_for(self.context.factory_name).items():
                 if name in newest_seq:
-                    newest_seq[name] = Recipe.decode(marker, prefix=self._lineages[name].prefix,
-                                                     source=f"store {name} in checkpoint #{head.seq}").seq
+                    newest_seq[name] = Recipe.decode(
+                        marker, prefix=self._lineages[name].prefix, source=f"store {name} in checkpoint #{head.seq}"
+                    ).seq
         deleted = kept = 0
         stopped = False
         for name, lineage in self._lineages.items():
@@ -86,17 +88,27 @@ class ChangelogGc(ChangelogManagerState):
                     return blob not in lineage.recipe().blob_names() and blob != lineage.background_name
 
             for kind in ("delta/", "snapshot/"):
-                swept = sweep_unreferenced(self.context.blob_store, lineage.prefix + kind, mark, self._grace,
-                                           clock=self.clock, spare=beyond_the_head, confirm=still_unmarked)
+                swept = sweep_unreferenced(
+                    self.context.blob_store,
+                    lineage.prefix + kind,
+                    mark,
+                    self._grace,
+                    clock=self.clock,
+                    spare=beyond_the_head,
+                    confirm=still_unmarked,
+                )
                 deleted += len(swept.deleted)
                 kept += len(swept.kept)
                 if swept.stopped:
                     stopped = True  # a checkpoint written since the mark may name blobs that are old by now
                     break
             if stopped:
-                log.warning("task %s: changelog sweep ran longer than a quarter of the gc grace period since its "
-                            "mark; stopped (the next sweep marks anew)", self.context.task_name,
-                            extra=self._log_extra())
+                log.warning(
+                    "task %s: changelog sweep ran longer than a quarter of the gc grace period since its "
+                    "mark; stopped (the next sweep marks anew)",
+                    self.context.task_name,
+                    extra=self._log_extra(),
+                )
                 self.context.metrics.increment("changelog.sweep.stopped")
                 break
         self.context.metrics.increment("changelog.sweeps")
@@ -104,8 +116,12 @@ class ChangelogGc(ChangelogManagerState):
             self.context.metrics.increment("changelog.sweep.kept", kept)
         if deleted:
             self.context.metrics.increment("changelog.sweep.deleted", deleted)
-            log.debug("task %s: changelog sweep deleted %d unreferenced blobs", self.context.task_name, deleted,
-                      extra=self._log_extra())
+            log.debug(
+                "task %s: changelog sweep deleted %d unreferenced blobs",
+                self.context.task_name,
+                deleted,
+                extra=self._log_extra(),
+            )
         return deleted
 
     def _cleanup(self, markers: StoreMarkers) -> None:
@@ -128,8 +144,10 @@ class ChangelogGc(ChangelogManagerState):
         if trims != self._trims_seen:  # the log lets its old checkpoints go now: their blobs go with them
             self._trims_seen = trims
             self._delete_garbage()
-        heads = [Recipe.decode(marker, prefix=self._lineages[name].prefix, source=f"store {name}").seq
-                 for name, marker in markers.items()]
+        heads = [
+            Recipe.decode(marker, prefix=self._lineages[name].prefix, source=f"store {name}").seq
+            for name, marker in markers.items()
+        ]
         if heads and self.gc_interval_commits and max(heads) % self.gc_interval_commits == 0:
             self.sweep()
 

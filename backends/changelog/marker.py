@@ -36,8 +36,15 @@ from statebackend.errors import CorruptDataError, IncompatibleFormatError, Usage
 from statebackend.recordfile import KIND_DELTA, FileHeader
 from statebackend.store import LocalVersion
 
-__all__ = ["MARKER_FORMAT", "READ_MARKER_FORMATS", "Recipe", "Step", "check_blob_binding", "delta_name",
-           "snapshot_name"]
+__all__ = [
+    "MARKER_FORMAT",
+    "READ_MARKER_FORMATS",
+    "Recipe",
+    "Step",
+    "check_blob_binding",
+    "delta_name",
+    "snapshot_name",
+]
 
 #: the marker format this release writes
 MARKER_FORMAT = 2
@@ -76,8 +83,12 @@ class Step:
         if not isinstance(data, dict):
             raise CorruptDataError(f"changelog marker {source}: a step is not an object")
         try:
-            step = cls(seq=int(data["seq"]), checkpoint_id=str(data["checkpoint_id"]), token=str(data["token"]),
-                       name=None if data.get("name") is None else str(data["name"]))
+            step = cls(
+                seq=int(data["seq"]),
+                checkpoint_id=str(data["checkpoint_id"]),
+                token=str(data["token"]),
+                name=None if data.get("name") is None else str(data["name"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptDataError(f"changelog marker {source}: bad step {data!r}: {exc}") from exc
         return step
@@ -123,28 +134,36 @@ class Recipe:
         if self.snapshot is not None:
             step = self.snapshot
             if step.name != snapshot_name(prefix, step.seq, step.token):
-                raise UsageError(f"changelog recipe: snapshot {step.name!r} at seq {step.seq} is not "
-                                        f"{snapshot_name(prefix, step.seq, step.token)!r}, the name format 2 derives")
+                raise UsageError(
+                    f"changelog recipe: snapshot {step.name!r} at seq {step.seq} is not "
+                    f"{snapshot_name(prefix, step.seq, step.token)!r}, the name format 2 derives"
+                )
             snapshot = [step.seq, step.checkpoint_id, step.token]
         document: dict[str, object] = {"format": MARKER_FORMAT, "snapshot": snapshot}
         deltas: list[list[object]] = []
         if self.deltas:
             first = self.deltas[0].seq
             if self.snapshot is not None and first != self.snapshot.seq + 1:
-                raise UsageError(f"changelog recipe: the first delta has seq {first}, the snapshot "
-                                        f"{self.snapshot.seq}; format 2 needs consecutive seqs")
+                raise UsageError(
+                    f"changelog recipe: the first delta has seq {first}, the snapshot "
+                    f"{self.snapshot.seq}; format 2 needs consecutive seqs"
+                )
             document["seq"] = first
             for index, step in enumerate(self.deltas):
                 if step.seq != first + index:
-                    raise UsageError(f"changelog recipe: delta seq {step.seq} follows "
-                                            f"{first + index - 1}; format 2 needs consecutive seqs")
+                    raise UsageError(
+                        f"changelog recipe: delta seq {step.seq} follows "
+                        f"{first + index - 1}; format 2 needs consecutive seqs"
+                    )
                 if step.name is None:
                     deltas.append([step.checkpoint_id, step.token, _NO_BLOB])
                     continue
                 if step.name != delta_name(prefix, step.seq, step.token):
-                    raise UsageError(f"changelog recipe: delta {step.name!r} at seq {step.seq} is not "
-                                            f"{delta_name(prefix, step.seq, step.token)!r}, the name format 2 "
-                                            "derives")
+                    raise UsageError(
+                        f"changelog recipe: delta {step.name!r} at seq {step.seq} is not "
+                        f"{delta_name(prefix, step.seq, step.token)!r}, the name format 2 "
+                        "derives"
+                    )
                 deltas.append([step.checkpoint_id, step.token])
         document["deltas"] = deltas
         return json.dumps(document, separators=(",", ":"), ensure_ascii=False)
@@ -185,10 +204,15 @@ class Recipe:
             raise CorruptDataError(f"changelog marker {source}: 'deltas' is not a list")
         snapshot: Step | None = None
         if snapshot_data is not None:
-            if not (isinstance(snapshot_data, list) and len(snapshot_data) == 3 and _is_seq(snapshot_data[0])
-                    and _are_strings(snapshot_data[1:])):
-                raise CorruptDataError(f"changelog marker {source}: the snapshot {snapshot_data!r} is not "
-                                       "[seq, checkpoint id, token]")
+            if not (
+                isinstance(snapshot_data, list)
+                and len(snapshot_data) == 3
+                and _is_seq(snapshot_data[0])
+                and _are_strings(snapshot_data[1:])
+            ):
+                raise CorruptDataError(
+                    f"changelog marker {source}: the snapshot {snapshot_data!r} is not [seq, checkpoint id, token]"
+                )
             seq, checkpoint_id, token = snapshot_data
             snapshot = Step(seq, checkpoint_id, token, snapshot_name(prefix, seq, token))
         first = data.get("seq")
@@ -202,10 +226,15 @@ class Recipe:
         assert isinstance(first, int)
         deltas = []
         for index, step in enumerate(deltas_data):
-            if not (isinstance(step, list) and (len(step) == 2 or (len(step) == 3 and _is_no_blob(step[2])))
-                    and _are_strings(step[:2])):
-                raise CorruptDataError(f"changelog marker {source}: delta {index} {step!r} is not [checkpoint id, "
-                                       f"token] or [checkpoint id, token, {_NO_BLOB}] (no blob)")
+            if not (
+                isinstance(step, list)
+                and (len(step) == 2 or (len(step) == 3 and _is_no_blob(step[2])))
+                and _are_strings(step[:2])
+            ):
+                raise CorruptDataError(
+                    f"changelog marker {source}: delta {index} {step!r} is not [checkpoint id, "
+                    f"token] or [checkpoint id, token, {_NO_BLOB}] (no blob)"
+                )
             seq = first + index
             checkpoint_id, token = step[0], step[1]
             deltas.append(Step(seq, checkpoint_id, token, None if len(step) == 3 else delta_name(prefix, seq, token)))
@@ -232,8 +261,16 @@ def check_blob_binding(header: FileHeader, step: Step, *, kind: str, job: str, t
     base_seq = step.seq - 1 if kind == KIND_DELTA else step.seq
     fields = "(kind, job, task, store, seq, base_seq, checkpoint_id, token)"
     expected = (kind, job, task, store, step.seq, base_seq, step.checkpoint_id, step.token)
-    found = (header.kind, header.job, header.task, header.store, header.seq, header.base_seq, header.checkpoint_id,
-             header.token)
+    found = (
+        header.kind,
+        header.job,
+        header.task,
+        header.store,
+        header.seq,
+        header.base_seq,
+        header.checkpoint_id,
+        header.token,
+    )
     if expected != found:
         raise CorruptDataError(
             f"blob {step.name} is intact but is not the {kind} the checkpoint names: expected {fields}={expected}, "

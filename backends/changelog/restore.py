@@ -96,8 +96,12 @@ class ChangelogRestoreManager(TaskRestoreManager):
                     store.replace_contents([], None)
                 else:
                     self._restore_store(pool, name, store, recipe)
-                self.context.metrics.record("restore.store.ms", (time.monotonic() - started) * 1000.0, store=name,
-                                            backend=self.context.factory_name)
+                self.context.metrics.record(
+                    "restore.store.ms",
+                    (time.monotonic() - started) * 1000.0,
+                    store=name,
+                    backend=self.context.factory_name,
+                )
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -116,13 +120,18 @@ class ChangelogRestoreManager(TaskRestoreManager):
                     break
         if start_index == len(steps) - 1:
             metrics.increment("restore.stores.reused")
-            log.info("store %s: local state already is checkpoint version %s", name, local,
-                     extra={"job": self.context.job_name, "task": self.context.task_name, "store": name})
+            log.info(
+                "store %s: local state already is checkpoint version %s",
+                name,
+                local,
+                extra={"job": self.context.job_name, "task": self.context.task_name, "store": name},
+            )
             return
-        to_apply = steps[start_index + 1:] if start_index is not None else list(recipe.deltas)
+        to_apply = steps[start_index + 1 :] if start_index is not None else list(recipe.deltas)
         # prefetch every delta in parallel while the snapshot (if any) loads
         downloads: dict[str, Future[bytes]] = {
-            step.name: pool.submit(self._get, name, step.name, KIND_DELTA) for step in to_apply
+            step.name: pool.submit(self._get, name, step.name, KIND_DELTA)
+            for step in to_apply
             if step.name is not None and step is not recipe.snapshot
         }
         first_delta = recipe.deltas[0] if recipe.deltas else None
@@ -133,12 +142,18 @@ class ChangelogRestoreManager(TaskRestoreManager):
             else:
                 metrics.increment("restore.stores.caught.up")
             steps = [step for step in to_apply if step is not recipe.snapshot]
-            if (steps and start_index is None and recipe.snapshot is None and steps[0] is first_delta
-                    and first_delta.name is not None):
+            if (
+                steps
+                and start_index is None
+                and recipe.snapshot is None
+                and steps[0] is first_delta
+                and first_delta.name is not None
+            ):
                 # the first delta on the empty store: a bulk load in append mode (its deletes are no-ops)
                 self._interrupted.check(name)
-                store.replace_contents(puts_only(self._verified_records(name, first_delta, downloads)),
-                                       first_delta.version)
+                store.replace_contents(
+                    puts_only(self._verified_records(name, first_delta, downloads)), first_delta.version
+                )
                 metrics.increment("restore.deltas.replayed")
                 steps = steps[1:]
             if steps:
@@ -178,8 +193,7 @@ class ChangelogRestoreManager(TaskRestoreManager):
                 _check_lineage(header.lineage, snapshot, name, self.context, kind=KIND_SNAPSHOT)
 
             load_env_base(store, base, snapshot.version, check=check, pool=pool)
-            self.context.metrics.increment("restore.bytes", base.size, store=name,
-                                           backend=self.context.factory_name)
+            self.context.metrics.increment("restore.bytes", base.size, store=name, backend=self.context.factory_name)
             return
         # a snapshot of sorted records (written by earlier releases)
         with tempfile.TemporaryDirectory(dir=Path(store.path), prefix=_DOWNLOAD_PREFIX) as tmp:

@@ -59,8 +59,13 @@ class BackgroundSnapshots(ChangelogUpload):
                 if not self._young_enough(created_at):
                     # a sweep of another attempt may delete it any time now: naming it in a checkpoint is unsafe
                     self.context.metrics.increment("changelog.snapshot.too.old")
-                    log.info("store %s: not adopting finished snapshot %s: older than half the gc grace period "
-                             "(or its age is unknown)", lineage.name, name, extra=self._log_extra(lineage.name))
+                    log.info(
+                        "store %s: not adopting finished snapshot %s: older than half the gc grace period "
+                        "(or its age is unknown)",
+                        lineage.name,
+                        name,
+                        extra=self._log_extra(lineage.name),
+                    )
                     continue
                 lineage.base = snapshot
                 lineage.deltas = [d for d in lineage.deltas if d.seq > step.seq]
@@ -88,8 +93,9 @@ class BackgroundSnapshots(ChangelogUpload):
                 try:
                     size = self.context.blob_store.head(name).size
                 except Exception as exc:  # noqa: BLE001 - only an estimate is lost; restore checks every blob
-                    log.debug("store %s: size of %s unknown: %s", lineage.name, name, exc,
-                              extra=self._log_extra(lineage.name))
+                    log.debug(
+                        "store %s: size of %s unknown: %s", lineage.name, name, exc, extra=self._log_extra(lineage.name)
+                    )
                     return
                 with lineage.lock:
                     lineage.blob_bytes.setdefault(name, size)
@@ -115,12 +121,23 @@ class BackgroundSnapshots(ChangelogUpload):
                 head = blob_store.get(name, start=0, end=header_size(prefix, name=name))
                 tail = blob_store.get(name, start=max(0, size - FOOTER_SIZE), end=size)
                 header = read_frame(head, tail, size, name=name)
-            check_blob_binding(header, snapshot, kind=KIND_SNAPSHOT, job=self.context.job_name,
-                               task=self.context.task_name, store=lineage.name)
+            check_blob_binding(
+                header,
+                snapshot,
+                kind=KIND_SNAPSHOT,
+                job=self.context.job_name,
+                task=self.context.task_name,
+                store=lineage.name,
+            )
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
             self.context.metrics.increment("changelog.snapshot.rejected")
-            log.warning("store %s: not adopting finished snapshot %s: %s", lineage.name, name, exc,
-                        extra=self._log_extra(lineage.name))
+            log.warning(
+                "store %s: not adopting finished snapshot %s: %s",
+                lineage.name,
+                name,
+                exc,
+                extra=self._log_extra(lineage.name),
+            )
             return False
         return read_created_at(info.metadata)
 
@@ -154,12 +171,14 @@ class BackgroundSnapshots(ChangelogUpload):
 
     def _maybe_start_background_snapshot(self, lineage: Lineage, change: ChangeSet) -> None:
         by_ratio = self._ratio_due(lineage)
-        due = (lineage.commits_since_snapshot >= self.snapshot_interval_commits
-               or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes
-               or by_ratio is True
-               # sizes unknown (a task opened for each batch whose look-up has not answered yet): the fixed
-               # interval of the first releases, not the cap, bounds the chain
-               or (by_ratio is None and lineage.commits_since_snapshot >= UNKNOWN_SIZES_INTERVAL_COMMITS))
+        due = (
+            lineage.commits_since_snapshot >= self.snapshot_interval_commits
+            or lineage.bytes_since_snapshot >= self.snapshot_interval_bytes
+            or by_ratio is True
+            # sizes unknown (a task opened for each batch whose look-up has not answered yet): the fixed
+            # interval of the first releases, not the cap, bounds the chain
+            or (by_ratio is None and lineage.commits_since_snapshot >= UNKNOWN_SIZES_INTERVAL_COMMITS)
+        )
         if not due or lineage.background is not None or self._closed or self._cancellation.cancelled:
             return
         view = change.read_view()  # a future: an LMDB read transaction on this version, once it is applied
@@ -197,7 +216,6 @@ class BackgroundSnapshots(ChangelogUpload):
             lineage.uploaded.add(name)
         return Step(step.seq, step.checkpoint_id, step.token, name)
 
-
     def _adopt_background_snapshot(self, lineage: Lineage) -> None:
         background = lineage.background
         if background is None or not background.done():
@@ -207,16 +225,24 @@ class BackgroundSnapshots(ChangelogUpload):
         exc = background.exception()
         if exc is not None:
             self.context.metrics.increment("changelog.snapshot.failures")
-            log.warning("store %s: background snapshot failed (retried later): %s", lineage.name, exc,
-                        extra=self._log_extra(lineage.name))
+            log.warning(
+                "store %s: background snapshot failed (retried later): %s",
+                lineage.name,
+                exc,
+                extra=self._log_extra(lineage.name),
+            )
             return
         snapshot = background.result()
         assert snapshot.name is not None
         if not self._young_enough(lineage.uploaded_at.get(snapshot.name)):
             self.context.metrics.increment("changelog.snapshot.too.old")
-            log.warning("store %s: not adopting background snapshot %s: it was uploaded more than half of "
-                        "changelog.gc.grace.period.ms ago (raise it above twice the longest snapshot upload)",
-                        lineage.name, snapshot.name, extra=self._log_extra(lineage.name))
+            log.warning(
+                "store %s: not adopting background snapshot %s: it was uploaded more than half of "
+                "changelog.gc.grace.period.ms ago (raise it above twice the longest snapshot upload)",
+                lineage.name,
+                snapshot.name,
+                extra=self._log_extra(lineage.name),
+            )
             return
         if lineage.commits_since_snapshot < 0:
             return  # the chain broke after this snapshot started: the pending re-base replaces it (keep the flag)
@@ -229,4 +255,3 @@ class BackgroundSnapshots(ChangelogUpload):
         lineage.commits_since_snapshot = len(lineage.deltas)
         lineage.bytes_since_snapshot = 0
         self.context.metrics.increment("changelog.snapshot.adopted")
-

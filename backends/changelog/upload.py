@@ -95,10 +95,18 @@ class ChangelogUpload(ChangelogManagerState):
                 )
         except BaseException:
             with lineage.lock:
-                missing = [s for s in recipe.deltas if s.name is not None and s.name not in lineage.uploaded
-                           and not (lineage.staging / Path(s.name).name).exists()]
-                if missing or (recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded
-                               and view_future is not None):
+                missing = [
+                    s
+                    for s in recipe.deltas
+                    if s.name is not None
+                    and s.name not in lineage.uploaded
+                    and not (lineage.staging / Path(s.name).name).exists()
+                ]
+                if missing or (
+                    recipe.snapshot is not None
+                    and recipe.snapshot.name not in lineage.uploaded
+                    and view_future is not None
+                ):
                     lineage.commits_since_snapshot = -1  # chain cannot be completed: re-base next commit
             raise
         finally:
@@ -107,8 +115,12 @@ class ChangelogUpload(ChangelogManagerState):
         return marker
 
     def _stage(
-        self, lineage: Lineage, step: Step, kind: str,
-        records: Iterable[tuple[bytes, bytes | None]] | RecordColumns, name: str,
+        self,
+        lineage: Lineage,
+        step: Step,
+        kind: str,
+        records: Iterable[tuple[bytes, bytes | None]] | RecordColumns,
+        name: str,
     ) -> Path:
         """Write the file for ``step`` into the staging dir (aside, then renamed: a staged file is always whole)."""
         header = FileHeader(
@@ -131,20 +143,35 @@ class ChangelogUpload(ChangelogManagerState):
             lineage.fresh.add(name)
         return staged
 
-    def _stage_base(self, lineage: Lineage, step: Step, view: ReadView, name: str,
-                    check: Callable[[], None] | None = None) -> Path:
+    def _stage_base(
+        self, lineage: Lineage, step: Step, view: ReadView, name: str, check: Callable[[], None] | None = None
+    ) -> Path:
         """Write the snapshot of ``step`` (``view`` is at its version) into the staging dir as an environment-file
         base (``statebackend.envbase``: a cold restore streams it into place, no record re-inserted); aside, then
         renamed, like every staged file. ``check`` is called between frames (a background snapshot's
         cancellation)."""
-        header = FileHeader(kind="snapshot", job=self.context.job_name, task=self.context.task_name,
-                            store=lineage.name, checkpoint_id=step.checkpoint_id, token=step.token, seq=step.seq,
-                            base_seq=step.seq)
+        header = FileHeader(
+            kind="snapshot",
+            job=self.context.job_name,
+            task=self.context.task_name,
+            store=lineage.name,
+            checkpoint_id=step.checkpoint_id,
+            token=step.token,
+            seq=step.seq,
+            base_seq=step.seq,
+        )
         staged = lineage.staging / Path(name).name
         partial = staged.with_name(staged.name + ".partial")
         with atomic_write(staged, temp_name=partial.name, fsync=False) as out:
-            write_env_base(view, out, header, scratch=lineage.staging, compression=self.compression,
-                           level=self.compression_level, check=check)
+            write_env_base(
+                view,
+                out,
+                header,
+                scratch=lineage.staging,
+                compression=self.compression,
+                level=self.compression_level,
+                check=check,
+            )
         with lineage.lock:
             lineage.fresh.add(name)
         return staged

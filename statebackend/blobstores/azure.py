@@ -251,7 +251,6 @@ class AzureBlobStore(PartedBlobStore):
     def describe(self) -> str:
         return f"Azure blob store {self.url} (account {self._service.account_name})"
 
-
     # -- the core -----------------------------------------------------------------------------------------------
 
     @sdk_boundary
@@ -321,8 +320,11 @@ class AzureBlobStore(PartedBlobStore):
         and a rewritten one changed (kept)."""
         etags = {self._root() + check_blob_name(name): etag for name, etag in versions.items()}
         root = len(self._root())
-        return frozenset(name for name in (path[root:] for path in self._delete_batches("delete_if_unchanged", etags))
-                         if self._present(name))
+        return frozenset(
+            name
+            for name in (path[root:] for path in self._delete_batches("delete_if_unchanged", etags))
+            if self._present(name)
+        )
 
     def _present(self, name: str) -> bool:
         try:
@@ -365,7 +367,8 @@ class AzureBlobStore(PartedBlobStore):
         root = len(self._root())
         what = f"{batch[0][root:]!r} and {len(batch) - 1} more" if len(batch) > 1 else repr(batch[0][root:])
         deletes: builtins.list[Any] = [
-            path if etags[path] is None
+            path
+            if etags[path] is None
             else {"name": path, "etag": etags[path], "match_condition": MatchConditions.IfNotModified}
             for path in batch
         ]
@@ -393,20 +396,31 @@ class AzureBlobStore(PartedBlobStore):
         if not failed:
             return [], None, changed
         shown = ", ".join(repr(path[root:]) for path in failed[:3]) + (" ..." if len(failed) > 3 else "")
-        message = (f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
-                   f"{', '.join(sorted(codes))}")
+        message = (
+            f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
+            f"{', '.join(sorted(codes))}"
+        )
         if transient:
             return failed, TransientStorageError(message + "; worth a retry"), changed
         if any(code.endswith("ContainerNotFound") for code in codes):
-            return failed, StorageError(
-                f"container {self.container!r} does not exist in {self.describe()}: create it or set "
-                "blob.store.create.if.missing=true"
-            ), changed
+            return (
+                failed,
+                StorageError(
+                    f"container {self.container!r} does not exist in {self.describe()}: create it or set "
+                    "blob.store.create.if.missing=true"
+                ),
+                changed,
+            )
         if any(code.startswith("403") for code in codes):
-            return failed, StorageError(
-                message + ": check the account key / SAS (its delete permission) in blob.store.connection.string or "
-                "blob.store.credential (or AZURE_STORAGE_CONNECTION_STRING)"
-            ), changed
+            return (
+                failed,
+                StorageError(
+                    message
+                    + ": check the account key / SAS (its delete permission) in blob.store.connection.string or "
+                    "blob.store.credential (or AZURE_STORAGE_CONNECTION_STRING)"
+                ),
+                changed,
+            )
         return failed, StorageError(message), changed
 
     def list(self, prefix: str = "") -> Iterator[str]:
@@ -491,8 +505,9 @@ class AzureBlobStore(PartedBlobStore):
         run_all(
             part_pool(self.max_concurrency),
             [
-                functools.partial(self._request, "stage_block", functools.partial(stage, i), True,
-                                  sent=ranges[i][1] - ranges[i][0])
+                functools.partial(
+                    self._request, "stage_block", functools.partial(stage, i), True, sent=ranges[i][1] - ranges[i][0]
+                )
                 for i in range(len(ranges))
             ],
         )

@@ -432,13 +432,19 @@ def _locate(scheme: str) -> tuple[str, str | None, str]:
 def _known_list() -> str:
     """The known schemes, for an error; says how to get statebackend's own back when its metadata lacks them."""
     known = ", ".join(f"{scheme}://" for scheme in known_blob_store_schemes()) or "none"
-    own = [d for declared in entry_points(ENTRY_POINT_GROUP).values() for d in declared
-           if d.distribution == _OWN_DISTRIBUTION]
+    own = [
+        d
+        for declared in entry_points(ENTRY_POINT_GROUP).values()
+        for d in declared
+        if d.distribution == _OWN_DISTRIBUTION
+    ]
     if own:
         return f"known: {known}"
-    return (f"known: {known}. statebackend's own schemes (file://, memory://, az://, s3://) are declared as entry "
-            f"points in group {ENTRY_POINT_GROUP!r} of its installed metadata, and none was found: reinstall it "
-            "(pip install --force-reinstall statebackend, or pip install -e . in a checkout)")
+    return (
+        f"known: {known}. statebackend's own schemes (file://, memory://, az://, s3://) are declared as entry "
+        f"points in group {ENTRY_POINT_GROUP!r} of its installed metadata, and none was found: reinstall it "
+        "(pip install --force-reinstall statebackend, or pip install -e . in a checkout)"
+    )
 
 
 def copy_stream(source: BinaryIO, target: BinaryIO) -> int:

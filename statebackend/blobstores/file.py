@@ -577,15 +577,23 @@ class FileBlobStore(BlobStore):
                     info = os.stat(os.path.join(dirpath, filename))
                 except FileNotFoundError:
                     continue  # finished or removed meanwhile
-                found.append(AbandonedUpload(kind="temp file", name=name, age_s=max(0.0, now - info.st_mtime),
-                                             size=info.st_size, handle=os.path.join(dirpath, filename)))
+                found.append(
+                    AbandonedUpload(
+                        kind="temp file",
+                        name=name,
+                        age_s=max(0.0, now - info.st_mtime),
+                        size=info.st_size,
+                        handle=os.path.join(dirpath, filename),
+                    )
+                )
         return found
 
     def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
         root = self._ready_root()
         path = os.path.realpath(upload.handle)
-        if (os.path.commonpath([path, os.path.realpath(root)]) != os.path.realpath(root)
-                or not os.path.basename(path).startswith(_TEMP_PREFIX)):
+        if os.path.commonpath([path, os.path.realpath(root)]) != os.path.realpath(root) or not os.path.basename(
+            path
+        ).startswith(_TEMP_PREFIX):
             raise StorageError(f"{upload.handle!r} is not a temp file of {self.describe()}; not removed")
         try:
             os.unlink(path)
@@ -677,4 +685,3 @@ def _is_reserved(name: str) -> bool:
 
 def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return check_metadata(metadata)
-

@@ -37,9 +37,7 @@ def part_ranges(size: int, part_size: int) -> list[tuple[int, int]]:
     return [(start, min(size, start + part_size)) for start in range(0, size, part_size)]
 
 
-def ordered_parallel(
-    pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]], window: int
-) -> Iterator[T]:
+def ordered_parallel(pool: concurrent.futures.Executor, tasks: Iterable[Callable[[], T]], window: int) -> Iterator[T]:
     """Run ``tasks`` on ``pool`` with at most ``window`` in flight; yield results in task order (bounded memory)."""
     pending: list[concurrent.futures.Future[T]] = []
     iterator = iter(tasks)

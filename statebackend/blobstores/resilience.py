@@ -117,9 +117,7 @@ class ResilienceSettings:
     ``hedge.max``, ``max.concurrency``), in seconds; the defaults are those of :data:`RESILIENCE_OPTIONS`."""
 
     max_attempts: int = attrs.field(default=_default("retry.max.attempts"), validator=attrs.validators.ge(1))
-    base_delay_s: float = attrs.field(
-        default=_default("retry.base.delay.ms") / 1000, validator=attrs.validators.ge(0)
-    )
+    base_delay_s: float = attrs.field(default=_default("retry.base.delay.ms") / 1000, validator=attrs.validators.ge(0))
     max_delay_s: float = attrs.field(default=_default("retry.max.delay.ms") / 1000, validator=attrs.validators.ge(0))
     request_timeout_s: float = attrs.field(
         default=_default("request.timeout.ms") / 1000, validator=attrs.validators.gt(0)
@@ -489,8 +487,7 @@ class ResilientBlobStore(BlobStore):
             return frozenset()
         if self._inner_handles_parts:
             return self.inner.delete_if_unchanged(versions)
-        return self.resilience.call("delete_if_unchanged", lambda: self.inner.delete_if_unchanged(versions),
-                                    hedge=True)
+        return self.resilience.call("delete_if_unchanged", lambda: self.inner.delete_if_unchanged(versions), hedge=True)
 
     def list(self, prefix: str = "") -> Iterator[str]:
         yield from self.resilience.call("list", lambda: list(self.inner.list(prefix)), hedge=True)

@@ -187,9 +187,7 @@ class S3BlobStore(PartedBlobStore):
             response_checksum_validation="when_required",
         )
         try:
-            session = boto3.session.Session(
-                profile_name=options.get("profile"), region_name=options.get("region")
-            )
+            session = boto3.session.Session(profile_name=options.get("profile"), region_name=options.get("region"))
             client = session.client("s3", endpoint_url=endpoint, config=config)
         except boto_errors.ProfileNotFound as exc:
             raise ConfigError(f"blob.store.profile: AWS profile {exc.kwargs.get('profile')!r} not found") from exc
@@ -215,7 +213,6 @@ class S3BlobStore(PartedBlobStore):
 
     def describe(self) -> str:
         return f"S3 blob store {self.url} (endpoint {self._client.meta.endpoint_url})"
-
 
     # -- the core -----------------------------------------------------------------------------------------------
 
@@ -319,8 +316,11 @@ class S3BlobStore(PartedBlobStore):
             except boto_errors.ClientError as exc:
                 if not _refuses_batch_delete(exc):
                     raise
-                _log.warning("%s refuses DeleteObjects (%s): it deletes one name a request from now on",
-                             self.describe(), _code(exc) or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+                _log.warning(
+                    "%s refuses DeleteObjects (%s): it deletes one name a request from now on",
+                    self.describe(),
+                    _code(exc) or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode"),
+                )
                 self._batch_delete_refused = True
                 return batch, None
         deleted = {str(item.get("Key")) for item in reply.get("Deleted") or []}
@@ -330,15 +330,20 @@ class S3BlobStore(PartedBlobStore):
         errors = {key: item for key, item in errors.items() if key not in deleted}
         unanswered = [key for key in batch if key not in deleted and key not in errors]
         if unanswered:
-            raise self._malformed(keys[unanswered[0]], "DeleteObjects",
-                                  f"a result for each of its {len(batch)} keys ({len(unanswered)} missing)")
+            raise self._malformed(
+                keys[unanswered[0]],
+                "DeleteObjects",
+                f"a result for each of its {len(batch)} keys ({len(unanswered)} missing)",
+            )
         failed = [key for key in batch if key in errors]
         if not failed:
             return [], None
         codes = {str(errors[key].get("Code", "")) for key in failed}
         shown = ", ".join(repr(keys[key]) for key in failed[:3]) + (" ..." if len(failed) > 3 else "")
-        message = (f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
-                   f"{', '.join(sorted(codes))}")
+        message = (
+            f"{self.describe()} did not delete {len(failed)} of {len(batch)} blobs ({shown}): "
+            f"{', '.join(sorted(codes))}"
+        )
         if codes <= _TRANSIENT_CODES:
             return failed, TransientStorageError(message + "; worth a retry")
         if codes & _AUTH_CODES:
@@ -415,8 +420,11 @@ class S3BlobStore(PartedBlobStore):
                 if not isinstance(key, str) or not key.startswith(root) or not upload_id:
                     continue
                 age = (now - initiated).total_seconds() if isinstance(initiated, datetime.datetime) else None
-                found.append(AbandonedUpload(kind="multipart upload", name=key[len(root):], age_s=age, size=None,
-                                             handle=str(upload_id)))
+                found.append(
+                    AbandonedUpload(
+                        kind="multipart upload", name=key[len(root) :], age_s=age, size=None, handle=str(upload_id)
+                    )
+                )
             if not page.get("IsTruncated"):
                 return found
             kwargs["KeyMarker"] = page.get("NextKeyMarker")
@@ -426,8 +434,9 @@ class S3BlobStore(PartedBlobStore):
     def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
         with self._errors(upload.name):
             try:
-                self._client.abort_multipart_upload(Bucket=self.bucket, Key=self._key(upload.name),
-                                                    UploadId=upload.handle)
+                self._client.abort_multipart_upload(
+                    Bucket=self.bucket, Key=self._key(upload.name), UploadId=upload.handle
+                )
             except boto_errors.ClientError as exc:
                 if _code(exc) != "NoSuchUpload":  # aborted or completed meanwhile: nothing left to remove
                     raise
@@ -479,8 +488,13 @@ class S3BlobStore(PartedBlobStore):
             uploaded = run_all(
                 part_pool(self.max_concurrency),
                 [
-                    functools.partial(self._request, "upload_part", functools.partial(upload, i), True,
-                                      sent=ranges[i][1] - ranges[i][0])
+                    functools.partial(
+                        self._request,
+                        "upload_part",
+                        functools.partial(upload, i),
+                        True,
+                        sent=ranges[i][1] - ranges[i][0],
+                    )
                     for i in range(len(ranges))
                 ],
             )
@@ -598,9 +612,7 @@ class S3BlobStore(PartedBlobStore):
         try:
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
         except Exception as exc:  # noqa: BLE001 - the upload's own error matters; a leftover upload only costs storage
-            _log.warning(
-                "could not abort the multipart upload of %r in %s: %s", name, self.describe(), self._safe(exc)
-            )
+            _log.warning("could not abort the multipart upload of %r in %s: %s", name, self.describe(), self._safe(exc))
 
     def _missing_bucket_message(self) -> str:
         return (

@@ -81,18 +81,32 @@ def _common_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """Options every command takes, before or after the command name. Given after it, they must not reset what
     was given before: the subcommand's copies default to SUPPRESS (and -D collects into its own list)."""
     keep: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
-    parser.add_argument("-D", dest="overrides" if top else "overrides_after", action="append",
-                        default=[] if top else argparse.SUPPRESS, metavar="KEY=VALUE", help="override a config key")
+    parser.add_argument(
+        "-D",
+        dest="overrides" if top else "overrides_after",
+        action="append",
+        default=[] if top else argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help="override a config key",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table", **keep)
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars (there are none when stderr "
-                        "is not a terminal)", **keep)
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bars (there are none when stderr is not a terminal)",
+        **keep,
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO to stderr", **keep)
 
 
 def build_parser() -> argparse.ArgumentParser:
     # the raw formatter keeps the epilog's lines: one exit code per line (the default one reflows them into one)
-    parser = argparse.ArgumentParser(prog="statebackend", description=__doc__.split("\n\n")[0],
-                                     epilog=exit_codes_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="statebackend",
+        description=__doc__.split("\n\n")[0],
+        epilog=exit_codes_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"statebackend {_version()}")
     _common_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -112,27 +126,49 @@ def build_parser() -> argparse.ArgumentParser:
     command("stores", "list a task's stores and their backends", ("task", "the task name, e.g. task-0"))
     command("checkpoints", "list a task's durable checkpoints, newest last", ("task", "the task name"))
     checkpoint_help = "the checkpoint: its seq (#, as `checkpoints` shows), its id, or 'latest' (default)"
-    inspect = command("inspect", "show one checkpoint: offsets, serdes, each backend's marker described",
-                      ("task", "the task name"))
-    verify = command("verify", "download and check every blob a checkpoint needs, without applying it",
-                     ("task", "the task name"))
+    inspect = command(
+        "inspect", "show one checkpoint: offsets, serdes, each backend's marker described", ("task", "the task name")
+    )
+    verify = command(
+        "verify", "download and check every blob a checkpoint needs, without applying it", ("task", "the task name")
+    )
     verify.add_argument("--store", action="append", help="check only this store (repeatable)")
-    restore = command("restore", "restore a task's stores into a local directory (pre-warm a machine)",
-                      ("task", "the task name"), ("directory", "the state.local.dir to restore into"))
-    dump = command("dump", "print a store's state at a checkpoint as JSON lines (read-only)",
-                   ("task", "the task name"), ("store", "the store name"))
+    restore = command(
+        "restore",
+        "restore a task's stores into a local directory (pre-warm a machine)",
+        ("task", "the task name"),
+        ("directory", "the state.local.dir to restore into"),
+    )
+    dump = command(
+        "dump",
+        "print a store's state at a checkpoint as JSON lines (read-only)",
+        ("task", "the task name"),
+        ("store", "the store name"),
+    )
     dump.add_argument("--raw", action="store_true", help="keys and values as base64 of their bytes, not decoded")
     for p in (inspect, verify, restore, dump):
         p.add_argument("-c", "--checkpoint", default="latest", help=checkpoint_help)
     gc = command("gc", "find the job's garbage on the blob store; a dry run unless --apply")
     gc.add_argument("--apply", action="store_true", help="delete what the report lists (default: report only)")
-    gc.add_argument("--drop-task", action="append", metavar="TASK", help="collect this task whole, checkpoints "
-                    "included (a job that now runs fewer tasks; stop it first); repeatable")
-    gc.add_argument("--grace", default="24h", help="leave alone what is younger than this (default 24h), e.g. 6h, "
-                    "90min; below the backends' gc.grace.period.ms (or 0) a running job's next commit may lose "
-                    "blobs: warned about, and --apply refuses it without --force")
-    gc.add_argument("--force", action="store_true", help="with --apply: delete even with an unsafe --grace (every "
-                    "writer of the job is stopped)")
+    gc.add_argument(
+        "--drop-task",
+        action="append",
+        metavar="TASK",
+        help="collect this task whole, checkpoints "
+        "included (a job that now runs fewer tasks; stop it first); repeatable",
+    )
+    gc.add_argument(
+        "--grace",
+        default="24h",
+        help="leave alone what is younger than this (default 24h), e.g. 6h, "
+        "90min; below the backends' gc.grace.period.ms (or 0) a running job's next commit may lose "
+        "blobs: warned about, and --apply refuses it without --force",
+    )
+    gc.add_argument(
+        "--force",
+        action="store_true",
+        help="with --apply: delete even with an unsafe --grace (every writer of the job is stopped)",
+    )
     return parser
 
 
@@ -220,4 +256,3 @@ def _error(message: str) -> None:
         print(redact(message), file=sys.stderr)
     except (BrokenPipeError, ValueError):
         pass
-

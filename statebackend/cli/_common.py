@@ -91,8 +91,9 @@ class Run:
         yield from tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False, unit="")
 
     def log(self, task: str) -> CheckpointLog:
-        settings = self.settings if self.job == self.settings.job_name else attrs.evolve(self.settings,
-                                                                                          job_name=self.job)
+        settings = (
+            self.settings if self.job == self.settings.job_name else attrs.evolve(self.settings, job_name=self.job)
+        )
         return task_checkpoint_log(settings, self.blob_store, task)
 
     def admin(self, task: str, factory_name: str) -> StateBackendAdmin | None:
@@ -103,8 +104,14 @@ class Run:
         except ConfigError:
             return None
         context = BackendContext(
-            factory_name=factory_name, job_name=self.job, task_name=task, stores={}, blob_store=self.blob_store,
-            checkpoint_log=self.log(task), executor=NoExecutor(), metrics=Metrics(),
+            factory_name=factory_name,
+            job_name=self.job,
+            task_name=task,
+            stores={},
+            blob_store=self.blob_store,
+            checkpoint_log=self.log(task),
+            executor=NoExecutor(),
+            metrics=Metrics(),
             options=self.settings.backend_options_for(factory_name),
         )
         return factory.admin(context)
@@ -126,18 +133,23 @@ class Run:
         if _CHECKPOINT_ID.match(choice):
             entry = log.find(lambda e: str(getattr(e.checkpoint, "checkpoint_id", "")) == choice)
             if entry is None:
-                raise NotFoundError(f"task {task} of job {self.job} has no checkpoint with id {choice} under "
-                                    f"{log.prefix} in {self.blob_store.describe()} (`statebackend checkpoints` "
-                                    f"lists them)")
+                raise NotFoundError(
+                    f"task {task} of job {self.job} has no checkpoint with id {choice} under "
+                    f"{log.prefix} in {self.blob_store.describe()} (`statebackend checkpoints` "
+                    f"lists them)"
+                )
             return entry
-        raise UsageError(f"--checkpoint {choice!r}: give a seq (e.g. 12), a checkpoint id (e.g. "
-                         f"1700000000000-123456) or 'latest'")
+        raise UsageError(
+            f"--checkpoint {choice!r}: give a seq (e.g. 12), a checkpoint id (e.g. 1700000000000-123456) or 'latest'"
+        )
 
     def no_checkpoints(self, task: str) -> str:
         tasks = sorted(self.tasks_with_checkpoints())
         shown = ", ".join(tasks[:10]) + (f" ... ({len(tasks)} in all)" if len(tasks) > 10 else "")
-        return (f"task {task!r} of job {self.job!r} has no checkpoint under {self.job}/{task}/checkpoints/ in "
-                f"{self.blob_store.describe()}; tasks of this job with checkpoints: {shown or 'none'}")
+        return (
+            f"task {task!r} of job {self.job!r} has no checkpoint under {self.job}/{task}/checkpoints/ in "
+            f"{self.blob_store.describe()}; tasks of this job with checkpoints: {shown or 'none'}"
+        )
 
     def tasks_with_checkpoints(self) -> set[str]:
         return {m.group(2) for m in map(CHECKPOINT_NAME.match, self.blob_store.list(f"{self.job}/")) if m}

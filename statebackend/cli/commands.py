@@ -61,8 +61,10 @@ def jobs(run: Run) -> int:
         if match:
             row["tasks"].add(match.group(2))
             row["checkpoints"] += 1
-    rows = [dict(row, tasks=len(row["tasks"]), configured=job == run.settings.job_name)
-            for job, row in sorted(found.items())]
+    rows = [
+        dict(row, tasks=len(row["tasks"]), configured=job == run.settings.job_name)
+        for job, row in sorted(found.items())
+    ]
     table(run, rows, [("job", "JOB"), ("tasks", "TASKS"), ("checkpoints", "CHECKPOINTS"), ("blobs", "BLOBS")])
     return EXIT_OK
 
@@ -80,24 +82,42 @@ def tasks(run: Run) -> int:
         elif len(parts) >= 4:
             row["stores"].add(parts[2])
     if not found:
-        raise NotFoundError(f"job {run.job!r} has no blobs in {run.blob_store.describe()} (`statebackend jobs` "
-                            f"lists the jobs there)")
+        raise NotFoundError(
+            f"job {run.job!r} has no blobs in {run.blob_store.describe()} (`statebackend jobs` lists the jobs there)"
+        )
     rows = []
     for task, row in run.progress(sorted(found.items()), total=len(found), desc="tasks"):
         entry = run.log(task).latest() if row["checkpoints"] else None
-        rows.append({
-            "task": task, "checkpoints": row["checkpoints"], "newest_seq": entry.seq if entry else None,
-            "newest_time": checkpoint_time(entry.checkpoint.checkpoint_id.millis)
-            if entry and isinstance(entry.checkpoint, CheckpointV2) else None,
-            "stores": sorted(row["stores"]), "blobs": row["blobs"],
-        })
+        rows.append(
+            {
+                "task": task,
+                "checkpoints": row["checkpoints"],
+                "newest_seq": entry.seq if entry else None,
+                "newest_time": checkpoint_time(entry.checkpoint.checkpoint_id.millis)
+                if entry and isinstance(entry.checkpoint, CheckpointV2)
+                else None,
+                "stores": sorted(row["stores"]),
+                "blobs": row["blobs"],
+            }
+        )
     if run.json:
         run.print_json(rows)
         return EXIT_OK
-    table(run, [dict(r, stores=",".join(r["stores"]) or "-", newest_seq=f"#{r['newest_seq']}" if r["newest_seq"]
-                     else "-") for r in rows],
-          [("task", "TASK"), ("checkpoints", "CHECKPOINTS"), ("newest_seq", "NEWEST"), ("newest_time", "TIME (UTC)"),
-           ("stores", "STORES"), ("blobs", "BLOBS")])
+    table(
+        run,
+        [
+            dict(r, stores=",".join(r["stores"]) or "-", newest_seq=f"#{r['newest_seq']}" if r["newest_seq"] else "-")
+            for r in rows
+        ],
+        [
+            ("task", "TASK"),
+            ("checkpoints", "CHECKPOINTS"),
+            ("newest_seq", "NEWEST"),
+            ("newest_time", "TIME (UTC)"),
+            ("stores", "STORES"),
+            ("blobs", "BLOBS"),
+        ],
+    )
     return EXIT_OK
 
 
@@ -110,7 +130,7 @@ def stores(run: Run) -> int:
         if CHECKPOINT_NAME.match(name):
             checkpoints += 1
             continue
-        parts = name[len(prefix):].split("/")
+        parts = name[len(prefix) :].split("/")
         if len(parts) >= 3:
             counts = on_store.setdefault(parts[0], {})
             counts[parts[1]] = counts.get(parts[1], 0) + 1
@@ -125,17 +145,37 @@ def stores(run: Run) -> int:
     rows: list[dict[str, Any]] = []
     for store in sorted(set(on_store) | set(markers) | set(run.settings.stores)):
         counts = on_store.get(store, {})
-        rows.append({"store": store, "configured": store in run.settings.stores,
-                     "in_newest_checkpoint": sorted(markers.get(store, [])),
-                     "backends_on_blob_store": sorted(counts), "blobs": sum(counts.values())})
+        rows.append(
+            {
+                "store": store,
+                "configured": store in run.settings.stores,
+                "in_newest_checkpoint": sorted(markers.get(store, [])),
+                "backends_on_blob_store": sorted(counts),
+                "blobs": sum(counts.values()),
+            }
+        )
     if run.json:
         run.print_json(rows)
         return EXIT_OK
-    table(run, [dict(r, configured="yes" if r["configured"] else "no",
-                     in_newest_checkpoint=",".join(r["in_newest_checkpoint"]) or "-",
-                     backends_on_blob_store=",".join(r["backends_on_blob_store"]) or "-") for r in rows],
-          [("store", "STORE"), ("configured", "CONFIGURED"), ("in_newest_checkpoint", "NEWEST CHECKPOINT"),
-           ("backends_on_blob_store", "BLOBS OF"), ("blobs", "BLOBS")])
+    table(
+        run,
+        [
+            dict(
+                r,
+                configured="yes" if r["configured"] else "no",
+                in_newest_checkpoint=",".join(r["in_newest_checkpoint"]) or "-",
+                backends_on_blob_store=",".join(r["backends_on_blob_store"]) or "-",
+            )
+            for r in rows
+        ],
+        [
+            ("store", "STORE"),
+            ("configured", "CONFIGURED"),
+            ("in_newest_checkpoint", "NEWEST CHECKPOINT"),
+            ("backends_on_blob_store", "BLOBS OF"),
+            ("blobs", "BLOBS"),
+        ],
+    )
     return EXIT_OK
 
 
@@ -152,11 +192,27 @@ def checkpoints(run: Run) -> int:
     if run.json:
         run.print_json(rows)
         return EXIT_OK
-    table(run, [dict(r, seq=f"#{r['seq']}", size=human_bytes(r["bytes"]),
-                     backends=",".join(r["backends"]) or "-",
-                     offsets=",".join(f"{k}={v}" for k, v in r["input_offsets"].items())) for r in rows],
-          [("seq", "SEQ"), ("checkpoint_id", "CHECKPOINT ID"), ("time", "TIME (UTC)"), ("size", "SIZE"),
-           ("backends", "BACKENDS"), ("offsets", "INPUT OFFSETS")])
+    table(
+        run,
+        [
+            dict(
+                r,
+                seq=f"#{r['seq']}",
+                size=human_bytes(r["bytes"]),
+                backends=",".join(r["backends"]) or "-",
+                offsets=",".join(f"{k}={v}" for k, v in r["input_offsets"].items()),
+            )
+            for r in rows
+        ],
+        [
+            ("seq", "SEQ"),
+            ("checkpoint_id", "CHECKPOINT ID"),
+            ("time", "TIME (UTC)"),
+            ("size", "SIZE"),
+            ("backends", "BACKENDS"),
+            ("offsets", "INPUT OFFSETS"),
+        ],
+    )
     return EXIT_OK
 
 
@@ -166,8 +222,15 @@ def _checkpoint_row(run: Run, task: str, entry: LogEntry, sizes: dict[str, int |
     cp = entry.checkpoint
     offsets = dict(sorted(cp.input_offsets.items()))
     if not isinstance(cp, CheckpointV2):
-        return {"seq": entry.seq, "version": 1, "checkpoint_id": None, "time": None, "bytes": None,
-                "backends": [], "input_offsets": offsets}
+        return {
+            "seq": entry.seq,
+            "version": 1,
+            "checkpoint_id": None,
+            "time": None,
+            "bytes": None,
+            "backends": [],
+            "input_offsets": offsets,
+        }
     blobs: set[str] | None = set()
     for factory, by_store in sorted(cp.state_checkpoint_markers.items()):
         admin = run.admin(task, factory)
@@ -193,18 +256,29 @@ def _checkpoint_row(run: Run, task: str, entry: LogEntry, sizes: dict[str, int |
                     sizes[name] = None
             size = sizes[name]
             total += size or 0
-    return {"seq": entry.seq, "version": 2, "checkpoint_id": str(cp.checkpoint_id),
-            "time": checkpoint_time(cp.checkpoint_id.millis), "bytes": total,
-            "backends": sorted(cp.state_checkpoint_markers), "input_offsets": offsets}
+    return {
+        "seq": entry.seq,
+        "version": 2,
+        "checkpoint_id": str(cp.checkpoint_id),
+        "time": checkpoint_time(cp.checkpoint_id.millis),
+        "bytes": total,
+        "backends": sorted(cp.state_checkpoint_markers),
+        "input_offsets": offsets,
+    }
 
 
 def inspect(run: Run) -> int:
     task = run.args.task
     entry = run.choose(task, run.args.checkpoint)
     cp = entry.checkpoint
-    out: dict[str, Any] = {"job": run.job, "task": task, "seq": entry.seq, "version": cp.version,
-                           "blob": run.log(task).blob_name(entry.seq, cp.version),
-                           "input_offsets": dict(sorted(cp.input_offsets.items()))}
+    out: dict[str, Any] = {
+        "job": run.job,
+        "task": task,
+        "seq": entry.seq,
+        "version": cp.version,
+        "blob": run.log(task).blob_name(entry.seq, cp.version),
+        "input_offsets": dict(sorted(cp.input_offsets.items())),
+    }
     if isinstance(cp, CheckpointV2):
         out["checkpoint_id"] = str(cp.checkpoint_id)
         out["time"] = checkpoint_time(cp.checkpoint_id.millis)
@@ -258,8 +332,9 @@ def _describe_lines(item: dict[str, Any]) -> list[str]:
         if isinstance(value, list):
             for part in value:
                 if isinstance(part, dict):
-                    lines.append("- " + "  ".join(f"{k}={human_bytes(v) if k == 'bytes' else v}"
-                                                  for k, v in part.items()))
+                    lines.append(
+                        "- " + "  ".join(f"{k}={human_bytes(v) if k == 'bytes' else v}" for k, v in part.items())
+                    )
                 else:
                     lines.append(f"- {key}: {part}")
         elif isinstance(value, dict):
@@ -273,8 +348,16 @@ def verify(run: Run) -> int:
         entry = run.choose(task, run.args.checkpoint)  # reading it checks its own checksum and binding
     except (CorruptDataError, IncompatibleFormatError) as exc:
         if run.json:
-            run.print_json({"job": run.job, "task": task, "checkpoint": run.args.checkpoint, "result": "failed",
-                            "problems": [str(exc)], "markers": []})
+            run.print_json(
+                {
+                    "job": run.job,
+                    "task": task,
+                    "checkpoint": run.args.checkpoint,
+                    "result": "failed",
+                    "problems": [str(exc)],
+                    "markers": [],
+                }
+            )
         else:
             run.print(f"FAILED      checkpoint {run.args.checkpoint} of task {task}")
             run.print(f"            {exc}")
@@ -283,28 +366,42 @@ def verify(run: Run) -> int:
     wanted = set(run.args.store or [])
     results: list[dict[str, Any]] = []
     if isinstance(cp, CheckpointV2):
-        pairs = [(factory, store, marker) for factory, by_store in sorted(cp.state_checkpoint_markers.items())
-                 for store, marker in sorted(by_store.items()) if not wanted or store in wanted]
+        pairs = [
+            (factory, store, marker)
+            for factory, by_store in sorted(cp.state_checkpoint_markers.items())
+            for store, marker in sorted(by_store.items())
+            if not wanted or store in wanted
+        ]
         found_stores = {store for _, store, _ in pairs}
         missing = sorted(wanted - found_stores)
         if missing:
-            raise NotFoundError(f"checkpoint #{entry.seq} of task {task} has no marker for store(s) "
-                                f"{', '.join(missing)}")
+            raise NotFoundError(
+                f"checkpoint #{entry.seq} of task {task} has no marker for store(s) {', '.join(missing)}"
+            )
         for factory, store, marker in run.progress(pairs, total=len(pairs), desc="verify"):
             admin = run.admin(task, factory)
             problems = admin.verify_marker(store, marker) if admin is not None else None
             if problems is None:
                 status = "unverified"
-                problems = [f"the {factory} backend is not installed here" if admin is None
-                            else f"the {factory} backend does not verify its markers"]
+                problems = [
+                    f"the {factory} backend is not installed here"
+                    if admin is None
+                    else f"the {factory} backend does not verify its markers"
+                ]
             else:
                 status = "failed" if problems else "ok"
             results.append({"backend": factory, "store": store, "status": status, "problems": problems})
     failed = [r for r in results if r["status"] == "failed"]
     unverified = [r for r in results if r["status"] == "unverified"]
     code = EXIT_VERIFY_FAILED if failed else EXIT_UNVERIFIED if unverified else EXIT_OK
-    summary = {"job": run.job, "task": task, "seq": entry.seq, "checkpoint_id": str(getattr(cp, "checkpoint_id", ""))
-               or None, "result": "failed" if failed else "unverified" if unverified else "ok", "markers": results}
+    summary = {
+        "job": run.job,
+        "task": task,
+        "seq": entry.seq,
+        "checkpoint_id": str(getattr(cp, "checkpoint_id", "")) or None,
+        "result": "failed" if failed else "unverified" if unverified else "ok",
+        "markers": results,
+    }
     if run.json:
         run.print_json(summary)
         return code
@@ -315,8 +412,9 @@ def verify(run: Run) -> int:
     if failed:
         verdict = f"FAILED: {len(failed)} of {len(results)} markers have problems"
     elif unverified:
-        verdict = (f"NOT VERIFIED: {len(unverified)} of {len(results)} markers could not be checked "
-                   f"(the others are sound)")
+        verdict = (
+            f"NOT VERIFIED: {len(unverified)} of {len(results)} markers could not be checked (the others are sound)"
+        )
     else:
         verdict = f"OK: {len(results)} markers, every blob present and sound"
     run.print(f"checkpoint #{entry.seq} of task {task}: {verdict}")
@@ -333,21 +431,28 @@ def restore(run: Run) -> int:
     names = list(run.settings.stores)
     # one store at a time, so the progress bar moves; each restores exactly as opening the task would
     for name in run.progress(names, total=len(names), desc="restore"):
-        with restored_stores(config, task, store_names=[name], blob_store=run.blob_store,
-                             checkpoint=_seq_is(entry.seq), metrics=metrics) as restored:
+        with restored_stores(
+            config, task, store_names=[name], blob_store=run.blob_store, checkpoint=_seq_is(entry.seq), metrics=metrics
+        ) as restored:
             stores[name] = {"restored_by": restored.restored_by[name], "keys": restored.stores[name].count()}
     cp = entry.checkpoint
     result = {
-        "job": run.job, "task": task, "seq": entry.seq, "directory": run.args.directory,
+        "job": run.job,
+        "task": task,
+        "seq": entry.seq,
+        "directory": run.args.directory,
         "checkpoint_id": str(cp.checkpoint_id) if isinstance(cp, CheckpointV2) else None,
-        "stores": stores, "bytes_downloaded": int(metrics.counter("restore.bytes")),
+        "stores": stores,
+        "bytes_downloaded": int(metrics.counter("restore.bytes")),
         "ms": round((time.monotonic() - started) * 1000.0),
     }
     if run.json:
         run.print_json(result)
         return EXIT_OK
-    run.print(f"restored checkpoint #{entry.seq} ({result['checkpoint_id']}) of task {task} into "
-              f"{run.args.directory} in {result['ms']} ms, {human_bytes(result['bytes_downloaded'])} downloaded")
+    run.print(
+        f"restored checkpoint #{entry.seq} ({result['checkpoint_id']}) of task {task} into "
+        f"{run.args.directory} in {result['ms']} ms, {human_bytes(result['bytes_downloaded'])} downloaded"
+    )
     for name, item in result["stores"].items():
         run.print(f"  {name}: {item['keys']} keys, from {item['restored_by'] or 'nothing (empty)'}")
     return EXIT_OK
@@ -364,8 +469,14 @@ def dump(run: Run) -> int:
     store_settings = settings.stores[store]
     with tempfile.TemporaryDirectory(prefix="statebackend-dump-") as tmp:
         config["state.local.dir"] = tmp
-        with restored_stores(config, task, store_names=[store], blob_store=run.blob_store, checkpoint=entry,
-                             raw_values=[store] if dropped else ()) as restored:
+        with restored_stores(
+            config,
+            task,
+            store_names=[store],
+            blob_store=run.blob_store,
+            checkpoint=entry,
+            raw_values=[store] if dropped else (),
+        ) as restored:
             local = restored.stores[store]
             key_serde = get_serde(store_settings.key_serde)
             value_serde = None if run.args.raw else _value_reader(entry, store, store_settings.msg_serde)
@@ -381,7 +492,10 @@ def dump(run: Run) -> int:
                         if expiry <= now:
                             continue
                     assert value_serde is not None
-                    record = {**_field("key", key_serde.from_bytes(key)), **_field("value", value_serde.from_bytes(value))}
+                    record = {
+                        **_field("key", key_serde.from_bytes(key)),
+                        **_field("value", value_serde.from_bytes(value)),
+                    }
                     if expiry is not None:
                         record["expires_at_ms"] = expiry
                 run.print(json.dumps(record, ensure_ascii=False))
@@ -396,8 +510,10 @@ def _value_reader(entry: LogEntry, store: str, msg_serde: str) -> Any:
     if (is_record(msg_serde) or recorded.get("msg") == RECORD) and MSG_SCHEMAS in recorded:
         return RecordDicts(schemas_from_text(recorded[MSG_SCHEMAS], where=f"checkpoint #{entry.seq}, store {store!r}"))
     if recorded.get("msg") == RECORD:
-        raise CorruptDataError(f"checkpoint #{entry.seq} records record values for store {store!r} but not their "
-                               "schemas: they cannot be decoded; dump them with --raw")
+        raise CorruptDataError(
+            f"checkpoint #{entry.seq} records record values for store {store!r} but not their "
+            "schemas: they cannot be decoded; dump them with --raw"
+        )
     return get_serde(msg_serde)
 
 
@@ -405,19 +521,26 @@ def _store_of_checkpoint(run: Run, entry: LogEntry, store: str) -> dict[str, str
     """Config keys for a store the config lacks but the checkpoint has (a dropped store): its backends from the
     checkpoint's markers, its serdes from what the checkpoint recorded (``bytes`` when it recorded none)."""
     cp = entry.checkpoint
-    backends = sorted(f for f, by_store in cp.state_checkpoint_markers.items() if store in by_store) \
-        if isinstance(cp, CheckpointV2) else []
+    backends = (
+        sorted(f for f, by_store in cp.state_checkpoint_markers.items() if store in by_store)
+        if isinstance(cp, CheckpointV2)
+        else []
+    )
     if not backends:
-        raise NotFoundError(f"store {store!r} is neither in the config (configured: "
-                            f"{', '.join(sorted(run.settings.stores)) or 'none'}) nor in checkpoint #{entry.seq} of "
-                            f"task {run.args.task}")
+        raise NotFoundError(
+            f"store {store!r} is neither in the config (configured: "
+            f"{', '.join(sorted(run.settings.stores)) or 'none'}) nor in checkpoint #{entry.seq} of "
+            f"task {run.args.task}"
+        )
     serdes = cp.serdes.get(store, {}) if isinstance(cp, CheckpointV2) else {}
     msg = serdes.get("msg", "bytes")
     if msg == RECORD:  # no class to name: the values are read as stored, decoded with the recorded schemas
         msg = "bytes"
-    keys = {f"stores.{store}.backup.factories": ",".join(backends),
-            f"stores.{store}.key.serde": serdes.get("key", "bytes"),
-            f"stores.{store}.msg.serde": msg}
+    keys = {
+        f"stores.{store}.backup.factories": ",".join(backends),
+        f"stores.{store}.key.serde": serdes.get("key", "bytes"),
+        f"stores.{store}.msg.serde": msg,
+    }
     if serdes.get("envelope") == ENVELOPE:  # its values carry an expiry; the duration does not matter to a reader
         keys[f"stores.{store}.ttl.ms"] = "1"
     return keys

@@ -70,8 +70,15 @@ class Item:
     version: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "task": self.task, "blob": self.blob, "age_s": self.age_s, "bytes": self.size,
-                "action": self.action, "reason": self.reason}
+        return {
+            "kind": self.kind,
+            "task": self.task,
+            "blob": self.blob,
+            "age_s": self.age_s,
+            "bytes": self.size,
+            "action": self.action,
+            "reason": self.reason,
+        }
 
 
 @attrs.frozen
@@ -123,9 +130,11 @@ def gc(run: Run) -> int:
         run.warn(f"statebackend gc: warning: {warning}")
         if run.args.apply and not run.args.force:
             suggestion = f"give --grace {duration_text(safe.floor_ms)} or more, or " if safe.floor_ms else ""
-            raise UsageError(f"gc --apply refused, nothing deleted: --grace {run.args.grace} is unsafe beside a "
-                             f"running job; {suggestion}stop every writer of job {run.job} (the streaming query and "
-                             f"its tasks) and run again with --force")
+            raise UsageError(
+                f"gc --apply refused, nothing deleted: --grace {run.args.grace} is unsafe beside a "
+                f"running job; {suggestion}stop every writer of job {run.job} (the streaming query and "
+                f"its tasks) and run again with --force"
+            )
     # past the safe grace, a blob younger than it is flagged in the report (the dry run shows what is at risk)
     risky_below_s = safe.floor_ms / 1000.0 if warning is not None and grace_ms < safe.floor_ms else None
     window_s = (safe.window_ms if safe.window_ms is not None else grace_ms) / 4000.0 or None
@@ -138,14 +147,26 @@ def gc(run: Run) -> int:
     dropped = set(run.args.drop_task or [])
     unknown = sorted(dropped - set(by_task))
     if unknown:
-        raise NotFoundError(f"--drop-task {', '.join(unknown)}: no such task of job {job!r} in "
-                            f"{run.blob_store.describe()} (`statebackend tasks` lists them)")
+        raise NotFoundError(
+            f"--drop-task {', '.join(unknown)}: no such task of job {job!r} in "
+            f"{run.blob_store.describe()} (`statebackend tasks` lists them)"
+        )
     items: list[Item] = []
     deleting = _Deleting(run) if run.args.apply else None
     for task, names in run.progress(sorted(by_task.items()), total=len(by_task), desc="tasks"):
         if task in dropped:
-            task_items = [Item("dropped task", task, name, None, None, "delete",
-                               f"task {task} named by --drop-task: its checkpoints and state go") for name in names]
+            task_items = [
+                Item(
+                    "dropped task",
+                    task,
+                    name,
+                    None,
+                    None,
+                    "delete",
+                    f"task {task} named by --drop-task: its checkpoints and state go",
+                )
+                for name in names
+            ]
             deadline = None  # the operator decided: whatever its age, whatever the log says now
         else:
             marked_at = time.time()
@@ -157,17 +178,32 @@ def gc(run: Run) -> int:
     uploads = run.blob_store.abandoned_uploads(f"{job}/")
     upload_note = None
     if uploads is None:
-        upload_note = (f"{run.blob_store.describe()} cannot list abandoned uploads (Azure discards uncommitted "
-                       f"blocks by itself after 7 days)")
+        upload_note = (
+            f"{run.blob_store.describe()} cannot list abandoned uploads (Azure discards uncommitted "
+            f"blocks by itself after 7 days)"
+        )
     upload_items = []
     for upload in uploads or []:
         old = upload.age_s is not None and upload.age_s >= grace_s
-        reason = f"{upload.kind} never finished" if old else \
-            f"{upload.kind} younger than the grace period (may still be running)"
+        reason = (
+            f"{upload.kind} never finished"
+            if old
+            else f"{upload.kind} younger than the grace period (may still be running)"
+        )
         if old and risky_below_s is not None and upload.age_s is not None and upload.age_s < risky_below_s:
             reason += f"; younger than the safe grace {human_age(risky_below_s)}: it may still be running"
-        upload_items.append(Item("abandoned upload", None, upload.name, upload.age_s, upload.size,
-                                 "delete" if old else "keep", reason, handle=upload))
+        upload_items.append(
+            Item(
+                "abandoned upload",
+                None,
+                upload.name,
+                upload.age_s,
+                upload.size,
+                "delete" if old else "keep",
+                reason,
+                handle=upload,
+            )
+        )
     items.extend(upload_items)
     if deleting is not None:
         deleting.delete(upload_items, None)  # judged by their own age just now
@@ -185,13 +221,17 @@ def gc(run: Run) -> int:
 
 def _unsafe_warning(grace_ms: int, safe: SafeGrace) -> str | None:
     """Why ``--grace`` is unsafe beside a running job, or ``None`` when it is not."""
-    at_risk = ("unreferenced blobs a commit in flight or the next commit may name (a delta or run uploaded before "
-               "its checkpoint is written, a finished background snapshot or compaction about to be adopted) could "
-               "be deleted, and that commit then fails or its checkpoint names a missing blob")
+    at_risk = (
+        "unreferenced blobs a commit in flight or the next commit may name (a delta or run uploaded before "
+        "its checkpoint is written, a finished background snapshot or compaction about to be adopted) could "
+        "be deleted, and that commit then fails or its checkpoint names a missing blob"
+    )
     if grace_ms < safe.floor_ms:
-        return (f"--grace {duration_text(grace_ms) if grace_ms else '0'} is below the safe grace "
-                f"{duration_text(safe.floor_ms)} (the largest backend gc grace period of the config: {safe.source}): "
-                f"{at_risk}")
+        return (
+            f"--grace {duration_text(grace_ms) if grace_ms else '0'} is below the safe grace "
+            f"{duration_text(safe.floor_ms)} (the largest backend gc grace period of the config: {safe.source}): "
+            f"{at_risk}"
+        )
     if grace_ms == 0:
         return f"--grace 0 turns the age guard off: {at_risk}"
     return None
@@ -215,9 +255,11 @@ class _Deleting:
                 continue
             if deadline is not None and time.time() > deadline:
                 item.action = "keep"
-                item.reason += ("; not deleted: judged too long ago (a commit since may name it; past a quarter of "
-                                "the backends' smallest gc grace period since its task's checkpoints were read), "
-                                "run gc again")
+                item.reason += (
+                    "; not deleted: judged too long ago (a commit since may name it; past a quarter of "
+                    "the backends' smallest gc grace period since its task's checkpoints were read), "
+                    "run gc again"
+                )
                 continue
             try:
                 if item.kind == "abandoned upload":
@@ -241,13 +283,25 @@ def _task_items(run: Run, task: str, names: list[str], rule: GraceRule, risky_be
     prefix = f"{run.job}/{task}/"
     data_blobs = [n for n in names if not n.startswith(prefix + "checkpoints/")]
     if not any(True for _ in run.blob_store.list(prefix + "checkpoints/")):  # listed now: the job listing is older
-        return [_candidate(run, "orphaned task", task, name, rule, f"task {task} has no checkpoint", risky_below_s)
-                for name in data_blobs]
+        return [
+            _candidate(run, "orphaned task", task, name, rule, f"task {task} has no checkpoint", risky_below_s)
+            for name in data_blobs
+        ]
     marked_at = time.time()
     entries = run.log(task).entries()
     if not entries:
-        return [Item("kept", task, name, None, None, "keep",
-                     "the task's checkpoints are all in versions this release does not read") for name in data_blobs]
+        return [
+            Item(
+                "kept",
+                task,
+                name,
+                None,
+                None,
+                "keep",
+                "the task's checkpoints are all in versions this release does not read",
+            )
+            for name in data_blobs
+        ]
     # (backend, store) -> its markers in the task's checkpoints, then what they need (incomplete: the backend does
     # not say, or a marker does not decode)
     markers: dict[tuple[str, str], list[str]] = {}
@@ -264,28 +318,58 @@ def _task_items(run: Run, task: str, names: list[str], rule: GraceRule, risky_be
     }
     items = []
     for name in data_blobs:
-        parts = name[len(prefix):].split("/")
+        parts = name[len(prefix) :].split("/")
         if len(parts) < 3:
-            items.append(Item("kept", task, name, None, None, "keep", "not in a backend's layout "
-                              "(<job>/<task>/<store>/<backend>/...)"))
+            items.append(
+                Item(
+                    "kept",
+                    task,
+                    name,
+                    None,
+                    None,
+                    "keep",
+                    "not in a backend's layout (<job>/<task>/<store>/<backend>/...)",
+                )
+            )
             continue
         store, factory = parts[0], parts[1]
         mark = marks.get((factory, store))
         if mark is None:
-            items.append(_candidate(run, "orphaned store", task, name, rule,
-                                    f"no checkpoint of task {task} has a {factory} marker for store {store}",
-                                    risky_below_s))
+            items.append(
+                _candidate(
+                    run,
+                    "orphaned store",
+                    task,
+                    name,
+                    rule,
+                    f"no checkpoint of task {task} has a {factory} marker for store {store}",
+                    risky_below_s,
+                )
+            )
         elif not mark.complete:
-            items.append(Item("kept", task, name, None, None, "keep",
-                              f"the {factory} backend does not say which blobs its markers need"))
+            items.append(
+                Item(
+                    "kept",
+                    task,
+                    name,
+                    None,
+                    None,
+                    "keep",
+                    f"the {factory} backend does not say which blobs its markers need",
+                )
+            )
         elif name not in mark.blobs:
-            items.append(_candidate(run, "unreferenced blob", task, name, rule,
-                                    f"no checkpoint of task {task} needs it", risky_below_s))
+            items.append(
+                _candidate(
+                    run, "unreferenced blob", task, name, rule, f"no checkpoint of task {task} needs it", risky_below_s
+                )
+            )
     return items
 
 
-def _candidate(run: Run, kind: str, task: str, name: str, rule: GraceRule, reason: str,
-               risky_below_s: float | None) -> Item:
+def _candidate(
+    run: Run, kind: str, task: str, name: str, rule: GraceRule, reason: str, risky_below_s: float | None
+) -> Item:
     """A garbage candidate: deleted when old enough by the age rule (this command keeps no memory between runs, so a
     blob of unknown age is kept), else kept. Old enough only by an unsafe ``--grace``: flagged in its reason."""
     try:
@@ -295,8 +379,15 @@ def _candidate(run: Run, kind: str, task: str, name: str, rule: GraceRule, reaso
     now = time.time()
     age = rule.age(name, info.metadata, now)
     if age is None:
-        return Item(kind, task, name, None, info.size, "keep", f"{reason}; but its age is unknown (no {CREATED_AT} "
-                    f"metadata), so it is kept")
+        return Item(
+            kind,
+            task,
+            name,
+            None,
+            info.size,
+            "keep",
+            f"{reason}; but its age is unknown (no {CREATED_AT} metadata), so it is kept",
+        )
     if not rule.old_enough(name, info.metadata, now):
         return Item(kind, task, name, age, info.size, "keep", f"{reason}; but younger than the grace period")
     if risky_below_s is not None and age < risky_below_s:
@@ -311,18 +402,25 @@ def _counts(items: list[Item]) -> dict[str, int]:
     return counts
 
 
-def _report(run: Run, job: str, items: list[Item], grace_s: float, safe: SafeGrace,
-            notes: list[str]) -> dict[str, Any]:
+def _report(run: Run, job: str, items: list[Item], grace_s: float, safe: SafeGrace, notes: list[str]) -> dict[str, Any]:
     summary: dict[str, dict[str, int]] = {}
     for item in items:
         group = summary.setdefault(f"{item.kind}: {item.action}", {"count": 0, "bytes": 0})
         group["count"] += 1
         group["bytes"] += item.size or 0
     deleted_bytes = sum(item.size or 0 for item in items if item.action in ("delete", "deleted"))
-    return {"job": job, "blob_store": run.blob_store.describe(), "applied": bool(run.args.apply),
-            "grace_s": grace_s, "safe_grace_s": safe.floor_ms / 1000.0, "counts": _counts(items),
-            "deleted_bytes" if run.args.apply else "delete_bytes": deleted_bytes,
-            "summary": summary, "notes": notes, "items": [item.to_json() for item in items]}
+    return {
+        "job": job,
+        "blob_store": run.blob_store.describe(),
+        "applied": bool(run.args.apply),
+        "grace_s": grace_s,
+        "safe_grace_s": safe.floor_ms / 1000.0,
+        "counts": _counts(items),
+        "deleted_bytes" if run.args.apply else "delete_bytes": deleted_bytes,
+        "summary": summary,
+        "notes": notes,
+        "items": [item.to_json() for item in items],
+    }
 
 
 def _print_report(run: Run, report: dict[str, Any], items: list[Item]) -> None:
@@ -330,8 +428,10 @@ def _print_report(run: Run, report: dict[str, Any], items: list[Item]) -> None:
     run.print(f"gc of job {report['job']} in {report['blob_store']} ({mode}; grace {human_age(report['grace_s'])})")
     labels = {"deleted": "DELETED", "delete": "DELETE", "keep": "KEEP", "failed": "FAILED"}
     for item in items:
-        run.print(f"{labels[item.action]:8} {item.kind:18} {item.blob}  ({human_bytes(item.size)}, age "
-                  f"{human_age(item.age_s)}): {item.reason}")
+        run.print(
+            f"{labels[item.action]:8} {item.kind:18} {item.blob}  ({human_bytes(item.size)}, age "
+            f"{human_age(item.age_s)}): {item.reason}"
+        )
     for note in report["notes"]:
         run.print(f"note: {note}")
     for group, counts in sorted(report["summary"].items()):

@@ -56,13 +56,13 @@ def read_store_backend_key(
         head = f"stores.{store}."
         if not key.startswith(head):
             continue
-        rest = key[len(head):]
+        rest = key[len(head) :]
         canonical_names = set(backends)
         names = {name: name for name in canonical_names}
         names.update({name: canonical for name, canonical in spellings.items() if canonical in canonical_names})
         for spelled, canonical in names.items():
             if rest.startswith(spelled + ".") and len(rest) > len(spelled) + 1:
-                readings.append(StoreBackendKey(key, store, canonical, rest[len(spelled) + 1:], spelled))
+                readings.append(StoreBackendKey(key, store, canonical, rest[len(spelled) + 1 :], spelled))
     return readings
 
 

@@ -40,8 +40,12 @@ _parse_named_serde = parse_choice(*SERDES)
 def _parse_key_serde(key: str, raw: Any) -> str:
     """A named serde; a record serde is refused saying why (a key's bytes must never change with a class)."""
     if isinstance(raw, type) or (isinstance(raw, str) and raw.strip().startswith(RECORD_PREFIX)):
-        raise value_error(key, raw, "a record serde is for values (msg.serde) only: a key must keep its bytes",
-                          "one of " + ", ".join(SERDES))
+        raise value_error(
+            key,
+            raw,
+            "a record serde is for values (msg.serde) only: a key must keep its bytes",
+            "one of " + ", ".join(SERDES),
+        )
     return _parse_named_serde(key, raw)
 
 
@@ -55,8 +59,12 @@ def _parse_msg_serde(key: str, raw: Any) -> str:
         except ConfigError as exc:
             raise value_error(key, raw, str(exc), _RECORD_ALLOWED) from None
         if found is not raw:
-            raise value_error(key, raw, f"{spec} imports another class than the one given (defined in a function, "
-                              "or redefined?)", _RECORD_ALLOWED)
+            raise value_error(
+                key,
+                raw,
+                f"{spec} imports another class than the one given (defined in a function, or redefined?)",
+                _RECORD_ALLOWED,
+            )
         return spec
     if isinstance(raw, str) and raw.strip().startswith(RECORD_PREFIX):
         try:
@@ -78,9 +86,14 @@ def _parse_function(key: str, raw: Any) -> str:
     except ConfigError as exc:
         raise value_error(key, raw, str(exc), "<module>:<function>, importable where the tasks run") from None
     if not callable(function):
-        raise value_error(key, raw, f"{spec} is a {type(function).__name__}, not a function",
-                          "<module>:<function>, importable where the tasks run")
+        raise value_error(
+            key,
+            raw,
+            f"{spec} is a {type(function).__name__}, not a function",
+            "<module>:<function>, importable where the tasks run",
+        )
     return spec
+
 
 METRICS_OTEL = ("auto", "on", "off")
 
@@ -95,16 +108,21 @@ def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
 def _parse_switch_interval(key: str, raw: Any) -> int:
     value = parse_int(min=0, max=100_000)(key, raw)
     if 0 < value < 50:
-        raise value_error(key, raw, "too short: threads would trade the GIL more than they run",
-                          "0 (leave the interpreter's interval) or 50 to 100000 microseconds")
+        raise value_error(
+            key,
+            raw,
+            "too short: threads would trade the GIL more than they run",
+            "0 (leave the interpreter's interval) or 50 to 100000 microseconds",
+        )
     return value
 
 
 def _parse_push_url(key: str, raw: Any) -> str:
     url = parse_str()(key, raw)
     if not re.fullmatch(r"https?://[^\s/@]+(/\S*)?", url):
-        raise value_error(key, redact(url), "not an http(s) URL without credentials",
-                          "http://host:port or https://host:port/path")
+        raise value_error(
+            key, redact(url), "not an http(s) URL without credentials", "http://host:port or https://host:port/path"
+        )
     return url
 
 
@@ -112,9 +130,7 @@ _DEFAULT_POOL_SIZE = min(32, 4 * (os.cpu_count() or 1))
 
 #: full key -> spec, for the keys outside ``blob.store.*`` and ``stores.<name>.*``
 GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
-    "job.name": OptionSpec(
-        parse_name(), "job", "name of the streaming application; the first part of every blob name"
-    ),
+    "job.name": OptionSpec(parse_name(), "job", "name of the streaming application; the first part of every blob name"),
     "state.local.dir": OptionSpec(
         parse_path(), "./state", "local directory for the stores: <dir>/<job>/<task>/<store>/"
     ),
@@ -188,8 +204,9 @@ GLOBAL_OPTIONS: Mapping[str, OptionSpec] = {
 #: ``stores.<name>.<key>`` -> spec
 STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "backup.factories": OptionSpec(
-        parse_list(), None, "state backends the store is backed up to at every commit, in order; setting it declares "
-        "the store (required)"
+        parse_list(),
+        None,
+        "state backends the store is backed up to at every commit, in order; setting it declares the store (required)",
     ),
     "restore.factories": OptionSpec(
         parse_list(),
@@ -203,17 +220,20 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
     ),
     "key.serde": OptionSpec(_parse_key_serde, "bytes", "how keys are encoded: " + ", ".join(SERDES)),
     "msg.serde": OptionSpec(
-        _parse_msg_serde, "bytes",
+        _parse_msg_serde,
+        "bytes",
         "how values are encoded: " + ", ".join(SERDES) + ", or record:<module>:<Class> (values as instances of an "
         "attrs class, dataclass or NamedTuple whose shape may change between deployments)",
     ),
     "migration.id": OptionSpec(
-        parse_name(), None,
+        parse_name(),
+        None,
         "a name for a rewrite of every value of the store by migration.function, run once: at the first open of a "
         "checkpoint that does not record it, its writes and the name landing in one checkpoint; set both or neither",
     ),
     "migration.function": OptionSpec(
-        _parse_function, None,
+        _parse_function,
+        None,
         "<module>:<function> called as function(key, old value) for every value of the store at the migration: it "
         "returns the new value (None deletes the key). An old record value comes as a dict of its fields",
     ),
@@ -222,12 +242,14 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
     ),
     "lmdb.map.size": OptionSpec(parse_bytes(min=1 << 20), "1TiB", "LMDB map size: the largest the store can grow"),
     "ttl.ms": OptionSpec(
-        parse_duration_ms(min=1), None,
+        parse_duration_ms(min=1),
+        None,
         "time to live of a key after its last write (unset: keys live until deleted); expired keys are invisible to "
         "reads and removed by the sweep. Set it when the store is created: it cannot be turned on or off later",
     ),
     "ttl.sweep.keys": OptionSpec(
-        parse_int(min=0), 10_000,
+        parse_int(min=0),
+        10_000,
         "keys the TTL sweep examines at each commit, continuing where the last one stopped; expired ones are deleted "
         "(0: never sweep; expired keys stay invisible)",
     ),

@@ -35,9 +35,7 @@ NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 NAME_MAX_LENGTH = 255
 
 #: the rule in words, for error messages and the reference
-NAME_ALLOWED = (
-    f"1 to {NAME_MAX_LENGTH} ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
-)
+NAME_ALLOWED = f"1 to {NAME_MAX_LENGTH} ASCII letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 
 def check_name(what: str, name: Any) -> None:

@@ -42,7 +42,8 @@ def load_config(path: str | os.PathLike[str]) -> dict[str, str]:
         key, sep, value = stripped.partition("=")
         if not sep or not key.strip():
             problem = "no '='" if not sep else "an empty key"
-            raise ConfigError(f"{where}:{number}: expected key=value (a '#' line is a comment), got {problem}: "
-                              f"{redact(stripped)!r}")
+            raise ConfigError(
+                f"{where}:{number}: expected key=value (a '#' line is a comment), got {problem}: {redact(stripped)!r}"
+            )
         config[key.strip()] = value.strip()
     return config

@@ -126,9 +126,7 @@ class Settings:
     #: store name -> canonical factory name -> the options that backend has for that store: the job-wide ones with
     #: the store's ``stores.<name>.<backend>.*`` keys on top; only for the stores and backends with such keys (read
     #: them with :meth:`backend_options_for`)
-    store_backend_options: Mapping[str, Mapping[str, Mapping[str, Any]]] = attrs.field(
-        repr=_redacted_per_store_repr
-    )
+    store_backend_options: Mapping[str, Mapping[str, Mapping[str, Any]]] = attrs.field(repr=_redacted_per_store_repr)
     #: the configuration as given, every key, including the ones other systems own (values as given)
     raw: Mapping[str, Any] = attrs.field(repr=_redacted_repr)
     #: ``metrics.*``: OpenTelemetry mirroring (auto, on, off) and the Prometheus exporters (``None``: off)
@@ -157,8 +155,9 @@ class Settings:
         A backend no store names is resolved now and its ``<name>.*`` keys are validated against its schema.
         """
         if store is not None and store not in self.stores:
-            raise ConfigError(f"no store {store!r} in the config; configured stores: "
-                              f"{', '.join(sorted(self.stores)) or 'none'}")
+            raise ConfigError(
+                f"no store {store!r} in the config; configured stores: {', '.join(sorted(self.stores)) or 'none'}"
+            )
         canonical = name if name in self.backend_options else resolve_factory(name).canonical_name
         if store is not None:
             for_store = self.store_backend_options.get(store, {}).get(canonical)
@@ -279,8 +278,11 @@ class _SettingsParser:
         key = f"stores.{name}.{option}"
         declared = sorted(self.store_keys)
         near = difflib.get_close_matches(name, declared, n=1, cutoff=0.6)
-        hint = (f"did you mean stores.{near[0]}.{option}?" if near else
-                f"declare it with stores.{name}.backup.factories=changelog (or another backend)")
+        hint = (
+            f"did you mean stores.{near[0]}.{option}?"
+            if near
+            else f"declare it with stores.{name}.backup.factories=changelog (or another backend)"
+        )
         self.problems.append(
             f"{key}: store {name!r} is not declared (a store exists when stores.<name>.backup.factories is "
             f"set; declared stores: {', '.join(declared) or 'none'}); {hint}"
@@ -350,10 +352,7 @@ class _SettingsParser:
     def _store(self, name: str) -> StoreSettings | None:
         keys = self.store_keys[name]
         prefix = f"stores.{name}."
-        parsed = {
-            option: self._value(prefix + option, spec)
-            for option, spec in STORE_OPTIONS.items()
-        }
+        parsed = {option: self._value(prefix + option, spec) for option, spec in STORE_OPTIONS.items()}
         backups: list[str] = []
         for factory_name in parsed["backup.factories"]:
             resolved = self._resolve(prefix + "backup.factories", factory_name)
@@ -385,7 +384,7 @@ class _SettingsParser:
                 continue
             if resolved.canonical_name in restores:
                 self.problems.append(
-                    f"{key}={keys.get(key[len(prefix):])!r} is not valid: {resolved.canonical_name!r} is listed "
+                    f"{key}={keys.get(key[len(prefix) :])!r} is not valid: {resolved.canonical_name!r} is listed "
                     f"twice; allowed: each backend once"
                 )
                 continue
@@ -397,10 +396,15 @@ class _SettingsParser:
         if not backups:
             return None
         if (keys.get("migration.id") is None) != (keys.get("migration.function") is None):
-            given, missing = (("migration.id", "migration.function") if keys.get("migration.id") is not None
-                              else ("migration.function", "migration.id"))
-            self.problems.append(f"{prefix}{given} is set but {prefix}{missing} is not: a migration needs both, its "
-                                 "name (recorded once it ran) and its function")
+            given, missing = (
+                ("migration.id", "migration.function")
+                if keys.get("migration.id") is not None
+                else ("migration.function", "migration.id")
+            )
+            self.problems.append(
+                f"{prefix}{given} is set but {prefix}{missing} is not: a migration needs both, its "
+                "name (recorded once it ran) and its function"
+            )
             return None
         return StoreSettings(
             name=name,
@@ -474,8 +478,11 @@ class _SettingsParser:
         candidates: list[tuple[str, str | None, tuple[str, str] | None]] = [
             (key, problem, None) for key, problem in self.store_backend_keys.items()
         ]
-        candidates += [(f"stores.{name}.{option}", None, (name, option))
-                       for name, options in self.undeclared.items() for option in sorted(options)]
+        candidates += [
+            (f"stores.{name}.{option}", None, (name, option))
+            for name, options in self.undeclared.items()
+            for option in sorted(options)
+        ]
         for key, name_problem, undeclared in candidates:
             readings = read_store_backend_key(key, store_backends, spellings)
             if len(readings) > 1 and len(meant := list(filter(declared, readings))) == 1:
@@ -495,7 +502,9 @@ class _SettingsParser:
         per_store: dict[str, dict[str, Mapping[str, Any]]] = {}
         for (store, backend), options in sorted(given.items()):
             parsed, problems = parse_backend_options(
-                by_canonical[backend], options, prefix=store_backend_prefix(store, backend),
+                by_canonical[backend],
+                options,
+                prefix=store_backend_prefix(store, backend),
                 inherited=backend_options.get(backend, {}),
             )
             self.problems.extend(problems)
@@ -521,7 +530,7 @@ class _SettingsParser:
             head = f"stores.{store}."
             if not key.startswith(head):
                 continue
-            backend = next((b for b in sorted(backends) if key[len(head):].startswith(b + ".")), None)
+            backend = next((b for b in sorted(backends) if key[len(head) :].startswith(b + ".")), None)
             if backend is not None:
                 self.problems.append(
                     f"{key}: store {store!r} is not backed up or restored by backend {backend!r} (its backends: "
@@ -565,7 +574,9 @@ class _SettingsParser:
 def _job_wide_backend_options(resolved: ResolvedFactory, config: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Validate the ``<canonical>.*`` keys of ``config`` against the factory's ``options`` schema; fill defaults."""
     prefix = resolved.canonical_name + "."
-    given = {key[len(prefix):]: value for key, value in config.items() if isinstance(key, str) and key.startswith(prefix)}
+    given = {
+        key[len(prefix) :]: value for key, value in config.items() if isinstance(key, str) and key.startswith(prefix)
+    }
     return parse_backend_options(resolved, given, prefix=prefix)
 
 
@@ -592,16 +603,20 @@ def _known_of_store(name: str, store: StoreSettings | None) -> str:
     if store is None:
         return allowed
     backends = ", ".join(_backends_of(store))
-    return (f"{allowed}; or stores.{name}.<backend>.<option> with <backend> one of the store's backends ({backends}) "
-            "and <option> one of its options (see docs/configuration.md)")
+    return (
+        f"{allowed}; or stores.{name}.<backend>.<option> with <backend> one of the store's backends ({backends}) "
+        "and <option> one of its options (see docs/configuration.md)"
+    )
 
 
 def _known_under(key: str, blob_store_schema: Mapping[str, OptionSpec]) -> str:
     """What may be written under the key's prefix, for an unknown key with no close match."""
     if key.startswith("stores."):
-        return ("allowed: stores.<name>.<option> with <option> one of " + ", ".join(STORE_OPTIONS) + "; or "
-                "stores.<name>.<backend>.<option> for an option of one of the store's backends (see "
-                "docs/configuration.md)")
+        return (
+            "allowed: stores.<name>.<option> with <option> one of " + ", ".join(STORE_OPTIONS) + "; or "
+            "stores.<name>.<backend>.<option> for an option of one of the store's backends (see "
+            "docs/configuration.md)"
+        )
     first = key.split(".", 1)[0] + "."
     known = [k for k in (*GLOBAL_OPTIONS, *("blob.store." + o for o in blob_store_schema)) if k.startswith(first)]
     return "known keys: " + ", ".join(known) + " (see docs/configuration.md)"
@@ -642,5 +657,3 @@ class _ReadOnlyMapping(Mapping[str, Any]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_ReadOnlyMapping, (self._data,))
-
-

@@ -213,8 +213,9 @@ class Mark:
         return attrs.evolve(self, blobs=self.blobs | frozenset(blobs))
 
 
-def mark_referenced(markers: Iterable[M], referenced: Callable[[M], Iterable[str] | None], *, at: float,
-                    also: Iterable[str] = ()) -> Mark:
+def mark_referenced(
+    markers: Iterable[M], referenced: Callable[[M], Iterable[str] | None], *, at: float, also: Iterable[str] = ()
+) -> Mark:
     """The mark of ``markers`` (those of every checkpoint still in the log, and any the collector holds itself):
     the union of ``referenced(marker)`` for each, plus the blobs in ``also`` (its own chain, work in progress).
     ``referenced`` returning ``None`` (the marker's blobs cannot be told) makes the mark incomplete, and no further
@@ -322,8 +323,12 @@ def sweep_unreferenced(
         if plain or not versions:
             blob_store.delete_many(plain)
         if changed:
-            log.debug("sweep of %r kept %d blobs written again since they were judged: %s", prefix, len(changed),
-                      sorted(changed))
+            log.debug(
+                "sweep of %r kept %d blobs written again since they were judged: %s",
+                prefix,
+                len(changed),
+                sorted(changed),
+            )
         for name in batch:
             if name in changed:
                 kept.append(name)
@@ -355,8 +360,10 @@ def sweep_unreferenced(
             metadata = info.metadata
             version = info.etag if conditional else None
         at = clock() if now is None else now
-        if not ((expired is not None and metadata is not None and expired(metadata, at))
-                or rule.old_enough(name, metadata, at)):
+        if not (
+            (expired is not None and metadata is not None and expired(metadata, at))
+            or rule.old_enough(name, metadata, at)
+        ):
             continue
         if version is None and not waiting:
             first_judged = time.monotonic()

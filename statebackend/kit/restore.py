@@ -37,7 +37,8 @@ class InterruptFlag:
         if self._event.is_set():
             where = f" before {before}" if before is not None else ""
             raise RestoreInterrupted(
-                f"restore of store {store} interrupted{where}; the next restore continues from here")
+                f"restore of store {store} interrupted{where}; the next restore continues from here"
+            )
 
 
 def puts_only(records: Iterable[tuple[bytes, bytes | None]]) -> Iterator[tuple[bytes, bytes]]:

@@ -295,8 +295,9 @@ class Metrics:
             if snapshot is None:
                 continue
             if not isinstance(snapshot, MetricsSnapshot):
-                raise TypeError(f"Metrics.merge_batch takes the tasks' MetricsSnapshot (or None), got "
-                                f"{type(snapshot).__name__}")
+                raise TypeError(
+                    f"Metrics.merge_batch takes the tasks' MetricsSnapshot (or None), got {type(snapshot).__name__}"
+                )
             batch.merge(snapshot)
         self.merge(batch)
         if batch_ms is not None:
@@ -308,8 +309,11 @@ class Metrics:
         """Pickles with its series (a Spark Connect server receives the driver's callable pickled); the sink does
         not travel: it mirrors into the process it was made in."""
         with self._lock:
-            state = (dict(self._counters), {k: h.copy() for k, h in self._histograms.items()},
-                     {k: list(v) for k, v in self._samples.items()})
+            state = (
+                dict(self._counters),
+                {k: h.copy() for k, h in self._histograms.items()},
+                {k: list(v) for k, v in self._samples.items()},
+            )
         return (_rebuilt, (self.max_samples, dict(self.labels), *state))
 
     def snapshot(self) -> dict[str, Any]:

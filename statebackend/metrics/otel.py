@@ -66,7 +66,9 @@ class _Bridge:
                     found = self.meter.create_counter(f"statebackend.{name}", unit=spec.unit, description=spec.help)
                 else:
                     found = self.meter.create_histogram(
-                        f"statebackend.{name}", unit=spec.unit, description=spec.help,
+                        f"statebackend.{name}",
+                        unit=spec.unit,
+                        description=spec.help,
                         explicit_bucket_boundaries_advisory=list(spec.buckets),
                     )
                 self.instruments[name] = found
@@ -101,7 +103,10 @@ def otel_sink(attributes: Mapping[str, str]) -> OtelSink | None:
         key = id(provider) if provider is not None else 0
         bridge = _bridges.get(key)
         if bridge is None or bridge.provider is not provider:
-            meter = (provider.get_meter("statebackend", _VERSION) if provider is not None
-                     else otel_metrics.get_meter("statebackend", _VERSION))
+            meter = (
+                provider.get_meter("statebackend", _VERSION)
+                if provider is not None
+                else otel_metrics.get_meter("statebackend", _VERSION)
+            )
             bridge = _bridges[key] = _Bridge(meter, provider)
     return OtelSink(bridge, attributes)

@@ -29,8 +29,7 @@ from statebackend.fsutil import atomic_write
 from statebackend.metrics import HistogramData, Labels, Metrics, MetricsSnapshot
 from statebackend.metrics.catalogue import COUNTER, HISTOGRAM, spec_for
 
-__all__ = ["CONTENT_TYPE", "PROCESS", "MetricsServer", "ProcessCollector", "push", "render", "serve",
-           "write_textfile"]
+__all__ = ["CONTENT_TYPE", "PROCESS", "MetricsServer", "ProcessCollector", "push", "render", "serve", "write_textfile"]
 
 log = logging.getLogger(__name__)
 
@@ -220,8 +219,7 @@ def textfile_name(job_name: str, task_name: str) -> str:
     return f"statebackend-{job_name}-{task_name}.prom"
 
 
-def write_textfile(directory: str | os.PathLike[str], job_name: str, task_name: str,
-                   snapshot: MetricsSnapshot) -> str:
+def write_textfile(directory: str | os.PathLike[str], job_name: str, task_name: str, snapshot: MetricsSnapshot) -> str:
     """Write ``snapshot`` to ``<directory>/statebackend-<job>-<task>.prom`` atomically: a temp file (a collector never
     reads half a file: its name does not end in ``.prom``), fsynced, renamed over the file (a crash leaves the
     previous file or the new one whole, never an empty one); returns the path. About 6 ms for a task's usual
@@ -239,10 +237,12 @@ def push(url: str, job_name: str, task_name: str, snapshot: MetricsSnapshot, *, 
     import urllib.request  # only a process that pushes pays for it
 
     quote = urllib.parse.quote
-    target = (f"{url.rstrip('/')}/metrics/job/statebackend/job_name/{quote(job_name, safe='')}"
-              f"/task/{quote(task_name, safe='')}")
-    request = urllib.request.Request(target, data=render(snapshot).encode(), method="PUT",
-                                     headers={"Content-Type": CONTENT_TYPE})
+    target = (
+        f"{url.rstrip('/')}/metrics/job/statebackend/job_name/{quote(job_name, safe='')}"
+        f"/task/{quote(task_name, safe='')}"
+    )
+    request = urllib.request.Request(
+        target, data=render(snapshot).encode(), method="PUT", headers={"Content-Type": CONTENT_TYPE}
+    )
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
         response.read()
-

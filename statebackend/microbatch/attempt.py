@@ -81,8 +81,16 @@ class TaskStores(Mapping[str, Any]):
     where it runs, the batch's times (``now_ms``: the batch clock; ``watermark_ms``: the event-time watermark, None
     without one) and the task's :class:`~statebackend.microbatch.timers.Timers`. The timer store is not among the stores."""
 
-    def __init__(self, storage: TaskStorage, task_index: int, batch_id: int, *, timers: Timers | None = None,
-                 now_ms: int | None = None, watermark_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        storage: TaskStorage,
+        task_index: int,
+        batch_id: int,
+        *,
+        timers: Timers | None = None,
+        now_ms: int | None = None,
+        watermark_ms: int | None = None,
+    ) -> None:
         self.storage = storage
         self.task_index = task_index
         self.task_name = storage.task_name
@@ -165,8 +173,15 @@ class TaskAttempt:
 
     # -- the state machine ------------------------------------------------------------------------------------------
 
-    def run(self, work: Work, counted: Counted, *, events: EventTimes, convert: Callable[[Any], Iterable[Any]],
-            drain: Iterator[Any] | None = None) -> tuple[Iterable[Any], TaskStats]:
+    def run(
+        self,
+        work: Work,
+        counted: Counted,
+        *,
+        events: EventTimes,
+        convert: Callable[[Any], Iterable[Any]],
+        drain: Iterator[Any] | None = None,
+    ) -> tuple[Iterable[Any], TaskStats]:
         """Run the attempt: the held output (handed on only now, after the commit) and the attempt's report.
         ``work`` runs the user's function over the input into held output; ``convert`` turns ``on_timers``' result
         into output elements (checked as the function's are); ``drain`` is the input iterator, read to its end
@@ -214,11 +229,16 @@ class TaskAttempt:
     def _skip_replay(self, listed: OpenDecision) -> TaskStats | None:
         """With ``on_replay="skip"``, the report of an attempt whose batch is already committed (None: run it)."""
         latest = listed.entry
-        if (self.job.on_replay != "skip" or latest is None or batch_of(latest, self.name) != self.batch.batch_id
-                or layout_of(latest, self.name) != self._layout()):
+        if (
+            self.job.on_replay != "skip"
+            or latest is None
+            or batch_of(latest, self.name) != self.batch.batch_id
+            or layout_of(latest, self.name) != self._layout()
+        ):
             return None
-        log.info("%s: batch %d already committed as checkpoint #%d; skipping it", self.name, self.batch.batch_id,
-                 latest.seq)
+        log.info(
+            "%s: batch %d already committed as checkpoint #%d; skipping it", self.name, self.batch.batch_id, latest.seq
+        )
         metrics = self._registry()
         exported = kept.export_since(metrics, self._parked.exported if self._parked is not None else None)
         if self._parked is not None:
@@ -226,18 +246,32 @@ class TaskAttempt:
             kept.park(self._key, self._parked)  # nothing was done: it is parked again (the next batch checks it)
             self._handed_on = True
         return self._report(
-            base_seq=latest.seq, committed_seq=0, opened=time.monotonic(), processed=None, committed=None,
-            counted=0, output_rows=0, metrics=exported, watermark=recorded_ms(latest, WATERMARK_OFFSET),
-            event_max=recorded_ms(latest, EVENT_MAX_OFFSET))
+            base_seq=latest.seq,
+            committed_seq=0,
+            opened=time.monotonic(),
+            processed=None,
+            committed=None,
+            counted=0,
+            output_rows=0,
+            metrics=exported,
+            watermark=recorded_ms(latest, WATERMARK_OFFSET),
+            event_max=recorded_ms(latest, EVENT_MAX_OFFSET),
+        )
 
     def _plan(self, listed: OpenDecision) -> Plan:
         """Where the batch starts from, refusing a start that would drop timers or that retention cannot serve."""
         settings, blob_store = self.job.settings, self._connected_store()
         # the same log object the decision listed: it knows what that listing showed, so a later listing that comes
         # back short is retried or refused, never taken for an empty log
-        plan = plan_batch(self._task_log(), listed.entry, self.name, self.batch.batch_id, self._layout(),
-                          lambda other: task_checkpoint_log(settings, blob_store, other),
-                          previous_seen=self.batch.previous_seen)
+        plan = plan_batch(
+            self._task_log(),
+            listed.entry,
+            self.name,
+            self.batch.batch_id,
+            self._layout(),
+            lambda other: task_checkpoint_log(settings, blob_store, other),
+            previous_seen=self.batch.previous_seen,
+        )
         if self.job.on_timers is None:
             refuse_dropping_timers(self.name, _starts(plan))
         if plan.rescaled and settings.checkpoint_retained < MIN_RETAINED_FOR_RESCALE:
@@ -261,8 +295,13 @@ class TaskAttempt:
             return
         if parked is not None:
             # the log moved on (another attempt committed), a replay, or the local dir changed: reopen
-            log.info("%s: the task kept open at checkpoint #%d is not current (newest #%s, base #%s); reopening it",
-                     self.name, parked.seq, listed.head, plan.base.seq if plan.base is not None else None)
+            log.info(
+                "%s: the task kept open at checkpoint #%d is not current (newest #%s, base #%s); reopening it",
+                self.name,
+                parked.seq,
+                listed.head,
+                plan.base.seq if plan.base is not None else None,
+            )
             self._parked_closed = True
             parked.storage.close()
             self._prior = kept.export_since(self._registry(), parked.exported)
@@ -274,9 +313,16 @@ class TaskAttempt:
         if routing is not None:
             take_key_groups(self._storage, settings, self._connected_store(), plan, self.index, routing)
 
-    def _run_and_commit(self, listed: OpenDecision, plan: Plan, work: Work, counted: Counted, events: EventTimes,
-                        convert: Callable[[Any], Iterable[Any]], drain: Iterator[Any] | None,
-                        ) -> tuple[Iterable[Any], TaskStats]:
+    def _run_and_commit(
+        self,
+        listed: OpenDecision,
+        plan: Plan,
+        work: Work,
+        counted: Counted,
+        events: EventTimes,
+        convert: Callable[[Any], Iterable[Any]],
+        drain: Iterator[Any] | None,
+    ) -> tuple[Iterable[Any], TaskStats]:
         storage = self._storage
         assert storage is not None
         latest = listed.entry
@@ -286,8 +332,14 @@ class TaskAttempt:
         now_ms = self._batch_clock(latest, plan)
         storage.ttl_now_ms = now_ms
         watermark = self._batch_watermark(latest, plan)
-        stores = TaskStores(storage, self.index, self.batch.batch_id, timers=self._timers(storage), now_ms=now_ms,
-                            watermark_ms=watermark)
+        stores = TaskStores(
+            storage,
+            self.index,
+            self.batch.batch_id,
+            timers=self._timers(storage),
+            now_ms=now_ms,
+            watermark_ms=watermark,
+        )
         stays_open = self.job.keep_open and self._private is None and self.outlives_task
         pending: PendingCommit | None = None
         # a failure from here on closes the held output (its spill file) and the task: _release
@@ -303,8 +355,13 @@ class TaskAttempt:
         # runs the batch again). A retry, a speculative copy or a replay waits, so the output of an attempt whose
         # commit lost never leaves it. So does a commit whose seq may still move (a previous checkpoint write's
         # reply was lost: its read-back decides).
-        if not (stays_open and self.batch.confirm_on_driver and self.attempt == 0 and not replaying
-                and not storage.write_outcome_unknown):
+        if not (
+            stays_open
+            and self.batch.confirm_on_driver
+            and self.attempt == 0
+            and not replaying
+            and not storage.write_outcome_unknown
+        ):
             pending.result()
             pending = None
         committed = time.monotonic()
@@ -317,17 +374,32 @@ class TaskAttempt:
             exported = self._prior.merge(exported)
         kept_open = self._parked is not None
         report = self._report(
-            base_seq=plan.base.seq if plan.base is not None else 0, committed_seq=committed_seq, opened=opened,
-            processed=processed, committed=committed, counted=counted.count, output_rows=outputs.rows,
-            metrics=exported, watermark=watermark, event_max=event_max, kept_open=kept_open,
+            base_seq=plan.base.seq if plan.base is not None else 0,
+            committed_seq=committed_seq,
+            opened=opened,
+            processed=processed,
+            committed=committed,
+            counted=counted.count,
+            output_rows=outputs.rows,
+            metrics=exported,
+            watermark=watermark,
+            event_max=event_max,
+            kept_open=kept_open,
             commit_sync_ms=sync_samples[-1] if sync_samples else 0.0,
-            pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "", token=token,
-            timers_fired=fired, timers_pending=pending_timers)
+            pending_checkpoint_id=str(pending.checkpoint_id) if pending is not None else "",
+            token=token,
+            timers_fired=fired,
+            timers_pending=pending_timers,
+        )
         if stays_open:
             # what a close would push: the task stays open (its textfile follows every durable commit already)
             export_now(self.job.settings, self.name, textfile=False)
-            kept.park(self._key, kept.KeptTask.after_commit(storage, self._connected_store(), self.job.fingerprint,
-                                                            self._task_dir, snapshot, pending=pending))
+            kept.park(
+                self._key,
+                kept.KeptTask.after_commit(
+                    storage, self._connected_store(), self.job.fingerprint, self._task_dir, snapshot, pending=pending
+                ),
+            )
             self._handed_on = True
             self._storage = None
         return outputs, report
@@ -357,12 +429,19 @@ class TaskAttempt:
         try:
             return call()
         except Exception as exc:
-            exc.add_note(f"(statebackend: raised in {_function_name(fn)} of {self.name}, batch "
-                         f"{self.batch.batch_id}, attempt {self.attempt})")
+            exc.add_note(
+                f"(statebackend: raised in {_function_name(fn)} of {self.name}, batch "
+                f"{self.batch.batch_id}, attempt {self.attempt})"
+            )
             raise
 
-    def _after_fn(self, stores: TaskStores, outputs: HeldOutput, convert: Callable[[Any], Iterable[Any]],
-                  drain: Iterator[Any] | None) -> tuple[int, int | None]:
+    def _after_fn(
+        self,
+        stores: TaskStores,
+        outputs: HeldOutput,
+        convert: Callable[[Any], Iterable[Any]],
+        drain: Iterator[Any] | None,
+    ) -> tuple[int, int | None]:
         """After ``fn``: the rest of the input read for its event times, the due timers fired (their handler's
         output joining ``fn``'s), and output refused when the job declared none; the number of timers fired and
         pending after the batch (None: the job has no timers), also counted in the task's metrics."""
@@ -393,8 +472,11 @@ class TaskAttempt:
         return fired, pending
 
     def _offsets(self, now_ms: int, watermark: int | None, event_max: int | None, token: str) -> dict[str, str]:
-        offsets = {BATCH_OFFSET: str(self.batch.batch_id), TASKS_OFFSET: str(self.job.num_tasks),
-                   NOW_OFFSET: str(now_ms)}
+        offsets = {
+            BATCH_OFFSET: str(self.batch.batch_id),
+            TASKS_OFFSET: str(self.job.num_tasks),
+            NOW_OFFSET: str(now_ms),
+        }
         if self.job.key_groups is not None:
             offsets[KEY_GROUPS_OFFSET] = str(self.job.key_groups)
         if watermark is not None:
@@ -426,8 +508,11 @@ class TaskAttempt:
             recorded = recorded_ms(latest, WATERMARK_OFFSET)
             if recorded is not None:
                 return recorded
-        known = [w for w in (self.batch.watermark_ms, *(recorded_ms(e, WATERMARK_OFFSET) for e in _starts(plan)))
-                 if w is not None]
+        known = [
+            w
+            for w in (self.batch.watermark_ms, *(recorded_ms(e, WATERMARK_OFFSET) for e in _starts(plan)))
+            if w is not None
+        ]
         return max(known) if known else None
 
     def _event_max(self, events: EventTimes, plan: Plan) -> int | None:
@@ -435,16 +520,26 @@ class TaskAttempt:
         what the checkpoints the batch starts from recorded) and of this task's input."""
         if self.job.event_time is None:
             return None
-        known = [m for m in (self.batch.event_max_ms, events.max_ms,
-                             *(recorded_ms(e, EVENT_MAX_OFFSET) for e in _starts(plan))) if m is not None]
+        known = [
+            m
+            for m in (
+                self.batch.event_max_ms,
+                events.max_ms,
+                *(recorded_ms(e, EVENT_MAX_OFFSET) for e in _starts(plan)),
+            )
+            if m is not None
+        ]
         return max(known) if known else None
 
     def _timers(self, storage: TaskStorage) -> Timers:
         job = self.job
         if job.on_timers is None:
             return Timers(None)
-        check = (owner_check(self.index, job.num_tasks, job.key_groups, job.key_types)
-                 if job.key_types and job.key_groups is not None else None)
+        check = (
+            owner_check(self.index, job.num_tasks, job.key_groups, job.key_types)
+            if job.key_types and job.key_groups is not None
+            else None
+        )
         return Timers(storage.store(TIMERS_STORE, typed=False), key_types=job.key_types, check_owner=check)
 
     def _routing(self) -> KeyRouting:
@@ -465,18 +560,28 @@ class TaskAttempt:
                     while time.monotonic() < deadline:
                         time.sleep(0.002)
                         try:
-                            return TaskStorage.open(settings, self.name, blob_store=blob_store, decision=decision,
-                                                    metrics=metrics)
+                            return TaskStorage.open(
+                                settings, self.name, blob_store=blob_store, decision=decision, metrics=metrics
+                            )
                         except StoreLockedError:
                             continue
         # Another attempt of this task runs on this machine (speculation, or a retry while the first one is still
         # winding down): work in a private copy restored from the blob store; the commit protocol decides which
         # attempt wins.
         self._private = Path(settings.local_dir) / ATTEMPTS_DIR / uuid.uuid4().hex
-        log.warning("%s attempt %d: local stores are locked by another attempt; using %s", self.name, self.attempt,
-                    self._private)
-        return TaskStorage.open(attrs.evolve(settings, local_dir=self._private), self.name, blob_store=blob_store,
-                                decision=decision, metrics=metrics)
+        log.warning(
+            "%s attempt %d: local stores are locked by another attempt; using %s",
+            self.name,
+            self.attempt,
+            self._private,
+        )
+        return TaskStorage.open(
+            attrs.evolve(settings, local_dir=self._private),
+            self.name,
+            blob_store=blob_store,
+            decision=decision,
+            metrics=metrics,
+        )
 
     def held(self) -> HeldOutput:
         """Where this task's output waits for its durable commit (spilling under ``state.local.dir``); closed with
@@ -484,29 +589,62 @@ class TaskAttempt:
         self._outputs = HeldOutput(self.job.output_memory_bytes, Path(self.job.settings.local_dir) / SPILL_DIR)
         return self._outputs
 
-    def _report(self, *, base_seq: int, committed_seq: int, opened: float, processed: float | None,
-                committed: float | None, counted: int, output_rows: int, metrics: MetricsSnapshot,
-                watermark: int | None, event_max: int | None, kept_open: bool = False, commit_sync_ms: float = 0.0,
-                pending_checkpoint_id: str = "", token: str = "", timers_fired: int = 0,
-                timers_pending: int | None = None) -> TaskStats:
+    def _report(
+        self,
+        *,
+        base_seq: int,
+        committed_seq: int,
+        opened: float,
+        processed: float | None,
+        committed: float | None,
+        counted: int,
+        output_rows: int,
+        metrics: MetricsSnapshot,
+        watermark: int | None,
+        event_max: int | None,
+        kept_open: bool = False,
+        commit_sync_ms: float = 0.0,
+        pending_checkpoint_id: str = "",
+        token: str = "",
+        timers_fired: int = 0,
+        timers_pending: int | None = None,
+    ) -> TaskStats:
         processed = processed if processed is not None else opened
         committed = committed if committed is not None else processed
         return TaskStats(
-            batch_id=self.batch.batch_id, task_index=self.index, attempt=self.attempt, base_seq=base_seq,
-            committed_seq=committed_seq, open_ms=(opened - self._started) * 1000.0,
-            process_ms=(processed - opened) * 1000.0, commit_ms=(committed - processed) * 1000.0,
-            commit_sync_ms=commit_sync_ms, input_rows=counted, output_rows=output_rows,
-            private_dir=self._private is not None, metrics=metrics, kept_open=kept_open, executor=executor_id(),
-            pending_checkpoint_id=pending_checkpoint_id, attempt_token=token, run_id=self.batch.run_id,
-            timers_fired=timers_fired, watermark_ms=watermark, event_max_ms=event_max, timers_pending=timers_pending,
+            batch_id=self.batch.batch_id,
+            task_index=self.index,
+            attempt=self.attempt,
+            base_seq=base_seq,
+            committed_seq=committed_seq,
+            open_ms=(opened - self._started) * 1000.0,
+            process_ms=(processed - opened) * 1000.0,
+            commit_ms=(committed - processed) * 1000.0,
+            commit_sync_ms=commit_sync_ms,
+            input_rows=counted,
+            output_rows=output_rows,
+            private_dir=self._private is not None,
+            metrics=metrics,
+            kept_open=kept_open,
+            executor=executor_id(),
+            pending_checkpoint_id=pending_checkpoint_id,
+            attempt_token=token,
+            run_id=self.batch.run_id,
+            timers_fired=timers_fired,
+            watermark_ms=watermark,
+            event_max_ms=event_max,
+            timers_pending=timers_pending,
             warnings=self._warnings.taken(),
         )
 
     def _task_log(self) -> CheckpointLog:
         """The task's checkpoint log, one object for the whole attempt (the parked task's own, when taken back)."""
         if self._checkpoint_log is None:
-            self._checkpoint_log = (self._parked.storage.checkpoint_log if self._parked is not None
-                                    else task_checkpoint_log(self.job.settings, self._connected_store(), self.name))
+            self._checkpoint_log = (
+                self._parked.storage.checkpoint_log
+                if self._parked is not None
+                else task_checkpoint_log(self.job.settings, self._connected_store(), self.name)
+            )
         return self._checkpoint_log
 
     def _layout(self) -> Layout:

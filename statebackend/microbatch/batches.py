@@ -95,8 +95,14 @@ class Plan:
 
 
 def plan_batch(
-    checkpoint_log: CheckpointLog, latest: LogEntry | None, name: str, batch_id: int, layout: Layout,
-    open_log: Callable[[str], CheckpointLog], *, previous_seen: bool = False,
+    checkpoint_log: CheckpointLog,
+    latest: LogEntry | None,
+    name: str,
+    batch_id: int,
+    layout: Layout,
+    open_log: Callable[[str], CheckpointLog],
+    *,
+    previous_seen: bool = False,
 ) -> Plan:
     """Where a task of ``batch_id`` under ``layout`` starts from (``open_log(task)``: another task's checkpoint log).
 
@@ -110,8 +116,12 @@ def plan_batch(
     unless ``previous_seen``: the driver itself ran the previous batch to its end with this layout."""
     zero = task_name(0)
     own = _newest_below(checkpoint_log, latest, name, batch_id)
-    if (own is not None and batch_of(own, name) == batch_id - 1 and layout_of(own, name) == layout
-            and (previous_seen or name == zero)):
+    if (
+        own is not None
+        and batch_of(own, name) == batch_id - 1
+        and layout_of(own, name) == layout
+        and (previous_seen or name == zero)
+    ):
         return Plan(own)  # the normal case: the previous batch ran with this layout
     if name == zero:
         first = own
@@ -158,8 +168,15 @@ def plan_batch(
                 "checkpoints are missing from the blob store"
             )
         sources.append((old_name, entry))
-    log.info("%s: batch %d runs with %s, batch %d ran with %s: restoring this task's key groups from %s", name,
-             batch_id, layout, previous_batch, previous, ", ".join(n for n, _ in sources))
+    log.info(
+        "%s: batch %d runs with %s, batch %d ran with %s: restoring this task's key groups from %s",
+        name,
+        batch_id,
+        layout,
+        previous_batch,
+        previous,
+        ", ".join(n for n, _ in sources),
+    )
     return Plan(None, tuple(sources), previous)
 
 
@@ -197,8 +214,13 @@ def _newest_below(checkpoint_log: CheckpointLog, latest: LogEntry | None, name: 
             f"(task.checkpoint.retained); raise task.checkpoint.retained so a batch can be replayed that often"
         )
     if base is not None:
-        log.info("%s: batch %d is replayed; restoring checkpoint #%d (batch %s) and redoing it", name, batch_id,
-                 base.seq, base.checkpoint.input_offsets.get(BATCH_OFFSET))
+        log.info(
+            "%s: batch %d is replayed; restoring checkpoint #%d (batch %s) and redoing it",
+            name,
+            batch_id,
+            base.seq,
+            base.checkpoint.input_offsets.get(BATCH_OFFSET),
+        )
     return base
 
 
@@ -221,5 +243,3 @@ def at_or_below(name: str, batch_id: int, num_tasks: int) -> Callable[[LogEntry]
         return batch_of(entry, name, num_tasks) <= batch_id
 
     return choose
-
-

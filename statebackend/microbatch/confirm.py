@@ -45,8 +45,9 @@ SHORT_POLLS_FOR_S = 0.25
 LONGEST_POLL_S = 0.05
 
 
-def unconfirmed_checkpoints(blob_store: BlobStore, settings: Settings, stats: Sequence[TaskStats],
-                            timeout_s: float) -> list[str]:
+def unconfirmed_checkpoints(
+    blob_store: BlobStore, settings: Settings, stats: Sequence[TaskStats], timeout_s: float
+) -> list[str]:
     """Of the task attempts in ``stats`` that did not wait for their checkpoint, why each one whose checkpoint is not
     in its task's log within ``timeout_s`` (absent, or another attempt's checkpoint at its sequence number: another
     checkpoint id or attempt token) is not confirmed; empty when every checkpoint is there. Raises
@@ -68,22 +69,28 @@ def unconfirmed_checkpoints(blob_store: BlobStore, settings: Settings, stats: Se
             except StateBackendError as exc:
                 raise ConfirmationError(
                     f"{name}: checkpoint #{attempt.committed_seq} cannot be read from {blob_store.describe()} on the "
-                    f"driver: {exc}") from exc
+                    f"driver: {exc}"
+                ) from exc
             if entry is None:
                 still.append((attempt, checkpoint_log))
                 continue
             found = str(getattr(entry.checkpoint, "checkpoint_id", ""))
             token = entry.checkpoint.input_offsets.get(ATTEMPT_OFFSET, "")
             if found != attempt.pending_checkpoint_id or token != attempt.attempt_token:
-                problems.append(f"{name}: checkpoint #{attempt.committed_seq} is {found} (attempt token {token!r}), "
-                                f"another attempt's, not {attempt.pending_checkpoint_id} (attempt token "
-                                f"{attempt.attempt_token!r}) as attempt {attempt.attempt} committed it")
+                problems.append(
+                    f"{name}: checkpoint #{attempt.committed_seq} is {found} (attempt token {token!r}), "
+                    f"another attempt's, not {attempt.pending_checkpoint_id} (attempt token "
+                    f"{attempt.attempt_token!r}) as attempt {attempt.attempt} committed it"
+                )
         waiting = still
         if not waiting:
             break
         if time.monotonic() >= deadline:
-            problems.extend(f"{task_name(a.task_index)}: checkpoint #{a.committed_seq} ({a.pending_checkpoint_id}) is "
-                            f"not in the log after {timeout_s:.0f} s" for a, _ in waiting)
+            problems.extend(
+                f"{task_name(a.task_index)}: checkpoint #{a.committed_seq} ({a.pending_checkpoint_id}) is "
+                f"not in the log after {timeout_s:.0f} s"
+                for a, _ in waiting
+            )
             break
         time.sleep(pause)
         if time.monotonic() - started >= SHORT_POLLS_FOR_S:

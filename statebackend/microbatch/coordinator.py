@@ -71,15 +71,24 @@ class BatchCoordinator:
             return False
         return not speculation
 
-    def run(self, batch_id: int, run_tasks: Callable[[bool], RunResult], *, confirming: bool,
-            ) -> tuple[Callable[[], None], Any, BatchReport]:
+    def run(
+        self,
+        batch_id: int,
+        run_tasks: Callable[[bool], RunResult],
+        *,
+        confirming: bool,
+    ) -> tuple[Callable[[], None], Any, BatchReport]:
         """Run batch ``batch_id`` to its end: its tasks (``run_tasks``), the confirmation of checkpoints tasks did
         not wait for, and the run again when one is missing. Returns what frees the output, the output, and the
         batch's report (logged, and handed to ``on_batch``)."""
         started = time.monotonic()
         if self.last_report is None:
-            log.info("batch %d: the first batch of this query: each of the %d tasks opens its stores, restoring from "
-                     "the blob store what is not already on the executor's local disk", batch_id, self.num_tasks)
+            log.info(
+                "batch %d: the first batch of this query: each of the %d tasks opens its stores, restoring from "
+                "the blob store what is not already on the executor's local disk",
+                batch_id,
+                self.num_tasks,
+            )
         with _StillRunning(batch_id, self.num_tasks, self.progress_every_s):
             release, output, stats = run_tasks(confirming)
         try:
@@ -90,8 +99,10 @@ class BatchCoordinator:
         missing = self._without_stats(stats, batch_id, confirming)
         if missing and confirming:
             # Such a task's output may come from an attempt that failed after handing it on, its checkpoint unknown
-            problems.append(f"no statistics came back from task(s) {missing}: their output may be that of a failed "
-                            "attempt, cached before it failed, whose checkpoint cannot be confirmed")
+            problems.append(
+                f"no statistics came back from task(s) {missing}: their output may be that of a failed "
+                "attempt, cached before it failed, whose checkpoint cannot be confirmed"
+            )
         reruns = 0
         if problems:
             # A checkpoint a task did not wait for is not in its log (its upload failed, its worker died with it, or
@@ -99,8 +110,13 @@ class BatchCoordinator:
             # task waiting for its own checkpoint: a replay (tasks whose checkpoint landed redo the batch from the
             # previous batch's).
             self.metrics.increment("spark.batch.reruns")
-            log.warning("batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again with "
-                        "every task waiting for its checkpoint", batch_id, len(problems), "; ".join(problems))
+            log.warning(
+                "batch %d: %d task checkpoint(s) not confirmed durable (%s); running the batch again with "
+                "every task waiting for its checkpoint",
+                batch_id,
+                len(problems),
+                "; ".join(problems),
+            )
             discarded = sorted(stats, key=lambda s: (s.task_index, s.attempt))
             self.history.extend(discarded)
             self._merge_metrics(discarded)
@@ -135,8 +151,14 @@ class BatchCoordinator:
         """What an operator sees of the batch: its warnings from the tasks, its line, the listener."""
         for task in report.tasks:
             for warning in task.warnings:
-                log.warning("batch %d %s (attempt %d): %s [%s]", report.batch_id, task.task, task.attempt,
-                            warning.message, warning.logger)
+                log.warning(
+                    "batch %d %s (attempt %d): %s [%s]",
+                    report.batch_id,
+                    task.task,
+                    task.attempt,
+                    warning.message,
+                    warning.logger,
+                )
         log.info("%s", report.line())
         if self.on_batch is not None:
             try:
@@ -160,9 +182,14 @@ class BatchCoordinator:
         missing = sorted(set(range(self.num_tasks)) - {s.task_index for s in stats})
         if missing:
             self.metrics.increment("spark.task.stats.missing", len(missing))
-            log.warning("batch %d: no statistics came back from task(s) %s of %d (their output was read from a block "
-                        "a failed attempt stored)%s", batch_id, missing, self.num_tasks,
-                        "; the batch runs again" if confirming else "")
+            log.warning(
+                "batch %d: no statistics came back from task(s) %s of %d (their output was read from a block "
+                "a failed attempt stored)%s",
+                batch_id,
+                missing,
+                self.num_tasks,
+                "; the batch runs again" if confirming else "",
+            )
         return missing
 
     def _confirm(self, stats: Sequence[TaskStats]) -> list[str]:
@@ -177,8 +204,11 @@ class BatchCoordinator:
                 self._confirm_store = open_blob_store(self.settings.blob_store_url, self.settings.blob_store_options)
             problems = unconfirmed_checkpoints(self._confirm_store, self.settings, stats, self.confirm_timeout_s)
         except ConfirmationError as exc:
-            log.error("the driver cannot confirm task checkpoints (%s); from now on every task waits for its own "
-                      "checkpoint (StatefulForeachBatch(confirm_on_driver=False) says so from the start)", exc)
+            log.error(
+                "the driver cannot confirm task checkpoints (%s); from now on every task waits for its own "
+                "checkpoint (StatefulForeachBatch(confirm_on_driver=False) says so from the start)",
+                exc,
+            )
             self._confirm_off = str(exc)
             problems = [str(exc)]
         self.last_confirm_ms = (time.monotonic() - started) * 1000.0
@@ -197,8 +227,7 @@ class _StillRunning:
 
     def __enter__(self) -> Self:
         if self.every_s is not None:
-            self._thread = threading.Thread(target=self._watch, name=f"statebackend-batch-{self.batch_id}",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._watch, name=f"statebackend-batch-{self.batch_id}", daemon=True)
             self._thread.start()
         return self
 
@@ -211,6 +240,10 @@ class _StillRunning:
         assert self.every_s is not None
         started = time.monotonic()
         while not self._done.wait(self.every_s):
-            log.info("batch %d: still running after %.0f s (%d tasks opening their stores (restoring what is not on "
-                     "local disk), running the function and committing; the executors' logs say more)",
-                     self.batch_id, time.monotonic() - started, self.num_tasks)
+            log.info(
+                "batch %d: still running after %.0f s (%d tasks opening their stores (restoring what is not on "
+                "local disk), running the function and committing; the executors' logs say more)",
+                self.batch_id,
+                time.monotonic() - started,
+                self.num_tasks,
+            )

@@ -87,14 +87,16 @@ class HeldOutput:
                         except pickle.UnpicklingError as exc:
                             raise CorruptDataError(
                                 f"the task's output spill file {self._path} is damaged ({exc}): its output is lost "
-                                "with it; the task fails (its retry redoes the batch)") from exc
+                                "with it; the task fails (its retry redoes the batch)"
+                            ) from exc
                         read += len(chunk)
                         yield from chunk
                 if read != self.spilled_items:  # cut where a chunk ends: never hand on a shorter output
                     raise CorruptDataError(
                         f"the task's output spill file {self._path} holds {read} of the {self.spilled_items} items "
                         "written to it (cut short): its output is lost with it; the task fails (its retry redoes the "
-                        "batch)")
+                        "batch)"
+                    )
         finally:
             self.close()
 

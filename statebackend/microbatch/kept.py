@@ -88,8 +88,16 @@ class KeptTask:
     exported: MetricsSnapshot | None = None
 
     @classmethod
-    def after_commit(cls, storage: TaskStorage, blob_store: BlobStore, fingerprint: str, task_dir: Path,
-                     exported: MetricsSnapshot | None = None, *, pending: PendingCommit | None = None) -> KeptTask:
+    def after_commit(
+        cls,
+        storage: TaskStorage,
+        blob_store: BlobStore,
+        fingerprint: str,
+        task_dir: Path,
+        exported: MetricsSnapshot | None = None,
+        *,
+        pending: PendingCommit | None = None,
+    ) -> KeptTask:
         """The task after its batch's commit: durable, or ``pending`` (its upload goes on while the task is parked;
         the driver confirms it, and the next take-back settles it first)."""
         if pending is not None:
@@ -98,10 +106,16 @@ class KeptTask:
             last = storage.last_checkpoint
             assert last is not None  # parked only after a commit
             seq, checkpoint_id = storage.committed_seq, str(last.checkpoint_id)
-        return cls(storage=storage, blob_store=blob_store, fingerprint=fingerprint, seq=seq,
-                   checkpoint_id=checkpoint_id,
-                   files={str(s.path): _data_file(s.path) for s in storage.stores.values()}, task_dir=task_dir,
-                   exported=exported)
+        return cls(
+            storage=storage,
+            blob_store=blob_store,
+            fingerprint=fingerprint,
+            seq=seq,
+            checkpoint_id=checkpoint_id,
+            files={str(s.path): _data_file(s.path) for s in storage.stores.values()},
+            task_dir=task_dir,
+            exported=exported,
+        )
 
     def settle(self, timeout: float) -> None:
         """Wait for the commit the task was parked with, however it ends (a failure is logged, not raised): the
@@ -109,8 +123,9 @@ class KeptTask:
         try:
             self.storage.wait_for_commit(timeout, raise_failure=False)
         except StateBackendError as exc:
-            log.warning("%s: the commit the task was parked with did not become durable: %s",
-                        self.storage.task_name, exc)
+            log.warning(
+                "%s: the commit the task was parked with did not become durable: %s", self.storage.task_name, exc
+            )
 
     def is_current(self, listed: OpenDecision, decision: OpenDecision) -> bool:
         """Whether the batch may go on with this task as it is (see the module docstring): ``listed`` is the
@@ -279,8 +294,9 @@ def _started_at(pid: int) -> float | None:
     try:
         after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         ticks = int(after_name[19])  # field 22, starttime: clock ticks after boot (fields 3.. follow the name)
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
+        boot = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
         return boot + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
@@ -314,8 +330,9 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def export_since(metrics: Metrics, previous: MetricsSnapshot | None,
-                 current: MetricsSnapshot | None = None) -> MetricsSnapshot:
+def export_since(
+    metrics: Metrics, previous: MetricsSnapshot | None, current: MetricsSnapshot | None = None
+) -> MetricsSnapshot:
     """What ``metrics`` gained since the snapshot ``previous`` (all of it when ``None``): counters and histogram counts
     and sums subtracted; a histogram's min and max are those of its whole life (the interval's cannot be known).
     The driver adds up the tasks' snapshots of each batch, so a task kept open must not hand on the same counts
@@ -336,8 +353,13 @@ def export_since(metrics: Metrics, previous: MetricsSnapshot | None,
         if histogram.count == before.count:
             continue
         out.histograms[key] = HistogramData(
-            histogram.bounds, [a - b for a, b in zip(histogram.counts, before.counts)],
-            histogram.count - before.count, histogram.sum - before.sum, histogram.min, histogram.max)
+            histogram.bounds,
+            [a - b for a, b in zip(histogram.counts, before.counts)],
+            histogram.count - before.count,
+            histogram.sum - before.sum,
+            histogram.min,
+            histogram.max,
+        )
     return out
 
 

@@ -41,8 +41,20 @@ DEFAULT_KEY_GROUPS = 128
 MAX_KEY_GROUPS = 32768
 SEED = 42
 #: Spark type names (``DataType.typeName()``) :func:`spark_hash` hashes as Spark does
-HASHABLE_TYPES = ("string", "binary", "boolean", "byte", "short", "integer", "long", "date", "timestamp",
-                  "timestamp_ntz", "float", "double")
+HASHABLE_TYPES = (
+    "string",
+    "binary",
+    "boolean",
+    "byte",
+    "short",
+    "integer",
+    "long",
+    "date",
+    "timestamp",
+    "timestamp_ntz",
+    "float",
+    "double",
+)
 
 _MASK = 0xFFFFFFFF
 _C1 = 0xCC9E2D51
@@ -143,8 +155,9 @@ def _hash_value(value: Any, type_name: str, seed: int) -> int:
         if math.isnan(number):
             bits = 0x7FF8000000000000
         return hash_long(bits, seed)
-    raise ConfigError(f"key columns of type {type_name!r} cannot be rescaled by key group; supported: "
-                      f"{', '.join(HASHABLE_TYPES)}")
+    raise ConfigError(
+        f"key columns of type {type_name!r} cannot be rescaled by key group; supported: {', '.join(HASHABLE_TYPES)}"
+    )
 
 
 def _epoch_micros(value: Any, *, local: bool) -> int:
@@ -156,8 +169,9 @@ def _epoch_micros(value: Any, *, local: bool) -> int:
     if value.tzinfo is None and local:
         # a plain datetime (a pandas Timestamp's own timestamp() takes naive as UTC), fold kept: an ambiguous local
         # time is the one the row's instant gave
-        plain = datetime.datetime(value.year, value.month, value.day, value.hour, value.minute, value.second,
-                                  fold=value.fold)
+        plain = datetime.datetime(
+            value.year, value.month, value.day, value.hour, value.minute, value.second, fold=value.fold
+        )
         return int(plain.timestamp()) * 1_000_000 + value.microsecond
     epoch = datetime.datetime(1970, 1, 1, tzinfo=None if value.tzinfo is None else datetime.UTC)
     delta = value - epoch  # aware minus UTC: the instants' difference, whatever the zone's offset at either
@@ -215,8 +229,9 @@ def route(batch_df: Any, key_columns: Sequence[str], num_tasks: int, key_groups:
     """``batch_df`` repartitioned into ``num_tasks`` partitions, partition ``t`` holding exactly the rows of the key
     groups task ``t`` owns (DataFrame API only: works under Spark Connect too). The row :func:`with_every_partition`
     added is dropped after the shuffle."""
-    routed = batch_df.repartition(num_tasks, _partition_column(tuple(key_columns), num_tasks, key_groups,
-                                                               _is_connect(batch_df)))
+    routed = batch_df.repartition(
+        num_tasks, _partition_column(tuple(key_columns), num_tasks, key_groups, _is_connect(batch_df))
+    )
     if vars(batch_df).get(_HAS_ADDED_ROW, False):  # not getattr: a Connect DataFrame's is a column of that name
         from pyspark.sql import functions as F
 
@@ -245,7 +260,8 @@ def with_every_partition(batch_df: Any, schema: Any) -> Any:
     marked = batch_df.withColumn(EVERY_PARTITION_COLUMN, F.lit(None).cast("boolean"))
     row = batch_df.sparkSession.range(0, 1, 1, 1).select(
         *(F.lit(None).cast(field.dataType).alias(field.name) for field in schema.fields),
-        F.lit(True).alias(EVERY_PARTITION_COLUMN))
+        F.lit(True).alias(EVERY_PARTITION_COLUMN),
+    )
     frame = marked.unionByName(row)
     setattr(frame, _HAS_ADDED_ROW, True)
     return frame

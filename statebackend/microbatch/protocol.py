@@ -173,7 +173,8 @@ class BatchReport:
             restores += f", {self.stores_restored} restored ({_bytes(self.restore_bytes)})"
         parts = [
             f"batch {self.batch_id}: {len(self.tasks)} tasks ({self.committed} committed"
-            + (f", {self.skipped} skipped" if self.skipped else "") + f", {self.kept_open} kept open)",
+            + (f", {self.skipped} skipped" if self.skipped else "")
+            + f", {self.kept_open} kept open)",
             f"rows {self.input_rows} in, {self.output_rows} out",
             f"stores {restores}",
             f"commit p50 {self.commit_p50_ms:.0f} ms, max {self.commit_max_ms:.0f} ms",

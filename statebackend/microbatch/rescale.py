@@ -60,8 +60,9 @@ class KeyRouting:
         return tuple(value)
 
 
-def take_key_groups(storage: TaskStorage, settings: Settings, blob_store: BlobStore, plan: Plan, index: int,
-                    routing: KeyRouting) -> None:
+def take_key_groups(
+    storage: TaskStorage, settings: Settings, blob_store: BlobStore, plan: Plan, index: int, routing: KeyRouting
+) -> None:
     """Fill the task's empty stores with the keys of the key groups it owns now, read from the old tasks'
     checkpoints of the previous batch (``plan.sources``; each restored read-only into a scratch dir, then dropped).
     Values are copied as stored (a TTL store's expiries included)."""
@@ -72,13 +73,15 @@ def take_key_groups(storage: TaskStorage, settings: Settings, blob_store: BlobSt
     for old_name, entry in plan.sources:
         old_index = int(old_name.rsplit("-", 1)[1])
         # what the old task was routed: its key groups, or (state before key groups) hash modulo its num_tasks
-        held = (key_group_range(old_index, previous.tasks, previous.key_groups)
-                if previous.key_groups is not None else None)
+        held = (
+            key_group_range(old_index, previous.tasks, previous.key_groups) if previous.key_groups is not None else None
+        )
         scratch = Path(settings.local_dir) / RESCALE_DIR / uuid.uuid4().hex
         try:
             # the entry the plan's listing showed: restored as it is, with no listing of the old task's log
-            with restored_stores(attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store,
-                                 checkpoint=entry) as old:
+            with restored_stores(
+                attrs.evolve(settings, local_dir=scratch), old_name, blob_store=blob_store, checkpoint=entry
+            ) as old:
                 storage.adopt_values(old.checkpoint, f"{old_name}'s checkpoint #{entry.seq}")  # values copied as stored
                 for store_name, source in old.stores.items():
                     key_serde = get_serde(settings.stores[store_name].key_serde)
@@ -116,6 +119,13 @@ def take_key_groups(storage: TaskStorage, settings: Settings, blob_store: BlobSt
                         copied += len(keys)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
-    log.info("%s: took %d keys of key groups %d..%d from %s (%s) in %.0f ms", task_name(index), copied,
-             mine.start, mine.stop - 1, ", ".join(n for n, _ in plan.sources), previous,
-             (time.monotonic() - started) * 1000.0)
+    log.info(
+        "%s: took %d keys of key groups %d..%d from %s (%s) in %.0f ms",
+        task_name(index),
+        copied,
+        mine.start,
+        mine.stop - 1,
+        ", ".join(n for n, _ in plan.sources),
+        previous,
+        (time.monotonic() - started) * 1000.0,
+    )

@@ -68,8 +68,9 @@ class JobSpec:
     event_time_type: str = ""
     time_zone: str = "UTC"
     #: :func:`config_fingerprint` of ``settings``: a task kept open under another configuration is closed, not reused
-    fingerprint: str = attrs.field(default=attrs.Factory(lambda self: config_fingerprint(self.settings),
-                                                         takes_self=True))
+    fingerprint: str = attrs.field(
+        default=attrs.Factory(lambda self: config_fingerprint(self.settings), takes_self=True)
+    )
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any] | Settings, **fields: Any) -> JobSpec:

@@ -35,8 +35,21 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.microbatch.keygroups import _epoch_micros, key_group_range, spark_hash, task_of_group
 
-__all__ = ["EVENT", "KINDS", "PROCESSING", "TIMERS_STORE", "Timer", "Timers", "key_text", "owner_check",
-           "refuse_dropping_timers", "stored_timers", "take_due", "timer_key_columns", "with_timer_store"]
+__all__ = [
+    "EVENT",
+    "KINDS",
+    "PROCESSING",
+    "TIMERS_STORE",
+    "Timer",
+    "Timers",
+    "key_text",
+    "owner_check",
+    "refuse_dropping_timers",
+    "stored_timers",
+    "take_due",
+    "timer_key_columns",
+    "with_timer_store",
+]
 
 #: the reserved store of a task's timers; ``stores.statebackend-timers.*`` may set its options, not its serdes or TTL
 TIMERS_STORE = "statebackend-timers"
@@ -85,8 +98,13 @@ class Timers:
     registered: int
     deleted: int
 
-    def __init__(self, store: Any | None, *, key_types: Sequence[str] = (),
-                 check_owner: Callable[[Any, tuple[Any, ...]], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: Any | None,
+        *,
+        key_types: Sequence[str] = (),
+        check_owner: Callable[[Any, tuple[Any, ...]], None] | None = None,
+    ) -> None:
         self._store = store
         self._key_types = tuple(key_types)
         self._check_owner = check_owner
@@ -138,8 +156,13 @@ class Timers:
         found = []
         for record, _ in store.iter_prefix(prefix):
             kind_byte, at_ms = bytes(record[-9:-8]), _time_of(record[-8:])
-            found.append((Timer(_key_of(decode_key(encoded)), at_ms, _KIND_NAMES[kind_byte]), kind_byte,
-                          (_due_record(kind_byte, at_ms, encoded), bytes(record))))
+            found.append(
+                (
+                    Timer(_key_of(decode_key(encoded)), at_ms, _KIND_NAMES[kind_byte]),
+                    kind_byte,
+                    (_due_record(kind_byte, at_ms, encoded), bytes(record)),
+                )
+            )
         return found
 
     def _parts(self, key: Any, at: Any, kind: str) -> tuple[Any, bytes, bytes, int]:
@@ -154,14 +177,18 @@ class Timers:
             self._check_owner(key, columns)
         encoded = encode_key(columns)
         if len(encoded) > _MAX_KEY_BYTES:
-            raise ConfigError(f"timer key {key!r} takes {len(encoded)} bytes encoded; a timer's key may take at most "
-                              f"{_MAX_KEY_BYTES} (the store's key limit less the timer's own bytes)")
+            raise ConfigError(
+                f"timer key {key!r} takes {len(encoded)} bytes encoded; a timer's key may take at most "
+                f"{_MAX_KEY_BYTES} (the store's key limit less the timer's own bytes)"
+            )
         return encoded, columns
 
     def _writable(self) -> Any:
         if self._store is None:
-            raise ConfigError("this job has no timers: give StatefulForeachBatch(on_timers=...), the function the "
-                              "due timers are handed to, to register timers")
+            raise ConfigError(
+                "this job has no timers: give StatefulForeachBatch(on_timers=...), the function the "
+                "due timers are handed to, to register timers"
+            )
         return self._store
 
 
@@ -181,11 +208,14 @@ def take_due(timers: Timers, now_ms: int, watermark_ms: int | None) -> list[Time
     if not found:
         return []
     found.sort()
-    store.delete_many([record for at_ms, kind_byte, encoded in found
-                       for record in (_due_record(kind_byte, at_ms, encoded),
-                                      _key_record(encoded, kind_byte, at_ms))])
-    return [Timer(_key_of(decode_key(encoded)), at_ms, _KIND_NAMES[kind_byte])
-            for at_ms, kind_byte, encoded in found]
+    store.delete_many(
+        [
+            record
+            for at_ms, kind_byte, encoded in found
+            for record in (_due_record(kind_byte, at_ms, encoded), _key_record(encoded, kind_byte, at_ms))
+        ]
+    )
+    return [Timer(_key_of(decode_key(encoded)), at_ms, _KIND_NAMES[kind_byte]) for at_ms, kind_byte, encoded in found]
 
 
 def to_ms(at: Any) -> int:
@@ -226,8 +256,17 @@ def _normalize(key: Any, value: Any, type_name: str) -> Any:
     if value is not None and hasattr(value, "item") and not isinstance(value, (str, bytes, datetime.date)):
         value = value.item()  # a numpy scalar
     if isinstance(value, datetime.datetime) and type(value) is not datetime.datetime:  # a pandas Timestamp
-        value = datetime.datetime(value.year, value.month, value.day, value.hour, value.minute, value.second,
-                                  value.microsecond, tzinfo=value.tzinfo, fold=value.fold)
+        value = datetime.datetime(
+            value.year,
+            value.month,
+            value.day,
+            value.hour,
+            value.minute,
+            value.second,
+            value.microsecond,
+            tzinfo=value.tzinfo,
+            fold=value.fold,
+        )
     if value is None or not type_name:
         return value
     wanted: tuple[type, ...]
@@ -255,8 +294,10 @@ def _normalize(key: Any, value: Any, type_name: str) -> Any:
     else:
         return value
     if not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted):
-        raise ConfigError(f"timer key {key!r}: {value!r} is not a value of a {type_name} key column; a timer's key "
-                          "is the key column value of a row (a tuple of them for several key columns)")
+        raise ConfigError(
+            f"timer key {key!r}: {value!r} is not a value of a {type_name} key column; a timer's key "
+            "is the key column value of a row (a tuple of them for several key columns)"
+        )
     return value
 
 
@@ -285,8 +326,10 @@ def encode_key(values: tuple[Any, ...]) -> bytes:
         elif isinstance(value, datetime.date):
             parts.append(b"\x06" + struct.pack(">i", (value - datetime.date(1970, 1, 1)).days))
         else:
-            raise ConfigError(f"a timer key value of type {type(value).__name__} ({value!r}) cannot be stored; key "
-                              "columns of type string, binary, boolean, integral, float, double, date or timestamp")
+            raise ConfigError(
+                f"a timer key value of type {type(value).__name__} ({value!r}) cannot be stored; key "
+                "columns of type string, binary, boolean, integral, float, double, date or timestamp"
+            )
     return b"".join(parts)
 
 
@@ -316,7 +359,7 @@ def decode_key(data: bytes) -> tuple[Any, ...]:
         elif tag in (4, 5):
             (length,) = _LENGTH.unpack_from(data, position)
             position += _LENGTH.size
-            raw = bytes(data[position:position + length])
+            raw = bytes(data[position : position + length])
             position += length
             values.append(raw.decode("utf-8") if tag == 4 else raw)
         elif tag == 6:
@@ -335,7 +378,7 @@ def timer_key_columns(record: bytes) -> tuple[Any, ...]:
         return decode_key(record[10:])
     if record[:1] == _BY_KEY:
         (length,) = _LENGTH.unpack_from(record, 1)
-        return decode_key(record[1 + _LENGTH.size:1 + _LENGTH.size + length])
+        return decode_key(record[1 + _LENGTH.size : 1 + _LENGTH.size + length])
     raise ConfigError(f"the timer store holds a record that is no timer ({record[:16]!r}...)")
 
 
@@ -362,8 +405,9 @@ def key_text(key: Any) -> str:
     return json.dumps(list(key) if isinstance(key, tuple) else key, default=plain, separators=(",", ":"))
 
 
-def owner_check(index: int, num_tasks: int, key_groups: int,
-                key_types: Sequence[str]) -> Callable[[Any, tuple[Any, ...]], None]:
+def owner_check(
+    index: int, num_tasks: int, key_groups: int, key_types: Sequence[str]
+) -> Callable[[Any, tuple[Any, ...]], None]:
     """What refuses a timer whose key task ``index`` does not own: a key that does not hash as the key columns, or
     whose key group is another task's (its rows never come here, and a rescale would refuse it later)."""
     mine = key_group_range(index, num_tasks, key_groups)
@@ -372,13 +416,16 @@ def owner_check(index: int, num_tasks: int, key_groups: int,
         try:
             group = spark_hash(columns, key_types) % key_groups
         except (TypeError, ConfigError) as exc:
-            raise ConfigError(f"timer key {key!r} does not hash as the key columns ({', '.join(key_types)}): {exc}. "
-                              "A timer's key is the key column value of a row (a tuple of them for several)") from exc
+            raise ConfigError(
+                f"timer key {key!r} does not hash as the key columns ({', '.join(key_types)}): {exc}. "
+                "A timer's key is the key column value of a row (a tuple of them for several)"
+            ) from exc
         if group not in mine:
             raise ConfigError(
                 f"timer key {key!r} is of key group {group}, owned by task-{task_of_group(group, num_tasks, key_groups)}"
                 f", not task-{index}: a task registers timers for the keys of its own rows only (the key column "
-                "value, a tuple of them for several)")
+                "value, a tuple of them for several)"
+            )
 
     return check
 
@@ -390,7 +437,8 @@ def refuse_dropping_timers(name: str, starts: Sequence[Any]) -> None:
         raise ConfigError(
             f"{name}: the state holds timers (store {TIMERS_STORE!r}) but StatefulForeachBatch has no on_timers: "
             "committing without it would drop every pending timer. Give on_timers (a handler that ignores the timers "
-            "it gets fires and deletes them)")
+            "it gets fires and deletes them)"
+        )
 
 
 def with_timer_store(config: Mapping[str, Any], parsed: Settings | None = None) -> dict[str, Any]:
@@ -400,22 +448,32 @@ def with_timer_store(config: Mapping[str, Any], parsed: Settings | None = None) 
     ``parsed``: ``config`` without the timer store's keys, already parsed (its stores are read from it instead of
     parsing again). Declaring it in a configuration that already declares it gives the same configuration."""
     prefix = f"stores.{TIMERS_STORE}."
-    own = {key[len(prefix):]: value for key, value in config.items() if key.startswith(prefix)}
+    own = {key[len(prefix) :]: value for key, value in config.items() if key.startswith(prefix)}
     # a configuration this function already declared the timer store in keeps its serdes (the same ones)
-    fixed = sorted(option for option in own if option in _FIXED_OPTIONS
-                   and not (option in ("key.serde", "msg.serde") and own[option] == "bytes"))
+    fixed = sorted(
+        option
+        for option in own
+        if option in _FIXED_OPTIONS and not (option in ("key.serde", "msg.serde") and own[option] == "bytes")
+    )
     if fixed:
-        raise ConfigError(f"{', '.join(prefix + option for option in fixed)}: the timer store's serdes and TTL are "
-                          "fixed by statebackend; remove the key(s) (its other options, e.g. lmdb.map.size or "
-                          "backup.factories, may be set)")
+        raise ConfigError(
+            f"{', '.join(prefix + option for option in fixed)}: the timer store's serdes and TTL are "
+            "fixed by statebackend; remove the key(s) (its other options, e.g. lmdb.map.size or "
+            "backup.factories, may be set)"
+        )
     declared = dict(config)
     if "backup.factories" not in own:
-        settings = parsed if parsed is not None else Settings.from_config(
-            {key: value for key, value in config.items() if not key.startswith(prefix)})
+        settings = (
+            parsed
+            if parsed is not None
+            else Settings.from_config({key: value for key, value in config.items() if not key.startswith(prefix)})
+        )
         if not settings.stores:
-            raise ConfigError(f"timers are kept in the store {TIMERS_STORE!r}, backed up by the backends of the job's "
-                              "stores, but the config declares no store: declare one (stores.<name>.backup.factories)"
-                              f", or set {prefix}backup.factories")
+            raise ConfigError(
+                f"timers are kept in the store {TIMERS_STORE!r}, backed up by the backends of the job's "
+                "stores, but the config declares no store: declare one (stores.<name>.backup.factories)"
+                f", or set {prefix}backup.factories"
+            )
         backups: builtins.list[str] = []
         restores: builtins.list[str] = []
         for name in sorted(settings.stores):

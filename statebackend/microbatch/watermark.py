@@ -40,8 +40,15 @@ from statebackend.microbatch.batches import (
 )
 from statebackend.microbatch.keygroups import _epoch_micros
 
-__all__ = ["EVENT_TIME_TYPES", "EventClock", "EventTimes", "next_watermark", "parse_delay", "recorded_ms",
-           "recover_event_clock"]
+__all__ = [
+    "EVENT_TIME_TYPES",
+    "EventClock",
+    "EventTimes",
+    "next_watermark",
+    "parse_delay",
+    "recorded_ms",
+    "recover_event_clock",
+]
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +96,12 @@ class EventClock:
             _, watermark, event_max = self._known
         else:
             watermark, event_max = recover_event_clock(spark, settings, batch_id)
-            log.info("batch %d: event time recovered from the checkpoints below it: watermark %s, largest event "
-                     "time %s", batch_id, watermark, event_max)
+            log.info(
+                "batch %d: event time recovered from the checkpoints below it: watermark %s, largest event time %s",
+                batch_id,
+                watermark,
+                event_max,
+            )
         return next_watermark(watermark, event_max, self.delay_ms), event_max
 
     def completed(self, batch_id: int, stats: Sequence[Any], num_tasks: int) -> None:
@@ -129,8 +140,9 @@ class _ClockReader:
         for _ in batches:
             pass
         watermark, event_max = self.read()
-        yield pa.RecordBatch.from_arrays([pa.array([watermark], pa.int64()), pa.array([event_max], pa.int64())],
-                                         schema=self.schema)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([watermark], pa.int64()), pa.array([event_max], pa.int64())], schema=self.schema
+        )
 
     def read(self) -> tuple[int | None, int | None]:
         from statebackend.blobstores.base import open_blob_store
@@ -155,7 +167,8 @@ class _ClockReader:
                         f"batch {self.batch_id}: the watermark is derived from every task's checkpoint of batch "
                         f"{previous}, but {name}'s newest below batch {self.batch_id} is "
                         f"{'none' if entry is None else f'of batch {batch_of(entry, name)}'}: its checkpoints are "
-                        "missing from the blob store")
+                        "missing from the blob store"
+                    )
                 entries.append(entry)
         finally:
             blob_store.close()
@@ -199,8 +212,9 @@ class EventTimes:
             return frame
         stamps = pd.to_datetime(series)
         if stamps.dt.tz is None:
-            stamps = stamps.dt.tz_localize("UTC" if self.type_name == "timestamp_ntz" else self.time_zone,
-                                           ambiguous="NaT", nonexistent="NaT").dropna()
+            stamps = stamps.dt.tz_localize(
+                "UTC" if self.type_name == "timestamp_ntz" else self.time_zone, ambiguous="NaT", nonexistent="NaT"
+            ).dropna()
         if not stamps.empty:
             self._see(int(stamps.max().value // 1_000_000))
         return frame
@@ -218,8 +232,10 @@ class EventTimes:
             return _epoch_micros(value, local=self.type_name != "timestamp_ntz") // 1000
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"event-time column {self.column!r} holds {value!r}: an event time is a timestamp or "
-                          "ms since the epoch (long)")
+        raise ConfigError(
+            f"event-time column {self.column!r} holds {value!r}: an event time is a timestamp or "
+            "ms since the epoch (long)"
+        )
 
     def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -232,8 +248,13 @@ class EventTimes:
                 if pa.types.is_timestamp(column.type):  # the instant (the wall clock as UTC without a zone)
                     raw = int(largest.value)
                     unit = column.type.unit
-                    self._see(raw * 1000 if unit == "s" else raw if unit == "ms" else
-                              raw // (1000 if unit == "us" else 1_000_000))
+                    self._see(
+                        raw * 1000
+                        if unit == "s"
+                        else raw
+                        if unit == "ms"
+                        else raw // (1000 if unit == "us" else 1_000_000)
+                    )
                 else:
                     self._see(int(largest.as_py()))
             yield batch

@@ -60,4 +60,3 @@ def process_outlives_task(context: Any) -> bool:
     ``SPARK_REUSE_WORKER``); a worker that exits after its task would take a parked task's background snapshot and
     cleanups with it every time. Outside a Spark task (the caller runs tasks itself): yes."""
     return context is None or bool(os.environ.get("SPARK_REUSE_WORKER"))
-

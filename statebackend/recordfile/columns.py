@@ -54,8 +54,9 @@ class RecordColumns:
         return zip(self.keys, self.values)
 
 
-def record_chunks(source: Iterator[tuple[bytes, bytes | None]]
-                  ) -> Callable[[int], tuple[Sequence[bytes], Sequence[bytes | None]]]:
+def record_chunks(
+    source: Iterator[tuple[bytes, bytes | None]],
+) -> Callable[[int], tuple[Sequence[bytes], Sequence[bytes | None]]]:
     """The next (up to) ``take`` records of ``source`` as (keys, values): split by one ``zip`` in C."""
 
     def take_next(take: int) -> tuple[Sequence[bytes], Sequence[bytes | None]]:
@@ -92,7 +93,7 @@ def u32_bytes(numbers: list[int]) -> bytes:
 def u32_array(block: bytes, start: int, n: int) -> array[int]:
     """The ``n`` little-endian u32s at ``block[start:]``: a column of lengths, read by one C call."""
     numbers = array(_U32)
-    numbers.frombytes(memoryview(block)[start:start + 4 * n])
+    numbers.frombytes(memoryview(block)[start : start + 4 * n])
     if _BIG_ENDIAN:
         numbers.byteswap()
     return numbers
@@ -110,7 +111,7 @@ def to_planes(data: bytes, n: int, length: int) -> bytes:
         return b"".join([data[i::length] for i in range(length)])
     out = bytearray(len(data))
     for j in range(n):
-        out[j::n] = data[j * length:(j + 1) * length]
+        out[j::n] = data[j * length : (j + 1) * length]
     return bytes(out)
 
 
@@ -118,11 +119,11 @@ def from_planes(data: bytes, start: int, n: int, length: int) -> Sequence[bytes]
     """The ``n`` records of ``length`` bytes each stored as byte planes in ``data[start:start + n * length]``
     (the inverse of :func:`to_planes`): one C slice assignment per plane, then one struct call cuts the records;
     one slice per record when there are fewer records than bytes per record."""
-    view = memoryview(data)[start:start + n * length]
+    view = memoryview(data)[start : start + n * length]
     if length <= n:
         out = bytearray(n * length)
         for i in range(length):
-            out[i::length] = view[i * n:(i + 1) * n]
+            out[i::length] = view[i * n : (i + 1) * n]
         return fixed_struct(n, length).unpack_from(out)
     return [bytes(view[j::n]) for j in range(n)]
 

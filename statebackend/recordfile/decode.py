@@ -41,8 +41,9 @@ _unpack_block_header = BLOCK_HEADER.unpack_from
 _READ_MAX = 16 << 20
 
 
-def parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
-                  emit: bool = True) -> Generator[Record, None, int]:
+def parse_records(
+    blocks: Iterable[bytes], *, name: str, allow_delete: bool, emit: bool = True
+) -> Generator[Record, None, int]:
     """Records from uncompressed body blocks (a record may straddle blocks); returns the count when done.
 
     ``emit=False`` checks every record without yielding any (what verify needs): about a third cheaper.
@@ -79,8 +80,10 @@ def parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
             key = buf[key_start:value_start]
             # prev starts as b"": only an empty first key compares <= it, and count is 0 then
             if key <= prev and count:
-                raise CorruptDataError(f"{name}: record {count} at body byte {base + pos} has key {key[:64]!r}, "
-                                       f"not after {prev[:64]!r}; keys must strictly increase")
+                raise CorruptDataError(
+                    f"{name}: record {count} at body byte {base + pos} has key {key[:64]!r}, "
+                    f"not after {prev[:64]!r}; keys must strictly increase"
+                )
             if op == OP_PUT:
                 if emit:
                     yield key, buf[value_start:record_end]
@@ -88,8 +91,10 @@ def parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
                 if emit:
                     yield key, None
             else:
-                raise CorruptDataError(f"{name}: record {count} at body byte {base + pos} has op {op} and value "
-                                       f"length {vlen}, not a valid {'delta' if allow_delete else 'snapshot'} record")
+                raise CorruptDataError(
+                    f"{name}: record {count} at body byte {base + pos} has op {op} and value "
+                    f"length {vlen}, not a valid {'delta' if allow_delete else 'snapshot'} record"
+                )
             prev = key
             pos = record_end
             count += 1
@@ -98,22 +103,27 @@ def parse_records(blocks: Iterable[bytes], *, name: str, allow_delete: bool,
         if len(tail) >= prefix_size:
             _, klen, vlen = unpack(tail, 0)
             if klen + vlen > limit:  # checked before the record is collected: its bytes are not read
-                raise CorruptDataError(f"{name}: record {count} at body byte {base} declares {klen} key and {vlen} "
-                                       f"value bytes, more than the {limit} a record may hold (MAX_BLOCK_BYTES); "
-                                       "the file is corrupt")
+                raise CorruptDataError(
+                    f"{name}: record {count} at body byte {base} declares {klen} key and {vlen} "
+                    f"value bytes, more than the {limit} a record may hold (MAX_BLOCK_BYTES); "
+                    "the file is corrupt"
+                )
             need = prefix_size + klen + vlen
             if need > 2 * fileformat.BLOCK_BYTES:
                 big = bytearray(tail)
                 tail = b""
     left = len(big) if big is not None else len(tail)
     if left:
-        raise CorruptDataError(f"{name}: the body ends inside record {count} at body byte {base} "
-                               f"({left} bytes left over); the file is truncated or corrupt")
+        raise CorruptDataError(
+            f"{name}: the body ends inside record {count} at body byte {base} "
+            f"({left} bytes left over); the file is truncated or corrupt"
+        )
     return count
 
 
-def parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool, version: int,
-                 emit: bool = True) -> Generator[Iterator[Record], None, int]:
+def parse_blocks(
+    read: Callable[[int], bytes], *, name: str, allow_delete: bool, version: int, emit: bool = True
+) -> Generator[Iterator[Record], None, int]:
     """Versions 2 and 3: one ``zip(keys, values)`` per block of the uncompressed body (read with ``read(size)``),
     every block checked before it is yielded; returns the record count when done.
 
@@ -132,21 +142,29 @@ def parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool,
         if not head:
             return count
         if len(head) < BLOCK_HEADER_SIZE:
-            raise CorruptDataError(f"{name}: the body ends inside the header of the block at body byte {offset} "
-                                   f"(record {count}); the file is truncated or corrupt")
+            raise CorruptDataError(
+                f"{name}: the body ends inside the header of the block at body byte {offset} "
+                f"(record {count}); the file is truncated or corrupt"
+            )
         n, flags, key_bytes, value_bytes = _unpack_block_header(head)
         if not 0 < n <= BLOCK_MAX_RECORDS or flags & ~valid_flags:
-            raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has record count {n} "
-                                   f"and flags {flags}; a valid version {version} block has 1..{BLOCK_MAX_RECORDS} "
-                                   f"records and flags within {valid_flags}; the file is corrupt")
+            raise CorruptDataError(
+                f"{name}: the block at body byte {offset} (record {count}) has record count {n} "
+                f"and flags {flags}; a valid version {version} block has 1..{BLOCK_MAX_RECORDS} "
+                f"records and flags within {valid_flags}; the file is corrupt"
+            )
         if key_bytes + value_bytes > limit:  # checked before any of the block is read (or decompressed)
-            raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) declares {key_bytes} "
-                                   f"key and {value_bytes} value bytes, more than the {limit} a block may hold "
-                                   "(MAX_BLOCK_BYTES); the file is corrupt")
+            raise CorruptDataError(
+                f"{name}: the block at body byte {offset} (record {count}) declares {key_bytes} "
+                f"key and {value_bytes} value bytes, more than the {limit} a block may hold "
+                "(MAX_BLOCK_BYTES); the file is corrupt"
+            )
         has_ops = flags & FLAG_OPS
         if has_ops and not allow_delete:
-            raise CorruptDataError(f"{name}: the block at body byte {offset} (record {count}) has op bytes, not a "
-                                   "valid snapshot record block (a snapshot holds puts only)")
+            raise CorruptDataError(
+                f"{name}: the block at body byte {offset} (record {count}) has op bytes, not a "
+                "valid snapshot record block (a snapshot holds puts only)"
+            )
         keys_fixed = flags & FLAG_KEYS_FIXED
         values_fixed = flags & FLAG_VALUES_FIXED
         ops_size = n if has_ops else 0
@@ -156,9 +174,11 @@ def parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool,
         size = data_start + key_bytes + value_bytes
         block = _read_exactly(read, size)
         if len(block) < size:
-            raise CorruptDataError(f"{name}: the body ends inside the block at body byte {offset} (records {count} "
-                                   f"to {count + n - 1}: {len(block)} of {size} bytes); the file is truncated or "
-                                   "corrupt")
+            raise CorruptDataError(
+                f"{name}: the body ends inside the block at body byte {offset} (records {count} "
+                f"to {count + n - 1}: {len(block)} of {size} bytes); the file is truncated or "
+                "corrupt"
+            )
         deletes = _delete_positions(block[:ops_size], offset, count, name=name) if has_ops else []
         if not (keys_fixed or values_fixed):  # version 2's layout: one struct cuts keys and values
             key_lengths = u32_array(block, ops_size, n)
@@ -166,7 +186,8 @@ def parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool,
             cut = block_struct(key_lengths, value_lengths, n, emit)
             # the struct's size is the sum of the lengths it cuts: compare it (free) rather than summing the arrays
             if cut.size != (key_bytes + value_bytes if emit else key_bytes) or (
-                    not emit and sum(value_lengths) != value_bytes):
+                not emit and sum(value_lengths) != value_bytes
+            ):
                 _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name)
             _check_deletes_have_no_value(deletes, value_lengths, offset, count, name=name)
             unpacked = cut.unpack_from(block, data_start)
@@ -177,8 +198,9 @@ def parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool,
             if keys_fixed:
                 (key_length,) = u32_array(block, ops_size, 1)
                 if key_length * n != key_bytes:
-                    _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name,
-                                       detail=f"{n} keys of length {key_length}")
+                    _raise_bad_lengths(
+                        offset, count, key_bytes, value_bytes, name=name, detail=f"{n} keys of length {key_length}"
+                    )
                 keys = from_planes(block, data_start, n, key_length)
             else:
                 key_cut = column_struct(u32_array(block, ops_size, n), n)
@@ -189,8 +211,14 @@ def parse_blocks(read: Callable[[int], bytes], *, name: str, allow_delete: bool,
             if values_fixed:
                 (value_length,) = u32_array(block, ops_size + key_lengths_size, 1)
                 if value_length * puts != value_bytes:
-                    _raise_bad_lengths(offset, count, key_bytes, value_bytes, name=name,
-                                       detail=f"{puts} values of length {value_length}")
+                    _raise_bad_lengths(
+                        offset,
+                        count,
+                        key_bytes,
+                        value_bytes,
+                        name=name,
+                        detail=f"{puts} values of length {value_length}",
+                    )
                 if emit:
                     values = from_planes(block, value_start, puts, value_length)
                     if deletes:
@@ -245,7 +273,7 @@ def _with_deletes(puts: Sequence[bytes], deletes: list[int]) -> list[bytes | Non
     position = 0  # the record the next value is for
     for index in deletes:
         run = index - position
-        values += puts[taken:taken + run]
+        values += puts[taken : taken + run]
         values.append(None)
         taken += run
         position = index + 1
@@ -253,18 +281,23 @@ def _with_deletes(puts: Sequence[bytes], deletes: list[int]) -> list[bytes | Non
     return values
 
 
-def _raise_bad_lengths(offset: int, first_index: int, key_bytes: int, value_bytes: int, *, name: str,
-                       detail: str = "key and value lengths") -> None:
-    raise CorruptDataError(f"{name}: the block at body byte {offset} (record {first_index}) has {detail} that do "
-                           f"not add up to its {key_bytes} key and {value_bytes} value bytes; the file is corrupt")
+def _raise_bad_lengths(
+    offset: int, first_index: int, key_bytes: int, value_bytes: int, *, name: str, detail: str = "key and value lengths"
+) -> None:
+    raise CorruptDataError(
+        f"{name}: the block at body byte {offset} (record {first_index}) has {detail} that do "
+        f"not add up to its {key_bytes} key and {value_bytes} value bytes; the file is corrupt"
+    )
 
 
 def _delete_positions(ops: bytes, offset: int, first_index: int, *, name: str) -> list[int]:
     """Check a block's op bytes (puts and deletes only); the positions of its deletes, in increasing order."""
     if ops.count(OP_PUT) + ops.count(OP_DELETE) != len(ops):
         index = next(i for i, op in enumerate(ops) if op not in (OP_PUT, OP_DELETE))
-        raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} has op "
-                               f"{ops[index]}, not a valid delta record")
+        raise CorruptDataError(
+            f"{name}: record {first_index + index} in the block at body byte {offset} has op "
+            f"{ops[index]}, not a valid delta record"
+        )
     deletes = []
     find = ops.find
     index = find(OP_DELETE)
@@ -274,20 +307,26 @@ def _delete_positions(ops: bytes, offset: int, first_index: int, *, name: str) -
     return deletes
 
 
-def _check_deletes_have_no_value(deletes: list[int], value_lengths: array[int], offset: int, first_index: int, *,
-                                 name: str) -> None:
+def _check_deletes_have_no_value(
+    deletes: list[int], value_lengths: array[int], offset: int, first_index: int, *, name: str
+) -> None:
     for index in deletes:
         if value_lengths[index]:
-            raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} is a "
-                                   f"delete with value length {value_lengths[index]}, not a valid delta record")
+            raise CorruptDataError(
+                f"{name}: record {first_index + index} in the block at body byte {offset} is a "
+                f"delete with value length {value_lengths[index]}, not a valid delta record"
+            )
 
 
-def _raise_out_of_order(keys: Sequence[bytes], previous: bytes | None, offset: int, first_index: int, *,
-                        name: str) -> None:
+def _raise_out_of_order(
+    keys: Sequence[bytes], previous: bytes | None, offset: int, first_index: int, *, name: str
+) -> None:
     before = previous
     for index, key in enumerate(keys):
         if before is not None and not before < key:
-            raise CorruptDataError(f"{name}: record {first_index + index} in the block at body byte {offset} has "
-                                   f"key {key[:64]!r}, not after {before[:64]!r}; keys must strictly increase")
+            raise CorruptDataError(
+                f"{name}: record {first_index + index} in the block at body byte {offset} has "
+                f"key {key[:64]!r}, not after {before[:64]!r}; keys must strictly increase"
+            )
         before = key
     raise AssertionError("unreachable: the keys were out of order")  # pragma: no cover

@@ -204,8 +204,9 @@ def encode_header(header: FileHeader, compression: str) -> bytes:
     """The header's bytes: the fixed prefix, the lineage as compact JSON with sorted keys, their CRC-32.
     ``compression`` is one of :data:`COMPRESSIONS` (the writer checked it)."""
     metadata = _encode_metadata(header)
-    prefix = _PREFIX.pack(MAGIC, header.format_version, _KIND_CODES[header.kind], _COMPRESSION_CODES[compression],
-                          len(metadata))
+    prefix = _PREFIX.pack(
+        MAGIC, header.format_version, _KIND_CODES[header.kind], _COMPRESSION_CODES[compression], len(metadata)
+    )
     header_bytes = prefix + metadata
     return header_bytes + _CRC32.pack(zlib.crc32(header_bytes))
 
@@ -245,15 +246,21 @@ def read_frame(head: bytes, tail: bytes, size: int, *, name: str) -> FileHeader:
     writer deciding by two ranged reads whether a blob is whole and is the one it wrote."""
     header, _, header_end = parse_header(head, name=name)
     if size < header_end + FOOTER_SIZE or len(tail) != FOOTER_SIZE:
-        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
-                               f"footer (header ends at byte {header_end})")
+        raise CorruptDataError(
+            f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
+            f"footer (header ends at byte {header_end})"
+        )
     _, body_length, _, magic_end = FOOTER.unpack(tail)
     if magic_end != MAGIC_END:
-        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
-                               f"not completely written (truncated at byte {size}?)")
+        raise CorruptDataError(
+            f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
+            f"not completely written (truncated at byte {size}?)"
+        )
     if body_length != size - FOOTER_SIZE - header_end:
-        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the file holds "
-                               f"{size - FOOTER_SIZE - header_end}; the file is truncated or corrupt")
+        raise CorruptDataError(
+            f"{name}: the footer says the body has {body_length} bytes, the file holds "
+            f"{size - FOOTER_SIZE - header_end}; the file is truncated or corrupt"
+        )
     return header
 
 
@@ -262,8 +269,9 @@ def parse_prefix(data: bytes, *, name: str) -> tuple[int, int, int, int]:
     if len(data) < _MAGIC_AND_VERSION.size:
         if not MAGIC.startswith(bytes(data[: len(MAGIC)])):
             raise CorruptDataError(f"{name}: not a changelog file (bad magic {bytes(data[:8])!r}, want {MAGIC!r})")
-        raise CorruptDataError(f"{name}: truncated at byte {len(data)}: the file header needs "
-                               f"{HEADER_PREFIX_SIZE} bytes at least")
+        raise CorruptDataError(
+            f"{name}: truncated at byte {len(data)}: the file header needs {HEADER_PREFIX_SIZE} bytes at least"
+        )
     magic, version = _MAGIC_AND_VERSION.unpack_from(data)
     if magic != MAGIC:
         raise CorruptDataError(f"{name}: not a changelog file (bad magic {magic!r}, want {MAGIC!r})")
@@ -274,15 +282,20 @@ def parse_prefix(data: bytes, *, name: str) -> tuple[int, int, int, int]:
                 f"{name}: changelog format version {version} is newer than this release reads "
                 f"(supported: {list(SUPPORTED_FORMAT_VERSIONS)}); upgrade statebackend to read it"
             )
-        raise CorruptDataError(f"{name}: changelog format version {version} was never written "
-                               f"(supported: {list(SUPPORTED_FORMAT_VERSIONS)})")
+        raise CorruptDataError(
+            f"{name}: changelog format version {version} was never written "
+            f"(supported: {list(SUPPORTED_FORMAT_VERSIONS)})"
+        )
     if len(data) < HEADER_PREFIX_SIZE:
-        raise CorruptDataError(f"{name}: truncated at byte {len(data)}: the file header needs "
-                               f"{HEADER_PREFIX_SIZE} bytes at least")
+        raise CorruptDataError(
+            f"{name}: truncated at byte {len(data)}: the file header needs {HEADER_PREFIX_SIZE} bytes at least"
+        )
     _, _, kind_code, compression_code, metadata_length = _PREFIX.unpack_from(data)
     if metadata_length > MAX_HEADER_METADATA_BYTES:
-        raise CorruptDataError(f"{name}: header metadata length {metadata_length} exceeds "
-                               f"{MAX_HEADER_METADATA_BYTES}; the header is corrupt")
+        raise CorruptDataError(
+            f"{name}: header metadata length {metadata_length} exceeds "
+            f"{MAX_HEADER_METADATA_BYTES}; the header is corrupt"
+        )
     return version, kind_code, compression_code, metadata_length
 
 
@@ -295,8 +308,9 @@ def parse_header(data: bytes, *, name: str) -> tuple[FileHeader, str, int]:
         raise CorruptDataError(f"{name}: truncated at byte {len(data)}: the file header needs {header_end} bytes")
     (stored_crc,) = _CRC32.unpack_from(data, metadata_end)
     if zlib.crc32(data[:metadata_end]) != stored_crc:
-        raise CorruptDataError(f"{name}: header checksum mismatch (CRC-32 over bytes 0..{metadata_end}); "
-                               "the header is corrupt")
+        raise CorruptDataError(
+            f"{name}: header checksum mismatch (CRC-32 over bytes 0..{metadata_end}); the header is corrupt"
+        )
     kind = _KIND_NAMES.get(kind_code)
     compression = _COMPRESSION_NAMES.get(compression_code)
     if kind is None or compression is None:
@@ -307,8 +321,10 @@ def parse_header(data: bytes, *, name: str) -> tuple[FileHeader, str, int]:
     except (ValueError, TypeError, UsageError) as exc:
         raise CorruptDataError(f"{name}: header metadata is not a valid FileHeader: {exc}") from exc
     if header.kind != kind or header.format_version != version:
-        raise CorruptDataError(f"{name}: header metadata ({header.kind}, version {header.format_version}) "
-                               f"contradicts the fixed header ({kind}, version {version})")
+        raise CorruptDataError(
+            f"{name}: header metadata ({header.kind}, version {header.format_version}) "
+            f"contradicts the fixed header ({kind}, version {version})"
+        )
     return header, compression, header_end
 
 

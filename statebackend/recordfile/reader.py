@@ -73,11 +73,24 @@ def verify(data: bytes, *, name: str) -> FileHeader:
     header, compression, header_end, body_end, count = _open_bytes(data, name=name, check_digest=True)
     allow_delete = header.kind in DELETE_KINDS
     if header.format_version == 1:
-        found = _drain(parse_records(_body_blocks(data, header_end, body_end, compression, name=name), name=name,
-                                     allow_delete=allow_delete, emit=False))
+        found = _drain(
+            parse_records(
+                _body_blocks(data, header_end, body_end, compression, name=name),
+                name=name,
+                allow_delete=allow_delete,
+                emit=False,
+            )
+        )
     else:
-        found = _drain(parse_blocks(_body_reader(data, header_end, body_end, compression, name=name), name=name,
-                                    allow_delete=allow_delete, version=header.format_version, emit=False))
+        found = _drain(
+            parse_blocks(
+                _body_reader(data, header_end, body_end, compression, name=name),
+                name=name,
+                allow_delete=allow_delete,
+                version=header.format_version,
+                emit=False,
+            )
+        )
     _check_count(found, count, name=name)
     return header
 
@@ -111,12 +124,16 @@ def iter_records(source: bytes | BinaryIO, *, name: str, verified: bool = False)
 
         if header.format_version == 1:
             blocks = _body_blocks(data, header_end, body_end, compression, name=name)
-            return RecordReader(header, _then(parse_records(blocks, name=name, allow_delete=allow_delete),
-                                              check_count))
+            return RecordReader(header, _then(parse_records(blocks, name=name, allow_delete=allow_delete), check_count))
         read = _body_reader(data, header_end, body_end, compression, name=name)
-        return RecordReader(header, chain.from_iterable(
-            _then(parse_blocks(read, name=name, allow_delete=allow_delete, version=header.format_version),
-                  check_count)))
+        return RecordReader(
+            header,
+            chain.from_iterable(
+                _then(
+                    parse_blocks(read, name=name, allow_delete=allow_delete, version=header.format_version), check_count
+                )
+            ),
+        )
     return _open_stream(source, name=name)
 
 
@@ -128,21 +145,28 @@ def _open_bytes(data: bytes, *, name: str, check_digest: bool) -> tuple[FileHead
     header, compression, header_end = parse_header(data, name=name)
     size = len(data)
     if size < header_end + FOOTER_SIZE:
-        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
-                               f"footer (header ends at byte {header_end})")
+        raise CorruptDataError(
+            f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
+            f"footer (header ends at byte {header_end})"
+        )
     body_end = size - FOOTER_SIZE
     count, body_length, digest, magic_end = FOOTER.unpack_from(data, body_end)
     if magic_end != MAGIC_END:
-        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
-                               f"not completely written (truncated at byte {size}?)")
+        raise CorruptDataError(
+            f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
+            f"not completely written (truncated at byte {size}?)"
+        )
     if body_length != body_end - header_end:
-        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the file holds "
-                               f"{body_end - header_end}; the file is truncated or corrupt")
+        raise CorruptDataError(
+            f"{name}: the footer says the body has {body_length} bytes, the file holds "
+            f"{body_end - header_end}; the file is truncated or corrupt"
+        )
     if check_digest:
         hasher = new_hasher(memoryview(data)[: body_end + FOOTER_COVERED])
         if hasher.digest() != digest:
-            raise CorruptDataError(f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{body_end}); "
-                                   "the file is corrupt")
+            raise CorruptDataError(
+                f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{body_end}); the file is corrupt"
+            )
     return header, compression, header_end, body_end, count
 
 
@@ -154,8 +178,9 @@ def _body_blocks(data: bytes, start: int, end: int, compression: str, *, name: s
             yield data[start:end]
         return
     # read_across_frames: bytes after the first frame are decoded (and then fail) rather than silently ignored
-    reader = _decompressor().stream_reader(memoryview(data)[start:end], read_size=fileformat.BLOCK_BYTES,
-                                           read_across_frames=True)
+    reader = _decompressor().stream_reader(
+        memoryview(data)[start:end], read_size=fileformat.BLOCK_BYTES, read_across_frames=True
+    )
     yield from _decompressed_blocks(reader, name=name)
 
 
@@ -184,8 +209,9 @@ def _body_reader(data: bytes, start: int, end: int, compression: str, *, name: s
 
 def _zstd_read(source: Any, *, name: str) -> Callable[[int], bytes]:
     # read_across_frames: bytes after the first frame are decoded (and then fail) rather than silently ignored
-    reader = _decompressor().stream_reader(source, read_size=fileformat.BLOCK_BYTES, read_across_frames=True,
-                                           closefd=False)
+    reader = _decompressor().stream_reader(
+        source, read_size=fileformat.BLOCK_BYTES, read_across_frames=True, closefd=False
+    )
 
     def read(size: int) -> bytes:
         try:
@@ -271,8 +297,9 @@ def _open_stream(source: BinaryIO, *, name: str) -> RecordReader:
     return RecordReader(header, _stream_records(body, header, compression, header_end, name=name))
 
 
-def _stream_records(body: _StreamBody, header: FileHeader, compression: str, header_end: int,
-                    *, name: str) -> Iterator[Record]:
+def _stream_records(
+    body: _StreamBody, header: FileHeader, compression: str, header_end: int, *, name: str
+) -> Iterator[Record]:
     allow_delete = header.kind in DELETE_KINDS
 
     def finish(found: int) -> None:
@@ -280,13 +307,17 @@ def _stream_records(body: _StreamBody, header: FileHeader, compression: str, hea
 
     if header.format_version != 1:
         read = _zstd_read(body, name=name) if compression == "zstd" else body.read
-        return chain.from_iterable(_then(parse_blocks(read, name=name, allow_delete=allow_delete,
-                                                      version=header.format_version), finish))
+        return chain.from_iterable(
+            _then(parse_blocks(read, name=name, allow_delete=allow_delete, version=header.format_version), finish)
+        )
     if compression == "zstd":
         # zstandard's stub asks for IO[bytes]; its reader only ever calls read(), which _StreamBody has
-        reader: Any = _decompressor().stream_reader(body,  # type: ignore[arg-type]
-                                                    read_size=fileformat.BLOCK_BYTES, read_across_frames=True,
-                                                    closefd=False)
+        reader: Any = _decompressor().stream_reader(
+            body,  # type: ignore[arg-type]
+            read_size=fileformat.BLOCK_BYTES,
+            read_across_frames=True,
+            closefd=False,
+        )
         blocks: Iterator[bytes] = _decompressed_blocks(reader, name=name)
     else:
         blocks = iter(lambda: body.read(fileformat.BLOCK_BYTES), b"")
@@ -300,17 +331,21 @@ def _finish_stream(body: _StreamBody, header_end: int, found: int, *, name: str)
         pass
     size = header_end + body.body_bytes + len(body.held)
     if len(body.held) < FOOTER_SIZE:
-        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
-                               "footer")
+        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte footer")
     count, body_length, digest, magic_end = FOOTER.unpack(body.held)
     if magic_end != MAGIC_END:
-        raise CorruptDataError(f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
-                               f"not completely written (truncated at byte {size}?)")
+        raise CorruptDataError(
+            f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
+            f"not completely written (truncated at byte {size}?)"
+        )
     if body_length != body.body_bytes:
-        raise CorruptDataError(f"{name}: the footer says the body has {body_length} bytes, the file holds "
-                               f"{body.body_bytes}; the file is truncated or corrupt")
+        raise CorruptDataError(
+            f"{name}: the footer says the body has {body_length} bytes, the file holds "
+            f"{body.body_bytes}; the file is truncated or corrupt"
+        )
     body.hasher.update(body.held[:FOOTER_COVERED])
     if body.hasher.digest() != digest:
-        raise CorruptDataError(f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{size - FOOTER_SIZE}); "
-                               "the file is corrupt")
+        raise CorruptDataError(
+            f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{size - FOOTER_SIZE}); the file is corrupt"
+        )
     _check_count(found, count, name=name)

@@ -134,8 +134,13 @@ def encode(header: FileHeader, records: Iterable[tuple[bytes, bytes | None]], **
     return out.getvalue()
 
 
-def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]] | RecordColumns,
-                         emit: Callable[[bytes], None], *, allow_delete: bool, planes: bool) -> tuple[int, int]:
+def _write_body_columnar(
+    records: Iterable[tuple[bytes, bytes | None]] | RecordColumns,
+    emit: Callable[[bytes], None],
+    *,
+    allow_delete: bool,
+    planes: bool,
+) -> tuple[int, int]:
     """Version 2 and 3 body: columnar blocks. Returns (record count, key+value bytes).
 
     Records are taken from the input a chunk at a time and split into columns by C calls (``zip``, ``map(len)``),
@@ -201,13 +206,16 @@ def _write_body_columnar(records: Iterable[tuple[bytes, bytes | None]] | RecordC
         if has_delete:
             parts.append(bytes(OP_DELETE if value is None else OP_PUT for value in values))
         # a delete has no value: the value column holds the puts' values only
-        puts: list[bytes] = ([value for value in values if value is not None] if has_delete
-                             else values)  # type: ignore[assignment]
+        puts: list[bytes] = [value for value in values if value is not None] if has_delete else values  # type: ignore[assignment]
         key_length = key_lengths[0]
         keys_fixed = planes and key_length <= PLANES_MAX_LENGTH and key_lengths.count(key_length) == n
         value_length = len(puts[0]) if puts else 0
-        values_fixed = (planes and bool(puts) and value_length <= PLANES_MAX_LENGTH
-                        and (list(map(len, puts)) if has_delete else value_lengths).count(value_length) == len(puts))
+        values_fixed = (
+            planes
+            and bool(puts)
+            and value_length <= PLANES_MAX_LENGTH
+            and (list(map(len, puts)) if has_delete else value_lengths).count(value_length) == len(puts)
+        )
         if keys_fixed:
             flags |= FLAG_KEYS_FIXED
             parts.append(u32_bytes([key_length]))
@@ -252,8 +260,15 @@ def _raise_record_too_big(index: int, key: bytes, key_length: int, value_length:
     )
 
 
-def _check_block_input(keys: list[bytes], values: list[bytes | None], previous: bytes | None, first_index: int, *,
-                       has_delete: bool, allow_delete: bool) -> None:
+def _check_block_input(
+    keys: list[bytes],
+    values: list[bytes | None],
+    previous: bytes | None,
+    first_index: int,
+    *,
+    has_delete: bool,
+    allow_delete: bool,
+) -> None:
     """Raise StateBackendError, naming the first bad record, unless the block's keys strictly increase (after
     ``previous``) and it holds deletes only where allowed. The common case costs two C calls."""
     in_order = all(map(lt, keys, islice(keys, 1, None))) and (previous is None or previous < keys[0])
@@ -274,8 +289,9 @@ def _check_block_input(keys: list[bytes], values: list[bytes | None], previous: 
         )
 
 
-def _write_body_v1(records: Iterable[tuple[bytes, bytes | None]], emit: Callable[[bytes], None], *,
-                   allow_delete: bool) -> tuple[int, int]:
+def _write_body_v1(
+    records: Iterable[tuple[bytes, bytes | None]], emit: Callable[[bytes], None], *, allow_delete: bool
+) -> tuple[int, int]:
     """Version 1 body: a 9-byte prefix per record. Returns (record count, key+value bytes)."""
     count = 0
     body_raw = 0  # uncompressed body bytes

@@ -56,8 +56,12 @@ class BytesSerde:
 
     def to_bytes(self, obj: Any) -> bytes:
         if not isinstance(obj, bytes):
-            raise cannot_encode(self.name, obj, "it takes bytes only: convert the value to bytes first (a str: "
-                                ".encode()), or use the string, integer, json or pickle serde for this type")
+            raise cannot_encode(
+                self.name,
+                obj,
+                "it takes bytes only: convert the value to bytes first (a str: "
+                ".encode()), or use the string, integer, json or pickle serde for this type",
+            )
         return obj
 
     def from_bytes(self, data: bytes) -> bytes:
@@ -84,8 +88,12 @@ class StringSerde:
 
     def to_bytes(self, obj: Any) -> bytes:
         if not isinstance(obj, str):
-            raise cannot_encode(self.name, obj, "it takes str only: convert the value to str first, or use the "
-                                "integer, json or pickle serde for this type")
+            raise cannot_encode(
+                self.name,
+                obj,
+                "it takes str only: convert the value to str first, or use the "
+                "integer, json or pickle serde for this type",
+            )
         # surrogatepass would let lone surrogates in; strict keeps the stored bytes valid UTF-8 for every reader.
         try:
             return obj.encode("utf-8")
@@ -118,10 +126,12 @@ class StringSerde:
 
 _INT64 = struct.Struct(">Q")
 _SIGN_BIT = 1 << 63
-_INTEGER_TYPE = ("it takes int only (signed 64-bit): convert it with int(...), or use the string, json or pickle serde "
-                 "for this type")
-_INTEGER_BOOL = ("it takes int only, not bool (True and 1 would be the same key): convert it with int(...), or use the "
-                 "json serde")
+_INTEGER_TYPE = (
+    "it takes int only (signed 64-bit): convert it with int(...), or use the string, json or pickle serde for this type"
+)
+_INTEGER_BOOL = (
+    "it takes int only, not bool (True and 1 would be the same key): convert it with int(...), or use the json serde"
+)
 
 
 @attrs.frozen
@@ -136,14 +146,19 @@ class IntegerSerde:
         if not isinstance(obj, int) or isinstance(obj, bool):
             raise cannot_encode(self.name, obj, _INTEGER_BOOL if isinstance(obj, bool) else _INTEGER_TYPE)
         if not -_SIGN_BIT <= obj < _SIGN_BIT:
-            raise cannot_encode(self.name, obj, f"{short_repr(obj)} is outside the signed 64-bit range "
-                                "[-2**63, 2**63); use the json or string serde for larger numbers")
+            raise cannot_encode(
+                self.name,
+                obj,
+                f"{short_repr(obj)} is outside the signed 64-bit range "
+                "[-2**63, 2**63); use the json or string serde for larger numbers",
+            )
         return _INT64.pack(obj + _SIGN_BIT)
 
     def from_bytes(self, data: bytes) -> int:
         if len(data) != 8:
-            raise CorruptDataError(f"the integer serde cannot decode the stored bytes: expected 8 bytes, got "
-                                   f"{len(data)}")
+            raise CorruptDataError(
+                f"the integer serde cannot decode the stored bytes: expected 8 bytes, got {len(data)}"
+            )
         return int(_INT64.unpack(data)[0]) - _SIGN_BIT
 
     def to_bytes_many(self, objs: Any) -> list[bytes]:
@@ -153,7 +168,7 @@ class IntegerSerde:
         if not (set(map(type, items)) <= {int} and -_SIGN_BIT <= min(items) and max(items) < _SIGN_BIT):
             return [self.to_bytes(obj) for obj in items]  # raises for the first bad item
         packed = struct.pack(f">{len(items)}Q", *[obj + _SIGN_BIT for obj in items])
-        return [packed[i:i + 8] for i in range(0, len(packed), 8)]
+        return [packed[i : i + 8] for i in range(0, len(packed), 8)]
 
     def from_bytes_many(self, datas: Sequence[bytes]) -> list[int]:
         datas = list(datas)
@@ -199,16 +214,21 @@ class PickleSerde:
         try:
             return pickle.dumps(obj, protocol=5)
         except Exception as exc:  # pickling runs the object's own __reduce__ / __getstate__: any error
-            raise cannot_encode(self.name, obj, f"{type(exc).__name__}: {exc}. Pickle cannot hold lambdas, local "
-                                "classes, open files, locks, sockets or generators: store their data instead (a "
-                                "dict, or a record class), or make the object picklable") from exc
+            raise cannot_encode(
+                self.name,
+                obj,
+                f"{type(exc).__name__}: {exc}. Pickle cannot hold lambdas, local "
+                "classes, open files, locks, sockets or generators: store their data instead (a "
+                "dict, or a record class), or make the object picklable",
+            ) from exc
 
     def from_bytes(self, data: bytes) -> Any:
         try:
             return pickle.loads(data)
         except Exception as exc:  # pickle raises many types for bad input; all mean the same to the caller
-            raise CorruptDataError(f"the pickle serde cannot decode the stored bytes: they do not unpickle "
-                                   f"({exc!r})") from exc
+            raise CorruptDataError(
+                f"the pickle serde cannot decode the stored bytes: they do not unpickle ({exc!r})"
+            ) from exc
 
 
 _SERDES: dict[str, Serde] = {
@@ -245,15 +265,19 @@ def short_repr(obj: Any, limit: int = REPR_LIMIT) -> str:
         text = repr(obj)
     except Exception:  # noqa: BLE001 - a user type's broken __repr__ must not hide the error being reported
         text = f"<{type_name(obj)} object>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cannot_encode(serde: str, obj: Any, reason: str) -> SerdeError:
     """The error of a serde that cannot encode ``obj``: it names the serde and ``obj``'s type, and gives ``reason``
     (what is wrong and how to fix it). A typed store view adds the store and the key (``SerdeError`` fields)."""
     value_type = type_name(obj)
-    return SerdeError(f"the {serde} serde cannot encode {described(value_type)}: {reason}", serde=serde,
-                      value_type=value_type, reason=reason)
+    return SerdeError(
+        f"the {serde} serde cannot encode {described(value_type)}: {reason}",
+        serde=serde,
+        value_type=value_type,
+        reason=reason,
+    )
 
 
 #: what to turn a type JSON cannot hold into (by its qualified name)
@@ -288,16 +312,20 @@ def json_reason(obj: Any, exc: BaseException) -> str:
     found = _json_culprit(obj)
     if found is None:
         if "not supported between instances" in text:  # sort_keys over keys of mixed types
-            return (f"{text}: its object keys are of mixed types, which cannot be sorted (sorted keys make equal "
-                    "values equal bytes); make them all str, or use the pickle serde")
+            return (
+                f"{text}: its object keys are of mixed types, which cannot be sorted (sorted keys make equal "
+                "values equal bytes); make them all str, or use the pickle serde"
+            )
         return f"{text}; use the pickle or record serde"
     where, culprit, is_key = found
     name = type_name(culprit)
     owner = "it" if where == "" else f"its item {where}"
     if is_key:
         of = "" if where == "" else f" of {owner}"
-        return (f"{text}: the key {short_repr(culprit, 40)}{of} is {described(name)}, and JSON object keys are str, "
-                "int, float, bool or None; convert the keys to str, or use the pickle serde")
+        return (
+            f"{text}: the key {short_repr(culprit, 40)}{of} is {described(name)}, and JSON object keys are str, "
+            "int, float, bool or None; convert the keys to str, or use the pickle serde"
+        )
     fix = _JSON_FIXES.get(name, "convert it to str, int, float, bool, None, a list or a dict")
     return f"{text}: {owner} is {described(name)}, which JSON has no type for; {fix} first, or use the pickle or record serde"
 
@@ -329,9 +357,11 @@ def _json_culprit(obj: Any) -> tuple[str, Any, bool] | None:
 
 
 def _surrogate_reason(text: str, exc: UnicodeEncodeError) -> str:
-    return (f"{text[max(0, exc.start - 10):exc.end + 10]!r} has a lone surrogate at position {exc.start} "
-            f"({text[exc.start]!r}); strings must be valid Unicode to be stored as UTF-8. Decode the input with "
-            "errors='replace', or use the bytes serde for raw data")
+    return (
+        f"{text[max(0, exc.start - 10) : exc.end + 10]!r} has a lone surrogate at position {exc.start} "
+        f"({text[exc.start]!r}); strings must be valid Unicode to be stored as UTF-8. Decode the input with "
+        "errors='replace', or use the bytes serde for raw data"
+    )
 
 
 def _is_arrow(objs: Any) -> bool:

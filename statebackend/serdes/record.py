@@ -171,8 +171,10 @@ def import_named(spec: str, what: str) -> Any:
     try:
         target: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{what} {spec}: module {module_name!r} cannot be imported ({exc}); it must be importable "
-                          "wherever the tasks run (under Spark: on every executor)") from None
+        raise ConfigError(
+            f"{what} {spec}: module {module_name!r} cannot be imported ({exc}); it must be importable "
+            "wherever the tasks run (under Spark: on every executor)"
+        ) from None
     for part in qualname.split("."):
         target = getattr(target, part, None)
         if target is None:
@@ -188,12 +190,16 @@ def read_problems(writer: RecordSchema, reader: RecordClass) -> list[str]:
         old = written.get(field.name)
         if old is None:
             if not has_default:
-                problems.append(f"field {field.name!r} is new and has no default: values written without it have "
-                                "nothing to fill it with; give it a default")
+                problems.append(
+                    f"field {field.name!r} is new and has no default: values written without it have "
+                    "nothing to fill it with; give it a default"
+                )
             continue
         if old.type != field.type and (old.type, field.type) not in _WIDENINGS:
-            problems.append(f"field {field.name!r} was {old.type} and is {field.type} now: only int -> float and a "
-                            "scalar -> json read old values")
+            problems.append(
+                f"field {field.name!r} was {old.type} and is {field.type} now: only int -> float and a "
+                "scalar -> json read old values"
+            )
         if old.nullable and not field.nullable:
             problems.append(f"field {field.name!r} was optional and is required now: stored values may hold None")
     return problems
@@ -217,8 +223,10 @@ def schemas_from_text(text: str, *, where: str = "checkpoint") -> tuple[RecordSc
     for fingerprint, schema_text in sorted(recorded.items()):
         schema = RecordSchema.parse(schema_text)
         if schema.fingerprint.hex() != fingerprint:
-            raise CorruptDataError(f"{where}: record schema {schema_text!r} is recorded under fingerprint "
-                                   f"{fingerprint}, but its fingerprint is {schema.fingerprint.hex()}: it was altered")
+            raise CorruptDataError(
+                f"{where}: record schema {schema_text!r} is recorded under fingerprint "
+                f"{fingerprint}, but its fingerprint is {schema.fingerprint.hex()}: it was altered"
+            )
         schemas.append(schema)
     return tuple(schemas)
 
@@ -238,12 +246,15 @@ class RecordSerde:
         known = {record.schema.fingerprint: record.schema}
         for schema in schemas:
             if known.setdefault(schema.fingerprint, schema) != schema:
-                raise CorruptDataError(f"record schemas {known[schema.fingerprint].text!r} and {schema.text!r} have "
-                                       f"the same fingerprint {schema.fingerprint.hex()}: rename a field of one")
+                raise CorruptDataError(
+                    f"record schemas {known[schema.fingerprint].text!r} and {schema.text!r} have "
+                    f"the same fingerprint {schema.fingerprint.hex()}: rename a field of one"
+                )
         self.schemas: Mapping[bytes, RecordSchema] = types.MappingProxyType(known)
         self._encode = _encoder(record)
         self._decoders: dict[bytes, Callable[[bytes], Any]] = {
-            _TAG + fp: _decoder(schema, record) for fp, schema in known.items()}
+            _TAG + fp: _decoder(schema, record) for fp, schema in known.items()
+        }
 
     def __repr__(self) -> str:
         return f"RecordSerde({self.name!r}, {len(self.schemas)} schema(s))"
@@ -297,8 +308,9 @@ class RecordDicts:
 def _record_class(spec: str) -> RecordClass:
     match = _SPEC.fullmatch(spec.strip()) if isinstance(spec, str) else None
     if match is None:
-        raise ConfigError(f"{spec!r} does not name a record class: write record:<module>:<Class>, e.g. "
-                          "record:myjob.values:Count")
+        raise ConfigError(
+            f"{spec!r} does not name a record class: write record:<module>:<Class>, e.g. record:myjob.values:Count"
+        )
     target = import_named(f"{match[1]}:{match[2]}", "record class")
     if not isinstance(target, type):
         raise ConfigError(f"{spec}: {match[2]!r} is a {type(target).__name__}, not a class")
@@ -323,16 +335,20 @@ def _describe(spec: str, cls: type) -> RecordClass:
         positional = not any(a.kw_only for a in init)
     elif dataclasses.is_dataclass(cls):
         fields_ = [f for f in dataclasses.fields(cls) if f.init]
-        members = [(f.name, f.name, f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
-                   for f in fields_]
+        members = [
+            (f.name, f.name, f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)
+            for f in fields_
+        ]
         positional = not any(f.kw_only is True for f in fields_)
     elif issubclass(cls, tuple) and hasattr(cls, "_fields"):
         defaults = getattr(cls, "_field_defaults", {})
         members = [(name, name, name in defaults) for name in cls._fields]
         positional = True
     else:
-        raise ConfigError(f"{spec}: {cls.__qualname__} is not an attrs class, a dataclass or a NamedTuple; a record "
-                          "class is one of them, its fields annotated")
+        raise ConfigError(
+            f"{spec}: {cls.__qualname__} is not an attrs class, a dataclass or a NamedTuple; a record "
+            "class is one of them, its fields annotated"
+        )
     if not members:
         raise ConfigError(f"{spec}: {cls.__qualname__} has no fields")
     fields = []
@@ -345,9 +361,14 @@ def _describe(spec: str, cls: type) -> RecordClass:
         fields.append(Field(name, type_name, nullable))
     if sum(f.nullable for f in fields) > _MAX_OPTIONAL:
         raise ConfigError(f"{spec}: more than {_MAX_OPTIONAL} optional fields")
-    return RecordClass(spec=spec, cls=cls, schema=RecordSchema(tuple(fields)),
-                       init_names=tuple(init for _, init, _ in members),
-                       has_default=tuple(default for _, _, default in members), positional=positional)
+    return RecordClass(
+        spec=spec,
+        cls=cls,
+        schema=RecordSchema(tuple(fields)),
+        init_names=tuple(init for _, init, _ in members),
+        has_default=tuple(default for _, _, default in members),
+        positional=positional,
+    )
 
 
 def _field_type(spec: str, name: str, hint: Any) -> tuple[str, bool]:
@@ -361,8 +382,10 @@ def _field_type(spec: str, name: str, hint: Any) -> tuple[str, bool]:
     simple = {int: "int", float: "float", bool: "bool", str: "str", bytes: "bytes", list: "json", dict: "json"}
     found = simple.get(origin if origin in (list, dict) else hint) if isinstance(hint, type) or origin else None
     if found is None:
-        raise ConfigError(f"{spec}: field {name!r} is annotated {hint!r}; a record field is int, float, bool, str, "
-                          "bytes, list[...] or dict[...] (stored as JSON), or one of them | None")
+        raise ConfigError(
+            f"{spec}: field {name!r} is annotated {hint!r}; a record field is int, float, bool, str, "
+            "bytes, list[...] or dict[...] (stored as JSON), or one of them | None"
+        )
     return found, False
 
 
@@ -388,49 +411,79 @@ class _Layout:
         fixed = tuple(f for f in schema.fields if f.type in _FIXED)
         variable = tuple(f for f in schema.fields if f.type not in _FIXED)
         body = bitmap + "".join(_FIXED[f.type] for f in fixed) + "I" * len(variable)
-        return cls(schema, struct.Struct("<" + body), struct.Struct(f"<{_HEAD}s" + body),
-                   {name: 1 << i for i, name in enumerate(optional)}, fixed, variable)
+        return cls(
+            schema,
+            struct.Struct("<" + body),
+            struct.Struct(f"<{_HEAD}s" + body),
+            {name: 1 << i for i, name in enumerate(optional)},
+            fixed,
+            variable,
+        )
 
 
 @functools.lru_cache(maxsize=1024)
 def _encoder(record: RecordClass) -> Callable[[Any], bytes]:
     layout = _Layout.of(record.schema)
     fields = record.schema.fields
-    lines = ["def encode(obj):",
-             "    if not isinstance(obj, CLS):",
-             "        raise _not_instance(obj)",
-             "    try:",
-             "        bm = 0"]
+    lines = [
+        "def encode(obj):",
+        "    if not isinstance(obj, CLS):",
+        "        raise _not_instance(obj)",
+        "    try:",
+        "        bm = 0",
+    ]
     for i, field in enumerate(fields):
         value = f"v{i}"
         lines.append(f"        {value} = obj.{field.name}")
-        convert = ([f"{value} = _json({value}, F{i}, obj)"] if field.type == "json"
-                   else [f"if {value}.__class__ is not {field.type}: {value} = _{field.type}({value}, F{i}, obj)"])
+        convert = (
+            [f"{value} = _json({value}, F{i}, obj)"]
+            if field.type == "json"
+            else [f"if {value}.__class__ is not {field.type}: {value} = _{field.type}({value}, F{i}, obj)"]
+        )
         if field.type == "str":
             convert.append(f"{value} = {value}.encode()")
         placeholder = "0" if field.type in ("int", "float") else "False" if field.type == "bool" else "b''"
         if field.nullable:
-            lines += [f"        if {value} is None:",
-                      f"            bm |= {layout.bits[field.name]}",
-                      f"            {value} = {placeholder}",
-                      "        else:",
-                      *(f"            {statement}" for statement in convert)]
+            lines += [
+                f"        if {value} is None:",
+                f"            bm |= {layout.bits[field.name]}",
+                f"            {value} = {placeholder}",
+                "        else:",
+                *(f"            {statement}" for statement in convert),
+            ]
         else:
             lines += [f"        {statement}" for statement in convert]
     index = {f.name: i for i, f in enumerate(fields)}
-    args = (["HEAD"] + (["bm"] if layout.bits else []) + [f"v{index[f.name]}" for f in layout.fixed]
-            + [f"len(v{index[f.name]})" for f in layout.variable])
+    args = (
+        ["HEAD"]
+        + (["bm"] if layout.bits else [])
+        + [f"v{index[f.name]}" for f in layout.fixed]
+        + [f"len(v{index[f.name]})" for f in layout.variable]
+    )
     packed = f"PACK({', '.join(args)})"
     tail = "".join(f" + v{index[f.name]}" for f in layout.variable)
-    lines += [f"        return {packed}{tail}",
-              "    except (struct.error, UnicodeEncodeError, OverflowError) as exc:",
-              "        raise _failed(obj, exc) from exc"]
+    lines += [
+        f"        return {packed}{tail}",
+        "    except (struct.error, UnicodeEncodeError, OverflowError) as exc:",
+        "        raise _failed(obj, exc) from exc",
+    ]
     namespace: dict[str, Any] = {
-        "CLS": record.cls, "HEAD": _TAG + record.schema.fingerprint, "PACK": layout.pack.pack, "struct": struct,
-        "_int": _int, "_float": _float, "_bool": _bool, "_str": _str, "_bytes": _bytes, "_json": _json,
+        "CLS": record.cls,
+        "HEAD": _TAG + record.schema.fingerprint,
+        "PACK": layout.pack.pack,
+        "struct": struct,
+        "_int": _int,
+        "_float": _float,
+        "_bool": _bool,
+        "_str": _str,
+        "_bytes": _bytes,
+        "_json": _json,
         "_not_instance": lambda obj: cannot_encode(
-            record.spec, obj, f"it stores {record.cls.__qualname__} instances, got {type(obj).__name__}: build a "
-                              f"{record.cls.__qualname__} from it, or declare another msg.serde for this store"),
+            record.spec,
+            obj,
+            f"it stores {record.cls.__qualname__} instances, got {type(obj).__name__}: build a "
+            f"{record.cls.__qualname__} from it, or declare another msg.serde for this store",
+        ),
         "_failed": functools.partial(_encode_failure, record),
         **{f"F{i}": (record.spec, f"field {f.name!r}") for i, f in enumerate(fields)},
     }
@@ -444,8 +497,10 @@ def _decoder(writer: RecordSchema, reader: RecordClass | None) -> Callable[[byte
     if reader is not None:
         problems = read_problems(writer, reader)
         if problems:
-            message = (f"{reader.spec} cannot read values written with schema {writer.fingerprint.hex()} "
-                       f"({writer.text}): " + "; ".join(problems))
+            message = (
+                f"{reader.spec} cannot read values written with schema {writer.fingerprint.hex()} "
+                f"({writer.text}): " + "; ".join(problems)
+            )
 
             def refuse(data: bytes) -> Any:
                 raise ConfigError(message)
@@ -457,11 +512,13 @@ def _decoder(writer: RecordSchema, reader: RecordClass | None) -> Callable[[byte
     wanted = {f.name for f in reader.schema.fields} if reader is not None else {f.name for f in writer.fields}
     start = _HEAD + layout.unpack.size
     end = " + ".join([str(start), *(f"n_{f.name}" for f in layout.variable)])
-    lines = ["def decode(data):",
-             f"    {', '.join(names)}{',' if len(names) == 1 else ''} = UNPACK(data, {_HEAD})",
-             f"    if {end} != len(data):",
-             f"        raise _length(data, {end})",
-             f"    p = {start}"]
+    lines = [
+        "def decode(data):",
+        f"    {', '.join(names)}{',' if len(names) == 1 else ''} = UNPACK(data, {_HEAD})",
+        f"    if {end} != len(data):",
+        f"        raise _length(data, {end})",
+        f"    p = {start}",
+    ]
     for field in layout.variable:
         lines.append(f"    e = p + n_{field.name}")
         if field.name in wanted:
@@ -485,15 +542,20 @@ def _decoder(writer: RecordSchema, reader: RecordClass | None) -> Callable[[byte
         if reader.positional and all(f.name in written for f in reader.schema.fields):  # faster than keywords
             arguments = ", ".join(value(written[f.name], f.type) for f in reader.schema.fields)
         else:
-            arguments = ", ".join(f"{init}={value(written[f.name], f.type)}"
-                                  for f, init in zip(reader.schema.fields, reader.init_names, strict=True)
-                                  if f.name in written)
+            arguments = ", ".join(
+                f"{init}={value(written[f.name], f.type)}"
+                for f, init in zip(reader.schema.fields, reader.init_names, strict=True)
+                if f.name in written
+            )
         lines.append(f"    return CLS({arguments})")
     namespace: dict[str, Any] = {
-        "UNPACK": layout.unpack.unpack_from, "_loads": _json_value, "CLS": reader.cls if reader is not None else None,
+        "UNPACK": layout.unpack.unpack_from,
+        "_loads": _json_value,
+        "CLS": reader.cls if reader is not None else None,
         "_length": lambda data, end: CorruptDataError(
             f"record value of schema {writer.fingerprint.hex()} ({writer.text}) is {len(data)} bytes but its fields "
-            f"say {end}: it is damaged"),
+            f"say {end}: it is damaged"
+        ),
     }
     return _compiled("\n".join(lines), namespace, "decode", writer.text)
 
@@ -513,27 +575,36 @@ def _read(decoders: Mapping[bytes, Callable[[bytes], Any]], name: str, data: byt
         raise CorruptDataError(
             f"{name}: stored value was written with record schema {data[1:_HEAD].hex()}, which this reader does not "
             f"know (it knows {', '.join(k[1:].hex() for k in decoders)}): read the store through TaskStorage.store, "
-            "which knows every schema its checkpoint recorded")
+            "which knows every schema its checkpoint recorded"
+        )
     try:
         return decode(data)
     except (struct.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptDataError(f"{name}: stored value of record schema {data[1:_HEAD].hex()} is damaged "
-                               f"({exc})") from None
+        raise CorruptDataError(
+            f"{name}: stored value of record schema {data[1:_HEAD].hex()} is damaged ({exc})"
+        ) from None
 
 
 def _encode_failure(record: RecordClass, obj: Any, exc: BaseException) -> Exception:
     for field in record.schema.fields:
         value = getattr(obj, field.name)
         if field.type == "int" and isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
-            return cannot_encode(record.spec, obj, f"field {field.name!r}: {value} is outside the signed 64-bit "
-                                 "range; declare it float, or str")
+            return cannot_encode(
+                record.spec,
+                obj,
+                f"field {field.name!r}: {value} is outside the signed 64-bit range; declare it float, or str",
+            )
         if field.type == "str" and isinstance(value, str):
             try:
                 value.encode()
             except UnicodeEncodeError:
-                return cannot_encode(record.spec, obj, f"field {field.name!r}: {value[:40]!r} has a lone surrogate; "
-                                     "strings must be valid Unicode to be stored as UTF-8 (decode the input with "
-                                     "errors='replace'), or declare the field bytes")
+                return cannot_encode(
+                    record.spec,
+                    obj,
+                    f"field {field.name!r}: {value[:40]!r} has a lone surrogate; "
+                    "strings must be valid Unicode to be stored as UTF-8 (decode the input with "
+                    "errors='replace'), or declare the field bytes",
+                )
     return cannot_encode(record.spec, obj, f"{type(exc).__name__}: {exc}")
 
 
@@ -545,8 +616,9 @@ def _refused(where: _Where, obj: Any, value: Any, expected: str) -> SerdeError:
     spec, field = where
     if value is None:
         return cannot_encode(spec, obj, f"{field} is not optional (annotate it '{expected} | None' to allow None)")
-    return cannot_encode(spec, obj, f"{field} takes {expected}, got {type_name(value)}: convert it, or change the "
-                                    "field's annotation")
+    return cannot_encode(
+        spec, obj, f"{field} takes {expected}, got {type_name(value)}: convert it, or change the field's annotation"
+    )
 
 
 def _int(value: Any, where: _Where, obj: Any) -> int:
@@ -610,8 +682,11 @@ def _json(value: Any, where: _Where, obj: Any) -> bytes:
     try:
         return _JSON_ENCODE(value).encode("utf-8")
     except (TypeError, ValueError, RecursionError) as exc:  # UnicodeEncodeError is a ValueError
-        raise cannot_encode(where[0], obj, f"{where[1]}: cannot encode {described(type_name(value))} as JSON "
-                            f"({json_reason(value, exc)})") from exc
+        raise cannot_encode(
+            where[0],
+            obj,
+            f"{where[1]}: cannot encode {described(type_name(value))} as JSON ({json_reason(value, exc)})",
+        ) from exc
 
 
 def _json_value(data: bytes) -> Any:

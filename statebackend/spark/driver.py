@@ -130,8 +130,9 @@ class StatefulForeachBatch:
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`
     _local_context: Any = attrs.field(init=False, default=None)
     #: (the effective configuration, its settings as parsed once, the job spec built on them, the coordinator)
-    _job: tuple[dict[str, Any], Settings, JobSpec | None, BatchCoordinator] | None = attrs.field(init=False,
-                                                                                                   default=None)
+    _job: tuple[dict[str, Any], Settings, JobSpec | None, BatchCoordinator] | None = attrs.field(
+        init=False, default=None
+    )
     #: (SparkContext, the accumulator of :meth:`_stats_accumulator`)
     _stats_to: tuple[Any, Any] | None = attrs.field(init=False, default=None)
     #: (batch id, num_tasks, key_groups) of the last batch whose tasks all committed under this object
@@ -153,34 +154,43 @@ class StatefulForeachBatch:
         if not self.key_columns:
             raise ConfigError("StatefulForeachBatch needs at least one key column to partition the input by")
         if type(self.output_memory_bytes) is not int or self.output_memory_bytes < 0:
-            raise ConfigError(f"StatefulForeachBatch output_memory_bytes must be an int >= 0, got "
-                              f"{self.output_memory_bytes!r}")
+            raise ConfigError(
+                f"StatefulForeachBatch output_memory_bytes must be an int >= 0, got {self.output_memory_bytes!r}"
+            )
         if type(self.num_tasks) is not int or self.num_tasks < 1:
             raise ConfigError(f"StatefulForeachBatch num_tasks must be a positive int, got {self.num_tasks!r}")
         if type(self.key_groups) is not int or not 1 <= self.key_groups <= MAX_KEY_GROUPS:
-            raise ConfigError(f"StatefulForeachBatch key_groups must be an int from 1 to {MAX_KEY_GROUPS}, got "
-                              f"{self.key_groups!r}")
+            raise ConfigError(
+                f"StatefulForeachBatch key_groups must be an int from 1 to {MAX_KEY_GROUPS}, got {self.key_groups!r}"
+            )
         if self.num_tasks > self.key_groups:
-            raise ConfigError(f"StatefulForeachBatch num_tasks ({self.num_tasks}) cannot exceed key_groups "
-                              f"({self.key_groups}): each task owns at least one key group")
+            raise ConfigError(
+                f"StatefulForeachBatch num_tasks ({self.num_tasks}) cannot exceed key_groups "
+                f"({self.key_groups}): each task owns at least one key group"
+            )
         if self.key_of is not None and not callable(self.key_of):
-            raise ConfigError(f"StatefulForeachBatch key_of must be a function (store name, key) -> key column "
-                              f"value(s), got {self.key_of!r}")
+            raise ConfigError(
+                f"StatefulForeachBatch key_of must be a function (store name, key) -> key column "
+                f"value(s), got {self.key_of!r}"
+            )
         if self.mode != "rows" and self.output_schema is None:
             raise ConfigError(
                 f"StatefulForeachBatch mode {self.mode!r} needs output_schema (a StructType or a DDL string such as "
                 "'word string, count long'): Spark must know the schema before the tasks run"
             )
         if self.on_timers is not None and not callable(self.on_timers):
-            raise ConfigError(f"StatefulForeachBatch on_timers must be a function (stores, due timers) -> output, got "
-                              f"{self.on_timers!r}")
+            raise ConfigError(
+                f"StatefulForeachBatch on_timers must be a function (stores, due timers) -> output, got "
+                f"{self.on_timers!r}"
+            )
         if self.event_time is not None:
             if not isinstance(self.event_time, str) or not self.event_time:
                 raise ConfigError(f"StatefulForeachBatch event_time must be a column name, got {self.event_time!r}")
             self._event_clock = EventClock(parse_delay(self.watermark_delay))
         elif parse_delay(self.watermark_delay):
-            raise ConfigError("StatefulForeachBatch watermark_delay needs event_time: the column the watermark is "
-                              "derived from")
+            raise ConfigError(
+                "StatefulForeachBatch watermark_delay needs event_time: the column the watermark is derived from"
+            )
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
         # Spark conf (spark.statebackend.*), which is read again at every batch (and parsed only when it changed)
         active = SparkSession.getActiveSession()
@@ -207,17 +217,24 @@ class StatefulForeachBatch:
             self._exporting = True
         if self.initial_state is not None:
             self.initial_state.load_once(self, batch_df, settings, batch_id)
-        event = (self._event_clock.for_batch(spark, settings, batch_id) if self._event_clock is not None
-                 else (None, None))
-        batch = BatchSpec(batch_id=batch_id, now_ms=wall_clock_ms(), watermark_ms=event[0], event_max_ms=event[1],
-                          previous_seen=self._completed == (batch_id - 1, self.num_tasks, self.key_groups))
+        event = (
+            self._event_clock.for_batch(spark, settings, batch_id) if self._event_clock is not None else (None, None)
+        )
+        batch = BatchSpec(
+            batch_id=batch_id,
+            now_ms=wall_clock_ms(),
+            watermark_ms=event[0],
+            event_max_ms=event[1],
+            previous_seen=self._completed == (batch_id - 1, self.num_tasks, self.key_groups),
+        )
 
         def run_tasks(confirming: bool) -> RunResult:
             return self._run_tasks(batch_df, job, attrs.evolve(batch, confirm_on_driver=confirming))
 
         try:
-            release, output, report = coordinator.run(batch_id, run_tasks,
-                                                      confirming=coordinator.confirms(speculation=speculation(spark)))
+            release, output, report = coordinator.run(
+                batch_id, run_tasks, confirming=coordinator.confirms(speculation=speculation(spark))
+            )
         except Exception as exc:
             summary = summarized(exc, batch_id)
             if summary is None:
@@ -270,8 +287,15 @@ class StatefulForeachBatch:
         settings = job_settings(config, timers=self.on_timers is not None)
         if self._job is not None:
             self._job[3].close()
-        coordinator = BatchCoordinator(settings, self.num_tasks, self.metrics, self.confirm_on_driver,
-                                       self.confirm_timeout_s, self.on_replay, self.on_batch)
+        coordinator = BatchCoordinator(
+            settings,
+            self.num_tasks,
+            self.metrics,
+            self.confirm_on_driver,
+            self.confirm_timeout_s,
+            self.on_replay,
+            self.on_batch,
+        )
         if self._job is not None:
             coordinator.carry_on_from(self._job[3])
         self._job = (dict(config), settings, None, coordinator)
@@ -288,17 +312,32 @@ class StatefulForeachBatch:
         if job is None:
             event = self.event_time is not None
             job = JobSpec(
-                settings=attrs.evolve(settings, metrics_prometheus_port=None), fn=self.fn, num_tasks=self.num_tasks,
-                on_replay=self.on_replay, input_columns=tuple(batch_df.columns), keep_open=self.keep_open,
-                output_memory_bytes=self.output_memory_bytes, key_groups=self.key_groups,
-                key_types=self._read_key_types(batch_df), key_of=self.key_of, on_timers=self.on_timers,
-                event_time=self.event_time, event_time_type=self._event_time_type(batch_df) if event else "",
-                time_zone=self._session_time_zone(batch_df.sparkSession) if event else "UTC")
+                settings=attrs.evolve(settings, metrics_prometheus_port=None),
+                fn=self.fn,
+                num_tasks=self.num_tasks,
+                on_replay=self.on_replay,
+                input_columns=tuple(batch_df.columns),
+                keep_open=self.keep_open,
+                output_memory_bytes=self.output_memory_bytes,
+                key_groups=self.key_groups,
+                key_types=self._read_key_types(batch_df),
+                key_of=self.key_of,
+                on_timers=self.on_timers,
+                event_time=self.event_time,
+                event_time_type=self._event_time_type(batch_df) if event else "",
+                time_zone=self._session_time_zone(batch_df.sparkSession) if event else "UTC",
+            )
             self._job = (config, settings, job, coordinator)
         return job, coordinator
 
-    def _run_tasks(self, batch_df: DataFrame, job: JobSpec, batch: BatchSpec, *, every_partition: bool = False,
-                   ) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
+    def _run_tasks(
+        self,
+        batch_df: DataFrame,
+        job: JobSpec,
+        batch: BatchSpec,
+        *,
+        every_partition: bool = False,
+    ) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
         """Run the batch's tasks (one action, one job): what frees the held output, the output, the tasks' stats.
 
         Classic Spark: the tasks report their stats through an accumulator (:class:`StatsParam`) and their output is
@@ -317,9 +356,11 @@ class StatefulForeachBatch:
         remote = is_connect(spark)
         if remote and self.affinity and not self._connect_noted:
             self._connect_noted = True
-            log.info("Spark Connect has no RDDs and no preferred locations: tasks run where Spark's scheduler puts "
-                     "them (affinity has no effect); a task kept open is handed over within a machine, and a task "
-                     "that moves catches up from the blob store (job.last_batch_moved lists them)")
+            log.info(
+                "Spark Connect has no RDDs and no preferred locations: tasks run where Spark's scheduler puts "
+                "them (affinity has no effect); a task kept open is handed over within a machine, and a task "
+                "that moves catches up from the blob store (job.last_batch_moved lists them)"
+            )
         run_id = secrets.token_hex(8)
         stats_to = None if remote else self._stats_accumulator(spark)
         batch = attrs.evolve(batch, run_id=run_id)
@@ -333,13 +374,21 @@ class StatefulForeachBatch:
                 task: Any = runner.run_rows
             else:
                 schema = self._struct(spark)
-                runner = TaskRunner(job, attrs.evolve(batch, stats_to=stats_to, output_schema=to_arrow_schema(schema),
-                                                      input_schema=to_arrow_schema(batch_df.schema)))
+                runner = TaskRunner(
+                    job,
+                    attrs.evolve(
+                        batch,
+                        stats_to=stats_to,
+                        output_schema=to_arrow_schema(schema),
+                        input_schema=to_arrow_schema(batch_df.schema),
+                    ),
+                )
                 task = runner.run_arrow_from_rows if self.mode == "arrow" else runner.run_pandas_from_rows
             rows = route(batch_df, self.key_columns, self.num_tasks, self.key_groups).rdd
             if self.affinity:
                 rdd = self._anchored(spark, rows).mapPartitionsWithIndex(
-                    functools.partial(runner.run_anchored, task, rows._jrdd_deserializer))
+                    functools.partial(runner.run_anchored, task, rows._jrdd_deserializer)
+                )
             else:
                 rdd = rows.mapPartitionsWithIndex(task)
             rdd.persist(StorageLevel.MEMORY_AND_DISK)
@@ -365,8 +414,9 @@ class StatefulForeachBatch:
         # computes them again; its stats travel as rows, as under Spark Connect.
         if stats_to is not None and self._executors(spark) > 1:
             stats_to = None
-        runner = TaskRunner(job, attrs.evolve(batch, stats_to=stats_to, output_schema=to_arrow_schema(schema),
-                                              output_struct=schema))
+        runner = TaskRunner(
+            job, attrs.evolve(batch, stats_to=stats_to, output_schema=to_arrow_schema(schema), output_struct=schema)
+        )
         source = with_every_partition(batch_df, self._input_struct(batch_df)) if every_partition else batch_df
         partitioned = route(source, self.key_columns, self.num_tasks, self.key_groups)
         again = functools.partial(self._run_tasks, batch_df, job, batch, every_partition=True)
@@ -390,15 +440,20 @@ class StatefulForeachBatch:
             return functools.partial(_release_checkpoint, checkpointed), checkpointed, stats
         # Spark Connect (and classic Spark with several executors): each task's stats in one extra row, in a column
         # that is null in every output row
-        extended = StructType([*(StructField(f.name, f.dataType, True) for f in schema.fields),
-                               StructField(STATS_COLUMN, BinaryType(), True)])
+        extended = StructType(
+            [
+                *(StructField(f.name, f.dataType, True) for f in schema.fields),
+                StructField(STATS_COLUMN, BinaryType(), True),
+            ]
+        )
         persisted = map_in(function, extended).persist(StorageLevel.MEMORY_AND_DISK)
         # The one action that runs the tasks: it collects their stats rows, and computing any part of a persisted
         # DataFrame caches its partitions whole, so the output is cached by it too.
         stats_column = col(STATS_COLUMN)
         try:
-            stats = [pickle.loads(row[0]) for row in
-                     persisted.where(stats_column.isNotNull()).select(stats_column).collect()]
+            stats = [
+                pickle.loads(row[0]) for row in persisted.where(stats_column.isNotNull()).select(stats_column).collect()
+            ]
         except BaseException:
             persisted.unpersist()
             raise
@@ -410,8 +465,11 @@ class StatefulForeachBatch:
 
     def _no_partition(self, batch_id: int, again: Callable[[], Any]) -> Any:
         """The batch's input is empty as Spark planned it, so no task ran: run every task over an empty input."""
-        log.info("batch %d: Spark planned its input as empty, with no partition, so no task ran; running every task "
-                 "over an empty input (each commits the batch, and due timers fire)", batch_id)
+        log.info(
+            "batch %d: Spark planned its input as empty, with no partition, so no task ran; running every task "
+            "over an empty input (each commits the batch, and due timers fire)",
+            batch_id,
+        )
         return again()
 
     def _stats_accumulator(self, spark: SparkSession) -> Any:
@@ -429,8 +487,11 @@ class StatefulForeachBatch:
         reported, accumulator.value = accumulator.value, []
         stats = [s for s in reported if s.run_id == run_id]
         if len(stats) < len(reported):
-            log.warning("%d task stats of an earlier run came late and were dropped (attempts of a run that had ended: "
-                        "a zombie, or a block computed again for a sink)", len(reported) - len(stats))
+            log.warning(
+                "%d task stats of an earlier run came late and were dropped (attempts of a run that had ended: "
+                "a zombie, or a block computed again for a sink)",
+                len(reported) - len(stats),
+            )
         return stats
 
     def _anchored(self, spark: SparkSession, rows: Any) -> Any:
@@ -456,8 +517,11 @@ class StatefulForeachBatch:
         batches = self._anchor[2]._jrdd.zip(rows._jrdd.glom()).values()  # per partition: [pickled row batches]
         jvm = context._jvm
         assert jvm is not None
-        return RDD(jvm.org.apache.spark.api.python.SerDeUtil.javaToPython(batches), context,
-                   AutoBatchedSerializer(CPickleSerializer()))
+        return RDD(
+            jvm.org.apache.spark.api.python.SerDeUtil.javaToPython(batches),
+            context,
+            AutoBatchedSerializer(CPickleSerializer()),
+        )
 
     def _executors(self, spark: SparkSession) -> int:
         """How many executors the application has. ``local[...]`` has one for its whole life: its count is read once
@@ -479,7 +543,8 @@ class StatefulForeachBatch:
                 raise ConfigError(
                     f"StatefulForeachBatch event_time {self.event_time!r} must be a column of type "
                     f"{', '.join(EVENT_TIME_TYPES)} (long/integer: ms since the epoch); the batch's columns are "
-                    f"{', '.join(f'{n} {t}' for n, t in fields.items())}")
+                    f"{', '.join(f'{n} {t}' for n, t in fields.items())}"
+                )
             self._event_type = found
         return self._event_type
 
@@ -496,15 +561,19 @@ class StatefulForeachBatch:
         self.last_batch_moved = sorted(t for t, where in ran.items() if self._homes.get(t, where) != where)
         self._homes.update(ran)
         if self.last_batch_moved:
-            log.info("batch %d: task(s) %s ran on another executor than in their previous batch", batch_id,
-                     self.last_batch_moved)
+            log.info(
+                "batch %d: task(s) %s ran on another executor than in their previous batch",
+                batch_id,
+                self.last_batch_moved,
+            )
 
     def _read_key_types(self, batch_df: DataFrame) -> tuple[str, ...]:
         fields = {field.name: field.dataType for field in batch_df.schema.fields}
         missing = [c for c in self.key_columns if c not in fields]
         if missing:
-            raise ConfigError(f"StatefulForeachBatch key columns {missing} are not in the batch's columns "
-                              f"({', '.join(fields)})")
+            raise ConfigError(
+                f"StatefulForeachBatch key columns {missing} are not in the batch's columns ({', '.join(fields)})"
+            )
         return tuple(fields[c].typeName() for c in self.key_columns)
 
     def _input_struct(self, batch_df: DataFrame) -> StructType:
@@ -533,8 +602,11 @@ def _release_checkpoint(frame: DataFrame) -> None:
     try:
         _checkpointed_rdd(frame).unpersist(False)
     except Exception as exc:  # noqa: BLE001 - another Spark's plan: its blocks go when Spark's cleaner frees the RDD
-        log.warning("could not free the output of a batch held by a local checkpoint (%s); Spark frees it when the "
-                    "RDD is garbage collected", exc)
+        log.warning(
+            "could not free the output of a batch held by a local checkpoint (%s); Spark frees it when the "
+            "RDD is garbage collected",
+            exc,
+        )
 
 
 def _rows_frame(spark: SparkSession, rdd: Any, schema: Any) -> DataFrame:
@@ -543,5 +615,3 @@ def _rows_frame(spark: SparkSession, rdd: Any, schema: Any) -> DataFrame:
     if rdd.isEmpty():
         return spark.createDataFrame([], StructType([]))
     return spark.createDataFrame(rdd)
-
-

@@ -29,13 +29,22 @@ def _library_dirs() -> tuple[str, ...]:
     import statebackend.backends
     import statebackend.checkpoint
 
-    own = [Path(__file__).resolve().parents[1], *(Path(p).resolve() for m in (statebackend.backends,
-                                                                              statebackend.checkpoint)
-                                                   for p in m.__path__)]
+    own = [
+        Path(__file__).resolve().parents[1],
+        *(Path(p).resolve() for m in (statebackend.backends, statebackend.checkpoint) for p in m.__path__),
+    ]
     # the package's own folder names too: executors may load the library from elsewhere (a zip, another venv)
-    return (*(str(d) for d in own), str(Path(sysconfig.get_paths()["stdlib"]).resolve()), "/pyspark/", "/py4j/",
-            "/statebackend/spark/", "/statebackend/microbatch/", "/statebackend/store/", "/statebackend/serdes/",
-            "/statebackend/blobstores/")
+    return (
+        *(str(d) for d in own),
+        str(Path(sysconfig.get_paths()["stdlib"]).resolve()),
+        "/pyspark/",
+        "/py4j/",
+        "/statebackend/spark/",
+        "/statebackend/microbatch/",
+        "/statebackend/store/",
+        "/statebackend/serdes/",
+        "/statebackend/blobstores/",
+    )
 
 
 _LIBRARY = _library_dirs()
@@ -93,8 +102,10 @@ def _parse(text: str) -> tuple[list[tuple[str, str, str, str]], list[str]]:
     frames: list[tuple[str, str, str, str]] = []
     lines = text.splitlines()[1:]
     if lines and _GROUP_LINE.match(lines[0]):  # an exception group's own traceback: its lines carry "  | "
-        lines = [_GROUP_LINE.sub("", line, count=1) for line in
-                 lines[:next((i for i, line in enumerate(lines) if line.lstrip().startswith("+-")), len(lines))]]
+        lines = [
+            _GROUP_LINE.sub("", line, count=1)
+            for line in lines[: next((i for i, line in enumerate(lines) if line.lstrip().startswith("+-")), len(lines))]
+        ]
     index = 0
     while index < len(lines):
         if _REPEATED.match(lines[index]):

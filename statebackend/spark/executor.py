@@ -74,8 +74,13 @@ class TaskRunner:
         def convert(result: Any) -> Iterator[Any]:
             return check(result or ())
 
-        outputs, stats = attempt.run(lambda stores: attempt.held().extend(convert(self.job.fn(stores, counted))),
-                                     counted, events=events, convert=convert, drain=counted)
+        outputs, stats = attempt.run(
+            lambda stores: attempt.held().extend(convert(self.job.fn(stores, counted))),
+            counted,
+            events=events,
+            convert=convert,
+            drain=counted,
+        )
         return self._with_stats_record(outputs, stats)
 
     def run_arrow_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
@@ -90,9 +95,14 @@ class TaskRunner:
             return check(arrow_batches(result))
 
         outputs, stats = attempt.run(
-            lambda stores: attempt.held().extend(convert(self.job.fn(stores, rows_to_input_batches(
-                counted, self.batch.input_schema)))),
-            counted, events=events, convert=convert, drain=counted)
+            lambda stores: attempt.held().extend(
+                convert(self.job.fn(stores, rows_to_input_batches(counted, self.batch.input_schema)))
+            ),
+            counted,
+            events=events,
+            convert=convert,
+            drain=counted,
+        )
         return self._with_stats_record(batches_to_rows(outputs, self.batch.output_schema), stats)
 
     def run_pandas_from_rows(self, index: int, rows: Iterable[Any]) -> Iterator[Any]:
@@ -103,8 +113,10 @@ class TaskRunner:
         check = check_pandas(self.batch.output_schema, self._where(attempt))
 
         def tables(result: Any) -> Iterator[Any]:
-            return (pa.Table.from_pandas(part, schema=self.batch.output_schema, preserve_index=False)
-                    for part in check(pandas_frames(result)))
+            return (
+                pa.Table.from_pandas(part, schema=self.batch.output_schema, preserve_index=False)
+                for part in check(pandas_frames(result))
+            )
 
         def work(stores: TaskStores) -> HeldOutput:
             batches = list(rows_to_input_batches(events.rows(iter(rows)), self.batch.input_schema))
@@ -117,8 +129,13 @@ class TaskRunner:
         outputs, stats = attempt.run(work, counted, events=events, convert=tables)
         return self._with_stats_record(batches_to_rows(outputs, self.batch.output_schema), stats)
 
-    def run_anchored(self, run: Callable[[int, Iterable[Any]], Iterator[Any]], deserializer: Any, index: int,
-                     partition: Iterable[Any]) -> Iterator[Any]:
+    def run_anchored(
+        self,
+        run: Callable[[int, Iterable[Any]], Iterator[Any]],
+        deserializer: Any,
+        index: int,
+        partition: Iterable[Any],
+    ) -> Iterator[Any]:
         """A task with affinity (the driver's ``_anchored``): the partition is one list of the task's serialized
         row batches, each read with the rows' own ``deserializer``; ``run`` (``run_rows``, ``run_arrow_from_rows``,
         ``run_pandas_from_rows``) gets the rows."""
@@ -156,8 +173,13 @@ class TaskRunner:
         def convert(result: Any) -> Iterator[Any]:
             return check(result or ())
 
-        outputs, stats = attempt.run(lambda stores: attempt.held().extend(convert(self.job.fn(stores, rows()))),
-                                     counted, events=events, convert=convert, drain=source)
+        outputs, stats = attempt.run(
+            lambda stores: attempt.held().extend(convert(self.job.fn(stores, rows()))),
+            counted,
+            events=events,
+            convert=convert,
+            drain=source,
+        )
         return self._with_stats(rows_to_batches(outputs, self.batch.output_schema), stats)
 
     def run_arrow(self, batches: Iterator[Any]) -> Iterator[Any]:
@@ -169,8 +191,13 @@ class TaskRunner:
         def convert(result: Any) -> Iterator[Any]:
             return check(arrow_batches(result))
 
-        outputs, stats = attempt.run(lambda stores: attempt.held().extend(convert(self.job.fn(stores, counted))),
-                                     counted, events=events, convert=convert, drain=counted)
+        outputs, stats = attempt.run(
+            lambda stores: attempt.held().extend(convert(self.job.fn(stores, counted))),
+            counted,
+            events=events,
+            convert=convert,
+            drain=counted,
+        )
         return self._with_stats(outputs, stats)
 
     def run_pandas(self, frames: Iterator[Any]) -> Iterator[Any]:
@@ -184,8 +211,7 @@ class TaskRunner:
 
         def work(stores: TaskStores) -> HeldOutput:
             parts = list(frames)
-            frame = (pd.concat(parts, ignore_index=True) if parts
-                     else pd.DataFrame(columns=list(self.job.input_columns)))
+            frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(self.job.input_columns))
             counted.count = len(frame)
             return attempt.held().extend(convert(self.job.fn(stores, events.frame(frame))))
 
@@ -198,8 +224,13 @@ class TaskRunner:
 
     def _attempt(self, index: int) -> TaskAttempt:
         context = TaskContext.get()
-        return TaskAttempt(self.job, self.batch, index, attempt=context.attemptNumber() if context is not None else 0,
-                           outlives_task=process_outlives_task(context))
+        return TaskAttempt(
+            self.job,
+            self.batch,
+            index,
+            attempt=context.attemptNumber() if context is not None else 0,
+            outlives_task=process_outlives_task(context),
+        )
 
     def _where(self, attempt: TaskAttempt) -> str:
         return f"{attempt.name}, batch {self.batch.batch_id}"
@@ -240,4 +271,5 @@ class TaskRunner:
         nulls = [pa.nulls(1, f.type) for f in schema]
         yield pa.RecordBatch.from_arrays(
             [*nulls, pa.array([pickle.dumps(stats)], pa.binary())],
-            schema=pa.schema([*(f.with_nullable(True) for f in schema), field]))
+            schema=pa.schema([*(f.with_nullable(True) for f in schema), field]),
+        )

@@ -9,8 +9,15 @@ from typing import Any
 from statebackend.errors import ConfigError
 from statebackend.spark.stats import STATS_COLUMN, TaskStats
 
-__all__ = ["arrow_batches", "batches_to_rows", "pandas_frames", "pandas_with_stats", "row_record", "rows_to_batches",
-           "rows_to_input_batches"]
+__all__ = [
+    "arrow_batches",
+    "batches_to_rows",
+    "pandas_frames",
+    "pandas_with_stats",
+    "row_record",
+    "rows_to_batches",
+    "rows_to_input_batches",
+]
 
 
 def arrow_batches(result: Any) -> Iterator[Any]:
@@ -71,8 +78,9 @@ def rows_to_input_batches(rows: Iterable[Any], schema: Any) -> Iterator[Any]:
 
     def batch() -> Any:
         columns = list(zip(*chunk, strict=True)) if chunk else [() for _ in schema]
-        return pa.RecordBatch.from_arrays([pa.array(column, type=field.type) for column, field in
-                                           zip(columns, schema, strict=True)], schema=schema)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(column, type=field.type) for column, field in zip(columns, schema, strict=True)], schema=schema
+        )
 
     for row in rows:
         chunk.append(tuple(row))

@@ -35,14 +35,19 @@ def with_heartbeat(stream: DataFrame) -> DataFrame:
     the driver drops these rows before the job's function. Apply it last, after ``withWatermark`` and any other
     operation on the stream, right before ``writeStream``."""
     if not stream.isStreaming:
-        raise ConfigError("with_heartbeat takes a streaming DataFrame (spark.readStream...): a batch DataFrame runs "
-                          "once and has no timers to keep firing")
+        raise ConfigError(
+            "with_heartbeat takes a streaming DataFrame (spark.readStream...): a batch DataFrame runs "
+            "once and has no timers to keep firing"
+        )
     if HEARTBEAT_COLUMN in stream.columns:
         raise ConfigError(f"with_heartbeat: the stream already has a heartbeat (column {HEARTBEAT_COLUMN!r})")
-    ticks: Any = (stream.sparkSession.readStream.format("rate").option("rowsPerSecond", 1)
-                  .option("numPartitions", 1).load())
-    ticks = ticks.select(*(lit(None).cast(field.dataType).alias(field.name) for field in stream.schema.fields),
-                         lit(True).alias(HEARTBEAT_COLUMN))
+    ticks: Any = (
+        stream.sparkSession.readStream.format("rate").option("rowsPerSecond", 1).option("numPartitions", 1).load()
+    )
+    ticks = ticks.select(
+        *(lit(None).cast(field.dataType).alias(field.name) for field in stream.schema.fields),
+        lit(True).alias(HEARTBEAT_COLUMN),
+    )
     return stream.withColumn(HEARTBEAT_COLUMN, lit(None).cast("boolean")).unionByName(ticks)
 
 

@@ -77,28 +77,32 @@ def initial_state_of(value: Mapping[str, Frame] | InitialState | None) -> Initia
     if value is None or isinstance(value, InitialState):
         return value
     if not isinstance(value, Mapping) or not value:
-        raise ConfigError(f"StatefulForeachBatch initial_state must map store names to DataFrames (or to functions "
-                          f"of the SparkSession giving one), got {value!r}")
+        raise ConfigError(
+            f"StatefulForeachBatch initial_state must map store names to DataFrames (or to functions "
+            f"of the SparkSession giving one), got {value!r}"
+        )
     return InitialState(dict(value))
 
 
-def load_initial_state(job: Any, batch_df: Any, settings: Settings, batch_id: int,
-                       frames: Mapping[str, Frame]) -> None:
+def load_initial_state(job: Any, batch_df: Any, settings: Settings, batch_id: int, frames: Mapping[str, Frame]) -> None:
     """Load ``frames`` into every task of ``job``'s layout as the checkpoint before batch ``batch_id``, unless
     task-0's newest checkpoint says the job's state is this load already; refuse a job with other state.
     ``settings``: the job's, as the driver parsed them (the workers get them pickled, never parse again)."""
     unknown = sorted(set(frames) - set(settings.stores))
     if unknown:
-        raise ConfigError(f"StatefulForeachBatch initial_state: no store {', '.join(map(repr, unknown))} in the "
-                          f"configuration; configured stores: {', '.join(sorted(settings.stores)) or 'none'}")
+        raise ConfigError(
+            f"StatefulForeachBatch initial_state: no store {', '.join(map(repr, unknown))} in the "
+            f"configuration; configured stores: {', '.join(sorted(settings.stores)) or 'none'}"
+        )
     if _loaded_before(settings, sorted(frames), job.num_tasks, job.key_groups, batch_id):
         return
     spark = batch_df.sparkSession
     types = {field.name: field.dataType.typeName() for field in batch_df.schema.fields}
     missing = [c for c in job.key_columns if c not in types]
     if missing:
-        raise ConfigError(f"StatefulForeachBatch key columns {missing} are not in the batch's columns "
-                          f"({', '.join(types)})")
+        raise ConfigError(
+            f"StatefulForeachBatch key columns {missing} are not in the batch's columns ({', '.join(types)})"
+        )
     key_types = {c: types[c] for c in job.key_columns}
     started = time.monotonic()
     encoded = None
@@ -111,11 +115,19 @@ def load_initial_state(job: Any, batch_df: Any, settings: Settings, batch_id: in
     reports = routed.mapInArrow(loader.load, "task int, keys long, skipped boolean").collect()
     tasks = sorted(row.task for row in reports)
     if tasks != list(range(job.num_tasks)):
-        raise ConfigError(f"initial_state: tasks {sorted(set(range(job.num_tasks)) - set(tasks))} did not report "
-                          "their load; run the query again (the load completes without loading any task twice)")
-    log.info("initial state of %s: %d keys loaded into %d tasks (%d had it already) before batch %d in %.0f ms",
-             ", ".join(sorted(frames)), sum(row["keys"] for row in reports), job.num_tasks,
-             sum(row.skipped for row in reports), batch_id, (time.monotonic() - started) * 1000.0)
+        raise ConfigError(
+            f"initial_state: tasks {sorted(set(range(job.num_tasks)) - set(tasks))} did not report "
+            "their load; run the query again (the load completes without loading any task twice)"
+        )
+    log.info(
+        "initial state of %s: %d keys loaded into %d tasks (%d had it already) before batch %d in %.0f ms",
+        ", ".join(sorted(frames)),
+        sum(row["keys"] for row in reports),
+        job.num_tasks,
+        sum(row.skipped for row in reports),
+        batch_id,
+        (time.monotonic() - started) * 1000.0,
+    )
 
 
 def _loaded_before(settings: Settings, stores: list[str], num_tasks: int, key_groups: int, batch_id: int) -> bool:
@@ -134,18 +146,23 @@ def _loaded_before(settings: Settings, stores: list[str], num_tasks: int, key_gr
     serdes = getattr(latest.checkpoint, "serdes", {})
     missing = [store for store in stores if INITIAL not in serdes.get(store, {})]
     if not missing:
-        log.info("initial state of %s: loaded before (task-0's checkpoint #%d records it); nothing to load",
-                 ", ".join(stores), latest.seq)
+        log.info(
+            "initial state of %s: loaded before (task-0's checkpoint #%d records it); nothing to load",
+            ", ".join(stores),
+            latest.seq,
+        )
         return True
     raise ConfigError(
         f"StatefulForeachBatch initial_state: job {settings.job_name!r} already has state (task-0's checkpoint "
         f"#{latest.seq}, batch {offsets.get(BATCH_OFFSET)}) that no initial load of store(s) "
         f"{', '.join(map(repr, missing))} made: loading now would mix the two. Remove initial_state to go on with "
-        "the state, or give the query a new job.name (and checkpoint location) to start from the initial state")
+        "the state, or give the query a new job.name (and checkpoint location) to start from the initial state"
+    )
 
 
-def _encoded(frame: Any, store: str, key_columns: tuple[str, ...], key_types: Mapping[str, str],
-             settings: Settings) -> Any:
+def _encoded(
+    frame: Any, store: str, key_columns: tuple[str, ...], key_types: Mapping[str, str], settings: Settings
+) -> Any:
     """``frame`` as (the key columns, store, key bytes, value bytes), encoded with the store's serdes on the
     executors."""
     columns = {field.name: field.dataType for field in frame.schema.fields}
@@ -157,19 +174,28 @@ def _encoded(frame: Any, store: str, key_columns: tuple[str, ...], key_types: Ma
     elif "key" in columns and len(key_columns) == 1:
         routing = ("key",)
     else:
-        raise ConfigError(f"{where} needs the key columns {', '.join(key_columns)} (or, with one key column, a 'key' "
-                          f"column holding its value); it has {', '.join(columns)}")
+        raise ConfigError(
+            f"{where} needs the key columns {', '.join(key_columns)} (or, with one key column, a 'key' "
+            f"column holding its value); it has {', '.join(columns)}"
+        )
     for column, source in zip(key_columns, routing, strict=True):
         if columns[source].typeName() != key_types[column]:
-            raise ConfigError(f"{where}: column {source!r} is {columns[source].typeName()} but the key column "
-                              f"{column!r} of the stream is {key_types[column]}: a key routes to its task by its "
-                              f"hash, which differs between types. Cast it to {key_types[column]}")
+            raise ConfigError(
+                f"{where}: column {source!r} is {columns[source].typeName()} but the key column "
+                f"{column!r} of the stream is {key_types[column]}: a key routes to its task by its "
+                f"hash, which differs between types. Cast it to {key_types[column]}"
+            )
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
-    out = StructType([*(StructField(c, columns[s], True) for c, s in zip(key_columns, routing, strict=True)),
-                      StructField(_STORE, StringType(), False), StructField(_KEY, BinaryType(), False),
-                      StructField(_VALUE, BinaryType(), False)])
+    out = StructType(
+        [
+            *(StructField(c, columns[s], True) for c, s in zip(key_columns, routing, strict=True)),
+            StructField(_STORE, StringType(), False),
+            StructField(_KEY, BinaryType(), False),
+            StructField(_VALUE, BinaryType(), False),
+        ]
+    )
     encoder = _Encoder(settings, store, routing, "key" if "key" in columns else None, to_arrow_schema(out))
     return frame.mapInArrow(encoder.encode, out)
 
@@ -202,10 +228,12 @@ class _Encoder:
                 raise ConfigError(f"initial_state[{self.store!r}]: a row has a null key or value; drop or fill it")
             if build is not None:
                 values = [build(**v) if isinstance(v, dict) else v for v in values]
-            arrays = [*(batch.column(c) for c in self.routing),
-                      pa.array([self.store] * batch.num_rows, pa.string()),
-                      pa.array(encode_many(key_serde, keys), pa.binary()),
-                      pa.array(encode_many(value_serde, values), pa.binary())]
+            arrays = [
+                *(batch.column(c) for c in self.routing),
+                pa.array([self.store] * batch.num_rows, pa.string()),
+                pa.array(encode_many(key_serde, keys), pa.binary()),
+                pa.array(encode_many(value_serde, values), pa.binary()),
+            ]
             yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
 
@@ -229,14 +257,23 @@ class _Loader:
             raise ConfigError("the initial-state load ran outside a Spark task (no TaskContext)")
         index = context.partitionId()
         keys, skipped = self._load_task(index, batches)
-        yield pa.RecordBatch.from_pydict({"task": pa.array([index], pa.int32()), "keys": pa.array([keys], pa.int64()),
-                                          "skipped": pa.array([skipped], pa.bool_())})
+        yield pa.RecordBatch.from_pydict(
+            {
+                "task": pa.array([index], pa.int32()),
+                "keys": pa.array([keys], pa.int64()),
+                "skipped": pa.array([skipped], pa.bool_()),
+            }
+        )
 
     def offsets(self) -> dict[str, str]:
         """The input offsets of the load's checkpoints: those of the batch before the first, and the stores."""
-        return {BATCH_OFFSET: str(self.batch_id - 1), TASKS_OFFSET: str(self.num_tasks),
-                KEY_GROUPS_OFFSET: str(self.key_groups), NOW_OFFSET: str(self.now_ms),
-                INITIAL_OFFSET: ",".join(self.stores)}
+        return {
+            BATCH_OFFSET: str(self.batch_id - 1),
+            TASKS_OFFSET: str(self.num_tasks),
+            KEY_GROUPS_OFFSET: str(self.key_groups),
+            NOW_OFFSET: str(self.now_ms),
+            INITIAL_OFFSET: ",".join(self.stores),
+        }
 
     def _load_task(self, index: int, batches: Iterable[Any]) -> tuple[int, bool]:
         settings = self.settings
@@ -249,11 +286,14 @@ class _Loader:
             if latest is not None:
                 theirs = latest.checkpoint.input_offsets
                 if INITIAL_OFFSET not in theirs:
-                    raise ConfigError(f"initial_state: {name} already has state (checkpoint #{latest.seq}, batch "
-                                      f"{theirs.get(BATCH_OFFSET)}) that no initial load made; remove initial_state, "
-                                      "or start a new job.name")
+                    raise ConfigError(
+                        f"initial_state: {name} already has state (checkpoint #{latest.seq}, batch "
+                        f"{theirs.get(BATCH_OFFSET)}) that no initial load made; remove initial_state, "
+                        "or start a new job.name"
+                    )
                 if {k: theirs.get(k) for k in offsets if k != NOW_OFFSET} == {
-                        k: v for k, v in offsets.items() if k != NOW_OFFSET}:
+                    k: v for k, v in offsets.items() if k != NOW_OFFSET
+                }:
                     return 0, True  # this load, committed by an earlier attempt
                 decision = decision.rebased(None, settings)  # a load of another layout: loaded over, from empty
             with TaskStorage.open(settings, name, blob_store=blob_store, decision=decision) as storage:

@@ -45,21 +45,28 @@ def check_rows(struct: Any, where: str) -> Callable[[Iterable[Any]], Iterator[An
                 try:
                     verify(row)
                 except (TypeError, ValueError) as exc:
-                    raise OutputSchemaError(f"{where}: an output row does not fit output_schema ({_ddl(struct)}): "
-                                            f"{exc} (row {_short(row)})") from exc
+                    raise OutputSchemaError(
+                        f"{where}: an output row does not fit output_schema ({_ddl(struct)}): {exc} (row {_short(row)})"
+                    ) from exc
             elif _is_plain_tuple(row):
                 if width is None:
                     width = len(row)
                 elif len(row) != width:
-                    raise OutputSchemaError(f"{where}: an output row has {len(row)} values where the first row (the "
-                                            f"schema Spark infers without output_schema) has {width}: {_short(row)}")
+                    raise OutputSchemaError(
+                        f"{where}: an output row has {len(row)} values where the first row (the "
+                        f"schema Spark infers without output_schema) has {width}: {_short(row)}"
+                    )
             yield row
 
     return checked
 
 
-def check_rows_for_arrow(schema: Any, where: str, *, typed_rows: int = TYPED_ROWS,
-                         ) -> Callable[[Iterable[Any]], Iterator[Any]]:
+def check_rows_for_arrow(
+    schema: Any,
+    where: str,
+    *,
+    typed_rows: int = TYPED_ROWS,
+) -> Callable[[Iterable[Any]], Iterator[Any]]:
     """Rows mode over Arrow: a filter over output rows that raises on the first whose shape :func:`rows_to_batches`
     cannot take, and on the first of the first ``typed_rows`` rows Arrow cannot convert to ``schema``."""
     if schema is None or len(schema) == 0:
@@ -105,14 +112,17 @@ def check_arrow(schema: Any, where: str) -> Callable[[Iterable[Any]], Iterator[A
             got = ", ".join(f"{f.name} {f.type}" for f in batch.schema)
             want = ", ".join(f"{f.name} {f.type}" for f in schema)
             if missing:
-                raise OutputSchemaError(f"{where}: an output batch has columns ({got}) where output_schema has "
-                                        f"({want}); missing: {', '.join(missing)}")
+                raise OutputSchemaError(
+                    f"{where}: an output batch has columns ({got}) where output_schema has "
+                    f"({want}); missing: {', '.join(missing)}"
+                )
             try:
                 columns = [batch.column(have.index(f.name)).cast(f.type) for f in schema]
                 yield pa.RecordBatch.from_arrays(columns, schema=schema)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, ValueError) as exc:
-                raise OutputSchemaError(f"{where}: an output batch has columns ({got}) that do not cast to "
-                                        f"output_schema ({want}): {exc}") from exc
+                raise OutputSchemaError(
+                    f"{where}: an output batch has columns ({got}) that do not cast to output_schema ({want}): {exc}"
+                ) from exc
 
     return checked
 
@@ -129,7 +139,8 @@ def check_pandas(schema: Any, where: str) -> Callable[[Iterable[Any]], Iterator[
                 if missing:
                     raise OutputSchemaError(
                         f"{where}: an output frame has columns ({', '.join(map(str, labels))}) where output_schema "
-                        f"has ({', '.join(names)}); missing: {', '.join(missing)}")
+                        f"has ({', '.join(names)}); missing: {', '.join(missing)}"
+                    )
             yield frame
 
     return checked
@@ -138,8 +149,14 @@ def check_pandas(schema: Any, where: str) -> Callable[[Iterable[Any]], Iterator[
 def _convert(pa: Any, records: list[dict[str, Any]], schema: Any, where: str) -> None:
     try:
         pa.Table.from_pylist(records, schema=schema)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
-            OverflowError) as exc:
+    except (
+        pa.ArrowInvalid,
+        pa.ArrowTypeError,
+        pa.ArrowNotImplementedError,
+        TypeError,
+        ValueError,
+        OverflowError,
+    ) as exc:
         want = ", ".join(f"{f.name} {f.type}" for f in schema)
         raise OutputSchemaError(f"{where}: output rows do not convert to output_schema ({want}): {exc}") from exc
 
@@ -161,5 +178,4 @@ def _ddl(struct: Any) -> str:
 
 def _short(value: Any, limit: int = 120) -> str:
     text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
+    return text if len(text) <= limit else text[: limit - 3] + "..."

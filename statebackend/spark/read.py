@@ -38,6 +38,7 @@ from statebackend.values import MSG_SCHEMAS
 
 log = logging.getLogger(__name__)
 
+
 def read_state(
     spark: SparkSession,
     config: Mapping[str, Any],
@@ -72,19 +73,28 @@ def read_state(
     if checkpoint != "latest" and (type(checkpoint) is not int or checkpoint < 0):
         raise ConfigError(f"read_state checkpoint must be 'latest' or a batch id (int >= 0), got {checkpoint!r}")
     store_settings = settings.stores[store]
-    schema = StructType([
-        StructField("task", StringType(), False),
-        StructField("key", _column_type(store_settings.key_serde), False),
-        StructField("value", _value_type(store_settings.msg_serde), True),
-    ]) if store != TIMERS_STORE else StructType([
-        StructField("task", StringType(), False),
-        StructField("key", StringType(), False),
-        StructField("kind", StringType(), False),
-        StructField("at_ms", LongType(), False),
-    ])
+    schema = (
+        StructType(
+            [
+                StructField("task", StringType(), False),
+                StructField("key", _column_type(store_settings.key_serde), False),
+                StructField("value", _value_type(store_settings.msg_serde), True),
+            ]
+        )
+        if store != TIMERS_STORE
+        else StructType(
+            [
+                StructField("task", StringType(), False),
+                StructField("key", StringType(), False),
+                StructField("kind", StringType(), False),
+                StructField("at_ms", LongType(), False),
+            ]
+        )
+    )
     # Only this store's keys: restoring the others would download state nobody asked for.
-    reader = _StateReader(attrs.evolve(settings, stores={store: store_settings}), store, checkpoint, num_tasks,
-                          to_arrow_schema(schema))
+    reader = _StateReader(
+        attrs.evolve(settings, stores={store: store_settings}), store, checkpoint, num_tasks, to_arrow_schema(schema)
+    )
     # one partition per task index; DataFrame operations only, so this works alike under Spark Connect (no RDDs)
     indexes = spark.range(0, num_tasks, 1, num_tasks)
     return indexes.mapInArrow(reader.read_arrow, schema)
@@ -109,9 +119,9 @@ class _StateReader:
                 rows = self.read([index])
                 while chunk := list(islice(rows, 1 << 16)):
                     yield pa.RecordBatch.from_arrays(
-                        [pa.array(column, field.type) for column, field in zip(zip(*chunk), self.schema,
-                                                                                strict=True)],
-                        schema=self.schema)
+                        [pa.array(column, field.type) for column, field in zip(zip(*chunk), self.schema, strict=True)],
+                        schema=self.schema,
+                    )
 
     def read(self, indexes: Iterable[int]) -> Iterator[tuple[Any, ...]]:
         import tempfile
@@ -162,21 +172,31 @@ class _StateReader:
         if name == zero:
             return
         zero_log = task_checkpoint_log(settings, storage.blob_store, zero)
-        entry = (zero_log.latest() if self.checkpoint == "latest"
-                 else zero_log.find(at_or_below(zero, int(self.checkpoint), self.num_tasks)))
+        entry = (
+            zero_log.latest()
+            if self.checkpoint == "latest"
+            else zero_log.find(at_or_below(zero, int(self.checkpoint), self.num_tasks))
+        )
         if entry is None:
             return  # task-0 has nothing to read: neither has the job (its checkpoint offsets are checked above)
         theirs = entry.checkpoint.input_offsets
         mine = storage.restored.input_offsets if storage.restored is not None else None
-        if (mine is None or mine.get(KEY_GROUPS_OFFSET) != theirs.get(KEY_GROUPS_OFFSET)
-                or mine.get(TASKS_OFFSET) != theirs.get(TASKS_OFFSET)
-                or not str(mine.get(BATCH_OFFSET, "")).isdigit() or not str(theirs.get(BATCH_OFFSET, "")).isdigit()
-                or abs(int(mine[BATCH_OFFSET]) - int(theirs[BATCH_OFFSET])) > 1):
+        if (
+            mine is None
+            or mine.get(KEY_GROUPS_OFFSET) != theirs.get(KEY_GROUPS_OFFSET)
+            or mine.get(TASKS_OFFSET) != theirs.get(TASKS_OFFSET)
+            or not str(mine.get(BATCH_OFFSET, "")).isdigit()
+            or not str(theirs.get(BATCH_OFFSET, "")).isdigit()
+            or abs(int(mine[BATCH_OFFSET]) - int(theirs[BATCH_OFFSET])) > 1
+        ):
+
             def spread(offsets: Mapping[str, str] | None) -> str:
                 if offsets is None:
                     return "no checkpoint"
-                return (f"batch {offsets.get(BATCH_OFFSET)}, num_tasks={offsets.get(TASKS_OFFSET)}, "
-                        f"key_groups={offsets.get(KEY_GROUPS_OFFSET, 'none')}")
+                return (
+                    f"batch {offsets.get(BATCH_OFFSET)}, num_tasks={offsets.get(TASKS_OFFSET)}, "
+                    f"key_groups={offsets.get(KEY_GROUPS_OFFSET, 'none')}"
+                )
 
             raise InconsistentStateError(
                 f"read_state: {name} has {spread(mine)} but {zero} has {spread(theirs)}: the batch that changed "
@@ -190,7 +210,9 @@ def _value_type(serde: str) -> DataType:
     """The value column's type: a record store's is a struct of its class's fields."""
     if not is_record(serde):
         return _column_type(serde)
-    return StructType([StructField(f.name, _FIELD_TYPES[f.type], f.nullable) for f in record_class(serde).schema.fields])
+    return StructType(
+        [StructField(f.name, _FIELD_TYPES[f.type], f.nullable) for f in record_class(serde).schema.fields]
+    )
 
 
 def _value_column(serde: str, storage: TaskStorage, store: str) -> Callable[[bytes], Any]:
@@ -207,15 +229,24 @@ def _value_column(serde: str, storage: TaskStorage, store: str) -> Callable[[byt
         row = {}
         for field, is_json in fields:
             item = getattr(value, field)
-            row[field] = item if not is_json or item is None else json.dumps(
-                item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # as the record stores it
+            row[field] = (
+                item
+                if not is_json or item is None
+                else json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+            )  # as the record stores it
         return row
 
     return column
 
 
-_FIELD_TYPES: Mapping[str, DataType] = {"int": LongType(), "float": DoubleType(), "bool": BooleanType(),
-                                        "str": StringType(), "bytes": BinaryType(), "json": StringType()}
+_FIELD_TYPES: Mapping[str, DataType] = {
+    "int": LongType(),
+    "float": DoubleType(),
+    "bool": BooleanType(),
+    "str": StringType(),
+    "bytes": BinaryType(),
+    "json": StringType(),
+}
 
 
 def _column_type(serde: str) -> DataType:

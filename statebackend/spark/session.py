@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
+
 def local_spark_session(
     app_name: str = "statebackend", master: str = "local[2]", conf: Mapping[str, str] | None = None
 ) -> SparkSession:
@@ -119,8 +120,11 @@ def _read_java_map_keys(entries: Any) -> dict[str, str]:
     """The statebackend keys of a Java ``Map<String, String>``: its keys as one array (indexed, not iterated: no
     exception at the end), then the values of ours only."""
     names = [str(name) for name in entries.keySet().toArray()]
-    return {name[len(SPARK_CONF_PREFIX):]: str(entries.get(name)) for name in names
-            if name.startswith(SPARK_CONF_PREFIX) and len(name) > len(SPARK_CONF_PREFIX)}
+    return {
+        name[len(SPARK_CONF_PREFIX) :]: str(entries.get(name))
+        for name in names
+        if name.startswith(SPARK_CONF_PREFIX) and len(name) > len(SPARK_CONF_PREFIX)
+    }
 
 
 def _read_conf_keys(spark: SparkSession) -> dict[str, str]:
@@ -129,8 +133,11 @@ def _read_conf_keys(spark: SparkSession) -> dict[str, str]:
     except (AttributeError, TypeError):
         # no runtime conf readable (the Java map above failed): the conf the application started with
         entries = dict(spark.sparkContext.getConf().getAll())
-    return {key[len(SPARK_CONF_PREFIX):]: value for key, value in entries.items()
-            if key.startswith(SPARK_CONF_PREFIX) and len(key) > len(SPARK_CONF_PREFIX)}
+    return {
+        key[len(SPARK_CONF_PREFIX) :]: value
+        for key, value in entries.items()
+        if key.startswith(SPARK_CONF_PREFIX) and len(key) > len(SPARK_CONF_PREFIX)
+    }
 
 
 def effective_config(spark: SparkSession, config: Mapping[str, Any]) -> dict[str, Any]:

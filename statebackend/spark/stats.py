@@ -51,4 +51,3 @@ class StatsParam(AccumulatorParam):  # type: ignore[type-arg]
 
     def addInPlace(self, value1: list[TaskStats], value2: list[TaskStats]) -> list[TaskStats]:
         return [*value1, *value2]
-

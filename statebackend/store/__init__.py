@@ -21,4 +21,13 @@ from statebackend.store.local import LocalStore
 from statebackend.store.typed import BytesStore, TypedStore
 from statebackend.store.view import ReadView
 
-__all__ = ["MAX_KEY_SIZE", "TOMBSTONE", "BytesStore", "ChangeSet", "LocalStore", "LocalVersion", "ReadView", "TypedStore"]
+__all__ = [
+    "MAX_KEY_SIZE",
+    "TOMBSTONE",
+    "BytesStore",
+    "ChangeSet",
+    "LocalStore",
+    "LocalVersion",
+    "ReadView",
+    "TypedStore",
+]

@@ -158,9 +158,12 @@ class Applier:
         future.set_running_or_notify_cancel()  # cannot be cancelled: the applier always resolves it
         with self._state_lock:
             if self.closed or self.error is not None or (not batch.applied and batch not in self.pending):
-                future.set_exception(StateBackendError(
-                    f"store {self.name!r}: no read view of {batch.version}: the store is closed, was replaced, or "
-                    f"its flushed batch could not be applied"))
+                future.set_exception(
+                    StateBackendError(
+                        f"store {self.name!r}: no read view of {batch.version}: the store is closed, was replaced, or "
+                        f"its flushed batch could not be applied"
+                    )
+                )
                 return future
             waiting = not batch.applied
             if waiting:
@@ -173,8 +176,11 @@ class Applier:
         view = self._open_view()
         if view.version != batch.version:
             view.close()
-            future.set_exception(StateBackendError(
-                f"store {self.name!r}: a read view of {batch.version} was asked after the store moved on"))
+            future.set_exception(
+                StateBackendError(
+                    f"store {self.name!r}: a read view of {batch.version} was asked after the store moved on"
+                )
+            )
         else:
             future.set_result(view)
         return future

@@ -97,7 +97,9 @@ class SortedBatch:
         return records
 
 
-def overlay(layers: Iterable[dict[bytes, Any]], start: bytes | None, end: bytes | None, *, as_dict: bool = False) -> Any:
+def overlay(
+    layers: Iterable[dict[bytes, Any]], start: bytes | None, end: bytes | None, *, as_dict: bool = False
+) -> Any:
     """What reads see above LMDB in ``[start, end)``: the ``layers`` oldest first, a later one winning; sorted pairs,
     or a dict with ``as_dict``."""
     merged: dict[bytes, Any] = {}
@@ -105,8 +107,9 @@ def overlay(layers: Iterable[dict[bytes, Any]], start: bytes | None, end: bytes 
         if start is None and end is None:
             merged.update(layer)
         else:
-            merged.update((k, v) for k, v in layer.items()
-                          if (start is None or k >= start) and (end is None or k < end))
+            merged.update(
+                (k, v) for k, v in layer.items() if (start is None or k >= start) and (end is None or k < end)
+            )
     if as_dict:
         return merged
     return sorted(merged.items(), key=first)
@@ -273,8 +276,6 @@ def _raw_bytes(records: list[tuple[bytes, bytes | None]]) -> int:
     return sum(map(len, keys)) + sum(map(len, filter(None, values)))
 
 
-def _ranked(
-    records: Iterator[tuple[bytes, bytes | None]], rank: int
-) -> Iterator[tuple[bytes, int, bytes | None]]:
+def _ranked(records: Iterator[tuple[bytes, bytes | None]], rank: int) -> Iterator[tuple[bytes, int, bytes | None]]:
     for key, value in records:
         yield key, rank, value

@@ -37,8 +37,9 @@ _INCOMING = f"{DATA_DIR}.incoming"
 _OLD = f"{DATA_DIR}.old"
 
 
-def load_sorted(txn: lmdb.Transaction[bytes], data_db: Any, items: Iterable[tuple[bytes, bytes]], name: str,
-                max_key: int) -> int:
+def load_sorted(
+    txn: lmdb.Transaction[bytes], data_db: Any, items: Iterable[tuple[bytes, bytes]], name: str, max_key: int
+) -> int:
     """Drop all data and append ``items`` (strictly sorted by key); the number of records loaded."""
     txn.drop(data_db, delete=False)
     # LMDB checks the order itself: in append mode a key not after the previous one is refused (not added), so
@@ -58,8 +59,14 @@ def load_sorted(txn: lmdb.Transaction[bytes], data_db: Any, items: Iterable[tupl
     return int(loaded)
 
 
-def apply_sorted(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[tuple[bytes, bytes | None]],
-                 name: str, max_key: int, check_key: Callable[[Any], None]) -> int:
+def apply_sorted(
+    txn: lmdb.Transaction[bytes],
+    data_db: Any,
+    records: Iterable[tuple[bytes, bytes | None]],
+    name: str,
+    max_key: int,
+    check_key: Callable[[Any], None],
+) -> int:
     """Apply strictly sorted put / delete records, checking each; the number applied."""
     applied = 0
     cursor = txn.cursor(db=data_db)
@@ -86,8 +93,9 @@ def apply_sorted(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[t
     return applied
 
 
-def apply_verified(txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[tuple[bytes, bytes | None]],
-                   name: str, max_key: int) -> int:
+def apply_verified(
+    txn: lmdb.Transaction[bytes], data_db: Any, records: Iterable[tuple[bytes, bytes | None]], name: str, max_key: int
+) -> int:
     """Apply records whose order the source verified, in bulk; the number applied."""
     # every key occurs once, so puts and deletes commute: bulk-put the puts, then delete the deletes. Splitting them
     # runs in C (map, compress): no Python frame per record, only per delete

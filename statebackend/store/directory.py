@@ -62,8 +62,12 @@ def guard_unsynced(store_dir: Path, name: str) -> None:
     except FileNotFoundError:
         recorded = None
     if recorded is not None and (not boot or recorded != boot):
-        log.warning("store %s at %s: the machine stopped while the store was open (unsynced LMDB writes may be "
-                     "torn); discarding local data, restore rebuilds it from the blob store", name, store_dir)
+        log.warning(
+            "store %s at %s: the machine stopped while the store was open (unsynced LMDB writes may be "
+            "torn); discarding local data, restore rebuilds it from the blob store",
+            name,
+            store_dir,
+        )
         shutil.rmtree(store_dir / DATA_DIR, ignore_errors=True)
     with atomic_write(marker, temp_name=UNSYNCED_FILE + ".tmp", sync_directory=True) as out:
         out.write((boot + "\n").encode())

@@ -427,14 +427,11 @@ class LocalStore:
             if verified_order:
                 applied = bulk.apply_verified(txn, self._data_db, records, self.name, self._max_key_size)
             else:
-                applied = bulk.apply_sorted(txn, self._data_db, records, self.name, self._max_key_size,
-                                            self._check_key)
+                applied = bulk.apply_sorted(txn, self._data_db, records, self.name, self._max_key_size, self._check_key)
             set_version(txn, self._meta_db, version)
         return applied
 
-    def apply_change_sets(
-        self, sources: Iterable[Iterable[tuple[bytes, bytes | None]]], version: LocalVersion
-    ) -> int:
+    def apply_change_sets(self, sources: Iterable[Iterable[tuple[bytes, bytes | None]]], version: LocalVersion) -> int:
         """Catch-up by several change sets in ONE write transaction: each source's records, in order, strictly
         sorted and verified by the source (as ``apply_changes(..., verified_order=True)``), then ``version``. A
         failure anywhere (a source that raises, a bad key) aborts them all: the store stays at its version before.
@@ -538,8 +535,11 @@ class LocalStore:
         """Write checked ``keys``/``values`` (``size``: their bytes, tombstones counting 0) to the batch, exactly as
         ``_write`` one by one would."""
         batch = self._batch
-        if (self._batch_bytes + size <= self.max_batch_bytes and len(set(keys)) == len(keys)
-                and batch.keys().isdisjoint(keys)):
+        if (
+            self._batch_bytes + size <= self.max_batch_bytes
+            and len(set(keys)) == len(keys)
+            and batch.keys().isdisjoint(keys)
+        ):
             batch.update(zip(keys, values))  # no key replaced, no spill: the per-key path ends in the same state
             self._batch_bytes += size
             return

@@ -224,8 +224,12 @@ class TypedStore:
         return self._decode(self._store.iter_prefix(self._key(prefix, "prefix")))
 
     def iter_range(self, start: Any | None, end: Any | None) -> Iterator[tuple[Any, Any]]:
-        return self._decode(self._store.iter_range(None if start is None else self._key(start, "range start"),
-                                                   None if end is None else self._key(end, "range end")))
+        return self._decode(
+            self._store.iter_range(
+                None if start is None else self._key(start, "range start"),
+                None if end is None else self._key(end, "range end"),
+            )
+        )
 
     def items(self) -> Iterator[tuple[Any, Any]]:
         return self._decode(self._store.items())
@@ -324,8 +328,15 @@ def _encode_error(store: str, serde: Serde, role: str, key: Any, obj: Any, exc: 
     reason = exc.reason if isinstance(exc, SerdeError) and exc.reason else f"{type(exc).__name__}: {exc}"
     key_text = short_repr(key)
     what = f"the value of key {key_text}" if role == "value" else f"the {role} {key_text}"
-    return SerdeError(f"store {store!r}: the {name} serde cannot encode {what} ({described(value_type)}): {reason}",
-                      store=store, serde=name, key=key_text, value_type=value_type, role=role, reason=reason)
+    return SerdeError(
+        f"store {store!r}: the {name} serde cannot encode {what} ({described(value_type)}): {reason}",
+        store=store,
+        serde=name,
+        key=key_text,
+        value_type=value_type,
+        role=role,
+        reason=reason,
+    )
 
 
 def _encode_many_error(store: str, serde: Serde, role: str, keys: Any, objs: Any, exc: BaseException) -> SerdeError:
@@ -350,12 +361,15 @@ def _decode_error(store: str, serde: Serde, key_text: str, exc: Exception, role:
     name = _serde_name(serde)
     what = f"the stored value of key {key_text}" if role == "value" else f"the stored key {key_text}"
     detail = str(exc).removeprefix(f"the {name} serde cannot decode the stored bytes: ")
-    return CorruptDataError(f"store {store!r}: the {name} serde cannot decode {what}: {detail}. Was the store "
-                            "written with another serde? Its serdes must stay the ones its checkpoints record")
+    return CorruptDataError(
+        f"store {store!r}: the {name} serde cannot decode {what}: {detail}. Was the store "
+        "written with another serde? Its serdes must stay the ones its checkpoints record"
+    )
 
 
-def _decode_many_error(store: str, serde: Serde, keys: Any, raw: list[bytes | None],
-                       exc: Exception) -> CorruptDataError:
+def _decode_many_error(
+    store: str, serde: Serde, keys: Any, raw: list[bytes | None], exc: Exception
+) -> CorruptDataError:
     """:func:`_decode_error` of the first stored value of a ``get_many`` that does not decode."""
     for key, data in zip(as_list(keys), raw, strict=False):
         if data is not None:
@@ -375,8 +389,13 @@ def _decode_values(serde: Serde, raw: list[bytes | None]) -> list[Any]:
     return [None if v is None else next(decoded) for v in raw]
 
 
-def _update_many(store: StoreOps, keys: list[bytes], fn: Callable[[list[Any]], Sequence[Any]],
-                 serde: Serde | None, key_objs: Any = None) -> None:
+def _update_many(
+    store: StoreOps,
+    keys: list[bytes],
+    fn: Callable[[list[Any]], Sequence[Any]],
+    serde: Serde | None,
+    key_objs: Any = None,
+) -> None:
     """Read ``keys`` once, write ``fn``'s values (``None`` deletes) in order. ``fn`` sees the values as they were
     before the call, also for a key given twice. ``key_objs``: the keys as given to a typed view (errors name them)."""
     raw = store.get_many(keys)
@@ -389,7 +408,9 @@ def _update_many(store: StoreOps, keys: list[bytes], fn: Callable[[list[Any]], S
             raise _decode_many_error(store.name, serde, key_objs, raw, exc) from exc
     new = list(fn(decoded))
     if len(new) != len(keys):
-        raise ValueError(f"store {store.name!r}: update_many's function returned {len(new)} values for {len(keys)} keys")
+        raise ValueError(
+            f"store {store.name!r}: update_many's function returned {len(new)} values for {len(keys)} keys"
+        )
     if serde is None:
         store.write_many(keys, new)
         return
@@ -398,8 +419,7 @@ def _update_many(store: StoreOps, keys: list[bytes], fn: Callable[[list[Any]], S
         encoded = encode_many(serde, present)
     except Exception as exc:
         given = [(k, v) for k, v in zip(as_list(key_objs), new, strict=True) if v is not None]
-        raise _encode_many_error(store.name, serde, "value", [k for k, _ in given], [v for _, v in given],
-                                 exc) from exc
+        raise _encode_many_error(store.name, serde, "value", [k for k, _ in given], [v for _, v in given], exc) from exc
     if len(present) == len(keys):
         store.put_many(keys, encoded)
         return

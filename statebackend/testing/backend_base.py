@@ -123,10 +123,15 @@ class BackendContractBase:
             with pytest.raises(errors) as excinfo:
                 TaskStorage.open(config, "task-0", blob_store=blobs).close()
             return victims, str(excinfo.value)
-        with caplog.at_level(logging.ERROR, logger="statebackend"), \
-                TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        with (
+            caplog.at_level(logging.ERROR, logger="statebackend"),
+            TaskStorage.open(config, "task-0", blob_store=blobs) as task,
+        ):
             assert contents(task) == model, f"the fallback to {self.dual_with} did not give the exact state"
-        fallbacks = [record.getMessage() for record in caplog.records
-                     if "falling back" in record.getMessage() and self.backend in record.getMessage()]
+        fallbacks = [
+            record.getMessage()
+            for record in caplog.records
+            if "falling back" in record.getMessage() and self.backend in record.getMessage()
+        ]
         assert fallbacks, f"the restore did not fall back from {self.backend} to {self.dual_with}"
         return victims, "\n".join(fallbacks)

@@ -258,8 +258,9 @@ class BackendContract(FaultTests):
             write_round(task, 1, model)
             pending = task.commit({"input": "1"})
             assert pending is not None and blobs.held.wait(self.wait_s)
-            assert not pending.done() and task.committed_seq == durable_seq, \
+            assert not pending.done() and task.committed_seq == durable_seq, (
                 "the commit was durable while the backend's upload was still held"
+            )
             blobs.release.set()
             with pytest.raises(CommitError) as failed:
                 pending.result(timeout=self.wait_s)
@@ -276,8 +277,9 @@ class BackendContract(FaultTests):
         task writes (and spills to LMDB: a small ``write.batch.max.bytes``) while the commit's upload waits to
         start and again while its write is held; the checkpoint must restore exactly the committed state."""
         blobs = self.controlled(blobs)
-        config = self.make_config(tmp_path, **{"stores.counts.write.batch.max.bytes": 2048,
-                                               "task.commit.max.delay.ms": 3_600_000})
+        config = self.make_config(
+            tmp_path, **{"stores.counts.write.batch.max.bytes": 2048, "task.commit.max.delay.ms": 3_600_000}
+        )
         pool = GatedExecutor(gate_timeout_s=2 * self.wait_s)
         model: dict[bytes, bytes] = {}
         try:
@@ -311,7 +313,7 @@ class BackendContract(FaultTests):
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             prefix = self.backend_prefix()
-            blobs.hold = (lambda name: name.startswith(prefix))
+            blobs.hold = lambda name: name.startswith(prefix)
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
             assert first is not None
@@ -334,7 +336,7 @@ class BackendContract(FaultTests):
         model: dict[bytes, bytes] = {}
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             prefix = self.backend_prefix()
-            blobs.hold = (lambda name: name.startswith(prefix))
+            blobs.hold = lambda name: name.startswith(prefix)
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
             assert first is not None and blobs.held.wait(self.wait_s)
@@ -363,6 +365,7 @@ class BackendContract(FaultTests):
             write_round(task, 0, model)
             first = task.commit({"input": "0"})
             assert first is not None and blobs.held.wait(self.wait_s)
+
             # the manager's clock says the upload is past max delay; release it only once the commit is blocking
             def release_when_blocked() -> None:
                 while task.metrics.counter("commit.blocks") == 0:
@@ -397,7 +400,8 @@ class BackendContract(FaultTests):
             large = min(task_thread_calls(task, f"l{i}".encode()) for i in range(3))
         assert large <= 2 * small + 1_000, (
             f"a commit of one key made {large} calls on the task's thread at 41,000 keys of state and {small} at "
-            f"1,000: snapshot() must cost O(change), never O(state)")
+            f"1,000: snapshot() must cost O(change), never O(state)"
+        )
 
     def test_commit_uploads_the_change_not_the_state(self, blobs: BlobStore, tmp_path: Path) -> None:
         """Catches a backend that uploads the whole state at each commit (its bytes, and a restore's work, grow with
@@ -426,10 +430,10 @@ class BackendContract(FaultTests):
         bound = 2 * state_bytes + 65_536 if self.uploads_whole_state else 32_768
         assert min(per_commit) <= bound, (
             f"commits of one changed key uploaded {per_commit} bytes (a state of {state_bytes} bytes): "
-            + ("more than a copy of the state" if self.uploads_whole_state else "O(state), not O(change)"))
+            + ("more than a copy of the state" if self.uploads_whole_state else "O(state), not O(change)")
+        )
 
     # -- damage -----------------------------------------------------------------------------------------------------
-
 
     @pytest.mark.parametrize("where", ["middle", "last"])
     def test_flipped_byte_in_backend_blobs_is_detected_and_never_applied(
@@ -437,6 +441,7 @@ class BackendContract(FaultTests):
     ) -> None:
         """Catches a restore that skips verification and loads a damaged blob: one bit flipped in the middle of
         every blob of the backend (its records, most likely), then in its last byte (a checksum, most likely)."""
+
         def flip_a_byte(store: BlobStore, names: list[str]) -> list[str]:
             for name in names:
                 data = bytearray(store.get(name))
@@ -444,33 +449,38 @@ class BackendContract(FaultTests):
                 store.put(name, bytes(data))
             return names
 
-        victims, text = self.restore_after_damage(blobs, tmp_path, caplog, rounds=3, damage=flip_a_byte,
-                                                  errors=CorruptDataError)
+        victims, text = self.restore_after_damage(
+            blobs, tmp_path, caplog, rounds=3, damage=flip_a_byte, errors=CorruptDataError
+        )
         assert any(victim in text for victim in victims)
 
     def test_truncated_backend_blobs_are_detected(
         self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Catches a restore that loads what a cut-short blob still holds."""
+
         def cut_short(store: BlobStore, names: list[str]) -> list[str]:
             for name in names:
                 store.put(name, store.get(name)[: len(store.get(name)) // 3])
             return names
 
-        victims, text = self.restore_after_damage(blobs, tmp_path, caplog, rounds=3, damage=cut_short,
-                                                  errors=CorruptDataError)
+        victims, text = self.restore_after_damage(
+            blobs, tmp_path, caplog, rounds=3, damage=cut_short, errors=CorruptDataError
+        )
         assert any(victim in text for victim in victims)
 
     def test_missing_backend_blob_is_an_error_naming_it(
         self, blobs: BlobStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """Catches a restore that takes a missing blob for an empty store."""
+
         def delete(store: BlobStore, names: list[str]) -> list[str]:
             store.delete_many(names)
             return names
 
-        victims, text = self.restore_after_damage(blobs, tmp_path, caplog, rounds=1, damage=delete,
-                                                  errors=(NotFoundError, CorruptDataError))
+        victims, text = self.restore_after_damage(
+            blobs, tmp_path, caplog, rounds=1, damage=delete, errors=(NotFoundError, CorruptDataError)
+        )
         assert any(victim in text for victim in victims)
 
     def test_an_older_blob_under_a_newer_name_is_refused(
@@ -494,8 +504,9 @@ class BackendContract(FaultTests):
                 store.put(name, older[source])
             return victims
 
-        victims, text = self.restore_after_damage(blobs, tmp_path, caplog, rounds=4, damage=put_older_back,
-                                                  errors=CorruptDataError, after_commit=keep_older)
+        victims, text = self.restore_after_damage(
+            blobs, tmp_path, caplog, rounds=4, damage=put_older_back, errors=CorruptDataError, after_commit=keep_older
+        )
         assert victims and any(victim in text for victim in victims)
 
     # -- fencing ----------------------------------------------------------------------------------------------------

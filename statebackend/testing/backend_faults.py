@@ -56,7 +56,7 @@ class FaultTests(BackendContractBase):
                 write_round(task, 0, models[name])
                 task.commit_durably({"input": "0"})
             durable = {name: dict(model) for name, model in models.items()}
-            blobs.hold = (lambda blob: any(blob.startswith(p) for p in prefixes) and "/snapshot/" not in blob)
+            blobs.hold = lambda blob: any(blob.startswith(p) for p in prefixes) and "/snapshot/" not in blob
             blobs.fail_held = True
             pending: dict[str, PendingCommit] = {}
             for name, task in tasks.items():
@@ -69,12 +69,15 @@ class FaultTests(BackendContractBase):
             # applied first, on a loaded machine); a backend that runs the uploads of a process one at a time never
             # holds both, and is checked after this wait (at most 5 s) all the same
             deadline = time.monotonic() + min(self.wait_s, 5.0)
-            while (not all(any(held.startswith(p) for held in list(blobs.held_names)) for p in prefixes)
-                   and time.monotonic() < deadline):
+            while (
+                not all(any(held.startswith(p) for held in list(blobs.held_names)) for p in prefixes)
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
             for name in names:
-                assert not pending[name].done(), \
+                assert not pending[name].done(), (
                     f"{name}: the commit was durable while the backend's writes were still held (two at once)"
+                )
             blobs.release.set()
             for name in names:
                 with pytest.raises(CommitError) as failed:
@@ -133,7 +136,7 @@ class FaultTests(BackendContractBase):
                     again = dict(config, **{"state.local.dir": str(tmp_path / "other")})
                     committer = other = TaskStorage.open(again, "task-0", blob_store=blobs, executor=pool)
                     assert contents(other) == model
-                blobs.hold = (lambda name: "/checkpoints/" in name)
+                blobs.hold = lambda name: "/checkpoints/" in name
                 write_round(committer, 4, model)
                 later = committer.commit({"input": "4"})
                 assert later is not None and blobs.held.wait(self.wait_s), "commit 4 never wrote its checkpoint"
@@ -221,13 +224,15 @@ class FaultTests(BackendContractBase):
     ) -> None:
         """Catches a restore that takes an empty blob (a write torn before its first byte, as a crash leaves it on
         some stores) for a step without changes: every blob of the backend is emptied."""
+
         def empty(store: BlobStore, names: list[str]) -> list[str]:
             for name in names:
                 store.put(name, b"")
             return names
 
-        victims, text = self.restore_after_damage(blobs, tmp_path, caplog, rounds=3, damage=empty,
-                                                  errors=CorruptDataError)
+        victims, text = self.restore_after_damage(
+            blobs, tmp_path, caplog, rounds=3, damage=empty, errors=CorruptDataError
+        )
         assert any(victim in text for victim in victims)
 
     def test_a_restore_that_fails_half_way_is_never_taken_for_whole(self, blobs: BlobStore, tmp_path: Path) -> None:
@@ -271,16 +276,24 @@ class FaultTests(BackendContractBase):
         a fresh local dir. The last kill lands in a full restore. Runs on a ``file://`` store under the test's
         temp dir (the in-memory store is not shared by processes)."""
         workdir = tmp_path / "kills"
-        config = self.make_config(workdir, **{"blob.store.url": f"file://{workdir / 'blobs'}",
-                                              "stores.counts.write.batch.max.bytes": 2048})
+        config = self.make_config(
+            workdir, **{"blob.store.url": f"file://{workdir / 'blobs'}", "stores.counts.write.batch.max.bytes": 2048}
+        )
         try:
             json.dumps(config)
         except TypeError as exc:
-            pytest.skip(f"extra_config holds values a child process cannot be given as JSON ({exc}): the kill test "
-                        "needs settings that are strings, numbers or booleans")
+            pytest.skip(
+                f"extra_config holds values a child process cannot be given as JSON ({exc}): the kill test "
+                "needs settings that are strings, numbers or booleans"
+            )
         seed = os.environ.get("STATEBACKEND_KILL_SEED", type(self).__name__)
-        kill_rounds(KillSpec(config=config, imports=self.child_imports), workdir, rounds=self.kill_rounds,
-                    seed=seed, wait_s=self.wait_s)
+        kill_rounds(
+            KillSpec(config=config, imports=self.child_imports),
+            workdir,
+            rounds=self.kill_rounds,
+            seed=seed,
+            wait_s=self.wait_s,
+        )
 
 
 def _commit_writes_under(prefix: str) -> Callable[[str], bool]:

@@ -10,8 +10,15 @@ from typing import Any
 
 from statebackend.task import TaskStorage
 
-__all__ = ["RESTORE_COUNTERS", "contents", "flood", "incompressible", "restore_counts", "task_thread_calls",
-           "write_round"]
+__all__ = [
+    "RESTORE_COUNTERS",
+    "contents",
+    "flood",
+    "incompressible",
+    "restore_counts",
+    "task_thread_calls",
+    "write_round",
+]
 
 #: the counters a restore manager increments, once per store it restores: reused whole, caught up, or restored full
 RESTORE_COUNTERS = ("restore.stores.reused", "restore.stores.caught.up", "restore.stores.full")
@@ -22,8 +29,9 @@ def contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:
     return dict(task.store(name).items())
 
 
-def write_round(task: TaskStorage, round_no: int, model: dict[bytes, bytes], keys: int = 50, *,
-                store: str = "counts") -> None:
+def write_round(
+    task: TaskStorage, round_no: int, model: dict[bytes, bytes], keys: int = 50, *, store: str = "counts"
+) -> None:
     """Deterministic puts and deletes over 200 keys, mirrored into ``model``."""
     target = task.store(store)
     for i in range(keys):
@@ -37,8 +45,15 @@ def write_round(task: TaskStorage, round_no: int, model: dict[bytes, bytes], key
             model[key] = value
 
 
-def flood(task: TaskStorage, tag: str, model: dict[bytes, bytes], *, keys: int = 300, value_size: int = 64,
-          store: str = "counts") -> None:
+def flood(
+    task: TaskStorage,
+    tag: str,
+    model: dict[bytes, bytes],
+    *,
+    keys: int = 300,
+    value_size: int = 64,
+    store: str = "counts",
+) -> None:
     """Put ``keys`` new keys with values of ``value_size`` bytes (enough to spill a small write batch), mirrored
     into ``model``."""
     target = task.store(store, typed=False)

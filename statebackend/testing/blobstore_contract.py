@@ -636,4 +636,3 @@ class _BlobStoreMachine(RuleBasedStateMachine):
     @invariant()
     def names_agree(self) -> None:
         assert list(self.store.list()) == sorted(self.model)
-

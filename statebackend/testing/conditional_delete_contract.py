@@ -58,8 +58,9 @@ class ConditionalDeleteContract:
             assert version is not None and version not in seen, f"a put of {data!r} kept an earlier version"
             seen.add(version)
 
-    def test_every_write_path_gives_a_new_version(self, store: BlobStore,
-                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+    def test_every_write_path_gives_a_new_version(
+        self, store: BlobStore, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
         """A writer refreshes a blob with ``put_file`` (the backends' uploads), a large one in parts where the store
         uploads in parts: each path must give a new version, the same bytes written again too."""
         if self._declines(store):
@@ -73,8 +74,9 @@ class ConditionalDeleteContract:
             for round_no in range(2):
                 store.put_file(name, path, metadata={"created_at": "1"})
                 version = store.head(name).etag
-                assert version is not None and version not in seen, \
+                assert version is not None and version not in seen, (
                     f"put_file of {name} (round {round_no}) kept an earlier version"
+                )
                 seen.add(version)
             judged = store.head(name).etag or ""
             store.put_file(name, path, metadata={"created_at": "2"})
@@ -113,8 +115,9 @@ class ConditionalDeleteContract:
             store.head("cond/old")
 
     @pytest.mark.parametrize("rewrite", [b"x", b"new"], ids=["same-bytes", "other-bytes"])
-    def test_conditional_delete_of_a_rewritten_blob_keeps_the_new_version(self, store: BlobStore,
-                                                                        rewrite: bytes) -> None:
+    def test_conditional_delete_of_a_rewritten_blob_keeps_the_new_version(
+        self, store: BlobStore, rewrite: bytes
+    ) -> None:
         if self._declines(store):
             return
         store.put("cond/refreshed", b"x", metadata={"created_at": "1"})

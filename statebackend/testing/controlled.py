@@ -90,8 +90,9 @@ class ControlledBlobStore(BlobStore):
         if losing:
             raise TransientStorageError(f"injected: {name} was written but the reply was lost")
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         self._before_write(name)
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
         self._after_write(name, len(data))

@@ -134,8 +134,13 @@ def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object 
             shutil.rmtree(local, ignore_errors=True)  # the last kill lands in a full restore, or just after it
         run = workdir / f"round-{round_no}"
         run.mkdir()
-        child = subprocess.Popen([sys.executable, "-m", "statebackend.testing.kills", str(spec_path), str(run)],
-                                 env=_child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "statebackend.testing.kills", str(spec_path), str(run)],
+            env=_child_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         where = f"round {round_no} (seed {seed!r})"
         try:
             _wait_for(child, run / "started", wait_s, where)
@@ -152,8 +157,12 @@ def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object 
         if (run / "report.json").exists():  # it got past its open: it restored the previous round's durable state
             report = json.loads((run / "report.json").read_text())
             restored = {bytes.fromhex(k): bytes.fromhex(v) for k, v in report["contents"].items()}
-            _check_restored(f"{where}: the child, on the local dir the last kill left,", report["restored"], restored,
-                            durable_before)
+            _check_restored(
+                f"{where}: the child, on the local dir the last kill left,",
+                report["restored"],
+                restored,
+                durable_before,
+            )
         acknowledged = _acknowledged(run / "durable.log", durable_before)
         durable = _durable(spec)
         assert durable >= acknowledged, f"{where}: commit {acknowledged} was acknowledged, the log holds {durable}"
@@ -179,8 +188,11 @@ def run_commits(spec: KillSpec, commits: int, run: Path | None) -> tuple[int, di
             durable_log = None
         else:
             partial = run / "report.json.partial"  # whole or absent: the parent reads an existing report
-            partial.write_text(json.dumps({"restored": restored,
-                                           "contents": {key.hex(): value.hex() for key, value in contents.items()}}))
+            partial.write_text(
+                json.dumps(
+                    {"restored": restored, "contents": {key.hex(): value.hex() for key, value in contents.items()}}
+                )
+            )
             os.replace(partial, run / "report.json")
             durable_log = os.open(run / "durable.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:

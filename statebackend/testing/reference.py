@@ -128,7 +128,7 @@ def blob_name(prefix: str, kind: str, version: LocalVersion) -> str:
 
 def parse_blob_name(prefix: str, name: str) -> tuple[str, LocalVersion] | None:
     """``(kind, version)`` of one of this backend's blob names under ``prefix``, else ``None``."""
-    match = _NAME_RE.fullmatch(name[len(prefix):]) if name.startswith(prefix) else None
+    match = _NAME_RE.fullmatch(name[len(prefix) :]) if name.startswith(prefix) else None
     if match is None:
         return None
     return match.group(4), LocalVersion(str(CheckpointId(int(match.group(1)), int(match.group(2)))), match.group(3))
@@ -161,18 +161,18 @@ def decode_blob(data: bytes, *, name: str, expected: BlobHeader | None, verify: 
     try:
         (head_len,) = _U32.unpack_from(payload, len(MAGIC))
         offset = len(MAGIC) + _U32.size
-        header = BlobHeader(**json.loads(payload[offset:offset + head_len]))
+        header = BlobHeader(**json.loads(payload[offset : offset + head_len]))
         offset += head_len
         records: list[Record] = []
         while offset < len(payload):
             flag = payload[offset]
             (size,) = _U32.unpack_from(payload, offset + 1)
-            key = payload[offset + 5:offset + 5 + size]
+            key = payload[offset + 5 : offset + 5 + size]
             offset += 5 + size
             value: bytes | None = None
             if flag == 0:
                 (size,) = _U32.unpack_from(payload, offset)
-                value = payload[offset + 4:offset + 4 + size]
+                value = payload[offset + 4 : offset + 4 + size]
                 offset += 4 + size
             if offset > len(payload) or flag > 1 or (records and key <= records[-1][0]):
                 raise CorruptDataError(f"blob {name}: a record is damaged or out of order")
@@ -248,8 +248,9 @@ class ReferenceBackupManager(TaskBackupManager):
             chain = self._chains.get(name)
             full = self.full_copy_due(chain)
             blob = blob_name(self.context.blob_prefix(name), "full" if full else "delta", change.version)
-            prepared[name] = Step(change, change.read_view() if full else None, blob,
-                                   [blob] if full or chain is None else [*chain, blob])
+            prepared[name] = Step(
+                change, change.read_view() if full else None, blob, [blob] if full or chain is None else [*chain, blob]
+            )
         with self._lock:
             abandoned, self._prepared = self._prepared, prepared
         _close_views(abandoned)
@@ -285,16 +286,23 @@ class ReferenceBackupManager(TaskBackupManager):
     def write_step(self, name: str, step: Step) -> None:
         """Encode one store's step and write it create-only (a retry that finds its own bytes is fine)."""
         version = step.change.version
-        header = BlobHeader("full" if step.view is not None else "delta", self.context.job_name,
-                            self.context.task_name, name, version.checkpoint_id, version.token)
+        header = BlobHeader(
+            "full" if step.view is not None else "delta",
+            self.context.job_name,
+            self.context.task_name,
+            name,
+            version.checkpoint_id,
+            version.token,
+        )
         data = encode_blob(header, self.step_records(name, step))
         try:
             self.context.blob_store.put(step.blob, data, create_only=True)
         except AlreadyExistsError:
             if self.context.blob_store.get(step.blob) != data:
                 raise
-        self.context.metrics.increment("commit.bytes.uploaded", len(data), store=name,
-                                       backend=self.context.factory_name)
+        self.context.metrics.increment(
+            "commit.bytes.uploaded", len(data), store=name, backend=self.context.factory_name
+        )
 
     def step_records(self, name: str, step: Step) -> Iterable[Record]:
         """A full copy's records from the read view of exactly the flushed version; a delta's from the change set."""
@@ -320,8 +328,11 @@ class ReferenceBackupManager(TaskBackupManager):
         chains = [(name, marker) for name, marker in markers.items()]
         for entry in self.context.checkpoint_log.entries():
             if isinstance(entry.checkpoint, CheckpointV2):
-                chains += [(name, marker) for name, marker in entry.checkpoint.markers_for(
-                    self.context.factory_name).items() if name in self.context.stores]
+                chains += [
+                    (name, marker)
+                    for name, marker in entry.checkpoint.markers_for(self.context.factory_name).items()
+                    if name in self.context.stores
+                ]
         return {blob for name, marker in chains for blob in decode_marker(marker, self.context.blob_prefix(name))}
 
     def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
@@ -329,8 +340,11 @@ class ReferenceBackupManager(TaskBackupManager):
         doomed = []
         for blob in blobs:
             parsed = parse_blob_name(prefix, blob)
-            if parsed is not None and blob not in referenced and \
-                    CheckpointId.parse(parsed[1].checkpoint_id) < checkpoint_id:
+            if (
+                parsed is not None
+                and blob not in referenced
+                and CheckpointId.parse(parsed[1].checkpoint_id) < checkpoint_id
+            ):
                 doomed.append(blob)
         return doomed
 
@@ -418,12 +432,14 @@ class ReferenceRestoreManager(TaskRestoreManager):
             try:
                 data = self.context.blob_store.get(blob)
             except NotFoundError as exc:
-                raise NotFoundError(f"store {name}: blob {blob} that the checkpoint names is missing from "
-                                    f"{self.context.blob_store.describe()}") from exc
-            self.context.metrics.increment("restore.bytes", len(data), store=name,
-                                           backend=self.context.factory_name)
-            verified.append((blob, decode_blob(data, name=blob, expected=self.expected(name, blob),
-                                               verify=self.verify_digest)))
+                raise NotFoundError(
+                    f"store {name}: blob {blob} that the checkpoint names is missing from "
+                    f"{self.context.blob_store.describe()}"
+                ) from exc
+            self.context.metrics.increment("restore.bytes", len(data), store=name, backend=self.context.factory_name)
+            verified.append(
+                (blob, decode_blob(data, name=blob, expected=self.expected(name, blob), verify=self.verify_digest))
+            )
         return verified
 
 

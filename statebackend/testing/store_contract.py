@@ -205,9 +205,10 @@ class LocalStoreContract:
     def test_change_sets_and_contents_equal_a_dict_model_whatever_the_spills(
         self, steps: list[tuple[str, bytes | None, bytes | None]], max_batch_bytes: int
     ) -> None:
-        with tempfile.TemporaryDirectory() as tmp, self.open_store(
-            Path(tmp) / "s", max_batch_bytes=max_batch_bytes
-        ) as store:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            self.open_store(Path(tmp) / "s", max_batch_bytes=max_batch_bytes) as store,
+        ):
             model: dict[bytes, bytes] = {}
             changed: dict[bytes, bytes | None] = {}
             n = 0

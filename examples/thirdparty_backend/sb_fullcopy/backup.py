@@ -89,8 +89,14 @@ class FullCopyBackupManager(TaskBackupManager):
         try:
             if view.version is None:
                 raise UsageError(f"store {name}: the snapshot for {marker} has no version")
-            header = Header(job=self.context.job_name, task=self.context.task_name, store=name,
-                            checkpoint_id=view.version.checkpoint_id, token=view.version.token, records=0)
+            header = Header(
+                job=self.context.job_name,
+                task=self.context.task_name,
+                store=name,
+                checkpoint_id=view.version.checkpoint_id,
+                token=view.version.token,
+                records=0,
+            )
             data = encode(header, view.items())
         finally:
             view.close()
@@ -119,7 +125,7 @@ class FullCopyBackupManager(TaskBackupManager):
                     continue
                 if CheckpointId.parse(version.checkpoint_id).sortable() < current:
                     older.append(blob)
-            for blob in older[:max(0, len(older) - self.keep)]:
+            for blob in older[: max(0, len(older) - self.keep)]:
                 blob_store.delete(blob)
                 self.context.metrics.increment("fullcopy.blobs.deleted")
                 log.debug("store %s: deleted %s, which no retained checkpoint names", name, blob)

@@ -22,9 +22,11 @@ class FullCopyStateBackendFactory(StateBackendFactory):
     #: (``stores.<name>.fullcopy.keep``): the framework then gives that store a manager of its own
     options: Mapping[str, Any] = {
         "keep": OptionSpec(
-            parse_int(min=0), 0,
+            parse_int(min=0),
+            0,
             "whole copies of a store kept beyond those the checkpoint log names, newest first: older states to "
-            "go back to by hand (0: none)"),
+            "go back to by hand (0: none)",
+        ),
     }
 
     def backup_manager(self, context: BackendContext) -> FullCopyBackupManager:

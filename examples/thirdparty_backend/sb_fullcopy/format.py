@@ -65,7 +65,7 @@ def parse_blob_name(prefix: str, name: str) -> LocalVersion | None:
     """The version a blob name under ``prefix`` stands for, or ``None`` if it is not one of ours."""
     if not name.startswith(prefix):
         return None
-    match = _NAME_RE.fullmatch(name[len(prefix):])
+    match = _NAME_RE.fullmatch(name[len(prefix) :])
     if match is None:
         return None
     try:
@@ -95,13 +95,15 @@ def decode(data: bytes, *, name: str) -> tuple[Header, list[tuple[bytes, bytes]]
         raise CorruptDataError(f"blob {name} is not a full-copy blob (bad magic or cut short: {len(data)} bytes)")
     payload, digest = data[:-_DIGEST_SIZE], data[-_DIGEST_SIZE:]
     if hashlib.sha256(payload).digest() != digest:
-        raise CorruptDataError(f"blob {name} failed its SHA-256 check ({len(data)} bytes): damaged or cut short in "
-                               "the blob store; nothing of it was loaded")
+        raise CorruptDataError(
+            f"blob {name} failed its SHA-256 check ({len(data)} bytes): damaged or cut short in "
+            "the blob store; nothing of it was loaded"
+        )
     offset = len(MAGIC)
     (header_len,) = _U32.unpack_from(payload, offset)
     offset += _U32.size
     try:
-        fields = json.loads(payload[offset:offset + header_len])
+        fields = json.loads(payload[offset : offset + header_len])
         version = fields.pop("format")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CorruptDataError(f"blob {name}: unreadable header") from exc

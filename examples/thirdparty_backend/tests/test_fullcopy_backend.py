@@ -135,8 +135,10 @@ def test_cleanup_keeps_only_the_blobs_of_retained_checkpoints(tmp_path: Path) ->
         checkpoint_log = task.checkpoint_log
     # after the close, which waits for the last commit's cleanup and the log's retention: read before them, the log
     # could still hold a checkpoint that retention drops next, and whose blob the cleanup rightly deletes
-    log_markers = {entry.checkpoint.markers_for("fullcopy")["counts"]  # type: ignore[union-attr]
-                   for entry in checkpoint_log.entries()}
+    log_markers = {
+        entry.checkpoint.markers_for("fullcopy")["counts"]  # type: ignore[union-attr]
+        for entry in checkpoint_log.entries()
+    }
     kept = set(blobs.list(PREFIX))
     # six commits wrote six blobs; the log keeps 2 checkpoints, and a cleanup runs before the log trims the third
     assert log_markers <= kept and len(kept) <= 3

@@ -41,7 +41,8 @@ class Mem2BlobStore(BlobStore):
     #: their values)
     options: ClassVar[Mapping[str, OptionSpec]] = {
         "max.bytes": OptionSpec(
-            parse_bytes(min=1), "1GiB", "the most bytes a mem2:// bucket holds; a write beyond it fails"),
+            parse_bytes(min=1), "1GiB", "the most bytes a mem2:// bucket holds; a write beyond it fails"
+        ),
     }
 
     _buckets: ClassVar[dict[str, _Bucket]] = {}

@@ -62,6 +62,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+
 class _IgnoresTheMarker(ReferenceRestoreManager):
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         newest = self.context.checkpoint_log.latest()
@@ -149,7 +150,7 @@ class NeverCountsFull(ReferenceBackendFactory):
 class _KeepsNewestN(ReferenceBackupManager):
     def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
         ours = [blob for blob in blobs if parse_blob_name(prefix, blob) is not None]
-        return ours[:-self.context.checkpoint_log.retained]  # the newest N blobs, whatever the checkpoints name
+        return ours[: -self.context.checkpoint_log.retained]  # the newest N blobs, whatever the checkpoints name
 
 
 class KeepsNewestN(ReferenceBackendFactory):
@@ -160,8 +161,9 @@ class KeepsNewestN(ReferenceBackendFactory):
 
 class _CleanupIgnoresTheLog(ReferenceBackupManager):
     def referenced(self, markers: StoreMarkers) -> set[str]:
-        return {blob for name, marker in markers.items()
-                for blob in decode_marker(marker, self.context.blob_prefix(name))}  # the log's checkpoints ignored
+        return {
+            blob for name, marker in markers.items() for blob in decode_marker(marker, self.context.blob_prefix(name))
+        }  # the log's checkpoints ignored
 
 
 class CleanupIgnoresTheLog(ReferenceBackendFactory):
@@ -410,8 +412,11 @@ class _CleanupSparesOnlyItsOwnUploads(ReferenceBackupManager):
     def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
         with self._lock:  # what this manager is writing now is spared; another attempt's uploads are not
             writing = set(getattr(self, "_writing", ()))
-        return [blob for blob in blobs if parse_blob_name(prefix, blob) is not None and blob not in referenced
-                and blob not in writing]
+        return [
+            blob
+            for blob in blobs
+            if parse_blob_name(prefix, blob) is not None and blob not in referenced and blob not in writing
+        ]
 
 
 class CleanupSparesOnlyItsOwnUploads(ReferenceBackendFactory):
@@ -432,7 +437,7 @@ class _CatchesUpByCheckpointOrder(ReferenceRestoreManager):
             # "the chain is in checkpoint order": the local copy sits after the newest step not newer than it
             older = [i for i, (_, version) in enumerate(steps) if CheckpointId.parse(version.checkpoint_id) <= order]
             if older and order < CheckpointId.parse(steps[-1][1].checkpoint_id):
-                for blob, records in self.verified_chain(name, [blob for blob, _ in steps[older[-1] + 1:]]):
+                for blob, records in self.verified_chain(name, [blob for blob, _ in steps[older[-1] + 1 :]]):
                     parsed = parse_blob_name(prefix, blob)
                     assert parsed is not None
                     store.apply_changes(records, parsed[1])

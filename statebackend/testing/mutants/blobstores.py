@@ -39,16 +39,18 @@ CHUNK = 4 * 1024 * 1024
 class CreateOnlyOverwrites(MemoryBlobStore):
     """A create-only write on a taken name overwrites it (the conditional header was never sent)."""
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().put(name, data, metadata=metadata)
 
 
 class CreateOnlyIsNotAtomic(MemoryBlobStore):
     """Create-only checks, then writes, without holding anything in between: racing writers both win."""
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         if create_only:
             if self.exists(name):
                 raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
@@ -82,8 +84,9 @@ class TruncatesLargeReads(MemoryBlobStore):
 class DropsLargePuts(MemoryBlobStore):
     """A put larger than a chunk fails (its multi-part upload is never completed) and is reported as done."""
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         if len(data) > CHUNK:
             check_blob_name(name)
             return
@@ -171,8 +174,9 @@ class VersionRestartsAfterDelete(MemoryBlobStore):
         super().__init__(name)
         self._writes: dict[str, int] = {}
 
-    def put(self, name: str, data: bytes, *, create_only: bool = False,
-            metadata: Mapping[str, str] | None = None) -> None:
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
         super().put(name, data, create_only=create_only, metadata=metadata)
         with self._lock:
             self._writes[name] = self._writes.get(name, 0) + 1
@@ -200,8 +204,14 @@ class PutFileKeepsTheVersion(MemoryBlobStore):
     """An upload from a file of the bytes already there keeps the blob's version (an upload path, such as one in
     parts, that never gets a new one): a sweep deletes a run a writer refreshed with ``put_file``."""
 
-    def put_file(self, name: str, path: str | os.PathLike[str], *, create_only: bool = False,
-                 metadata: Mapping[str, str] | None = None) -> None:
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         with self._lock:
             before = self._blobs.get(name)
         super().put_file(name, path, create_only=create_only, metadata=metadata)

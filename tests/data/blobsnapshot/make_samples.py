@@ -34,8 +34,13 @@ BASE_LEVEL = 1 << 16
 Records = list[tuple[bytes, bytes | None]]
 
 BASE: Records = [(b"key-%04d" % i, b"value-%d" % (i * i)) for i in range(200)] + [(b"\xff\xfe", bytes(range(256)))]
-LEVEL0: Records = [(b"\x00", b"sorts first"), (b"key-0003", b"updated"), (b"key-0004", None), (b"key-0100", b""),
-                   (b"never-written", None)]
+LEVEL0: Records = [
+    (b"\x00", b"sorts first"),
+    (b"key-0003", b"updated"),
+    (b"key-0004", None),
+    (b"key-0100", b""),
+    (b"never-written", None),
+]
 LEVEL1: Records = [(b"key-0005", None), (b"key-0150", b"x" * 5000), (b"new", b"in a merged run")]
 
 #: (records, first_seq, last_seq, checkpoint id and token of last_seq, level, base)
@@ -51,20 +56,48 @@ def build() -> tuple[RunIndex, dict[str, bytes], dict[bytes, bytes]]:
     blobs: dict[str, bytes] = {}
     state: dict[bytes, bytes] = {}
     for records, first, last, checkpoint_id, token, level, base in RUNS:
-        header = FileHeader(kind=KIND_RUN, job=JOB, task=TASK, store=STORE, checkpoint_id=checkpoint_id,
-                            token=token, seq=last, base_seq=first - 1)
+        header = FileHeader(
+            kind=KIND_RUN,
+            job=JOB,
+            task=TASK,
+            store=STORE,
+            checkpoint_id=checkpoint_id,
+            token=token,
+            seq=last,
+            base_seq=first - 1,
+        )
         data = encode(header, sorted(records), compression="zstd", level=3)
         digest = content_hash(data)
         blobs[digest] = data
-        runs.append(RunEntry(hash=digest, size=len(data), records=len(records), level=level, base=base,
-                             first_seq=first, last_seq=last, checkpoint_id=checkpoint_id, token=token))
+        runs.append(
+            RunEntry(
+                hash=digest,
+                size=len(data),
+                records=len(records),
+                level=level,
+                base=base,
+                first_seq=first,
+                last_seq=last,
+                checkpoint_id=checkpoint_id,
+                token=token,
+            )
+        )
         for key, value in records:
             if value is None:
                 state.pop(key, None)
             else:
                 state[key] = value
-    index = RunIndex(job=JOB, task=TASK, store=STORE, checkpoint_id="1700000000000-000007", token="tok-7", seq=7,
-                     runs=tuple(runs), key_count=len(state), previous_index=index_name(PREFIX, 6, "tok-6"))
+    index = RunIndex(
+        job=JOB,
+        task=TASK,
+        store=STORE,
+        checkpoint_id="1700000000000-000007",
+        token="tok-7",
+        seq=7,
+        runs=tuple(runs),
+        key_count=len(state),
+        previous_index=index_name(PREFIX, 6, "tok-6"),
+    )
     return index, blobs, state
 
 
@@ -72,8 +105,7 @@ def main() -> None:
     index, blobs, state = build()
     targets = {HERE / "index-v2.json": index.encode()}
     targets.update({HERE / "runs-v2" / digest: data for digest, data in blobs.items()})
-    expected = {"index_name": INDEX_NAME,
-                "contents": {key.hex(): value.hex() for key, value in sorted(state.items())}}
+    expected = {"index_name": INDEX_NAME, "contents": {key.hex(): value.hex() for key, value in sorted(state.items())}}
     targets[HERE / "expected-v2.json"] = (json.dumps(expected, indent=1, sort_keys=True) + "\n").encode()
     for path, data in targets.items():
         if path.exists():

@@ -56,10 +56,26 @@ FIXED_RECORDS: list[tuple[bytes, bytes | None]] = [
 
 
 def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], str]]:
-    delta = FileHeader(kind="delta", job="sample-job", task="task-0", store="counts",
-                       checkpoint_id="1700000000000-123456", token="tok-1", seq=7, base_seq=6)
-    snapshot = FileHeader(kind="snapshot", job="sample-job", task="task-0", store="counts",
-                          checkpoint_id="1700000000000-123456", token="tok-1", seq=7, base_seq=7)
+    delta = FileHeader(
+        kind="delta",
+        job="sample-job",
+        task="task-0",
+        store="counts",
+        checkpoint_id="1700000000000-123456",
+        token="tok-1",
+        seq=7,
+        base_seq=6,
+    )
+    snapshot = FileHeader(
+        kind="snapshot",
+        job="sample-job",
+        task="task-0",
+        store="counts",
+        checkpoint_id="1700000000000-123456",
+        token="tok-1",
+        seq=7,
+        base_seq=7,
+    )
     return {
         "delta-none": (delta, DELTA_RECORDS, "none"),
         "delta-zstd": (delta, DELTA_RECORDS, "zstd"),
@@ -73,8 +89,7 @@ def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], s
     }
 
 
-def encode_sample(label: str, header: FileHeader, records: list[tuple[bytes, bytes | None]],
-                  compression: str) -> bytes:
+def encode_sample(label: str, header: FileHeader, records: list[tuple[bytes, bytes | None]], compression: str) -> bytes:
     if not label.startswith("delta-blocks"):
         return encode(header, records, compression=compression)
     default = recordformat.BLOCK_BYTES
@@ -100,10 +115,15 @@ def write_marker_samples() -> None:
         print(f"kept {path.name}")
         return
     first = json.loads((HERE / "marker-v1.json").read_text())
-    markers = {label: recipe_from_steps(steps).encode(prefix=first["prefix"])
-               for label, steps in first["expected"].items()}
-    document = {"prefix": first["prefix"], "markers": markers, "expected": first["expected"],
-                "written_by": f"make_samples.py, marker format {MARKER_FORMAT}"}
+    markers = {
+        label: recipe_from_steps(steps).encode(prefix=first["prefix"]) for label, steps in first["expected"].items()
+    }
+    document = {
+        "prefix": first["prefix"],
+        "markers": markers,
+        "expected": first["expected"],
+        "written_by": f"make_samples.py, marker format {MARKER_FORMAT}",
+    }
     path.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
     print(f"wrote {path.name}")
 
