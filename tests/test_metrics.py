@@ -86,7 +86,8 @@ def _names_in_code() -> set[str]:
             if path.name == "catalogue.py":
                 continue
             text = path.read_text()
-            for call in re.findall(r"\.(?:increment|record)\((.*)", text):
+            # the call's first argument, which a formatter may put on the next line
+            for call in re.findall(r"\.(?:increment|record)\(\s*(.*)", text):
                 for is_f, name in literal.findall(call):
                     if is_f and "{kind}" in name:
                         names.update(name.replace("{kind}", kind) for kind in ("delta", "snapshot"))
