@@ -43,6 +43,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     _sys.path.insert(0, str(_Path(__file__).resolve().parent.parent))
 
 import argparse
+import itertools
 import random
 import shutil
 import sys
@@ -585,8 +586,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     result["load_average_after"] = machine_info()["load_average"]
     ratios = []
-    for small, large in zip(result["sizes"], result["sizes"][1:]):
-        for ps, pl in zip(small["phases"], large["phases"]):
+    for small, large in itertools.pairwise(result["sizes"]):
+        for ps, pl in zip(small["phases"], large["phases"], strict=True):
             ratios.append(
                 {
                     "small_keys": small["keys"],

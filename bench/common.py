@@ -45,10 +45,14 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     numeric = [bool(rows) and all(isinstance(r[i], (int, float)) for r in rows) for i in range(len(headers))]
 
     def line(values: Sequence[str]) -> str:
-        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric)]
+        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
         return "| " + " | ".join(parts) + " |"
 
-    rule = "|" + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in zip(widths, numeric)) + "|"
+    rule = (
+        "|"
+        + "|".join(("-" * (w + 1) + ":") if num else ("-" * (w + 2)) for w, num in zip(widths, numeric, strict=True))
+        + "|"
+    )
     return "\n".join([line(headers), rule, *(line(r) for r in cells)])
 
 

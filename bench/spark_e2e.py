@@ -76,7 +76,7 @@ def count_keys(stores: Any, batches: Any) -> None:
     grouped = pa.Table.from_batches(received).group_by("key").aggregate([("key", "count")])
     keys, added = grouped.column("key"), grouped.column("key_count").to_pylist()
     counts = stores["counts"]
-    counts.put_many(keys, [(old or 0) + n for old, n in zip(counts.get_many(keys), added)])
+    counts.put_many(keys, [(old or 0) + n for old, n in zip(counts.get_many(keys), added, strict=True)])
     return
 
 
@@ -89,7 +89,7 @@ def count_keys_per_key(stores: Any, batches: Any) -> None:
         return
     grouped = pa.Table.from_batches(received).group_by("key").aggregate([("key", "count")])
     counts = stores["counts"]
-    for key, n in zip(grouped.column("key").to_pylist(), grouped.column("key_count").to_pylist()):
+    for key, n in zip(grouped.column("key").to_pylist(), grouped.column("key_count").to_pylist(), strict=True):
         counts.put(key, (counts.get(key) or 0) + n)
     return
 

@@ -45,7 +45,7 @@ def timed_count(stores: Any, batches: Any) -> None:
     keys, added = grouped.column("key"), grouped.column("key_count").to_pylist()
     arrow_done = time.perf_counter()
     counts = stores["counts"]
-    counts.put_many(keys, [(old or 0) + n for old, n in zip(counts.get_many(keys), added)])
+    counts.put_many(keys, [(old or 0) + n for old, n in zip(counts.get_many(keys), added, strict=True)])
     state_done = time.perf_counter()
     timings = Path(stores.storage.settings.local_dir).parent / "task-timings.jsonl"
     with open(timings, "a") as out:

@@ -142,13 +142,13 @@ class SessionizeKeys:
             return None
         table = pa.Table.from_batches(received)
         times: dict[str, list[int]] = {}
-        for key, ts in zip(table.column("key").to_pylist(), table.column("ts").to_pylist()):
+        for key, ts in zip(table.column("key").to_pylist(), table.column("ts").to_pylist(), strict=True):
             times.setdefault(key, []).append(ts)
         keys = sorted(times)
         store, timers = stores["sessions"], stores.timers
         out: list[tuple[str, int, int, int]] = []
         kept: list[list[int]] = []
-        for key, stored in zip(keys, store.get_many(keys)):
+        for key, stored in zip(keys, store.get_many(keys), strict=True):
             old = None if stored is None else (stored[0], stored[1], stored[2])
             closed, session = advance(old, times[key], self.gap_ms)
             out.extend((key, *s) for s in closed)
@@ -165,7 +165,7 @@ def end_sessions(stores: Any, due: Any) -> Any:
     """statebackend's ``on_timers``: the watermark passed these sessions' ends plus the gap: emit and delete them."""
     store = stores["sessions"]
     keys = [timer.key for timer in due]
-    out = [(key, s[0], s[1], s[2]) for key, s in zip(keys, store.get_many(keys)) if s is not None]
+    out = [(key, s[0], s[1], s[2]) for key, s in zip(keys, store.get_many(keys), strict=True) if s is not None]
     store.delete_many(keys)
     return session_table(out)
 
@@ -255,7 +255,7 @@ def write_session_input(
         if batch < batches:
             ids = rng.integers(0, keys, size=events).tolist()
             offsets = rng.integers(0, BATCH_SPAN_MS, size=events).tolist()
-            rows = [(f"u{i:07d}", start + batch * BATCH_SPAN_MS + o) for i, o in zip(ids, offsets)]
+            rows = [(f"u{i:07d}", start + batch * BATCH_SPAN_MS + o) for i, o in zip(ids, offsets, strict=True)]
             out.extend(rows)
         else:
             rows = [(SENTINELS[batch - batches], far + batch - batches)]
@@ -506,7 +506,7 @@ def draw_figure(
         "transformWithStateInPandas": "tab:red",
         "no-state floor": "tab:gray",
     }
-    for axis, (name, series) in zip(axes[0], panels):
+    for axis, (name, series) in zip(axes[0], panels, strict=True):
         for engine, rows in series.items():
             axis.plot(
                 [r["batch"] for r in rows],

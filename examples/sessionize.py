@@ -54,7 +54,7 @@ class Sessionize:
         events = sorted(rows, key=lambda r: (r.ts, r.user))
         # Every user's session read in one call (the vectorized API), worked on in memory, written back in one call
         users = sorted({row.user for row in events})
-        current: dict[str, dict[str, int] | None] = dict(zip(users, sessions.get_many(users)))
+        current: dict[str, dict[str, int] | None] = dict(zip(users, sessions.get_many(users), strict=True))
         expiry_changes: dict[str, str | None] = {}  # expiry key -> user, or None to delete it
         for row in events:
             now = max(now, row.ts)
@@ -83,7 +83,7 @@ class Sessionize:
         # across batches): emit it and drop its state.
         due = list(expiry.iter_range(None, _expiry_key(now - self.gap, "")))
         due_users = [user for _, user in due]
-        for user, session in zip(due_users, sessions.get_many(due_users)):
+        for user, session in zip(due_users, sessions.get_many(due_users), strict=True):
             if session is not None:  # None: the session outlived its TTL (idle too long) and is gone already
                 closed.append((user, session["start"], session["end"], session["events"]))
         sessions.delete_many(due_users)

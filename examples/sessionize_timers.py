@@ -49,7 +49,7 @@ class Sessionize:
         closed: list[tuple[str, int, int, int, str]] = []
         events = sorted(rows, key=lambda r: (r.ts, r.user))
         users = sorted({row.user for row in events})
-        current: dict[str, dict[str, int] | None] = dict(zip(users, sessions.get_many(users)))
+        current: dict[str, dict[str, int] | None] = dict(zip(users, sessions.get_many(users), strict=True))
         for row in events:
             session = current[row.user]
             if session is not None:
@@ -73,7 +73,7 @@ def end_sessions(stores: Any, due: Any) -> list[tuple[str, int, int, int, str]]:
     users = [timer.key for timer in due]
     closed = [
         (user, s["start"], s["end"], s["events"], "timer")
-        for user, s in zip(users, sessions.get_many(users))
+        for user, s in zip(users, sessions.get_many(users), strict=True)
         if s is not None
     ]
     sessions.delete_many(users)

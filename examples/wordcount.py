@@ -50,7 +50,9 @@ def count_words(stores: Any, batches: Any) -> Any:
     grouped = pa.Table.from_batches(received).group_by("word").aggregate([("word", "count")])
     words = grouped.column("word")
     # the vectorized state API: every word's count read in one call and written back in one call
-    totals = [(old or 0) + n for old, n in zip(counts.get_many(words), grouped.column("word_count").to_pylist())]
+    totals = [
+        (old or 0) + n for old, n in zip(counts.get_many(words), grouped.column("word_count").to_pylist(), strict=True)
+    ]
     counts.put_many(words, totals)
     return pa.table({"word": words, "count": pa.array(totals, pa.int64())})
 

@@ -354,7 +354,7 @@ def export_since(
             continue
         out.histograms[key] = HistogramData(
             histogram.bounds,
-            [a - b for a, b in zip(histogram.counts, before.counts)],
+            [a - b for a, b in zip(histogram.counts, before.counts, strict=True)],
             histogram.count - before.count,
             histogram.sum - before.sum,
             histogram.min,

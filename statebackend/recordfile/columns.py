@@ -51,7 +51,7 @@ class RecordColumns:
             raise UsageError(f"record columns of {len(self.keys)} keys and {len(self.values)} values")
 
     def __iter__(self) -> Iterator[tuple[bytes, bytes | None]]:
-        return zip(self.keys, self.values)
+        return zip(self.keys, self.values, strict=True)
 
 
 def record_chunks(
@@ -63,7 +63,7 @@ def record_chunks(
         chunk = list(islice(source, take))
         if not chunk:
             return (), ()
-        keys, values = zip(*chunk)
+        keys, values = zip(*chunk, strict=True)
         return keys, values
 
     return take_next

@@ -241,7 +241,7 @@ def parse_blocks(
                 values = list(values)
                 for index in deletes:  # a Python step per delete only, never per put
                     values[index] = None
-            yield zip(keys, values)
+            yield zip(keys, values, strict=True)
         previous = keys[-1]
         count += n
         offset += BLOCK_HEADER_SIZE + size

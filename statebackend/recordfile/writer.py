@@ -243,7 +243,7 @@ def _records_that_fit(keys: list[bytes], key_lengths: list[int], value_lengths: 
     otherwise."""
     limit = fileformat.MAX_BLOCK_BYTES
     total = 0
-    for index, (key_length, value_length) in enumerate(zip(key_lengths, value_lengths)):
+    for index, (key_length, value_length) in enumerate(zip(key_lengths, value_lengths, strict=True)):
         total += key_length + value_length
         if total > limit:
             if index == 0:

@@ -119,7 +119,10 @@ class _StateReader:
                 rows = self.read([index])
                 while chunk := list(islice(rows, 1 << 16)):
                     yield pa.RecordBatch.from_arrays(
-                        [pa.array(column, field.type) for column, field in zip(zip(*chunk), self.schema, strict=True)],
+                        [
+                            pa.array(column, field.type)
+                            for column, field in zip(zip(*chunk, strict=True), self.schema, strict=True)
+                        ],
                         schema=self.schema,
                     )
 

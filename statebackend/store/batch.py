@@ -59,7 +59,7 @@ def sorted_columns(batch: dict[bytes, Any]) -> tuple[list[bytes], list[bytes | N
 
 def sorted_records(batch: dict[bytes, Any]) -> list[tuple[bytes, bytes | None]]:
     """The batch as change records sorted by key (a tombstone becomes ``None``)."""
-    return list(zip(*sorted_columns(batch)))
+    return list(zip(*sorted_columns(batch), strict=True))
 
 
 class SortedBatch:
@@ -93,7 +93,7 @@ class SortedBatch:
             with self._lock:
                 records = self._records
                 if records is None:
-                    records = self._records = list(zip(keys, values))
+                    records = self._records = list(zip(keys, values, strict=True))
         return records
 
 
@@ -272,7 +272,7 @@ def _raw_bytes(records: list[tuple[bytes, bytes | None]]) -> int:
     """Key and value bytes of ``records`` (a delete's value counts 0), in C calls."""
     if not records:
         return 0
-    keys, values = zip(*records)
+    keys, values = zip(*records, strict=True)
     return sum(map(len, keys)) + sum(map(len, filter(None, values)))
 
 

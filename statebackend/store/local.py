@@ -229,7 +229,7 @@ class LocalStore:
         for layer in layers:  # oldest first: a later layer wins
             if not layer or layer.keys().isdisjoint(keys):
                 continue
-            values = [old if new is None else new for old, new in zip(values, map(layer.get, keys))]
+            values = [old if new is None else new for old, new in zip(values, map(layer.get, keys), strict=True)]
         if TOMBSTONE in values:  # compared in C: TOMBSTONE equals nothing but itself
             values = [None if v is TOMBSTONE else v for v in values]
         return values
@@ -540,10 +540,12 @@ class LocalStore:
             and len(set(keys)) == len(keys)
             and batch.keys().isdisjoint(keys)
         ):
-            batch.update(zip(keys, values))  # no key replaced, no spill: the per-key path ends in the same state
+            batch.update(
+                zip(keys, values, strict=True)
+            )  # no key replaced, no spill: the per-key path ends in the same state
             self._batch_bytes += size
             return
-        for key, value in zip(keys, values):
+        for key, value in zip(keys, values, strict=True):
             self._write(key, value)
 
     def _write(self, key: bytes, value: Any) -> None:
