@@ -11,6 +11,8 @@ Contract:
   :class:`~statebackend.store.local.LocalStore`: a write stores ``now + ttl`` as the expiry (every put refreshes
   it); a read sees a key only while ``now < expiry`` (``get``, ``get_many``, ``contains``, the iterations, ``count``,
   ``update_many`` through them), and returns the value without its envelope.
+- A write may give its own time to live (``ttl_ms=`` of :meth:`TtlStore.put` and :meth:`TtlStore.put_many`, the
+  per-call TTL of the typed views); without it the store's ``ttl_ms``. Either way the envelope is the same.
 - ``now`` comes from the clock the task gives (:attr:`TtlStore.now_ms`): under Spark it is fixed per batch and the
   same when the batch is replayed, so a replay sees exactly the keys its first run saw.
 - :meth:`TtlStore.sweep` examines at most ``budget`` keys from where the previous sweep stopped (wrapping around) and
@@ -145,10 +147,19 @@ class TtlStore:
 
     # -- writes ---------------------------------------------------------------------------------------------------
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def expiry(self, ttl_ms: int | None = None) -> int:
+        """The expiry a write now gets: ``now + ttl_ms`` (the store's ``ttl_ms`` unless given, ``>= 1``)."""
+        if ttl_ms is None:
+            return self.now_ms() + self.ttl_ms
+        if type(ttl_ms) is not int or ttl_ms < 1:
+            raise ValueError(f"store {self.name!r}: ttl_ms must be an int of at least 1 (milliseconds), got {ttl_ms!r}")
+        return self.now_ms() + ttl_ms
+
+    def put(self, key: bytes, value: bytes, ttl_ms: int | None = None) -> None:
+        """Write ``value`` expiring ``ttl_ms`` (default: the store's) from now."""
         if not isinstance(value, bytes):
             raise TypeError(f"store {self.name!r}: value must be bytes, got {type(value).__name__}")
-        self._store.put(key, wrap(value, self.now_ms() + self.ttl_ms))
+        self._store.put(key, wrap(value, self.expiry(ttl_ms)))
 
     def delete(self, key: bytes) -> None:
         self._store.delete(key)
@@ -160,12 +171,12 @@ class TtlStore:
     def delete_all(self, keys: Iterable[bytes]) -> None:
         self._store.delete_all(keys)
 
-    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes], ttl_ms: int | None = None) -> None:
         values = list(values)
         bad = next((v for v in values if not isinstance(v, bytes)), None)
         if bad is not None:
             raise TypeError(f"store {self.name!r}: value must be bytes, got {type(bad).__name__}")
-        prefix = _EXPIRY.pack(self.now_ms() + self.ttl_ms)
+        prefix = wrap(b"", self.expiry(ttl_ms))
         self._store.put_many(keys, [prefix + v for v in values])
 
     def delete_many(self, keys: Sequence[bytes]) -> None:
