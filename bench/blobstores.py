@@ -18,14 +18,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: bench and tests import from it
 
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.metrics import percentile
 from tests.faults import FaultProxy
 from tests.servers import azurite_connection_string, start_azurite, start_moto
 
+REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 
 

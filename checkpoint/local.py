@@ -18,6 +18,7 @@ job, task, seq, checksum).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -60,10 +61,8 @@ def write_local_checkpoint(
             os.fsync(out.fileno())
         os.replace(tmp, directory / LOCAL_CHECKPOINT_FILE)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     fsync_dir(directory)
 

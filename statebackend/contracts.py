@@ -109,19 +109,19 @@ class TaskBackupManager(abc.ABC):
         grace period: :class:`statebackend.kit.GraceRule`, :func:`statebackend.kit.sweep_unreferenced`). A listing
         that shows less than the task knows durable is a fault, never "nothing is referenced"."""
 
-    def abort(self, checkpoint_id: CheckpointId) -> None:  # optional hook
+    def abort(self, checkpoint_id: CheckpointId) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """The sync part of commit ``checkpoint_id`` failed after this manager's ``snapshot()`` may have run (another
         backend's snapshot raised): forget what it prepared, so the next commit starts clean. Its change sets are
         closed by the framework."""
 
-    def cancel_background(self) -> None:  # optional hook
+    def cancel_background(self) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """Called just before ``close()`` when another opener of the task waits for it (a parked task handed to
         another process of the machine): stop background work ``close()`` would wait for (a snapshot, a compaction)
         as soon as possible, uploading and naming nothing half done; the task's next owner does that work again when
         it is due. A manager may decline (its chain too long to put off a snapshot again). The default does
         nothing."""
 
-    def close(self) -> None:  # optional hook
+    def close(self) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """Release resources (background threads, open read transactions)."""
 
 
@@ -162,7 +162,7 @@ class TaskRestoreManager(abc.ABC):
           one brought forward from an older local version instead); ``restore.bytes`` for every byte downloaded.
           The framework times the whole restore (``restore.ms``) and logs it."""
 
-    def interrupt(self) -> None:  # optional hook
+    def interrupt(self) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """Ask a running (or later) ``restore()`` to stop at its next step, raising
         :class:`~statebackend.errors.RestoreInterrupted` from ``restore()``. It MUST leave nothing half-restored
         that a later restore would take as whole: every store is at a version of the checkpoint's chain (a step
@@ -172,7 +172,7 @@ class TaskRestoreManager(abc.ABC):
         default does nothing: ``restore()`` then runs to its end (:class:`statebackend.kit.InterruptFlag`
         implements the flag)."""
 
-    def close(self) -> None:  # optional hook
+    def close(self) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """Release resources."""
 
 

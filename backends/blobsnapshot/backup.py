@@ -42,10 +42,11 @@ contract's methods, the adoption of the restored index at init, and the upload o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 
 import attrs
@@ -169,19 +170,15 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             return
         self._closed = True
         if self._init_sweep is not None:
-            try:
+            with contextlib.suppress(CancelledError):  # a cancelled sweep
                 self._init_sweep.exception()
-            except BaseException:  # noqa: BLE001, S110 - a cancelled sweep
-                pass
         for state in self._states.values():
             compaction = state.compaction
             if compaction is not None:
                 # a full compaction reads an LMDB view: it must end before the store closes. Its result is recorded
                 # in the store dir, and the next open adopts it.
-                try:
+                with contextlib.suppress(CancelledError):  # a cancelled compaction
                     compaction.exception()
-                except BaseException:  # noqa: BLE001, S110 - a cancelled compaction
-                    pass
             with state.state_lock:
                 prepared, state.prepared = list(state.prepared.values()), {}
             for item in prepared:

@@ -346,7 +346,7 @@ class RunIndex:
         try:
             document = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
-            raise CorruptDataError(f"{what} is not valid JSON ({exc}); it is damaged or not an index")
+            raise CorruptDataError(f"{what} is not valid JSON ({exc}); it is damaged or not an index") from exc
         if not isinstance(document, dict):
             raise CorruptDataError(f"{what} is not a JSON object")
         if document.get("schema") != SCHEMA:

@@ -37,9 +37,10 @@ the checkpoint log lets its old checkpoints go (every ``retention_interval`` com
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
-from concurrent.futures import Future
+from concurrent.futures import CancelledError, Future
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -196,10 +197,8 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
         for lineage in self._lineages.values():
             background = lineage.background
             if background is not None:
-                try:
+                with contextlib.suppress(CancelledError):  # a cancelled job
                     background.exception()  # the read view must not outlive the store
-                except BaseException:  # noqa: BLE001, S110 - a cancelled job
-                    pass
             if lineage.rebase_view is not None:
                 close_when_ready(lineage.rebase_view)
                 lineage.rebase_view = None

@@ -20,6 +20,7 @@ Exit codes: see :data:`EXIT_CODES` (docs/operations.md lists them too).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -252,7 +253,5 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _error(message: str) -> None:
-    try:
+    with contextlib.suppress(BrokenPipeError, ValueError):  # stderr closed: nowhere left to say it
         print(redact(message), file=sys.stderr)
-    except (BrokenPipeError, ValueError):
-        pass

@@ -404,7 +404,7 @@ class ReferenceRestoreManager(TaskRestoreManager):
             self.count("restore.stores.reused")
             return
         state: dict[bytes, bytes] = {}
-        for blob, records in self.verified_chain(name, chain):
+        for _blob, records in self.verified_chain(name, chain):
             for key, value in records:
                 if value is None:
                     state.pop(key, None)
