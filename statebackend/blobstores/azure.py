@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import builtins
+import contextlib
 import functools
 import http.client
 import logging
@@ -541,11 +542,8 @@ class AzureBlobStore(PartedBlobStore):
     @sdk_boundary
     def create_resources(self) -> None:
         """Create the container if it does not exist (idempotent)."""
-        with self._errors("(container)"):
-            try:
-                self._container_client.create_container()
-            except azure_errors.ResourceExistsError:
-                pass
+        with self._errors("(container)"), contextlib.suppress(azure_errors.ResourceExistsError):
+            self._container_client.create_container()
 
     def close(self) -> None:
         self._service.close()

@@ -13,6 +13,12 @@ Every implementation behaves the same way, proven by one contract suite (``state
   a blob written again since is kept and reported, never lost (Azure ``If-Match``; the memory and ``file://``
   stores check their own version). A garbage collector uses it so that a writer that writes an old blob again to
   name it is never robbed of it by a sweep that judged the old version.
+- ``put_if`` and ``get_versioned`` (where ``supports_conditional_put``): a compare-and-swap on one name. ``put_if``
+  writes only if the blob is still the version given (``None``: only if absent) and returns the new version; else
+  :class:`PreconditionFailedError` and nothing is written. ``get_versioned`` reads the bytes and their version in
+  one request. Every write of the name changes the version, also one of the same bytes (the checkpoint head, its
+  one user, puts a per-write nonce in its bytes anyway, so an S3 ETag, the MD5 of the bytes, changes too). S3 and
+  Azure ``If-Match`` / ``If-None-Match: *``; the memory store under its lock; ``file://`` under a lock file.
 - ``list(prefix)`` yields the names under ``prefix`` (plain string prefix), sorted.
 - ``head`` gives size and metadata, or :class:`NotFoundError`.
 - names that are empty, absolute, contain ``..`` or ``.`` segments, empty segments or NUL are rejected with
@@ -27,7 +33,7 @@ resilience layer) uses those values; parsing them again returns them unchanged. 
 defaults filled, as :class:`~statebackend.options.ParsedOptions`.
 
 Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``, ``supports_metadata``,
-``supports_conditional_delete``) are part of the contract with defaults that do nothing; a store overrides what it has to do.
+``supports_conditional_delete``, ``supports_conditional_put``) are part of the contract with defaults that do nothing; a store overrides what it has to do.
 
 Scheme registry (fsspec style): URL scheme -> dotted path, imported lazily, with an install hint when a package is
 missing. A distribution declares its stores as entry points in group ``statebackend.blobstores`` (statebackend's own
@@ -155,6 +161,9 @@ class BlobStore(abc.ABC):
     #: the bytes, the same after a rewrite of the same bytes): callers use :meth:`delete_many` and bound the race
     #: themselves; such a store is never asked for a conditional delete
     supports_conditional_delete: bool = False
+    #: whether :meth:`put_if` and :meth:`get_versioned` work (a compare-and-swap on one name). False (the default,
+    #: so a third-party store keeps the checkpoint log's create-only write and its listing): never asked for them
+    supports_conditional_put: bool = False
     #: the ``blob.store.*`` options this store takes (keys without the prefix), declared once: config validates
     #: ``blob.store.*`` against the schema of the URL's scheme, and ``from_url`` receives the values parsed
     options: ClassVar[Mapping[str, OptionSpec]] = {}
@@ -261,6 +270,26 @@ class BlobStore(abc.ABC):
             f"is false); use delete_many ({len(versions)} names asked)"
         )
 
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        """Write ``data`` under ``name`` only if the blob is still ``version`` (as :meth:`get_versioned` or an earlier
+        :meth:`put_if` gave it), or, with ``version=None``, only if there is no blob of that name; return the new
+        version. Otherwise :class:`~statebackend.errors.PreconditionFailedError` and nothing is written. No user
+        metadata. Only for a store whose :attr:`supports_conditional_put` is true; the default raises
+        :class:`StorageError`."""
+        raise StorageError(
+            f"{self.describe()} cannot write a blob on condition of its version (supports_conditional_put is false); "
+            f"blob {name!r} was not written"
+        )
+
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        """The blob's bytes and their version (for :meth:`put_if`), in one request. Absent ->
+        :class:`NotFoundError`. Only where :attr:`supports_conditional_put`; the default raises
+        :class:`StorageError`."""
+        raise StorageError(
+            f"{self.describe()} cannot read a blob with its version (supports_conditional_put is false); "
+            f"blob {name!r} was not read"
+        )
+
     # -- optional capabilities: defaults that do nothing, overridden where a store has something to do ----------
 
     def abandoned_uploads(self, prefix: str = "") -> builtins.list[AbandonedUpload] | None:
@@ -274,11 +303,11 @@ class BlobStore(abc.ABC):
         remove."""
         raise StorageError(f"{self.describe()} has no abandoned uploads to remove ({upload.kind} {upload.name!r})")
 
-    def validate(self) -> None:
+    def validate(self) -> None:  # noqa: B027 - optional: the default has nothing to check
         """Check that the store is usable (its container, bucket or directory exists, the credentials work);
         raise :class:`~statebackend.errors.StorageError` saying what to fix. Default: nothing to check."""
 
-    def create_resources(self) -> None:
+    def create_resources(self) -> None:  # noqa: B027 - optional: the default has nothing to create
         """Create what the store needs (container, bucket, directory) when missing; success if it exists.
         Default: nothing to create."""
 
@@ -288,7 +317,7 @@ class BlobStore(abc.ABC):
         own and returns True; the default returns False (the wrapper then retries whole operations)."""
         return False
 
-    def use_metrics(self, metrics: Metrics | None) -> None:
+    def use_metrics(self, metrics: Metrics | None) -> None:  # noqa: B027 - optional: no requests to count
         """Count this store's requests (attempts, retries, hedges, bytes, latency) into ``metrics`` from now on
         (``None``: stop). Stores whose requests go through the resilience layer (az://, s3://) count them; the
         default (file://, memory://) has no requests to count."""
@@ -297,7 +326,7 @@ class BlobStore(abc.ABC):
         """How this store names itself in error messages."""
         return f"{type(self).__name__}({self.url})"
 
-    def close(self) -> None:  # a store without handles has nothing to close
+    def close(self) -> None:  # noqa: B027 - optional: a store without handles has nothing to close
         """Release network clients and file handles."""
 
     def __enter__(self) -> Self:

@@ -29,13 +29,21 @@ How the contract of :mod:`statebackend.blobstores.base` is met:
   a garbage collector then deletes it plainly, see :mod:`statebackend.kit.gc`).
   :meth:`FileBlobStore.delete_if_unchanged` is safe against a concurrent rewrite (see there).
 - Thread-safe and multi-process-safe without locks: every visible change is one ``rename``/``link``/``unlink``.
+  The one exception is :meth:`FileBlobStore.put_if` (a compare-and-swap): the version check and the rename hold an
+  exclusive ``flock`` on ``<dir>/.statebackend~lock.<file name>`` (across threads and processes of one machine, and
+  of several on a filesystem whose locks span them); plain ``put`` and ``delete`` of the same name take no lock, so
+  a name is either written by ``put_if`` only or never by it. On a filesystem that stores coarse times, ``put_if``
+  versions fall back to device, inode, size and the stored time (the lock makes the check and the write one step;
+  only an inode reused within the same second could repeat a version).
 - Every ``OSError`` other than not-found is translated to :class:`StorageError` naming the path and the store.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -51,7 +59,7 @@ from urllib.parse import unquote, urlsplit
 import attrs
 
 from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore, check_blob_name, check_metadata
-from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, StorageError
+from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionFailedError, StorageError
 from statebackend.fsutil import atomic_write, fsync_dir
 from statebackend.options import OptionSpec, default_of, parse_bool
 
@@ -60,6 +68,7 @@ __all__ = ["RESERVED_PREFIX", "FileBlobStore"]
 #: segment prefix reserved for the store's own temp and metadata files; never a blob name, never listed
 RESERVED_PREFIX = ".statebackend~"
 _TEMP_PREFIX = RESERVED_PREFIX + "tmp."
+_LOCK_PREFIX = RESERVED_PREFIX + "lock."
 _META_DIR = RESERVED_PREFIX + "meta"
 _COPY_BUFFER = 1024 * 1024
 # a concurrent delete may prune the directory a put just created; the put then recreates it and tries again
@@ -82,6 +91,7 @@ class FileBlobStore(BlobStore):
     """
 
     supports_conditional_delete = True
+    supports_conditional_put = True
     options: ClassVar[Mapping[str, OptionSpec]] = {
         "create.if.missing": OptionSpec(
             parse_bool(), True, "create the directory when missing (false: a missing directory is an error)"
@@ -128,6 +138,62 @@ class FileBlobStore(BlobStore):
             out.write(view)
 
         self._write(name, write, create_only=create_only, metadata=metadata)
+
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        """The version check and the rename under an exclusive lock of the name (module docstring)."""
+        path = self._blob_path(name)
+        directory = os.path.dirname(path)
+        view = memoryview(data)
+
+        def write(out: BinaryIO) -> None:
+            out.write(view)
+
+        for _ in range(_MAX_DIRECTORY_RACES):
+            self._make_directories(name, directory)
+            lock_path = os.path.join(directory, _LOCK_PREFIX + os.path.basename(path))
+            try:
+                lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except FileNotFoundError:
+                continue  # a concurrent delete pruned the directory we just made
+            except OSError as exc:
+                raise self._storage_error("lock", lock_path, exc) from exc
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                current = self._locked_version(path)
+                if current != version:
+                    found = "absent" if current is None else f"version {current}"
+                    raise PreconditionFailedError(
+                        f"blob {name!r} in {self.describe()} is {found}, not "
+                        f"{'absent' if version is None else 'version ' + version}: not written"
+                    )
+                self._write(name, write, create_only=version is None, metadata=None)
+                written = self._locked_version(path)
+                if written is None:
+                    raise StorageError(f"blob {name!r} in {self.describe()} vanished right after its write")
+                return written
+            except OSError as exc:
+                if isinstance(exc, (StorageError, AlreadyExistsError, NotFoundError)):
+                    raise
+                raise self._storage_error("lock", lock_path, exc) from exc
+            finally:
+                os.close(lock_fd)  # releases the lock
+        raise StorageError(f"directory {directory!r} of {self.describe()} kept disappearing while writing {name!r}")
+
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        """The bytes and the version of the one file opened (one consistent version even if replaced meanwhile)."""
+        with self._open_blob(name) as f:
+            info = os.fstat(f.fileno())
+            data = f.read()
+        return data, _put_if_version(info)
+
+    def _locked_version(self, path: str) -> str | None:
+        try:
+            info = os.lstat(path)
+        except OSError as exc:
+            if exc.errno in _NOT_FOUND_ERRNOS:
+                return None
+            raise self._storage_error("inspect", path, exc) from exc
+        return None if stat.S_ISDIR(info.st_mode) else _put_if_version(info)
 
     def put_file(
         self,
@@ -643,10 +709,8 @@ class FileBlobStore(BlobStore):
 
 
 def _unlink_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 def _copy(source: BinaryIO, target: BinaryIO) -> int:
@@ -677,6 +741,12 @@ def _version(info: os.stat_result) -> str | None:
     if info.st_mtime_ns % _COARSE_TIME_NS == 0:
         return None
     return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
+
+
+def _put_if_version(info: os.stat_result) -> str:
+    """The version :meth:`FileBlobStore.put_if` compares: :func:`_version`, or on a filesystem that keeps coarse
+    times the same four fields as they are (the lock makes check and write one step)."""
+    return _version(info) or f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
 
 
 def _is_reserved(name: str) -> bool:

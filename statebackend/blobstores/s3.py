@@ -35,6 +35,7 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 from __future__ import annotations
 
 import builtins
+import contextlib
 import datetime
 import functools
 import logging
@@ -295,10 +296,8 @@ class S3BlobStore(PartedBlobStore):
 
     def _delete_absent_too(self, name: str) -> None:
         """:meth:`delete`, for a server that may answer NoSuchKey for an absent name (S3 answers 204)."""
-        try:
+        with contextlib.suppress(NotFoundError):
             self.delete(name)
-        except NotFoundError:
-            pass
 
     def _delete_batch(
         self, batch: builtins.list[str], keys: Mapping[str, str]

@@ -221,10 +221,8 @@ def parked_elsewhere(task_dir: Path) -> bool:
 def request_handover(task_dir: Path) -> Iterator[None]:
     """Ask the process that has the task parked to close it; the request is withdrawn when the block ends."""
     request = task_dir / HANDOVER_FILE
-    try:
+    with contextlib.suppress(OSError):
         request.write_text(str(os.getpid()))
-    except OSError:
-        pass
     try:
         yield
     finally:

@@ -165,7 +165,7 @@ class IntegerSerde:
         items = _as_list(objs)
         if not items:
             return []
-        if not (set(map(type, items)) <= {int} and -_SIGN_BIT <= min(items) and max(items) < _SIGN_BIT):
+        if not (set(map(type, items)) <= {int} and min(items) >= -_SIGN_BIT and max(items) < _SIGN_BIT):
             return [self.to_bytes(obj) for obj in items]  # raises for the first bad item
         packed = struct.pack(f">{len(items)}Q", *[obj + _SIGN_BIT for obj in items])
         return [packed[i : i + 8] for i in range(0, len(packed), 8)]

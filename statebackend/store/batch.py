@@ -13,6 +13,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import threading
 import weakref
@@ -142,10 +143,8 @@ def merge_overlay(
             if bvalue is not TOMBSTONE:
                 yield bkey, bvalue
     finally:
-        try:
+        with contextlib.suppress(lmdb.Error):
             txn.abort()
-        except lmdb.Error:
-            pass
 
 
 class ChangeSet:

@@ -454,10 +454,8 @@ class LocalStore:
     def mark_dirty(self) -> None:
         """Clear the meta version: the data no longer equals a known checkpoint."""
         self._check_open()
-        try:
+        with contextlib.suppress(StateBackendError):  # the version is cleared below all the same
             self.apply_pending()
-        except StateBackendError:
-            pass  # the version is cleared below all the same
         with self._write_txn("mark_dirty") as txn:
             txn.delete(VERSION_KEY, db=self._meta_db)
 
@@ -526,7 +524,7 @@ class LocalStore:
         if not keys:
             return keys
         lengths = set(map(len, keys)) if set(map(type, keys)) <= {bytes} else None  # one pass; a few lengths
-        if lengths is None or not (0 < min(lengths) and max(lengths) <= self._max_key_size):
+        if lengths is None or not (min(lengths) > 0 and max(lengths) <= self._max_key_size):
             for key in keys:  # the first bad key raises the per-key error
                 self._check_key(key)
         return keys

@@ -81,7 +81,4 @@ def read_run(path: Path) -> Iterator[tuple[bytes, bytes | None]]:
 def unlink_all(paths: Iterable[Path]) -> None:
     """Delete the runs ``paths`` (those already gone are no error)."""
     for path in paths:
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+        path.unlink(missing_ok=True)

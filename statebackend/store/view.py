@@ -13,6 +13,7 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from os import PathLike
 from pathlib import Path
@@ -64,10 +65,8 @@ class ReadView:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            try:
+            with contextlib.suppress(lmdb.Error):  # the environment was closed first: that ended the transaction
                 self._txn.abort()
-            except lmdb.Error:
-                pass  # the environment was closed first, which already ended the transaction
 
     def __enter__(self) -> Self:
         return self
