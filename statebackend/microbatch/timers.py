@@ -26,7 +26,7 @@ import datetime
 import json
 import math
 import struct
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -129,6 +129,65 @@ class Timers:
         store.delete_many([due, _key_record(encoded, kind_byte, at_ms)])
         self.deleted += 1
         return True
+
+    def register_many(self, keys: Iterable[Any], at: Any, *, kind: str = PROCESSING) -> int:
+        """A timer for each of ``keys`` at ``at`` (one time for all, or a sequence of times, one per key), of
+        ``kind``: one encoding pass, one read and one write of the store. Timers that exist (or come twice) are
+        kept once; returns how many were added."""
+        dues, records = self._records_many(keys, at, kind, "register_many")
+        if not dues:
+            return 0
+        store = self._writable()
+        new = {
+            due: record for due, record, found in zip(dues, records, store.get_many(dues), strict=True) if found is None
+        }
+        if new:
+            store.put_many([*new, *new.values()], [b""] * (2 * len(new)))
+        self.registered += len(new)
+        return len(new)
+
+    def delete_many(self, keys: Iterable[Any], at: Any, *, kind: str = PROCESSING) -> int:
+        """Delete the timer of each of ``keys`` at ``at`` (one time for all, or a sequence, one per key), of
+        ``kind``, as :meth:`register_many` reads them; returns how many there were."""
+        dues, records = self._records_many(keys, at, kind, "delete_many")
+        if not dues:
+            return 0
+        store = self._writable()
+        found = {
+            due: record
+            for due, record, value in zip(dues, records, store.get_many(dues), strict=True)
+            if value is not None
+        }
+        if found:
+            store.delete_many([*found, *found.values()])
+        self.deleted += len(found)
+        return len(found)
+
+    def _records_many(self, keys: Iterable[Any], at: Any, kind: str, call: str) -> tuple[list[bytes], list[bytes]]:
+        """The due and by-key records of ``keys`` at ``at`` (one time, or one per key), each timer once."""
+        self._writable()
+        kind_byte = _kind_byte(kind)
+        keys = builtins.list(keys)
+        if isinstance(at, (int, datetime.datetime)) or (hasattr(at, "item") and not hasattr(at, "__len__")):
+            times = [to_ms(at)] * len(keys)
+        else:
+            try:
+                times = [to_ms(value) for value in at]
+            except TypeError:
+                raise ConfigError(
+                    f"Timers.{call}: at must be a time (ms since the epoch, or a datetime) or a sequence of them, "
+                    f"one per key; got {at!r}"
+                ) from None
+            if len(times) != len(keys):
+                raise ConfigError(
+                    f"Timers.{call}: {len(keys)} keys but {len(times)} times; give one time for all the keys, "
+                    "or one per key"
+                )
+        seen: dict[bytes, bytes] = {}
+        for key, at_ms in zip(keys, times, strict=True):
+            encoded, _ = self._encode(key)
+            seen.setdefault(_due_record(kind_byte, at_ms, encoded), _key_record(encoded, kind_byte, at_ms))
+        return builtins.list(seen), builtins.list(seen.values())
 
     def delete_all(self, key: Any, *, kind: str | None = None) -> int:
         """Delete every timer of ``key`` (of ``kind``, or of both kinds); how many there were."""
@@ -422,9 +481,9 @@ def owner_check(
             ) from exc
         if group not in mine:
             raise ConfigError(
-                f"timer key {key!r} is of key group {group}, owned by task-{task_of_group(group, num_tasks, key_groups)}"
-                f", not task-{index}: a task registers timers for the keys of its own rows only (the key column "
-                "value, a tuple of them for several)"
+                f"timer key {key!r} is of key group {group}, owned by "
+                f"task-{task_of_group(group, num_tasks, key_groups)}, not task-{index}: a task registers timers for "
+                "the keys of its own rows only (the key column value, a tuple of them for several)"
             )
 
     return check

@@ -4,7 +4,8 @@
 - :mod:`statebackend.testing.backend_contract`: ``BackendContract``, the backup/restore contract of a state backend.
 - :mod:`statebackend.testing.store_contract`: the local store's contract.
 - :mod:`statebackend.testing.controlled`: ``ControlledBlobStore``, a wrapper that holds back or fails chosen writes
-  (and fails chosen reads) and counts the bytes written; ``GatedExecutor``, a pool whose tasks wait at a gate the test opens.
+  (and fails chosen reads) and counts the bytes written; ``GatedExecutor``, a pool whose tasks wait at a gate the
+  test opens.
 - :mod:`statebackend.testing.backend_support`: the backend suite's helpers (``write_round``, ``flood``, ...);
   :mod:`statebackend.testing.backend_base` and :mod:`statebackend.testing.backend_faults`: the suite's settings and
   fixtures, and its fault tests (part of ``BackendContract``).
@@ -15,16 +16,20 @@
   suite, and the base of the backend mutants.
 - :mod:`statebackend.testing.mutants`: broken backends and blob stores that the suites must fail
   (docs/contract-suites.md).
+- :mod:`statebackend.testing.clock`: ``ManualClock``, the batch clock a test sets
+  (``StatefulForeachBatch(clock=...)``): TTL and processing-time timer tests move time without sleeping or patching.
 - ``crashpoint`` and ``CRASH_ENV_VAR`` (from :mod:`statebackend.crashpoints`, where the code under test calls them):
   the crash points a crash test kills a process at (``STATEBACKEND_CRASH_AT``); a backend marks its own steps with
   ``crashpoint("mybackend.step")``.
 
-These modules import pytest and hypothesis (the ``testing`` extra); nothing else in statebackend does.
+These modules import pytest and hypothesis (the ``testing`` extra); nothing else in statebackend does. The clock
+imports neither.
 """
 
 from __future__ import annotations
 
 from statebackend.crashpoints import ENV_VAR as CRASH_ENV_VAR
 from statebackend.crashpoints import crashpoint
+from statebackend.testing.clock import ManualClock
 
-__all__ = ["CRASH_ENV_VAR", "crashpoint"]
+__all__ = ["CRASH_ENV_VAR", "ManualClock", "crashpoint"]
