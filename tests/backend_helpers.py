@@ -1,18 +1,28 @@
-"""Helpers shared by the tests that run one scenario against each backend: a config for a backend with its own
-extra keys, and a sweep that lets every unreferenced blob go (blob-snapshot judges age by a clock given to it)."""
+"""Helpers shared by the tests: a config for a backend with its own extra keys, a sweep that lets every unreferenced
+blob go (blob-snapshot judges age by a clock given to it), a blob store with hooks around reads, writes and listings,
+and a task config whose restores read every delta."""
 
 from __future__ import annotations
 
+import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.changelog.backup import ChangelogBackupManager
+from statebackend.checkpoint.checkpoint import CheckpointV2
 
+from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.contracts import TaskBackupManager
+from statebackend.task import TaskStorage
+from statebackend.testing.backend_contract import write_round
 
 FAR_FUTURE = 10 * 365 * 86400.0
+
+#: where task-0 of job "job" keeps its checkpoint log
+CHECKPOINTS = "job/task-0/checkpoints/"
 
 
 def make_config(backend: str, tmp_path: Path, extra: Mapping[str, object]) -> dict[str, object]:
@@ -35,3 +45,77 @@ def sweep(manager: TaskBackupManager) -> None:
     else:
         assert isinstance(manager, ChangelogBackupManager)
         manager.sweep()
+
+
+class HookedBlobStore(BlobStore):
+    """Wraps a store. ``on_get(name)`` / ``on_put(name, landed)`` run around reads and writes and may block or
+    raise; ``short_lists`` makes that many listings of the checkpoint log answer empty (a reply cut in its head)."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.supports_metadata = inner.supports_metadata
+        self.on_get: Callable[[str], None] = lambda name: None
+        self.on_put: Callable[[str, bool], None] = lambda name, landed: None
+        self.short_lists = 0
+        self._lock = threading.Lock()
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        self.on_put(name, False)
+        self.inner.put(name, data, create_only=create_only, metadata=metadata)
+        self.on_put(name, True)
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        self.on_get(name)
+        return self.inner.get(name, start=start, end=end)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        with self._lock:
+            short = self.short_lists > 0 and "/checkpoints/" in prefix
+            if short:
+                self.short_lists -= 1
+        return iter(()) if short else self.inner.list(prefix)
+
+    def head(self, name: str) -> BlobInfo:
+        return self.inner.head(name)
+
+    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
+        self.inner.set_metadata(name, metadata)
+
+
+def task_config(local: Path, factories: str = "changelog", url: str | None = None, **extra: Any) -> dict[str, Any]:
+    """Task ``task-0`` of job ``job`` with store ``counts`` on ``factories``; deltas only, so a restore reads every
+    delta (the tests that damage or hide one see it used)."""
+    config: dict[str, Any] = {
+        "job.name": "job",
+        "state.local.dir": str(local),
+        "blob.store.url": url or f"memory://{uuid.uuid4().hex}",
+        "stores.counts.backup.factories": factories,
+        "changelog.snapshot.interval.commits": 1000,
+        "changelog.snapshot.interval.ratio": 0,  # deltas only: a restore reads every delta
+    }
+    config.update(extra)
+    return config
+
+
+def checkpoint_name(seq: int, version: int = 2) -> str:
+    """The blob name of checkpoint ``seq`` of task-0 in format ``version``."""
+    return f"{CHECKPOINTS}{seq:012d}.v{version}.json"
+
+
+def commit_rounds(
+    config: Mapping[str, Any], blobs: BlobStore, model: dict[bytes, bytes], rounds: int = 3
+) -> CheckpointV2 | None:
+    """Opens task-0, writes and durably commits ``rounds`` rounds (input offsets "0", "1", ...) mirrored in
+    ``model``, closes it and returns the last checkpoint."""
+    latest: CheckpointV2 | None = None
+    with TaskStorage.open(dict(config), "task-0", blob_store=blobs) as task:
+        for n in range(rounds):
+            write_round(task, n, model)
+            latest = task.commit_durably({"input": str(n)})
+    return latest

@@ -124,3 +124,11 @@ def _botocore_reads_its_models_once() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(botocore_session, "create_loader", shared_loader)
         yield
+
+
+@pytest.fixture
+def fast_rechecks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No waiting between re-listings of a short checkpoint listing (the number of re-listings stays the default)."""
+    import statebackend.checkpoint.log as checkpoint_log_module
+
+    monkeypatch.setattr(checkpoint_log_module, "RECHECK_DELAYS", (0.0, 0.0, 0.0), raising=False)

@@ -1,4 +1,4 @@
-"""The first invariant: a task gets back exactly the state of its last durable checkpoint, or a clear error.
+"""TaskStorage's first invariant: a task gets back exactly the state of its last durable checkpoint, or a clear error.
 
 One test per way it was seen to break (fencing at open, speculative and zombie attempts, checkpoint integrity, a
 deleted newest checkpoint, short listings, a checkpoint write whose reply was lost, a stale failure re-raised, restore
@@ -10,16 +10,12 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import uuid
-from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-import statebackend.checkpoint.log as checkpoint_log_module
 
-from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import (
     CommitError,
@@ -30,68 +26,9 @@ from statebackend.errors import (
 )
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, commit_rounds, task_config
 
-CHECKPOINTS = "job/task-0/checkpoints/"
-
-
-class HookedBlobStore(BlobStore):
-    """Wraps a store. ``on_get(name)`` / ``on_put(name, landed)`` run around reads and writes and may block or
-    raise; ``short_lists`` makes that many listings of the checkpoint log answer empty (a reply cut in its head)."""
-
-    def __init__(self, inner: BlobStore) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.supports_metadata = inner.supports_metadata
-        self.on_get: Callable[[str], None] = lambda name: None
-        self.on_put: Callable[[str, bool], None] = lambda name, landed: None
-        self.short_lists = 0
-        self._lock = threading.Lock()
-
-    def put(
-        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
-    ) -> None:
-        self.on_put(name, False)
-        self.inner.put(name, data, create_only=create_only, metadata=metadata)
-        self.on_put(name, True)
-
-    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
-        self.on_get(name)
-        return self.inner.get(name, start=start, end=end)
-
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        with self._lock:
-            short = self.short_lists > 0 and "/checkpoints/" in prefix
-            if short:
-                self.short_lists -= 1
-        return iter(()) if short else self.inner.list(prefix)
-
-    def head(self, name: str) -> BlobInfo:
-        return self.inner.head(name)
-
-    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
-        self.inner.set_metadata(name, metadata)
-
-
-def config_for(local: Path, factories: str = "changelog", **extra: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "job.name": "job",
-        "state.local.dir": str(local),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": factories,
-        "changelog.snapshot.interval.commits": 1000,
-        "changelog.snapshot.interval.ratio": 0,  # deltas only: a restore reads every delta
-    }
-    config.update(extra)
-    return config
-
-
-@pytest.fixture(autouse=True)
-def fast_rechecks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No waiting between re-listings of a short listing (the number of re-listings stays the default)."""
-    monkeypatch.setattr(checkpoint_log_module, "RECHECK_DELAYS", (0.0, 0.0, 0.0), raising=False)
+pytestmark = pytest.mark.usefixtures("fast_rechecks")
 
 
 # -- 1. fencing ---------------------------------------------------------------------------------------------------
@@ -101,7 +38,7 @@ def test_attempt_whose_restore_overlaps_another_attempts_commit_is_fenced(tmp_pa
     """Seen: the new attempt took its seq from a listing after its restore and wrote n+2 on top of state n, so the
     other attempt's acknowledged n+1 silently dropped out of the history."""
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path / "a")
+    config = task_config(tmp_path / "a")
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
@@ -118,7 +55,7 @@ def test_attempt_whose_restore_overlaps_another_attempts_commit_is_fenced(tmp_pa
     with ThreadPoolExecutor(1) as pool:
         # attempt A: a fresh machine, so it downloads (and is held in the middle of its restore)
         opening = pool.submit(
-            TaskStorage.open, config_for(tmp_path / "b", **_same_url(config)), "task-0", blob_store=blobs
+            TaskStorage.open, task_config(tmp_path / "b", **_same_url(config)), "task-0", blob_store=blobs
         )
         assert restoring.wait(30)
         # attempt B commits n+1 while A restores
@@ -135,7 +72,7 @@ def test_attempt_whose_restore_overlaps_another_attempts_commit_is_fenced(tmp_pa
             late.commit_durably({"input": "A"})
         assert type(raised.value).__name__ == "CommitConflictError"
     # B's acknowledged commit is the newest checkpoint, and it restores exactly
-    with TaskStorage.open(config_for(tmp_path / "c", **_same_url(config)), "task-0", blob_store=blobs.inner) as check:
+    with TaskStorage.open(task_config(tmp_path / "c", **_same_url(config)), "task-0", blob_store=blobs.inner) as check:
         assert check.restored == acknowledged
         assert contents(check) == other_model
 
@@ -146,13 +83,13 @@ def _same_url(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_two_speculative_attempts_one_wins_the_other_is_fenced(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path / "base")
+    config = task_config(tmp_path / "base")
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
         task.commit_durably({"input": "0"})
-    first = TaskStorage.open(config_for(tmp_path / "1", **_same_url(config)), "task-0", blob_store=blobs)
-    second = TaskStorage.open(config_for(tmp_path / "2", **_same_url(config)), "task-0", blob_store=blobs)
+    first = TaskStorage.open(task_config(tmp_path / "1", **_same_url(config)), "task-0", blob_store=blobs)
+    second = TaskStorage.open(task_config(tmp_path / "2", **_same_url(config)), "task-0", blob_store=blobs)
     with first, second:
         models = [dict(model), dict(model)]
         write_round(first, 1, models[0])
@@ -162,7 +99,7 @@ def test_two_speculative_attempts_one_wins_the_other_is_fenced(tmp_path: Path) -
             second.commit_durably({"input": "second"})
         with pytest.raises(CommitError, match="another attempt"):  # and every later commit of the fenced attempt
             second.commit_durably({"input": "second-again"})
-    with TaskStorage.open(config_for(tmp_path / "check", **_same_url(config)), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "check", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert check.restored == winner
         assert contents(check) == models[0]
 
@@ -171,13 +108,13 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
     """Retention (keep 1) frees the zombie's seq after the new owner's commits: the create-only write alone would
     succeed there, below the head, and acknowledge a commit that is not in the history."""
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path / "owner", **{"task.checkpoint.retained": 1})
+    config = task_config(tmp_path / "owner", **{"task.checkpoint.retained": 1})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
         task.commit_durably({"input": "0"})
     zombie = TaskStorage.open(
-        config_for(tmp_path / "zombie", **_same_url(config), **{"task.checkpoint.retained": 1}),
+        task_config(tmp_path / "zombie", **_same_url(config), **{"task.checkpoint.retained": 1}),
         "task-0",
         blob_store=blobs,
     )
@@ -192,7 +129,7 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
             zombie.commit_durably({"input": "zombie"})
     names = sorted(blobs.list(CHECKPOINTS))
     assert not any(name.startswith(f"{CHECKPOINTS}000000000002.") for name in names), names
-    with TaskStorage.open(config_for(tmp_path / "check", **_same_url(config)), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "check", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert check.restored == last
         assert contents(check) == model
 
@@ -202,20 +139,20 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
 
 def test_changed_digit_in_a_checkpoints_offsets_is_refused(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, {})
         task.commit_durably({"input": "1234"})
     name = f"{CHECKPOINTS}000000000001.v2.json"
     blobs.put(name, blobs.get(name).replace(b'"1234"', b'"1284"'))
     with pytest.raises(CorruptDataError, match=re.escape(name)):
-        TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
+        TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
 
 
 @pytest.mark.parametrize("swap", ["older", "other_task"])
 def test_checkpoint_blob_put_under_another_name_is_refused(tmp_path: Path, swap: str) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     for task_name in ("task-0", "task-1"):
         with TaskStorage.open(config, task_name, blob_store=blobs) as task:
             for n in range(2):
@@ -225,17 +162,14 @@ def test_checkpoint_blob_put_under_another_name_is_refused(tmp_path: Path, swap:
     source = f"{CHECKPOINTS}000000000001.v2.json" if swap == "older" else "job/task-1/checkpoints/000000000002.v2.json"
     blobs.put(newest, blobs.get(source))
     with pytest.raises(CorruptDataError, match="not checkpoint #2 of task 'task-0'"):
-        TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
+        TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
 
 
 def test_deleted_newest_checkpoint_is_detected_from_local_knowledge_not_rolled_back(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+    commit_rounds(config, blobs, model)
     newest = f"{CHECKPOINTS}000000000003.v2.json"
     kept = blobs.get(newest)
     blobs.delete(newest)
@@ -254,19 +188,16 @@ def test_deleted_newest_checkpoint_is_detected_from_local_knowledge_not_rolled_b
 
 def test_empty_listing_once_is_listed_again_and_restores_exactly(tmp_path: Path) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            latest = task.commit_durably({"input": str(n)})
+    latest = commit_rounds(config, blobs, model)
     blobs.short_lists = 1
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert task.restored == latest
         assert contents(task) == model
         write_round(task, 3, model)
         task.commit_durably({"input": "3"})
-    with TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert contents(check) == model
 
 
@@ -274,12 +205,9 @@ def test_listing_that_stays_empty_never_starts_empty_nor_clears_local_data(tmp_p
     """Seen on s3://: one cut reply read as an empty page; the task restored nothing, cleared its local copy, and its
     next commit durably wrote a new newest checkpoint with almost no state."""
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            latest = task.commit_durably({"input": str(n)})
+    latest = commit_rounds(config, blobs, model)
     blobs.short_lists = 100
     with pytest.raises(StateBackendError, match="known to be durable") as raised:
         TaskStorage.open(config, "task-0", blob_store=blobs)
@@ -301,7 +229,7 @@ def test_checkpoint_put_that_landed_with_its_reply_lost_is_no_conflict(tmp_path:
     """Seen: reported at the next commit as 'already committed by another attempt', and every commit after it
     refused until the task was reopened."""
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     lose = {"left": 0}
 
@@ -323,7 +251,7 @@ def test_checkpoint_put_that_landed_with_its_reply_lost_is_no_conflict(tmp_path:
         write_round(task, 3, model)
         latest = task.commit_durably({"input": "3"})
         assert task.metrics.counter("commit.conflicts") == 0
-    with TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert check.restored == latest
         assert contents(check) == model
         assert check.checkpoint_log.seqs()[-1] == 4  # seq 2 landed and was kept; 3 and 4 followed it
@@ -334,7 +262,7 @@ def test_checkpoint_put_that_landed_with_its_reply_lost_is_no_conflict(tmp_path:
 
 def test_commit_durably_after_a_failure_commits_anew(tmp_path: Path) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     outage = {"on": False}
 
@@ -354,7 +282,7 @@ def test_commit_durably_after_a_failure_commits_anew(tmp_path: Path) -> None:
         write_round(task, 2, model)
         durable = task.commit_durably({"input": "2"})  # seen: raised the stale outage error instead
         assert durable.input_offsets == {"input": "2"}
-    with TaskStorage.open(config_for(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert check.restored == durable
         assert contents(check) == model
 
@@ -367,14 +295,11 @@ def test_restore_falls_back_to_the_next_backend_with_a_marker(
     tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(
+    config = task_config(
         tmp_path, "changelog,blobsnapshot", **{"stores.counts.restore.factories": "changelog,blobsnapshot"}
     )
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            latest = task.commit_durably({"input": str(n)})
+    latest = commit_rounds(config, blobs, model)
     deltas = sorted(name for name in blobs.list("job/task-0/counts/changelog/") if name.endswith(".delta"))
     assert deltas
     if damage == "missing":
@@ -386,7 +311,7 @@ def test_restore_falls_back_to_the_next_backend_with_a_marker(
     with (
         caplog.at_level(logging.ERROR, logger="statebackend.restore"),
         TaskStorage.open(
-            config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
+            task_config(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
         ) as task,
     ):
         assert task.restored == latest
@@ -396,7 +321,7 @@ def test_restore_falls_back_to_the_next_backend_with_a_marker(
 
 def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, "changelog,blobsnapshot")
+    config = task_config(tmp_path, "changelog,blobsnapshot")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, {})
         task.commit_durably({"input": "0"})
@@ -405,7 +330,7 @@ def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None
             blobs.delete(name)
     with pytest.raises(StateBackendError, match="changelog: .*blobsnapshot: "):
         TaskStorage.open(
-            config_for(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
+            task_config(tmp_path / "fresh", "changelog,blobsnapshot", **_same_url(config)), "task-0", blob_store=blobs
         )
 
 
@@ -414,7 +339,7 @@ def test_restore_fails_naming_each_backend_when_all_fail(tmp_path: Path) -> None
 
 def test_a_changed_serde_is_a_clear_error_naming_the_store_and_both_serdes(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path, **{"stores.counts.key.serde": "string", "stores.counts.msg.serde": "integer"})
+    config = task_config(tmp_path, **{"stores.counts.key.serde": "string", "stores.counts.msg.serde": "integer"})
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         task.store("counts").put("ada", 3)
         task.commit_durably({"input": "1"})
@@ -433,7 +358,7 @@ def test_a_changed_serde_is_a_clear_error_naming_the_store_and_both_serdes(tmp_p
 @pytest.mark.parametrize("factory", ["changelog", "blobsnapshot"])
 def test_sweep_under_a_short_listing_deletes_nothing_a_checkpoint_needs(tmp_path: Path, factory: str) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path, factory, **{"task.checkpoint.retained": 3})
+    config = task_config(tmp_path, factory, **{"task.checkpoint.retained": 3})
     if factory == "blobsnapshot":
         config["blobsnapshot.gc.grace.period.ms"] = 0
     models = []
@@ -452,13 +377,13 @@ def test_sweep_under_a_short_listing_deletes_nothing_a_checkpoint_needs(tmp_path
         blobs.short_lists = 0
         assert sorted(blobs.inner.list("job/task-0/counts/")) == before
     # every retained checkpoint still restores exactly
-    log = TaskStorage.open(config_for(tmp_path / "x", factory, **_same_url(config)), "task-0", blob_store=blobs.inner)
+    log = TaskStorage.open(task_config(tmp_path / "x", factory, **_same_url(config)), "task-0", blob_store=blobs.inner)
     with log:
         entries = log.checkpoint_log.entries()
     assert [e.checkpoint.input_offsets["input"] for e in entries] == ["1", "2", "3"]
     for entry in entries:
         with TaskStorage.open(
-            config_for(tmp_path / f"r{entry.seq}", factory, **_same_url(config)),
+            task_config(tmp_path / f"r{entry.seq}", factory, **_same_url(config)),
             "task-0",
             blob_store=blobs.inner,
             checkpoint=entry,

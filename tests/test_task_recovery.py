@@ -1,50 +1,28 @@
-"""Review findings: ways the first invariant could still break after the first trust fixes (each now fixed), and
-scenarios checked that hold."""
+"""A task's recovery from faults around commit and restore: a landed checkpoint whose write reply failed, an
+unreadable newest blob, a failure landing late, a fallback of one store among several, a chain rebased after a
+failed restore, sweeps and fencing listings of a previous owner, and a store added later; each keeps the first
+invariant (tests/test_task.py)."""
 
 from __future__ import annotations
 
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-import statebackend.checkpoint.log as checkpoint_log_module
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, StateBackendError, TransientStorageError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
-from tests.test_trust import HookedBlobStore
+from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, checkpoint_name, commit_rounds, task_config
 
-CHECKPOINTS = "job/task-0/checkpoints/"
-
-
-def config_for(local: Path, factories: str = "changelog", url: str | None = None, **extra: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "job.name": "job",
-        "state.local.dir": str(local),
-        "blob.store.url": url or f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": factories,
-        "changelog.snapshot.interval.commits": 1000,
-        "changelog.snapshot.interval.ratio": 0,
-    }
-    config.update(extra)
-    return config
-
-
-@pytest.fixture(autouse=True)
-def fast_rechecks(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(checkpoint_log_module, "RECHECK_DELAYS", (0.0, 0.0, 0.0), raising=False)
-
-
-def _seq_name(seq: int, version: int = 2) -> str:
-    return f"{CHECKPOINTS}{seq:012d}.v{version}.json"
+pytestmark = pytest.mark.usefixtures("fast_rechecks")
 
 
 def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     plan: dict[str, str] = {}
 
@@ -61,11 +39,11 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, model)
         task.commit_durably({"input": "0"})  # seq 1
-        plan[_seq_name(2)] = "lose_reply"  # seq 2 lands, its reply is lost
+        plan[checkpoint_name(2)] = "lose_reply"  # seq 2 lands, its reply is lost
         write_round(task, 1, model)
         with pytest.raises(CommitError, match="connection reset"):
             task.commit_durably({"input": "1"})
-        plan[_seq_name(3)] = "fail"  # the next commit resolves seq 2 as landed and takes 3, which fails
+        plan[checkpoint_name(3)] = "fail"  # the next commit resolves seq 2 as landed and takes 3, which fails
         write_round(task, 2, model)
         with pytest.raises(CommitError, match="unreachable"):
             task.commit_durably({"input": "2"})
@@ -73,7 +51,7 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
         latest = task.commit_durably({"input": "3"})  # the blob store is healthy again: must commit as seq 3
         assert task.metrics.counter("commit.conflicts") == 0
     with TaskStorage.open(
-        config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
+        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
     ) as check:
         assert check.restored == latest
         assert contents(check) == model
@@ -82,14 +60,11 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
 @pytest.mark.parametrize("fault", ["stale_read", "deleted_v2"])
 def test_newest_v2_blob_unreadable_never_restores_empty_from_its_v1_twin(tmp_path: Path, fault: str) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path, **{"task.checkpoint.write.versions": "2,1"})
+    config = task_config(tmp_path, **{"task.checkpoint.write.versions": "2,1"})
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            latest = task.commit_durably({"input": str(n)})
-    newest_v2 = _seq_name(3, 2)
-    assert set(blobs.inner.list(CHECKPOINTS)) >= {newest_v2, _seq_name(3, 1)}
+    latest = commit_rounds(config, blobs, model)
+    newest_v2 = checkpoint_name(3, 2)
+    assert set(blobs.inner.list(CHECKPOINTS)) >= {newest_v2, checkpoint_name(3, 1)}
     if fault == "deleted_v2":
         blobs.inner.delete(newest_v2)
     else:
@@ -119,12 +94,12 @@ def test_failure_landing_during_commit_is_never_raised_after_a_newer_acknowledge
     from statebackend.commit import TaskCommitManager
 
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     held, release = threading.Event(), threading.Event()
 
     def fail_held(name: str, landed: bool) -> None:
-        if name == _seq_name(2) and not landed and not release.is_set():
+        if name == checkpoint_name(2) and not landed and not release.is_set():
             held.set()
             assert release.wait(30)
             raise TransientStorageError(f"blob store unreachable writing {name}")
@@ -161,7 +136,7 @@ def test_failure_landing_during_commit_is_never_raised_after_a_newer_acknowledge
         assert third is not None
         latest = third.result(timeout=30)
     with TaskStorage.open(
-        config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
+        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
     ) as check:
         assert check.restored == latest
         assert contents(check) == model
@@ -177,7 +152,7 @@ def _fill(task: TaskStorage, name: str, round_no: int, model: dict[bytes, bytes]
 
 def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_same_backend(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
-    config = config_for(
+    config = task_config(
         tmp_path,
         **{
             "stores.other.backup.factories": "changelog,blobsnapshot",
@@ -194,7 +169,7 @@ def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_sam
     assert deltas
     blobs.delete(deltas[-1])  # only the store with a second backend loses a blob
     with TaskStorage.open(
-        config_for(
+        task_config(
             tmp_path / "fresh",
             url=config["blob.store.url"],
             **{
@@ -213,22 +188,19 @@ def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_sam
 def test_changelog_chain_is_rebased_after_its_restore_failed_and_another_backend_restored(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     dual = {"stores.counts.restore.factories": "changelog,blobsnapshot"}
-    config = config_for(tmp_path / "a", "changelog,blobsnapshot", **dual)
+    config = task_config(tmp_path / "a", "changelog,blobsnapshot", **dual)
     url = config["blob.store.url"]
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+    commit_rounds(config, blobs, model)
     deltas = sorted(b for b in blobs.list("job/task-0/counts/changelog/") if b.endswith(".delta"))
     blobs.delete(deltas[1])
     # a new machine, migrating dual -> changelog: the restore falls back to the blobsnapshot marker (exact state)
-    with TaskStorage.open(config_for(tmp_path / "b", "changelog", url=url), "task-0", blob_store=blobs) as task:
+    with TaskStorage.open(task_config(tmp_path / "b", "changelog", url=url), "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         write_round(task, 3, model)
         acknowledged = task.commit_durably({"input": "3"})
     assert set(acknowledged.state_checkpoint_markers) == {"changelog"}
-    with TaskStorage.open(config_for(tmp_path / "c", "changelog", url=url), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "c", "changelog", url=url), "task-0", blob_store=blobs) as check:
         assert check.restored == acknowledged
         assert contents(check) == model
 
@@ -250,7 +222,7 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
     inner = MemoryBlobStore()
     blobs = ListHookedBlobStore(inner)
     extra = {"changelog.gc.interval.commits": 1}
-    config = config_for(tmp_path / "first", **extra)
+    config = task_config(tmp_path / "first", **extra)
     url = config["blob.store.url"]
     models: list[dict[bytes, bytes]] = []
     model: dict[bytes, bytes] = {}
@@ -262,7 +234,7 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
         entries = task.checkpoint_log.entries()
     if replay:  # redo from checkpoint #2, superseding #3 and #4 (what the Spark driver does for a replayed batch)
         owner = TaskStorage.open(
-            config_for(tmp_path / "w", url=url, **extra),
+            task_config(tmp_path / "w", url=url, **extra),
             "task-0",
             blob_store=blobs,
             checkpoint=entries[1],
@@ -270,7 +242,7 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
         )
         model = dict(models[1])
     else:
-        owner = TaskStorage.open(config_for(tmp_path / "w", url=url, **extra), "task-0", blob_store=blobs)
+        owner = TaskStorage.open(task_config(tmp_path / "w", url=url, **extra), "task-0", blob_store=blobs)
     sweeping, go = threading.Event(), threading.Event()
 
     def hold_sweep(prefix: str) -> None:
@@ -284,13 +256,13 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
         owner.commit_durably({"input": "owner"})
         assert sweeping.wait(30)  # the owner's sweep has marked, and is about to list delta blobs
         # the next owner (a failover) restores the owner's checkpoint and commits durably meanwhile
-        with TaskStorage.open(config_for(tmp_path / "next", url=url, **extra), "task-0", blob_store=inner) as nxt:
+        with TaskStorage.open(task_config(tmp_path / "next", url=url, **extra), "task-0", blob_store=inner) as nxt:
             assert contents(nxt) == model
             write_round(nxt, 11, model)
             acknowledged = nxt.commit_durably({"input": "next"})
         go.set()
         owner.commit_manager.close()  # the sweep has run
-    with TaskStorage.open(config_for(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
+    with TaskStorage.open(task_config(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
         assert check.restored == acknowledged
         assert contents(check) == model
 
@@ -298,14 +270,14 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
 def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log(tmp_path: Path) -> None:
     inner = MemoryBlobStore()
     extra = {"task.checkpoint.retained": 1}
-    config = config_for(tmp_path / "owner", **extra)
+    config = task_config(tmp_path / "owner", **extra)
     url = config["blob.store.url"]
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         write_round(task, 0, model)
         task.commit_durably({"input": "1"})
     zombie_blobs = ListHookedBlobStore(inner)
-    zombie = TaskStorage.open(config_for(tmp_path / "zombie", url=url, **extra), "task-0", blob_store=zombie_blobs)
+    zombie = TaskStorage.open(task_config(tmp_path / "zombie", url=url, **extra), "task-0", blob_store=zombie_blobs)
     with TaskStorage.open(config, "task-0", blob_store=inner) as owner:
         for n in range(2, 5):
             write_round(owner, n, model)
@@ -327,12 +299,12 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
         write_round(zombie, 10, {})
         with pytest.raises(CommitError, match="another attempt"):
             zombie.commit_durably({"input": "zombie-2"})
-    with TaskStorage.open(config_for(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
+    with TaskStorage.open(task_config(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
         offsets = [entry.checkpoint.input_offsets["input"] for entry in check.checkpoint_log.entries()]
     assert offsets == ["4"]  # seen: ["zombie", "4"]
     # a restore chosen by offsets (what a Spark replay or read_state does) never lands on the zombie's state
     with TaskStorage.open(
-        config_for(tmp_path / "pick", url=url),
+        task_config(tmp_path / "pick", url=url),
         "task-0",
         blob_store=inner,
         checkpoint=lambda entry: entry.checkpoint.input_offsets["input"] != "4",
@@ -344,14 +316,11 @@ def test_unbound_legacy_blob_under_the_newest_name_is_not_a_silent_rollback(tmp_
     from statebackend.checkpoint.serde import decode_checkpoint, encode_checkpoint
 
     blobs = MemoryBlobStore()
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            latest = task.commit_durably({"input": str(n)})
-    oldest = decode_checkpoint(blobs.get(_seq_name(1)))
-    blobs.put(_seq_name(3), encode_checkpoint(oldest))  # checkpoint #1, unbound, put back as #3
+    latest = commit_rounds(config, blobs, model)
+    oldest = decode_checkpoint(blobs.get(checkpoint_name(1)))
+    blobs.put(checkpoint_name(3), encode_checkpoint(oldest))  # checkpoint #1, unbound, put back as #3
     try:
         task = TaskStorage.open(config, "task-0", blob_store=blobs)
     except StateBackendError:
@@ -403,12 +372,12 @@ def test_checkpoint_that_landed_but_whose_fencing_listing_came_back_short_is_no_
     """The create-only write lands, the listing after it stays short (InconsistentStateError): the commit is reported
     failed, the next one reads the blob back, takes the next seq, and a cold restore gets exactly the newest."""
     blobs = ListHookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     wrote = {"seq2": False}
 
     def short_after_seq2(name: str, landed: bool) -> None:
-        if landed and name == _seq_name(2):
+        if landed and name == checkpoint_name(2):
             wrote["seq2"] = True
             blobs.short_lists = 4  # the listing and its three re-listings
 
@@ -424,7 +393,7 @@ def test_checkpoint_that_landed_but_whose_fencing_listing_came_back_short_is_no_
         latest = task.commit_durably({"input": "2"})
         assert task.metrics.counter("commit.conflicts") == 0
     with TaskStorage.open(
-        config_for(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
+        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
     ) as check:
         assert check.restored == latest
         assert contents(check) == model
@@ -436,7 +405,7 @@ def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_
 
     blobs = MemoryBlobStore()
     extra = {"stores.other.backup.factories": "blobsnapshot"}
-    config = config_for(tmp_path / "a", **extra)
+    config = task_config(tmp_path / "a", **extra)
     models: dict[str, dict[bytes, bytes]] = {"counts": {}, "other": {}}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(2):
@@ -451,7 +420,7 @@ def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_
     victim = next(name for name in blobs.list() if "/other/" in name and name.rsplit("/", 1)[-1] in hashes)
     kept = blobs.get(victim)
     blobs.delete(victim)  # a run the checkpoint's marker names is gone
-    fresh = config_for(tmp_path / "b", url=config["blob.store.url"], **extra)
+    fresh = task_config(tmp_path / "b", url=config["blob.store.url"], **extra)
     with pytest.raises(NotFoundError, match=r"job/task-0/other/blobsnapshot/runs/\w+ .* is missing"):
         TaskStorage.open(fresh, "task-0", blob_store=blobs)
     blobs.put(victim, kept)
@@ -463,12 +432,9 @@ def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_
 
 def test_store_added_later_keeps_the_local_floor_and_starts_empty(tmp_path: Path) -> None:
     blobs = HookedBlobStore(MemoryBlobStore())
-    config = config_for(tmp_path)
+    config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            write_round(task, n, model)
-            latest = task.commit_durably({"input": str(n)})
+    latest = commit_rounds(config, blobs, model)
     grown = dict(config, **{"stores.extra.backup.factories": "blobsnapshot"})
     blobs.short_lists = 100
     with pytest.raises(StateBackendError, match="#3 of this task is known to be durable"):
