@@ -11,10 +11,10 @@ more restores without faults to check the result. Faults:
   write landed (a local disk has no cut replies).
 
 Counted per cell: commits acknowledged, failed (a clear CommitError; the next commit carries the changes), **lost**
-(acknowledged, but the restored state or checkpoint is older, or the restore without faults fails: must be 0), **raw** exceptions (anything not a
-StateBackendError: must be 0), **false conflicts** (CommitConflictError with one attempt only: must be 0), restores
-that succeeded exactly / failed with a clear error / came back **wrong** (must be 0), and p50/p95 of the durable
-commit.
+(acknowledged, but the restored state or checkpoint is older, or the restore without faults fails: must be 0), **raw**
+exceptions (anything not a StateBackendError: must be 0), **false conflicts** (CommitConflictError with one attempt
+only: must be 0), restores that succeeded exactly / failed with a clear error / came back **wrong** (must be 0), and
+p50/p95 of the durable commit.
 
 Run from the repository root::
 

@@ -21,8 +21,8 @@ Not a test; run by hand. Per ``--keys`` size N and per backend (``changelog``, `
    the larger. Restore and limits are measured in turns ``--repeat`` times (default 3), and the best of each kept.
 
 Usage: ``python -m bench.restore --keys 1000000 --keys 10000000 [--keys 50000000 --repeat 1] [--deltas 10]
-[--updates 10000] [--repeat 3] [--workdir DIR] [--plot]``. (``python -m bench.blobsnapshot --restore-scale ...`` runs the
-same.) Prints a markdown table, writes ``bench/results/restore-<UTC time>.json``; ``--plot`` (matplotlib, the
+[--updates 10000] [--repeat 3] [--workdir DIR] [--plot]``. (``python -m bench.blobsnapshot --restore-scale ...`` runs
+the same.) Prints a markdown table, writes ``bench/results/restore-<UTC time>.json``; ``--plot`` (matplotlib, the
 ``bench`` extra) draws docs/img/restore-scale.png from the newest result of every (backend, keys) under
 bench/results/.
 """

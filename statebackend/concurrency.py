@@ -90,8 +90,8 @@ def when_all(futures: list[Future[Any]], then: Callable[[], None]) -> None:
 
 def gather(futures: Mapping[K, Future[T]]) -> Future[dict[K, T]]:
     """One future for the dict ``futures``: its results by key once all are done, or the exception of the first
-    failed (or cancelled) one, in the dict's order, once all are done. Resolved by callbacks, from the thread that finishes the
-    last one: nobody waits on a pool thread (at once for an empty dict)."""
+    failed (or cancelled) one, in the dict's order, once all are done. Resolved by callbacks, from the thread that
+    finishes the last one: nobody waits on a pool thread (at once for an empty dict)."""
     result: Future[dict[K, T]] = Future()
 
     def then() -> None:

@@ -9,10 +9,10 @@ This is the object a job holds per task::
 
 Opening decides what to restore once (:func:`statebackend.lifecycle.decide_open`: which checkpoint, which backend
 restores each store, the seq this attempt is fenced at), then carries the decision out
-(:func:`statebackend.restore.restore_stores`: each store through the first backend of ``stores.<name>.restore.factories``
-whose marker the checkpoint has, falling back to the next on a missing or damaged blob) and starts the backup managers
-and the commit manager at the decision's fence. A caller that listed the log itself (the Spark executor) passes its
-decision in, and the open checks it again once the stores are locked.
+(:func:`statebackend.restore.restore_stores`: each store through the first backend of
+``stores.<name>.restore.factories`` whose marker the checkpoint has, falling back to the next on a missing or damaged
+blob) and starts the backup managers and the commit manager at the decision's fence. A caller that listed the log itself
+(the Spark executor) passes its decision in, and the open checks it again once the stores are locked.
 """
 
 from __future__ import annotations

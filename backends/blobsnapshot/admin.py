@@ -1,6 +1,6 @@
 """Admin of the blob-snapshot backend: the blob store must exist and accept create-only writes, reads and deletes; a
-marker (an inline index, or an index blob's name from older releases) is described, its blobs named and verified for the ``statebackend`` command
-(``inspect``, ``verify``, ``gc``)."""
+marker (an inline index, or an index blob's name from older releases) is described, its blobs named and verified for the
+``statebackend`` command (``inspect``, ``verify``, ``gc``)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ Per commit and store:
   bytes, uploads it unless the blob store already holds exactly those bytes, adopts a finished compaction, then
   makes the index (the live runs, oldest first) and returns it as the marker itself (``inline-index:1:...``): the
   checkpoint, written create-only and fenced by the framework, carries it, so no index blob is written and a commit
-  that changed nothing writes no blob at all. Cost and bytes follow the change. When this backend has no chain for the store's data (the first commit after a migration, a fallback
-  restore from another backend, a broken chain), the upload writes a *base run* of the whole store instead, once.
+  that changed nothing writes no blob at all. Cost and bytes follow the change. When this backend has no chain for the
+  store's data (the first commit after a migration, a fallback restore from another backend, a broken chain), the upload
+  writes a *base run* of the whole store instead, once.
 - ``cleanup()`` (commit pool, after the checkpoint is durable): the indexes that fell out of the last
   ``task.checkpoint.retained`` and the runs only they referenced become garbage, deleted in one request when the
   checkpoint log lets its old checkpoints go (every ``retention_interval`` commits, and at close). The expiry

@@ -1,7 +1,8 @@
 """The blob-snapshot formats: blob names, run entries, the index (schema version 2) and the marker that carries it.
 
 A store's remote snapshot is a set of immutable sorted runs (an LSM tree on the blob store); the index lists the
-live runs and travels inside the marker written into checkpoints (an index blob, for markers of older releases). Layout under ``<job>/<task>/<store>/blobsnapshot/``::
+live runs and travels inside the marker written into checkpoints (an index blob, for markers of older releases). Layout
+under ``<job>/<task>/<store>/blobsnapshot/``::
 
     runs/<hash>                        one run: a sorted record file (statebackend.recordfile, kind "run");
                                        the name IS the blake2b-256 of its bytes

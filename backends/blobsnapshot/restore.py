@@ -19,8 +19,8 @@ the same transaction as the data):
   records the version the last one ends at (each page they touch copied once).
 
 Each step is atomic and records its version, so a restore killed or failed half-way leaves the store at a version
-of this chain (the first run's, or the last's; never a mix), and the next restore continues from it. After the last run the key count is checked
-against the index's; then the index's own version is recorded. A missing run or index raises
+of this chain (the first run's, or the last's; never a mix), and the next restore continues from it. After the last run
+the key count is checked against the index's; then the index's own version is recorded. A missing run or index raises
 :class:`NotFoundError`, a damaged one :class:`CorruptDataError`; both name the blob.
 """
 

@@ -16,8 +16,8 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
   that does not echo its container and prefix; a download shorter than its Content-Length) are
   :class:`TransientStorageError`. No SDK or stdlib exception reaches a caller, and errors are chained to sanitized
   stand-ins (statebackend.redact), never to the SDK's exception.
-- The SDK's own retries are off: :class:`~statebackend.blobstores.resilience.ResilientBlobStore` (which ``from_url`` returns)
-  does retries, hedging and timeouts, per block for large transfers.
+- The SDK's own retries are off: :class:`~statebackend.blobstores.resilience.ResilientBlobStore` (which ``from_url``
+  returns) does retries, hedging and timeouts, per block for large transfers.
 - Credentials (connection string, account key, SAS, credential objects) are never logged, never in ``repr`` and
   never in a message: they are registered with statebackend.redact, whose filter also guards the SDK's loggers.
 """

@@ -1,7 +1,8 @@
 """The blob store contract and the URL registry that opens one.
 
 A blob store is remote (or remote-like) object storage addressed by ``/``-separated names relative to its root.
-Every implementation behaves the same way, proven by one contract suite (``statebackend/testing/blobstore_contract.py``):
+Every implementation behaves the same way, proven by one contract suite
+(``statebackend/testing/blobstore_contract.py``):
 
 - ``put`` replaces atomically: a reader sees the old blob or the new one, never a part. With ``create_only=True``
   it raises :class:`AlreadyExistsError` when the name is taken (S3 412, Azure 409, ``O_EXCL``) and writes nothing.
@@ -33,7 +34,8 @@ resilience layer) uses those values; parsing them again returns them unchanged. 
 defaults filled, as :class:`~statebackend.options.ParsedOptions`.
 
 Optional capabilities (``validate``, ``create_resources``, ``use_resilience``, ``use_metrics``, ``supports_metadata``,
-``supports_conditional_delete``, ``supports_conditional_put``) are part of the contract with defaults that do nothing; a store overrides what it has to do.
+``supports_conditional_delete``, ``supports_conditional_put``) are part of the contract with defaults that do nothing; a
+store overrides what it has to do.
 
 Scheme registry (fsspec style): URL scheme -> dotted path, imported lazily, with an install hint when a package is
 missing. A distribution declares its stores as entry points in group ``statebackend.blobstores`` (statebackend's own

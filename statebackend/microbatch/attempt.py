@@ -79,7 +79,8 @@ log = logging.getLogger(__name__)
 class TaskStores(Mapping[str, Any]):
     """What the user function and the timer handler get: the task's stores by name (typed views per their serdes),
     where it runs, the batch's times (``now_ms``: the batch clock; ``watermark_ms``: the event-time watermark, None
-    without one) and the task's :class:`~statebackend.microbatch.timers.Timers`. The timer store is not among the stores."""
+    without one) and the task's :class:`~statebackend.microbatch.timers.Timers`. The timer store is not among the
+    stores."""
 
     def __init__(
         self,

@@ -19,8 +19,8 @@ current. Contract:
 - A parked task holds its stores' locks. Another process of this machine that needs the task (Spark ran it in
   another worker) finds ``PARKED`` in the task directory naming a live process, writes ``HANDOVER`` there, and waits
   (up to ``HANDOVER_TIMEOUT_S``) for the lock: a watcher thread in the parking process closes the parked task (without
-  syncing its stores: ``UNSYNCED`` stays, as after a process exit) and so releases it. A task that is not parked (an attempt running) is never handed over: the requester then works in
-  a private directory, as before.
+  syncing its stores: ``UNSYNCED`` stays, as after a process exit) and so releases it. A task that is not parked (an
+  attempt running) is never handed over: the requester then works in a private directory, as before.
 - At most ``MAX_PARKED`` tasks are parked per process (each holds its stores' environments and locks); parking one
   more closes the one parked longest ago.
 - Everything parked dies with the process: that is a process exit without close, which the stores and backends

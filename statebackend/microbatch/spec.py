@@ -20,8 +20,8 @@ __all__ = ["BatchSpec", "JobSpec", "config_fingerprint", "job_settings"]
 
 def job_settings(config: Mapping[str, Any], *, timers: bool = False) -> Settings:
     """The job's settings: ``config`` parsed (a wrong key or value raises :class:`ConfigError` naming it), with the
-    timer store declared when the job has timers (:func:`statebackend.microbatch.timers.with_timer_store`). The one place
-    the micro-batch driver parses a configuration."""
+    timer store declared when the job has timers (:func:`statebackend.microbatch.timers.with_timer_store`). The one
+    place the micro-batch driver parses a configuration."""
     if not timers:
         return Settings.from_config(config)
     from statebackend.microbatch.timers import TIMERS_STORE, with_timer_store

@@ -96,8 +96,8 @@ class StatefulForeachBatch:
     confirm_on_driver: bool | None = None
     confirm_timeout_s: float = 60.0
     #: ``on_timers(stores, due_timers)``: called in each task after ``fn``, every batch that has timers due, with the
-    #: due timers in time order (``statebackend.microbatch.timers``); returns output as ``fn`` does. Given, ``fn`` and the
-    #: handler may register timers through ``stores.timers``, kept in the task's timer store
+    #: due timers in time order (``statebackend.microbatch.timers``); returns output as ``fn`` does. Given, ``fn`` and
+    #: the handler may register timers through ``stores.timers``, kept in the task's timer store
     on_timers: Callable[[TaskStores, list[Timer]], Any] | None = None
     #: the event-time column (timestamp, or long ms) and the delay of the watermark event-time timers fire at
     #: (``statebackend.microbatch.watermark``): batch N's watermark is the largest event time of the batches before N

@@ -22,9 +22,10 @@ Contract:
   the runs and the final batch (later runs win), so neither the store nor the change set holds more than one batch
   in memory. The batch exceeds the bound by at most the one record that crossed it.
 - ``get_many`` / ``put_many`` / ``delete_many`` / ``write_many`` (the vectorized path) give exactly what ``get`` /
-  ``put`` / ``delete`` key by key give, overlay, tombstones and spills included; a bad key or value raises before anything of
-  the call reaches the batch. Reads use one LMDB read transaction, its get mapped over the keys; writes are one dict update when
-  no key repeats or is already in the batch and no spill is due, else they fall back to the per-key loop.
+  ``put`` / ``delete`` key by key give, overlay, tombstones and spills included; a bad key or value raises before
+  anything of the call reaches the batch. Reads use one LMDB read transaction, its get mapped over the keys; writes are
+  one dict update when no key repeats or is already in the batch and no spill is due, else they fall back to the per-key
+  loop.
 - ``count()`` is LMDB's entry count (O(1), kept by LMDB itself). With a non-empty batch it is adjusted by looking up
   each batch key in LMDB (a put of an absent key adds one, a delete of a present key removes one): O(batch), no cost
   per write.

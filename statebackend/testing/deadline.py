@@ -6,8 +6,9 @@ deadline is an interval timer (``SIGALRM``) whose handler fails the test with :f
 and showing where every other thread stands; a wait in the test's thread (a future's ``result()``, an event, a lock)
 is interrupted by it. When the timer cannot be used (no ``SIGALRM``, or a test run outside the main thread) and as a
 backstop when the test's thread is stuck in C code that never returns to Python, :mod:`faulthandler` dumps every
-thread's stack and ends the process: the run fails, it does not hang. Once passed, the deadline fires again every :data:`REPEAT_S` seconds until the
-block ends, so a teardown stuck on the same hung work (a close waiting for the upload) is interrupted as well.
+thread's stack and ends the process: the run fails, it does not hang. Once passed, the deadline fires again every
+:data:`REPEAT_S` seconds until the block ends, so a teardown stuck on the same hung work (a close waiting for the
+upload) is interrupted as well.
 
 An interval timer pytest-timeout (or anything else) armed is put back afterwards with the time it had left.
 
