@@ -541,10 +541,9 @@ def print_api_report(result: dict[str, Any]) -> None:
     for (per_task, api), phase in by.items():
         if api == "vectorized":
             base = by[(per_task, "per-key")]
-            print(
-                f"{per_task} updates/task: vectorized processing {phase['process_ms_p50'] / base['process_ms_p50']:.2f}x"
-                f" of per-key, sync part {phase['sync_ms_p50'] / base['sync_ms_p50']:.2f}x"
-            )
+            process = phase["process_ms_p50"] / base["process_ms_p50"]
+            sync = phase["sync_ms_p50"] / base["sync_ms_p50"]
+            print(f"{per_task} updates/task: vectorized processing {process:.2f}x of per-key, sync part {sync:.2f}x")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -615,7 +615,9 @@ def main(argv: list[str] | None = None) -> int:
         master="local[2]",
         conf={
             "spark.sql.shuffle.partitions": str(NUM_TASKS),
-            "spark.sql.streaming.stateStore.providerClass": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.providerClass": (
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+            ),
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
             "spark.driver.memory": "4g",
         },
@@ -854,8 +856,8 @@ def cluster_step(batches: int, warm_up: int = 2) -> bool:
         kept = sum(a["kept_open"] for a in steady)
         ok &= bool(result["state_ok"]) and bool(result["outputs_ok"])
         print(
-            f"| {mode} | {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | {kept} of "
-            f"{len(steady)} | {statistics.median(opens):.1f} / {max(opens):.0f} | "
+            f"| {mode} | {'on' if affinity else 'off'} | {moved} of {counted} ({moved / max(1, counted):.0%}) | "
+            f"{kept} of {len(steady)} | {statistics.median(opens):.1f} / {max(opens):.0f} | "
             f"{statistics.median(result['batch_ms'][warm_up:]):.0f} | "
             f"{'OK' if result['state_ok'] and result['outputs_ok'] else 'FAIL'} |"
         )

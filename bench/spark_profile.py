@@ -201,9 +201,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"{p50([floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
                 f"{p50([ours_fn.calls[b]['action_ms'] for b in steady])} |"
             )
+            floor_rest = [
+                floor_fn.calls[b]["call_ms"] - floor_fn.calls[b]["action_ms"] for b in steady if b in floor_fn.calls
+            ]
             print(
                 f"| - the rest of the call (driver side) | "
-                f"{p50([floor_fn.calls[b]['call_ms'] - floor_fn.calls[b]['action_ms'] for b in steady if b in floor_fn.calls])} | "
+                f"{p50(floor_rest)} | "
                 f"{p50([ours_fn.calls[b]['call_ms'] - ours_fn.calls[b]['action_ms'] for b in steady])} |"
             )
             print(f"| tasks, sum of {NUM_TASKS}: open or take back | - | {p50(per_batch_task_sum('open_ms', stats))} |")

@@ -437,7 +437,7 @@ _SPECS = [
         "ms",
         MS_BUCKETS,
     ),
-    # -- timers of the Spark driver's tasks (statebackend/microbatch/timers.py, executor.py) ----------------------------
+    # -- timers of the Spark driver's tasks (statebackend/microbatch/timers.py, executor.py) ---------------------------
     _counter(
         "timers.registered",
         "statebackend_timers_registered_total",

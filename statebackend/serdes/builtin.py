@@ -327,7 +327,10 @@ def json_reason(obj: Any, exc: BaseException) -> str:
             "int, float, bool or None; convert the keys to str, or use the pickle serde"
         )
     fix = _JSON_FIXES.get(name, "convert it to str, int, float, bool, None, a list or a dict")
-    return f"{text}: {owner} is {described(name)}, which JSON has no type for; {fix} first, or use the pickle or record serde"
+    return (
+        f"{text}: {owner} is {described(name)}, which JSON has no type for; {fix} first, or use the pickle or record "
+        "serde"
+    )
 
 
 def _json_culprit(obj: Any) -> tuple[str, Any, bool] | None:
