@@ -97,7 +97,7 @@ def visible_value(raw: bytes | None, now_ms: int, *, store: str = "?") -> bytes 
 class TtlStore:
     """A store's user operations with a time to live per key (see the module docstring)."""
 
-    __slots__ = ("_store", "_sweep_from", "now_ms", "ttl_ms")
+    __slots__ = ("_store", "_sweep_from", "now_ms", "swept_elsewhere", "ttl_ms")
 
     def __init__(self, store: LocalStore, ttl_ms: int, now_ms: Callable[[], int] = wall_clock_ms) -> None:
         self._store = store
@@ -105,6 +105,9 @@ class TtlStore:
         #: the clock reads and writes use (milliseconds since the epoch)
         self.now_ms = now_ms
         self._sweep_from: bytes | None = None
+        #: True: :meth:`sweep` deletes nothing; the owner finds expired keys with :meth:`expired_from` and deletes them
+        #: itself (the Spark driver's ``on_expiry``: a callback for each, its cursor recorded in the checkpoint)
+        self.swept_elsewhere = False
 
     def __repr__(self) -> str:
         return f"TtlStore({self._store.name!r}, ttl_ms={self.ttl_ms})"
@@ -195,7 +198,7 @@ class TtlStore:
     def sweep(self, budget: int) -> int:
         """Examine at most ``budget`` keys from where the last sweep stopped (wrapping around once) and delete the
         expired ones. Returns how many were deleted."""
-        if budget <= 0:
+        if budget <= 0 or self.swept_elsewhere:
             return 0
         now, name = self.now_ms(), self.name
         expired: list[bytes] = []
@@ -216,3 +219,27 @@ class TtlStore:
         if expired:
             self._store.delete_many(expired)
         return len(expired)
+
+    def expired_from(self, start: bytes | None, budget: int) -> tuple[list[tuple[bytes, int, bytes]], bytes | None]:
+        """The expired keys among at most ``budget`` keys from ``start`` (None: the first key), wrapping around once,
+        as ``(key, expiry, value)``, and the key the next call starts from (None: the first key). Nothing is deleted:
+        a deterministic sweep for a caller that keeps the cursor itself (the same state, clock and cursor give the
+        same keys)."""
+        found: list[tuple[bytes, int, bytes]] = []
+        if budget <= 0:
+            return found, start
+        now, name = self.now_ms(), self.name
+        examined = 0
+        next_from: bytes | None = None
+        for lower, upper in ((start, None), (None, start)) if start is not None else ((None, None),):
+            for key, raw in self._store.iter_range(lower, upper):
+                if examined >= budget:
+                    next_from = bytes(key)
+                    break
+                examined += 1
+                expiry, value = unwrap(raw, store=name)
+                if expiry <= now:
+                    found.append((bytes(key), expiry, bytes(value)))
+            if next_from is not None:
+                break
+        return found, next_from
