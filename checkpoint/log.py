@@ -399,9 +399,10 @@ class CheckpointLog:
         raise InconsistentStateError(
             f"checkpoint log {self.prefix} in {self.blob_store.describe()} shows checkpoints up to "
             f"#{max(listing, default=0)}, but checkpoint #{at_least} of this task is known to be durable (the task's "
-            f"local CHECKPOINT-V2 file, the checkpoint it restored or its own commit says so). Either the blob store answers short "
-            f"(retry later), or checkpoints were deleted or the blob store URL points at another copy. Nothing was "
-            f"restored, cleared or written. If the state was removed on purpose, delete the task's local dir too"
+            f"local CHECKPOINT-V2 file, the checkpoint it restored or its own commit says so). Either the blob store "
+            f"answers short (retry later), or checkpoints were deleted or the blob store URL points at another copy. "
+            f"Nothing was restored, cleared or written. If the state was removed on purpose, delete the task's local "
+            f"dir too"
         )
 
     def _list_once(self) -> Listing:
