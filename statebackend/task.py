@@ -40,6 +40,7 @@ from statebackend.registry import resolve_factory
 from statebackend.restore import group_by_options, open_local_stores, options_of_group, restore_stores
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
+from statebackend.store.kinds import ListStore, MapStore, check_kinds, with_kinds
 from statebackend.store.ttl import TtlStore, wall_clock_ms
 from statebackend.values import StoreValues, adopted, plan_values, run_migration, with_initial
 
@@ -146,7 +147,8 @@ class TaskStorage:
                 backups.append(BackupBinding(factory_name, manager, tuple(store_names)))
                 manager.init(restored)
 
-            values = plan_values(settings, restored)
+            check_kinds(settings, restored)
+            values = with_kinds(settings, plan_values(settings, restored))
             id_generator = CheckpointIdGenerator()
             if restored is not None:
                 id_generator.observe(restored.checkpoint_id)
@@ -231,10 +233,11 @@ class TaskStorage:
         raised unless ``raise_failure=False`` (then it is kept for the next commit to report)."""
         return self.commit_manager.wait(timeout, raise_failure=raise_failure)
 
-    def store(self, name: str, *, typed: bool = True) -> BytesStore | TypedStore:
+    def store(self, name: str, *, typed: bool = True) -> BytesStore | TypedStore | ListStore | MapStore:
         """The store ``name`` for the task's code: a typed view per its serdes, or a bytes view with ``typed=False``
         (also when both serdes are ``bytes``). Either has the user operations only; backends get the
-        :class:`LocalStore` itself (``stores``) through their context."""
+        :class:`LocalStore` itself (``stores``) through their context. A list or map store
+        (``stores.<name>.kind``) gives its :class:`ListStore` or :class:`MapStore`, over bytes with ``typed=False``."""
         try:
             store = self.stores[name]
         except KeyError:
@@ -242,10 +245,23 @@ class TaskStorage:
                 f"no store {name!r} in this task; configured stores: {', '.join(sorted(self.stores)) or 'none'}"
             ) from None
         store_settings = self.settings.stores[name]
+        if store_settings.kind != "value":
+            return self._kind_view(name, typed=typed)
         ops: LocalStore | TtlStore = store if store_settings.ttl_ms is None else self._ttl_view(name)
         if not typed or (store_settings.key_serde == "bytes" and store_settings.msg_serde == "bytes"):
             return BytesStore(ops)
         return TypedStore(ops, get_serde(store_settings.key_serde), self._values[name].value_serde)
+
+    def _kind_view(self, name: str, *, typed: bool) -> ListStore | MapStore:
+        store_settings = self.settings.stores[name]
+        ttl = None if store_settings.ttl_ms is None else self._ttl_view(name)
+        raw = get_serde("bytes")
+        key_serde = get_serde(store_settings.key_serde) if typed else raw
+        value_serde = self._values[name].value_serde if typed else raw
+        if store_settings.kind == "list":
+            return ListStore(self.stores[name], key_serde, value_serde, ttl)
+        subkey_serde = get_serde(store_settings.subkey_serde) if typed else raw
+        return MapStore(self.stores[name], key_serde, value_serde, ttl, subkey_serde=subkey_serde)
 
     @property
     def recorded_serdes(self) -> Mapping[str, Mapping[str, str]]:

@@ -97,6 +97,9 @@ def _parse_function(key: str, raw: Any) -> str:
 
 METRICS_OTEL = ("auto", "on", "off")
 
+#: the values ``stores.<name>.kind`` takes (statebackend.store.kinds)
+STORE_KINDS = ("value", "list", "map")
+
 
 def _parse_versions(key: str, raw: Any) -> tuple[int, ...]:
     versions = parse_list(parse_int(min=1, max=2))(key, raw)
@@ -218,7 +221,16 @@ STORE_OPTIONS: Mapping[str, OptionSpec] = {
     "restore.factory": OptionSpec(
         parse_str(), None, "alias of restore.factories with one backend (kept for existing configs)"
     ),
+    "kind": OptionSpec(
+        parse_choice(*STORE_KINDS),
+        "value",
+        "what the store holds per key: value (one value), list (values in append order: append without reading the "
+        "list) or map (values under sub-keys, in sub-key byte order); set it when the store is created",
+    ),
     "key.serde": OptionSpec(_parse_key_serde, "bytes", "how keys are encoded: " + ", ".join(SERDES)),
+    "subkey.serde": OptionSpec(
+        _parse_key_serde, "bytes", "how the sub-keys of a map store (kind = map) are encoded: " + ", ".join(SERDES)
+    ),
     "msg.serde": OptionSpec(
         _parse_msg_serde,
         "bytes",

@@ -64,6 +64,9 @@ class StoreSettings:
     #: damaged blob (only those whose marker the checkpoint has count)
     restore_factories: tuple[str, ...]
     key_serde: str = _store_option("key.serde")
+    #: value, list or map (statebackend.store.kinds); ``subkey_serde``: a map store's sub-key serde
+    kind: str = _store_option("kind")
+    subkey_serde: str = _store_option("subkey.serde")
     msg_serde: str = _store_option("msg.serde")
     write_batch_max_bytes: int = _store_option("write.batch.max.bytes")
     map_size: int = _store_option("lmdb.map.size")
@@ -404,6 +407,20 @@ class _SettingsParser:
             self.problems.append(
                 f"{prefix}{given} is set but {prefix}{missing} is not: a migration needs both, its "
                 "name (recorded once it ran) and its function"
+            )
+            return None
+        kind = parsed["kind"]
+        if keys.get("subkey.serde") is not None and kind != "map":
+            self.problems.append(
+                f"{prefix}subkey.serde is set but store {name!r} is of kind {kind!r}: sub-keys are a map store's; "
+                f"allowed: set {prefix}kind=map, or unset {prefix}subkey.serde"
+            )
+            return None
+        if kind != "value" and keys.get("migration.id") is not None:
+            self.problems.append(
+                f"{prefix}migration.id is set but store {name!r} is of kind {kind!r}: a migration rewrites the "
+                "values of a value store only; allowed: a compatible change of the record class (read as it is), or "
+                "a new store"
             )
             return None
         return StoreSettings(

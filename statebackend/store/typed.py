@@ -22,6 +22,10 @@ Contract:
   characters), the type given and the fix; the serde's own error is chained. Stored bytes the value serde cannot
   decode raise ``CorruptDataError`` naming the store, the serde and the key. Encoding is at the call, never
   deferred to a flush or commit; the error handling costs nothing unless something fails (a ``try`` is free).
+- These are the views of value stores (``stores.<name>.kind = value``, the default; list and map stores have theirs
+  in ``statebackend.store.kinds``). ``put`` and ``put_many`` take ``ttl_ms=``, the time to live of what they write
+  instead of the store's ``ttl.ms`` (a store without ``ttl.ms`` refuses it: its values carry no expiry). A list or
+  map operation (``append``, ``range``, ...) raises ``KindError`` naming the store, its kind and what it offers.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import attrs
 from statebackend.errors import ConfigError, CorruptDataError, SerdeError, StateBackendError
 from statebackend.serdes import Serde, decode_many, encode_many
 from statebackend.serdes.builtin import as_list, described, short_repr, type_name
+from statebackend.store.ttl import TtlStore
 
 
 class StoreOps(Protocol):
@@ -68,6 +73,9 @@ class BytesStore:
     def __repr__(self) -> str:
         return f"BytesStore({self._store.name!r})"
 
+    def __getattr__(self, operation: str) -> Any:
+        return _missing(self._store, operation)
+
     @property
     def name(self) -> str:
         return self._store.name
@@ -79,8 +87,11 @@ class BytesStore:
     def contains(self, key: bytes) -> bool:
         return self._store.contains(key)
 
-    def put(self, key: bytes, value: bytes) -> None:
-        self._store.put(key, value)
+    def put(self, key: bytes, value: bytes, *, ttl_ms: int | None = None) -> None:
+        if ttl_ms is None:
+            self._store.put(key, value)
+        else:
+            _ttl_ops(self._store).put(key, value, ttl_ms)
 
     def delete(self, key: bytes) -> None:
         self._store.delete(key)
@@ -96,9 +107,12 @@ class BytesStore:
         """The values of ``keys`` (``None`` where absent), in their order, in one call."""
         return self._store.get_many(keys)
 
-    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes]) -> None:
+    def put_many(self, keys: Sequence[bytes], values: Sequence[bytes], *, ttl_ms: int | None = None) -> None:
         """``put(keys[i], values[i])`` for each ``i``, in one call; nothing is written when a key or value is bad."""
-        self._store.put_many(keys, values)
+        if ttl_ms is None:
+            self._store.put_many(keys, values)
+        else:
+            _ttl_ops(self._store).put_many(keys, values, ttl_ms)
 
     def delete_many(self, keys: Sequence[bytes]) -> None:
         self._store.delete_many(keys)
@@ -140,6 +154,9 @@ class TypedStore:
     def name(self) -> str:
         return self._store.name
 
+    def __getattr__(self, operation: str) -> Any:
+        return _missing(self._store, operation)
+
     # The per-key calls are the statements they always were inside a ``try`` (free in Python 3.11+ until something
     # raises): which part failed (the key's encoding, the value's, or the store itself) is found out in the handler
     # only, by encoding again; the store's own errors are raised as they were.
@@ -166,7 +183,10 @@ class TypedStore:
                 raise
             raise error from exc
 
-    def put(self, key: Any, value: Any) -> None:
+    def put(self, key: Any, value: Any, *, ttl_ms: int | None = None) -> None:
+        if ttl_ms is not None:
+            _ttl_ops(self._store).put(self._key(key), self._value(key, value), ttl_ms)
+            return
         try:
             self._store.put(self.key_serde.to_bytes(key), self.value_serde.to_bytes(value))
         except Exception as exc:
@@ -199,14 +219,19 @@ class TypedStore:
         except Exception as exc:
             raise _decode_many_error(self._store.name, self.value_serde, keys, raw, exc) from exc
 
-    def put_many(self, keys: Sequence[Any] | Any, values: Sequence[Any] | Any) -> None:
+    def put_many(self, keys: Sequence[Any] | Any, values: Sequence[Any] | Any, *, ttl_ms: int | None = None) -> None:
         """``put(keys[i], values[i])`` for each ``i``, in one call; nothing is written when a key or value is bad."""
+        ops = self._store if ttl_ms is None else _ttl_ops(self._store)
         encoded_keys = self._keys(keys)
         try:
             encoded_values = encode_many(self.value_serde, values)
         except Exception as exc:
             raise _encode_many_error(self._store.name, self.value_serde, "value", keys, values, exc) from exc
-        self._store.put_many(encoded_keys, encoded_values)
+        if ttl_ms is None:
+            ops.put_many(encoded_keys, encoded_values)
+        else:
+            assert isinstance(ops, TtlStore)
+            ops.put_many(encoded_keys, encoded_values, ttl_ms)
 
     def delete_many(self, keys: Sequence[Any] | Any) -> None:
         self._store.delete_many(self._keys(keys))
@@ -243,6 +268,12 @@ class TypedStore:
         except Exception as exc:
             raise _encode_error(self._store.name, self.key_serde, role, key, key, exc) from exc
 
+    def _value(self, key: Any, value: Any) -> bytes:
+        try:
+            return self.value_serde.to_bytes(value)
+        except Exception as exc:
+            raise _encode_error(self._store.name, self.value_serde, "value", key, value, exc) from exc
+
     def _keys(self, keys: Sequence[Any] | Any) -> list[bytes]:
         try:
             return encode_many(self.key_serde, keys)
@@ -278,6 +309,25 @@ class TypedStore:
                 yield from_key(key), from_value(value)
             except Exception as exc:
                 raise _record_decode_error(self, key, exc) from exc
+
+
+def _ttl_ops(store: StoreOps) -> TtlStore:
+    """``store`` as the TTL view a call with ``ttl_ms=`` needs; ``ConfigError`` when the store has no TTL."""
+    if isinstance(store, TtlStore):
+        return store
+    raise ConfigError(
+        f"store {store.name!r} has no TTL, so its values carry no expiry: ttl_ms= needs stores.{store.name}.ttl.ms "
+        "set when the store is created (the default of the calls without ttl_ms)"
+    )
+
+
+def _missing(store: StoreOps, operation: str) -> Any:
+    """``getattr`` of a value store's view for what it lacks: a list or map operation raises ``KindError``."""
+    if operation.startswith("_"):  # an unset slot (during init), copy's and pickle's probes
+        raise AttributeError(operation)
+    from statebackend.store.kinds import wrong_kind
+
+    raise wrong_kind(store.name, "value", operation)
 
 
 # -- errors: only ever called once something failed --------------------------------------------------------------
