@@ -16,14 +16,16 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, final
+from typing import Any, TypeVar, final, overload
 
 import attrs
 
 from statebackend.errors import ConfigError
 
-#: (key, raw value) -> parsed value; raises ConfigError naming the key
-Parser = Callable[[str, Any], Any]
+T = TypeVar("T")
+
+#: (key, raw value) -> parsed value; raises ConfigError naming the key. ``Parser[int]`` parses to an int.
+Parser = Callable[[str, Any], T]
 
 
 @attrs.frozen
@@ -34,7 +36,7 @@ class OptionSpec:
     means "unset" (the key is then absent from option mappings). ``secret`` keeps the value out of reprs.
     """
 
-    parse: Parser
+    parse: Parser[Any]
     default: Any = None
     doc: str = ""
     secret: bool = False
@@ -91,7 +93,7 @@ class ParsedOptions(Mapping[str, Any]):
 # -- parsers ----------------------------------------------------------------------------------------------------
 
 
-def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # shadows min/max: the names read best
+def parse_int(min: int | None = None, max: int | None = None) -> Parser[int]:  # shadows min/max: the names read best
     """An integer from an int or a decimal string, within ``[min, max]``."""
     allowed = _range_text("an integer", min, max)
 
@@ -103,7 +105,7 @@ def parse_int(min: int | None = None, max: int | None = None) -> Parser:  # shad
     return parse
 
 
-def parse_float(min: float | None = None, max: float | None = None) -> Parser:  # shadows min/max, as parse_int
+def parse_float(min: float | None = None, max: float | None = None) -> Parser[float]:  # shadows min/max, as parse_int
     """A finite number from an int, a float or a decimal string, within ``[min, max]``."""
     allowed = _range_text("a number", min, max)
 
@@ -122,7 +124,7 @@ def parse_float(min: float | None = None, max: float | None = None) -> Parser:  
     return parse
 
 
-def parse_bool() -> Parser:
+def parse_bool() -> Parser[bool]:
     """A bool from a bool or one of true/false, yes/no, on/off, 1/0 (any case)."""
     allowed = "true or false (also yes/no, on/off, 1/0)"
 
@@ -140,21 +142,21 @@ def parse_bool() -> Parser:
     return parse
 
 
-def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser:
+def parse_bytes(min: int | None = 0, max: int | None = None) -> Parser[int]:
     """A byte count from an int or a string: ``"100"``, ``"512KiB"``, ``"64MiB"``, ``"1.5GiB"``, ``"1TiB"`` (binary
     units), ``"10MB"`` (decimal units), case-insensitive, optional space before the unit."""
     allowed = _range_text("a byte count such as 100, 512KiB, 64MiB, 1GiB", min, max)
     return _scaled_parser("byte count", _BYTE_UNITS, allowed, min, max)
 
 
-def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser:
+def parse_duration_ms(min: int | None = 0, max: int | None = None) -> Parser[int]:
     """A duration in milliseconds from an int (milliseconds) or a string: ``"1500"``, ``"250ms"``, ``"30s"``,
     ``"5m"``/``"5min"``, ``"1h"``."""
     allowed = _range_text("milliseconds, such as 30000, 250ms, 30s, 5min, 1h", min, max)
     return _scaled_parser("duration", _DURATION_UNITS, allowed, min, max)
 
 
-def _scaled_parser(what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None) -> Parser:
+def _scaled_parser(what: str, units: Mapping[str, int], allowed: str, low: int | None, high: int | None) -> Parser[int]:
     """An int, or a string of a number and one of ``units`` (bytes, durations), within [low, high]."""
 
     def parse(key: str, raw: Any) -> int:
@@ -172,7 +174,7 @@ def _scaled_parser(what: str, units: Mapping[str, int], allowed: str, low: int |
     return parse
 
 
-def parse_choice(*allowed_values: str) -> Parser:
+def parse_choice(*allowed_values: str) -> Parser[str]:
     """One of ``allowed_values`` (exact, after trimming)."""
     if not allowed_values:
         raise ValueError("parse_choice needs at least one allowed value")
@@ -188,7 +190,15 @@ def parse_choice(*allowed_values: str) -> Parser:
     return parse
 
 
-def parse_list(item_parser: Parser | None = None) -> Parser:
+@overload
+def parse_list() -> Parser[tuple[str, ...]]: ...
+
+
+@overload
+def parse_list(item_parser: Parser[T]) -> Parser[tuple[T, ...]]: ...
+
+
+def parse_list(item_parser: Parser[Any] | None = None) -> Parser[tuple[Any, ...]]:
     """A non-empty tuple from a comma-separated string (items trimmed, none empty) or a list/tuple; each item goes
     through ``item_parser`` (default: a non-empty string)."""
     parse_item = item_parser or parse_str()
@@ -213,7 +223,7 @@ def parse_list(item_parser: Parser | None = None) -> Parser:
     return parse
 
 
-def parse_str(pattern: str | None = None) -> Parser:
+def parse_str(pattern: str | None = None) -> Parser[str]:
     """A non-empty string (trimmed; an int is taken as its decimal string), matching ``pattern`` in full if given."""
     compiled = re.compile(pattern) if pattern is not None else None
     allowed = f"a string matching {pattern}" if pattern is not None else "a non-empty string"
@@ -231,7 +241,7 @@ def parse_str(pattern: str | None = None) -> Parser:
     return parse
 
 
-def parse_path() -> Parser:
+def parse_path() -> Parser[Path]:
     """A filesystem path from a non-empty string or path-like; ``~`` is expanded, nothing is touched on disk."""
 
     def parse(key: str, raw: Any) -> Path:
@@ -244,7 +254,7 @@ def parse_path() -> Parser:
     return parse
 
 
-def parse_object() -> Parser:
+def parse_object() -> Parser[Any]:
     """Any value, passed through (a non-empty string is trimmed): for SDK objects such as an Azure credential."""
 
     def parse(key: str, raw: Any) -> Any:

@@ -46,7 +46,7 @@ def check_name(what: str, name: Any) -> None:
         raise ConfigError(f"{what} {name!r} is not valid: {problem}; allowed: {NAME_ALLOWED}")
 
 
-def parse_name() -> Parser:
+def parse_name() -> Parser[str]:
     """A parser for a configuration key that holds a name (``job.name``): a non-empty string that follows the rule
     of this module, trimmed."""
     parse_text = parse_str()
