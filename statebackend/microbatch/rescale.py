@@ -21,6 +21,7 @@ from statebackend.microbatch.keygroups import key_group_range, spark_hash
 from statebackend.microbatch.timers import TIMERS_STORE, timer_key_columns
 from statebackend.restore import restored_stores
 from statebackend.serdes import get_serde
+from statebackend.store.kinds import user_key_of
 from statebackend.task import TaskStorage
 
 __all__ = ["MIN_RETAINED_FOR_RESCALE", "KeyRouting", "take_key_groups"]
@@ -65,7 +66,9 @@ def take_key_groups(
 ) -> None:
     """Fill the task's empty stores with the keys of the key groups it owns now, read from the old tasks'
     checkpoints of the previous batch (``plan.sources``; each restored read-only into a scratch dir, then dropped).
-    Values are copied as stored (a TTL store's expiries included)."""
+    Values are copied as stored (a TTL store's expiries included). A list or map store's record goes with its user
+    key (:func:`~statebackend.store.kinds.user_key_of`), never its element seq or sub-key: a key's records stay
+    together."""
     mine = key_group_range(index, routing.num_tasks, routing.key_groups)
     previous = plan.previous
     assert previous is not None
@@ -85,10 +88,19 @@ def take_key_groups(
                 storage.adopt_values(old.checkpoint, f"{old_name}'s checkpoint #{entry.seq}")  # values copied as stored
                 for store_name, source in old.stores.items():
                     key_serde = get_serde(settings.stores[store_name].key_serde)
+                    kinded = settings.stores[store_name].kind != "value"
                     keys: list[bytes] = []
                     values: list[bytes] = []
+                    last: tuple[bytes, bool] | None = None  # a list's or map's records come together: hash once
                     for key, value in source.items():
-                        decoded = key_serde.from_bytes(key)
+                        if kinded:
+                            user_key = user_key_of(key, store=store_name)
+                            if last is not None and last[0] == user_key:
+                                if last[1]:
+                                    keys.append(key)
+                                    values.append(value)
+                                continue
+                        decoded = key_serde.from_bytes(user_key if kinded else key)
                         columns = routing.key_columns(store_name, decoded)
                         try:
                             hashed = spark_hash(columns, routing.key_types)
@@ -111,6 +123,8 @@ def take_key_groups(
                                 "key never went to that task. A store's keys must be the key column value (a "
                                 "tuple for several), or give StatefulForeachBatch(key_of=...) mapping them to it"
                             )
+                        if kinded:
+                            last = (user_key, group in mine)
                         if group in mine:
                             keys.append(key)
                             values.append(value)
