@@ -14,11 +14,13 @@ import attrs
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     BooleanType,
     DataType,
     DoubleType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
@@ -32,6 +34,7 @@ from statebackend.microbatch.spec import job_settings
 from statebackend.microbatch.timers import TIMERS_STORE, key_text, stored_timers
 from statebackend.serdes import is_record, record_class, record_serde
 from statebackend.serdes.record import schemas_from_text
+from statebackend.store.kinds import ListStore, MapStore
 from statebackend.store.ttl import batch_clock
 from statebackend.task import TaskStorage
 from statebackend.values import MSG_SCHEMAS
@@ -58,7 +61,8 @@ def read_state(
     ``int`` long, ``float`` double, ``bool`` boolean, ``str`` string, ``bytes`` binary, ``json`` a string of compact
     JSON. The class must be importable on the driver and the executors, as for the job itself (otherwise the
     :class:`ConfigError` names the class and the store's key); ``statebackend dump`` reads a record store without
-    its class.
+    its class. A list store (``stores.<name>.kind=list``) gives one row per key, its value an array of the elements
+    in append order; a map store, a map column from sub-key (typed per ``subkey.serde``) to value.
 
     ``store=TIMERS_STORE`` (``"statebackend-timers"``) reads the tasks' pending timers as ``(task string, key string,
     kind string, at_ms long)``: the key as :func:`~statebackend.microbatch.timers.key_text` shows it, the kind
@@ -78,7 +82,7 @@ def read_state(
             [
                 StructField("task", StringType(), False),
                 StructField("key", _column_type(store_settings.key_serde), False),
-                StructField("value", _value_type(store_settings.msg_serde), True),
+                StructField("value", _kind_type(store_settings.kind, store_settings), True),
             ]
         )
         if store != TIMERS_STORE
@@ -163,6 +167,19 @@ class _StateReader:
                             yield name, key_text(timer.key), timer.kind, timer.at_ms
                         continue
                     column = _value_column(store_settings.msg_serde, storage, self.store)
+                    if isinstance(raw, ListStore):
+                        for key, elements in raw.raw_lists():
+                            yield name, _column_value(store_settings.key_serde, key), [column(e) for e in elements]
+                        continue
+                    if isinstance(raw, MapStore):
+                        sub = store_settings.subkey_serde
+                        for key, entries in raw.raw_maps():
+                            yield (
+                                name,
+                                _column_value(store_settings.key_serde, key),
+                                [(_column_value(sub, k), column(v)) for k, v in entries],
+                            )
+                        continue
                     for key, value in raw.items():
                         yield name, _column_value(store_settings.key_serde, key), column(value)
 
@@ -207,6 +224,16 @@ class _StateReader:
                 "checkpoint would miss keys or give them twice. Let the query run that batch to its end, or read a "
                 "batch id before it"
             )
+
+
+def _kind_type(kind: str, store_settings: Any) -> DataType:
+    """The value column's type by the store's kind: a list's an array, a map's a map from its sub-keys."""
+    value = _value_type(store_settings.msg_serde)
+    if kind == "list":
+        return ArrayType(value, False)
+    if kind == "map":
+        return MapType(_column_type(store_settings.subkey_serde), value, False)
+    return value
 
 
 def _value_type(serde: str) -> DataType:
