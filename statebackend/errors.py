@@ -6,6 +6,7 @@
     ├── ConfigError (ValueError)                 a key or value is wrong; the message names the key
     ├── NotFoundError (FileNotFoundError)        a blob, checkpoint or store is absent
     ├── AlreadyExistsError (FileExistsError)     a create-only write found the name taken
+    │   └── PreconditionFailedError              a conditional write found another version (or none) than given
     ├── StorageError                             the blob store failed; says which store and how to fix it
     │   └── TransientStorageError                throttling, 5xx, resets, timeouts: worth a retry
     ├── CorruptDataError                         a blob or file failed its checksum or is cut short
@@ -58,6 +59,7 @@ __all__ = [
     "LocalDirError",
     "NotFoundError",
     "OutputSchemaError",
+    "PreconditionFailedError",
     "RedactedError",
     "RestoreInterrupted",
     "SerdeError",
@@ -84,6 +86,13 @@ class NotFoundError(StateBackendError, FileNotFoundError):
 
 class AlreadyExistsError(StateBackendError, FileExistsError):
     """A create-only write found the name already taken (S3 412, Azure 409, O_EXCL on a file)."""
+
+
+class PreconditionFailedError(AlreadyExistsError):
+    """A conditional write (:meth:`BlobStore.put_if <statebackend.blobstores.base.BlobStore.put_if>`) found the blob
+    at another version than the one given, or present where absent was required (S3 and Azure 412, or 404 for an
+    ``If-Match`` on an absent blob): nothing was written. A subclass of :class:`AlreadyExistsError` because a
+    create-only conditional write is one."""
 
 
 class StorageError(StateBackendError, OSError):

@@ -9,6 +9,10 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
 - ``head`` gives the blob's ETag, which the service changes on every write (the same bytes too, and metadata);
   ``delete_if_unchanged`` sends it as ``If-Match`` with each delete of a Blob Batch and takes 412
   ``ConditionNotMet`` for "written since, kept" (a 412 for a lease on the blob is an error, as for ``delete``).
+- A compare-and-swap (``supports_conditional_put``): ``put_if`` is Put Blob with ``If-Match: <ETag>`` (or
+  ``If-None-Match: *`` to create) and returns the new ETag; 412 ``ConditionNotMet``, 409 ``BlobAlreadyExists`` and
+  404 ``BlobNotFound`` (``If-Match`` on an absent blob) are :class:`~statebackend.errors.PreconditionFailedError`.
+  ``get_versioned`` is one Get Blob and its ETag.
 - An absent blob is :class:`NotFoundError`; a missing container, a refused credential or a bad request is
   :class:`StorageError` saying what to fix; throttling (429, 503), other 5xx, resets, timeouts, replies cut short
   (no status code: ``IncompleteReadError``) and replies cut inside their head or missing a mandatory field (the
@@ -53,6 +57,7 @@ from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
     NotFoundError,
+    PreconditionFailedError,
     StateBackendError,
     StorageError,
     TransientStorageError,
@@ -120,6 +125,7 @@ class AzureBlobStore(PartedBlobStore):
     """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
 
     supports_conditional_delete = True
+    supports_conditional_put = True
 
     options: ClassVar[Mapping[str, OptionSpec]] = {
         **PartedBlobStore.options,
@@ -264,6 +270,39 @@ class AzureBlobStore(PartedBlobStore):
             self._with_container(
                 lambda: blob.upload_blob(bytes(data), overwrite=not create_only, metadata=checked, max_concurrency=1)
             )
+
+    @sdk_boundary
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        blob = self._blob(name)
+        kwargs: dict[str, Any] = {"max_concurrency": 1}
+        if version is None:
+            kwargs["overwrite"] = False  # If-None-Match: *
+        else:
+            kwargs.update(overwrite=True, etag=version, match_condition=MatchConditions.IfNotModified)
+        with self._errors(name, conditional=True):
+            reply = self._with_container(lambda: blob.upload_blob(bytes(data), **kwargs))
+            etag = reply.get("etag") if isinstance(reply, Mapping) else None
+            if not etag:
+                raise TransientStorageError(
+                    f"the Put Blob reply of {self.describe()} for {name!r} lacks an ETag: it was cut or malformed; "
+                    "worth a retry"
+                )
+        return str(etag)
+
+    @sdk_boundary
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        blob = self._blob(name)
+        with self._errors(name):
+            downloader = blob.download_blob(max_concurrency=1)
+            data = bytes(downloader.readall())
+            etag = downloader.properties.etag
+        expected = downloader.size
+        if not isinstance(expected, int) or len(data) != expected or not etag:
+            raise TransientStorageError(
+                f"{self.describe()} sent {len(data)} bytes of {name!r} where its reply promised {expected} (ETag "
+                f"{'given' if etag else 'missing'}); the reply was cut short; worth a retry"
+            )
+        return data, str(etag)
 
     @sdk_boundary
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
@@ -572,13 +611,22 @@ class AzureBlobStore(PartedBlobStore):
         return self._secret_values
 
     @contextmanager
-    def _errors(self, name: str, *, create_only: bool = False) -> Iterator[None]:
-        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in."""
+    def _errors(self, name: str, *, create_only: bool = False, conditional: bool = False) -> Iterator[None]:
+        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in.
+        ``conditional``: a :meth:`put_if`, whose refusals are :class:`PreconditionFailedError`."""
         try:
             yield
         except StateBackendError:
             raise
         except azure_errors.AzureError as exc:
+            if conditional:
+                code = _code(exc)
+                status = getattr(exc, "status_code", None)
+                if status in (409, 412) or (status == 404 and code == "BlobNotFound"):
+                    raise PreconditionFailedError(
+                        f"blob {name!r} in {self.describe()} is not at the version the conditional write gave "
+                        f"({status} {code}): not written"
+                    ) from sanitized(exc, self._secrets())
             raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
         except _MALFORMED_REPLY as exc:
             raise TransientStorageError(

@@ -5,7 +5,7 @@ service would); ``MemoryBlobStore()`` is a private one.
 
 Each write (``put``, ``set_metadata``) stamps the blob with a fresh version from a process-wide counter: its
 :attr:`~statebackend.blobstores.base.BlobInfo.etag`, which :meth:`MemoryBlobStore.delete_if_unchanged` checks under
-the store's lock.
+the store's lock, as :meth:`MemoryBlobStore.put_if` does (a compare-and-swap under the same lock).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from statebackend.blobstores.base import BlobInfo, BlobStore, check_blob_name, check_metadata
-from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
+from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionFailedError
 
 __all__ = ["MemoryBlobStore"]
 
@@ -36,6 +36,7 @@ class MemoryBlobStore(BlobStore):
     """Blobs in a dict guarded by a lock. Thread-safe; not durable across processes."""
 
     supports_conditional_delete = True
+    supports_conditional_put = True
     _named: ClassVar[dict[str, tuple[dict[str, _Blob], threading.Lock]]] = {}
     _named_lock: ClassVar[threading.Lock] = threading.Lock()
 
@@ -66,6 +67,31 @@ class MemoryBlobStore(BlobStore):
             if create_only and name in self._blobs:
                 raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
             self._blobs[name] = (payload, checked, _new_version())
+
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        """The version check and the write under the store's lock: one step."""
+        check_blob_name(name)
+        payload = bytes(data)
+        with self._lock:
+            current = self._blobs.get(name)
+            if (current is None) != (version is None) or (current is not None and current[2] != version):
+                found = "absent" if current is None else f"version {current[2]}"
+                raise PreconditionFailedError(
+                    f"blob {name!r} in {self.describe()} is {found}, not "
+                    f"{'absent' if version is None else 'version ' + version}: not written"
+                )
+            new_version = _new_version()
+            self._blobs[name] = (payload, {}, new_version)
+        return new_version
+
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        check_blob_name(name)
+        with self._lock:
+            try:
+                data, _, version = self._blobs[name]
+            except KeyError:
+                raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
+        return data, version
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         check_blob_name(name)

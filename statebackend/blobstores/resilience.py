@@ -18,6 +18,12 @@ Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
   false "taken"). Equal bytes from another writer are indistinguishable from ours and harmless: names in this
   project are deterministic or content-addressed, so the same name with the same bytes is the same blob. A first
   and only attempt refused with :class:`AlreadyExistsError` stands: nothing of this call could have landed.
+- A conditional write (``put_if``) is retried but never hedged, and its lost reply is resolved the same way, by
+  what is stored, whatever the error: when it is refused after more than one of its own attempts started, or its
+  last attempt failed with a :class:`TransientStorageError`, the blob is read back with its version
+  (``get_versioned``). Our exact bytes: success, with the version read (its user writes a nonce in its bytes, so
+  no other writer's are equal). Still the version the write was conditional on (or absent, for a create): it did
+  not land, the error stands. Anything else: :class:`PreconditionFailedError`.
 - Every error leaves with its ``__cause__``/``__context__`` chain scrubbed (statebackend.redact.scrub_chain).
 - With a :class:`~statebackend.metrics.Metrics` set (``use_metrics``), each request is counted by operation: its
   outcome, attempts, latency (retries and hedges included), retries, hedges, attempt timeouts, and the payload bytes
@@ -48,7 +54,7 @@ import attrs
 
 from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore
 from statebackend.concurrency import LazyPool
-from statebackend.errors import AlreadyExistsError, NotFoundError, TransientStorageError
+from statebackend.errors import AlreadyExistsError, NotFoundError, PreconditionFailedError, TransientStorageError
 from statebackend.metrics import Metrics
 from statebackend.options import OptionSpec, ParsedOptions, default_of, parse_duration_ms, parse_int, parse_options
 from statebackend.redact import scrub_chain
@@ -399,6 +405,7 @@ class ResilientBlobStore(BlobStore):
         self.url = inner.url  # a store's URL is set when it is opened and never changes
         self.supports_metadata = inner.supports_metadata
         self.supports_conditional_delete = inner.supports_conditional_delete
+        self.supports_conditional_put = inner.supports_conditional_put
         self._inner_handles_parts = inner.use_resilience(self.resilience)
 
     @classmethod
@@ -459,6 +466,40 @@ class ResilientBlobStore(BlobStore):
             is_own_write=is_own_write if create_only else None,
             sent=len(payload),
         )
+
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        """One conditional request (operation ``put_if``), retried, never hedged; a lost reply is resolved by reading
+        the blob back (module docstring)."""
+        payload = bytes(data)
+        landed: list[str] = []
+
+        def is_own_write() -> bool:
+            stored, stored_version = self.get_versioned(name)  # NotFoundError: absent, so a create did not land
+            if stored == payload:
+                landed.append(stored_version)
+                return True
+            if stored_version == version:
+                raise NotFoundError(f"blob {name!r}: the conditional write did not land")  # the error stands
+            return False
+
+        try:
+            written = self.resilience.call(
+                "put_if",
+                lambda: self.inner.put_if(name, payload, version=version),
+                is_own_write=is_own_write,
+                sent=len(payload),
+            )
+        except AlreadyExistsError as exc:
+            if isinstance(exc, PreconditionFailedError):
+                raise
+            refused = PreconditionFailedError(f"blob {name!r} in {self.describe()}: {exc}")
+            raise scrub_chain(refused) from None
+        if written is None:  # resolved by the read-back: ours
+            return landed[-1]
+        return written
+
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        return self.resilience.call("get_versioned", lambda: self.inner.get_versioned(name), hedge=True)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         return self.resilience.call("get", lambda: self.inner.get(name, start=start, end=end), hedge=True)

@@ -8,6 +8,12 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
   Large files go up as a multipart upload of parallel parts whose ``CompleteMultipartUpload`` carries the same
   condition (supported by S3 since 2024 and by moto), so a large create-only upload is atomic and create-only too;
   a failed multipart upload is aborted.
+- A compare-and-swap (``supports_conditional_put``): ``put_if`` is PutObject with ``If-Match: <ETag>`` (or
+  ``If-None-Match: *`` to create) and returns the new ETag; 412 ``PreconditionFailed``, 409
+  ``ConditionalRequestConflict`` and 404 (``If-Match`` on an absent key) are
+  :class:`~statebackend.errors.PreconditionFailedError`. ``get_versioned`` is one GetObject and its ETag. S3 takes
+  ``If-Match`` on PutObject since 2024, and moto's server honours it. The ETag is the MD5 of the bytes: the one user
+  (the checkpoint head) writes a per-write nonce in them so no two writes share one.
 - No conditional delete (``supports_conditional_delete`` is false, ``head`` gives no etag): S3 and moto honour
   ``If-Match`` on DeleteObject (moto 5.2.5 ignores the per-key ETag of DeleteObjects), but an S3 ETag is the MD5 of
   the bytes, the same after the same bytes are written again: the very rewrite (same bytes, fresh age) that a
@@ -70,6 +76,7 @@ from statebackend.errors import (
     AlreadyExistsError,
     ConfigError,
     NotFoundError,
+    PreconditionFailedError,
     StateBackendError,
     StorageError,
     TransientStorageError,
@@ -106,6 +113,8 @@ def _refuses_batch_delete(exc: Exception) -> bool:
 
 class S3BlobStore(PartedBlobStore):
     """One bucket (and an optional prefix) of an S3 endpoint. Thread-safe (boto3 clients are)."""
+
+    supports_conditional_put = True
 
     options: ClassVar[Mapping[str, OptionSpec]] = {
         **PartedBlobStore.options,
@@ -228,6 +237,33 @@ class S3BlobStore(PartedBlobStore):
             kwargs["IfNoneMatch"] = "*"
         with self._errors(name, create_only=create_only):
             self._with_bucket(lambda: self._client.put_object(**kwargs))
+
+    @sdk_boundary
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(name), "Body": bytes(data)}
+        if version is None:
+            kwargs["IfNoneMatch"] = "*"
+        else:
+            kwargs["IfMatch"] = version
+        with self._errors(name, conditional=True):
+            response = self._with_bucket(lambda: self._client.put_object(**kwargs))
+        etag = response.get("ETag") if isinstance(response, Mapping) else None
+        if not etag:
+            raise self._malformed(name, "PutObject", "an ETag")
+        return str(etag)
+
+    @sdk_boundary
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        with self._errors(name):
+            response = self._client.get_object(Bucket=self.bucket, Key=self._key(name))
+            promised = response.get("ContentLength")
+            etag = response.get("ETag")
+            if not isinstance(promised, int) or not etag:
+                raise self._malformed(name, "GetObject", "Content-Length and ETag")
+            data = bytes(response["Body"].read())
+        if len(data) != promised:
+            raise self._malformed(name, "GetObject", f"all of its {promised} bytes (got {len(data)})")
+        return data, str(etag)
 
     @sdk_boundary
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
@@ -620,13 +656,22 @@ class S3BlobStore(PartedBlobStore):
         )
 
     @contextmanager
-    def _errors(self, name: str, *, create_only: bool = False) -> Iterator[None]:
-        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in."""
+    def _errors(self, name: str, *, create_only: bool = False, conditional: bool = False) -> Iterator[None]:
+        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in.
+        ``conditional``: a :meth:`put_if`, whose refusals are :class:`PreconditionFailedError`."""
         try:
             yield
         except StateBackendError:
             raise
         except (boto_errors.BotoCoreError, boto_errors.ClientError) as exc:
+            if conditional and isinstance(exc, boto_errors.ClientError):
+                code = _code(exc)
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+                if code in {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"} or status in {409, 412}:
+                    raise PreconditionFailedError(
+                        f"blob {name!r} in {self.describe()} is not at the version the conditional write gave "
+                        f"({status} {code}): not written"
+                    ) from sanitized(exc, self._secrets())
             raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
         except _MALFORMED_REPLY as exc:
             raise TransientStorageError(

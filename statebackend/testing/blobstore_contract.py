@@ -28,6 +28,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_stat
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
 from statebackend.testing.conditional_delete_contract import ConditionalDeleteContract
+from statebackend.testing.conditional_put_contract import ConditionalPutContract
 from statebackend.testing.deadline import deadline, scaled
 
 __all__ = ["BAD_NAMES", "BlobStoreContract"]
@@ -74,7 +75,7 @@ class MetadataPortabilityContract:
         assert dict(store.head("meta/kept").metadata) == metadata
 
 
-class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract):
+class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, ConditionalPutContract):
     """Behaviour every :class:`BlobStore` implementation has. Subclass it and provide the ``store`` fixture. The
     conditional deletes (:class:`~statebackend.testing.conditional_delete_contract.ConditionalDeleteContract`) are
     checked where the store claims them, and an honest refusal where it does not."""
