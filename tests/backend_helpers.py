@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.blobs import read_marker
+from statebackend.backends.blobsnapshot.format import RunIndex
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.checkpoint.checkpoint import CheckpointV2
 
@@ -119,3 +121,57 @@ def commit_rounds(
             write_round(task, n, model)
             latest = task.commit_durably({"input": str(n)})
     return latest
+
+
+# -- the blob-snapshot backend --------------------------------------------------------------------------------------
+
+#: where store ``counts`` of task-0 keeps its blob-snapshot blobs
+BLOBSNAPSHOT_PREFIX = "job/task-0/counts/blobsnapshot/"
+#: no compaction at all (fanout and size thresholds out of reach)
+NEVER = {
+    "blobsnapshot.compaction.fanout": 1000,
+    "blobsnapshot.compaction.full.ratio": 100.0,
+    "blobsnapshot.compaction.full.min.bytes": "1GiB",
+}
+
+
+def blobsnapshot_config(tmp_path: Path, local: str = "local", **extra: object) -> dict[str, object]:
+    """Task-0's store ``counts`` on blob-snapshot alone, no sweep at init, two retained checkpoints, plus ``extra``."""
+    config: dict[str, object] = {
+        "job.name": "job",
+        "state.local.dir": str(tmp_path / local),
+        "blob.store.url": f"memory://{uuid.uuid4().hex}",
+        "stores.counts.backup.factories": "blobsnapshot",
+        "stores.counts.restore.factory": "blobsnapshot",
+        "blobsnapshot.gc.on.init": "false",
+        "task.checkpoint.retained": 2,
+    }
+    config.update(extra)
+    return config
+
+
+def store_contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:
+    """Every key and value of store ``name``."""
+    return dict(task.store(name).items())
+
+
+def blobsnapshot_manager(task: TaskStorage) -> BlobSnapshotBackupManager:
+    """The task's blob-snapshot backup manager."""
+    manager = next(b.manager for b in task.commit_manager.backups if b.factory_name == "blobsnapshot")
+    assert isinstance(manager, BlobSnapshotBackupManager)
+    return manager
+
+
+def settle(task: TaskStorage) -> None:
+    """Wait for store ``counts``'s running compaction, if any (the backend's own future)."""
+    compaction = blobsnapshot_manager(task)._states["counts"].compaction
+    if compaction is not None:
+        compaction.exception(timeout=60)
+
+
+def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
+    """The run index of store ``counts`` in the task's last checkpoint."""
+    checkpoint = task.commit_manager.last_checkpoint
+    assert checkpoint is not None
+    marker = checkpoint.markers_for("blobsnapshot")["counts"]
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")

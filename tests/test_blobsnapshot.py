@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import uuid
 import zlib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -15,7 +14,6 @@ from typing import Any, ClassVar
 import attrs
 import pytest
 from statebackend.backends.blobsnapshot.admin import BlobSnapshotAdmin
-from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import (
     SCHEMA_VERSION,
@@ -39,9 +37,11 @@ from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.controlled import ControlledBlobStore
+from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
+from tests.backend_helpers import blobsnapshot_config as make_config
+from tests.backend_helpers import blobsnapshot_manager as backup_manager
+from tests.backend_helpers import store_contents as contents
 from tests.blobsnapshot_legacy import as_index_blob_markers, rewrite_markers
-
-PREFIX = "job/task-0/counts/blobsnapshot/"
 
 
 class TestBlobSnapshotBackend(BackendContract):
@@ -53,24 +53,6 @@ class TestBlobSnapshotBackend(BackendContract):
     }
 
 
-def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": "blobsnapshot",
-        "stores.counts.restore.factory": "blobsnapshot",
-        "blobsnapshot.gc.on.init": "false",
-        "task.checkpoint.retained": 2,
-    }
-    config.update(extra)
-    return config
-
-
-def contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:
-    return dict(task.store(name).items())
-
-
 def fill(task: TaskStorage, model: dict[bytes, bytes], start: int, count: int, tag: str, name: str = "counts") -> None:
     store = task.store(name)
     for i in range(start, start + count):
@@ -78,12 +60,6 @@ def fill(task: TaskStorage, model: dict[bytes, bytes], start: int, count: int, t
         value = f"{tag}-{i}-".encode() * 3
         store.put(key, value)
         model[key] = value
-
-
-def backup_manager(task: TaskStorage) -> BlobSnapshotBackupManager:
-    manager = next(b.manager for b in task.commit_manager.backups if b.factory_name == "blobsnapshot")
-    assert isinstance(manager, BlobSnapshotBackupManager)
-    return manager
 
 
 def run_blobs(blobs: MemoryBlobStore, prefix: str = PREFIX) -> set[str]:

@@ -12,7 +12,6 @@ import random
 import shutil
 import tempfile
 import threading
-import uuid
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from concurrent import futures
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from statebackend.backends.blobsnapshot.backup import COMPACTED_FILE, BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.backup import COMPACTED_FILE
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.checkpoint import CheckpointLog
@@ -34,17 +33,15 @@ from statebackend.store import LocalVersion
 from statebackend.store.env import open_env
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
-from tests.backend_helpers import FAR_FUTURE
+from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
+from tests.backend_helpers import FAR_FUTURE, NEVER, latest_index, settle
+from tests.backend_helpers import blobsnapshot_config as make_config
+from tests.backend_helpers import blobsnapshot_manager as manager_of
+from tests.backend_helpers import store_contents as contents
 
-PREFIX = "job/task-0/counts/blobsnapshot/"
 #: compactions as often as possible: merges of every two runs of a level, no minimum size for a full compaction
 EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0}
 #: no compaction at all (fanout and size thresholds out of reach)
-NEVER = {
-    "blobsnapshot.compaction.fanout": 1000,
-    "blobsnapshot.compaction.full.ratio": 100.0,
-    "blobsnapshot.compaction.full.min.bytes": "1GiB",
-}
 METRICS = (
     "blobsnapshot.compactions.merge",
     "blobsnapshot.compactions.full",
@@ -52,20 +49,6 @@ METRICS = (
     "blobsnapshot.base.runs",
     "blobsnapshot.runs.deleted",
 )
-
-
-def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": "blobsnapshot",
-        "stores.counts.restore.factory": "blobsnapshot",
-        "blobsnapshot.gc.on.init": "false",
-        "task.checkpoint.retained": 2,
-    }
-    config.update(extra)
-    return config
 
 
 class CountingStore(ControlledBlobStore):
@@ -81,30 +64,6 @@ class CountingStore(ControlledBlobStore):
 
     def run_gets(self) -> list[str]:
         return [name for name in self.gets if "/blobsnapshot/runs/" in name]
-
-
-def contents(task: TaskStorage) -> dict[bytes, bytes]:
-    return dict(task.store("counts").items())
-
-
-def manager_of(task: TaskStorage) -> BlobSnapshotBackupManager:
-    manager = next(b.manager for b in task.commit_manager.backups if b.factory_name == "blobsnapshot")
-    assert isinstance(manager, BlobSnapshotBackupManager)
-    return manager
-
-
-def settle(task: TaskStorage) -> None:
-    """Wait for the store's running compaction, if any (the backend's own future)."""
-    compaction = manager_of(task)._states["counts"].compaction
-    if compaction is not None:
-        compaction.exception(timeout=60)
-
-
-def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
-    checkpoint = task.commit_manager.last_checkpoint
-    assert checkpoint is not None
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def write(task: TaskStorage, model: dict[bytes, bytes], items: Mapping[bytes, bytes | None]) -> None:

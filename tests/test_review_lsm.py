@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,47 +24,15 @@ from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
+from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
+from tests.backend_helpers import NEVER, latest_index, settle
+from tests.backend_helpers import blobsnapshot_config as make_config
+from tests.backend_helpers import blobsnapshot_manager as manager_of
+from tests.backend_helpers import store_contents as contents
 
-PREFIX = "job/task-0/counts/blobsnapshot/"
 #: no compaction at all
-NEVER = {
-    "blobsnapshot.compaction.fanout": 1000,
-    "blobsnapshot.compaction.full.ratio": 100.0,
-    "blobsnapshot.compaction.full.min.bytes": "1GiB",
-}
 #: merges of every two runs of a level; a full compaction only when the runs above the bottom outgrow it
 MERGE_EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0}
-
-
-def make_config(tmp_path: Path, local: str = "local", **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / local),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": "blobsnapshot",
-        "stores.counts.restore.factory": "blobsnapshot",
-        "blobsnapshot.gc.on.init": "false",
-        "task.checkpoint.retained": 2,
-    }
-    config.update(extra)
-    return config
-
-
-def manager_of(task: TaskStorage) -> BlobSnapshotBackupManager:
-    manager = next(b.manager for b in task.commit_manager.backups if b.factory_name == "blobsnapshot")
-    assert isinstance(manager, BlobSnapshotBackupManager)
-    return manager
-
-
-def contents(task: TaskStorage) -> dict[bytes, bytes]:
-    return dict(task.store("counts").items())
-
-
-def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
-    checkpoint = task.commit_manager.last_checkpoint
-    assert checkpoint is not None
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def put_all(task: TaskStorage, model: dict[bytes, bytes], items: dict[bytes, bytes]) -> None:
@@ -132,49 +99,53 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
         assert contents(task) == model, "a cold restore of the last checkpoint lost commit 2's update"
 
 
-def test_a_dual_commit_whose_other_snapshot_failed_first_keeps_the_blobsnapshot_chain_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(("failing", "other"), [("changelog", "blobsnapshot"), ("blobsnapshot", "changelog")])
+def test_a_dual_commit_whose_first_snapshot_failed_keeps_the_other_backends_chain_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, other: str
 ) -> None:
-    """backup.factories=changelog,blobsnapshot: the changelog backend's snapshot() raises, so blobsnapshot's never
-    runs for that commit, but every store was already flushed (the framework marks it dirty and aborts every backend).
-    The blobsnapshot chain must not go on as if that flush never happened: restoring its next checkpoint from
-    blobsnapshot must give the whole state, not the value before the failed commit."""
+    """backup.factories=<failing>,<other>: the first backend's snapshot() raises before it prepared anything, so the
+    other backend's never runs for that commit, but every store was already flushed (the framework marks it dirty and
+    aborts every backend). Neither chain may go on as if that flush never happened: restoring the next checkpoint from
+    the other backend (no fallback), and from the failing one, must give the whole state, not the value before the
+    failed commit. Both orders: changelog failing first, and blobsnapshot failing first."""
     blobs = MemoryBlobStore()
     config = make_config(tmp_path, **NEVER)
-    config["stores.counts.backup.factories"] = "changelog,blobsnapshot"
-    config["stores.counts.restore.factory"] = "blobsnapshot"
+    config["stores.counts.backup.factories"] = f"{failing},{other}"
+    config["stores.counts.restore.factory"] = other
     model: dict[bytes, bytes] = {}
-    real_snapshot = ChangelogBackupManager.snapshot
+    manager_class: Any = {"changelog": ChangelogBackupManager, "blobsnapshot": BlobSnapshotBackupManager}[failing]
+    real_snapshot = manager_class.snapshot
     failures = [1]
 
-    def failing_snapshot(self: ChangelogBackupManager, checkpoint_id: Any, changes: Any) -> Any:
+    def failing_snapshot(self: Any, checkpoint_id: Any, changes: Any) -> Any:
         if failures[0]:
             failures[0] -= 1
-            raise RuntimeError("injected: changelog snapshot failed")
+            raise RuntimeError(f"injected: {failing} snapshot failed")
         return real_snapshot(self, checkpoint_id, changes)
 
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        order = [b.factory_name for b in task.commit_manager.backups]
-        assert order == ["changelog", "blobsnapshot"]
+        assert [b.factory_name for b in task.commit_manager.backups] == [failing, other]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
-        monkeypatch.setattr(ChangelogBackupManager, "snapshot", failing_snapshot)
+        monkeypatch.setattr(manager_class, "snapshot", failing_snapshot)
         put_all(task, model, {b"key-00007": b"second"})
         with pytest.raises(RuntimeError, match="injected"):
             task.commit_durably({"input": "1"})
         put_all(task, model, {b"key-00011": b"third"})
         task.commit_durably({"input": "2"})
         assert contents(task) == model
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert task.metrics.counter("restore.stores.full") == 1  # restored by blobsnapshot, no fallback
-        assert contents(task) == model, "blobsnapshot restored the value from before the failed commit"
+    for factory in (other, failing):
+        shutil.rmtree(tmp_path / "local")
+        with TaskStorage.open({**config, "stores.counts.restore.factory": factory}, "task-0", blob_store=blobs) as task:
+            if factory == other:
+                assert task.metrics.counter("restore.stores.full") == 1  # restored by it, no fallback
+            assert contents(task) == model, f"restored from {factory}: the failed commit's change is lost"
 
 
 def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Contrast to the test above: with two stores on blobsnapshot alone, the second store's snapshot failing after the
+    """Contrast to the dual-commit test above: with two stores on blobsnapshot alone, the second store's snapshot failing after the
     first one's ran makes abort() re-base both; the next checkpoint restores exactly."""
     blobs = MemoryBlobStore()
     config = make_config(tmp_path, **NEVER)
@@ -337,44 +308,6 @@ def test_a_recomputed_compaction_found_present_with_an_old_age_is_not_adopted_as
         assert contents(task) == model
 
 
-def test_a_dual_commit_whose_blobsnapshot_snapshot_failed_first_keeps_the_changelog_chain_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The mirror of the dual-commit test above: backup.factories=blobsnapshot,changelog and blobsnapshot's snapshot()
-    raises before it prepared anything, so the changelog backend's snapshot() never runs for that flush. Restoring
-    the next checkpoint from changelog must still give the whole state."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **NEVER)
-    config["stores.counts.backup.factories"] = "blobsnapshot,changelog"
-    config["stores.counts.restore.factory"] = "changelog"
-    model: dict[bytes, bytes] = {}
-    real_snapshot = BlobSnapshotBackupManager.snapshot
-    failures = [1]
-
-    def failing_snapshot(self: BlobSnapshotBackupManager, checkpoint_id: Any, changes: Any) -> Any:
-        if failures[0]:
-            failures[0] -= 1
-            raise RuntimeError("injected: blobsnapshot snapshot failed")
-        return real_snapshot(self, checkpoint_id, changes)
-
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert [b.factory_name for b in task.commit_manager.backups] == ["blobsnapshot", "changelog"]
-        put_all(task, model, base_keys())
-        task.commit_durably({"input": "0"})
-        monkeypatch.setattr(BlobSnapshotBackupManager, "snapshot", failing_snapshot)
-        put_all(task, model, {b"key-00007": b"second"})
-        with pytest.raises(RuntimeError, match="injected"):
-            task.commit_durably({"input": "1"})
-        put_all(task, model, {b"key-00011": b"third"})
-        task.commit_durably({"input": "2"})
-    for factories in ("changelog", "blobsnapshot"):
-        shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(
-            {**config, "stores.counts.restore.factory": factories}, "task-0", blob_store=blobs
-        ) as task:
-            assert contents(task) == model, f"restored from {factories}: the failed commit's change is lost"
-
-
 def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> None:
     """ttl.ms 100 s, gc.grace.period.ms 1000 s (both accepted). Commit 2's run is uploaded and its index write fails;
     the next commit, 200 s later, names that run: young by the grace rule (no refresh), but past its expiry, which a
@@ -435,12 +368,6 @@ def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: 
             value = f"r{round_no}-{i}".encode() * 3
             store.put(key, value)
             model[key] = value
-
-
-def settle(task: TaskStorage) -> None:
-    compaction = manager_of(task)._states["counts"].compaction
-    if compaction is not None:
-        compaction.exception(timeout=60)
 
 
 @pytest.mark.parametrize("back", [1, 2, 3])
