@@ -84,13 +84,18 @@ __all__ = [
 _COPY_BUFFER = 4 * 1024 * 1024
 
 
+def _frozen_metadata(metadata: Mapping[str, str]) -> Mapping[str, str]:
+    """A read-only copy: a ``BlobInfo`` is a value, its metadata cannot change under its holder."""
+    return types.MappingProxyType(dict(metadata))
+
+
 @attrs.frozen
 class BlobInfo:
     """What ``head`` tells about a blob."""
 
     name: str
     size: int
-    metadata: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: types.MappingProxyType(dict(m)))
+    metadata: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_metadata)
     #: the version of the blob this ``head`` saw, for :meth:`BlobStore.delete_if_unchanged`: opaque, and different
     #: after every write of the name (the same bytes written again too; ``set_metadata`` may change it as well).
     #: ``None`` where the store cannot tell (its :attr:`BlobStore.supports_conditional_delete` is false, or for a blob

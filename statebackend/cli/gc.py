@@ -45,8 +45,8 @@ from typing import Any
 import attrs
 
 from statebackend.checkpoint import CheckpointV2
-from statebackend.cli._common import EXIT_FAILURE, EXIT_OK, Run, UsageError, human_age, human_bytes
-from statebackend.errors import ConfigError, NotFoundError, StateBackendError
+from statebackend.cli._common import EXIT_FAILURE, EXIT_OK, Run, human_age, human_bytes
+from statebackend.errors import ConfigError, NotFoundError, StateBackendError, UsageError
 from statebackend.kit import CREATED_AT, GraceRule, Mark, mark_referenced, referenced_by_admin
 from statebackend.options import parse_duration_ms
 

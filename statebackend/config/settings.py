@@ -298,7 +298,7 @@ class _SettingsParser:
         return value
 
     def _url(self) -> str | None:
-        url = self._value("blob.store.url", GLOBAL_OPTIONS["blob.store.url"])
+        url: str | None = self._value("blob.store.url", GLOBAL_OPTIONS["blob.store.url"])
         if url is None:
             return None
         scheme = urlsplit(url).scheme
@@ -306,7 +306,8 @@ class _SettingsParser:
         if "://" not in url or scheme not in schemes:
             known = ", ".join(f"{s}://" for s in schemes)
             self.problems.append(
-                f"blob.store.url={redact(url)!r} is not valid: unknown scheme {scheme!r}; allowed: a URL starting with {known}"
+                f"blob.store.url={redact(url)!r} is not valid: unknown scheme {scheme!r}; allowed: a URL starting "
+                f"with {known}"
             )
             return None
         return url

@@ -16,6 +16,7 @@ Contract:
 
 from __future__ import annotations
 
+import datetime
 import math
 import struct
 from collections.abc import Sequence
@@ -130,16 +131,12 @@ def _hash_value(value: Any, type_name: str, seed: int) -> int:
     if type_name in ("byte", "short", "integer"):
         return hash_int(_as_int(value), seed)
     if type_name == "date":
-        import datetime
-
         if isinstance(value, datetime.date):
             value = (value - datetime.date(1970, 1, 1)).days
         return hash_int(_as_int(value), seed)
     if type_name == "long":
         return hash_long(_as_int(value), seed)
     if type_name in ("timestamp", "timestamp_ntz"):
-        import datetime
-
         if isinstance(value, datetime.datetime):
             value = _epoch_micros(value, local=type_name == "timestamp")
         return hash_long(_as_int(value), seed)
@@ -160,12 +157,10 @@ def _hash_value(value: Any, type_name: str, seed: int) -> int:
     )
 
 
-def _epoch_micros(value: Any, *, local: bool) -> int:
+def _epoch_micros(value: datetime.datetime, *, local: bool) -> int:
     """Microseconds since the epoch of a datetime as Spark holds it. Aware: its instant. Naive: for a ``timestamp``
     column the process's local time (PySpark's ``TimestampType.fromInternal`` gives the task's rows local naive
     datetimes), for ``timestamp_ntz`` the wall-clock time taken as UTC."""
-    import datetime
-
     if value.tzinfo is None and local:
         # a plain datetime (a pandas Timestamp's own timestamp() takes naive as UTC), fold kept: an ambiguous local
         # time is the one the row's instant gave

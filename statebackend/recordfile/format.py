@@ -211,7 +211,7 @@ def encode_header(header: FileHeader, compression: str) -> bytes:
     return header_bytes + _CRC32.pack(zlib.crc32(header_bytes))
 
 
-def encode_footer(count: int, body_length: int, hasher: Any) -> bytes:
+def encode_footer(count: int, body_length: int, hasher: hashlib.blake2b) -> bytes:
     """The footer's bytes; ``hasher`` (from :func:`new_hasher`) has seen everything before it, and sees the count and
     body length too before it gives the digest."""
     covered = FOOTER.pack(count, body_length, b"", b"")[:FOOTER_COVERED]
@@ -219,7 +219,7 @@ def encode_footer(count: int, body_length: int, hasher: Any) -> bytes:
     return covered + hasher.digest() + MAGIC_END
 
 
-def new_hasher(data: bytes | memoryview = b"") -> Any:
+def new_hasher(data: bytes | memoryview = b"") -> hashlib.blake2b:
     """The file's digest, BLAKE2b-128, having seen ``data``."""
     return hashlib.blake2b(data, digest_size=_DIGEST_SIZE)
 

@@ -48,6 +48,8 @@ from statebackend.store.ttl import wall_clock_ms
 log = logging.getLogger(__name__)
 
 Sink = Callable[[DataFrame, int], Any]
+#: what running a batch's tasks gives: what frees the held output, the output, the tasks' stats
+_TaskRun = tuple[Callable[[], None], DataFrame, list[TaskStats]]
 
 
 @attrs.define(eq=False)
@@ -231,6 +233,7 @@ class StatefulForeachBatch:
         def run_tasks(confirming: bool) -> RunResult:
             return self._run_tasks(batch_df, job, attrs.evolve(batch, confirm_on_driver=confirming))
 
+        output: DataFrame  # what run_tasks gave (the coordinator does not know Spark's types)
         try:
             release, output, report = coordinator.run(
                 batch_id, run_tasks, confirming=coordinator.confirms(speculation=speculation(spark))
@@ -337,7 +340,7 @@ class StatefulForeachBatch:
         batch: BatchSpec,
         *,
         every_partition: bool = False,
-    ) -> tuple[Callable[[], None], DataFrame, list[TaskStats]]:
+    ) -> _TaskRun:
         """Run the batch's tasks (one action, one job): what frees the held output, the output, the tasks' stats.
 
         Classic Spark: the tasks report their stats through an accumulator (:class:`StatsParam`) and their output is
@@ -463,7 +466,7 @@ class StatefulForeachBatch:
             return self._no_partition(batch.batch_id, again)
         return persisted.unpersist, persisted.where(stats_column.isNull()).drop(STATS_COLUMN), stats
 
-    def _no_partition(self, batch_id: int, again: Callable[[], Any]) -> Any:
+    def _no_partition(self, batch_id: int, again: Callable[[], _TaskRun]) -> _TaskRun:
         """The batch's input is empty as Spark planned it, so no task ran: run every task over an empty input."""
         log.info(
             "batch %d: Spark planned its input as empty, with no partition, so no task ran; running every task "

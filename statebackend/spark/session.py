@@ -113,7 +113,9 @@ def _java_conf_map(spark: SparkSession, java_conf: Any) -> Any:
 
     if int(pyspark.__version__.split(".")[0]) >= 4:
         return java_conf.getAllAsJava()
-    return spark._jvm.scala.collection.JavaConverters.mapAsJavaMap(java_conf.getAll())  # type: ignore[attr-defined,union-attr]
+    jvm = spark._jvm
+    assert jvm is not None, "a classic session has a JVM"
+    return jvm.scala.collection.JavaConverters.mapAsJavaMap(java_conf.getAll())
 
 
 def _read_java_map_keys(entries: Any) -> dict[str, str]:

@@ -8,6 +8,7 @@ flushed state are checked separately.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ class LocalStoreContract:
         return LocalStore.open(path, name="s", **kwargs)
 
     @pytest.fixture
-    def store(self, tmp_path: Path):
+    def store(self, tmp_path: Path) -> Iterator[LocalStore]:
         with self.open_store(tmp_path / "store") as store:
             yield store
 
@@ -262,7 +263,7 @@ class LocalStoreContract:
         store.put_all([(b"x", b"1"), (b"y", b"2")])
         store.flush(v(1)).close()
 
-        def items():
+        def items() -> Iterator[tuple[bytes, bytes]]:
             yield b"a", b"1"
             yield b"b", b"2"
             raise OSError("download failed")
