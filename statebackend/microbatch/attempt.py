@@ -71,7 +71,39 @@ from statebackend.microbatch.worker import executor_id, freeze_survivors
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
 
-__all__ = ["TaskAttempt", "TaskStores"]
+__all__ = ["EXPIRY_FROM_OFFSET", "TIMER_KEY_OFFSET", "Expired", "HookedJobSpec", "TaskAttempt", "TaskStores"]
+
+#: the input offset prefix under which a checkpoint records where the next expiry sweep of a store starts (the hex of
+#: a key; empty: the first key): ``on_expiry``'s sweep is deterministic, a replay finds the keys its first run found
+EXPIRY_FROM_OFFSET = "ttl.expiry.from."
+#: the input offset recording the key columns of a job with timers as Spark DDL (``word string``): ``read_state`` of
+#: the timer store gives timer keys in their columns' types
+TIMER_KEY_OFFSET = "timers.key.schema"
+
+
+@attrs.frozen(eq=False)
+class HookedJobSpec(JobSpec):
+    """A :class:`JobSpec` with what the Spark driver's hooks need on the workers: the key column names (read_state
+    types timer keys by them), whether late rows are dropped before the function, and the expiry callback."""
+
+    key_columns: tuple[str, ...] = ()
+    #: drop rows whose event time is below the batch's watermark before the function sees them
+    drop_late: bool = False
+    #: ``on_expiry(stores, expired)``: called after ``on_timers`` with the keys the batch's expiry sweep found
+    #: expired (a list of :class:`Expired`), which are deleted in the same commit; returns output as ``fn`` does
+    on_expiry: Callable[..., Any] | None = None
+
+
+@attrs.frozen
+class Expired:
+    """A key of a TTL store found expired by a batch's sweep and deleted: the store, the key and its last value (read
+    through the store's serdes), and when it expired (ms since the epoch)."""
+
+    store: str
+    key: Any
+    value: Any
+    expired_at_ms: int
+
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +123,7 @@ class TaskStores(Mapping[str, Any]):
         timers: Timers | None = None,
         now_ms: int | None = None,
         watermark_ms: int | None = None,
+        event_ms: Callable[[Any], int] | None = None,
     ) -> None:
         self.storage = storage
         self.task_index = task_index
@@ -99,6 +132,20 @@ class TaskStores(Mapping[str, Any]):
         self.timers = timers if timers is not None else Timers(None)
         self.now_ms = now_ms if now_ms is not None else storage.now_ms()
         self.watermark_ms = watermark_ms
+        self._event_ms = event_ms
+
+    def is_late(self, event_time: Any) -> bool:
+        """Whether a row with ``event_time`` (as the event-time column holds it: a datetime, or ms since the epoch)
+        is late: below the batch's watermark, as Spark drops it (a row at the watermark is on time). False while
+        there is no watermark; None (a null event time) is never late."""
+        if self._event_ms is None:
+            raise ConfigError(
+                "stores.is_late needs an event-time column: give StatefulForeachBatch(event_time=..., "
+                "watermark_delay=...)"
+            )
+        if event_time is None or self.watermark_ms is None:
+            return False
+        return self._event_ms(event_time) < self.watermark_ms
 
     def __getitem__(self, name: str) -> Any:
         if name not in self.storage.stores or name == TIMERS_STORE:
@@ -333,6 +380,8 @@ class TaskAttempt:
         now_ms = self._batch_clock(latest, plan)
         storage.ttl_now_ms = now_ms
         watermark = self._batch_watermark(latest, plan)
+        if getattr(self.job, "drop_late", False):
+            events.drop_below = watermark  # before the input is read: the function never sees a late row
         stores = TaskStores(
             storage,
             self.index,
@@ -340,6 +389,7 @@ class TaskAttempt:
             timers=self._timers(storage),
             now_ms=now_ms,
             watermark_ms=watermark,
+            event_ms=events.ms_of if self.job.event_time is not None else None,
         )
         stays_open = self.job.keep_open and self._private is None and self.outlives_task
         pending: PendingCommit | None = None
@@ -347,9 +397,10 @@ class TaskAttempt:
         outputs = self._call_user(self.job.fn, lambda: work(stores))
         self._outputs = outputs
         fired, pending_timers = self._after_fn(stores, outputs, convert, drain)
+        cursors = self._expire(stores, outputs, convert, plan)
         processed = time.monotonic()
         event_max = self._event_max(events, plan)
-        offsets = self._offsets(now_ms, watermark, event_max, token)
+        offsets = {**self._offsets(now_ms, watermark, event_max, token), **cursors}
         pending = storage.commit_now(offsets)
         # Only a first attempt of a batch's first run leaves its upload running: the task stays parked in this
         # worker and the driver confirms the checkpoint before the batch ends (a worker that dies first: the driver
@@ -472,6 +523,48 @@ class TaskAttempt:
             )
         return fired, pending
 
+    def _expire(
+        self, stores: TaskStores, outputs: HeldOutput, convert: Callable[[Any], Iterable[Any]], plan: Plan
+    ) -> dict[str, str]:
+        """With ``on_expiry``: each TTL store's expired keys among its next ``ttl.sweep.keys`` keys, from the cursor
+        the batch's base checkpoint recorded (a rescale starts from the first key), deleted, then handed to
+        ``on_expiry`` (its output joining the rest), in store then key order; the cursors for the commit's offsets.
+        The store's own sweep at the commit is off, so every key deleted for expiry gets its callback."""
+        on_expiry = getattr(self.job, "on_expiry", None)
+        if on_expiry is None:
+            return {}
+        storage = stores.storage
+        base = plan.base.checkpoint.input_offsets if plan.base is not None else {}
+        cursors: dict[str, str] = {}
+        expired: list[Expired] = []
+        for name in sorted(storage.settings.stores):
+            store_settings = storage.settings.stores[name]
+            if name == TIMERS_STORE or store_settings.ttl_ms is None or store_settings.ttl_sweep_keys <= 0:
+                continue
+            view = storage._ttl_view(name)  # the TTL view the task's reads and writes go through
+            view.swept_elsewhere = True
+            start = base.get(EXPIRY_FROM_OFFSET + name) or ""
+            found, next_from = view.expired_from(bytes.fromhex(start) if start else None, store_settings.ttl_sweep_keys)
+            cursors[EXPIRY_FROM_OFFSET + name] = next_from.hex() if next_from is not None else ""
+            if not found:
+                continue
+            view.delete_many([key for key, _, _ in found])
+            typed = storage.store(name)
+            key_serde, value_serde = getattr(typed, "key_serde", None), getattr(typed, "value_serde", None)
+            expired += [
+                Expired(
+                    name,
+                    key_serde.from_bytes(key) if key_serde is not None else key,
+                    value_serde.from_bytes(value) if value_serde is not None else value,
+                    at_ms,
+                )
+                for key, at_ms, value in found
+            ]
+            storage.metrics.increment("ttl.keys.expired", len(found))
+        if expired:
+            self._call_user(on_expiry, lambda: outputs.extend(convert(on_expiry(stores, expired))))
+        return cursors
+
     def _offsets(self, now_ms: int, watermark: int | None, event_max: int | None, token: str) -> dict[str, str]:
         offsets = {
             BATCH_OFFSET: str(self.batch.batch_id),
@@ -484,6 +577,11 @@ class TaskAttempt:
             offsets[WATERMARK_OFFSET] = str(watermark)
         if event_max is not None:
             offsets[EVENT_MAX_OFFSET] = str(event_max)
+        key_columns = getattr(self.job, "key_columns", ())
+        if self.job.on_timers is not None and key_columns and len(key_columns) == len(self.job.key_types):
+            offsets[TIMER_KEY_OFFSET] = ", ".join(
+                f"`{column}` {type_name}" for column, type_name in zip(key_columns, self.job.key_types, strict=True)
+            )
         offsets[ATTEMPT_OFFSET] = token
         return offsets
 

@@ -15,8 +15,14 @@ Contract:
   the watermark is the one a driver that never stopped would have derived.
 - The tasks read the event times of their input (:class:`EventTimes`): a ``timestamp`` column (its instant), a
   ``timestamp_ntz`` column (its wall-clock time taken as UTC), or a ``long``/``integer`` column of ms since the epoch.
-  A null event time is passed over. Rows are not dropped for being late: the function sees the watermark
-  (``stores.watermark_ms``) and decides.
+  A null event time is passed over.
+- **Late rows.** A row is late when its event time is below the batch's watermark (``event < watermark``), as in
+  Spark, where a stateful operator drops a row whose event time is below the watermark and fires a timer whose time
+  is at or below it (``at <= watermark``, :func:`statebackend.microbatch.timers.take_due`): a row at exactly the
+  watermark is on time, and a timer registered for it at its own event time fires in the next batch. Rows are
+  dropped for the function only when the job asks (``StatefulForeachBatch(drop_late=True)``: :attr:`EventTimes.
+  drop_below`); otherwise the function sees them and may ask ``stores.is_late(event_time)``. A late row still
+  counts towards the largest event time (it cannot raise it: it is below the watermark already).
 """
 
 from __future__ import annotations
@@ -187,6 +193,20 @@ class EventTimes:
         self.type_name = type_name
         self.time_zone = time_zone
         self.max_ms: int | None = None
+        #: rows whose event time is below this are dropped as they pass (None: none is); set by the task attempt to
+        #: the batch's watermark when the job drops late rows, before the input is read
+        self.drop_below: int | None = None
+        #: how many rows were dropped as late
+        self.dropped = 0
+
+    def ms_of(self, value: Any) -> int:
+        """ms since the epoch of an event time as a row holds it: a datetime (``timestamp``: naive is the local
+        time of the process, as PySpark's rows have it; ``timestamp_ntz``: its wall clock as UTC) or an int of ms."""
+        if hasattr(value, "item") and not isinstance(value, (int, datetime.datetime)):
+            value = value.item()  # a numpy scalar
+        if hasattr(value, "to_pydatetime"):
+            value = value.to_pydatetime()  # a pandas Timestamp
+        return self._row_ms(value)
 
     def rows(self, rows: Iterator[Any]) -> Iterator[Any]:
         if self.column is None:
@@ -217,6 +237,16 @@ class EventTimes:
             ).dropna()
         if not stamps.empty:
             self._see(int(stamps.max().value // 1_000_000))
+        if self.drop_below is None:
+            return frame
+        if self.type_name in ("long", "integer"):
+            late = series < self.drop_below
+        else:
+            late = stamps < pd.Timestamp(self.drop_below, unit="ms", tz="UTC")
+        late_index = late[late].index
+        if len(late_index):
+            self.dropped += len(late_index)
+            frame = frame.drop(index=late_index).reset_index(drop=True)
         return frame
 
     def _rows(self, rows: Iterator[Any]) -> Iterator[Any]:
@@ -224,7 +254,11 @@ class EventTimes:
         for row in rows:
             value = row[column]
             if value is not None:
-                self._see(self._row_ms(value))
+                ms = self._row_ms(value)
+                self._see(ms)
+                if self.drop_below is not None and ms < self.drop_below:
+                    self.dropped += 1
+                    continue
             yield row
 
     def _row_ms(self, value: Any) -> int:
@@ -246,19 +280,37 @@ class EventTimes:
             if column.null_count < len(column):
                 largest = pc.max(column)
                 if pa.types.is_timestamp(column.type):  # the instant (the wall clock as UTC without a zone)
-                    raw = int(largest.value)
-                    unit = column.type.unit
-                    self._see(
-                        raw * 1000
-                        if unit == "s"
-                        else raw
-                        if unit == "ms"
-                        else raw // (1000 if unit == "us" else 1_000_000)
-                    )
+                    self._see(_unit_ms(int(largest.value), column.type.unit))
                 else:
                     self._see(int(largest.as_py()))
+                if self.drop_below is not None:
+                    batch = self._on_time(batch, column)
             yield batch
+
+    def _on_time(self, batch: Any, column: Any) -> Any:
+        """``batch`` without its late rows (a null event time is kept)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        assert self.drop_below is not None
+        if pa.types.is_timestamp(column.type):
+            unit = column.type.unit
+            per_ms = {"s": None, "ms": 1, "us": 1000, "ns": 1_000_000}[unit]
+            # the smallest raw value at or above the bound, in the column's unit
+            bound = -(-self.drop_below // 1000) if per_ms is None else self.drop_below * per_ms
+            raw = pc.cast(column, pa.int64())
+        else:
+            bound, raw = self.drop_below, column
+        keep = pc.or_kleene(pc.is_null(raw), pc.greater_equal(raw, pa.scalar(bound, pa.int64())))
+        kept = batch.filter(keep)
+        self.dropped += batch.num_rows - kept.num_rows
+        return kept
 
     def _see(self, event_ms: int) -> None:
         if self.max_ms is None or event_ms > self.max_ms:
             self.max_ms = event_ms
+
+
+def _unit_ms(raw: int, unit: str) -> int:
+    """ms of a raw Arrow timestamp in ``unit`` (rounded down)."""
+    return raw * 1000 if unit == "s" else raw if unit == "ms" else raw // (1000 if unit == "us" else 1_000_000)
