@@ -175,6 +175,13 @@ class BlobStore(abc.ABC):
     #: ``blob.store.*`` against the schema of the URL's scheme, and ``from_url`` receives the values parsed
     options: ClassVar[Mapping[str, OptionSpec]] = {}
 
+    if TYPE_CHECKING:  # declared for the type checker only: a class without one is refused by blob_store_class
+
+        @classmethod
+        def from_url(cls, url: str, options: Mapping[str, Any]) -> BlobStore:
+            """Open the store for ``url`` with its options parsed against :attr:`options`."""
+            ...
+
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> ParsedOptions:
         """``options`` parsed against :attr:`options`, defaults filled; an undeclared key or a bad value is a
@@ -432,7 +439,7 @@ def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobS
     if scheme not in known_blob_store_schemes():
         raise ConfigError(f"blob.store.url {redact(url)!r} has an unknown scheme {scheme!r}; {_known_list()}")
     cls = blob_store_class(scheme)
-    return cls.from_url(url, cls.parse_options(options or {}))  # type: ignore[attr-defined, no-any-return]
+    return cls.from_url(url, cls.parse_options(options or {}))
 
 
 #: schemes registered at run time by :func:`register_blob_store`: scheme -> (dotted path, install hint or None)
