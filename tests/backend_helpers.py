@@ -4,7 +4,9 @@ and a task config whose restores read every delta."""
 
 from __future__ import annotations
 
+import hashlib
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -12,7 +14,7 @@ from typing import Any
 
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
-from statebackend.backends.blobsnapshot.format import RunIndex
+from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.checkpoint.checkpoint import CheckpointV2
 
@@ -175,3 +177,63 @@ def latest_index(blobs: BlobStore, task: TaskStorage) -> RunIndex:
     assert checkpoint is not None
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
     return read_marker(blobs, marker, job="job", task="task-0", store="counts")
+
+
+#: merges of every two runs of a level; a full compaction only when the runs above the bottom outgrow it
+MERGE_EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0}
+
+
+def put_all(task: TaskStorage, model: dict[bytes, bytes], items: dict[bytes, bytes]) -> None:
+    """Puts ``items`` into store ``counts`` and into ``model``."""
+    store = task.store("counts")
+    for key, value in items.items():
+        store.put(key, value)
+        model[key] = value
+
+
+def base_keys(count: int = 200) -> dict[bytes, bytes]:
+    """``count`` keys with values that do not compress (so a few small runs never outgrow the bottom run)."""
+    return {f"key-{i:05d}".encode(): hashlib.sha256(b"%d" % i).hexdigest().encode() for i in range(count)}
+
+
+def missing_runs(blobs: BlobStore, index: RunIndex) -> list[str]:
+    """The runs ``index`` names that are not on the blob store."""
+    names = [run_name(BLOBSNAPSHOT_PREFIX, run.hash) for run in index.runs]
+    present = set(blobs.list(BLOBSNAPSHOT_PREFIX + "runs/"))
+    return [name for name in names if name not in present]
+
+
+class FakeClock:
+    """A clock that stands still until a test moves ``now``."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+#: merges of every two runs of a level and full compactions as soon as the runs above the bottom are 30% of it
+EAGER_FULL = {
+    "blobsnapshot.compaction.fanout": 2,
+    "blobsnapshot.compaction.full.min.bytes": 0,
+    "blobsnapshot.compaction.full.ratio": 0.3,
+}
+
+
+def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: int = 300) -> None:
+    """40 updates and 10 deletes over ``keys`` keys, different each round."""
+    store = task.store("counts")
+    for i in range(50):
+        key = f"key-{(i * 53 + round_no * 97) % keys:05d}".encode()
+        if i % 5 == 4:
+            store.delete(key)
+            model.pop(key, None)
+        else:
+            value = f"r{round_no}-{i}".encode() * 3
+            store.put(key, value)
+            model[key] = value
+
+
+#: the blob-snapshot grace period the run-age tests set: 1000 s on a fake clock
+GRACE_MS = 1_000_000

@@ -1,64 +1,40 @@
-"""Review of the blob-snapshot LSM backend (issue 10): attempts to lose, alter, mix or resurrect acknowledged state, or
-to delete a blob a retained checkpoint needs. Some tests demonstrated a problem when written (a run not written
-locally, a dual commit whose other snapshot failed first in either order, a run or merge found present with an old
-age, an index naming a run past its ttl, a lost cached copy failing every later commit, a run found present and young
-reused without its age, a lost run unnoticed when the other backend of a dual commit restored first); those are fixed
-and the tests stay as regression tests. The others check a property that was found to hold."""
+"""The blob-snapshot LSM backend recovering from faults without losing, altering, mixing or resurrecting
+acknowledged state: a run not written locally, a failed snapshot in a single-backend commit, replays to older
+checkpoints with compaction records, a lost cached copy, random faults, reopens, wipes and replays, spilled write
+batches, merges whose cached inputs are gone, and a close during a full compaction. Run ages: test_blobsnapshot_runs.py;
+dual commits: test_blobsnapshot_dual.py."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from statebackend.backends.blobsnapshot import upload as upload_module
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
-from statebackend.backends.blobsnapshot.blobs import read_marker
-from statebackend.backends.blobsnapshot.format import RunIndex, run_name
-from statebackend.backends.changelog.backup import ChangelogBackupManager
 
-from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
-from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
-from tests.backend_helpers import NEVER, latest_index, settle
+from tests.backend_helpers import EAGER_FULL as EAGER
+from tests.backend_helpers import (
+    GRACE_MS,
+    MERGE_EAGER,
+    NEVER,
+    FakeClock,
+    base_keys,
+    churn,
+    latest_index,
+    put_all,
+    settle,
+)
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as manager_of
 from tests.backend_helpers import store_contents as contents
 
 #: no compaction at all
 #: merges of every two runs of a level; a full compaction only when the runs above the bottom outgrow it
-MERGE_EAGER = {"blobsnapshot.compaction.fanout": 2, "blobsnapshot.compaction.full.min.bytes": 0}
-
-
-def put_all(task: TaskStorage, model: dict[bytes, bytes], items: dict[bytes, bytes]) -> None:
-    store = task.store("counts")
-    for key, value in items.items():
-        store.put(key, value)
-        model[key] = value
-
-
-def base_keys(count: int = 200) -> dict[bytes, bytes]:
-    """``count`` keys with values that do not compress (so a few small runs never outgrow the bottom run)."""
-    return {f"key-{i:05d}".encode(): hashlib.sha256(b"%d" % i).hexdigest().encode() for i in range(count)}
-
-
-def missing_runs(blobs: BlobStore, index: RunIndex) -> list[str]:
-    names = [run_name(PREFIX, run.hash) for run in index.runs]
-    present = set(blobs.list(PREFIX + "runs/"))
-    return [name for name in names if name not in present]
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # -- a commit's change set that never became a run --------------------------------------------------------------------
@@ -99,49 +75,6 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
         assert contents(task) == model, "a cold restore of the last checkpoint lost commit 2's update"
 
 
-@pytest.mark.parametrize(("failing", "other"), [("changelog", "blobsnapshot"), ("blobsnapshot", "changelog")])
-def test_a_dual_commit_whose_first_snapshot_failed_keeps_the_other_backends_chain_whole(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: str, other: str
-) -> None:
-    """backup.factories=<failing>,<other>: the first backend's snapshot() raises before it prepared anything, so the
-    other backend's never runs for that commit, but every store was already flushed (the framework marks it dirty and
-    aborts every backend). Neither chain may go on as if that flush never happened: restoring the next checkpoint from
-    the other backend (no fallback), and from the failing one, must give the whole state, not the value before the
-    failed commit. Both orders: changelog failing first, and blobsnapshot failing first."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **NEVER)
-    config["stores.counts.backup.factories"] = f"{failing},{other}"
-    config["stores.counts.restore.factory"] = other
-    model: dict[bytes, bytes] = {}
-    manager_class: Any = {"changelog": ChangelogBackupManager, "blobsnapshot": BlobSnapshotBackupManager}[failing]
-    real_snapshot = manager_class.snapshot
-    failures = [1]
-
-    def failing_snapshot(self: Any, checkpoint_id: Any, changes: Any) -> Any:
-        if failures[0]:
-            failures[0] -= 1
-            raise RuntimeError(f"injected: {failing} snapshot failed")
-        return real_snapshot(self, checkpoint_id, changes)
-
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert [b.factory_name for b in task.commit_manager.backups] == [failing, other]
-        put_all(task, model, base_keys())
-        task.commit_durably({"input": "0"})
-        monkeypatch.setattr(manager_class, "snapshot", failing_snapshot)
-        put_all(task, model, {b"key-00007": b"second"})
-        with pytest.raises(RuntimeError, match="injected"):
-            task.commit_durably({"input": "1"})
-        put_all(task, model, {b"key-00011": b"third"})
-        task.commit_durably({"input": "2"})
-        assert contents(task) == model
-    for factory in (other, failing):
-        shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open({**config, "stores.counts.restore.factory": factory}, "task-0", blob_store=blobs) as task:
-            if factory == other:
-                assert task.metrics.counter("restore.stores.full") == 1  # restored by it, no fallback
-            assert contents(task) == model, f"restored from {factory}: the failed commit's change is lost"
-
-
 def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -177,197 +110,7 @@ def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
         assert contents(task) == model
 
 
-# -- the grace period: a run found present is taken as young ----------------------------------------------------------
-
-GRACE_MS = 1_000_000  # 1000 s on the fake clock
-
-
-def _zombie_sweep(tmp_path: Path, config: dict[str, object], blobs: BlobStore, now: float) -> int:
-    """Another attempt of the same task (its own local dir) opens at the log's head and sweeps, as at init with
-    gc.on.init: its mark is the log and its own chain."""
-    zombie_config = {**config, "state.local.dir": str(tmp_path / "zombie")}
-    with TaskStorage.open(zombie_config, "task-0", blob_store=blobs) as zombie:
-        return manager_of(zombie).sweep(now=now).runs_deleted
-
-
-def test_a_run_found_present_long_after_its_lost_reply_is_refreshed_before_an_index_names_it(tmp_path: Path) -> None:
-    """Commit 2's run lands but its reply is lost: the commit fails, the run stays in the chain. The next commit comes
-    more than the grace period later, finds the run present (a head of its length) and names it without writing it
-    again, so the blob keeps its old ``created_at``. A run written by this manager that old is written again
-    before an index names it (docs/formats-blobsnapshot.md, Garbage), precisely so that another attempt's sweep
-    never takes it; the found-present path skips that. A sweep of another attempt between the index write and the
-    checkpoint then deletes a run of an acknowledged checkpoint."""
-    clock = FakeClock()
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
-    model: dict[bytes, bytes] = {}
-    try:
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            manager_of(task).clock = clock
-            put_all(task, model, base_keys())
-            task.commit_durably({"input": "0"})
-            blobs.lose_reply, blobs.replies_to_lose = (lambda name: "/runs/" in name), 1
-            put_all(task, model, {b"key-00007": b"second"})
-            with pytest.raises(Exception, match="reply was lost"):
-                task.commit_durably({"input": "1"})
-            clock.now += 1.5 * GRACE_MS / 1000.0  # the task idles past the grace period after the failed commit
-            blobs.hold = lambda name: "/checkpoints/" in name
-            put_all(task, model, {b"key-00011": b"third"})
-            pending = task.commit({"input": "2"})
-            assert pending is not None
-            assert blobs.held.wait(30), "the checkpoint write never started"
-            # the index is written; before its checkpoint lands, another attempt sweeps
-            _zombie_sweep(tmp_path, config, blobs.inner, clock.now)
-            blobs.release.set()
-            pending.result(timeout=30)
-            index = latest_index(blobs.inner, task)
-            assert missing_runs(blobs.inner, index) == [], "the acknowledged checkpoint names a deleted run"
-    finally:
-        blobs.release.set()
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
-        assert contents(task) == model
-
-
-def test_a_run_this_manager_uploaded_long_ago_is_refreshed_so_another_attempts_sweep_keeps_it(tmp_path: Path) -> None:
-    """The case the grace logic handles: commit 2's run is uploaded, its index write fails; the next commit, past the
-    grace period, writes the run again (fresh age) before naming it, and a concurrent sweep of another attempt leaves
-    it alone."""
-    clock = FakeClock()
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
-    model: dict[bytes, bytes] = {}
-    try:
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            manager_of(task).clock = clock
-            put_all(task, model, base_keys())
-            task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-            put_all(task, model, {b"key-00007": b"second"})
-            with pytest.raises(Exception, match="injected failure"):
-                task.commit_durably({"input": "1"})
-            clock.now += 1.5 * GRACE_MS / 1000.0
-            blobs.hold = lambda name: "/checkpoints/" in name
-            put_all(task, model, {b"key-00011": b"third"})
-            pending = task.commit({"input": "2"})
-            assert pending is not None
-            assert blobs.held.wait(30)
-            _zombie_sweep(tmp_path, config, blobs.inner, clock.now)
-            blobs.release.set()
-            pending.result(timeout=30)
-            index = latest_index(blobs.inner, task)
-            assert len(index.runs) == 3
-            assert missing_runs(blobs.inner, index) == []
-    finally:
-        blobs.release.set()
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
-        assert contents(task) == model
-
-
-def test_a_recomputed_compaction_found_present_with_an_old_age_is_not_adopted_as_young(tmp_path: Path) -> None:
-    """A merge is uploaded, then the task moves to another machine (its record is left behind) and comes back more
-    than the grace period later: the new machine recomputes the same merge (same inputs, same bytes, same name), finds
-    it present and records ``uploaded_at = now``. The blob still carries its first ``created_at``: a sweep of another
-    attempt deletes it, and the next commit's index adopts it anyway (it looks young), naming a deleted run."""
-    clock = FakeClock()
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **MERGE_EAGER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        state = manager_of(task)._states["counts"]
-        manager_of(task).clock = clock
-        put_all(task, model, base_keys())
-        task.commit_durably({"input": "0"})
-        round_no = 1
-        while state.compaction is None:
-            put_all(task, model, {f"key-{round_no:05d}".encode(): f"round-{round_no}".encode()})
-            task.commit_durably({"input": str(round_no)})
-            round_no += 1
-            assert round_no < 6, "no compaction started"
-        first = state.compaction.result(timeout=60)
-        assert first is not None and not first.output.base
-    shutil.rmtree(tmp_path / "local")  # the task moves to another machine
-    clock.now += 1.5 * GRACE_MS / 1000.0
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        state = manager_of(task)._states["counts"]
-        manager_of(task).clock = clock
-        put_all(task, model, {b"key-00100": b"on the new machine"})
-        task.commit_durably({"input": str(round_no)})
-        round_no += 1
-        assert state.compaction is not None
-        again = state.compaction.result(timeout=60)
-        assert again is not None and again.output == first.output  # the same merge, found present
-        _zombie_sweep(tmp_path, config, blobs, clock.now)
-        put_all(task, model, {b"key-00101": b"adopts the merge"})
-        task.commit_durably({"input": str(round_no)})
-        index = latest_index(blobs, task)
-        assert missing_runs(blobs, index) == [], "the acknowledged checkpoint names a deleted run"
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
-
-
-def test_an_index_never_names_a_run_that_has_already_expired(tmp_path: Path) -> None:
-    """ttl.ms 100 s, gc.grace.period.ms 1000 s (both accepted). Commit 2's run is uploaded and its index write fails;
-    the next commit, 200 s later, names that run: young by the grace rule (no refresh), but past its expiry, which a
-    sweep takes as garbage at once. Another attempt's sweep between the index write and the checkpoint deletes it:
-    the acknowledged checkpoint names a deleted run. (Either refuse ttl.ms < gc.grace.period.ms, or refresh a run
-    whose expiry is near before an index names it.)"""
-    clock = FakeClock()
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(
-        tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS, "blobsnapshot.ttl.ms": 100_000}
-    )
-    model: dict[bytes, bytes] = {}
-    try:
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            manager_of(task).clock = clock
-            put_all(task, model, base_keys())
-            task.commit_durably({"input": "0"})
-            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-            put_all(task, model, {b"key-00007": b"second"})
-            with pytest.raises(Exception, match="injected failure"):
-                task.commit_durably({"input": "1"})
-            clock.now += 200.0
-            blobs.hold = lambda name: "/checkpoints/" in name
-            put_all(task, model, {b"key-00011": b"third"})
-            pending = task.commit({"input": "2"})
-            assert pending is not None
-            assert blobs.held.wait(30)
-            _zombie_sweep(tmp_path, config, blobs.inner, clock.now)
-            blobs.release.set()
-            pending.result(timeout=30)
-            index = latest_index(blobs.inner, task)
-            assert missing_runs(blobs.inner, index) == [], "the acknowledged checkpoint names a deleted run"
-    finally:
-        blobs.release.set()
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
-        assert contents(task) == model
-
-
 # -- replays, records and lineages that held ---------------------------------------------------------------------------
-
-EAGER = {
-    "blobsnapshot.compaction.fanout": 2,
-    "blobsnapshot.compaction.full.min.bytes": 0,
-    "blobsnapshot.compaction.full.ratio": 0.3,
-}
-
-
-def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: int = 300) -> None:
-    """40 updates and 10 deletes over ``keys`` keys, different each round."""
-    store = task.store("counts")
-    for i in range(50):
-        key = f"key-{(i * 53 + round_no * 97) % keys:05d}".encode()
-        if i % 5 == 4:
-            store.delete(key)
-            model.pop(key, None)
-        else:
-            value = f"r{round_no}-{i}".encode() * 3
-            store.put(key, value)
-            model[key] = value
 
 
 @pytest.mark.parametrize("back", [1, 2, 3])
@@ -556,74 +299,6 @@ def test_commits_whose_write_batch_spilled_restore_exactly_cold_and_by_catch_up(
         assert contents(task) == model
 
 
-# -- restore fallback between the two backends of a dual commit, both orders --------------------------------------------
-
-DUAL = {
-    **EAGER,
-    "stores.counts.backup.factories": "changelog,blobsnapshot",
-    "changelog.snapshot.interval.commits": 3,
-    "task.checkpoint.retained": 3,
-}
-
-
-def restored_by(task: TaskStorage) -> str | None:
-    return task.commit_manager.backups[0].manager.context.restored_by["counts"]  # type: ignore[attr-defined]
-
-
-def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> str:
-    """Delete the newest blob (by name order: a run or delta of the newest commit) the checkpoint's marker of
-    ``factory`` needs, other than the marker itself, so that backend's restore fails on a missing blob."""
-    checkpoint = task.commit_manager.last_checkpoint
-    assert checkpoint is not None
-    marker = checkpoint.markers_for(factory)["counts"]
-    if factory == "blobsnapshot":
-        index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
-        victim = run_name(PREFIX, index.runs[-1].hash)
-    else:
-        prefix = "job/task-0/counts/changelog/"
-        names = sorted(name for name in blobs.list(prefix) if name != marker and "/delta" in name)
-        assert names, list(blobs.list(prefix))
-        victim = names[-1]
-    blobs.delete(victim)
-    return victim
-
-
-@pytest.mark.parametrize(("broken", "fallback"), [("blobsnapshot", "changelog"), ("changelog", "blobsnapshot")])
-def test_a_fallback_restore_in_either_order_rebases_the_broken_backend_and_both_stay_exact(
-    tmp_path: Path, broken: str, fallback: str
-) -> None:
-    """restore.factories=<broken>,<fallback>: the broken backend's blob of the newest checkpoint is missing, so the
-    other one restores; the broken one must start anew (restore_failures), not continue its chain. After more commits
-    (with compactions), each backend alone restores exactly, cold."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **DUAL)
-    config["stores.counts.restore.factories"] = f"{broken},{fallback}"
-    del config["stores.counts.restore.factory"]
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        put_all(task, model, base_keys(300))
-        task.commit_durably({"input": "0"})
-        for round_no in range(1, 5):
-            churn(task, model, round_no)
-            task.commit_durably({"input": str(round_no)})
-            settle(task)
-        _damage_newest(blobs, task, broken)
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert restored_by(task) == fallback
-        assert contents(task) == model
-        for round_no in range(5, 10):
-            churn(task, model, round_no)
-            task.commit_durably({"input": str(round_no)})
-            settle(task)
-    for alone in (broken, fallback):
-        shutil.rmtree(tmp_path / "local")
-        only = {**config, "stores.counts.restore.factories": alone}
-        with TaskStorage.open(only, "task-0", blob_store=blobs) as task:
-            assert restored_by(task) == alone
-            assert contents(task) == model, f"restored by {alone} alone"
-
-
 def test_a_merge_whose_cached_inputs_are_gone_downloads_them_and_stays_exact(tmp_path: Path) -> None:
     """The run cache is emptied (a disk cleaner) before a merge reads its inputs: the merge reads them from the blob
     store, verified, and the merged run restores exactly."""
@@ -698,242 +373,3 @@ def test_close_waits_for_a_running_full_compaction_and_the_next_open_adopts_it(t
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
         assert contents(task) == model
-
-
-def test_a_merge_adopted_after_its_ttl_is_not_named_expired(tmp_path: Path) -> None:
-    """No failure at all: ttl.ms 100 s (accepted with the 1000 s grace period), one commit every 150 s. A merge
-    uploaded after commit n is adopted by commit n+1, 150 s later: young for the grace rule, so not written again,
-    but past its expiry. A sweep of another attempt between that index write and its checkpoint deletes it."""
-    import threading
-
-    clock = FakeClock()
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(
-        tmp_path, **MERGE_EAGER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS, "blobsnapshot.ttl.ms": 100_000}
-    )
-    model: dict[bytes, bytes] = {}
-    try:
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            manager_of(task).clock = clock
-            state = manager_of(task)._states["counts"]
-            put_all(task, model, base_keys())
-            task.commit_durably({"input": "0"})
-            round_no = 1
-            while state.compaction is None:
-                clock.now += 150.0
-                put_all(task, model, {f"key-{round_no:05d}".encode(): b"x"})
-                task.commit_durably({"input": str(round_no)})
-                round_no += 1
-                assert round_no < 6
-            merged = state.compaction.result(timeout=60)
-            assert merged is not None
-            clock.now += 150.0
-            blobs.hold = lambda name: "/checkpoints/" in name and threading.current_thread().name != "zombie"
-            put_all(task, model, {b"key-00100": b"adopts the merge"})
-            pending = task.commit({"input": str(round_no)})
-            assert pending is not None
-            assert blobs.held.wait(30)
-            _zombie_sweep(tmp_path, config, blobs.inner, clock.now)
-            blobs.release.set()
-            pending.result(timeout=30)
-            index = latest_index(blobs.inner, task)
-            assert merged.output in index.runs
-            assert missing_runs(blobs.inner, index) == [], "the acknowledged checkpoint names a deleted run"
-    finally:
-        blobs.release.set()
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
-        assert contents(task) == model
-
-
-def test_a_run_found_present_and_young_is_still_refreshed_when_a_much_later_index_names_it(tmp_path: Path) -> None:
-    """Commit 2's run lands with its reply lost; commit 3, soon after, finds it present and young (reused, not
-    written) and fails itself at its index write. Commit 4 comes more than the grace period later: the run must be
-    written again before index 4 names it (it was found with an age, and that age is now past the grace period).
-    If it is taken as fresh, another attempt's sweep between index 4 and its checkpoint deletes it."""
-    clock = FakeClock()
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
-    model: dict[bytes, bytes] = {}
-    try:
-        with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            manager_of(task).clock = clock
-            put_all(task, model, base_keys())
-            task.commit_durably({"input": "0"})
-            blobs.lose_reply, blobs.replies_to_lose = (lambda name: "/runs/" in name), 1
-            put_all(task, model, {b"key-00007": b"second"})
-            with pytest.raises(Exception, match="reply was lost"):
-                task.commit_durably({"input": "1"})
-            clock.now += 10.0
-            blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-            put_all(task, model, {b"key-00009": b"third"})
-            with pytest.raises(Exception, match="injected failure"):
-                task.commit_durably({"input": "2"})
-            clock.now += 1.5 * GRACE_MS / 1000.0
-            blobs.hold = lambda name: "/checkpoints/" in name
-            put_all(task, model, {b"key-00011": b"fourth"})
-            pending = task.commit({"input": "3"})
-            assert pending is not None
-            assert blobs.held.wait(30)
-            _zombie_sweep(tmp_path, config, blobs.inner, clock.now)
-            blobs.release.set()
-            pending.result(timeout=30)
-            index = latest_index(blobs.inner, task)
-            assert missing_runs(blobs.inner, index) == [], "the acknowledged checkpoint names a deleted run"
-    finally:
-        blobs.release.set()
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs.inner) as task:
-        assert contents(task) == model
-
-
-def test_a_lost_run_is_noticed_when_the_other_backend_of_a_dual_commit_restored_first(tmp_path: Path) -> None:
-    """restore.factories=changelog,blobsnapshot, a dual commit. The bottom run of blobsnapshot's chain is lost from
-    the blob store. The next open is restored by changelog (blobsnapshot is never tried, so restore_failures is empty)
-    and blobsnapshot continues its chain because the version matches: every later index names the lost run, so every
-    later checkpoint's blobsnapshot marker is unrestorable, silently, until a full compaction happens to replace the
-    bottom run (never, with small changes). The redundancy of the dual commit is gone without a word: a later loss in
-    the changelog loses the acknowledged checkpoint, and so does dropping changelog in a migration. (The mirror holds
-    for a lost changelog delta when blobsnapshot restores first.)"""
-    blobs = MemoryBlobStore()
-    config = make_config(
-        tmp_path,
-        **NEVER,
-        **{
-            "stores.counts.backup.factories": "changelog,blobsnapshot",
-            "stores.counts.restore.factories": "changelog,blobsnapshot",
-            "changelog.snapshot.interval.commits": 3,
-        },
-    )
-    del config["stores.counts.restore.factory"]
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        put_all(task, model, base_keys())
-        task.commit_durably({"input": "0"})
-        for round_no in range(1, 4):
-            churn(task, model, round_no)
-            task.commit_durably({"input": str(round_no)})
-        bottom = latest_index(blobs, task).runs[0]
-    blobs.delete(run_name(PREFIX, bottom.hash))  # lost (an operator, a lifecycle rule, a bad gc)
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert restored_by(task) == "changelog"
-        for round_no in range(4, 7):
-            churn(task, model, round_no)
-            task.commit_durably({"input": str(round_no)})
-        index = latest_index(blobs, task)
-        assert missing_runs(blobs, index) == [], "every new blobsnapshot index names the lost run"
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(
-        {**config, "stores.counts.restore.factories": "blobsnapshot"}, "task-0", blob_store=blobs
-    ) as task:
-        assert restored_by(task) == "blobsnapshot"
-        assert contents(task) == model
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("seed", range(4))
-def test_random_dual_commit_histories_with_faults_damage_and_replays_restore_exactly_by_either_backend(
-    tmp_path: Path, seed: int
-) -> None:
-    """Dual commit (changelog + blobsnapshot, compactions at almost every commit, sweeps with no grace period): commits
-    that fail at a run, index, delta or checkpoint write or land with their reply lost, reopens, wiped dirs, replays,
-    and a lost blob of one backend's newest checkpoint (the next open tries that backend first, so it notices and
-    re-bases). Every open restores exactly the newest durable (or replayed) checkpoint, and at the end each backend
-    alone restores the last one exactly."""
-    import random
-
-    rng = random.Random(seed)
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(
-        tmp_path,
-        **DUAL,
-        **{
-            "blobsnapshot.gc.interval.commits": 3,
-            "changelog.gc.interval.commits": 3,
-            "blobsnapshot.gc.grace.period.ms": 0,
-            "changelog.gc.grace.period.ms": 0,
-        },
-    )
-    del config["stores.counts.restore.factory"]
-    damaged_first: list[str] = []
-
-    def open_config() -> dict[str, object]:
-        order = rng.choice(["blobsnapshot,changelog", "changelog,blobsnapshot"])
-        if damaged_first:
-            which = damaged_first.pop()
-            order = f"{which},{'changelog' if which == 'blobsnapshot' else 'blobsnapshot'}"
-        return {**config, "stores.counts.restore.factories": order}
-
-    model: dict[bytes, bytes] = {}
-    models: dict[str, dict[bytes, bytes]] = {}
-    newest: str | None = None
-    damaged = False
-    task = TaskStorage.open(open_config(), "task-0", blob_store=blobs)
-    try:
-        for step in range(40):
-            label = f"s{step}"
-            churn(task, model, step)
-            action = rng.random()
-            if action < 0.55:
-                task.commit_durably({"input": label})
-                models[label], newest, damaged = dict(model), label, False
-            elif action < 0.8:
-                where = rng.choice(["/blobsnapshot/runs/", "/blobsnapshot/index/", "/checkpoints/", "/changelog/"])
-                lose = rng.random() < 0.4
-                if lose:
-                    blobs.lose_reply, blobs.replies_to_lose = (lambda name, w=where: w in name), 1
-                else:
-                    blobs.fail, blobs.failures_left = (lambda name, w=where: w in name), 1
-                try:
-                    task.commit_durably({"input": label})
-                    landed = True
-                except Exception:  # noqa: BLE001 - the injected failure
-                    landed = lose and where == "/checkpoints/"
-                blobs.failures_left = blobs.replies_to_lose = 0
-                if landed:
-                    models[label], newest, damaged = dict(model), label, False
-            settle(task)
-            if rng.random() < 0.3 and newest is not None:
-                task.close()
-                kind = rng.choice(["reopen", "wipe", "replay", "damage"])
-                if kind in ("wipe", "damage"):
-                    shutil.rmtree(tmp_path / "local")
-                if kind == "damage" and not damaged:
-                    which = rng.choice(["blobsnapshot", "changelog"])
-                    try:
-                        _damage_newest(blobs.inner, task, which)
-                        damaged = True
-                        damaged_first.append(which)
-                    except AssertionError:
-                        pass  # no delta to lose yet
-                entries = task.checkpoint_log.entries()
-                expected = newest
-                if kind == "replay" and len(entries) >= 2:
-                    chosen = entries[-2]
-                    task = TaskStorage.open(
-                        open_config(), "task-0", blob_store=blobs, checkpoint=chosen, fence_seq=entries[-1].seq
-                    )
-                    expected = chosen.checkpoint.input_offsets["input"]
-                else:
-                    task = TaskStorage.open(open_config(), "task-0", blob_store=blobs)
-                assert task.restored is not None
-                assert task.restored.input_offsets["input"] == expected, (step, kind)
-                model = dict(models[expected])
-                assert contents(task) == model, (step, kind)
-        if damaged:
-            churn(task, model, 999)
-            task.commit_durably({"input": "final"})
-            models["final"], newest = dict(model), "final"
-        task.close()
-        assert newest is not None
-        for alone in ("blobsnapshot", "changelog"):
-            shutil.rmtree(tmp_path / "local")
-            task = TaskStorage.open(
-                {**config, "stores.counts.restore.factories": alone}, "task-0", blob_store=blobs.inner
-            )
-            assert restored_by(task) == alone
-            assert contents(task) == models[newest], alone
-            task.close()
-    finally:
-        task.close()
