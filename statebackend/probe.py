@@ -52,11 +52,6 @@ from statebackend.blobstores.resilience import ResilienceSettings, ResilientBlob
 from statebackend.errors import AlreadyExistsError, StateBackendError, StorageError, TransientStorageError
 from statebackend.redact import redact, sanitized, scrub_chain
 
-try:
-    import pwd
-except ImportError:  # pragma: no cover - not on Windows
-    pwd = None  # type: ignore[assignment]
-
 if TYPE_CHECKING:
     from statebackend.config import Settings
 
@@ -402,7 +397,7 @@ class _Probe:
         error = kind(redact(f"blob store probe of {self.where}: {which} failed: {problem}. To fix: {fix}"))
         error.__cause__ = answer.cause
         error.__suppress_context__ = True
-        return scrub_chain(error)  # type: ignore[return-value]
+        return scrub_chain(error)
 
 
 # -- the kinds of stores ---------------------------------------------------------------------------------------
@@ -637,6 +632,10 @@ def _unwrapped(store: BlobStore) -> BlobStore:
 def _user() -> str:
     uid = os.geteuid()
     try:
-        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}" if pwd is not None else f"uid {uid}"
+        import pwd
+    except ImportError:  # pragma: no cover - not on Windows
+        return f"uid {uid}"
+    try:
+        return f"{pwd.getpwuid(uid).pw_name}, uid {uid}"
     except KeyError:  # a uid without a name
         return f"uid {uid}"

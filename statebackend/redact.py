@@ -26,7 +26,7 @@ import logging
 import re
 import threading
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, quote_plus, unquote
 
 from statebackend.errors import RedactedError, StateBackendError
@@ -207,7 +207,10 @@ def sanitized(exc: BaseException, secrets: Iterable[str | None] = (), _depth: in
     return standin
 
 
-def scrub_chain(error: BaseException, secrets: Iterable[str | None] = ()) -> BaseException:
+E = TypeVar("E", bound=BaseException)
+
+
+def scrub_chain(error: E, secrets: Iterable[str | None] = ()) -> E:
     """Replace every raw (non-statebackend) exception in ``error``'s ``__cause__``/``__context__`` chain by a
     sanitized stand-in, and scrub the texts of statebackend errors in it. Returns ``error`` (changed in place)."""
     secrets = tuple(secrets)

@@ -35,7 +35,7 @@ def is_output(item: Any) -> bool:
 STATS_COLUMN = "__statebackend_stats__"
 
 
-class StatsParam(AccumulatorParam):  # type: ignore[type-arg]
+class StatsParam(AccumulatorParam[list[TaskStats]]):
     """The accumulator the tasks of classic Spark report their :class:`TaskStats` through (a list, in no order).
 
     Spark merges a task's accumulator updates into the driver's value when the task succeeds, before the action that

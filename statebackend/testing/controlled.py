@@ -97,7 +97,14 @@ class ControlledBlobStore(BlobStore):
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
         self._after_write(name, len(data))
 
-    def put_file(self, name, path, *, create_only=False, metadata=None) -> None:  # type: ignore[no-untyped-def]
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         self._before_write(name)
         self.inner.put_file(name, path, create_only=create_only, metadata=metadata)
         self._after_write(name, os.path.getsize(path))

@@ -77,6 +77,7 @@ class LocalStoreContract:
         assert [k for k, _ in store.items()] == [bytes([i]) for i in range(6, 11)]
 
     def test_wrong_types_raise_type_error_and_write_nothing(self, store: LocalStore) -> None:
+        # the wrong types on purpose (what an untyped caller passes): the type checker's complaint is the point
         with pytest.raises(TypeError):
             store.put("a", b"1")  # type: ignore[arg-type]
         with pytest.raises(TypeError):

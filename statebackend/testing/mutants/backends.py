@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 
 from statebackend.checkpoint import CheckpointId, CheckpointV2
@@ -258,7 +258,7 @@ class HangsOnAFailedUpload(ReferenceBackendFactory):
 
 
 class _SnapshotReadsTheState(ReferenceBackupManager):
-    def snapshot(self, checkpoint_id: CheckpointId, changes: dict[str, ChangeSet]) -> StoreMarkers:  # type: ignore[override]
+    def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         for name in self.backed_up_stores():
             records = sum(1 for _ in self.context.stores[name].items())  # "just to log the state's size"
             log.debug("store %s holds %d records", name, records)

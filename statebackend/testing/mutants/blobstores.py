@@ -104,7 +104,14 @@ class IgnoresRanges(MemoryBlobStore):
 class LosesFileMetadata(MemoryBlobStore):
     """An upload from a file drops its metadata (the file path forgot to pass it on)."""
 
-    def put_file(self, name, path, *, create_only=False, metadata=None) -> None:  # type: ignore[no-untyped-def]
+    def put_file(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        create_only: bool = False,
+        metadata: Mapping[str, str] | None = None,
+    ) -> None:
         check_metadata(metadata)
         super().put_file(name, path, create_only=create_only)
 
