@@ -64,9 +64,12 @@ def read_state(
     its class. A list store (``stores.<name>.kind=list``) gives one row per key, its value an array of the elements
     in append order; a map store, a map column from sub-key (typed per ``subkey.serde``) to value.
 
-    ``store=TIMERS_STORE`` (``"statebackend-timers"``) reads the tasks' pending timers as ``(task string, key string,
-    kind string, at_ms long)``: the key as :func:`~statebackend.microbatch.timers.key_text` shows it, the kind
-    ``processing`` or ``event``, the time in ms since the epoch; by task, kind, then time.
+    ``store=TIMERS_STORE`` (``"statebackend-timers"``) reads the tasks' pending timers as ``(task string, key,
+    kind string, at_ms long)``: the key in the key column's type (a struct of the key columns for several), as the
+    job's checkpoints record the key columns (task-0's checkpoint is read on the driver for them); the kind
+    ``processing`` or ``event``, the time in ms since the epoch; by task, kind, then time. State whose checkpoints
+    do not record them (written before) gives the key as a string, as
+    :func:`~statebackend.microbatch.timers.key_text` shows it.
     """
     settings = job_settings(config, timers=store == TIMERS_STORE)
     if store not in settings.stores:
@@ -77,27 +80,37 @@ def read_state(
     if checkpoint != "latest" and (type(checkpoint) is not int or checkpoint < 0):
         raise ConfigError(f"read_state checkpoint must be 'latest' or a batch id (int >= 0), got {checkpoint!r}")
     store_settings = settings.stores[store]
-    schema = (
-        StructType(
+    key_fields: tuple[str, ...] | None = None
+    if store == TIMERS_STORE:
+        keys = _timer_key_struct(settings, checkpoint, num_tasks)
+        key_type: DataType = StringType()
+        if keys is not None:
+            key_fields = tuple(keys.fieldNames())
+            key_type = keys.fields[0].dataType if len(keys.fields) == 1 else keys
+        schema = StructType(
+            [
+                StructField("task", StringType(), False),
+                StructField("key", key_type, True),
+                StructField("kind", StringType(), False),
+                StructField("at_ms", LongType(), False),
+            ]
+        )
+    else:
+        schema = StructType(
             [
                 StructField("task", StringType(), False),
                 StructField("key", _column_type(store_settings.key_serde), False),
                 StructField("value", _kind_type(store_settings.kind, store_settings), True),
             ]
         )
-        if store != TIMERS_STORE
-        else StructType(
-            [
-                StructField("task", StringType(), False),
-                StructField("key", StringType(), False),
-                StructField("kind", StringType(), False),
-                StructField("at_ms", LongType(), False),
-            ]
-        )
-    )
     # Only this store's keys: restoring the others would download state nobody asked for.
     reader = _StateReader(
-        attrs.evolve(settings, stores={store: store_settings}), store, checkpoint, num_tasks, to_arrow_schema(schema)
+        attrs.evolve(settings, stores={store: store_settings}),
+        store,
+        checkpoint,
+        num_tasks,
+        to_arrow_schema(schema),
+        key_fields,
     )
     # one partition per task index; DataFrame operations only, so this works alike under Spark Connect (no RDDs)
     indexes = spark.range(0, num_tasks, 1, num_tasks)
@@ -112,6 +125,8 @@ class _StateReader:
     checkpoint: str | int
     num_tasks: int
     schema: Any
+    #: the timer store: the key columns' names (a timer's key as its columns' values); None: the key as text
+    key_fields: tuple[str, ...] | None = None
 
     def read_arrow(self, batches: Iterable[Any]) -> Iterator[Any]:
         """For ``mapInArrow`` over ``spark.range(num_tasks)``: the records of the tasks whose index is in ``batches``,
@@ -164,7 +179,7 @@ class _StateReader:
                     raw = storage.store(self.store, typed=False)
                     if self.store == TIMERS_STORE:
                         for timer in stored_timers(raw):
-                            yield name, key_text(timer.key), timer.kind, timer.at_ms
+                            yield name, self._timer_key(timer.key), timer.kind, timer.at_ms
                         continue
                     column = _value_column(store_settings.msg_serde, storage, self.store)
                     if isinstance(raw, ListStore):
@@ -182,6 +197,15 @@ class _StateReader:
                         continue
                     for key, value in raw.items():
                         yield name, _column_value(store_settings.key_serde, key), column(value)
+
+    def _timer_key(self, key: Any) -> Any:
+        """A timer's key as its column holds it: the value (one key column), a dict of the columns (several), or
+        the text of :func:`key_text` when the key columns are not recorded."""
+        if self.key_fields is None:
+            return key_text(key)
+        if len(self.key_fields) == 1:
+            return key
+        return dict(zip(self.key_fields, key, strict=True))
 
     def _check_like_task_zero(self, settings: Settings, storage: TaskStorage, name: str) -> None:
         """The task's checkpoint must be spread like task-0's (which runs in every layout) and of its batch or a
@@ -234,6 +258,34 @@ def _kind_type(kind: str, store_settings: Any) -> DataType:
     if kind == "map":
         return MapType(_column_type(store_settings.subkey_serde), value, False)
     return value
+
+
+def _timer_key_struct(settings: Settings, checkpoint: str | int, num_tasks: int) -> StructType | None:
+    """The key columns of a job with timers, as task-0's checkpoint (the newest, or the one at or below batch
+    ``checkpoint``) records them; None when it records none (state written before they were recorded)."""
+    from statebackend.blobstores.base import open_blob_store
+    from statebackend.microbatch.attempt import TIMER_KEY_OFFSET
+
+    zero = task_name(0)
+    blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
+    try:
+        zero_log = task_checkpoint_log(settings, blob_store, zero)
+        entry = (
+            zero_log.latest()
+            if checkpoint == "latest"
+            else zero_log.find(at_or_below(zero, int(checkpoint), num_tasks))
+        )
+    finally:
+        blob_store.close()
+    recorded = entry.checkpoint.input_offsets.get(TIMER_KEY_OFFSET) if entry is not None else None
+    if not recorded:
+        return None
+    try:
+        keys = StructType.fromJson(json.loads(recorded))
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("read_state: the key columns task-0's checkpoint records cannot be read (%s); keys as text", exc)
+        return None
+    return keys if keys.fields else None
 
 
 def _value_type(serde: str) -> DataType:
