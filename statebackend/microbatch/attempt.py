@@ -25,6 +25,7 @@ commits nothing it has not finished, and its output never leaves it before its c
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 import shutil
@@ -76,8 +77,8 @@ __all__ = ["EXPIRY_FROM_OFFSET", "TIMER_KEY_OFFSET", "Expired", "HookedJobSpec",
 #: the input offset prefix under which a checkpoint records where the next expiry sweep of a store starts (the hex of
 #: a key; empty: the first key): ``on_expiry``'s sweep is deterministic, a replay finds the keys its first run found
 EXPIRY_FROM_OFFSET = "ttl.expiry.from."
-#: the input offset recording the key columns of a job with timers as Spark DDL (``word string``): ``read_state`` of
-#: the timer store gives timer keys in their columns' types
+#: the input offset recording the key columns of a job with timers as a Spark struct's JSON (their names and type
+#: names): ``read_state`` of the timer store gives timer keys in their columns' types
 TIMER_KEY_OFFSET = "timers.key.schema"
 
 
@@ -579,8 +580,15 @@ class TaskAttempt:
             offsets[EVENT_MAX_OFFSET] = str(event_max)
         key_columns = getattr(self.job, "key_columns", ())
         if self.job.on_timers is not None and key_columns and len(key_columns) == len(self.job.key_types):
-            offsets[TIMER_KEY_OFFSET] = ", ".join(
-                f"`{column}` {type_name}" for column, type_name in zip(key_columns, self.job.key_types, strict=True)
+            offsets[TIMER_KEY_OFFSET] = json.dumps(
+                {
+                    "type": "struct",
+                    "fields": [
+                        {"name": column, "type": type_name, "nullable": True, "metadata": {}}
+                        for column, type_name in zip(key_columns, self.job.key_types, strict=True)
+                    ],
+                },
+                separators=(",", ":"),
             )
         offsets[ATTEMPT_OFFSET] = token
         return offsets

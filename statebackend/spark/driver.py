@@ -22,17 +22,18 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.exporters import start_exporters
 from statebackend.metrics import Metrics, MetricsSnapshot
+from statebackend.microbatch.attempt import HookedJobSpec
 from statebackend.microbatch.batches import MODES, ON_REPLAY
 from statebackend.microbatch.coordinator import BatchCoordinator, RunResult
 from statebackend.microbatch.held import DEFAULT_BOUND
 from statebackend.microbatch.keygroups import DEFAULT_KEY_GROUPS, MAX_KEY_GROUPS, route, with_every_partition
 from statebackend.microbatch.protocol import BatchReport
 from statebackend.microbatch.spec import BatchSpec, JobSpec, job_settings
-from statebackend.microbatch.timers import Timer
+from statebackend.microbatch.timers import TIMERS_STORE, Timer
 from statebackend.microbatch.watermark import EVENT_TIME_TYPES, EventClock, parse_delay
 from statebackend.spark.errors import summarized
 from statebackend.spark.executor import TaskRunner, TaskStores
-from statebackend.spark.heartbeat import drop_heartbeats
+from statebackend.spark.heartbeat import drop_heartbeats, has_heartbeat_clock
 from statebackend.spark.initial import InitialState, initial_state_of
 from statebackend.spark.session import (
     effective_config,
@@ -112,6 +113,23 @@ class StatefulForeachBatch:
     #: ``on_batch(report)``: called on the driver after every batch with its :class:`BatchReport` (what the INFO line
     #: says, as numbers, and every task attempt's :class:`TaskStats`); its exception is logged, never raised
     on_batch: Callable[[BatchReport], Any] | None = None
+    #: ``on_initial_state(stores, keys)``: called once per task by the ``initial_state`` load, after the task's rows
+    #: are loaded and before the load's checkpoint, with the key column values (a tuple for several key columns) of
+    #: the keys loaded into the task, sorted; it may register timers (``stores.timers``) and change state, which the
+    #: load's checkpoint holds with the rows (Spark's ``handleInitialState``). It returns None (no output)
+    on_initial_state: Callable[[TaskStores, list[Any]], None] | None = None
+    #: with ``event_time``: rows whose event time is below the batch's watermark (late, as Spark drops them; a row at
+    #: the watermark is on time) are dropped before ``fn`` sees them. False: ``fn`` gets them and may ask
+    #: ``stores.is_late(event_time)``
+    drop_late: bool = False
+    #: ``on_expiry(stores, expired)``: called in each task after ``on_timers`` with the keys of TTL stores the batch's
+    #: sweep found expired (:class:`~statebackend.microbatch.attempt.Expired`: store, key, last value, when), deleted
+    #: in the same commit as the callback's changes: exactly once per expiry as timers are
+    #: (``docs/spark.md``, "Timers and initial state"); returns output as ``fn`` does
+    on_expiry: Callable[[TaskStores, list[Any]], Any] | None = None
+    #: the batch clock, ms since the epoch (``stores.now_ms``, TTL stores and processing-time timers read it); None:
+    #: the wall clock. Tests give a :class:`statebackend.testing.ManualClock`
+    clock: Callable[[], int] | None = None
     #: probe the blob store when the job is built (it exists or can be created, the credentials work, it takes a
     #: write): a wrong ``blob.store.*`` fails here, saying which check and how to fix it. False: the first batch finds
     #: out (the driver cannot reach the blob store, say, where only the executors can)
@@ -193,10 +211,42 @@ class StatefulForeachBatch:
             raise ConfigError(
                 "StatefulForeachBatch watermark_delay needs event_time: the column the watermark is derived from"
             )
+        if not isinstance(self.drop_late, bool):
+            raise ConfigError(f"StatefulForeachBatch drop_late must be True or False, got {self.drop_late!r}")
+        if self.drop_late and self.event_time is None:
+            raise ConfigError(
+                "StatefulForeachBatch drop_late needs event_time: a row is late when its event time is below the "
+                "watermark derived from that column"
+            )
+        for name, hook in (("on_initial_state", self.on_initial_state), ("on_expiry", self.on_expiry)):
+            if hook is not None and not callable(hook):
+                raise ConfigError(f"StatefulForeachBatch {name} must be a function (stores, ...), got {hook!r}")
+        if self.on_initial_state is not None and self.initial_state is None:
+            raise ConfigError(
+                "StatefulForeachBatch on_initial_state needs initial_state: it is called by the initial-state load, "
+                "with the keys it loaded"
+            )
+        if self.clock is not None and not callable(self.clock):
+            raise ConfigError(
+                f"StatefulForeachBatch clock must be a function () -> ms since the epoch (e.g. "
+                f"statebackend.testing.ManualClock), got {self.clock!r}"
+            )
         # a wrong key fails here, on the driver, not in every task; keys may also come from the active session's
         # Spark conf (spark.statebackend.*), which is read again at every batch (and parsed only when it changed)
         active = SparkSession.getActiveSession()
         settings = self._settings({**(spark_conf_keys(active) if active is not None else {}), **self.config})
+        if self.on_expiry is not None:
+            swept = [
+                name
+                for name, store in settings.stores.items()
+                if store.ttl_ms is not None and store.ttl_sweep_keys > 0 and name != TIMERS_STORE
+            ]
+            if not swept:
+                raise ConfigError(
+                    "StatefulForeachBatch on_expiry is called for keys of TTL stores found expired by the sweep, but "
+                    "no store has stores.<name>.ttl.ms with stores.<name>.ttl.sweep.keys > 0; configured stores: "
+                    f"{', '.join(sorted(settings.stores)) or 'none'}"
+                )
         if self.probe:
             # the blob store exists (or is created), its credentials work and it takes writes: said now, in the
             # user's words, not at the first batch inside a Spark trace
@@ -209,24 +259,35 @@ class StatefulForeachBatch:
         if self._previous is not None:
             self._previous()
             self._previous = None
+        heartbeat_clock = has_heartbeat_clock(batch_df)
+        if heartbeat_clock and self._event_clock is None:
+            raise ConfigError(
+                "with_heartbeat(advance_watermark=True) moves the watermark with the batch clock, but "
+                "StatefulForeachBatch has no event_time: give event_time (and watermark_delay), or drop "
+                "advance_watermark"
+            )
         batch_df = drop_heartbeats(batch_df)  # rows of with_heartbeat: a batch to run, nothing for fn
         spark = batch_df.sparkSession
         batch_id = int(batch_id)
+        now_ms = self._now_ms()
         settings = self._settings(effective_config(spark, self.config))
         job, coordinator = self._job_spec(batch_df, settings)
         if not self._exporting:  # in the process that runs the batches (under Spark Connect, the server's)
             start_exporters(settings, self.metrics, labels={"job_name": settings.job_name})
             self._exporting = True
         if self.initial_state is not None:
-            self.initial_state.load_once(self, batch_df, settings, batch_id)
+            self.initial_state.load_once(self, batch_df, settings, batch_id, now_ms)
         event = (
             self._event_clock.for_batch(spark, settings, batch_id) if self._event_clock is not None else (None, None)
         )
+        event_max = event[1]
+        if heartbeat_clock:  # the batch clock counts as an event time seen in this batch: the next watermark moves
+            event_max = now_ms if event_max is None else max(event_max, now_ms)
         batch = BatchSpec(
             batch_id=batch_id,
-            now_ms=wall_clock_ms(),
+            now_ms=now_ms,
             watermark_ms=event[0],
-            event_max_ms=event[1],
+            event_max_ms=event_max,
             previous_seen=self._completed == (batch_id - 1, self.num_tasks, self.key_groups),
         )
 
@@ -281,6 +342,15 @@ class StatefulForeachBatch:
         """Wall time the driver spent confirming the last batch's checkpoints, ms (0: none to confirm)."""
         return self._job[3].last_confirm_ms if self._job is not None else 0.0
 
+    def _now_ms(self) -> int:
+        """The batch clock: ``clock()`` (checked: an int of ms), else the wall clock."""
+        if self.clock is None:
+            return wall_clock_ms()
+        now = self.clock()
+        if type(now) is not int:
+            raise ConfigError(f"StatefulForeachBatch clock() must return ms since the epoch (an int), got {now!r}")
+        return now
+
     def _settings(self, config: dict[str, Any]) -> Settings:
         """The settings of ``config``: parsed the first time and whenever the configuration changed (a
         ``spark.statebackend.*`` key of the session's conf), else the ones parsed before. The job spec and the
@@ -314,8 +384,11 @@ class StatefulForeachBatch:
             self._job = (config, settings, job, coordinator)
         if job is None:
             event = self.event_time is not None
-            job = JobSpec(
+            job = HookedJobSpec(
                 settings=attrs.evolve(settings, metrics_prometheus_port=None),
+                key_columns=tuple(self.key_columns),
+                drop_late=self.drop_late,
+                on_expiry=self.on_expiry,
                 fn=self.fn,
                 num_tasks=self.num_tasks,
                 on_replay=self.on_replay,

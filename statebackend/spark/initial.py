@@ -19,6 +19,15 @@ Contract:
   again (a retried task, a driver that failed during the load and restarts) completes it without loading any task
   twice; a task's load checkpoint of another layout is loaded over from empty. Once batches ran, task-0's
   checkpoint records the load: a restart with the same ``initial_state`` loads nothing.
+- **Timers start with the state.** ``on_initial_state(stores, keys)`` (given to StatefulForeachBatch) is called in
+  each task after its rows are written, before the load's checkpoint, with the key column values of the keys loaded
+  into the task (sorted): the timers it registers and the state it changes are in the load's checkpoint, so they
+  are loaded exactly once with the rows (Spark's ``handleInitialState``), and the first batch fires what is due.
+- **Refusals.** A key given twice in a store's frame is refused (Spark refuses it too; here the last one would win
+  in an order that depends on how rows reach the task): each task keeps the key bytes of its rows in a set while
+  loading (memory for its keys, not its values), counts the keys that came more than once and names the first
+  ones. The timer store cannot be loaded from a frame (its records are the framework's): register timers in
+  ``on_initial_state``.
 - **Refused on existing state.** When the job already has state that no initial load made (a task's newest
   checkpoint is a batch's and does not record the load of every store given), the driver raises a
   :class:`ConfigError` naming the stores, before running anything: remove ``initial_state``, or start a new
@@ -29,7 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -40,6 +49,7 @@ from statebackend.errors import ConfigError
 from statebackend.lifecycle import decide_open, task_checkpoint_log
 from statebackend.microbatch.batches import BATCH_OFFSET, KEY_GROUPS_OFFSET, NOW_OFFSET, TASKS_OFFSET, task_name
 from statebackend.microbatch.keygroups import route
+from statebackend.microbatch.timers import TIMERS_STORE, Timers, encode_key, normalize_key, owner_check
 from statebackend.serdes import RecordSerde, encode_many, get_serde
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
@@ -63,12 +73,13 @@ class InitialState:
     frames: Mapping[str, Frame]
     done: bool = False
 
-    def load_once(self, job: Any, batch_df: Any, settings: Settings, batch_id: int) -> None:
+    def load_once(self, job: Any, batch_df: Any, settings: Settings, batch_id: int, now_ms: int | None = None) -> None:
         """Before the first batch this object runs (``job`` is the StatefulForeachBatch): load the frames unless the
-        job's state is this load already (see the module docstring)."""
+        job's state is this load already (see the module docstring). ``now_ms``: the load's clock (the first
+        batch's; None: the wall clock)."""
         if self.done:
             return
-        load_initial_state(job, batch_df, settings, batch_id, self.frames)
+        load_initial_state(job, batch_df, settings, batch_id, self.frames, now_ms)
         self.done = True
 
 
@@ -84,10 +95,23 @@ def initial_state_of(value: Mapping[str, Frame] | InitialState | None) -> Initia
     return InitialState(dict(value))
 
 
-def load_initial_state(job: Any, batch_df: Any, settings: Settings, batch_id: int, frames: Mapping[str, Frame]) -> None:
+def load_initial_state(
+    job: Any,
+    batch_df: Any,
+    settings: Settings,
+    batch_id: int,
+    frames: Mapping[str, Frame],
+    now_ms: int | None = None,
+) -> None:
     """Load ``frames`` into every task of ``job``'s layout as the checkpoint before batch ``batch_id``, unless
     task-0's newest checkpoint says the job's state is this load already; refuse a job with other state.
     ``settings``: the job's, as the driver parsed them (the workers get them pickled, never parse again)."""
+    if TIMERS_STORE in frames:
+        raise ConfigError(
+            f"StatefulForeachBatch initial_state names the timer store {TIMERS_STORE!r}: its records are "
+            "statebackend's own and cannot be loaded from a frame. Register the loaded keys' timers in "
+            "on_initial_state(stores, keys) with stores.timers.register or register_many"
+        )
     unknown = sorted(set(frames) - set(settings.stores))
     if unknown:
         raise ConfigError(
@@ -111,7 +135,17 @@ def load_initial_state(job: Any, batch_df: Any, settings: Settings, batch_id: in
         part = _encoded(frame, store, tuple(job.key_columns), key_types, settings)
         encoded = part if encoded is None else encoded.unionByName(part)
     routed = route(encoded, job.key_columns, job.num_tasks, job.key_groups)
-    loader = _Loader(settings, tuple(sorted(frames)), batch_id, job.num_tasks, job.key_groups, wall_clock_ms())
+    loader = _Loader(
+        settings,
+        tuple(sorted(frames)),
+        batch_id,
+        job.num_tasks,
+        job.key_groups,
+        wall_clock_ms() if now_ms is None else now_ms,
+        key_columns=tuple(job.key_columns),
+        key_types=tuple(key_types[c] for c in job.key_columns),
+        on_initial_state=getattr(job, "on_initial_state", None),
+    )
     reports = routed.mapInArrow(loader.load, "task int, keys long, skipped boolean").collect()
     tasks = sorted(row.task for row in reports)
     if tasks != list(range(job.num_tasks)):
@@ -247,6 +281,9 @@ class _Loader:
     num_tasks: int
     key_groups: int
     now_ms: int
+    key_columns: tuple[str, ...] = ()
+    key_types: tuple[str, ...] = ()
+    on_initial_state: Callable[..., Any] | None = None
 
     def load(self, batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -299,21 +336,92 @@ class _Loader:
             with TaskStorage.open(settings, name, blob_store=blob_store, decision=decision) as storage:
                 storage.ttl_now_ms = self.now_ms
                 loaded = 0
+                seen: dict[str, set[bytes]] = {}
+                duplicates: dict[str, dict[bytes, None]] = {}
+                keys: dict[bytes, Any] = {}
                 for batch in batches:
-                    loaded += self._put(storage, batch)
+                    loaded += self._put(storage, batch, seen, duplicates)
+                    if self.on_initial_state is not None:
+                        self._note_keys(batch, keys)
+                if duplicates:
+                    raise self._duplicates(storage, name, duplicates)
+                if self.on_initial_state is not None:
+                    self._call_hook(storage, index, [keys[encoded] for encoded in sorted(keys)])
                 storage.mark_initial_load(self.stores, f"before batch {self.batch_id}")
                 storage.commit_durably(offsets)
             return loaded, False
         finally:
             blob_store.close()
 
+    def _note_keys(self, batch: Any, keys: dict[bytes, Any]) -> None:
+        """The key column values of ``batch``'s rows, by their encoding (each key once, in a stable order)."""
+        columns = [batch.column(c).to_pylist() for c in self.key_columns]
+        for values in zip(*columns, strict=True):
+            normalized = normalize_key(values if len(values) > 1 else values[0], self.key_types)
+            keys.setdefault(encode_key(normalized), normalized[0] if len(normalized) == 1 else normalized)
+
+    def _call_hook(self, storage: TaskStorage, index: int, keys: list[Any]) -> None:
+        """``on_initial_state(stores, keys)`` over the task's loaded state, its timers in the timer store."""
+        from statebackend.microbatch.attempt import TaskStores
+
+        hook = self.on_initial_state
+        assert hook is not None
+        timers = (
+            Timers(
+                storage.store(TIMERS_STORE, typed=False),
+                key_types=self.key_types,
+                check_owner=owner_check(index, self.num_tasks, self.key_groups, self.key_types),
+            )
+            if TIMERS_STORE in storage.stores
+            else Timers(None)
+        )
+        stores = TaskStores(storage, index, self.batch_id - 1, timers=timers, now_ms=self.now_ms)
+        try:
+            result = hook(stores, keys)
+        except Exception as exc:
+            exc.add_note(f"(statebackend: raised in on_initial_state of {storage.task_name}, initial-state load)")
+            raise
+        if result is not None:
+            raise ConfigError(
+                f"on_initial_state returned {type(result).__name__}, not None: the initial-state load has no output "
+                "(register timers and change state through stores; the first batch's fn and on_timers give output)"
+            )
+
+    def _duplicates(self, storage: TaskStorage, name: str, duplicates: dict[str, dict[bytes, None]]) -> ConfigError:
+        """The error naming the keys given more than once, per store (at most 5 each, decoded by the key serde)."""
+        parts = []
+        for store in sorted(duplicates):
+            found = list(duplicates[store])
+            serde = get_serde(self.settings.stores[store].key_serde)
+            shown = []
+            for key in found[:5]:
+                try:
+                    shown.append(repr(serde.from_bytes(key)))
+                except Exception:  # noqa: BLE001 - a key the serde cannot read back is shown as its bytes
+                    shown.append(repr(key))
+            more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+            parts.append(
+                f"initial_state[{store!r}]: {len(found)} key(s) given more than once: {', '.join(shown)}{more}"
+            )
+        return ConfigError(
+            f"{'; '.join(parts)} (in {name}'s rows). A key may have one initial value: deduplicate the frame "
+            "(e.g. dropDuplicates on the key, or an aggregation) before giving it"
+        )
+
     @staticmethod
-    def _put(storage: TaskStorage, batch: Any) -> int:
+    def _put(
+        storage: TaskStorage, batch: Any, seen: dict[str, set[bytes]], duplicates: dict[str, dict[bytes, None]]
+    ) -> int:
         stores: Sequence[str] = batch.column(_STORE).to_pylist()
         keys: list[bytes] = batch.column(_KEY).to_pylist()
         values: list[bytes] = batch.column(_VALUE).to_pylist()
         by_store: dict[str, tuple[list[bytes], list[bytes]]] = {}
         for store, key, value in zip(stores, keys, values, strict=True):
+            known = seen.setdefault(store, set())
+            if key in known:
+                duplicates.setdefault(store, {})[key] = None
+                continue
+            known.add(key)
             pair = by_store.setdefault(store, ([], []))
             pair[0].append(key)
             pair[1].append(value)
