@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -46,11 +48,17 @@ from typing import Any
 import attrs
 from statebackend.checkpoint.checkpoint import CheckpointV1, CheckpointV2
 from statebackend.checkpoint.serde import (
+    HEAD_FORMAT,
     READABLE_VERSIONS,
     WRITABLE_VERSIONS,
     Binding,
+    CheckpointHead,
+    HeadEntry,
     decode_bound_checkpoint,
+    decode_head,
     encode_checkpoint,
+    encode_head,
+    encode_moved_marker,
 )
 
 from statebackend.blobstores.base import BlobStore
@@ -60,9 +68,13 @@ from statebackend.errors import (
     CorruptDataError,
     InconsistentStateError,
     NotFoundError,
+    PreconditionFailedError,
 )
 
-__all__ = ["MAX_SEQ", "CheckpointLog", "Listing", "LogEntry"]
+__all__ = ["HEAD_BLOB", "MAX_SEQ", "CheckpointLog", "Listing", "LogEntry"]
+
+#: the name of the checkpoint head under a task's ``checkpoints/`` (stores with conditional writes)
+HEAD_BLOB = f"HEAD.v{HEAD_FORMAT}.json"
 
 #: seq -> format versions present, from one listing
 Listing = dict[int, set[int]]
@@ -148,6 +160,24 @@ class CheckpointLog:
     #: the newest seq known durable (restored or committed by this task, or named by its local CHECKPOINT-V2):
     #: every listing through this log must reach it (raised by the task as it learns; never lowered)
     floor: int = attrs.field(default=0, kw_only=True)
+    #: head mode only: the newest head this object saw (read or written): (version, head, written by this object)
+    _seen: tuple[str, CheckpointHead, bool] | None = attrs.field(default=None, init=False, repr=False)
+    #: head mode only: seq -> the nonces of this object's writes of it (a read-back tells its own write by them)
+    _nonces: dict[int, set[str]] = attrs.field(factory=dict, init=False, repr=False)
+    #: head mode only: seqs the head let go that no retention batch has counted yet (see :meth:`retain`)
+    _dropped: set[int] = attrs.field(factory=set, init=False, repr=False)
+    _state_lock: threading.Lock = attrs.field(factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def head_mode(self) -> bool:
+        """Whether this log keeps its checkpoints in one head blob, written by compare-and-swap (the blob store
+        :attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_put`); else the per-seq blobs."""
+        return bool(getattr(self.blob_store, "supports_conditional_put", False))
+
+    @property
+    def head_name(self) -> str:
+        """The head blob of this task (head mode)."""
+        return self.prefix + HEAD_BLOB
 
     def _log_extra(self, seq: int | None = None) -> dict[str, object]:
         """Fields for structured log handlers (``extra``): job, task and the seq concerned."""
@@ -188,6 +218,8 @@ class CheckpointLog:
         _check_seq(seq)
         if not isinstance(checkpoint, CheckpointV2):
             raise TypeError(f"the checkpoint log writes CheckpointV2, got {type(checkpoint).__name__}")
+        if self.head_mode:
+            return self._write_head(seq, checkpoint)
         first = self.commit_point_version
         order = [first, *(v for v in self.write_versions if v != first)]
         binding = self.binding(seq)
@@ -225,7 +257,19 @@ class CheckpointLog:
     def fence(self, seq: int) -> Listing:
         """Check that ``seq``, which this writer just wrote, is the newest: one listing that must show it. When a
         newer seq exists, this writer's seq was free only because retention removed it after other attempts moved
-        on (a zombie): its blobs of ``seq`` are deleted and :class:`AlreadyExistsError` raised. Returns the listing."""
+        on (a zombie): its blobs of ``seq`` are deleted and :class:`AlreadyExistsError` raised. Returns the listing.
+        In head mode (a head exists) it checks the head last read instead (no request): past ``seq``, fenced."""
+        if self.head_mode:
+            with self._state_lock:
+                seen = self._seen
+            if seen is not None:
+                if seen[1].seq > seq:
+                    raise self._fenced(seq + 1, seen[1].seq)
+                return self._head_listing(seen[1])
+        return self._list_fence(seq)
+
+    def _list_fence(self, seq: int) -> Listing:
+        """:meth:`fence` by one listing of the per-seq blobs."""
         listing = self._listing(at_least=seq)
         newer = sorted(s for s in listing if s > seq)
         if newer:
@@ -239,7 +283,15 @@ class CheckpointLog:
         return listing
 
     def holds(self, seq: int, checkpoint: CheckpointV2) -> bool:
-        """Whether the commit-point blob of ``seq`` holds exactly ``checkpoint`` (a write of ours that landed)."""
+        """Whether the commit-point blob of ``seq`` holds exactly ``checkpoint`` (a write of ours that landed). In
+        head mode: whether the head (read back once) holds it as ``seq`` with the nonce of one of this object's
+        writes; absent there, the per-seq move marker decides (a move whose head write did not land)."""
+        if self.head_mode:
+            found = self._get_head()
+            if found is not None:
+                return self._ours(found[1], seq, checkpoint)
+            name = self.blob_name(seq, 2)
+            return self._holds(name, encode_moved_marker(checkpoint, self.binding(seq), HEAD_BLOB))
         first = 2 if 2 in self.write_versions else self.write_versions[0]
         data = encode_checkpoint(checkpoint if first == 2 else checkpoint.to_v1(), self.binding(seq))
         return self._holds(self.blob_name(seq, first), data)
@@ -249,6 +301,180 @@ class CheckpointLog:
             return self.blob_store.get(name) == data
         except NotFoundError:
             return False
+
+    # -- the head (stores with conditional writes) ------------------------------------------------------------
+
+    def _fenced(self, seq: int, found: int, cause: str = "") -> AlreadyExistsError:
+        return AlreadyExistsError(
+            f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r}: the checkpoint head "
+            f"{self.head_name} in {self.blob_store.describe()} is at checkpoint #{found}, not #{seq - 1} as this "
+            f"attempt's restore decision saw it; another attempt of the task committed past the state this attempt "
+            f"restored, so this attempt's commit is refused (nothing of it is in the log){cause}"
+        )
+
+    def _observe(self, version: str, head: CheckpointHead, *, written: bool = False) -> None:
+        """Remember the newest head seen (a later read never replaces it with an older one)."""
+        with self._state_lock:
+            if self._seen is None or head.seq >= self._seen[1].seq:
+                self._seen = (version, head, written)
+
+    def _get_head(self) -> tuple[str, CheckpointHead] | None:
+        """One GET of the head with its version (None: no head), remembered."""
+        try:
+            data, version = self.blob_store.get_versioned(self.head_name)
+        except NotFoundError:
+            return None
+        head = decode_head(
+            data, source=f"{self.head_name} in {self.blob_store.describe()}", job=self.job_name, task=self.task_name
+        )
+        self._observe(version, head)
+        return version, head
+
+    def _read_head(self, at_least: int = 0) -> CheckpointHead | None:
+        """The head (None: the log has none yet: per-seq blobs, or empty), one GET. When it is below ``at_least``
+        (or the floor), read again after ``recheck_delays``, then :class:`InconsistentStateError`."""
+        at_least = max(at_least, self.floor)
+        found = self._get_head()
+        for delay in self.recheck_delays:
+            if found is None or found[1].seq >= at_least:
+                break
+            log.warning(
+                "checkpoint head %s in %s is at #%d but #%d is known to be durable; reading again in %.1f s",
+                self.head_name,
+                self.blob_store.describe(),
+                found[1].seq,
+                at_least,
+                delay,
+                extra=self._log_extra(at_least),
+            )
+            time.sleep(delay)
+            found = self._get_head()
+        if found is None or found[1].seq >= at_least:
+            return None if found is None else found[1]
+        raise InconsistentStateError(
+            f"checkpoint head {self.head_name} in {self.blob_store.describe()} is at checkpoint #{found[1].seq}, but "
+            f"checkpoint #{at_least} of this task is known to be durable (the task's local CHECKPOINT-V2 file, the "
+            f"checkpoint it restored or its own commit says so). Either the blob store answers stale (retry later), "
+            f"or the head was put back from an older copy. Nothing was restored, cleared or written"
+        )
+
+    def _state_for(self, previous: int) -> tuple[str, CheckpointHead] | None:
+        """The head at seq ``previous`` with its version, which the write of ``previous + 1`` swaps: the one this
+        object saw (at its restore decision or its own last commit), else one GET. None: there is no head yet.
+        A head past ``previous``: this writer is fenced."""
+        with self._state_lock:
+            seen = self._seen
+        if seen is None or seen[1].seq < previous:
+            found = self._get_head()
+            if found is None:
+                return None
+            seen = (found[0], found[1], False)
+        if seen[1].seq > previous:
+            raise self._fenced(previous + 1, seen[1].seq)
+        if seen[1].seq < previous:
+            raise InconsistentStateError(
+                f"checkpoint head {self.head_name} in {self.blob_store.describe()} is at checkpoint #{seen[1].seq}, "
+                f"but this attempt writes #{previous + 1} after #{previous}, which it knows durable: the head was put "
+                f"back from an older copy, or the blob store answers stale. Nothing was written"
+            )
+        return seen[0], seen[1]
+
+    def _new_nonce(self, seq: int) -> str:
+        nonce = secrets.token_hex(8)
+        with self._state_lock:
+            self._nonces.setdefault(seq, set()).add(nonce)
+            for old in [s for s in self._nonces if s <= seq - self.retained - self.retention_interval]:
+                del self._nonces[old]
+        return nonce
+
+    def _ours(self, head: CheckpointHead, seq: int, checkpoint: CheckpointV2) -> bool:
+        entry = head.entry(seq)
+        with self._state_lock:
+            nonces = set(self._nonces.get(seq, ()))
+        return entry is not None and entry.nonce in nonces and entry.checkpoint == checkpoint
+
+    def _write_head(self, seq: int, checkpoint: CheckpointV2) -> Listing:
+        """Make ``checkpoint`` durable as ``seq`` with one conditional write of the head, swapping the head at
+        ``seq - 1`` this writer saw; or, for a log without a head, move the log to one (:meth:`_move_to_head`)."""
+        state = self._state_for(seq - 1)
+        if state is None:
+            return self._move_to_head(seq, checkpoint)
+        version, previous = state
+        entries = (*previous.entries, HeadEntry(seq, self._new_nonce(seq), checkpoint))
+        kept = entries[-self.retained :]
+        head = CheckpointHead(self.job_name, self.task_name, kept, previous.moved_at)
+        try:
+            new_version = self.blob_store.put_if(self.head_name, encode_head(head), version=version)
+        except PreconditionFailedError as exc:
+            # a stale version: another writer swapped the head first; unless it was this writer's own earlier
+            # attempt whose reply was lost (read back once, decided by the nonce)
+            found = self._get_head()
+            if found is None or found[1].seq != seq or not self._ours(found[1], seq, checkpoint):
+                raise self._fenced(seq, 0 if found is None else found[1].seq, f" ({exc})") from None
+            new_version, head = found
+        self._observe(new_version, head, written=True)
+        with self._state_lock:
+            self._dropped.update(e.seq for e in entries if e.seq < kept[0].seq)
+        self._remember(seq, checkpoint)
+        log.debug("wrote checkpoint %d into the head %s", seq, self.head_name, extra=self._log_extra(seq))
+        return self._head_listing(head)
+
+    def _move_to_head(self, seq: int, checkpoint: CheckpointV2) -> Listing:
+        """The first head write of a task: its per-seq blob of ``seq`` as a move marker (create-only, fenced by a
+        listing as a per-seq commit, so the seq is this writer's), then the head created (``If-None-Match``) with
+        the retained per-seq checkpoints imported, then the per-seq blobs below the marker deleted. The marker
+        stays: a release without the head refuses it, never restoring the per-seq log left behind in silence."""
+        name = self.blob_name(seq, 2)
+        marker = encode_moved_marker(checkpoint, self.binding(seq), HEAD_BLOB)
+        try:
+            self.blob_store.put(name, marker, create_only=True)
+        except AlreadyExistsError:
+            if not self._holds(name, marker):
+                raise AlreadyExistsError(
+                    f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r} was already committed "
+                    f"by another writer ({name} in {self.blob_store.describe()}); this attempt lost the race and "
+                    f"must not claim its commit: restore from the latest checkpoint and redo"
+                ) from None
+        listing = self._list_fence(seq)
+        imported = [
+            HeadEntry(entry.seq, "imported", entry.checkpoint)
+            for entry in self._newest_first({s: v for s, v in listing.items() if s < seq}, cached=True)
+        ][: self.retained - 1]
+        entries = (*reversed(imported), HeadEntry(seq, self._new_nonce(seq), checkpoint))
+        head = CheckpointHead(self.job_name, self.task_name, tuple(entries), seq)
+        try:
+            version = self.blob_store.put_if(self.head_name, encode_head(head), version=None)
+        except PreconditionFailedError as exc:
+            found = self._get_head()
+            if found is None or found[1].seq != seq or not self._ours(found[1], seq, checkpoint):
+                raise self._fenced(seq, 0 if found is None else found[1].seq, f" ({exc})") from None
+            version, head = found
+        self._observe(version, head, written=True)
+        legacy = [self.blob_name(s, v) for s, versions in listing.items() if s < seq for v in sorted(versions)]
+        try:
+            self.blob_store.delete_many(legacy)
+        except Exception as exc:  # noqa: BLE001 - the marker above them is what older releases find first
+            log.warning("checkpoint log %s: per-seq blobs left after the move to the head: %s", self.prefix, exc)
+        self._remember(seq, checkpoint)
+        log.info(
+            "checkpoint log %s moved to the head %s at checkpoint #%d (%d checkpoints imported)",
+            self.prefix,
+            HEAD_BLOB,
+            seq,
+            len(imported),
+            extra=self._log_extra(seq),
+        )
+        return self._head_listing(head)
+
+    def _head_listing(self, head: CheckpointHead) -> Listing:
+        """The head's seqs and those it let go that no retention batch counted yet, as a listing (for
+        :meth:`retention_due` and :meth:`retain`: the backends delete their garbage in batches, as before)."""
+        with self._state_lock:
+            dropped = set(self._dropped)
+        return {s: {HEAD_FORMAT} for s in (*dropped, *(e.seq for e in head.entries))}
+
+    def _head_entries(self, head: CheckpointHead) -> list[LogEntry]:
+        return [LogEntry(e.seq, e.checkpoint) for e in head.entries]
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -267,6 +493,9 @@ class CheckpointLog:
         between the listing and its read and a re-list found newer ones (a zombie's checkpoint removed by its own
         fencing while the next one landed), the head is at least the entry found: a head below it would fence a writer
         on a log it already knows moved on."""
+        if self.head_mode and (blob := self._read_head(at_least)) is not None:
+            newest_first = reversed(self._head_entries(blob))
+            return next((entry for entry in newest_first if predicate(entry)), None), blob.seq
         listing = self._listing(at_least)
         head = max(listing, default=0)
         found = next((entry for entry in self._newest_first(listing) if predicate(entry)), None)
@@ -276,11 +505,22 @@ class CheckpointLog:
 
     def head(self, at_least: int = 0) -> int:
         """The highest seq present in any version (0 for an empty log)."""
+        if self.head_mode and (blob := self._read_head(at_least)) is not None:
+            return blob.seq
         return max(self._listing(at_least), default=0)
 
     def read(self, seq: int) -> LogEntry:
         """Entry ``seq``; :class:`NotFoundError` when no version of ``read_versions`` exists for it."""
         _check_seq(seq)
+        if self.head_mode and (blob := self._read_head()) is not None:
+            found = blob.entry(seq)
+            if found is None:
+                raise NotFoundError(
+                    f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r} not found in the "
+                    f"checkpoint head {self.head_name} in {self.blob_store.describe()} (it holds "
+                    f"#{blob.entries[0].seq} to #{blob.seq})"
+                )
+            return LogEntry(seq, found.checkpoint)
         versions = self._listing().get(seq, set())
         entry = self._read_entry(seq, versions)
         if entry is None:
@@ -295,6 +535,9 @@ class CheckpointLog:
         """Entry ``seq`` as this log writes its commit point (:attr:`commit_point_version`), read by name without a
         listing; ``None`` when there is no such blob. For a reader that knows the sequence number a writer took."""
         _check_seq(seq)
+        if self.head_mode and (blob := self._read_head()) is not None:
+            found = blob.entry(seq)
+            return None if found is None else LogEntry(seq, found.checkpoint)
         version = self.commit_point_version
         if version not in self.read_versions:
             raise ConfigError(
@@ -305,11 +548,21 @@ class CheckpointLog:
 
     def seqs(self) -> list[int]:
         """Seqs that have a readable version, ascending."""
+        if self.head_mode and (blob := self._read_head()) is not None:
+            return [e.seq for e in blob.entries]
         return sorted(seq for seq, versions in self._listing().items() if versions & set(self.read_versions))
 
     def entries(self, at_least: int = 0, *, cached: bool = False) -> list[LogEntry]:
         """Every readable entry, ascending by seq. ``cached``: entries this log object wrote itself are not read
-        back (a collector's mark: see :meth:`_read_entry`); never for choosing what to restore."""
+        back (a collector's mark: see :meth:`_read_entry`; in head mode, the head this object wrote last is not read
+        again); never for choosing what to restore."""
+        if self.head_mode:
+            with self._state_lock:
+                seen = self._seen
+            if cached and seen is not None and seen[2] and seen[1].seq >= max(at_least, self.floor):
+                return self._head_entries(seen[1])
+            if (blob := self._read_head(at_least)) is not None:
+                return self._head_entries(blob)
         return list(reversed(list(self._newest_first(self._listing(at_least), cached=cached))))
 
     def for_input_offsets(self, offsets: Mapping[str, str]) -> LogEntry | None:
@@ -340,6 +593,18 @@ class CheckpointLog:
         Deletion order does not matter to fencing: a writer whose seq retention freed finds a newer seq in the
         listing after its write (:meth:`fence`), whatever was deleted first.
         """
+        if self.head_mode and (listing is None or any(HEAD_FORMAT in v for v in listing.values())):
+            with self._state_lock:
+                seen = self._seen
+            if listing is None:
+                if seen is None:
+                    return []  # nothing written or read through this object: nothing it could let go
+                listing = self._head_listing(seen[1])
+            # the head itself let them go at its writes: only the count is settled here (no request)
+            deleted = self._expired(listing)
+            with self._state_lock:
+                self._dropped.difference_update(deleted)
+            return deleted
         listing = self._listing() if listing is None else listing
         deleted = self._expired(listing)
         self.blob_store.delete_many(
@@ -482,7 +747,7 @@ class CheckpointLog:
                 # Deleted (by retention, or otherwise) between the listing and this read: the caller decides.
                 return None
             source = f"{name} in {self.blob_store.describe()}"
-            checkpoint, binding = decode_bound_checkpoint(data, source=source)
+            checkpoint, binding = decode_bound_checkpoint(data, source=source, moved_ok=self.head_mode)
             expected = self.binding(seq)
             if binding is not None and binding != expected:
                 raise CorruptDataError(

@@ -30,6 +30,7 @@ from statebackend.errors import (
     IncompatibleFormatError,
     NotFoundError,
 )
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 
 PREFIX = "job/task-0/checkpoints/"
 
@@ -45,7 +46,7 @@ def checkpoint(n: int, batch: str | None = None) -> CheckpointV2:
 
 @pytest.fixture
 def store() -> MemoryBlobStore:
-    return MemoryBlobStore()
+    return PerSeqMemoryBlobStore()
 
 
 @pytest.fixture
@@ -339,7 +340,7 @@ def test_a_newest_checkpoint_that_vanishes_under_a_newer_one_gives_that_one_and_
         writer.write(n, checkpoint(n))
     zombie = writer.blob_name(3, 2)
 
-    class Racing(MemoryBlobStore):
+    class Racing(PerSeqMemoryBlobStore):
         def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
             if name == zombie:  # between the listing and this read: #3 removed, #4 written
                 store.delete(zombie)

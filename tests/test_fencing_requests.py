@@ -30,6 +30,7 @@ from statebackend.errors import CommitConflictError, CommitError
 from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 
 CHECKPOINTS = "job/task-0/checkpoints/"
 RETAINED = 3
@@ -54,7 +55,7 @@ def names_of(blobs: MemoryBlobStore, seq: int) -> list[str]:
 def test_the_listing_after_the_write_refuses_a_zombie_however_far_ahead_the_owner_is(
     tmp_path: Path, ahead: int
 ) -> None:
-    inner = MemoryBlobStore()
+    inner = PerSeqMemoryBlobStore()
     blobs = ResilientBlobStore(inner)
     url = f"memory://{uuid.uuid4().hex}"
     model: dict[bytes, bytes] = {}
@@ -103,7 +104,7 @@ def test_a_write_that_landed_in_a_freed_seq_is_taken_by_create_only_alone(tmp_pa
     apart, and :meth:`CheckpointLog.write` (its :meth:`~CheckpointLog.fence`) does."""
     from statebackend.checkpoint import CheckpointIdGenerator, CheckpointV2
 
-    blobs = MemoryBlobStore()
+    blobs = PerSeqMemoryBlobStore()
     owner = CheckpointLog(blobs, "job", "task-0", retained=RETAINED)
     ids = CheckpointIdGenerator()
 

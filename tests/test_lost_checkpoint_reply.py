@@ -23,6 +23,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from statebackend.testing.controlled import ControlledBlobStore
 from tests import backend_helpers
 from tests.backend_helpers import sweep
@@ -70,7 +71,7 @@ def latest(blobs: MemoryBlobStore) -> LogEntry:
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_reopened_from_a_checkpoint_whose_reply_was_lost_it_restores_exactly(tmp_path: Path, backend: str) -> None:
-    inner = MemoryBlobStore()
+    inner = PerSeqMemoryBlobStore()
     blobs = ControlledBlobStore(inner)
     config = make_config(backend, tmp_path)
     model: dict[bytes, bytes] = {}
@@ -104,7 +105,7 @@ def test_a_landed_checkpoint_stays_restorable_and_durable_while_later_checkpoint
     log still holds it, it restores exactly, and no sweep takes its blobs, though every one of them is past its
     expiry (ttl.ms 1: the expiry stays on a durable checkpoint's blobs; a sweep deletes an expired blob only when no
     checkpoint in the log names it)."""
-    inner = MemoryBlobStore()
+    inner = PerSeqMemoryBlobStore()
     blobs = ControlledBlobStore(inner)
     config = make_config(backend, tmp_path)
     model: dict[bytes, bytes] = {}
@@ -145,7 +146,7 @@ def test_a_base_run_whose_checkpoint_reply_was_lost_is_listed_again_by_the_next_
     with the reply lost, so no cleanup makes the run durable. With no grace period every such run is too old to be
     named again without writing it anew: the next commit must still succeed (and the landed checkpoint and the next
     one restore exactly)."""
-    inner = MemoryBlobStore()
+    inner = PerSeqMemoryBlobStore()
     blobs = ControlledBlobStore(inner)
     model: dict[bytes, bytes] = {}
     changelog = make_config("changelog", tmp_path)

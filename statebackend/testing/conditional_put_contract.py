@@ -19,10 +19,11 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from statebackend.blobstores.base import BlobInfo, BlobStore
+from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.errors import NotFoundError, PreconditionFailedError, StorageError, TransientStorageError
 
-__all__ = ["ConditionalPutContract", "LostReplyStore"]
+__all__ = ["ConditionalPutContract", "LostReplyStore", "PerSeqMemoryBlobStore"]
 
 
 class LostReplyStore(BlobStore):
@@ -178,3 +179,10 @@ class ConditionalPutContract:
             assert store.get_versioned("cas/retried") == (b"someone else", other)
         finally:
             resilient.close()
+
+
+class PerSeqMemoryBlobStore(MemoryBlobStore):
+    """A memory store without the conditional put: a checkpoint log on it keeps the per-seq blobs and their listing
+    fence, as on a third-party store that does not claim :attr:`~BlobStore.supports_conditional_put`."""
+
+    supports_conditional_put = False
