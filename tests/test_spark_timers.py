@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, StatefulForeachBatch, read_state
-from statebackend.spark import driver as driver_module
+from statebackend.testing import ManualClock
 from tests.test_spark import make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -135,21 +135,10 @@ def _first_time(marker: str) -> bool:
 # -- helpers ------------------------------------------------------------------------------------------------------
 
 
-class Clock:
-    """The driver's batch clock, set by the test."""
-
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
-
-
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    fixed = Clock()
-    monkeypatch.setattr(driver_module, "wall_clock_ms", fixed)
-    return fixed
+def clock() -> ManualClock:
+    """The driver's batch clock, set by the test (each job is given it: ``StatefulForeachBatch(clock=...)``)."""
+    return ManualClock(0)
 
 
 def run_batch(
@@ -176,14 +165,21 @@ def counts(spark: Any, config: dict[str, object], num_tasks: int = NUM_TASKS) ->
 
 @pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
 def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_without_rows(
-    spark: Any, tmp_path: Path, clock: Clock, mode: str
+    spark: Any, tmp_path: Path, clock: ManualClock, mode: str
 ) -> None:
     config = make_config(tmp_path)
     fn, handler = MODES[mode]
     job = StatefulForeachBatch(
-        fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, mode=mode, on_timers=handler
+        fn,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode=mode,
+        on_timers=handler,
+        clock=clock,
     )
-    clock.now = 1000
+    clock.now_ms = 1000
     assert run_batch(spark, job, 0, [("a", 1500), ("b", 2500), ("c", 900)]) == [("c", 900, PROCESSING, 0)]
     assert pending(spark, config, checkpoint=0) == [("a", PROCESSING, 1500), ("b", PROCESSING, 2500)]
     # the driver's merged metrics of the batch: every task's counts, and the job's pending timers as the sum
@@ -191,12 +187,12 @@ def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_witho
     held = merged.histogram("timers.pending")
     assert held is not None and (held.sum, held.count) == (2, NUM_TASKS)
     assert (merged.counter("timers.registered"), merged.counter("timers.fired")) == (3, 1)
-    clock.now = 2000
+    clock.now_ms = 2000
     assert run_batch(spark, job, 1, [("d", 2200)]) == [("a", 1500, PROCESSING, 1)]
-    clock.now = 3000  # no input at all: every task still runs, and the idle keys' timers fire
+    clock.now_ms = 3000  # no input at all: every task still runs, and the idle keys' timers fire
     assert run_batch(spark, job, 2, []) == [("b", 2500, PROCESSING, 2), ("d", 2200, PROCESSING, 2)]
     assert sorted(s.task_index for s in job.last_batch_stats) == list(range(NUM_TASKS))
-    clock.now = 4000
+    clock.now_ms = 4000
     assert run_batch(spark, job, 3, []) == []
     assert sum(s.timers_fired for s in job.history) == 4
     assert pending(spark, config) == []
@@ -253,13 +249,13 @@ def both_timers(stores: Any, rows: Any) -> None:
 BATCHES = [[("a", 1000), ("b", 1100), ("c", 1200)], [("d", 2000), ("a", 2100)], [], [("e", 4000)], []]
 
 
-def run_reference(spark: Any, tmp_path: Path, clock: Clock) -> tuple[list[Any], list[Any]]:
+def run_reference(spark: Any, tmp_path: Path, clock: ManualClock) -> tuple[list[Any], list[Any]]:
     """Every batch once, one driver, nothing failing: the outputs and the timers left."""
     config = make_config(tmp_path / "reference")
-    job = both_job(config)
+    job = both_job(config, clock=clock)
     outputs = []
     for batch_id, rows in enumerate(BATCHES):
-        clock.now = 1000 * (batch_id + 2)
+        clock.now_ms = 1000 * (batch_id + 2)
         outputs.append(run_batch(spark, job, batch_id, rows))
     return outputs, pending(spark, config)
 
@@ -279,28 +275,28 @@ def both_job(config: dict[str, object], on_timers: Any = fired_rows, **extra: An
 
 
 def test_replays_and_a_driver_restarted_on_a_wiped_local_dir_fire_each_timer_once(
-    spark: Any, tmp_path: Path, clock: Clock
+    spark: Any, tmp_path: Path, clock: ManualClock
 ) -> None:
     expected, left = run_reference(spark, tmp_path, clock)
     assert sum(len(o) for o in expected) >= 6  # timers of both kinds fired in several batches
     config = make_config(tmp_path / "run")
-    job = both_job(config)
+    job = both_job(config, clock=clock)
     outputs: dict[int, list[Any]] = {}
     for batch_id in range(3):
-        clock.now = 1000 * (batch_id + 2)
+        clock.now_ms = 1000 * (batch_id + 2)
         outputs[batch_id] = run_batch(spark, job, batch_id, BATCHES[batch_id])
     watermark = {s.watermark_ms for s in job.last_batch_stats}
-    clock.now = 99_000  # Spark replays batch 2 after a driver crash: the tasks fire at the clock they recorded
+    clock.now_ms = 99_000  # Spark replays batch 2 after a driver crash: the tasks fire at the clock they recorded
     assert run_batch(spark, job, 2, BATCHES[2]) == outputs[2]
     # a new driver on a machine whose local state is gone: the watermark comes back from the checkpoints
     shutil.rmtree(tmp_path / "run" / "local")
-    restarted = both_job(config)
+    restarted = both_job(config, clock=clock)
     assert run_batch(spark, restarted, 2, BATCHES[2]) == outputs[2]
     assert {s.watermark_ms for s in restarted.last_batch_stats} == watermark
     for batch_id in range(3, len(BATCHES)):
         if batch_id == 4:  # and once more, now without a replay: the next batch after a restart
-            restarted = both_job(config)
-        clock.now = 1000 * (batch_id + 2)
+            restarted = both_job(config, clock=clock)
+        clock.now_ms = 1000 * (batch_id + 2)
         outputs[batch_id] = run_batch(spark, restarted, batch_id, BATCHES[batch_id])
     assert [outputs[b] for b in range(len(BATCHES))] == expected
     assert pending(spark, config) == left
@@ -308,14 +304,14 @@ def test_replays_and_a_driver_restarted_on_a_wiped_local_dir_fire_each_timer_onc
 
 @pytest.mark.parametrize("how", ["raise", "pickle", "kill"])
 def test_a_failed_or_killed_task_attempt_fires_its_timers_once(
-    spark: Any, tmp_path: Path, clock: Clock, how: str
+    spark: Any, tmp_path: Path, clock: ManualClock, how: str
 ) -> None:
     expected, left = run_reference(spark, tmp_path, clock)
     config = make_config(tmp_path / "run")
-    job = both_job(config, on_timers=Failing(tmp_path / "marker", 2, how))
+    job = both_job(config, clock=clock, on_timers=Failing(tmp_path / "marker", 2, how))
     outputs = []
     for batch_id, rows in enumerate(BATCHES):
-        clock.now = 1000 * (batch_id + 2)
+        clock.now_ms = 1000 * (batch_id + 2)
         outputs.append([row for row in run_batch(spark, job, batch_id, rows) if row[0] != "sentinel"])
     assert (tmp_path / "marker").exists()  # the failure happened
     assert any(s.batch_id == 2 and s.attempt == 1 for s in job.history)  # and its task was retried
@@ -323,11 +319,14 @@ def test_a_failed_or_killed_task_attempt_fires_its_timers_once(
     assert pending(spark, config) == left
 
 
-def test_timers_move_with_their_key_groups_when_num_tasks_changes(spark: Any, tmp_path: Path, clock: Clock) -> None:
+def test_timers_move_with_their_key_groups_when_num_tasks_changes(
+    spark: Any, tmp_path: Path, clock: ManualClock
+) -> None:
     config = make_config(tmp_path)
     words = [f"w{i}" for i in range(20)]
     job = StatefulForeachBatch(
         register_rows,
+        clock=clock,
         key_columns=["word"],
         num_tasks=3,
         config=config,
@@ -335,11 +334,12 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes(spark: Any, tm
         on_timers=fired_rows,
         key_groups=16,
     )
-    clock.now = 0
+    clock.now_ms = 0
     assert run_batch(spark, job, 0, [(w, 1000 + 100 * i) for i, w in enumerate(words)]) == []
     assert [key for key, _, _ in pending(spark, config, 3)] == sorted(words)
     fewer = StatefulForeachBatch(
         register_rows,
+        clock=clock,
         key_columns=["word"],
         num_tasks=2,
         config=config,
@@ -347,34 +347,41 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes(spark: Any, tm
         on_timers=fired_rows,
         key_groups=16,
     )
-    clock.now = 1950
+    clock.now_ms = 1950
     first = run_batch(spark, fewer, 1, [])
     assert [row[0] for row in first] == sorted(words[:10])
     assert [key for key, _, _ in pending(spark, config, 2)] == sorted(words[10:])
-    clock.now = 9000
+    clock.now_ms = 9000
     second = run_batch(spark, fewer, 2, [])
     assert sorted(row[0] for row in first + second) == sorted(words)  # each timer fired once, in its new task
 
 
 @pytest.mark.parametrize("mode", ["arrow", "pandas"])
 def test_input_spark_knows_to_be_empty_still_runs_every_task(
-    spark: Any, tmp_path: Path, clock: Clock, mode: str
+    spark: Any, tmp_path: Path, clock: ManualClock, mode: str
 ) -> None:
     """A filter on false is planned with no partition at all: the tasks still run, commit and fire their timers, and
     the next batch finds every task's checkpoint of it."""
     config = make_config(tmp_path)
     fn, handler = MODES[mode]
     job = StatefulForeachBatch(
-        fn, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, mode=mode, on_timers=handler
+        fn,
+        key_columns=["word"],
+        num_tasks=NUM_TASKS,
+        config=config,
+        output_schema=OUTPUT,
+        mode=mode,
+        on_timers=handler,
+        clock=clock,
     )
-    clock.now = 0
+    clock.now_ms = 0
     run_batch(spark, job, 0, [("a", 500), ("b", 1500)])
-    clock.now = 1000
+    clock.now_ms = 1000
     nothing = spark.createDataFrame([("x", 0)], INPUT).where("false")
     assert sorted(tuple(row) for row in job(nothing, 1).collect()) == [("a", 500, PROCESSING, 1)]
     assert sorted(s.task_index for s in job.last_batch_stats) == list(range(NUM_TASKS))
     assert {s.committed_seq for s in job.last_batch_stats} == {2}
-    clock.now = 2000
+    clock.now_ms = 2000
     assert run_batch(spark, job, 2, [("c", 9000)]) == [("b", 1500, PROCESSING, 2)]
 
 

@@ -229,7 +229,7 @@ class EventTimes:
             return frame
         if self.type_name in ("long", "integer"):
             self._see(int(series.max()))
-            return frame
+            return self._frame_on_time(frame, series < self.drop_below if self.drop_below is not None else None)
         stamps = pd.to_datetime(series)
         if stamps.dt.tz is None:
             stamps = stamps.dt.tz_localize(
@@ -239,10 +239,12 @@ class EventTimes:
             self._see(int(stamps.max().value // 1_000_000))
         if self.drop_below is None:
             return frame
-        if self.type_name in ("long", "integer"):
-            late = series < self.drop_below
-        else:
-            late = stamps < pd.Timestamp(self.drop_below, unit="ms", tz="UTC")
+        return self._frame_on_time(frame, stamps < pd.Timestamp(self.drop_below, unit="ms", tz="UTC"))
+
+    def _frame_on_time(self, frame: Any, late: Any) -> Any:
+        """``frame`` without the rows ``late`` (a boolean series over some of its index) marks."""
+        if late is None:
+            return frame
         late_index = late[late].index
         if len(late_index):
             self.dropped += len(late_index)
