@@ -237,3 +237,47 @@ def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: 
 
 #: the blob-snapshot grace period the run-age tests set: 1000 s on a fake clock
 GRACE_MS = 1_000_000
+
+
+def fill(task: TaskStorage, model: dict[bytes, bytes], start: int, count: int, tag: str, name: str = "counts") -> None:
+    """Puts keys ``start`` to ``start + count`` with values tagged ``tag`` into store ``name`` and ``model``."""
+    store = task.store(name)
+    for i in range(start, start + count):
+        key = f"k{i:07d}".encode()
+        value = f"{tag}-{i}-".encode() * 3
+        store.put(key, value)
+        model[key] = value
+
+
+def run_blobs(blobs: BlobStore, prefix: str = BLOBSNAPSHOT_PREFIX) -> set[str]:
+    """The run blobs under ``prefix``."""
+    return set(blobs.list(prefix + "runs/"))
+
+
+def index_blobs(blobs: BlobStore, prefix: str = BLOBSNAPSHOT_PREFIX) -> list[str]:
+    """The index blobs (markers of older releases) under ``prefix``."""
+    return list(blobs.list(prefix + "index/"))
+
+
+def read_marker_index(blobs: BlobStore, checkpoint: Any) -> RunIndex:
+    """The run index of store ``counts`` that ``checkpoint``'s blob-snapshot marker names."""
+    marker = checkpoint.markers_for("blobsnapshot")["counts"]
+    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
+
+
+def live_runs(blobs: BlobStore, task: TaskStorage) -> set[str]:
+    """The run blobs the checkpoints in the task's log need."""
+    live: set[str] = set()
+    for entry in task.checkpoint_log.entries():
+        marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
+        live |= read_marker(blobs, marker, job="job", task="task-0", store="counts").blob_names(BLOBSNAPSHOT_PREFIX)
+    return live
+
+
+def drain_cleanup(task: TaskStorage) -> None:
+    """Make the last commit's cleanup and the log's retention done now. Both are idempotent, so running them again
+    while the commit manager's own queued ones run too is safe (which is itself part of the contract under test)."""
+    last = task.commit_manager.last_checkpoint
+    assert last is not None
+    blobsnapshot_manager(task).cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
+    task.checkpoint_log.retain()

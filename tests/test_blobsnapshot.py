@@ -4,16 +4,13 @@ Compaction, catch-up and the LSM-specific guarantees: tests/test_blobsnapshot_ls
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
 import pytest
-from statebackend.backends.blobsnapshot.admin import BlobSnapshotAdmin
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import (
     SCHEMA_VERSION,
@@ -28,10 +25,8 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
-from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.contracts import BackendContext
 from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
-from statebackend.metrics import Metrics
 from statebackend.recordfile import FORMAT_VERSION, iter_records, read_header
 from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
@@ -39,9 +34,9 @@ from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import blobsnapshot_config as make_config
-from tests.backend_helpers import blobsnapshot_manager as backup_manager
+from tests.backend_helpers import fill, read_marker_index, run_blobs
 from tests.backend_helpers import store_contents as contents
-from tests.blobsnapshot_legacy import as_index_blob_markers, rewrite_markers
+from tests.blobsnapshot_legacy import as_index_blob_markers
 
 
 class TestBlobSnapshotBackend(BackendContract):
@@ -53,23 +48,6 @@ class TestBlobSnapshotBackend(BackendContract):
     }
 
 
-def fill(task: TaskStorage, model: dict[bytes, bytes], start: int, count: int, tag: str, name: str = "counts") -> None:
-    store = task.store(name)
-    for i in range(start, start + count):
-        key = f"k{i:07d}".encode()
-        value = f"{tag}-{i}-".encode() * 3
-        store.put(key, value)
-        model[key] = value
-
-
-def run_blobs(blobs: MemoryBlobStore, prefix: str = PREFIX) -> set[str]:
-    return set(blobs.list(prefix + "runs/"))
-
-
-def index_blobs(blobs: MemoryBlobStore, prefix: str = PREFIX) -> list[str]:
-    return list(blobs.list(prefix + "index/"))
-
-
 def uploaded_by(task: TaskStorage, offsets: dict[str, str]) -> float:
     before = task.metrics.counter("commit.bytes.uploaded")
     task.commit_durably(offsets)
@@ -77,11 +55,6 @@ def uploaded_by(task: TaskStorage, offsets: dict[str, str]) -> float:
 
 
 # -- commit and restore ---------------------------------------------------------------------------------------------
-
-
-def read_marker_index(blobs: MemoryBlobStore, checkpoint: Any) -> RunIndex:
-    marker = checkpoint.markers_for("blobsnapshot")["counts"]
-    return read_marker(blobs, marker, job="job", task="task-0", store="counts")
 
 
 def test_first_commit_uploads_one_run_and_an_index_naming_it(tmp_path: Path) -> None:
@@ -584,366 +557,3 @@ def test_interrupted_restore_leaves_previous_state(tmp_path: Path) -> None:
         with pytest.raises(InterruptedError):
             manager.restore()
         assert contents(task) == older
-
-
-# -- garbage ---------------------------------------------------------------------------------------------------------
-
-
-def _live_runs(blobs: MemoryBlobStore, task: TaskStorage) -> set[str]:
-    live: set[str] = set()
-    for entry in task.checkpoint_log.entries():
-        marker = entry.checkpoint.markers_for("blobsnapshot")["counts"]  # type: ignore[union-attr]
-        live |= read_marker(blobs, marker, job="job", task="task-0", store="counts").blob_names(PREFIX)
-    return live
-
-
-def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path) -> None:
-    """With the checkpoint log's retention at every commit (``retention_interval`` 1), retention's deletes go with
-    each cleanup, so after each the blob store holds exactly what the retained checkpoints need. The batches of the
-    default interval: tests/test_request_budget.py."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path)
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        task.checkpoint_log.retention_interval = 1
-        for round_no in range(6):
-            fill(task, model, round_no * 3000, 3000, f"r{round_no}")
-            fill(task, model, 0, 200, f"u{round_no}")
-            task.commit_durably({"input": str(round_no)})
-            task.commit_manager.wait()
-        _drain(task)
-        entries = task.checkpoint_log.entries()
-        assert len(entries) == 2
-        assert run_blobs(blobs) == _live_runs(blobs, task)
-        assert index_blobs(blobs) == []  # each index is inline in its checkpoint's marker
-        # cleanup again is a no-op (idempotent, absent blobs are success)
-        manager = backup_manager(task)
-        last = entries[-1].checkpoint
-        manager.cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
-        assert run_blobs(blobs) == _live_runs(blobs, task)
-    # both retained checkpoints restore
-    for seq in (entries[0].seq, entries[1].seq):
-        shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s) as task:
-            assert task.metrics.counter("restore.stores.full") == 1
-    assert contents_after_restore(config, blobs) == model
-
-
-def contents_after_restore(config: dict[str, object], blobs: MemoryBlobStore) -> dict[bytes, bytes]:
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        return contents(task)
-
-
-def test_a_durable_checkpoints_blobs_are_not_rewritten_and_no_sweep_takes_them_once_expired(tmp_path: Path) -> None:
-    """The expiry written at upload stays (removing it cost a COPY per blob at every cleanup): a sweep deletes an
-    expired blob only when no checkpoint names it, so a durable checkpoint's index and runs outlive their expiry."""
-    inner = MemoryBlobStore()
-    blobs = ResilientBlobStore(inner)
-    requests = Metrics()
-    blobs.use_metrics(requests)
-    config = make_config(tmp_path, **{"blobsnapshot.ttl.ms": 1, "blobsnapshot.gc.grace.period.ms": 0})
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        task.checkpoint_log.retention_interval = 1  # the log keeps exactly the retained 2 at each commit
-        for round_no in range(3):
-            fill(task, model, round_no * 100, 2000, f"r{round_no}")
-            task.commit_durably({"input": str(round_no)})
-        _drain(task)
-        entries = task.checkpoint_log.entries()
-        assert len(entries) == 2
-        markers = {e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries}  # type: ignore[union-attr]
-        assert all(is_inline_marker(marker) for marker in markers)
-        named = _live_runs(inner, task)
-        assert all("expires_at" in inner.head(name).metadata for name in named)
-        assert requests.counter("blob_store.requests", operation="set_metadata") == 0, "a cleanup rewrote metadata"
-        backup_manager(task).sweep(now=backup_manager(task).clock() + 3600)  # every blob long expired
-        assert all(inner.exists(name) for name in named), "a sweep took a blob a retained checkpoint names"
-        assert index_blobs(inner) == []
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
-        assert contents(task) == model
-
-
-def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp_path: Path) -> None:
-    """A commit whose run landed but whose checkpoint did not: its changes are in LMDB, so the next commit's index
-    lists that run (already in the blob store) before its own."""
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path)
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 3000, "a")
-        task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-        fill(task, model, 0, 300, "lost")
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
-        carried = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
-        assert len(carried) == 1
-        fill(task, model, 5000, 10, "c")
-        checkpoint = task.commit_durably({"input": "2"})
-        index = read_marker_index(blobs.inner, checkpoint)
-        assert len(index.runs) == 3 and run_name(PREFIX, index.runs[1].hash) in carried
-        assert task.metrics.counter("blobsnapshot.runs.uploaded") == 3
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
-
-
-def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_path: Path) -> None:
-    blobs = ControlledBlobStore(MemoryBlobStore())
-    config = make_config(tmp_path)
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 3000, "a")
-        task.commit_durably({"input": "0"})
-        durable = dict(model)
-        # a commit whose run lands but whose checkpoint never does, and the task goes away: its run is garbage
-        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-        fill(task, {}, 0, 3000, "lost")
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == durable
-        orphans = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
-        assert len(orphans) == 1
-        for name in orphans:
-            assert "expires_at" in blobs.head(name).metadata
-        manager = backup_manager(task)
-        assert manager.sweep().runs_deleted == 0  # within the grace period: could be an upload in progress
-        assert run_blobs(blobs.inner) >= orphans
-        report = manager.sweep(now=manager.clock() + 2 * 3600)
-        assert report.runs_deleted == len(orphans)
-        assert run_blobs(blobs.inner) == _live_runs(blobs.inner, task)
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == durable
-
-
-def test_sweep_never_deletes_what_a_checkpoint_in_the_log_needs(tmp_path: Path) -> None:
-    """Indexes restored from an older run are not in memory, but the checkpoint log still names them."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{"task.checkpoint.retained": 3})
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(3):
-            fill(task, model, 0, 2000, f"r{round_no}")
-            task.commit_durably({"input": str(round_no)})
-        _drain(task)
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        before = run_blobs(blobs)
-        report = backup_manager(task).sweep(now=10**12)
-        assert report.runs_deleted == 0 and report.indexes_deleted == 0
-        assert run_blobs(blobs) == before
-    for seq in (1, 2, 3):
-        shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s):
-            pass
-
-
-def test_sweep_runs_at_init_and_on_a_store_without_metadata_uses_first_seen(tmp_path: Path) -> None:
-    inner = MemoryBlobStore()
-    inner.supports_metadata = False
-    config = make_config(tmp_path, **{"blobsnapshot.gc.on.init": "true"})
-    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
-        fill(task, {}, 0, 1000, "a")
-        task.commit_durably({"input": "0"})
-        _drain(task)
-        inner.put(PREFIX + "runs/" + "0" * 64, b"orphan")
-        inner.put(PREFIX + "chunks/" + "1" * 64, b"a chunk of a schema-1 snapshot no checkpoint names")
-        manager = backup_manager(task)
-        assert manager.sweep().runs_deleted == 0  # first seen now
-        assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 2
-        assert not list(inner.list(PREFIX + "chunks/"))
-        assert run_blobs(inner) == _live_runs(inner, task)
-        assert task.metrics.counter("blobsnapshot.sweeps") >= 3  # the one at init too
-
-
-def _drain(task: TaskStorage) -> None:
-    """Make the last commit's cleanup and the log's retention done now. Both are idempotent, so running them again
-    while the commit manager's own queued ones run too is safe (which is itself part of the contract under test)."""
-    last = task.commit_manager.last_checkpoint
-    assert last is not None
-    backup_manager(task).cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
-    task.checkpoint_log.retain()
-
-
-def test_sweep_counts_the_age_of_a_blob_without_metadata_from_first_seen(tmp_path: Path) -> None:
-    """A head() whose metadata headers were cut shows no metadata: that is no proof of age (before, such a young
-    unreferenced blob, e.g. another attempt's upload in progress, was deleted at once)."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path)
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, {}, 0, 500, "a")
-        task.commit_durably({"input": "0"})
-        stray = next(iter(run_blobs(blobs))).rsplit("/", 1)[0] + "/" + "0" * 64
-        blobs.put(stray, b"an upload in progress elsewhere")  # no metadata at all
-        manager = backup_manager(task)
-        assert manager.sweep().runs_deleted == 0
-        assert stray in run_blobs(blobs)
-        assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 1
-        assert stray not in run_blobs(blobs)
-
-
-def test_sweep_ages_a_blob_with_unreadable_age_metadata_from_its_first_sighting(tmp_path: Path) -> None:
-    """The kit's age rule: an unreadable ``created_at`` is an unknown age, counted from the first sighting (before,
-    such a blob was kept forever), and an expired blob goes whatever its age."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path)
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, {}, 0, 500, "a")
-        task.commit_durably({"input": "0"})
-        manager = backup_manager(task)
-        now = manager.clock()
-        unreadable, expired = PREFIX + "runs/" + "0" * 64, PREFIX + "runs/" + "1" * 64
-        blobs.put(unreadable, b"stray", metadata={"created_at": "not a time"})
-        blobs.put(expired, b"stray", metadata={"created_at": f"{now:.3f}", "expires_at": f"{now - 1:.3f}"})
-        assert manager.sweep().runs_deleted == 1  # the expired one, though young
-        assert unreadable in run_blobs(blobs) and expired not in run_blobs(blobs)
-        assert manager.sweep(now=now + 3500).runs_deleted == 0  # younger than the grace period since first seen
-        assert manager.sweep(now=now + 2 * 3600).runs_deleted == 1
-        assert run_blobs(blobs) == _live_runs(blobs, task)
-
-
-def test_sweep_stops_deleting_a_quarter_of_the_grace_period_after_its_mark(tmp_path: Path) -> None:
-    """Its marks may be stale by then (a checkpoint written since may name a run that is old by now): the sweep
-    stops, and the next one marks anew. Its deletes go in one request per prefix (indexes, then runs): a first sweep
-    whose index request takes past the deadline deletes no run; the next one deletes them."""
-    clock = [1_800_000_000.0]
-
-    class SlowDeletes(MemoryBlobStore):
-        supports_conditional_delete = False  # the sweep takes its delete_many path, which this test watches
-        slow = False
-
-        def delete_many(self, names: list[str]) -> None:
-            super().delete_many(names)
-            if self.slow:
-                clock[0] += 1000  # past a quarter of the grace period (900 s) after one request
-
-    blobs = SlowDeletes()
-    config = make_config(tmp_path)
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, {}, 0, 500, "a")
-        task.commit_durably({"input": "0"})
-        _drain(task)
-        manager = backup_manager(task)
-        manager.clock = lambda: clock[0]
-        orphans = {PREFIX + "runs/" + digit * 64 for digit in "012"}
-        orphan_index = PREFIX + "index/000000000009-" + "0" * 16 + ".json"
-        for name in [*orphans, orphan_index]:
-            blobs.put(name, b"orphan", metadata={"created_at": f"{clock[0] - 7200:.3f}"})
-        blobs.slow = True
-        first = manager.sweep()
-        assert (first.indexes_deleted, first.runs_deleted) == (1, 0)
-        assert orphans <= run_blobs(blobs)
-        assert manager.sweep().runs_deleted == 3
-        assert run_blobs(blobs) == _live_runs(blobs, task)
-
-
-# -- the marker carries the index; markers of older releases (index blob names) ----------------------------------------
-
-
-def _damaged(marker: str) -> str:
-    """``marker`` with one digit of its index's key count changed and compressed again: it decodes, its checksum
-    fails."""
-    prefix, payload = marker.rsplit(":", 1)
-    data = bytearray(zlib.decompress(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))))
-    digit = data.index(b'"key_count":') + len(b'"key_count":')
-    data[digit] = ord("7") if data[digit] != ord("7") else ord("8")
-    return f"{prefix}:{base64.urlsafe_b64encode(zlib.compress(bytes(data))).rstrip(b'=').decode()}"
-
-
-def test_a_commit_writes_no_index_blob_and_its_marker_carries_the_index(tmp_path: Path) -> None:
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path)
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 1000, "a")
-        checkpoint = task.commit_durably({"input": "0"})
-        idle = task.commit_durably({"input": "1"})
-    assert index_blobs(blobs) == []
-    for commit, seq in ((checkpoint, 1), (idle, 2)):
-        marker = commit.markers_for("blobsnapshot")["counts"]
-        assert marker.startswith(f"inline-index:1:{seq:012d}-")
-        index = read_marker(blobs, marker, job="job", task="task-0", store="counts")
-        assert index.seq == seq and index.key_count == 1000 and len(index.runs) == 1
-    with pytest.raises(CorruptDataError, match="is not the index its marker designates"):
-        read_marker(blobs, marker, job="job", task="task-1", store="counts")  # another task's reader
-
-
-@pytest.mark.parametrize("fallback", [False, True])
-def test_a_damaged_inline_marker_is_refused_and_restore_falls_back(tmp_path: Path, fallback: bool) -> None:
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{"stores.counts.backup.factories": "changelog,blobsnapshot"} if fallback else {})
-    if fallback:
-        del config["stores.counts.restore.factory"]
-        config["stores.counts.restore.factories"] = "blobsnapshot,changelog"
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 1000, "a")
-        task.commit_durably({"input": "0"})
-        fill(task, model, 500, 10, "b")
-        task.commit_durably({"input": "1"})
-    rewrite_markers(blobs, "job", "task-0", lambda store, marker: _damaged(marker), seqs=lambda seq: seq == 2)
-    shutil.rmtree(tmp_path / "local")
-    if not fallback:
-        with pytest.raises(CorruptDataError, match="checksum") as excinfo:
-            TaskStorage.open(config, "task-0", blob_store=blobs)
-        assert "inline index 000000000002-" in str(excinfo.value)
-        return
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert task.commit_manager.backups[0].manager.context.restored_by["counts"] == "changelog"  # type: ignore[attr-defined]
-        assert contents(task) == model
-        fill(task, model, 0, 5, "c")
-        task.commit_durably({"input": "2"})  # blob-snapshot starts anew with a base run
-    shutil.rmtree(tmp_path / "local")
-    del config["stores.counts.restore.factories"]
-    config["stores.counts.restore.factory"] = "blobsnapshot"
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
-
-
-def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swept_right(tmp_path: Path) -> None:
-    """Checkpoints of an older release (markers naming index blobs) then of this one (inline): a warm open continues
-    the chain from an index blob, every checkpoint in the log restores, an index blob is kept while a checkpoint in
-    the log names it and swept once no checkpoint in the log names it, and verify passes on both forms."""
-    blobs = MemoryBlobStore()
-    config = make_config(tmp_path, **{"task.checkpoint.retained": 3})
-    model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(3):
-            fill(task, model, round_no * 100, 300, f"old{round_no}")
-            task.commit_durably({"input": str(round_no)})
-    legacy = {markers["counts"] for markers in as_index_blob_markers(blobs, "job", "task-0").values()}
-    assert set(index_blobs(blobs)) == legacy and len(legacy) == 3
-    snapshots = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert task.metrics.counter("restore.stores.reused") == 1  # the index blob names the local version
-        task.checkpoint_log.retention_interval = 1
-        admin = BlobSnapshotAdmin(context=backup_manager(task).context)
-        for entry in task.checkpoint_log.entries():
-            assert admin.verify_marker("counts", entry.checkpoint.markers_for("blobsnapshot")["counts"]) == []  # type: ignore[union-attr]
-        for round_no in range(3, 5):
-            fill(task, model, round_no * 100, 300, f"new{round_no}")
-            task.commit_durably({"input": str(round_no)})
-            snapshots[round_no + 1] = dict(model)
-        _drain(task)
-        entries = task.checkpoint_log.entries()
-        named = {e.checkpoint.markers_for("blobsnapshot")["counts"] for e in entries}  # type: ignore[union-attr]
-        assert [e.seq for e in entries] == [3, 4, 5]
-        assert len(named & legacy) == 1 and set(index_blobs(blobs)) == legacy  # seq 3's is still named; the two
-        # before it this manager never held (the older open wrote them): the sweep collects them
-        backup_manager(task).sweep(now=backup_manager(task).clock() + 10 * 3600)
-        assert set(index_blobs(blobs)) == named & legacy
-        assert run_blobs(blobs) == _live_runs(blobs, task)
-        for marker in named:
-            assert admin.verify_marker("counts", marker) == []
-    for seq in (3, 5):
-        shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s) as task:
-            assert task.metrics.counter("restore.stores.full") == 1
-            if seq == 5:
-                assert contents(task) == snapshots[5]
