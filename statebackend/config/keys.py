@@ -1,8 +1,8 @@
 """The keys statebackend owns, declared once: ``job.*``, ``state.*``, ``task.*``, ``metrics.*``, ``blob.store.url``
-and ``stores.<name>.*``. The other ``blob.store.*`` keys are declared by the blob stores, each in its class's ``options``
-(statebackend.blobstores), and validated against the schema of the URL's scheme. Each spec's default is the key's only
-default (Settings and StoreSettings take theirs from here). docs/configuration.md lists every key with its default
-(tests/test_config.py and tests/test_one_source.py check it)."""
+and ``stores.<name>.*``. The other ``blob.store.*`` keys are declared by the blob stores, each in its class's
+``options`` (statebackend.blobstores), and validated against the schema of the URL's scheme. Each spec's default is the
+key's only default (Settings and StoreSettings take theirs from here). docs/configuration.md lists every key with its
+default (tests/test_config.py and tests/test_one_source.py check it)."""
 
 from __future__ import annotations
 
