@@ -10,7 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
@@ -21,7 +21,7 @@ from statebackend.checkpoint.checkpoint import CheckpointV2
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.contracts import TaskBackupManager
 from statebackend.task import TaskStorage
-from statebackend.testing.backend_contract import write_round
+from statebackend.testing.backend_contract import BackendContract, write_round
 
 FAR_FUTURE = 10 * 365 * 86400.0
 
@@ -281,3 +281,22 @@ def drain_cleanup(task: TaskStorage) -> None:
     assert last is not None
     blobsnapshot_manager(task).cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
     task.checkpoint_log.retain()
+
+
+# -- the changelog backend ------------------------------------------------------------------------------------------
+
+#: the blob prefix of store counts of task-0 (``BackendContext.blob_prefix``), under which its recipe names blobs
+CHANGELOG_PREFIX = "job/task-0/counts/changelog/"
+
+
+class ChangelogContract(BackendContract):
+    """The backend contract suite's setup on the changelog backend (a snapshot every three commits); the test module
+    that runs the suite subclasses it under a ``Test`` name."""
+
+    backup_factories: ClassVar[str] = "changelog"
+    extra_config: ClassVar[dict[str, Any]] = {"changelog.snapshot.interval.commits": 3}
+
+
+def changelog_config(tmp_path: Path, **extra: object) -> dict[str, object]:
+    """The contract suite's config on the changelog backend, plus ``extra``."""
+    return ChangelogContract().make_config(tmp_path, **extra)
