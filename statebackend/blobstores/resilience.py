@@ -287,12 +287,12 @@ class Resilience:
                 in_flight.discard(number)
                 if ok:
                     finish("ok", value)
-                    return value  # type: ignore[no-any-return]
+                    return value  # type: ignore[no-any-return]  # an attempt() result: a T
                 if isinstance(value, AlreadyExistsError) and is_own_write is not None and launched > 1:
                     verdict = self._read_back(is_own_write)
                     if verdict == _OURS:
                         finish("ok")
-                        return None  # type: ignore[return-value]
+                        return None  # type: ignore[return-value]  # is_own_write: a write, whose T is None
                     finish("error")
                     if verdict == _UNKNOWN:
                         raise self._undecided(operation, value)
@@ -310,7 +310,7 @@ class Resilience:
                     verdict = self._read_back(is_own_write)
                     if verdict == _OURS:
                         finish("ok")
-                        return None  # type: ignore[return-value]
+                        return None  # type: ignore[return-value]  # is_own_write: a write, whose T is None
                     if verdict == _OTHER:
                         finish("error")
                         taken = AlreadyExistsError(
@@ -335,7 +335,7 @@ class Resilience:
                 in_flight.discard(number)
                 if ok:
                     finish("ok", value)
-                    return value  # type: ignore[no-any-return]
+                    return value  # type: ignore[no-any-return]  # an attempt() result: a T
             launch()
 
     def _read_back(self, is_own_write: Callable[[], bool]) -> str:
@@ -356,7 +356,7 @@ class Resilience:
             "back to tell whether it is its own; retry it"
         )
         error.__cause__ = taken
-        return scrub_chain(error)  # type: ignore[return-value]
+        return scrub_chain(error)
 
     def _count(self, name: str, operation: str | None = None) -> None:
         if self.metrics is not None:
