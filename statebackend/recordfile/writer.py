@@ -205,7 +205,8 @@ def _write_body_columnar(
         parts = [b""]  # the block header, once the flags are known
         if has_delete:
             parts.append(bytes(OP_DELETE if value is None else OP_PUT for value in values))
-        # a delete has no value: the value column holds the puts' values only
+        # a delete has no value: the value column holds the puts' values only (without a delete, values has no None:
+        # the list is taken as it is, not copied)
         puts: list[bytes] = [value for value in values if value is not None] if has_delete else values  # type: ignore[assignment]
         key_length = key_lengths[0]
         keys_fixed = planes and key_length <= PLANES_MAX_LENGTH and key_lengths.count(key_length) == n
