@@ -507,7 +507,7 @@ class CheckpointLog:
         """The highest seq present in any version (0 for an empty log)."""
         if self.head_mode and (blob := self._read_head(at_least)) is not None:
             return blob.seq
-        return max(self._listing(at_least), default=0)
+        return int(max(self._listing(at_least), default=0))
 
     def read(self, seq: int) -> LogEntry:
         """Entry ``seq``; :class:`NotFoundError` when no version of ``read_versions`` exists for it."""
@@ -554,15 +554,10 @@ class CheckpointLog:
 
     def entries(self, at_least: int = 0, *, cached: bool = False) -> list[LogEntry]:
         """Every readable entry, ascending by seq. ``cached``: entries this log object wrote itself are not read
-        back (a collector's mark: see :meth:`_read_entry`; in head mode, the head this object wrote last is not read
-        again); never for choosing what to restore."""
-        if self.head_mode:
-            with self._state_lock:
-                seen = self._seen
-            if cached and seen is not None and seen[2] and seen[1].seq >= max(at_least, self.floor):
-                return self._head_entries(seen[1])
-            if (blob := self._read_head(at_least)) is not None:
-                return self._head_entries(blob)
+        back (a collector's mark: see :meth:`_read_entry`); never for choosing what to restore. In head mode the head
+        is read (one GET, like the listing: a mark must see what other attempts committed since)."""
+        if self.head_mode and (blob := self._read_head(at_least)) is not None:
+            return self._head_entries(blob)
         return list(reversed(list(self._newest_first(self._listing(at_least), cached=cached))))
 
     def for_input_offsets(self, offsets: Mapping[str, str]) -> LogEntry | None:

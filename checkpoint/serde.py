@@ -262,11 +262,11 @@ def decode_bound_checkpoint(
                 f"({document.get('head')!r}), which needs a blob store with conditional writes "
                 "(supports_conditional_put); open the log through such a store (s3://, az://, file://, memory://)"
             )
-        binding = _moved_binding(document, source)
+        moved = _moved_binding(document, source)
         inner = document.get("checkpoint")
         if not isinstance(inner, dict):
             raise CorruptDataError(f"checkpoint {source}: 'checkpoint' must be an object")
-        return _checkpoint(inner, source), binding
+        return _checkpoint(inner, source), moved
     binding = _binding(document, source)  # the checksum first: a damaged blob is reported as such
     return _checkpoint(document, source), binding
 

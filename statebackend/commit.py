@@ -12,17 +12,20 @@ One commit, in this order:
 3. Sync part, on the caller's thread: flush every store (one LMDB transaction each), a new checkpoint id, every
    backup manager's ``snapshot()``.
 4. Async part, on the bounded pool shared by the tasks of the process: every backend's ``upload()`` in parallel;
-   then the CheckpointV2 is written to the checkpoint log with a create-only write (the commit point: first writer
-   of a sequence number wins, so a competing attempt of the same task is detected) and a listing checks that no
-   newer checkpoint exists (fencing: :class:`CommitConflictError`, never tolerated); then ``CHECKPOINT-V2`` in each
+   then the CheckpointV2 is written to the checkpoint log: on a blob store with conditional writes, one
+   compare-and-swap of the task's checkpoint head with the version seen at the restore decision (or at this task's
+   previous commit), which is the commit point and the fence at once; elsewhere a create-only write of the seq's
+   blob (first writer of a sequence number wins) and a listing that checks that no newer checkpoint exists. Either
+   way a competing or zombie attempt gets :class:`CommitConflictError`, never tolerated; then ``CHECKPOINT-V2`` in each
    store dir; then ``cleanup()`` and checkpoint-log retention, fed by that listing, once it has
    ``CheckpointLog.retention_interval`` old checkpoints to delete in one request, and ``after_durable`` (the
    metrics textfile), whose work :meth:`TaskCommitManager.close` waits for like a cleanup.
 
 The sequence number written is the one after the head seen when the task was restored, then one more per durable
 commit. A checkpoint write whose outcome is unknown (the reply was lost and every retry failed) is resolved before
-the next write: if the blob holds exactly that checkpoint, it did land and the next commit takes the next seq; if it
-is absent, the seq is still free; anything else is a conflict.
+the next write: if the blob holds exactly that checkpoint (on the head: the entry of that seq carries the nonce of
+this writer's write, read back with one GET), it did land and the next commit takes the next seq; if it is absent,
+the seq is still free; anything else is a conflict.
 
 The async part never waits on a pool future from inside the pool: the steps are chained with callbacks, so a pool
 of any size cannot deadlock however many tasks commit at once.

@@ -7,8 +7,11 @@ sources) and the Spark executor, which lists once, plans its batch on the decisi
 Trust (docs/architecture.md, "Fencing" and "Short answers"):
 
 - **Fencing.** The listing that chose the checkpoint also gives the head (the newest seq in the log); the attempt
-  may only ever write ``head + 1`` (:attr:`OpenDecision.next_seq`). A caller that chose from its own listing (a Spark
-  replay supersedes newer checkpoints on purpose) passes the head it saw as ``fence_seq``.
+  may only ever write ``head + 1`` (:attr:`OpenDecision.next_seq`). On a blob store with conditional writes the
+  "listing" is one read of the task's checkpoint head, and the checkpoint log object that made the decision keeps
+  the head's version: the attempt's first commit swaps exactly that version (a head moved on since refuses it).
+  A caller that chose from its own listing (a Spark replay supersedes newer checkpoints on purpose) passes the
+  head it saw as ``fence_seq``.
 - **Local knowledge bounds the remote.** Each store dir's ``CHECKPOINT-V2`` names the newest checkpoint seq this
   machine saw durable (:attr:`OpenDecision.known_seq`); a listing that shows less is re-listed and then
   :class:`~statebackend.errors.InconsistentStateError`, never an empty start. A decision made before the stores were

@@ -23,6 +23,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 
 KEYS = 100
 UPDATES = 10
@@ -36,6 +37,25 @@ FIXED: dict[str, dict[str, dict[str, int]]] = {
     "blobsnapshot": {"changed": {"put": 2, "list": 1}, "idle": {"put": 1, "list": 1}},
     "changelog,blobsnapshot": {"changed": {"put": 3, "list": 1}, "idle": {"put": 1, "list": 1}},
 }
+#: the same on a blob store with conditional writes (the memory store, S3, Azure, file://): the checkpoint is one
+#: conditional write of the task's checkpoint head (``put_if``), which is the fence too: no listing
+FIXED_HEAD: dict[str, dict[str, dict[str, int]]] = {
+    "changelog": {"changed": {"put": 1, "put_if": 1}, "idle": {"put_if": 1}},
+    "blobsnapshot": {"changed": {"put": 1, "put_if": 1}, "idle": {"put_if": 1}},
+    "changelog,blobsnapshot": {"changed": {"put": 2, "put_if": 1}, "idle": {"put_if": 1}},
+}
+#: requests billed at the write price (S3 PUT, COPY, POST, LIST) a commit may cost on average on such a store: one
+#: per store-backend's data and the checkpoint, plus this much per store-backend (issue 32: 2.05 a changed
+#: changelog commit, 1.05 an idle one). Counted as bench.requests counts a commit: without the mark-and-sweep (its
+#: own phase there, every ``gc.interval.commits``) and without the data PUTs of snapshots and compactions (write
+#: amplification, held to :data:`DATA_PUT_BUDGET` above)
+BILLED_SLACK = 0.05
+#: on the head, the amortized budget beyond the fixed requests: the head holds exactly ``retained`` checkpoints
+#: (the per-seq log held up to ``retained + 19``), so a sweep's mark names fewer and it HEADs a few more blobs that
+#: the backends' next retention batch deletes anyway (measured: 0.21 for both backends, 0.2 before)
+AMORTIZED_BUDGET_HEAD = 0.25
+#: what S3 bills at the write price (bench.requests.PRICES), of the operations the memory store counts
+WRITE_PRICED = ("put", "put_if", "list", "delete_many", "set_metadata")
 #: everything beyond the fixed requests but data PUTs, on average per commit of a phase
 AMORTIZED_BUDGET = 0.2
 #: data PUTs beyond the fixed ones (snapshots, compactions), on average per commit of a phase
@@ -87,7 +107,9 @@ def run_phase(task: TaskStorage, metrics: Metrics, first_round: int, *, change: 
     return per_commit
 
 
-def check_budget(per_commit: list[dict[str, float]], fixed: Mapping[str, int], phase: str) -> float:
+def check_budget(
+    per_commit: list[dict[str, float]], fixed: Mapping[str, int], phase: str, amortized: float = AMORTIZED_BUDGET
+) -> float:
     """Every commit costs at least its fixed requests; beyond them, the data PUTs (any ``put``: nothing but data
     and the fixed checkpoint is put) and everything else average at most their budgets. Returns the average
     of everything else."""
@@ -106,16 +128,17 @@ def check_budget(per_commit: list[dict[str, float]], fixed: Mapping[str, int], p
         f"commits with more: {over}"
     )
     average = sum(v for e in extra for op, v in e.items() if op != "put") / len(per_commit)
-    assert average <= AMORTIZED_BUDGET, (
+    assert average <= amortized, (
         f"{phase}: {average:.3f} requests a commit beyond the fixed {dict(fixed)} and data PUTs (budget "
-        f"{AMORTIZED_BUDGET}); commits with more: {over}"
+        f"{amortized}); commits with more: {over}"
     )
     return average
 
 
+@pytest.mark.parametrize("head", [True, False], ids=["head", "per-seq"])
 @pytest.mark.parametrize("backend", list(FIXED))
-def test_a_commit_stays_within_its_request_budget(tmp_path: Path, backend: str) -> None:
-    blobs = ResilientBlobStore(MemoryBlobStore())
+def test_a_commit_stays_within_its_request_budget(tmp_path: Path, backend: str, head: bool) -> None:
+    blobs = ResilientBlobStore(MemoryBlobStore() if head else PerSeqMemoryBlobStore())
     metrics = Metrics()
     blobs.use_metrics(metrics)
     config = {
@@ -133,8 +156,29 @@ def test_a_commit_stays_within_its_request_budget(tmp_path: Path, backend: str) 
         changed = run_phase(task, metrics, 1, change=True)
         idle = run_phase(task, metrics, 1 + COMMITS, change=False)
         assert task.committed_seq == 1 + 2 * COMMITS
-    check_budget(changed, FIXED[backend]["changed"], f"{backend}, changed commits")
-    check_budget(idle, FIXED[backend]["idle"], f"{backend}, idle commits")
+    fixed = FIXED_HEAD if head else FIXED
+    amortized = AMORTIZED_BUDGET_HEAD if head else AMORTIZED_BUDGET
+    check_budget(changed, fixed[backend]["changed"], f"{backend}, changed commits", amortized)
+    check_budget(idle, fixed[backend]["idle"], f"{backend}, idle commits", amortized)
+    if head:
+        stores = len(backend.split(","))
+        for phase, per_commit, kind, budget in (
+            ("changed", changed, "changed", stores + 1),
+            ("idle", idle, "idle", 1),
+        ):
+            # the commit at seq 100 or 200 (index 98: the load is seq 1) holds the sweep, bench.requests' own phase
+            counted = [counts for n, counts in enumerate(per_commit) if n != 98]
+            data = fixed[backend][kind].get("put", 0)
+            billed = sum(
+                (min(n, data) if op == "put" else n)
+                for counts in counted
+                for op, n in counts.items()
+                if op in WRITE_PRICED
+            ) / len(counted)
+            assert billed <= budget + BILLED_SLACK * stores, (
+                f"{backend}, {phase}: {billed:.3f} write-priced requests a commit (budget {budget} + "
+                f"{BILLED_SLACK * stores:.2f})"
+            )
     # the batched work did happen within the run (else the budget proves nothing about it): the log's retention and
     # the backends' garbage as delete_many requests, and the mark-and-sweep at seq 100
     assert any(counts.get("delete_many") for counts in changed + idle)
