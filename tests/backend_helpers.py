@@ -12,13 +12,15 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.checkpoint.checkpoint import CheckpointV2
 
-from statebackend.blobstores.base import BlobInfo, BlobStore
+from statebackend.blobstores.base import BlobInfo, BlobStore, open_blob_store
+from statebackend.cli import main
 from statebackend.contracts import TaskBackupManager
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, write_round
@@ -300,3 +302,72 @@ class ChangelogContract(BackendContract):
 def changelog_config(tmp_path: Path, **extra: object) -> dict[str, object]:
     """The contract suite's config on the changelog backend, plus ``extra``."""
     return ChangelogContract().make_config(tmp_path, **extra)
+
+
+# -- the statebackend command ---------------------------------------------------------------------------------------
+
+#: a created_at a week ago: past any grace period the command tests use
+OLD = f"{time.time() - 7 * 86400:.3f}"
+
+
+def write_config(path: Path, config: dict[str, Any]) -> Path:
+    """Writes ``config`` as a ``key=value`` properties file at ``path``."""
+    path.write_text("".join(f"{key}={value}\n" for key, value in config.items()))
+    return path
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Runs ``statebackend <args>`` in this process: its exit code, stdout and stderr."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def make_job(config: dict[str, Any], tasks: tuple[str, ...] = ("task-0", "task-1"), runs: int = 5) -> dict[str, dict]:
+    """Commit ``runs`` times per task; returns the expected state of store ``counts`` per task after each run."""
+    states: dict[str, dict] = {}
+    for task in tasks:
+        history = []
+        for run in range(runs):
+            with TaskStorage.open(config, task) as storage:
+                counts = storage.store("counts")
+                for user in ("ada", "bob", f"u{run}"):
+                    counts.put(user, (counts.get(user) or 0) + 1)
+                storage.commit_durably({"clicks": str(run)})
+                history.append(dict(counts.items()))
+        states[task] = {"history": history}
+    return states
+
+
+def base_config(tmp_path: Path, url: str, **extra: Any) -> dict[str, Any]:
+    """Job ``clicks``: store ``counts`` (string keys, integer values) on changelog, a snapshot every two commits."""
+    config: dict[str, Any] = {
+        "job.name": "clicks",
+        "state.local.dir": str(tmp_path / "state"),
+        "blob.store.url": url,
+        "blob.store.create.if.missing": "true",
+        "stores.counts.backup.factories": "changelog",
+        "stores.counts.key.serde": "string",
+        "stores.counts.msg.serde": "integer",
+        "changelog.snapshot.interval.commits": 2,
+    }
+    config.update(extra)
+    return config
+
+
+def blobs_of(config: dict[str, Any]) -> BlobStore:
+    """The blob store ``config`` names, with its ``blob.store.*`` options."""
+    return open_blob_store(
+        config["blob.store.url"],
+        {
+            k[len("blob.store.") :]: v
+            for k, v in config.items()
+            if k.startswith("blob.store.") and k != "blob.store.url"
+        },
+    )
+
+
+def state_of_blob_store(config: dict[str, Any]) -> dict[str, tuple[bytes, dict[str, str]]]:
+    """Every blob of the store with its data and metadata (to show a command changed nothing)."""
+    with blobs_of(config) as store:
+        return {name: (store.get(name), dict(store.head(name).metadata)) for name in store.list("")}

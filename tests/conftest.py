@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,14 @@ def fast_rechecks(monkeypatch: pytest.MonkeyPatch) -> None:
     import statebackend.checkpoint.log as checkpoint_log_module
 
     monkeypatch.setattr(checkpoint_log_module, "RECHECK_DELAYS", (0.0, 0.0, 0.0), raising=False)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[tuple[Path, dict[str, Any], dict[str, dict]]]:
+    """A job of the ``statebackend`` command tests on a file:// blob store: its properties file, its config, and the
+    state of store ``counts`` per task after each of its runs (two tasks, five runs each)."""
+    from tests.backend_helpers import base_config, make_job, write_config
+
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri())
+    states = make_job(config)
+    yield write_config(tmp_path / "job.properties", config), config, states
