@@ -21,7 +21,7 @@ from statebackend.checkpoint.checkpoint import CheckpointV2
 
 from statebackend.blobstores.base import BlobInfo, BlobStore, open_blob_store
 from statebackend.cli import main
-from statebackend.contracts import TaskBackupManager
+from statebackend.contracts import StateBackendFactory, TaskBackupManager
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, write_round
 
@@ -371,3 +371,16 @@ def state_of_blob_store(config: dict[str, Any]) -> dict[str, tuple[bytes, dict[s
     """Every blob of the store with its data and metadata (to show a command changed nothing)."""
     with blobs_of(config) as store:
         return {name: (store.get(name), dict(store.head(name).metadata)) for name in store.list("")}
+
+
+class StubFactory(StateBackendFactory):
+    """A backend factory whose managers are never built: for tests of the registry and of backend options."""
+
+    def backup_manager(self, context):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def restore_manager(self, context):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def admin(self, context):  # type: ignore[no-untyped-def]
+        raise NotImplementedError

@@ -27,23 +27,14 @@ from statebackend.config import (
     parse_list,
     parse_str,
 )
-from statebackend.contracts import StateBackendFactory
 from statebackend.errors import ConfigError
 
 URL = "file:///tmp/statebackend-test"
 S3_URL = "s3://bucket/prefix"  # takes the resilience and part options file:// does not
 AZ_URL = "az://container/prefix"
+from tests.backend_helpers import StubFactory
 
-
-class _Factory(StateBackendFactory):
-    def backup_manager(self, context):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def restore_manager(self, context):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def admin(self, context):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
+_Factory = StubFactory
 
 
 class PlainFactory(_Factory):

@@ -42,16 +42,7 @@ DELTA = FileHeader(
     seq=5,
     base_seq=4,
 )
-SNAPSHOT = FileHeader(
-    kind="snapshot",
-    job="job",
-    task="task-3",
-    store="counts",
-    checkpoint_id="1700000000000-1",
-    token="tok",
-    seq=5,
-    base_seq=5,
-)
+SNAPSHOT = attrs.evolve(DELTA, kind="snapshot", base_seq=5)
 SMALL_DELTA = [(b"a", b"1"), (b"b", None), (b"c", b""), (b"d\xff", b"value-d")]
 #: keys of one length, puts' values of one length: both columns are byte planes in version 3
 FIXED_DELTA = [(b"k01", b"\x00\x00\x00\x07"), (b"k02", None), (b"k05", b"\x00\x00\x01\x00")]

@@ -24,18 +24,11 @@ import statebackend.recordfile.format as recordformat
 from statebackend import recordfile as fmt
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import FileHeader, encode, iter_records, verify
+from tests.test_recordfile import DELTA as RECORDFILE_DELTA
 from tests.test_recordfile import TrickleReader, uncompressed_blocks
 
-DELTA = FileHeader(
-    kind="delta",
-    job="job",
-    task="task-3",
-    store="counts",
-    checkpoint_id="1700000000000-1",
-    token="0123456789abcdef",
-    seq=7,
-    base_seq=6,
-)
+#: the record file tests' delta header with a full-length token, one seq on
+DELTA = attrs.evolve(RECORDFILE_DELTA, token="0123456789abcdef", seq=7, base_seq=6)
 SNAPSHOT = attrs.evolve(DELTA, kind="snapshot", base_seq=7)
 RUN = attrs.evolve(DELTA, kind="run", base_seq=0)
 BAD = (CorruptDataError, IncompatibleFormatError)

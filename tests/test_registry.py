@@ -13,17 +13,11 @@ from statebackend import registry
 from statebackend.contracts import StateBackendFactory
 from statebackend.errors import ConfigError
 from statebackend.registry import ResolvedFactory, known_factories, register_factory, resolve_factory
+from tests.backend_helpers import StubFactory
 
 
-class GoodFactory(StateBackendFactory):
-    def backup_manager(self, context):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def restore_manager(self, context):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
-
-    def admin(self, context):  # type: ignore[no-untyped-def]
-        raise NotImplementedError
+class GoodFactory(StubFactory):
+    """A factory with every method of the contract (none is called here)."""
 
 
 class OtherFactory(GoodFactory):
