@@ -67,7 +67,7 @@ def test_a_dual_commit_whose_first_snapshot_failed_keeps_the_other_backends_chai
             assert contents(task) == model, f"restored from {factory}: the failed commit's change is lost"
 
 
-# -- restore fallback between the two backends of a dual commit, both orders --------------------------------------------
+# -- restore fallback between the two backends of a dual commit, both orders -------------------------------------
 
 DUAL = {
     **EAGER,

@@ -1,6 +1,7 @@
 """Garbage of the blob-snapshot backend: cleanup keeps exactly what the retained checkpoints need, a durable
 checkpoint's blobs are never rewritten nor swept once expired, a failed commit's run is listed by the next index, and
-the sweep's age rules (grace period, metadata or first sighting, the stop a quarter of the grace period after its mark)."""
+the sweep's age rules (grace period, metadata or first sighting, the stop a quarter of the grace period after its
+mark)."""
 
 from __future__ import annotations
 

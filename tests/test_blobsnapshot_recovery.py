@@ -1,8 +1,8 @@
 """The blob-snapshot LSM backend recovering from faults without losing, altering, mixing or resurrecting
 acknowledged state: a run not written locally, a failed snapshot in a single-backend commit, replays to older
 checkpoints with compaction records, a lost cached copy, random faults, reopens, wipes and replays, spilled write
-batches, merges whose cached inputs are gone, and a close during a full compaction. Run ages: test_blobsnapshot_runs.py;
-dual commits: test_blobsnapshot_dual.py."""
+batches, merges whose cached inputs are gone, and a close during a full compaction. Run ages:
+test_blobsnapshot_runs.py; dual commits: test_blobsnapshot_dual.py."""
 
 from __future__ import annotations
 
@@ -78,8 +78,9 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
 def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Contrast to the dual-commit test above: with two stores on blobsnapshot alone, the second store's snapshot failing after the
-    first one's ran makes abort() re-base both; the next checkpoint restores exactly."""
+    """Contrast to the dual-commit test (test_blobsnapshot_dual.py): with two stores on blobsnapshot alone, the second
+    store's snapshot failing after the first one's ran makes abort() re-base both; the next checkpoint restores
+    exactly."""
     blobs = MemoryBlobStore()
     config = make_config(tmp_path, **NEVER)
     config.update({"stores.other.backup.factories": "blobsnapshot", "stores.other.restore.factory": "blobsnapshot"})
