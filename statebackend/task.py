@@ -40,11 +40,11 @@ from statebackend.registry import resolve_factory
 from statebackend.restore import group_by_options, open_local_stores, options_of_group, restore_stores
 from statebackend.serdes import get_serde
 from statebackend.store import BytesStore, LocalStore, TypedStore
-from statebackend.store.kinds import ListStore, MapStore, check_kinds, with_kinds
+from statebackend.store.kinds import KIND, ListStore, MapStore
 from statebackend.store.ttl import TtlStore, wall_clock_ms
 from statebackend.values import StoreValues, adopted, plan_values, run_migration, with_initial
 
-__all__ = ["TaskStorage"]
+__all__ = ["TaskStorage", "check_kinds", "with_kinds"]
 
 log = logging.getLogger(__name__)
 
@@ -388,3 +388,34 @@ def _backup_groups(settings: Settings) -> list[tuple[str, list[str]]]:
         for factory_name, names in by_factory.items()
         for group in group_by_options(settings, factory_name, names)
     ]
+
+
+def with_kinds(settings: Settings, values: Mapping[str, StoreValues]) -> dict[str, StoreValues]:
+    """``values`` (``statebackend.values.plan_values``) with ``kind`` recorded for the list and map stores."""
+    planned = dict(values)
+    for name, plan in values.items():
+        kind = settings.stores[name].kind
+        if kind != "value":
+            planned[name] = attrs.evolve(plan, recorded={**plan.recorded, KIND: kind})
+    return planned
+
+
+def check_kinds(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
+    """:class:`ConfigError` when a store's configured kind is not the one ``checkpoint`` recorded (its records would
+    read as garbage), one line per store."""
+    if checkpoint is None:
+        return
+    problems = []
+    for name, store_settings in settings.stores.items():
+        written = checkpoint.serdes.get(name)
+        if written is None or "key" not in written:
+            continue  # a release before serdes were recorded: nothing to check against
+        was = written.get(KIND, "value")
+        if was != store_settings.kind:
+            problems.append(
+                f"stores.{name}.kind is {store_settings.kind!r} but store {name!r} was written as a {was} store "
+                f"(checkpoint {checkpoint.checkpoint_id}): its records read only as that kind. Set "
+                f"stores.{name}.kind={was}, or copy the data into a new store of the kind you want"
+            )
+    if problems:
+        raise ConfigError("\n".join(problems))

@@ -40,11 +40,8 @@ from statebackend.serdes.builtin import short_repr
 from statebackend.store.ttl import unwrap, wrap
 
 if TYPE_CHECKING:
-    from statebackend.checkpoint import CheckpointV2
-    from statebackend.config import Settings
     from statebackend.store.local import LocalStore
     from statebackend.store.ttl import TtlStore
-    from statebackend.values import StoreValues
 
 __all__ = [
     "KIND",
@@ -52,10 +49,8 @@ __all__ = [
     "KindError",
     "ListStore",
     "MapStore",
-    "check_kinds",
     "key_prefix",
     "user_key_of",
-    "with_kinds",
     "wrong_kind",
 ]
 
@@ -134,37 +129,6 @@ def wrong_kind(store: str, kind: str, operation: str) -> AttributeError:
         f"have; a {kind} store offers {', '.join(OPERATIONS[kind])}. Use them, or declare another store with "
         f"stores.<name>.kind={has[0] if has else kind}"
     )
-
-
-def with_kinds(settings: Settings, values: Mapping[str, StoreValues]) -> dict[str, StoreValues]:
-    """``values`` (``statebackend.values.plan_values``) with ``kind`` recorded for the list and map stores."""
-    planned = dict(values)
-    for name, plan in values.items():
-        kind = settings.stores[name].kind
-        if kind != "value":
-            planned[name] = attrs.evolve(plan, recorded={**plan.recorded, KIND: kind})
-    return planned
-
-
-def check_kinds(settings: Settings, checkpoint: CheckpointV2 | None) -> None:
-    """:class:`ConfigError` when a store's configured kind is not the one ``checkpoint`` recorded (its records would
-    read as garbage), one line per store."""
-    if checkpoint is None:
-        return
-    problems = []
-    for name, store_settings in settings.stores.items():
-        written = checkpoint.serdes.get(name)
-        if written is None or "key" not in written:
-            continue  # a release before serdes were recorded: nothing to check against
-        was = written.get(KIND, "value")
-        if was != store_settings.kind:
-            problems.append(
-                f"stores.{name}.kind is {store_settings.kind!r} but store {name!r} was written as a {was} store "
-                f"(checkpoint {checkpoint.checkpoint_id}): its records read only as that kind. Set "
-                f"stores.{name}.kind={was}, or copy the data into a new store of the kind you want"
-            )
-    if problems:
-        raise ConfigError("\n".join(problems))
 
 
 def key_prefix(user_key: bytes) -> bytes:
