@@ -59,33 +59,34 @@ def best_us(task: TaskStorage, appends: int, step: Callable[[int], None]) -> flo
 
 
 def measure(task: TaskStorage, length: int, appends: int) -> dict[str, float]:
-    events, whole = task.store("events"), task.store("whole")
+    events: Any = task.store("events")
+    whole: Any = task.store("whole")
     key, last_n = f"len{length}", f"last{length}"
     for name in (key, last_n):
         for start in range(0, length, 10_000):
-            events.extend(name, [element(i) for i in range(start, min(length, start + 10_000))])  # type: ignore[union-attr]
-    whole.put(key, [element(i) for i in range(length)])  # type: ignore[call-arg]
+            events.extend(name, [element(i) for i in range(start, min(length, start + 10_000))])
+    whole.put(key, [element(i) for i in range(length)])
     task.commit_durably({"built": str(length)})
 
     def append(i: int) -> None:
-        events.append(key, element(i))  # type: ignore[union-attr]
+        events.append(key, element(i))
 
     def append_trim(i: int) -> None:
-        events.append(last_n, element(i))  # type: ignore[union-attr]
-        events.trim(last_n, keep_last=length)  # type: ignore[union-attr]
+        events.append(last_n, element(i))
+        events.trim(last_n, keep_last=length)
 
     def rewrite(i: int) -> None:
-        values = whole.get(key)  # type: ignore[call-arg]
+        values = whole.get(key)
         values.append(element(i))
-        whole.put(key, values)  # type: ignore[call-arg]
+        whole.put(key, values)
 
     result = {
         "append": best_us(task, appends, append),
         "append_trim": best_us(task, appends, append_trim),
         "json_rewrite": best_us(task, max(5, min(appends, 200_000 // max(length, 1))), rewrite),
     }
-    assert events.len(last_n) == length  # type: ignore[union-attr]
-    assert events.len(key) == length + ROUNDS * appends  # type: ignore[union-attr]
+    assert events.len(last_n) == length
+    assert events.len(key) == length + ROUNDS * appends
     return result
 
 
