@@ -506,7 +506,7 @@ class CheckpointLog:
     def head(self, at_least: int = 0) -> int:
         """The highest seq present in any version (0 for an empty log)."""
         if self.head_mode and (blob := self._read_head(at_least)) is not None:
-            return blob.seq
+            return int(blob.seq)
         return int(max(self._listing(at_least), default=0))
 
     def read(self, seq: int) -> LogEntry:
