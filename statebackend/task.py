@@ -247,14 +247,14 @@ class TaskStorage:
         store_settings = self.settings.stores[name]
         if store_settings.kind != "value":
             return self._kind_view(name, typed=typed)
-        ops: LocalStore | TtlStore = store if store_settings.ttl_ms is None else self._ttl_view(name)
+        ops: LocalStore | TtlStore = store if store_settings.ttl_ms is None else self.ttl_view(name)
         if not typed or (store_settings.key_serde == "bytes" and store_settings.msg_serde == "bytes"):
             return BytesStore(ops)
         return TypedStore(ops, get_serde(store_settings.key_serde), self._values[name].value_serde)
 
     def _kind_view(self, name: str, *, typed: bool) -> ListStore | MapStore:
         store_settings = self.settings.stores[name]
-        ttl = None if store_settings.ttl_ms is None else self._ttl_view(name)
+        ttl = None if store_settings.ttl_ms is None else self.ttl_view(name)
         raw = get_serde("bytes")
         key_serde = get_serde(store_settings.key_serde) if typed else raw
         value_serde = self._values[name].value_serde if typed else raw
@@ -290,7 +290,9 @@ class TaskStorage:
         """The time TTL stores read and write at: :attr:`ttl_now_ms`, or the wall clock."""
         return wall_clock_ms() if self.ttl_now_ms is None else self.ttl_now_ms
 
-    def _ttl_view(self, name: str) -> TtlStore:
+    def ttl_view(self, name: str) -> TtlStore:
+        """The TTL view of store ``name`` (whose ``stores.<name>.ttl.ms`` is set) that the task's reads and writes go
+        through: one per store, on the task's clock (:meth:`now_ms`)."""
         view = self._ttl_views.get(name)
         if view is None:
             ttl_ms = self.settings.stores[name].ttl_ms
@@ -302,7 +304,7 @@ class TaskStorage:
         """Before a commit: each TTL store's sweep deletes the expired keys among the next ``ttl.sweep.keys``."""
         for name, store_settings in self.settings.stores.items():
             if store_settings.ttl_ms is not None and store_settings.ttl_sweep_keys > 0:
-                deleted = self._ttl_view(name).sweep(store_settings.ttl_sweep_keys)
+                deleted = self.ttl_view(name).sweep(store_settings.ttl_sweep_keys)
                 if deleted:
                     self.metrics.increment("ttl.keys.expired", deleted)
 

@@ -41,8 +41,8 @@ def main(workdir: str) -> None:
     from pyspark.sql import SparkSession
 
     from statebackend.spark import TIMERS_STORE, StatefulForeachBatch, read_state
-    from statebackend.spark import driver as driver_module
     from statebackend.spark.session import is_connect
+    from statebackend.testing import ManualClock
     from tests.test_spark import batch_words, make_config
     from tests.test_spark_timers import OUTPUT, event_timers_arrow, fired_arrow, fired_rows, register_rows
 
@@ -73,11 +73,16 @@ def main(workdir: str) -> None:
         result["loud_error"] = str(exc)
 
     # processing-time timers (the driver's clock set here), one batch without input
-    clock = [1000]
-    driver_module.wall_clock_ms = lambda: clock[0]  # type: ignore[attr-defined]
+    clock = ManualClock(1000)
     config = make_config(Path(workdir) / "timers")
     timers = StatefulForeachBatch(
-        register_rows, key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT, on_timers=fired_rows
+        register_rows,
+        key_columns=["word"],
+        num_tasks=3,
+        config=config,
+        output_schema=OUTPUT,
+        on_timers=fired_rows,
+        clock=clock,
     )
     outputs = []
     for batch_id, rows in enumerate([[("a", 1500), ("b", 2500), ("c", 900)], [], []]):
@@ -90,7 +95,7 @@ def main(workdir: str) -> None:
             result["pending_after_0"] = sorted(
                 (row.key, row.at_ms) for row in read_state(spark, config, TIMERS_STORE, num_tasks=3).collect()
             )
-        clock[0] += 1000
+        clock.now_ms += 1000
     result["processing"] = {"outputs": outputs, "tasks": sorted(s.task_index for s in timers.last_batch_stats)}
 
     # event-time timers: the watermark of the batches before, minus the delay

@@ -14,8 +14,8 @@ import pytest
 from pyspark.sql import Row
 
 from statebackend.errors import ConfigError
-from statebackend.microbatch.attempt import EXPIRY_FROM_OFFSET, Expired, HookedJobSpec
-from statebackend.microbatch.spec import BatchSpec
+from statebackend.microbatch.attempt import EXPIRY_FROM_OFFSET, Expired
+from statebackend.microbatch.spec import BatchSpec, JobSpec
 from statebackend.microbatch.timers import stored_timers, with_timer_store
 from statebackend.microbatch.watermark import EventTimes
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, TaskRunner
@@ -72,7 +72,7 @@ def expired_rows(stores: Any, expired: list[Expired]) -> list[tuple[Any, ...]]:
 def run(
     config: dict[str, object], fn: Any, batch_id: int, rows: list[Row], *, batch: dict[str, Any], **job: Any
 ) -> tuple[list[Any], TaskStats]:
-    spec = HookedJobSpec.from_config(
+    spec = JobSpec.from_config(
         config,
         fn=fn,
         num_tasks=1,

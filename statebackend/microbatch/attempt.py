@@ -72,7 +72,7 @@ from statebackend.microbatch.worker import executor_id, freeze_survivors
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
 
-__all__ = ["EXPIRY_FROM_OFFSET", "TIMER_KEY_OFFSET", "Expired", "HookedJobSpec", "TaskAttempt", "TaskStores"]
+__all__ = ["EXPIRY_FROM_OFFSET", "TIMER_KEY_OFFSET", "Expired", "TaskAttempt", "TaskStores"]
 
 #: the input offset prefix under which a checkpoint records where the next expiry sweep of a store starts (the hex of
 #: a key; empty: the first key): ``on_expiry``'s sweep is deterministic, a replay finds the keys its first run found
@@ -80,19 +80,6 @@ EXPIRY_FROM_OFFSET = "ttl.expiry.from."
 #: the input offset recording the key columns of a job with timers as a Spark struct's JSON (their names and type
 #: names): ``read_state`` of the timer store gives timer keys in their columns' types
 TIMER_KEY_OFFSET = "timers.key.schema"
-
-
-@attrs.frozen(eq=False)
-class HookedJobSpec(JobSpec):
-    """A :class:`JobSpec` with what the Spark driver's hooks need on the workers: the key column names (read_state
-    types timer keys by them), whether late rows are dropped before the function, and the expiry callback."""
-
-    key_columns: tuple[str, ...] = ()
-    #: drop rows whose event time is below the batch's watermark before the function sees them
-    drop_late: bool = False
-    #: ``on_expiry(stores, expired)``: called after ``on_timers`` with the keys the batch's expiry sweep found
-    #: expired (a list of :class:`Expired`), which are deleted in the same commit; returns output as ``fn`` does
-    on_expiry: Callable[..., Any] | None = None
 
 
 @attrs.frozen
@@ -381,7 +368,7 @@ class TaskAttempt:
         now_ms = self._batch_clock(latest, plan)
         storage.ttl_now_ms = now_ms
         watermark = self._batch_watermark(latest, plan)
-        if getattr(self.job, "drop_late", False):
+        if self.job.drop_late:
             events.drop_below = watermark  # before the input is read: the function never sees a late row
         stores = TaskStores(
             storage,
@@ -531,7 +518,7 @@ class TaskAttempt:
         the batch's base checkpoint recorded (a rescale starts from the first key), deleted, then handed to
         ``on_expiry`` (its output joining the rest), in store then key order; the cursors for the commit's offsets.
         The store's own sweep at the commit is off, so every key deleted for expiry gets its callback."""
-        on_expiry = getattr(self.job, "on_expiry", None)
+        on_expiry = self.job.on_expiry
         if on_expiry is None:
             return {}
         storage = stores.storage
@@ -542,7 +529,7 @@ class TaskAttempt:
             store_settings = storage.settings.stores[name]
             if name == TIMERS_STORE or store_settings.ttl_ms is None or store_settings.ttl_sweep_keys <= 0:
                 continue
-            view = storage._ttl_view(name)  # the TTL view the task's reads and writes go through
+            view = storage.ttl_view(name)  # the TTL view the task's reads and writes go through
             view.swept_elsewhere = True
             start = base.get(EXPIRY_FROM_OFFSET + name) or ""
             found, next_from = view.expired_from(bytes.fromhex(start) if start else None, store_settings.ttl_sweep_keys)
@@ -578,7 +565,7 @@ class TaskAttempt:
             offsets[WATERMARK_OFFSET] = str(watermark)
         if event_max is not None:
             offsets[EVENT_MAX_OFFSET] = str(event_max)
-        key_columns = getattr(self.job, "key_columns", ())
+        key_columns = self.job.key_columns
         if self.job.on_timers is not None and key_columns and len(key_columns) == len(self.job.key_types):
             offsets[TIMER_KEY_OFFSET] = json.dumps(
                 {

@@ -67,6 +67,14 @@ class JobSpec:
     event_time: str | None = None
     event_time_type: str = ""
     time_zone: str = "UTC"
+    #: the key column names (``read_state`` types timer keys by them)
+    key_columns: tuple[str, ...] = ()
+    #: drop rows whose event time is below the batch's watermark before the function sees them
+    drop_late: bool = False
+    #: ``on_expiry(stores, expired)``: called after ``on_timers`` with the keys the batch's expiry sweep found
+    #: expired (a list of ``statebackend.microbatch.attempt.Expired``), which are deleted in the same commit; returns
+    #: output as ``fn`` does
+    on_expiry: Callable[..., Any] | None = None
     #: :func:`config_fingerprint` of ``settings``: a task kept open under another configuration is closed, not reused
     fingerprint: str = attrs.field(
         default=attrs.Factory(lambda self: config_fingerprint(self.settings), takes_self=True)

@@ -22,7 +22,6 @@ from statebackend.config import Settings
 from statebackend.errors import ConfigError
 from statebackend.exporters import start_exporters
 from statebackend.metrics import Metrics, MetricsSnapshot
-from statebackend.microbatch.attempt import HookedJobSpec
 from statebackend.microbatch.batches import MODES, ON_REPLAY
 from statebackend.microbatch.coordinator import BatchCoordinator, RunResult
 from statebackend.microbatch.held import DEFAULT_BOUND
@@ -384,7 +383,7 @@ class StatefulForeachBatch:
             self._job = (config, settings, job, coordinator)
         if job is None:
             event = self.event_time is not None
-            job = HookedJobSpec(
+            job = JobSpec(
                 settings=attrs.evolve(settings, metrics_prometheus_port=None),
                 key_columns=tuple(self.key_columns),
                 drop_late=self.drop_late,
