@@ -42,6 +42,7 @@ from statebackend.testing.backend_support import (
     incompressible,
     restore_counts,
     task_thread_calls,
+    value_store,
     write_round,
 )
 from statebackend.testing.controlled import GatedExecutor
@@ -193,7 +194,7 @@ class BackendContract(FaultTests):
             write_round(task, 0, model)
             task.commit_durably({"input": "0"})
             task.commit_durably({"input": "1"})  # no change
-            store = task.store("counts")
+            store = value_store(task)
             for key in list(model):
                 store.delete(key)
             model.clear()
@@ -411,7 +412,7 @@ class BackendContract(FaultTests):
         config = self.make_config(tmp_path)
         prefix = self.backend_prefix()
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            store = task.store("counts")
+            store = value_store(task)
             for i in range(20_000):
                 store.put(f"key{i:06d}".encode(), incompressible(i, 48))
             task.commit_durably({"input": "state"})

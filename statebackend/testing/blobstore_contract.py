@@ -17,7 +17,7 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -377,7 +377,7 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
     ) -> None:
         local = tmp_path_factory.mktemp("local") / "file"
         local.write_bytes(b"data")
-        attempts = [
+        attempts: list[Callable[[], object]] = [
             lambda: store.put(name, b"data"),
             lambda: store.put(name, b"data", create_only=True),
             lambda: store.put_file(name, local),
