@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from statebackend.backends.blobsnapshot.format import RunIndex
+from statebackend.backends.blobsnapshot.state import Compacted
 
 from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
@@ -158,6 +159,26 @@ def test_a_run_of_a_failed_commit_that_a_later_index_names_survives_another_atte
     _restores_the_model(tmp_path, config, blobs, model)
 
 
+def _commit_until_a_merge(
+    task: TaskStorage, model: dict[bytes, bytes], clock: FakeClock, step_s: float
+) -> tuple[Compacted, int]:
+    """Commit the base keys, then one key a commit, ``step_s`` apart, until a merge starts (within five commits);
+    return the finished merge and the number of the next commit."""
+    state = blobsnapshot_manager(task)._states["counts"]
+    put_all(task, model, base_keys())
+    task.commit_durably({"input": "0"})
+    round_no = 1
+    while state.compaction is None:
+        clock.now += step_s
+        put_all(task, model, {f"key-{round_no:05d}".encode(): f"round-{round_no}".encode()})
+        task.commit_durably({"input": str(round_no)})
+        round_no += 1
+        assert round_no < 6, "no compaction started"
+    merged = state.compaction.result(timeout=60)
+    assert merged is not None
+    return merged, round_no
+
+
 def test_a_recomputed_compaction_found_present_with_an_old_age_is_not_adopted_as_young(tmp_path: Path) -> None:
     """A merge is uploaded, then the task moves to another machine (its record is left behind) and comes back more
     than the grace period later: the new machine recomputes the same merge (same inputs, same bytes, same name), finds
@@ -168,17 +189,8 @@ def test_a_recomputed_compaction_found_present_with_an_old_age_is_not_adopted_as
     config = blobsnapshot_config(tmp_path, **MERGE_EAGER, **GRACE)
     model: dict[bytes, bytes] = {}
     with _task_on_clock(config, blobs, clock) as task:
-        state = blobsnapshot_manager(task)._states["counts"]
-        put_all(task, model, base_keys())
-        task.commit_durably({"input": "0"})
-        round_no = 1
-        while state.compaction is None:
-            put_all(task, model, {f"key-{round_no:05d}".encode(): f"round-{round_no}".encode()})
-            task.commit_durably({"input": str(round_no)})
-            round_no += 1
-            assert round_no < 6, "no compaction started"
-        first = state.compaction.result(timeout=60)
-        assert first is not None and not first.output.base
+        first, round_no = _commit_until_a_merge(task, model, clock, step_s=0.0)
+        assert not first.output.base
     shutil.rmtree(tmp_path / "local")  # the task moves to another machine
     clock.now += PAST_GRACE_S
     with _task_on_clock(config, blobs, clock) as task:
@@ -206,18 +218,7 @@ def test_a_merge_adopted_after_its_ttl_is_not_named_expired(tmp_path: Path) -> N
     config = blobsnapshot_config(tmp_path, **MERGE_EAGER, **SHORT_TTL)
     model: dict[bytes, bytes] = {}
     with _task_on_clock(config, blobs, clock) as task:
-        state = blobsnapshot_manager(task)._states["counts"]
-        put_all(task, model, base_keys())
-        task.commit_durably({"input": "0"})
-        round_no = 1
-        while state.compaction is None:
-            clock.now += 150.0
-            put_all(task, model, {f"key-{round_no:05d}".encode(): b"x"})
-            task.commit_durably({"input": str(round_no)})
-            round_no += 1
-            assert round_no < 6
-        merged = state.compaction.result(timeout=60)
-        assert merged is not None
+        merged, round_no = _commit_until_a_merge(task, model, clock, step_s=150.0)
         clock.now += 150.0
         index = _commit_across_a_zombie_sweep(
             tmp_path, config, task, blobs, model, {b"key-00100": b"adopts the merge"}, round_no, clock.now
