@@ -126,6 +126,11 @@ class CrashingFileBlobStore(FileBlobStore):
         self._maybe_crash_midway(name, Path(path).read_bytes())
         super().put_file(name, path, create_only=create_only, metadata=metadata)
 
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        """The head blob's compare-and-swap: the commit point of a store with ``supports_conditional_put``."""
+        self._maybe_crash_midway(name, data)
+        return super().put_if(name, data, version=version)
+
     def _maybe_crash_midway(self, name: str, data: bytes) -> None:
         directory = Path(self.root) / os.path.dirname(name)
         directory.mkdir(parents=True, exist_ok=True)
@@ -145,7 +150,9 @@ def _kind(name: str) -> str:
         on_maintenance = threading.current_thread().name.startswith("statebackend-maintenance")
         return "background_snapshot" if on_maintenance else "snapshot"
     if "/checkpoints/" in name:
-        return "checkpoint"
+        # on a store with conditional puts the commit point is the head blob; a per-seq blob there is the marker a
+        # task's first commit writes for older releases (docs/formats-checkpoint.md)
+        return "checkpoint" if os.path.basename(name).startswith("HEAD.") else "checkpoint_marker"
     if "/blobsnapshot/runs/" in name:
         return "run"
     if "/blobsnapshot/index/" in name:

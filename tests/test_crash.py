@@ -57,6 +57,8 @@ CRASH_POINTS: dict[str, int | tuple[int, int]] = {
     "commit.after_checkpoint_write:4": 4,
     # the very first commit dies before its checkpoint: nothing durable, restore gives the empty store
     "commit.before_checkpoint_write:1": 0,
+    # the first commit's marker for older releases written, its head not: nothing durable
+    "blobstore.put.checkpoint_marker:1": 0,
     # retention deleted one blob of an older recipe, then death
     "changelog.cleanup.deleted:1": (4, COMMITS),
     # a background snapshot (of commit 3's version, started in commit 3's sync part, so possibly before 3 is
