@@ -339,20 +339,30 @@ def make_job(config: dict[str, Any], tasks: tuple[str, ...] = ("task-0", "task-1
     return states
 
 
-def base_config(tmp_path: Path, url: str, **extra: Any) -> dict[str, Any]:
-    """Job ``clicks``: store ``counts`` (string keys, integer values) on changelog, a snapshot every two commits."""
-    config: dict[str, Any] = {
-        "job.name": "clicks",
-        "state.local.dir": str(tmp_path / "state"),
-        "blob.store.url": url,
-        "blob.store.create.if.missing": "true",
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-        "changelog.snapshot.interval.commits": 2,
-    }
-    config.update(extra)
+def counts_config(
+    tmp_path: Path,
+    msg_serde: str = "integer",
+    *,
+    job: str = "job",
+    local: str = "local",
+    key_serde: str = "string",
+    factories: str = "changelog",
+    **extra: Any,
+) -> dict[str, Any]:
+    """Job ``job`` with its local state in ``tmp_path/local`` and its blobs in the file store ``tmp_path/blobs``:
+    store ``counts`` on ``factories`` with ``key_serde`` keys and ``msg_serde`` values; ``extra`` adds or overrides."""
+    config: dict[str, Any] = {"job.name": job, "state.local.dir": str(tmp_path / local)}
+    config.update({"blob.store.url": (tmp_path / "blobs").as_uri(), "blob.store.create.if.missing": True})
+    config.update({"stores.counts.backup.factories": factories, "stores.counts.key.serde": key_serde})
+    config.update({"stores.counts.msg.serde": msg_serde, **extra})
     return config
+
+
+def base_config(tmp_path: Path, url: str, **extra: Any) -> dict[str, Any]:
+    """Job ``clicks`` on the blob store ``url``: store ``counts`` (string keys, integer values) on changelog, a
+    snapshot every two commits."""
+    options = {"blob.store.url": url, "blob.store.create.if.missing": "true", "changelog.snapshot.interval.commits": 2}
+    return counts_config(tmp_path, job="clicks", local="state", **{**options, **extra})
 
 
 def blobs_of(config: dict[str, Any]) -> BlobStore:

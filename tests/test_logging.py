@@ -14,6 +14,7 @@ import pytest
 
 import statebackend
 from statebackend import TaskStorage
+from tests.backend_helpers import counts_config
 
 
 def _all_modules() -> list[str]:
@@ -52,17 +53,7 @@ def test_every_logger_is_under_statebackend() -> None:
 
 
 def _config(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "job.name": "clicks",
-        "state.local.dir": str(tmp_path / "state"),
-        "blob.store.url": (tmp_path / "blobs").as_uri(),
-        "blob.store.create.if.missing": True,
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-    }
-    config.update(extra)
-    return config
+    return counts_config(tmp_path, job="clicks", local="state", **extra)
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

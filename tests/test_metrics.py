@@ -31,22 +31,16 @@ from statebackend.metrics import HistogramData, Metrics, MetricsSnapshot
 from statebackend.metrics import otel as sb_otel
 from statebackend.metrics import prometheus as prom
 from statebackend.metrics.catalogue import CATALOGUE, MS_BUCKETS
+from tests.backend_helpers import counts_config
 from tests.servers import ServerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _config(root: Path, **extra: Any) -> dict[str, Any]:
-    return {
-        "job.name": f"j{uuid.uuid4().hex[:8]}",
-        "state.local.dir": str(root / "state"),
-        "blob.store.url": (root / "blobs").as_uri(),
-        "blob.store.create.if.missing": True,
-        "stores.counts.backup.factories": "changelog,blobsnapshot",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-        **extra,
-    }
+    return counts_config(
+        root, job=f"j{uuid.uuid4().hex[:8]}", local="state", factories="changelog,blobsnapshot", **extra
+    )
 
 
 def _run(config: dict[str, Any], commits: int, task: str = "task-0") -> None:

@@ -18,6 +18,7 @@ from statebackend.store import LocalStore
 from statebackend.store.typed import TypedStore
 from statebackend.task import TaskStorage
 from tests import record_values as rv
+from tests.backend_helpers import counts_config
 
 V1 = "record:tests.record_values:CountV1"
 
@@ -167,15 +168,7 @@ def test_put_all_and_delete_all_raise_at_the_bad_item_after_the_items_before_it(
 
 
 def test_bad_input_loses_nothing_the_store_held_or_was_about_to_commit(tmp_path: Path) -> None:
-    config = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": (tmp_path / "blobs").as_uri(),
-        "blob.store.create.if.missing": True,
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "json",
-    }
+    config = counts_config(tmp_path, "json")
     with TaskStorage.open(config, "task-0") as task:
         counts = task.store("counts")
         assert isinstance(counts, TypedStore)

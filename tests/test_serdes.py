@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from statebackend.errors import ConfigError, CorruptDataError, SerdeError, StateBackendError
 from statebackend.serdes import SERDE_NAMES, Serde, get_serde
+from tests.backend_helpers import counts_config
 
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 JSON = st.recursive(
@@ -114,15 +115,7 @@ def test_values_of_the_right_type_that_cannot_be_encoded_are_a_serde_error_namin
 def test_a_lone_surrogate_key_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     from statebackend.task import TaskStorage
 
-    config = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": (tmp_path / "blobs").as_uri(),
-        "blob.store.create.if.missing": True,
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-    }
+    config = counts_config(tmp_path)
     with TaskStorage.open(config, "task-0") as task:
         counts = task.store("counts")
         with pytest.raises(SerdeError):

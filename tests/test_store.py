@@ -16,6 +16,7 @@ import pytest
 from statebackend.errors import LocalDirError, StateBackendError, StoreLockedError
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.testing.store_contract import LocalStoreContract, v
+from tests.backend_helpers import counts_config
 from tests.waiting import drain_appliers, scaled, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -419,15 +420,7 @@ USER_OPERATIONS = {
 def test_task_store_gives_users_the_user_operations_only(tmp_path: Path, serdes: tuple[str, str], typed: bool) -> None:
     from statebackend.task import TaskStorage
 
-    config = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": (tmp_path / "blobs").as_uri(),
-        "blob.store.create.if.missing": True,
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": serdes[0],
-        "stores.counts.msg.serde": serdes[1],
-    }
+    config = counts_config(tmp_path, serdes[1], key_serde=serdes[0])
     backend_only = {name for name in dir(LocalStore) if not name.startswith("_")} - USER_OPERATIONS
     assert {"flush", "replace_environment", "replace_contents", "apply_changes", "mark_dirty"} <= backend_only
     with TaskStorage.open(config, "task-0") as task:
