@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
+from statebackend.spark import local_spark_session, read_state
+from tests.spark_helpers import word_job
 
 NUM_TASKS = 4
 
@@ -101,11 +102,10 @@ def run_mode(spark: Any, work: Path, batches: int, affinity: bool, mode: str) ->
         "stores.counts.key.serde": "string",
         "stores.counts.msg.serde": "integer",
     }
-    job = StatefulForeachBatch(
+    job = word_job(
         FUNCTIONS[mode],
-        key_columns=["word"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema="word string, count long",
         affinity=affinity,
         mode=mode,

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.spark_helpers import word_job
+
 
 def main(workdir: str) -> None:
     root = str(Path(__file__).resolve().parents[1])
@@ -23,7 +25,7 @@ def main(workdir: str) -> None:
     )
     from pyspark.sql import SparkSession
 
-    from statebackend.spark import StatefulForeachBatch, read_state
+    from statebackend.spark import read_state
     from statebackend.spark.session import is_connect
     from tests.test_spark import COUNTERS, OUTPUT, batch_words, make_config
 
@@ -50,9 +52,7 @@ def main(workdir: str) -> None:
     for mode in ("rows", "arrow", "pandas"):
         config = make_config(Path(workdir) / mode)
         del config["stores.counts.msg.serde"]  # comes from the Spark conf
-        job = StatefulForeachBatch(
-            COUNTERS[mode], key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT, mode=mode
-        )
+        job = word_job(COUNTERS[mode], config, num_tasks=3, output_schema=OUTPUT, mode=mode)
         outputs = []
         for batch_id in range(3):
             frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
@@ -75,9 +75,7 @@ def main(workdir: str) -> None:
     for batch_id in range(2):
         (source / f"part-{batch_id}.txt").write_text("\n".join(batch_words(batch_id)) + "\n")
     words = spark.readStream.text(str(source)).withColumnRenamed("value", "word")
-    job = StatefulForeachBatch(
-        COUNTERS["arrow"], key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT, mode="arrow"
-    )
+    job = word_job(COUNTERS["arrow"], config, num_tasks=3, output_schema=OUTPUT, mode="arrow")
     query = (
         words.writeStream.foreachBatch(job)
         .option("checkpointLocation", str(Path(workdir) / "spark-cp"))

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.spark_helpers import word_job
+
 
 def count_quietly(stores: Any, rows: Any) -> None:
     """A word count with no output."""
@@ -40,7 +42,7 @@ def main(workdir: str) -> None:
     )
     from pyspark.sql import SparkSession
 
-    from statebackend.spark import TIMERS_STORE, StatefulForeachBatch, read_state
+    from statebackend.spark import TIMERS_STORE, read_state
     from statebackend.spark.session import is_connect
     from statebackend.testing import ManualClock
     from tests.test_spark import batch_words, make_config
@@ -51,7 +53,7 @@ def main(workdir: str) -> None:
 
     # no output, no output_schema: runs as on classic Spark
     config = make_config(Path(workdir) / "quiet")
-    job = StatefulForeachBatch(count_quietly, key_columns=["word"], num_tasks=3, config=config)
+    job = word_job(count_quietly, config, num_tasks=3, output_schema=None)
     shapes = []
     for batch_id in range(2):
         output = job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
@@ -63,9 +65,7 @@ def main(workdir: str) -> None:
     result["quiet"] = {"shapes": shapes, "state_ok": state == totals, "moved": job.last_batch_moved}
 
     # rows returned without output_schema: refused, naming what to give
-    loud = StatefulForeachBatch(
-        count_loudly, key_columns=["word"], num_tasks=3, config=make_config(Path(workdir) / "loud")
-    )
+    loud = word_job(count_loudly, make_config(Path(workdir) / "loud"), num_tasks=3, output_schema=None)
     try:
         loud(spark.createDataFrame([("a",)], "word string"), 0).collect()
         result["loud_error"] = ""
@@ -75,15 +75,7 @@ def main(workdir: str) -> None:
     # processing-time timers (the driver's clock set here), one batch without input
     clock = ManualClock(1000)
     config = make_config(Path(workdir) / "timers")
-    timers = StatefulForeachBatch(
-        register_rows,
-        key_columns=["word"],
-        num_tasks=3,
-        config=config,
-        output_schema=OUTPUT,
-        on_timers=fired_rows,
-        clock=clock,
-    )
+    timers = word_job(register_rows, config, num_tasks=3, output_schema=OUTPUT, on_timers=fired_rows, clock=clock)
     outputs = []
     for batch_id, rows in enumerate([[("a", 1500), ("b", 2500), ("c", 900)], [], []]):
         outputs.append(
@@ -99,11 +91,10 @@ def main(workdir: str) -> None:
     result["processing"] = {"outputs": outputs, "tasks": sorted(s.task_index for s in timers.last_batch_stats)}
 
     # event-time timers: the watermark of the batches before, minus the delay
-    events = StatefulForeachBatch(
+    events = word_job(
         event_timers_arrow,
-        key_columns=["word"],
+        make_config(Path(workdir) / "events"),
         num_tasks=3,
-        config=make_config(Path(workdir) / "events"),
         output_schema=OUTPUT,
         mode="arrow",
         on_timers=fired_arrow,
@@ -126,27 +117,15 @@ def main(workdir: str) -> None:
 
     config = make_config(Path(workdir) / "initial")
     seed = seed_frame(spark)
-    seeded = StatefulForeachBatch(
-        count_rows,
-        key_columns=["word"],
-        num_tasks=3,
-        config=config,
-        output_schema=COUNT_OUTPUT,
-        initial_state={"counts": seed},
-    )
+    seeded = word_job(count_rows, config, num_tasks=3, output_schema=COUNT_OUTPUT, initial_state={"counts": seed})
 
     def batch(job: Any, batch_id: int) -> dict[str, int]:
         frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
         return {row.word: row["count"] for row in job(frame, batch_id).collect()}
 
     first = batch(seeded, 0)
-    restarted = StatefulForeachBatch(
-        count_rows,
-        key_columns=["word"],
-        num_tasks=3,
-        config=config,
-        output_schema=COUNT_OUTPUT,
-        initial_state={"counts": lambda session: seed},
+    restarted = word_job(
+        count_rows, config, num_tasks=3, output_schema=COUNT_OUTPUT, initial_state={"counts": lambda session: seed}
     )
     second = batch(restarted, 1)
     counts: dict[str, int] = {f"w{i}": 100 + i for i in range(0, 23, 2)} | {"only-seed": 7}
@@ -156,11 +135,10 @@ def main(workdir: str) -> None:
     for word in batch_words(0) + batch_words(1):
         counts[word] = counts.get(word, 0) + 1
     state = {row.key: row.value for row in read_state(spark, config, "counts", num_tasks=3).collect()}
-    late = StatefulForeachBatch(
+    late = word_job(
         count_rows,
-        key_columns=["word"],
+        make_config(Path(workdir) / "quiet"),
         num_tasks=3,
-        config=make_config(Path(workdir) / "quiet"),
         output_schema=COUNT_OUTPUT,
         initial_state={"counts": seed},
     )
@@ -174,14 +152,7 @@ def main(workdir: str) -> None:
     source.mkdir()
     (source / "part-0.txt").write_text("\n".join(batch_words(0)) + "\n")
     streamed = make_config(Path(workdir) / "initial-stream")
-    job = StatefulForeachBatch(
-        count_rows,
-        key_columns=["word"],
-        num_tasks=3,
-        config=streamed,
-        output_schema=COUNT_OUTPUT,
-        initial_state={"counts": seed_frame},
-    )
+    job = word_job(count_rows, streamed, num_tasks=3, output_schema=COUNT_OUTPUT, initial_state={"counts": seed_frame})
     query = (
         spark.readStream.text(str(source))
         .withColumnRenamed("value", "word")

@@ -22,6 +22,7 @@ from statebackend.microbatch.protocol import BatchReport, TaskStats
 from statebackend.microbatch.spec import BatchSpec, JobSpec
 from statebackend.microbatch.watermark import EventTimes
 from statebackend.task import TaskStorage
+from tests.spark_helpers import task_stats
 
 
 def make_config(tmp_path: Path) -> dict[str, object]:
@@ -135,23 +136,9 @@ def stats_of(task: int, *, commit_ms: float, restored: int = 0, warnings: tuple[
         metrics.increment("restore.bytes", restored)
     else:
         metrics.increment("restore.stores.reused")
-    return TaskStats(
-        batch_id=3,
-        task_index=task,
-        attempt=0,
-        base_seq=2,
-        committed_seq=3,
-        open_ms=1.0,
-        process_ms=10.0 * (task + 1),
-        commit_ms=commit_ms,
-        commit_sync_ms=1.0,
-        input_rows=5,
-        output_rows=2,
-        private_dir=False,
-        metrics=metrics.export(),
-        timers_fired=task,
-        warnings=warnings,
-    )
+    times = {"open_ms": 1.0, "process_ms": 10.0 * (task + 1), "commit_ms": commit_ms, "commit_sync_ms": 1.0}
+    counts = {"batch_id": 3, "base_seq": 2, "committed_seq": 3, "input_rows": 5, "output_rows": 2}
+    return task_stats(task, **times, **counts, metrics=metrics.export(), timers_fired=task, warnings=warnings)
 
 
 def test_the_coordinator_logs_one_line_a_batch_carries_warnings_and_keeps_task_labels(

@@ -7,7 +7,6 @@ point. One test runs a real streaming query over files, stopped and restarted fr
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 from typing import Any, Self
@@ -15,6 +14,7 @@ from typing import Any, Self
 import pytest
 
 from statebackend.spark import StatefulForeachBatch, read_state
+from tests.spark_helpers import first_time, stream_text_files, task_stats, word_job
 
 pytest_plugins = ["tests.spark_fixtures"]  # the session-wide ``spark`` fixture
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -82,7 +82,7 @@ class FailOnceAfterWriting:
 
     def __call__(self, stores: Any, rows: Any) -> list[tuple[str, int]]:
         output = count_rows(stores, rows)
-        if stores.batch_id == self.batch_id and stores.task_index == self.task_index and _first_time(self.marker):
+        if stores.batch_id == self.batch_id and stores.task_index == self.task_index and first_time(self.marker):
             raise RuntimeError("injected failure before the commit")
         return output
 
@@ -114,17 +114,9 @@ class _ExplodesOnce(tuple):  # type: ignore[type-arg]
         return row
 
     def __reduce__(self) -> Any:
-        if _first_time(self.marker):
+        if first_time(self.marker):
             raise RuntimeError("injected failure after the commit")
         return (tuple, (("sentinel", -1),))
-
-
-def _first_time(marker: str) -> bool:
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -182,9 +174,7 @@ def batch_count(spark: Any, batch_ids: list[int]) -> dict[str, int]:
 @pytest.mark.parametrize("mode", ["rows", "arrow", "pandas"])
 def test_normal_run_state_and_output_equal_a_batch_count(spark: Any, tmp_path: Path, mode: str) -> None:
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(
-        COUNTERS[mode], key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, mode=mode
-    )
+    job = word_job(COUNTERS[mode], config, num_tasks=NUM_TASKS, output_schema=OUTPUT, mode=mode)
     for batch_id in range(3):
         output = run_batch(spark, job, batch_id)
         totals = batch_count(spark, list(range(batch_id + 1)))
@@ -196,9 +186,7 @@ def test_normal_run_state_and_output_equal_a_batch_count(spark: Any, tmp_path: P
 
 def test_replayed_batch_is_applied_once(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(
-        count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT
-    )
+    job = word_job(count_rows, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     for batch_id in range(3):
         first_output = run_batch(spark, job, batch_id)
     replayed_output = run_batch(spark, job, 2)  # Spark re-runs its last batch after a driver crash
@@ -213,7 +201,7 @@ def test_replayed_batch_is_applied_once(spark: Any, tmp_path: Path) -> None:
 def test_task_attempt_failing_before_its_commit_is_retried_and_applied_once(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path)
     fail = FailOnceAfterWriting(tmp_path / "marker", batch_id=1, task_index=1)
-    job = StatefulForeachBatch(fail, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    job = word_job(fail, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     for batch_id in range(3):
         run_batch(spark, job, batch_id)
     assert (tmp_path / "marker").exists()
@@ -225,7 +213,7 @@ def test_task_attempt_failing_before_its_commit_is_retried_and_applied_once(spar
 def test_task_failing_after_its_commit_is_redone_from_the_previous_checkpoint(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path)
     fail = FailOnceAfterCommit(tmp_path / "marker", batch_id=1, task_index=0)
-    job = StatefulForeachBatch(fail, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    job = word_job(fail, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     run_batch(spark, job, 0)
     output = run_batch(spark, job, 1)
     assert ("sentinel", -1) in output
@@ -238,9 +226,7 @@ def test_task_failing_after_its_commit_is_redone_from_the_previous_checkpoint(sp
 
 def test_local_state_wiped_between_batches_is_restored_from_the_blob_store(spark: Any, tmp_path: Path) -> None:
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(
-        count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT
-    )
+    job = word_job(count_rows, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     for batch_id in range(5):
         if batch_id in (2, 4):
             shutil.rmtree(tmp_path / "local")
@@ -261,18 +247,8 @@ def test_streaming_query_over_files_stopped_and_restarted_from_its_checkpoint(sp
         (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
 
     def run_query() -> StatefulForeachBatch:
-        job = StatefulForeachBatch(
-            count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT, sink=sink
-        )
-        stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-        query = (
-            stream.writeStream.foreachBatch(job)
-            .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert query.exception() is None
+        job = word_job(count_rows, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, sink=sink)
+        stream_text_files(spark, job, source, tmp_path / "spark-checkpoint")
         return job
 
     for batch in range(3):
@@ -322,11 +298,10 @@ def test_an_output_column_named_like_the_stats_column_is_refused(spark: Any, tmp
     from statebackend.errors import ConfigError
     from statebackend.spark.stats import STATS_COLUMN
 
-    job = StatefulForeachBatch(
+    job = word_job(
         COUNTERS["arrow"],
-        key_columns=["word"],
+        make_config(tmp_path),
         num_tasks=NUM_TASKS,
-        config=make_config(tmp_path),
         output_schema=f"word string, {STATS_COLUMN} binary",
         mode="arrow",
     )
@@ -348,15 +323,7 @@ def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the
     def sink(frame: Any, batch_id: int) -> None:
         sunk.append((batch_id, frame.columns, sorted((row.word, row["count"]) for row in frame.collect())))
 
-    job = StatefulForeachBatch(
-        COUNTERS[mode],
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        mode=mode,
-        sink=sink,
-    )
+    job = word_job(COUNTERS[mode], config, num_tasks=NUM_TASKS, output_schema=OUTPUT, mode=mode, sink=sink)
     held_before = persistent_rdd_ids(spark)
     runs = set()
     for batch_id in range(3):
@@ -382,21 +349,7 @@ def test_stats_of_another_run_are_not_taken_for_this_runs() -> None:
     from statebackend.spark.stats import TaskStats
 
     def stats(task: int, run_id: str) -> TaskStats:
-        return TaskStats(
-            batch_id=4,
-            task_index=task,
-            attempt=0,
-            base_seq=1,
-            committed_seq=2,
-            open_ms=0.0,
-            process_ms=0.0,
-            commit_ms=0.0,
-            commit_sync_ms=0.0,
-            input_rows=1,
-            output_rows=1,
-            private_dir=False,
-            run_id=run_id,
-        )
+        return task_stats(task, batch_id=4, input_rows=1, output_rows=1, run_id=run_id)
 
     class Accumulator:
         def __init__(self) -> None:
@@ -457,26 +410,10 @@ def test_a_replay_skipped_by_every_task_reports_every_tasks_stats(spark: Any, tm
     """on_replay="skip": the tasks of a replayed batch skip it and say so in their stats, which reach the driver as
     this run's (not taken for missing ones)."""
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(
-        COUNTERS[mode],
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        mode=mode,
-        on_replay="skip",
-    )
+    job = word_job(COUNTERS[mode], config, num_tasks=NUM_TASKS, output_schema=OUTPUT, mode=mode, on_replay="skip")
     for batch_id in range(2):
         run_batch(spark, job, batch_id)
-    restarted = StatefulForeachBatch(
-        COUNTERS[mode],
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        mode=mode,
-        on_replay="skip",
-    )
+    restarted = word_job(COUNTERS[mode], config, num_tasks=NUM_TASKS, output_schema=OUTPUT, mode=mode, on_replay="skip")
     assert run_batch(spark, restarted, 1) == []  # skipped: no output
     assert sorted(s.task_index for s in restarted.last_batch_stats) == list(range(NUM_TASKS))
     assert all(s.committed_seq == 0 for s in restarted.last_batch_stats)
@@ -494,11 +431,10 @@ def count_arrow_failing_in_task_one(stores: Any, batches: Any) -> Any:
 
 
 def test_a_batch_whose_task_fails_holds_no_output_of_the_tasks_that_succeeded(spark: Any, tmp_path: Path) -> None:
-    job = StatefulForeachBatch(
+    job = word_job(
         count_arrow_failing_in_task_one,
-        key_columns=["word"],
+        make_config(tmp_path),
         num_tasks=NUM_TASKS,
-        config=make_config(tmp_path),
         output_schema=OUTPUT,
         mode="arrow",
         sink=lambda frame, batch_id: None,

@@ -16,7 +16,7 @@ from statebackend.checkpoint import CheckpointV2
 from statebackend.checkpoint.serde import decode_bound_checkpoint
 
 from statebackend.blobstores.file import FileBlobStore
-from statebackend.spark import StatefulForeachBatch
+from tests.spark_helpers import word_job
 from tests.test_spark import (
     NUM_TASKS,
     OUTPUT,
@@ -47,7 +47,7 @@ def lsm_config(tmp_path: Path) -> dict[str, object]:
 def test_compacting_state_stays_exact_through_replays_failures_and_wipes(spark: Any, tmp_path: Path) -> None:
     config = lsm_config(tmp_path)
     fail = FailOnceAfterCommit(tmp_path / "marker", batch_id=3, task_index=1)
-    job = StatefulForeachBatch(fail, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    job = word_job(fail, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     outputs = {}
     for batch_id in range(8):
         if batch_id == 5:
@@ -70,10 +70,7 @@ def test_compacting_state_stays_exact_through_replays_failures_and_wipes(spark: 
 def test_rows_mode_on_blobsnapshot_equals_changelog(spark: Any, tmp_path: Path) -> None:
     lsm = lsm_config(tmp_path / "lsm")
     changelog = make_config(tmp_path / "changelog")
-    jobs = [
-        StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
-        for config in (lsm, changelog)
-    ]
+    jobs = [word_job(count_rows, config, num_tasks=NUM_TASKS, output_schema=OUTPUT) for config in (lsm, changelog)]
     for batch_id in range(5):
         first, second = (run_batch(spark, job, batch_id) for job in jobs)
         assert first == second

@@ -5,14 +5,13 @@ warm-up at most 10% of task-batches move, and the state is exact."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.spark_helpers import env_with_repo, run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -26,26 +25,8 @@ MODES = ("rows", "arrow", "pandas")
 def run_cluster_modes(tmp_path: Path, batches: int, affinity: bool, modes: tuple[str, ...]) -> dict[str, Any]:
     """Run tests/cluster_child.py once: the given modes one after the other on one cluster; mode -> its result."""
     report = tmp_path / f"report-{int(affinity)}-{'-'.join(modes)}.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.cluster_child",
-            str(tmp_path),
-            str(batches),
-            "1" if affinity else "0",
-            str(report),
-            ",".join(modes),
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-5000:]
+    args = [str(tmp_path), str(batches), "1" if affinity else "0", str(report), ",".join(modes)]
+    run_python(["-m", "tests.cluster_child", *args], env_with_repo())
     result: dict[str, Any] = json.loads(report.read_text())
     shutil.rmtree(result["app_work_dir"], ignore_errors=True)  # the executors' working dirs, local state included
     return {mode: result["modes"][mode] for mode in modes}

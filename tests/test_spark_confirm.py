@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +17,9 @@ from statebackend.blobstores.base import open_blob_store
 from statebackend.config import Settings
 from statebackend.microbatch.batches import ATTEMPT_OFFSET
 from statebackend.microbatch.confirm import ConfirmationError, unconfirmed_checkpoints
-from statebackend.spark import StatefulForeachBatch
 from statebackend.spark.stats import TaskStats
 from statebackend.task import TaskStorage
+from tests.spark_helpers import child_report, env_with_repo, task_stats, word_job
 from tests.test_spark import NUM_TASKS, batch_words, count_arrow, make_config, state_of
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -30,19 +28,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _stats(task_index: int, seq: int, checkpoint_id: str, token: str = "") -> TaskStats:
-    return TaskStats(
+    return task_stats(
+        task_index,
         batch_id=1,
-        task_index=task_index,
-        attempt=0,
         base_seq=seq - 1,
         committed_seq=seq,
-        open_ms=0.0,
-        process_ms=0.0,
-        commit_ms=0.0,
-        commit_sync_ms=0.0,
         input_rows=1,
-        output_rows=0,
-        private_dir=False,
         pending_checkpoint_id=checkpoint_id,
         attempt_token=token,
     )
@@ -127,22 +118,8 @@ def test_workers_killed_at_checkpoint_writes_lose_no_batch_and_sink_each_output_
         os.utime(source / f"part-{batch:03d}.txt", (1_000_000 + batch, 1_000_000 + batch))
     script = tmp_path / "child.py"
     script.write_text(CHILD.format(repo=str(REPO), config=config))
-    env = {
-        **os.environ,
-        "STATEBACKEND_CRASH_AT": "commit.before_checkpoint_write:3",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    child = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    summary = json.loads(child.stdout.strip().splitlines()[-1])
+    env = env_with_repo(STATEBACKEND_CRASH_AT="commit.before_checkpoint_write:3")
+    summary = child_report(str(script), str(tmp_path), env=env)
     assert summary["deferred"] > 0  # tasks did hand their output on before their checkpoint was durable
     assert summary["reruns"] >= 1  # and a worker died with an upload of one: the driver ran that batch again
 
@@ -190,11 +167,10 @@ def test_output_after_batches_without_any_reaches_the_sink_exactly(
     def sink(frame: Any, batch_id: int) -> None:
         delivered[batch_id] = sorted((row["word"], row["count"]) for row in frame.collect())
 
-    job = StatefulForeachBatch(
+    job = word_job(
         count_arrow_quietly_until(3),
-        key_columns=["word"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema="word string, count long",
         mode="arrow",
         sink=sink,

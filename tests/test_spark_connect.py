@@ -3,38 +3,24 @@ from the Spark conf (``spark.statebackend.*``) on classic Spark."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from statebackend.errors import ConfigError
-from statebackend.spark import StatefulForeachBatch
 from statebackend.spark.session import effective_config, is_connect
+from tests.spark_helpers import child_report, word_job
 from tests.test_spark import OUTPUT, batch_count, count_rows, make_config, run_batch, state_of
 
 pytest_plugins = ["tests.spark_fixtures"]
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.mark.connect
 def test_every_mode_replay_streaming_query_and_read_state_under_spark_connect(tmp_path: Path) -> None:
     # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.connect_child", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result = child_report("-m", "tests.connect_child", str(tmp_path))
     assert result["connect"] is True
     for mode in ("rows", "arrow", "pandas"):
         outcome = result[mode]
@@ -57,7 +43,7 @@ def test_keys_from_the_spark_conf_fill_in_and_keys_in_code_win(spark: Any, tmp_p
         merged = effective_config(spark, config)
         assert merged["stores.counts.msg.serde"] == given  # filled in from the Spark conf
         assert merged["job.name"] == "wordcount"  # given in code: wins
-        job = StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=3, config=config, output_schema=OUTPUT)
+        job = word_job(count_rows, config, num_tasks=3, output_schema=OUTPUT)
         for batch_id in range(2):
             run_batch(spark, job, batch_id)
         assert state_of(spark, dict(config, **{"stores.counts.msg.serde": given})) == batch_count(spark, [0, 1])
@@ -70,8 +56,6 @@ def test_a_wrong_key_in_the_spark_conf_is_named(spark: Any, tmp_path: Path) -> N
     spark.conf.set("spark.statebackend.changelog.snapshot.intervl.commits", "3")
     try:
         with pytest.raises(ConfigError, match="changelog.snapshot.intervl.commits"):
-            StatefulForeachBatch(
-                count_rows, key_columns=["word"], num_tasks=3, config=make_config(tmp_path), output_schema=OUTPUT
-            )
+            word_job(count_rows, make_config(tmp_path), num_tasks=3, output_schema=OUTPUT)
     finally:
         spark.conf.unset("spark.statebackend.changelog.snapshot.intervl.commits")

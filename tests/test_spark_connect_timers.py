@@ -5,32 +5,19 @@ query's foreachBatch) loaded once."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+from tests.spark_helpers import child_report
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
 @pytest.mark.connect
 def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path) -> None:
     # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.connect_timers_child", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    result = child_report("-m", "tests.connect_timers_child", str(tmp_path))
     assert result["connect"] is True
     assert result["quiet"] == {"shapes": [[[], 0], [[], 0]], "state_ok": True, "moved": []}
     assert "no output_schema" in result["loud_error"] and "Spark Connect" in result["loud_error"]

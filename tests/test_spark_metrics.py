@@ -13,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from statebackend.metrics import prometheus as prom
-from statebackend.spark import StatefulForeachBatch
+from tests.backend_helpers import counts_config
+from tests.spark_helpers import word_job
 
 pytest_plugins = ["tests.spark_fixtures"]  # the session-wide ``spark`` fixture
 
@@ -30,22 +31,11 @@ def count_words(stores: Any, rows: Any) -> None:
 
 
 def test_the_driver_merges_every_tasks_metrics_per_batch_and_serves_them(spark: Any, tmp_path: Path) -> None:
-    config = {
-        "job.name": "sparkmetrics",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": (tmp_path / "blobs").as_uri(),
-        "blob.store.create.if.missing": True,
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-        "metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"),
-        "metrics.prometheus.port": 0,
-    }
+    textfiles = {"metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"), "metrics.prometheus.port": 0}
+    config = counts_config(tmp_path, job="sparkmetrics", **textfiles)
     # tasks wait for their checkpoints: a task that hands its output on first (the driver confirming its checkpoint)
     # hands its upload's metrics on with its next batch
-    job = StatefulForeachBatch(
-        count_words, key_columns=["word"], num_tasks=NUM_TASKS, config=config, confirm_on_driver=False
-    )
+    job = word_job(count_words, config, num_tasks=NUM_TASKS, output_schema=None, confirm_on_driver=False)
     words = [(f"w{i % 17}",) for i in range(60)]
     job(spark.createDataFrame(words, "word string"), 0)
     first = job.last_batch_metrics

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from statebackend.errors import StorageError, TaskFailedError
-from statebackend.spark import StatefulForeachBatch
 from statebackend.task import TaskStorage
+from tests.spark_helpers import word_job
 from tests.test_spark import count_rows, make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -32,7 +32,7 @@ def newest_batch(config: dict[str, object], task: str) -> str | None:
 def test_a_missing_blob_store_directory_fails_when_the_job_is_built(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"blob.store.create.if.missing": "false"})
     with pytest.raises(StorageError, match="blob.store.create.if.missing") as raised:
-        StatefulForeachBatch(count_rows, key_columns=["word"], num_tasks=2, config=config)
+        word_job(count_rows, config, num_tasks=2, output_schema=None)
     assert "check 1 of 3" in str(raised.value)
 
 
@@ -44,7 +44,7 @@ def test_a_value_its_serde_cannot_encode_is_the_first_line_and_nothing_is_commit
             stores["counts"].put(row.word, decimal.Decimal("1.5"))
         return []
 
-    job = StatefulForeachBatch(decimals, key_columns=["word"], num_tasks=1, config=config)
+    job = word_job(decimals, config, num_tasks=1, output_schema=None)
     with pytest.raises(TaskFailedError) as raised:
         job(words(spark, "ada"), 0)
     first = str(raised.value).splitlines()[0]
@@ -60,13 +60,9 @@ def test_output_rows_of_the_wrong_shape_fail_the_task_before_its_commit(spark: A
         count_rows(stores, rows)
         return [("ada", 1, "extra")]
 
-    job = StatefulForeachBatch(
-        count_rows, key_columns=["word"], num_tasks=1, config=config, output_schema="word string, count long"
-    )
+    job = word_job(count_rows, config, num_tasks=1, output_schema="word string, count long")
     job(words(spark, "ada"), 0)
-    bad = StatefulForeachBatch(
-        wrong, key_columns=["word"], num_tasks=1, config=config, output_schema="word string, count long"
-    )
+    bad = word_job(wrong, config, num_tasks=1, output_schema="word string, count long")
     with pytest.raises(TaskFailedError, match="OutputSchemaError") as raised:
         bad(words(spark, "ada"), 1)
     first = str(raised.value).splitlines()[0]
@@ -79,9 +75,7 @@ def test_every_batch_logs_one_line_and_the_driver_keeps_metrics_per_task(
 ) -> None:
     config = make_config(tmp_path)
     seen: list[Any] = []
-    job = StatefulForeachBatch(
-        count_rows, key_columns=["word"], num_tasks=2, config=config, on_batch=seen.append, keep_open=False
-    )
+    job = word_job(count_rows, config, num_tasks=2, output_schema=None, on_batch=seen.append, keep_open=False)
     caplog.set_level(logging.INFO, logger="statebackend")
     job(words(spark, "ada", "bob", "ada"), 0)
     job(words(spark, "cy"), 1)

@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from statebackend.microbatch.keygroups import key_group_range, partition_tags, spark_hash, task_of_group
-from statebackend.spark import StatefulForeachBatch, read_state
+from statebackend.spark import read_state
+from tests.spark_helpers import stream_text_files, word_job
 from tests.test_spark import batch_words, count_rows, make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -115,18 +116,8 @@ def test_num_tasks_4_6_2_4_between_runs_keeps_exact_state(spark: Any, tmp_path: 
         for _ in range(2):
             _write(source, written)
             written += 1
-        job = StatefulForeachBatch(
-            count_rows, key_columns=["word"], num_tasks=num_tasks, config=config, output_schema=OUTPUT, key_groups=16
-        )
-        stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-        query = (
-            stream.writeStream.foreachBatch(job)
-            .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(180)
-        assert query.exception() is None, query.exception()
+        job = word_job(count_rows, config, num_tasks=num_tasks, output_schema=OUTPUT, key_groups=16)
+        stream_text_files(spark, job, source, tmp_path / "spark-checkpoint", timeout_s=180)
         assert {s.task_index for s in job.history} == set(range(num_tasks))
         assert _state(spark, config, num_tasks) == _expected(range(written)), num_tasks
     # read_state with a num_tasks the state is not spread over is refused, not read wrong
@@ -186,18 +177,8 @@ def test_sigkill_in_a_rescaled_first_batch_then_resume(spark: Any, tmp_path: Pat
         _write(source, batch)
     # the first run, 4 tasks over batches 0 and 1, in this process's session (a child would start another JVM); its
     # master retries a failed task attempt, which local[2] would not: no attempt may have needed that
-    first = StatefulForeachBatch(
-        count_rows, key_columns=["word"], num_tasks=4, config=config, output_schema=OUTPUT, key_groups=16
-    )
-    stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-    query = (
-        stream.writeStream.foreachBatch(first)
-        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
+    first = word_job(count_rows, config, num_tasks=4, output_schema=OUTPUT, key_groups=16)
+    stream_text_files(spark, first, source, tmp_path / "spark-checkpoint", timeout_s=300)
     assert sorted((s.batch_id, s.task_index, s.attempt) for s in first.history) == [
         (batch, task, 0) for batch in range(2) for task in range(4)
     ]
@@ -212,18 +193,8 @@ def test_sigkill_in_a_rescaled_first_batch_then_resume(spark: Any, tmp_path: Pat
     second.wait(60)
     assert second.returncode == -signal.SIGKILL
     # the resume in this process's session (a third JVM would cost tens of seconds): Spark re-runs batch 2, then 3
-    third = StatefulForeachBatch(
-        count_rows, key_columns=["word"], num_tasks=6, config=config, output_schema=OUTPUT, key_groups=16
-    )
-    stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-    query = (
-        stream.writeStream.foreachBatch(third)
-        .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
+    third = word_job(count_rows, config, num_tasks=6, output_schema=OUTPUT, key_groups=16)
+    stream_text_files(spark, third, source, tmp_path / "spark-checkpoint", timeout_s=300)
     assert sorted({(s.batch_id, s.task_index) for s in third.history}) == [
         (batch, task) for batch in (2, 3) for task in range(6)
     ]

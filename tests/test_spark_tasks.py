@@ -15,6 +15,7 @@ from statebackend.errors import CommitConflictError, CommitError, ConfigError, S
 from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, TaskRunner
 from statebackend.spark.stats import is_output
 from statebackend.task import TaskStorage
+from tests.spark_helpers import word_job
 from tests.test_spark import count_rows, make_config
 
 pytestmark = [pytest.mark.spark_matrix]
@@ -263,9 +264,7 @@ def test_wrong_arguments_are_refused_on_the_driver(tmp_path: Path, options: dict
 
 def test_misspelled_config_key_is_refused_on_the_driver(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tsak.commit.ms"):
-        StatefulForeachBatch(
-            count_rows, key_columns=["word"], num_tasks=2, config=make_config(tmp_path, **{"tsak.commit.ms": 5})
-        )
+        word_job(count_rows, make_config(tmp_path, **{"tsak.commit.ms": 5}), num_tasks=2, output_schema=None)
 
 
 class _Node:

@@ -15,6 +15,7 @@ import pytest
 
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, StatefulForeachBatch, read_state
 from statebackend.testing import ManualClock
+from tests.spark_helpers import first_time, word_job
 from tests.test_spark import make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -105,7 +106,7 @@ class Failing:
 
     def __call__(self, stores: Any, timers: Any) -> list[Any]:
         output: list[Any] = fired_rows(stores, timers)
-        if stores.batch_id != self.batch_id or not _first_time(self.marker):
+        if stores.batch_id != self.batch_id or not first_time(self.marker):
             return output
         if self.how == "raise":
             raise RuntimeError("injected failure in on_timers")
@@ -119,17 +120,9 @@ class _ExplodesOnce:
         self.marker = marker
 
     def __reduce__(self) -> Any:
-        if _first_time(self.marker):
+        if first_time(self.marker):
             raise RuntimeError("injected failure after the commit")
         return (tuple, (("sentinel", -1, "none", -1),))
-
-
-def _first_time(marker: str) -> bool:
-    try:
-        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    return True
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -169,16 +162,7 @@ def test_processing_time_timers_fire_once_at_the_right_batch_also_for_keys_witho
 ) -> None:
     config = make_config(tmp_path)
     fn, handler = MODES[mode]
-    job = StatefulForeachBatch(
-        fn,
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        mode=mode,
-        on_timers=handler,
-        clock=clock,
-    )
+    job = word_job(fn, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, mode=mode, on_timers=handler, clock=clock)
     clock.now_ms = 1000
     assert run_batch(spark, job, 0, [("a", 1500), ("b", 2500), ("c", 900)]) == [("c", 900, PROCESSING, 0)]
     assert pending(spark, config, checkpoint=0) == [("a", PROCESSING, 1500), ("b", PROCESSING, 2500)]
@@ -211,11 +195,10 @@ def test_event_time_timers_fire_when_the_watermark_of_earlier_batches_passes_the
     fn: Any = EventTimers()
     if mode == "arrow":
         fn = event_timers_arrow
-    job = StatefulForeachBatch(
+    job = word_job(
         fn,
-        key_columns=["word"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema=OUTPUT,
         mode=mode,
         on_timers=fired_rows if mode == "rows" else fired_arrow,
@@ -261,11 +244,10 @@ def run_reference(spark: Any, tmp_path: Path, clock: ManualClock) -> tuple[list[
 
 
 def both_job(config: dict[str, object], on_timers: Any = fired_rows, **extra: Any) -> StatefulForeachBatch:
-    return StatefulForeachBatch(
+    return word_job(
         both_timers,
-        key_columns=["word"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema=OUTPUT,
         on_timers=on_timers,
         event_time="ts",
@@ -324,28 +306,14 @@ def test_timers_move_with_their_key_groups_when_num_tasks_changes(
 ) -> None:
     config = make_config(tmp_path)
     words = [f"w{i}" for i in range(20)]
-    job = StatefulForeachBatch(
-        register_rows,
-        clock=clock,
-        key_columns=["word"],
-        num_tasks=3,
-        config=config,
-        output_schema=OUTPUT,
-        on_timers=fired_rows,
-        key_groups=16,
+    job = word_job(
+        register_rows, config, num_tasks=3, output_schema=OUTPUT, clock=clock, on_timers=fired_rows, key_groups=16
     )
     clock.now_ms = 0
     assert run_batch(spark, job, 0, [(w, 1000 + 100 * i) for i, w in enumerate(words)]) == []
     assert [key for key, _, _ in pending(spark, config, 3)] == sorted(words)
-    fewer = StatefulForeachBatch(
-        register_rows,
-        clock=clock,
-        key_columns=["word"],
-        num_tasks=2,
-        config=config,
-        output_schema=OUTPUT,
-        on_timers=fired_rows,
-        key_groups=16,
+    fewer = word_job(
+        register_rows, config, num_tasks=2, output_schema=OUTPUT, clock=clock, on_timers=fired_rows, key_groups=16
     )
     clock.now_ms = 1950
     first = run_batch(spark, fewer, 1, [])
@@ -364,16 +332,7 @@ def test_input_spark_knows_to_be_empty_still_runs_every_task(
     the next batch finds every task's checkpoint of it."""
     config = make_config(tmp_path)
     fn, handler = MODES[mode]
-    job = StatefulForeachBatch(
-        fn,
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        mode=mode,
-        on_timers=handler,
-        clock=clock,
-    )
+    job = word_job(fn, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, mode=mode, on_timers=handler, clock=clock)
     clock.now_ms = 0
     run_batch(spark, job, 0, [("a", 500), ("b", 1500)])
     clock.now_ms = 1000
@@ -412,14 +371,8 @@ def test_a_heartbeat_keeps_batches_and_processing_time_timers_coming_after_the_i
         outputs.append((batch_id, rows, sum(s.input_rows for s in job.last_batch_stats)))
 
     config = make_config(tmp_path)
-    job = StatefulForeachBatch(
-        register_a_second_later,
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        on_timers=fired_rows,
-        sink=sink,
+    job = word_job(
+        register_a_second_later, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, on_timers=fired_rows, sink=sink
     )
     stream = with_heartbeat(spark.readStream.schema(INPUT).json(str(source)))
     query = (

@@ -15,6 +15,7 @@ from statebackend.errors import ConfigError
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, StatefulForeachBatch, read_state
 from statebackend.spark.heartbeat import HEARTBEAT_CLOCK_COLUMN
 from statebackend.testing import ManualClock
+from tests.spark_helpers import word_job
 from tests.test_spark import make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -57,12 +58,12 @@ def long_keys_config(tmp_path: Path) -> dict[str, object]:
 
 
 def initial_job(config: dict[str, object], frame: Any, clock: ManualClock, **extra: Any) -> StatefulForeachBatch:
-    return StatefulForeachBatch(
+    return word_job(
         count_rows,
-        key_columns=["user"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema=OUTPUT,
+        key="user",
         on_timers=report_fired,
         initial_state={"counts": frame},
         on_initial_state=expire_at_1000,
@@ -108,12 +109,12 @@ def test_duplicate_keys_in_an_initial_state_are_refused_naming_them(spark: Any, 
 
 def test_the_timer_store_named_as_an_initial_state_store_is_refused(spark: Any, tmp_path: Path) -> None:
     frame = spark.createDataFrame([("a", b"x")], "key string, value binary")
-    job = StatefulForeachBatch(
+    job = word_job(
         count_rows,
-        key_columns=["user"],
+        long_keys_config(tmp_path),
         num_tasks=NUM_TASKS,
-        config=long_keys_config(tmp_path),
         output_schema=OUTPUT,
+        key="user",
         on_timers=report_fired,
         initial_state={TIMERS_STORE: frame},
     )
@@ -123,11 +124,12 @@ def test_the_timer_store_named_as_an_initial_state_store_is_refused(spark: Any, 
 
 def test_on_initial_state_needs_initial_state(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="on_initial_state needs initial_state"):
-        StatefulForeachBatch(
+        word_job(
             count_rows,
-            key_columns=["user"],
+            long_keys_config(tmp_path),
             num_tasks=1,
-            config=long_keys_config(tmp_path),
+            output_schema=None,
+            key="user",
             on_initial_state=expire_at_1000,
             probe=False,
         )
@@ -138,12 +140,12 @@ def test_a_heartbeat_that_advances_the_watermark_fires_event_time_timers_without
     spark: Any, tmp_path: Path, advance: bool
 ) -> None:
     clock = ManualClock(1000)
-    job = StatefulForeachBatch(
+    job = word_job(
         register_event_timers,
-        key_columns=["user"],
+        long_keys_config(tmp_path),
         num_tasks=NUM_TASKS,
-        config=long_keys_config(tmp_path),
         output_schema=OUTPUT,
+        key="user",
         on_timers=report_fired,
         event_time="ts",
         watermark_delay=100,
@@ -166,9 +168,7 @@ def test_a_heartbeat_that_advances_the_watermark_fires_event_time_timers_without
 
 
 def test_a_heartbeat_that_advances_the_watermark_needs_event_time(spark: Any, tmp_path: Path) -> None:
-    job = StatefulForeachBatch(
-        count_rows, key_columns=["user"], num_tasks=1, config=long_keys_config(tmp_path), output_schema=OUTPUT
-    )
+    job = word_job(count_rows, long_keys_config(tmp_path), num_tasks=1, output_schema=OUTPUT, key="user")
     frame = spark.createDataFrame([(None, None, True)], f"user long, n long, {HEARTBEAT_CLOCK_COLUMN} boolean")
     with pytest.raises(ConfigError, match="advance_watermark=True.*no event_time"):
         job(frame, 0)

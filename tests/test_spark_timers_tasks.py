@@ -27,6 +27,7 @@ from statebackend.microbatch.watermark import EventClock, next_watermark, parse_
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, TaskRunner, Timer
 from statebackend.spark.stats import TaskStats, is_output, is_stats
 from statebackend.task import TaskStorage
+from tests.spark_helpers import task_stats, word_job
 from tests.test_spark import make_config
 
 pytestmark = [pytest.mark.spark_matrix]
@@ -447,22 +448,7 @@ def test_the_watermark_is_the_largest_event_time_before_minus_the_delay_never_de
     clock = EventClock(100)
 
     def stats(task: int, watermark: int | None, event_max: int | None) -> TaskStats:
-        return TaskStats(
-            batch_id=3,
-            task_index=task,
-            attempt=0,
-            base_seq=1,
-            committed_seq=2,
-            open_ms=0.0,
-            process_ms=0.0,
-            commit_ms=0.0,
-            commit_sync_ms=0.0,
-            input_rows=0,
-            output_rows=0,
-            private_dir=False,
-            watermark_ms=watermark,
-            event_max_ms=event_max,
-        )
+        return task_stats(task, batch_id=3, watermark_ms=watermark, event_max_ms=event_max)
 
     clock.completed(3, [stats(0, 500, 800), stats(1, 500, 1200)], 2)
     assert clock.for_batch(None, {}, 4) == (1100, 1200)  # known: no checkpoint read (no Spark session here)
@@ -500,29 +486,14 @@ def test_event_times_read_alike_from_rows_arrow_batches_and_pandas_frames() -> N
 
 
 def test_the_driver_lists_the_tasks_that_ran_on_another_executor_than_before(tmp_path: Path) -> None:
-    from statebackend.spark import StatefulForeachBatch
 
-    job = StatefulForeachBatch(register, key_columns=["word"], num_tasks=3, config=make_config(tmp_path))
+    job = word_job(register, make_config(tmp_path), num_tasks=3, output_schema=None)
 
     def ran(*executors: str) -> list[int]:
         job._note_moves(
             0,
             [
-                TaskStats(
-                    batch_id=0,
-                    task_index=task,
-                    attempt=0,
-                    base_seq=0,
-                    committed_seq=1,
-                    open_ms=0.0,
-                    process_ms=0.0,
-                    commit_ms=0.0,
-                    commit_sync_ms=0.0,
-                    input_rows=0,
-                    output_rows=0,
-                    private_dir=False,
-                    executor=executor,
-                )
+                task_stats(task, base_seq=0, committed_seq=1, executor=executor)
                 for task, executor in enumerate(executors)
             ],
         )

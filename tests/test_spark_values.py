@@ -17,6 +17,7 @@ from statebackend.spark import StatefulForeachBatch, read_state
 from statebackend.spark.initial import INITIAL_OFFSET
 from statebackend.task import TaskStorage
 from tests import record_values as rv
+from tests.spark_helpers import stream_text_files, word_job
 from tests.test_spark import batch_words, make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -108,23 +109,8 @@ def test_a_streaming_querys_values_gain_and_lose_a_field_between_two_runs(spark:
     def run_query(fn: Any, msg_serde: str, batches: range) -> None:
         for batch in batches:
             (source / f"part-{batch:03d}.txt").write_text("\n".join(batch_words(batch)) + "\n")
-        job = StatefulForeachBatch(
-            fn,
-            key_columns=["word"],
-            num_tasks=NUM_TASKS,
-            config=config_for(tmp_path, msg_serde),
-            output_schema=OUTPUT,
-            sink=sink,
-        )
-        stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
-        query = (
-            stream.writeStream.foreachBatch(job)
-            .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        query.awaitTermination(120)
-        assert query.exception() is None
+        job = word_job(fn, config_for(tmp_path, msg_serde), num_tasks=NUM_TASKS, output_schema=OUTPUT, sink=sink)
+        stream_text_files(spark, job, source, tmp_path / "spark-checkpoint")
 
     run_query(count_v1, V1, range(2))
     # which file a batch read is Spark's choice: the batch ids a word was seen in come from the outputs
@@ -197,12 +183,10 @@ def test_read_state_gives_a_record_store_as_a_struct_of_every_field_type(spark: 
 def test_a_rescaled_task_reads_the_record_values_it_copies_with_their_schemas(spark: Any, tmp_path: Path) -> None:
     """num_tasks 2 -> 3 in the run that also changes the class: each new task copies V1 values as stored from the
     old tasks, and its checkpoints record V1's schema beside V2's, so they read in this and every later batch."""
-    job = StatefulForeachBatch(
-        count_v1, key_columns=["word"], num_tasks=2, config=config_for(tmp_path, V1), output_schema=OUTPUT
-    )
+    job = word_job(count_v1, config_for(tmp_path, V1), num_tasks=2, output_schema=OUTPUT)
     run_batch(spark, job, 0)
     evolved = config_for(tmp_path, V2)
-    job = StatefulForeachBatch(count_v2, key_columns=["word"], num_tasks=3, config=evolved, output_schema=OUTPUT)
+    job = word_job(count_v2, evolved, num_tasks=3, output_schema=OUTPUT)
     run_batch(spark, job, 1)
     run_batch(spark, job, 2)
     totals = word_counts([0, 1, 2])
@@ -214,7 +198,7 @@ def test_a_rescaled_task_reads_the_record_values_it_copies_with_their_schemas(sp
 
 def test_a_migration_runs_once_per_task_also_when_its_batch_is_replayed(spark: Any, tmp_path: Path) -> None:
     config = config_for(tmp_path, V1)
-    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    job = word_job(count_v1, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     run_batch(spark, job, 0)
     migrating = config_for(
         tmp_path,
@@ -224,9 +208,7 @@ def test_a_migration_runs_once_per_task_also_when_its_batch_is_replayed(spark: A
             "stores.counts.migration.function": "tests.record_values:split_first",
         },
     )
-    job = StatefulForeachBatch(
-        count_v3, key_columns=["word"], num_tasks=NUM_TASKS, config=migrating, output_schema=OUTPUT
-    )
+    job = word_job(count_v3, migrating, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     first = run_batch(spark, job, 1)
     assert run_batch(spark, job, 1) == first  # a replay migrates the state before batch 1 again, and lands once
     run_batch(spark, job, 2)
@@ -250,26 +232,14 @@ def test_stores_start_from_an_initial_state_loaded_once(spark: Any, tmp_path: Pa
         [(w, {"count": c, "first": f}) for w, (c, f) in initial.items()],
         "key string, value struct<count: long, first: string>",
     )
-    job = StatefulForeachBatch(
-        count_v1,
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        initial_state={"counts": frame},
-    )
+    job = word_job(count_v1, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, initial_state={"counts": frame})
     output = dict(run_batch(spark, job, 0))
     assert all(output[w] == initial.get(w, (0, ""))[0] + n for w, n in word_counts([0]).items())
     assert run_batch(spark, job, 0) == sorted(output.items())  # a replay of batch 0 starts from the load again
     run_batch(spark, job, 1)
     # a restart: a new driver object with the same initial_state loads nothing (its state records the load)
-    restarted = StatefulForeachBatch(
-        count_v1,
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        initial_state={"counts": lambda session: frame},
+    restarted = word_job(
+        count_v1, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, initial_state={"counts": lambda session: frame}
     )
     run_batch(spark, restarted, 2)
     counts = word_counts([0, 1, 2])
@@ -295,22 +265,20 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
     batch = spark.createDataFrame([(w,) for w in batch_words(0)], "word string")
     from tests.test_spark import count_rows
 
-    first = StatefulForeachBatch(
+    first = word_job(
         count_rows,
-        key_columns=["word"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema="word string, count long",
         initial_state={"counts": frame},
     )
     first.initial_state.load_once(
         first, batch, Settings.from_config(config), 0
     )  # the driver stops after the load, before batch 0
-    again = StatefulForeachBatch(
+    again = word_job(
         count_rows,
-        key_columns=["word"],
+        config,
         num_tasks=NUM_TASKS,
-        config=config,
         output_schema="word string, count long",
         initial_state={"counts": frame},
     )
@@ -324,19 +292,12 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
 
 def test_an_initial_state_is_refused_on_state_no_load_made(spark: Any, tmp_path: Path) -> None:
     config = config_for(tmp_path, V1)
-    job = StatefulForeachBatch(count_v1, key_columns=["word"], num_tasks=NUM_TASKS, config=config, output_schema=OUTPUT)
+    job = word_job(count_v1, config, num_tasks=NUM_TASKS, output_schema=OUTPUT)
     run_batch(spark, job, 0)
     frame = spark.createDataFrame(
         [("w1", {"count": 1, "first": "x"})], "key string, value struct<count: long, first: string>"
     )
-    late = StatefulForeachBatch(
-        count_v1,
-        key_columns=["word"],
-        num_tasks=NUM_TASKS,
-        config=config,
-        output_schema=OUTPUT,
-        initial_state={"counts": frame},
-    )
+    late = word_job(count_v1, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, initial_state={"counts": frame})
     with pytest.raises(
         ConfigError, match="job 'values' already has state .*that no initial load of store\\(s\\) 'counts' made"
     ):
@@ -344,14 +305,7 @@ def test_an_initial_state_is_refused_on_state_no_load_made(spark: Any, tmp_path:
     with pytest.raises(ConfigError, match="no store 'nope' in the configuration"):
         run_batch(
             spark,
-            StatefulForeachBatch(
-                count_v1,
-                key_columns=["word"],
-                num_tasks=NUM_TASKS,
-                config=config,
-                output_schema=OUTPUT,
-                initial_state={"nope": frame},
-            ),
+            word_job(count_v1, config, num_tasks=NUM_TASKS, output_schema=OUTPUT, initial_state={"nope": frame}),
             1,
         )
     wrong_type = spark.createDataFrame(
@@ -361,14 +315,7 @@ def test_an_initial_state_is_refused_on_state_no_load_made(spark: Any, tmp_path:
     with pytest.raises(ConfigError, match="column 'key' is long but the key column 'word' of the stream is string"):
         run_batch(
             spark,
-            StatefulForeachBatch(
-                count_v1,
-                key_columns=["word"],
-                num_tasks=NUM_TASKS,
-                config=fresh,
-                output_schema=OUTPUT,
-                initial_state={"counts": wrong_type},
-            ),
+            word_job(count_v1, fresh, num_tasks=NUM_TASKS, output_schema=OUTPUT, initial_state={"counts": wrong_type}),
             0,
         )
     assert state_of(config, tmp_path) == {w: rv.CountV1(n, "b0") for w, n in word_counts([0]).items()}

@@ -1,0 +1,91 @@
+"""Helpers shared by the Spark and micro-batch tests: a job keyed by one column, a streaming query over text files,
+a task attempt's stats, a once-only marker and a child Python process.
+
+pyspark is imported only when a job is built, so the micro-batch tests (which run without Spark) can use the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from statebackend.microbatch.protocol import TaskStats
+
+if TYPE_CHECKING:
+    from statebackend.spark import StatefulForeachBatch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def word_job(
+    fn: Callable[..., Any],
+    config: dict[str, object],
+    *,
+    num_tasks: int,
+    output_schema: str | None,
+    key: str = "word",
+    **options: Any,
+) -> StatefulForeachBatch:
+    """A ``StatefulForeachBatch`` of ``fn`` keyed by the one column ``key``; ``options`` are its other arguments."""
+    from statebackend.spark import StatefulForeachBatch
+
+    return StatefulForeachBatch(
+        fn, key_columns=[key], num_tasks=num_tasks, config=config, output_schema=output_schema, **options
+    )
+
+
+def stream_text_files(spark: Any, job: Any, source: Path, checkpoint: Path, timeout_s: float = 120) -> None:
+    """Run ``job`` as a streaming query over the text files in ``source`` (one file a batch, each line a ``word``)
+    until it has read them all, and assert it ended without an error."""
+    stream = spark.readStream.option("maxFilesPerTrigger", 1).text(str(source)).withColumnRenamed("value", "word")
+    query = stream.writeStream.foreachBatch(job).option("checkpointLocation", str(checkpoint))
+    started = query.trigger(availableNow=True).start()
+    started.awaitTermination(timeout_s)
+    assert started.exception() is None, started.exception()
+
+
+def task_stats(task_index: int, **fields: Any) -> TaskStats:
+    """The stats of one attempt of task ``task_index``: the first attempt of batch 0, from checkpoint 1 to 2, no time
+    spent, no rows, in the shared directory; ``fields`` set any of them and the optional ones."""
+    times = dict.fromkeys(("open_ms", "process_ms", "commit_ms", "commit_sync_ms"), 0.0)
+    counts = {"batch_id": 0, "attempt": 0, "base_seq": 1, "committed_seq": 2, "input_rows": 0, "output_rows": 0}
+    return TaskStats(task_index=task_index, **{**times, **counts, "private_dir": False, **fields})
+
+
+def first_time(marker: str) -> bool:
+    """True the first time it is called with ``marker`` (a file path), in any process: a fault injected once."""
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def run_python(
+    args: Sequence[str], env: Mapping[str, str] | None = None, timeout_s: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python args`` in the repository root (a Spark session of its own needs its own process) and assert it
+    exited 0, showing the end of its stderr if not."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+    assert done.returncode == 0, done.stderr[-5000:]
+    return done
+
+
+def child_report(*args: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python args`` as :func:`run_python` does and return the JSON object on the last line of its stdout."""
+    done = run_python(args, env)
+    report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return report
+
+
+def env_with_repo(**extra: str) -> dict[str, str]:
+    """This process's environment, with the repository on PYTHONPATH and ``extra`` set."""
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
