@@ -26,6 +26,7 @@ from statebackend.errors import (
 )
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, commit_rounds, task_config
 
 pytestmark = pytest.mark.usefixtures("fast_rechecks")
@@ -137,13 +138,15 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
 # -- 2. checkpoint integrity ----------------------------------------------------------------------------------------
 
 
-def test_changed_digit_in_a_checkpoints_offsets_is_refused(tmp_path: Path) -> None:
-    blobs = MemoryBlobStore()
+@pytest.mark.parametrize("layout", ["per-seq", "head"])
+def test_changed_digit_in_a_checkpoints_offsets_is_refused(tmp_path: Path, layout: str) -> None:
+    """Both layouts of the log: the per-seq blob, or the head blob on a store with conditional writes."""
+    blobs = PerSeqMemoryBlobStore() if layout == "per-seq" else MemoryBlobStore()
     config = task_config(tmp_path)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         write_round(task, 0, {})
         task.commit_durably({"input": "1234"})
-    name = f"{CHECKPOINTS}000000000001.v2.json"
+    name = f"{CHECKPOINTS}000000000001.v2.json" if layout == "per-seq" else f"{CHECKPOINTS}HEAD.v3.json"
     blobs.put(name, blobs.get(name).replace(b'"1234"', b'"1284"'))
     with pytest.raises(CorruptDataError, match=re.escape(name)):
         TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs)
@@ -151,7 +154,8 @@ def test_changed_digit_in_a_checkpoints_offsets_is_refused(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("swap", ["older", "other_task"])
 def test_checkpoint_blob_put_under_another_name_is_refused(tmp_path: Path, swap: str) -> None:
-    blobs = MemoryBlobStore()
+    """The per-seq layout (a store without conditional writes): each blob is bound to its own name."""
+    blobs = PerSeqMemoryBlobStore()
     config = task_config(tmp_path)
     for task_name in ("task-0", "task-1"):
         with TaskStorage.open(config, task_name, blob_store=blobs) as task:
@@ -166,7 +170,8 @@ def test_checkpoint_blob_put_under_another_name_is_refused(tmp_path: Path, swap:
 
 
 def test_deleted_newest_checkpoint_is_detected_from_local_knowledge_not_rolled_back(tmp_path: Path) -> None:
-    blobs = MemoryBlobStore()
+    """The per-seq layout (a store without conditional writes): its newest blob deleted."""
+    blobs = PerSeqMemoryBlobStore()
     config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     commit_rounds(config, blobs, model)
