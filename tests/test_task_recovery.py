@@ -15,6 +15,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, StateBackendError, TransientStorageError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, checkpoint_name, commit_rounds, task_config
 
 pytestmark = pytest.mark.usefixtures("fast_rechecks")
@@ -217,10 +218,26 @@ class ListHookedBlobStore(HookedBlobStore):
         return super().list(prefix)
 
 
+class HeadListHookedBlobStore(ListHookedBlobStore):
+    """ListHookedBlobStore that passes the conditional put through: a checkpoint log on it keeps its head blob."""
+
+    supports_conditional_put = True
+
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        return str(self.inner.put_if(name, data, version=version))
+
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        data, version = self.inner.get_versioned(name)
+        return data, version
+
+
+@pytest.mark.parametrize("layout", ["per-seq", "head"])
 @pytest.mark.parametrize("replay", [False, True])
-def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path: Path, replay: bool) -> None:
-    inner = MemoryBlobStore()
-    blobs = ListHookedBlobStore(inner)
+def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(
+    tmp_path: Path, replay: bool, layout: str
+) -> None:
+    inner = PerSeqMemoryBlobStore() if layout == "per-seq" else MemoryBlobStore()
+    blobs = ListHookedBlobStore(inner) if layout == "per-seq" else HeadListHookedBlobStore(inner)
     extra = {"changelog.gc.interval.commits": 1}
     config = task_config(tmp_path / "first", **extra)
     url = config["blob.store.url"]
@@ -265,10 +282,12 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(tmp_path:
     with TaskStorage.open(task_config(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
         assert check.restored == acknowledged
         assert contents(check) == model
+    assert (f"{CHECKPOINTS}HEAD.v3.json" in set(inner.list(CHECKPOINTS))) == (layout == "head")
 
 
 def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log(tmp_path: Path) -> None:
-    inner = MemoryBlobStore()
+    """The per-seq layout (a store without conditional writes), whose commit is fenced by a listing."""
+    inner = PerSeqMemoryBlobStore()
     extra = {"task.checkpoint.retained": 1}
     config = task_config(tmp_path / "owner", **extra)
     url = config["blob.store.url"]
@@ -315,7 +334,7 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
 def test_unbound_legacy_blob_under_the_newest_name_is_not_a_silent_rollback(tmp_path: Path) -> None:
     from statebackend.checkpoint.serde import decode_checkpoint, encode_checkpoint
 
-    blobs = MemoryBlobStore()
+    blobs = PerSeqMemoryBlobStore()  # the per-seq layout, where a legacy blob can stand under a seq's name
     config = task_config(tmp_path)
     model: dict[bytes, bytes] = {}
     latest = commit_rounds(config, blobs, model)
