@@ -22,6 +22,7 @@ from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 
 RETAINED = 2
 INTERVAL = 3
@@ -69,11 +70,19 @@ def settle(task: TaskStorage) -> None:
         _compaction_pools.get(1).submit(lambda: None).result(timeout=60)
 
 
+def store_for(layout: str) -> MemoryBlobStore:
+    """A memory store whose checkpoint log keeps per-seq blobs ("per-seq") or one head blob ("head")."""
+    return PerSeqMemoryBlobStore() if layout == "per-seq" else MemoryBlobStore()
+
+
+@pytest.mark.parametrize("layout", ["per-seq", "head"])
 @pytest.mark.parametrize("factories", ["changelog", "blobsnapshot", "changelog,blobsnapshot"])
 def test_every_checkpoint_the_log_holds_keeps_its_blobs_while_retention_goes_in_batches(
-    tmp_path: Path, factories: str
+    tmp_path: Path, factories: str, layout: str
 ) -> None:
-    inner = MemoryBlobStore()
+    """Per-seq: the log itself deletes in batches. Head: the head keeps exactly the retained window at each write
+    (no delete request of its own), and the backends still delete their garbage in batches."""
+    inner = store_for(layout)
     blobs = ResilientBlobStore(inner)
     metrics = Metrics()
     blobs.use_metrics(metrics)
@@ -90,7 +99,10 @@ def test_every_checkpoint_the_log_holds_keeps_its_blobs_while_retention_goes_in_
             settle(task)
             seqs = CheckpointLog(inner, "job", "task-0").seqs()
             held.append(len(seqs))
-            assert min(round_no + 1, RETAINED) <= len(seqs) <= RETAINED + INTERVAL - 1, seqs
+            if layout == "head":
+                assert len(seqs) == min(round_no + 1, RETAINED), seqs
+            else:
+                assert min(round_no + 1, RETAINED) <= len(seqs) <= RETAINED + INTERVAL - 1, seqs
             present = set(inner.list(PREFIX))
             for entry in CheckpointLog(inner, "job", "task-0").entries():
                 missing = blobs_named_by(inner, entry) - present
@@ -98,9 +110,10 @@ def test_every_checkpoint_the_log_holds_keeps_its_blobs_while_retention_goes_in_
         trims = task.checkpoint_log.trims
         deletes = metrics.counter("blob_store.requests", operation="delete_many")
     assert trims == (20 - RETAINED) // INTERVAL
-    assert RETAINED + INTERVAL - 1 in held and RETAINED in held  # it filled up and was trimmed
-    # one request for the log and at most one per backend at each trim, one more for each at close
-    assert deletes <= (trims + 1) * (1 + len(factories.split(",")))
+    if layout == "per-seq":
+        assert RETAINED + INTERVAL - 1 in held and RETAINED in held  # it filled up and was trimmed
+    # one request for the log (per-seq only) and at most one per backend at each trim, one more for each at close
+    assert deletes <= (trims + 1) * ((layout == "per-seq") + len(factories.split(",")))
     assert metrics.counter("blob_store.requests", operation="delete") == 0
     assert metrics.counter("changelog.blobs.deleted") + metrics.counter("blobsnapshot.runs.deleted") > 0
     # closed: exactly the retained checkpoints, each restoring exactly, and no blob only older ones needed
@@ -116,8 +129,12 @@ def test_every_checkpoint_the_log_holds_keeps_its_blobs_while_retention_goes_in_
             assert contents(task) == models[entry.checkpoint.input_offsets["input"]]
 
 
-def test_a_handover_close_leaves_retention_to_the_next_owner(tmp_path: Path) -> None:
-    inner = MemoryBlobStore()
+@pytest.mark.parametrize("layout", ["per-seq", "head"])
+def test_a_handover_close_leaves_retention_to_the_next_owner(tmp_path: Path, layout: str) -> None:
+    """Per-seq: the log still lists all 6 checkpoints. Head: the head holds the retained window (it let the others
+    go at its writes, without a request), and the close sends no delete request either."""
+    inner = store_for(layout)
+    expected = 6 if layout == "per-seq" else RETAINED
     blobs = ResilientBlobStore(inner)
     metrics = Metrics()
     blobs.use_metrics(metrics)
@@ -132,14 +149,15 @@ def test_a_handover_close_leaves_retention_to_the_next_owner(tmp_path: Path) -> 
     before = metrics.counter("blob_store.requests", operation="delete_many")
     task.close(handover=True)
     assert metrics.counter("blob_store.requests", operation="delete_many") == before, "a delete request at handover"
-    assert len(CheckpointLog(inner, "job", "task-0").seqs()) == 6
+    assert len(CheckpointLog(inner, "job", "task-0").seqs()) == expected
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         assert contents(task) == model
-    assert len(CheckpointLog(inner, "job", "task-0").seqs()) == 6, "no commit since: nothing to trim on"
+    assert len(CheckpointLog(inner, "job", "task-0").seqs()) == expected, "no commit since: nothing to trim on"
 
 
 def test_a_collectors_mark_does_not_read_back_what_its_own_log_wrote(tmp_path: Path) -> None:
-    inner = MemoryBlobStore()
+    """The per-seq layout (a store without conditional writes): a mark there would read each listed blob."""
+    inner = PerSeqMemoryBlobStore()
     blobs = ResilientBlobStore(inner)
     metrics = Metrics()
     blobs.use_metrics(metrics)
@@ -176,7 +194,7 @@ def test_a_failed_retention_is_tried_again_at_the_next_commit(tmp_path: Path) ->
     so the log lists checkpoints whose blobs are gone for one commit at most."""
     from statebackend.errors import TransientStorageError
 
-    class FailingDeletes(MemoryBlobStore):
+    class FailingDeletes(PerSeqMemoryBlobStore):  # the per-seq layout: the log's own delete request fails
         fail = 0
 
         def delete_many(self, names: list[str]) -> None:
