@@ -13,6 +13,7 @@ import pytest
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.blobsnapshot_legacy import as_index_blob_markers
 
 
@@ -155,8 +156,9 @@ def test_a_schema_1_index_in_a_dual_checkpoint_falls_back_to_changelog_and_the_n
 ) -> None:
     """The migration path the schema-1 refusal names: a dual checkpoint whose blobsnapshot index is one written by
     the release before runs (the stored sample over the marker) restores through the changelog marker by itself,
-    and the first commit after it uploads a base run of the whole store, from which blobsnapshot alone restores."""
-    blobs = MemoryBlobStore()
+    and the first commit after it uploads a base run of the whole store, from which blobsnapshot alone restores.
+    The per-seq checkpoint log, as that release kept it (a store without conditional writes)."""
+    blobs = PerSeqMemoryBlobStore()
     url = f"memory://{uuid.uuid4().hex}"
     model: dict[bytes, bytes] = {}
     offsets: list[int] = []
