@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from statebackend.microbatch.protocol import TaskStats
 
 if TYPE_CHECKING:
-    from statebackend.spark import StatefulForeachBatch
+    from statebackend.spark import StatefulForeachBatch, TaskRunner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,6 +37,15 @@ def word_job(
     return StatefulForeachBatch(
         fn, key_columns=[key], num_tasks=num_tasks, config=config, output_schema=output_schema, **options
     )
+
+
+def task_runner(config: dict[str, object], fn: Callable[..., Any], batch_id: int = 0, **options: Any) -> TaskRunner:
+    """A ``TaskRunner`` of ``fn`` over rows of one ``word`` column, one task that redoes a replayed batch; ``options``
+    set those and its other arguments."""
+    from statebackend.spark import TaskRunner
+
+    settings: dict[str, Any] = {"num_tasks": 1, "on_replay": "redo", **options}
+    return TaskRunner.of(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), **settings)
 
 
 def stream_text_files(spark: Any, job: Any, source: Path, checkpoint: Path, timeout_s: float = 120) -> None:

@@ -22,19 +22,12 @@ from statebackend.microbatch.protocol import BatchReport, TaskStats
 from statebackend.microbatch.spec import BatchSpec, JobSpec
 from statebackend.microbatch.watermark import EventTimes
 from statebackend.task import TaskStorage
+from tests.backend_helpers import counts_config
 from tests.spark_helpers import task_stats
 
 
 def make_config(tmp_path: Path) -> dict[str, object]:
-    return {
-        "job.name": "core",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"file://{tmp_path / 'blobs'}",
-        "blob.store.create.if.missing": "true",
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-    }
+    return counts_config(tmp_path, job="core")
 
 
 def count(stores: TaskStores, words: Iterator[str]) -> list[tuple[str, int]]:

@@ -14,6 +14,7 @@ from typing import Any, Self
 import pytest
 
 from statebackend.spark import StatefulForeachBatch, read_state
+from tests.backend_helpers import counts_config
 from tests.spark_helpers import first_time, stream_text_files, task_stats, word_job
 
 pytest_plugins = ["tests.spark_fixtures"]  # the session-wide ``spark`` fixture
@@ -123,18 +124,8 @@ class _ExplodesOnce(tuple):  # type: ignore[type-arg]
 
 
 def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "wordcount",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"file://{tmp_path / 'blobs'}",
-        "blob.store.create.if.missing": "true",
-        "stores.counts.backup.factories": "changelog",
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": "integer",
-        "changelog.snapshot.interval.commits": 2,
-    }
-    config.update(extra)
-    return config
+    """Job ``wordcount``: store ``counts`` (word -> count) on changelog, a snapshot every two commits."""
+    return counts_config(tmp_path, job="wordcount", **{"changelog.snapshot.interval.commits": 2, **extra})
 
 
 def batch_words(batch_id: int) -> list[str]:

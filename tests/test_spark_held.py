@@ -14,8 +14,8 @@ from pyspark.sql import Row
 
 from statebackend.errors import CommitError, StateBackendError
 from statebackend.microbatch.held import _SPILL_CHUNK, SPILL_DIR, HeldOutput
-from statebackend.spark import TaskRunner
 from statebackend.spark.stats import StatsRecord, is_output
+from tests.spark_helpers import task_runner
 from tests.test_spark import make_config
 
 pytestmark = [pytest.mark.spark_matrix]
@@ -51,16 +51,7 @@ def many_rows(stores: Any, rows: Any) -> list[tuple[str, int]]:
 
 
 def test_a_task_whose_output_spills_returns_it_whole_after_its_commit(tmp_path: Path) -> None:
-    config = make_config(tmp_path)
-    runner = TaskRunner.of(
-        fn=many_rows,
-        config=config,
-        batch_id=0,
-        num_tasks=1,
-        on_replay="redo",
-        input_columns=("word",),
-        output_memory_bytes=2048,
-    )
+    runner = task_runner(make_config(tmp_path), many_rows, output_memory_bytes=2048)
     out = list(runner.run_rows(0, iter([Row(word="a"), Row(word="b")])))
     assert [item for item in out if is_output(item)] == [(f"out-{i}", i) for i in range(5000)]
     stats = [item.stats for item in out if isinstance(item, StatsRecord)]
@@ -75,16 +66,7 @@ def test_a_failed_commit_leaves_no_spill_file(tmp_path: Path, monkeypatch: pytes
         raise CommitError("injected: the commit failed")
 
     monkeypatch.setattr(TaskStorage, "commit_now", fail)
-    config = make_config(tmp_path)
-    runner = TaskRunner.of(
-        fn=many_rows,
-        config=config,
-        batch_id=0,
-        num_tasks=1,
-        on_replay="redo",
-        input_columns=("word",),
-        output_memory_bytes=2048,
-    )
+    runner = task_runner(make_config(tmp_path), many_rows, output_memory_bytes=2048)
     with pytest.raises(CommitError, match="injected"):
         list(runner.run_rows(0, iter([Row(word="a")])))
     assert list((tmp_path / "local" / SPILL_DIR).iterdir()) == []
@@ -118,16 +100,7 @@ def test_a_function_failing_after_its_output_spilled_leaves_no_spill_file(tmp_pa
             yield (f"out-{i}", i)
         raise RuntimeError("boom after spilling")
 
-    config = make_config(tmp_path)
-    runner = TaskRunner.of(
-        fn=spill_then_fail,
-        config=config,
-        batch_id=0,
-        num_tasks=1,
-        on_replay="redo",
-        input_columns=("word",),
-        output_memory_bytes=2048,
-    )
+    runner = task_runner(make_config(tmp_path), spill_then_fail, output_memory_bytes=2048)
     with pytest.raises(RuntimeError, match="boom after spilling"):
         list(runner.run_rows(0, iter([Row(word="a")])))
     assert list((tmp_path / "local" / SPILL_DIR).iterdir()) == []

@@ -15,7 +15,7 @@ from statebackend.errors import CommitConflictError, CommitError, ConfigError, S
 from statebackend.spark import ATTEMPTS_DIR, StatefulForeachBatch, TaskRunner
 from statebackend.spark.stats import is_output
 from statebackend.task import TaskStorage
-from tests.spark_helpers import word_job
+from tests.spark_helpers import task_runner, word_job
 from tests.test_spark import count_rows, make_config
 
 pytestmark = [pytest.mark.spark_matrix]
@@ -24,9 +24,7 @@ NUM_TASKS = 2
 
 
 def runner(config: dict[str, object], batch_id: int, fn: Any = count_rows, **extra: Any) -> TaskRunner:
-    options: dict[str, Any] = {"num_tasks": NUM_TASKS, "on_replay": "redo"}
-    options.update(extra)
-    return TaskRunner.of(fn=fn, config=config, batch_id=batch_id, input_columns=("word",), **options)
+    return task_runner(config, fn, batch_id, **{"num_tasks": NUM_TASKS, **extra})
 
 
 def rows(*words: str) -> list[Row]:
@@ -140,15 +138,8 @@ def route_words(words: list[str], num_tasks: int, key_groups: int | None) -> dic
 
 def run_all(config: dict[str, object], batch_id: int, words: list[str], num_tasks: int, key_groups: int | None) -> None:
     for task, task_words in route_words(words, num_tasks, key_groups).items():
-        runner = TaskRunner.of(
-            fn=count_rows,
-            config=config,
-            batch_id=batch_id,
-            input_columns=("word",),
-            num_tasks=num_tasks,
-            on_replay="redo",
-            key_groups=key_groups,
-            key_types=("string",),
+        runner = task_runner(
+            config, count_rows, batch_id, num_tasks=num_tasks, key_groups=key_groups, key_types=("string",)
         )
         list(runner.run_rows(task, iter(rows(*task_words))))
 

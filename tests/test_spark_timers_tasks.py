@@ -27,7 +27,7 @@ from statebackend.microbatch.watermark import EventClock, next_watermark, parse_
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, TaskRunner, Timer
 from statebackend.spark.stats import TaskStats, is_output, is_stats
 from statebackend.task import TaskStorage
-from tests.spark_helpers import task_stats, word_job
+from tests.spark_helpers import task_runner, task_stats, word_job
 from tests.test_spark import make_config
 
 pytestmark = [pytest.mark.spark_matrix]
@@ -255,18 +255,8 @@ def test_the_timers_api_lists_deletes_and_refuses_what_it_cannot_keep(tmp_path: 
             stores[TIMERS_STORE]  # the timer store is no user store
         return []
 
-    TaskRunner.of(
-        fn=use,
-        config=config,
-        batch_id=0,
-        num_tasks=1,
-        on_replay="redo",
-        input_columns=("word",),
-        on_timers=fired,
-        key_groups=KEY_GROUPS,
-        key_types=("string",),
-        now_ms=0,
-    ).run_rows(0, iter([]))
+    timers = {"on_timers": fired, "key_groups": KEY_GROUPS, "now_ms": 0}
+    task_runner(config, use, key_types=("string",), **timers).run_rows(0, iter([]))
     assert seen["listed"] == [
         ("a", 100, PROCESSING),
         ("a", 200, PROCESSING),
