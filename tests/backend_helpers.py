@@ -109,6 +109,21 @@ def task_config(local: Path, factories: str = "changelog", url: str | None = Non
     return config
 
 
+def backend_context(factory: str, blobs: BlobStore, job: str = "job", task: str = "task-0", **fields: Any) -> Any:
+    """The ``BackendContext`` a backend of ``factory`` gets for ``task`` of ``job`` on ``blobs``, with its checkpoint
+    log: no stores, no executor and fresh metrics unless ``fields`` give them."""
+    from statebackend.checkpoint import CheckpointLog
+
+    from statebackend.contracts import BackendContext
+    from statebackend.metrics import Metrics
+
+    given: dict[str, Any] = {"stores": {}, "executor": None, "metrics": Metrics(), **fields}
+    log = CheckpointLog(blobs, job, task)
+    return BackendContext(
+        factory_name=factory, job_name=job, task_name=task, blob_store=blobs, checkpoint_log=log, **given
+    )
+
+
 def checkpoint_name(seq: int, version: int = 2) -> str:
     """The blob name of checkpoint ``seq`` of task-0 in format ``version``."""
     return f"{CHECKPOINTS}{seq:012d}.v{version}.json"

@@ -9,16 +9,15 @@ from typing import Any
 
 import pytest
 from statebackend.backends.changelog.marker import Recipe, Step
-from statebackend.checkpoint import CheckpointLog
 
 from statebackend import TaskStorage
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.cli._common import NoExecutor
 from statebackend.config import Settings
-from statebackend.contracts import BackendContext, StateBackendAdmin
+from statebackend.contracts import StateBackendAdmin
 from statebackend.errors import CorruptDataError
-from statebackend.metrics import Metrics
 from statebackend.registry import resolve_factory
+from tests.backend_helpers import backend_context
 
 #: the blob prefix of store s of task t, under which its recipe names blobs
 PREFIX = "job/t/s/changelog/"
@@ -56,17 +55,8 @@ def _job(tmp_path: Path) -> tuple[dict[str, Any], str]:
 
 
 def _admin(config: dict[str, Any], store: BlobStore) -> StateBackendAdmin:
-    context = BackendContext(
-        factory_name="changelog",
-        job_name="job",
-        task_name="t",
-        stores={},
-        blob_store=store,
-        checkpoint_log=CheckpointLog(store, "job", "t"),
-        executor=NoExecutor(),
-        metrics=Metrics(),
-        options=Settings.from_config(config).backend_options_for("changelog"),
-    )
+    options = Settings.from_config(config).backend_options_for("changelog")
+    context = backend_context("changelog", store, task="t", executor=NoExecutor(), options=options)
     return resolve_factory("changelog").factory.admin(context)
 
 

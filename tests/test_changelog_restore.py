@@ -21,6 +21,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
+from tests.backend_helpers import backend_context
 from tests.backend_helpers import changelog_config as config_for
 
 # -- restore: the deltas after the snapshot apply in one LMDB transaction --------------------------------------------
@@ -63,25 +64,14 @@ def _restore_into(
     changelog restore manager alone: the error (None: restored), the store's version and contents after it, and
     the deltas it counts replayed."""
     from statebackend.backends.changelog.restore import ChangelogRestoreManager
-    from statebackend.checkpoint import CheckpointLog
 
-    from statebackend.contracts import BackendContext
     from statebackend.metrics import Metrics
     from statebackend.store import LocalStore
 
     with LocalStore.open(directory, name="counts") as store:
         metrics = Metrics()
         manager = ChangelogRestoreManager(
-            BackendContext(
-                factory_name="changelog",
-                job_name="job",
-                task_name="task-0",
-                stores={"counts": store},
-                blob_store=blobs,
-                checkpoint_log=CheckpointLog(blobs, "job", "task-0"),
-                executor=None,  # type: ignore[arg-type]
-                metrics=metrics,
-            )
+            backend_context("changelog", blobs, stores={"counts": store}, metrics=metrics)
         )
         if on_get is not None:
             on_get(manager)
@@ -322,10 +312,7 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
     a recipe whose snapshot was removed looks like, which restore refuses; the new chain must not look like one."""
     from statebackend.backends.changelog.backup import ChangelogBackupManager
     from statebackend.backends.changelog.marker import Recipe
-    from statebackend.checkpoint import CheckpointLog
 
-    from statebackend.contracts import BackendContext
-    from statebackend.metrics import Metrics
     from statebackend.store import LocalStore, LocalVersion
 
     blobs, checkpoint, _, _ = _chain_of(tmp_path, 3, empty=set(), interval=1000)
@@ -334,17 +321,7 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
     with LocalStore.open(tmp_path / "elsewhere", name="counts") as store:
         assert store.version is None and store.count() == 0
         manager = ChangelogBackupManager(
-            context=BackendContext(
-                factory_name="changelog",
-                job_name="job",
-                task_name="task-0",
-                stores={"counts": store},
-                blob_store=blobs,
-                checkpoint_log=CheckpointLog(blobs, "job", "task-0"),
-                executor=None,  # type: ignore[arg-type]
-                metrics=Metrics(),
-                restored_by={"counts": restored_by},
-            ),
+            context=backend_context("changelog", blobs, stores={"counts": store}, restored_by={"counts": restored_by}),
             snapshot_interval_commits=100,
             snapshot_interval_bytes=64 << 20,
             compression="zstd",

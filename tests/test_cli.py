@@ -23,10 +23,18 @@ from statebackend import TaskStorage
 from statebackend.cli import EXIT_CODES, main
 from statebackend.cli._common import NoExecutor
 from statebackend.config import Settings
-from statebackend.contracts import BackendContext, StateBackendAdmin
-from statebackend.metrics import Metrics
+from statebackend.contracts import StateBackendAdmin
 from statebackend.registry import resolve_factory
-from tests.backend_helpers import OLD, base_config, blobs_of, cli, make_job, state_of_blob_store, write_config
+from tests.backend_helpers import (
+    OLD,
+    backend_context,
+    base_config,
+    blobs_of,
+    cli,
+    make_job,
+    state_of_blob_store,
+    write_config,
+)
 from tests.servers import ServerProcess
 
 # -- basics: version, help, exit codes, options ---------------------------------------------------------------
@@ -290,17 +298,8 @@ def test_a_dual_commit_job_with_blobsnapshot(capsys: pytest.CaptureFixture[str],
     states = make_job(config, tasks=("task-0",), runs=3)
     path = write_config(tmp_path / "dual.properties", config)
     with blobs_of(config) as store:
-        context = BackendContext(
-            factory_name="blobsnapshot",
-            job_name="clicks",
-            task_name="task-0",
-            stores={},
-            blob_store=store,
-            checkpoint_log=CheckpointLog(store, "clicks", "task-0"),
-            executor=NoExecutor(),
-            metrics=Metrics(),
-            options=Settings.from_config(config).backend_options_for("blobsnapshot"),
-        )
+        options = Settings.from_config(config).backend_options_for("blobsnapshot")
+        context = backend_context("blobsnapshot", store, job="clicks", executor=NoExecutor(), options=options)
         admin = type(resolve_factory("blobsnapshot").factory.admin(context))
     # whatever the blob-snapshot admin implements (its three methods are optional), the command follows it
     describes = admin.describe_marker is not StateBackendAdmin.describe_marker
