@@ -20,6 +20,8 @@
     ├── ClosedError (ValueError)                 a store, read view, change set or spill run used after it was closed
     ├── UsageError (ValueError)                  an operation its contract does not allow here (the statebackend
     │                                            command's malformed arguments: exit code 2)
+    │   └── KindError (AttributeError)           an operation of another kind of store (put on a list store);
+    │                                            names the store, its kind and what it offers
     ├── ConfirmationError                        the Spark driver cannot read a checkpoint it must confirm
     ├── OutputSchemaError (TypeError)            a task's output does not fit the output schema (found before the
     │                                            commit: the batch's checkpoint is not made)
@@ -56,6 +58,7 @@ __all__ = [
     "IncompatibleFormatError",
     "InconsistentStateError",
     "InvalidKeyError",
+    "KindError",
     "LocalDirError",
     "NotFoundError",
     "OutputSchemaError",
@@ -129,6 +132,11 @@ class ClosedError(StateBackendError, ValueError):
 class UsageError(StateBackendError, ValueError):
     """An operation its contract does not allow here: the statebackend command's malformed arguments (exit code 2),
     a restore-only context asked to commit, changes applied over unflushed writes."""
+
+
+class KindError(UsageError, AttributeError):
+    """An operation of another kind of store (``put`` on a list store): names the store, its kind and what it
+    offers. Also an ``AttributeError``, as a missing method always was."""
 
 
 class ConfirmationError(StateBackendError):

@@ -184,8 +184,8 @@ def known_durable_seq(
 
 
 def recorded_serdes(store_settings: StoreSettings) -> dict[str, str]:
-    """What a checkpoint records of how a store's bytes read, from its settings alone: its serdes, and
-    ``envelope: ttl`` with a TTL (a task records more: :func:`statebackend.values.plan_values`)."""
+    """What a checkpoint records of how a store's bytes read, from its settings alone: its serdes, ``envelope: ttl``
+    with a TTL and ``kind`` for a list or map store (a task records more: :func:`statebackend.values.plan_values`)."""
     return base_recorded(store_settings)
 
 

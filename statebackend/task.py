@@ -44,7 +44,7 @@ from statebackend.store.kinds import KIND, ListStore, MapStore
 from statebackend.store.ttl import TtlStore, wall_clock_ms
 from statebackend.values import StoreValues, adopted, plan_values, run_migration, with_initial
 
-__all__ = ["TaskStorage", "check_kinds", "with_kinds"]
+__all__ = ["TaskStorage", "check_kinds"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class TaskStorage:
                 manager.init(restored)
 
             check_kinds(settings, restored)
-            values = with_kinds(settings, plan_values(settings, restored))
+            values = plan_values(settings, restored)
             id_generator = CheckpointIdGenerator()
             if restored is not None:
                 id_generator.observe(restored.checkpoint_id)
@@ -390,16 +390,6 @@ def _backup_groups(settings: Settings) -> list[tuple[str, list[str]]]:
         for factory_name, names in by_factory.items()
         for group in group_by_options(settings, factory_name, names)
     ]
-
-
-def with_kinds(settings: Settings, values: Mapping[str, StoreValues]) -> dict[str, StoreValues]:
-    """``values`` (``statebackend.values.plan_values``) with ``kind`` recorded for the list and map stores."""
-    planned = dict(values)
-    for name, plan in values.items():
-        kind = settings.stores[name].kind
-        if kind != "value":
-            planned[name] = attrs.evolve(plan, recorded={**plan.recorded, KIND: kind})
-    return planned
 
 
 def check_kinds(settings: Settings, checkpoint: CheckpointV2 | None) -> None:

@@ -45,6 +45,7 @@ from statebackend.metrics import Metrics
 from statebackend.serdes import RECORD, SERDE_NAMES, RecordSerde, Serde, get_serde, is_record, record_class
 from statebackend.serdes.record import RecordDicts, import_named, read_problems, schemas_from_text, schemas_to_text
 from statebackend.store import LocalStore
+from statebackend.store.kinds import KIND
 from statebackend.store.ttl import ENVELOPE, unwrap, wrap
 
 __all__ = [
@@ -94,12 +95,16 @@ class StoreValues:
 
 
 def base_recorded(store_settings: StoreSettings) -> dict[str, str]:
-    """What a checkpoint records of how a store's bytes read, from its settings alone: its serdes, and
-    ``envelope: ttl`` with a TTL."""
+    """What a checkpoint records of how a store's bytes read, from its settings alone: its serdes, ``envelope: ttl``
+    with a TTL, and ``kind`` for a list or map store (its records read only as that kind; a value store records no
+    kind, so its checkpoints stay as they were). The one place these are decided: task commits, the command and
+    tools all record them through here."""
     msg = RECORD if is_record(store_settings.msg_serde) else store_settings.msg_serde
     recorded = {"key": store_settings.key_serde, "msg": msg}
     if store_settings.ttl_ms is not None:
         recorded["envelope"] = ENVELOPE
+    if store_settings.kind != "value":
+        recorded[KIND] = store_settings.kind
     return recorded
 
 

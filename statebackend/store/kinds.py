@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from statebackend.errors import ConfigError, CorruptDataError, UsageError
+from statebackend.errors import ConfigError, CorruptDataError, KindError
 from statebackend.serdes import Serde
 from statebackend.serdes.builtin import short_repr
 from statebackend.store.ttl import unwrap, wrap
@@ -110,11 +110,6 @@ _SIGNATURES = {
     ("value", "put"): "put(key, value)",
 }
 _KNOWN = frozenset(op for ops in OPERATIONS.values() for op in ops)
-
-
-class KindError(UsageError, AttributeError):
-    """An operation of another kind of store (``put`` on a list store): names the store, its kind and what it
-    offers. Also an ``AttributeError``, as a missing method always was."""
 
 
 def wrong_kind(store: str, kind: str, operation: str) -> AttributeError:
