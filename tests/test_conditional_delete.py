@@ -254,8 +254,9 @@ def test_backend_sweeps_keep_and_count_a_blob_written_again_before_its_delete(tm
     """Both built-in backends: an old unreferenced blob that a writer writes again between the sweep's judgment and
     its delete is kept, and counted in ``<backend>.sweep.kept`` (not in the deleted ones)."""
     from statebackend.task import TaskStorage
-    from tests.test_backend_changelog import config_for
-    from tests.test_blobsnapshot import backup_manager, make_config
+    from tests.backend_helpers import blobsnapshot_config as make_config
+    from tests.backend_helpers import blobsnapshot_manager as backup_manager
+    from tests.backend_helpers import changelog_config as config_for
 
     for backend, config, orphan in (
         (

@@ -19,7 +19,7 @@ from statebackend.spark import TaskRunner
 from statebackend.spark.stats import is_output
 from statebackend.store.ttl import unwrap
 from statebackend.task import TaskStorage
-from tests.test_cli import write_config
+from tests.backend_helpers import write_config
 
 BACKENDS = ["changelog", "blobsnapshot"]
 
