@@ -124,6 +124,13 @@ def backend_context(factory: str, blobs: BlobStore, job: str = "job", task: str 
     )
 
 
+def commit_round(task: TaskStorage, round_no: int, model: dict[bytes, bytes]) -> Any:
+    """Write round ``round_no`` (``write_round``, into ``model`` too) and commit it durably at input ``round_no``; the
+    checkpoint."""
+    write_round(task, round_no, model)
+    return task.commit_durably({"input": str(round_no)})
+
+
 def checkpoint_name(seq: int, version: int = 2) -> str:
     """The blob name of checkpoint ``seq`` of task-0 in format ``version``."""
     return f"{CHECKPOINTS}{seq:012d}.v{version}.json"

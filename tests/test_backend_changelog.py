@@ -18,7 +18,7 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
-from tests.backend_helpers import ChangelogContract
+from tests.backend_helpers import ChangelogContract, commit_round
 from tests.backend_helpers import changelog_config as config_for
 
 
@@ -32,8 +32,7 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(12):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
             maintenance_pool().submit(lambda: None).result(30)  # a snapshot started is done: the next commit adopts it
         assert task.metrics.counter("changelog.snapshot.adopted") >= 2
     # retention's deletes go in batches with the log's (every retention_interval old checkpoints), and at close
@@ -59,13 +58,11 @@ def test_older_local_copy_catches_up_by_applying_only_missing_deltas(tmp_path: P
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(3):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
     shutil.copytree(tmp_path / "local", tmp_path / "older")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(3, 7):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
     shutil.rmtree(tmp_path / "local")
     shutil.move(tmp_path / "older", tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -79,8 +76,7 @@ def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path
     config = config_for(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         blobs.fail, blobs.failures_left = (lambda name: name.endswith(".delta")), 1
         write_round(task, 1, model)
         failed = task.commit({"input": "1"})
@@ -90,8 +86,7 @@ def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path
         again = task.commit({"input": "1b"})  # the failure was reported through result(): not raised again
         assert again is not None
         again.result(timeout=30)
-        write_round(task, 2, model)
-        task.commit_durably({"input": "2"})
+        commit_round(task, 2, model)
         assert task.metrics.counter("changelog.delta.reuploads") == 1
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
@@ -161,8 +156,7 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
     for restart in range(4):
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             for _ in range(3):
-                write_round(task, round_no, model)
-                task.commit_durably({"input": str(round_no)})
+                commit_round(task, round_no, model)
                 models[str(round_no)] = dict(model)
                 round_no += 1
             # a commit whose delta lands but whose checkpoint never does: its delta is an orphan
@@ -175,8 +169,7 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
         shutil.rmtree(tmp_path / "local")  # the lost commit's local state must not come back
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for _ in range(4):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
             models[str(round_no)] = dict(model)
             round_no += 1
         assert task.metrics.counter("changelog.sweep.deleted") > 0
@@ -253,8 +246,7 @@ def test_failed_retry_of_an_older_delta_keeps_this_commits_delta_staged_and_need
     )
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         for round_no in (1, 2):  # round 1's delta fails; round 2 fails again on the retry of round 1's delta
             blobs.fail, blobs.failures_left = (lambda name: name.endswith(".delta")), 1
             write_round(task, round_no, model)
@@ -262,8 +254,7 @@ def test_failed_retry_of_an_older_delta_keeps_this_commits_delta_staged_and_need
             assert failed is not None
             with pytest.raises(CommitError):
                 failed.result(timeout=30)
-        write_round(task, 3, model)
-        task.commit_durably({"input": "3"})
+        commit_round(task, 3, model)
         assert task.metrics.counter("changelog.delta.reuploads") == 2
         assert task.metrics.counter("changelog.snapshot.uploads") == 0  # no re-base on a full snapshot
     shutil.rmtree(tmp_path / "local")
@@ -295,14 +286,12 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
         model = {}
         with TaskStorage.open(config, task_name, blob_store=blobs) as task:
             for round_no in range(3):  # the third commit starts a background snapshot; close waits for it
-                write_round(task, round_no, model)
-                task.commit_durably({"input": str(round_no)})
+                commit_round(task, round_no, model)
     if damage == "older":  # the next open adopts that snapshot and finishes a newer one, not adopted yet
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             assert task.metrics.counter("changelog.snapshot.adopted") == 1
             for round_no in range(3, 6):
-                write_round(task, round_no, model)
-                task.commit_durably({"input": str(round_no)})
+                commit_round(task, round_no, model)
     finished = list(blobs.list(snapshots))  # sorted by seq
     victim = finished[-1]
     data = blobs.get(victim)
@@ -318,8 +307,7 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert task.metrics.counter("changelog.snapshot.rejected") == 1
         assert task.metrics.counter("changelog.snapshot.adopted") == 0
-        write_round(task, 10, model)
-        checkpoint = task.commit_durably({"input": "10"})
+        checkpoint = commit_round(task, 10, model)
         recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert victim not in set(recipe.blob_names())
     shutil.rmtree(tmp_path / "local")
@@ -348,14 +336,12 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
         blobs.hold = lambda name: "/snapshot/" in name
         try:
             for round_no in range(2):  # the second commit starts a background snapshot
-                write_round(task, round_no, model)
-                task.commit_durably({"input": str(round_no)})
+                commit_round(task, round_no, model)
             assert blobs.held.wait(30), "the background snapshot never started uploading"
             (snapshot_blob,) = [name for name in blobs.put_names if "/snapshot/" in name]
             staged = Path(task.stores["counts"].path) / STAGING_DIR / snapshot_blob.rsplit("/", 1)[-1]
             for round_no in range(2, 5):  # durable commits past the snapshot's seq, each followed by its cleanup
-                write_round(task, round_no, model)
-                task.commit_durably({"input": str(round_no)})
+                commit_round(task, round_no, model)
             pool.submit(lambda: None).result(timeout=30)  # the last commit's cleanup has run too
             assert task.metrics.counter("commit.cleanup.failures") == 0
             assert staged.exists(), "cleanup deleted the staged file of a snapshot that is still uploading"
@@ -364,8 +350,7 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
         background = lineage.background
         assert background is not None
         assert background.exception(timeout=30) is None
-        write_round(task, 5, model)
-        checkpoint = task.commit_durably({"input": "5"})
+        checkpoint = commit_round(task, 5, model)
         assert task.metrics.counter("changelog.snapshot.failures") == 0
         assert task.metrics.counter("changelog.snapshot.adopted") == 1
         recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)

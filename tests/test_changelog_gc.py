@@ -17,6 +17,7 @@ from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
 from tests.backend_helpers import changelog_config as config_for
+from tests.backend_helpers import commit_round
 
 # -- sweep grace period (review finding 4) ----------------------------------------------------------------------------
 
@@ -53,8 +54,7 @@ def test_sweep_leaves_a_young_delta_of_a_replay_still_committing_below_the_heads
     models: list[dict[bytes, bytes]] = []
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(4):
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+            commit_round(task, n, model)
             models.append(dict(model))
         task.commit_manager.close()
         entries = task.checkpoint_log.entries()
@@ -95,8 +95,7 @@ def test_a_sweep_that_outlives_a_quarter_of_the_grace_period_since_its_mark_stop
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(2):
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+            commit_round(task, n, model)
         blobs.put(ORPHAN, b"ancient", metadata={"created_at": "1"})
         manager = _changelog_manager(task)
         ticks = iter(range(10**6))
@@ -119,8 +118,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
     config = config_for(tmp_path, **{"changelog.gc.interval.commits": 0})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         write_round(task, 1, model)
         failed = task.commit({"input": "1"})
@@ -132,8 +130,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
         with pytest.raises(CommitError, match="re-bases on a fresh snapshot"):
             task.commit_durably({"input": "2"})
         assert task.metrics.counter("changelog.rebase.old.blobs") == 1
-        write_round(task, 3, model)
-        latest = task.commit_durably({"input": "3"})
+        latest = commit_round(task, 3, model)
         recipe = Recipe.decode(latest.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is not None and not recipe.deltas
     shutil.rmtree(tmp_path / "local")
@@ -150,15 +147,13 @@ def test_a_finished_snapshot_older_than_half_the_grace_period_is_not_adopted_at_
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(3):  # the third commit starts a background snapshot; close waits for it
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+            commit_round(task, n, model)
     (finished,) = list(blobs.list("job/task-0/counts/changelog/snapshot/"))
     blobs.set_metadata(finished, {"created_at": "1"})
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert task.metrics.counter("changelog.snapshot.too.old") == 1
         assert task.metrics.counter("changelog.snapshot.adopted") == 0
-        write_round(task, 3, model)
-        latest = task.commit_durably({"input": "3"})
+        latest = commit_round(task, 3, model)
         assert finished not in set(Recipe.decode(latest.markers_for("changelog")["counts"], prefix=PREFIX).blob_names())
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as check:

@@ -25,7 +25,8 @@ from statebackend.checkpoint import CheckpointLog, CheckpointV2
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.task import TaskStorage
-from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents
+from tests.backend_helpers import commit_round
 from tests.data.changelog.make_samples import recipe_from_steps
 from tests.test_backend_changelog import config_for
 
@@ -266,8 +267,7 @@ def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(7):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
         head = task.checkpoint_log.latest()
     assert head is not None and isinstance(head.checkpoint, CheckpointV2)
     marker = head.checkpoint.markers_for("changelog")["counts"]
@@ -284,8 +284,7 @@ def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         assert task.restored is not None and json.loads(task.restored.markers_for("changelog")["counts"])["format"] == 1
-        write_round(task, 7, model)
-        checkpoint = task.commit_durably({"input": "7"})
+        checkpoint = commit_round(task, 7, model)
     continued = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
     assert json.loads(checkpoint.markers_for("changelog")["counts"])["format"] == 2
     # continued, not re-based: the versions up to the old head are the old recipe's (a snapshot finished meanwhile

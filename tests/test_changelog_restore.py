@@ -21,7 +21,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
-from tests.backend_helpers import backend_context
+from tests.backend_helpers import backend_context, commit_round
 from tests.backend_helpers import changelog_config as config_for
 
 # -- restore: the deltas after the snapshot apply in one LMDB transaction --------------------------------------------
@@ -260,12 +260,10 @@ def test_a_handover_close_cancels_a_running_background_snapshot_and_the_chain_st
     started = threading.Event()
     task = TaskStorage.open(config, "task-0", blob_store=blobs)
     for round_no in range(2):  # the base, then a delta whose uploaded size the ratio weighs at the next commit
-        write_round(task, round_no, model)
-        task.commit_durably({"input": str(round_no)})
+        commit_round(task, round_no, model)
     monkeypatch.setattr(ReadView, "items", _endless_view_items(started))
     monkeypatch.setattr(envbase, "_file_chunks", _endless_chunks(started))  # a snapshot is an env-file base
-    write_round(task, 2, model)
-    task.commit_durably({"input": "2"})  # due by the ratio: a background snapshot starts, endless
+    commit_round(task, 2, model)  # due by the ratio: a background snapshot starts, endless
     assert started.wait(30), "no background snapshot started"
     closer = threading.Thread(target=task.close, kwargs={"sync_local": False, "handover": True}, daemon=True)
     closer.start()
@@ -278,8 +276,7 @@ def test_a_handover_close_cancels_a_running_background_snapshot_and_the_chain_st
     with TaskStorage.open(config, "task-0", blob_store=blobs) as reopened:
         assert contents(reopened) == model
         maintenance_pool().submit(lambda: None).result(30)  # the look-up of the chain's sizes at open has answered
-        write_round(reopened, 3, model)
-        reopened.commit_durably({"input": "3"})  # the new owner snapshots when due: this plain close waits for it
+        commit_round(reopened, 3, model)  # the new owner snapshots when due: this plain close waits for it
     assert len(list(blobs.list(PREFIX + "snapshot/"))) == 1
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as restored:
@@ -294,8 +291,7 @@ def test_a_handover_does_not_cancel_a_snapshot_once_the_chain_reached_the_commit
     model: dict[bytes, bytes] = {}
     task = TaskStorage.open(config, "task-0", blob_store=blobs)
     for round_no in range(3):  # the third commit reaches the cap: a background snapshot starts
-        write_round(task, round_no, model)
-        task.commit_durably({"input": str(round_no)})
+        commit_round(task, round_no, model)
     task.close(sync_local=False, handover=True)
     assert len(list(blobs.list(PREFIX + "snapshot/"))) == 1
     shutil.rmtree(tmp_path / "local")
@@ -404,10 +400,8 @@ def test_a_delta_an_earlier_try_wrote_is_named_only_while_young_else_written_aga
     model: dict[bytes, bytes] = {}
     started = time.time()
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
-        write_round(task, 1, model)
-        task.commit_durably({"input": "1"})
+        commit_round(task, 0, model)
+        commit_round(task, 1, model)
         assert len(blobs.landed) == 1
         age = read_created_at(blobs.head(blobs.landed[0]).metadata)
         assert age is not None

@@ -30,6 +30,7 @@ from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.conditional_put_contract import LostReplyStore, PerSeqMemoryBlobStore
+from tests.backend_helpers import commit_round
 from tests.servers import ServerProcess
 
 PREFIX = "job/task-0/checkpoints/"
@@ -246,15 +247,13 @@ def test_a_zombie_task_is_fenced_with_commit_conflict_and_the_owner_goes_on(tmp_
     blobs = MemoryBlobStore()
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config_for(tmp_path / "first"), "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
     zombie = TaskStorage.open(config_for(tmp_path / "zombie"), "task-0", blob_store=blobs)
     try:
         owner_model = dict(model)
         with TaskStorage.open(config_for(tmp_path / "owner"), "task-0", blob_store=blobs) as owner:
             for round_no in range(1, 2 + 2 * RETAINED):
-                write_round(owner, round_no, owner_model)
-                owner.commit_durably({"input": str(round_no)})
+                commit_round(owner, round_no, owner_model)
         write_round(zombie, 99, dict(model))
         with pytest.raises(CommitConflictError):
             zombie.commit_durably({"input": "zombie"})
@@ -270,14 +269,12 @@ def test_an_older_releases_task_converts_at_its_first_commit_and_restores_exactl
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config_for(tmp_path / "old"), "task-0", blob_store=PerSeqMemoryBlobStore(name)) as task:
         for round_no in range(3):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
     blobs = MemoryBlobStore(name)
     with TaskStorage.open(config_for(tmp_path / "new"), "task-0", blob_store=blobs) as task:
         assert task.restored is not None and task.restored.input_offsets == {"input": "2"}
         assert contents(task) == model
-        write_round(task, 3, model)
-        task.commit_durably({"input": "3"})
+        commit_round(task, 3, model)
     assert blobs.exists(PREFIX + HEAD_BLOB)
     with TaskStorage.open(config_for(tmp_path / "cold"), "task-0", blob_store=blobs) as task:
         assert task.restored is not None and task.restored.input_offsets == {"input": "3"}
@@ -293,10 +290,8 @@ def test_an_idle_commit_is_one_request_and_a_warm_open_one(tmp_path: Path) -> No
         return sum(v for (n, _), v in metrics.export().counters.items() if n == "blob_store.requests")
 
     with TaskStorage.open(config_for(tmp_path / "a"), "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
-        write_round(task, 1, model)
-        task.commit_durably({"input": "1"})
+        commit_round(task, 0, model)
+        commit_round(task, 1, model)
         before = requests()
         task.commit_durably({"input": "2"})
         task.commit_manager.wait()

@@ -22,7 +22,7 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests import backend_helpers
-from tests.backend_helpers import FAR_FUTURE, sweep
+from tests.backend_helpers import FAR_FUTURE, commit_round, sweep
 
 BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {
@@ -50,8 +50,7 @@ def test_sweep_and_cleanup_while_a_checkpoint_write_is_in_flight_keep_everything
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(4):
-            write_round(task, round_no, model)
-            previous = task.commit_durably({"input": str(round_no)})
+            previous = commit_round(task, round_no, model)
         task.commit_manager.close()  # the cleanups of those commits are done
         blobs.hold = lambda name: "/checkpoints/" in name
         write_round(task, 4, model)
@@ -86,8 +85,7 @@ def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run(tmp_pa
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, BlobSnapshotBackupManager)
         state = manager._states["counts"]  # white box: the lock the sweep and cleanup take
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         locked_at_writes: list[bool] = []
 
         def hold(name: str) -> bool:
@@ -129,15 +127,13 @@ def test_changelog_snapshot_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_pa
         assert isinstance(manager, ChangelogBackupManager)
         lineage = manager._lineages["counts"]  # the test waits on the backend's own background future
         for round_no in range(2):  # the second commit starts a background snapshot
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
         background = lineage.background
         assert background is not None and background.exception(timeout=30) is None
         (snapshot,) = list(inner.list("job/task-0/counts/changelog/snapshot/"))
         manager.sweep()
         assert inner.exists(snapshot)
-        write_round(task, 2, model)
-        task.commit_durably({"input": "2"})
+        commit_round(task, 2, model)
         assert task.metrics.counter("changelog.snapshot.adopted") == 1
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
@@ -163,8 +159,7 @@ def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(t
         state = manager._states["counts"]  # white box: the test waits on the backend's own compaction future
         round_no = 0
         while state.compaction is None:  # two runs above the bottom one start a merge or a full compaction
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
             round_no += 1
             assert round_no < 10, "no compaction started"
         compaction = state.compaction
@@ -174,8 +169,7 @@ def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(t
         assert inner.exists(output)
         sweep(manager)
         assert inner.exists(output), "the sweep deleted a compacted run before its adoption"
-        write_round(task, round_no, model)
-        checkpoint = task.commit_durably({"input": str(round_no)})
+        checkpoint = commit_round(task, round_no, model)
         assert task.metrics.counter("blobsnapshot.compaction.adopted") == 1
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
     assert compacted.output.hash in read_marker(inner, marker, job="job", task="task-0", store="counts").run_hashes()

@@ -21,8 +21,9 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
-from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
+from tests.backend_helpers import commit_round
 
 RETAINED = 2
 INTERVAL = 3
@@ -93,8 +94,7 @@ def test_every_checkpoint_the_log_holds_keeps_its_blobs_while_retention_goes_in_
     with TaskStorage.open(config, "task-0", blob_store=blobs, metrics=metrics) as task:
         task.checkpoint_log.retention_interval = INTERVAL
         for round_no in range(20):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
             models[str(round_no)] = dict(model)
             settle(task)
             seqs = CheckpointLog(inner, "job", "task-0").seqs()
@@ -143,8 +143,7 @@ def test_a_handover_close_leaves_retention_to_the_next_owner(tmp_path: Path, lay
     task = TaskStorage.open(config, "task-0", blob_store=blobs, metrics=metrics)
     task.checkpoint_log.retention_interval = 100
     for round_no in range(6):
-        write_round(task, round_no, model)
-        task.commit_durably({"input": str(round_no)})
+        commit_round(task, round_no, model)
     settle(task)
     before = metrics.counter("blob_store.requests", operation="delete_many")
     task.close(handover=True)
@@ -210,13 +209,11 @@ def test_a_failed_retention_is_tried_again_at_the_next_commit(tmp_path: Path) ->
         task.checkpoint_log.retention_interval = INTERVAL
         inner.fail = 1
         for round_no in range(RETAINED + INTERVAL):  # the last commit's retention is due, and fails
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+            commit_round(task, round_no, model)
             settle(task)
         assert inner.fail == 0, "the retention batch was due"
         assert len(CheckpointLog(inner, "job", "task-0").seqs()) == RETAINED + INTERVAL
-        write_round(task, 99, model)
-        task.commit_durably({"input": "99"})
+        commit_round(task, 99, model)
         settle(task)
         assert len(CheckpointLog(inner, "job", "task-0").seqs()) == RETAINED, "not retried at the next commit"
         assert task.metrics.counter("commit.cleanup.failures") == 1

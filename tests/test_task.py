@@ -27,7 +27,7 @@ from statebackend.errors import (
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
-from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, commit_rounds, task_config
+from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, commit_round, commit_rounds, task_config
 
 pytestmark = pytest.mark.usefixtures("fast_rechecks")
 
@@ -42,8 +42,7 @@ def test_attempt_whose_restore_overlaps_another_attempts_commit_is_fenced(tmp_pa
     config = task_config(tmp_path / "a")
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
 
     restoring, release = threading.Event(), threading.Event()
 
@@ -87,8 +86,7 @@ def test_two_speculative_attempts_one_wins_the_other_is_fenced(tmp_path: Path) -
     config = task_config(tmp_path / "base")
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
     first = TaskStorage.open(task_config(tmp_path / "1", **_same_url(config)), "task-0", blob_store=blobs)
     second = TaskStorage.open(task_config(tmp_path / "2", **_same_url(config)), "task-0", blob_store=blobs)
     with first, second:
@@ -112,8 +110,7 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
     config = task_config(tmp_path / "owner", **{"task.checkpoint.retained": 1})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
     zombie = TaskStorage.open(
         task_config(tmp_path / "zombie", **_same_url(config), **{"task.checkpoint.retained": 1}),
         "task-0",
@@ -121,8 +118,7 @@ def test_zombie_committing_after_the_new_owner_moved_on_is_refused_and_leaves_no
     )
     with TaskStorage.open(config, "task-0", blob_store=blobs) as owner:
         for n in range(1, 5):
-            write_round(owner, n, model)
-            last = owner.commit_durably({"input": str(n)})
+            last = commit_round(owner, n, model)
         owner.commit_manager.close()  # retention has run
     with zombie:
         write_round(zombie, 9, {})
@@ -200,8 +196,7 @@ def test_empty_listing_once_is_listed_again_and_restores_exactly(tmp_path: Path)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert task.restored == latest
         assert contents(task) == model
-        write_round(task, 3, model)
-        task.commit_durably({"input": "3"})
+        commit_round(task, 3, model)
     with TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert contents(check) == model
 
@@ -245,16 +240,13 @@ def test_checkpoint_put_that_landed_with_its_reply_lost_is_no_conflict(tmp_path:
 
     blobs.on_put = lose_reply
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         write_round(task, 1, model)
         lose["left"] = 1
         with pytest.raises(CommitError, match="connection reset"):
             task.commit_durably({"input": "1"})
-        write_round(task, 2, model)
-        latest = task.commit_durably({"input": "2"})
-        write_round(task, 3, model)
-        latest = task.commit_durably({"input": "3"})
+        latest = commit_round(task, 2, model)
+        latest = commit_round(task, 3, model)
         assert task.metrics.counter("commit.conflicts") == 0
     with TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert check.restored == latest
@@ -277,15 +269,13 @@ def test_commit_durably_after_a_failure_commits_anew(tmp_path: Path) -> None:
 
     blobs.on_put = fail_while_out
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         outage["on"] = True
         write_round(task, 1, model)
         with pytest.raises(CommitError, match="unreachable"):
             task.commit_durably({"input": "1"})
         outage["on"] = False
-        write_round(task, 2, model)
-        durable = task.commit_durably({"input": "2"})  # seen: raised the stale outage error instead
+        durable = commit_round(task, 2, model)  # seen: raised the stale outage error instead
         assert durable.input_offsets == {"input": "2"}
     with TaskStorage.open(task_config(tmp_path / "fresh", **_same_url(config)), "task-0", blob_store=blobs) as check:
         assert check.restored == durable
@@ -370,8 +360,7 @@ def test_sweep_under_a_short_listing_deletes_nothing_a_checkpoint_needs(tmp_path
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for n in range(4):
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+            commit_round(task, n, model)
             models.append(dict(model))
         task.commit_manager.close()
         before = sorted(blobs.inner.list("job/task-0/counts/"))

@@ -16,9 +16,29 @@ from statebackend.errors import CommitError, StateBackendError, TransientStorage
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
-from tests.backend_helpers import CHECKPOINTS, HookedBlobStore, checkpoint_name, commit_rounds, task_config
+from tests.backend_helpers import (
+    CHECKPOINTS,
+    HookedBlobStore,
+    checkpoint_name,
+    commit_round,
+    commit_rounds,
+    task_config,
+)
 
 pytestmark = pytest.mark.usefixtures("fast_rechecks")
+
+
+def _cold_restore_gives(
+    tmp_path: Path, config: dict[str, Any], blobs: Any, latest: Any, model: dict[bytes, bytes], last_seq: int = 0
+) -> None:
+    """A task opened in a fresh local dir on ``blobs`` restores checkpoint ``latest``, holding exactly ``model``; its
+    log ends at ``last_seq`` when given."""
+    with TaskStorage.open(
+        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs
+    ) as check:
+        assert check.restored == latest
+        assert contents(check) == model
+        assert not last_seq or check.checkpoint_log.seqs()[-1] == last_seq
 
 
 def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) -> None:
@@ -38,8 +58,7 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
 
     blobs.on_put = faults
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})  # seq 1
+        commit_round(task, 0, model)  # seq 1
         plan[checkpoint_name(2)] = "lose_reply"  # seq 2 lands, its reply is lost
         write_round(task, 1, model)
         with pytest.raises(CommitError, match="connection reset"):
@@ -48,14 +67,9 @@ def test_landed_checkpoint_then_a_failed_write_is_no_conflict(tmp_path: Path) ->
         write_round(task, 2, model)
         with pytest.raises(CommitError, match="unreachable"):
             task.commit_durably({"input": "2"})
-        write_round(task, 3, model)
-        latest = task.commit_durably({"input": "3"})  # the blob store is healthy again: must commit as seq 3
+        latest = commit_round(task, 3, model)  # the blob store is healthy again: must commit as seq 3
         assert task.metrics.counter("commit.conflicts") == 0
-    with TaskStorage.open(
-        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
-    ) as check:
-        assert check.restored == latest
-        assert contents(check) == model
+    _cold_restore_gives(tmp_path, config, blobs.inner, latest, model)
 
 
 @pytest.mark.parametrize("fault", ["stale_read", "deleted_v2"])
@@ -107,8 +121,7 @@ def test_failure_landing_during_commit_is_never_raised_after_a_newer_acknowledge
 
     blobs.on_put = fail_held
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         write_round(task, 1, model)
         first = task.commit({"input": "1"})
         assert first is not None
@@ -136,11 +149,7 @@ def test_failure_landing_during_commit_is_never_raised_after_a_newer_acknowledge
         third = task.commit({"input": "3"})  # seen: raises commit 1's failure, one commit late
         assert third is not None
         latest = third.result(timeout=30)
-    with TaskStorage.open(
-        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
-    ) as check:
-        assert check.restored == latest
-        assert contents(check) == model
+    _cold_restore_gives(tmp_path, config, blobs.inner, latest, model)
 
 
 def _fill(task: TaskStorage, name: str, round_no: int, model: dict[bytes, bytes]) -> None:
@@ -198,8 +207,7 @@ def test_changelog_chain_is_rebased_after_its_restore_failed_and_another_backend
     # a new machine, migrating dual -> changelog: the restore falls back to the blobsnapshot marker (exact state)
     with TaskStorage.open(task_config(tmp_path / "b", "changelog", url=url), "task-0", blob_store=blobs) as task:
         assert contents(task) == model
-        write_round(task, 3, model)
-        acknowledged = task.commit_durably({"input": "3"})
+        acknowledged = commit_round(task, 3, model)
     assert set(acknowledged.state_checkpoint_markers) == {"changelog"}
     with TaskStorage.open(task_config(tmp_path / "c", "changelog", url=url), "task-0", blob_store=blobs) as check:
         assert check.restored == acknowledged
@@ -245,8 +253,7 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         for n in range(4):
-            write_round(task, n, model)
-            task.commit_durably({"input": str(n)})
+            commit_round(task, n, model)
             models.append(dict(model))
         entries = task.checkpoint_log.entries()
     if replay:  # redo from checkpoint #2, superseding #3 and #4 (what the Spark driver does for a replayed batch)
@@ -299,8 +306,7 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
     zombie = TaskStorage.open(task_config(tmp_path / "zombie", url=url, **extra), "task-0", blob_store=zombie_blobs)
     with TaskStorage.open(config, "task-0", blob_store=inner) as owner:
         for n in range(2, 5):
-            write_round(owner, n, model)
-            owner.commit_durably({"input": str(n)})
+            commit_round(owner, n, model)
         owner.commit_manager.close()  # retention keeps #4 only: #2 and #3 are free again
     failures = {"left": 0}
 
@@ -402,21 +408,14 @@ def test_checkpoint_that_landed_but_whose_fencing_listing_came_back_short_is_no_
 
     blobs.on_put = short_after_seq2
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         write_round(task, 1, model)
         with pytest.raises(CommitError, match="known to be durable"):
             task.commit_durably({"input": "1"})
         assert wrote["seq2"]
-        write_round(task, 2, model)
-        latest = task.commit_durably({"input": "2"})
+        latest = commit_round(task, 2, model)
         assert task.metrics.counter("commit.conflicts") == 0
-    with TaskStorage.open(
-        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs.inner
-    ) as check:
-        assert check.restored == latest
-        assert contents(check) == model
-        assert check.checkpoint_log.seqs()[-1] == 3
+    _cold_restore_gives(tmp_path, config, blobs.inner, latest, model, last_seq=3)
 
 
 def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_is_lost(tmp_path: Path) -> None:
@@ -464,8 +463,7 @@ def test_store_added_later_keeps_the_local_floor_and_starts_empty(tmp_path: Path
         assert contents(task) == model
         assert contents(task, "extra") == {}
         task.store("extra").put(b"x", b"1")
-        write_round(task, 3, model)
-        latest = task.commit_durably({"input": "3"})
+        latest = commit_round(task, 3, model)
     with TaskStorage.open(
         dict(grown, **{"state.local.dir": str(tmp_path / "fresh")}), "task-0", blob_store=blobs.inner
     ) as check:

@@ -15,7 +15,8 @@ import pytest
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.registry import _REGISTRY, ENTRY_POINT_GROUP, known_factories, resolve_factory
 from statebackend.task import TaskStorage
-from statebackend.testing.backend_contract import contents, write_round
+from statebackend.testing.backend_contract import contents
+from tests.backend_helpers import commit_round
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "thirdparty_backend"
@@ -57,8 +58,7 @@ def test_a_store_backed_up_by_it_commits_and_restores_exactly_through_task_stora
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for round_no in range(4):
-            write_round(task, round_no, model)
-            checkpoint = task.commit_durably({"input": str(round_no)})
+            checkpoint = commit_round(task, round_no, model)
         marker = checkpoint.markers_for("fullcopy")["counts"]
         assert marker.startswith("job/task-0/counts/fullcopy/") and blobs.exists(marker)
     shutil.rmtree(tmp_path / "local")
