@@ -9,21 +9,24 @@ Contract of :class:`ResilientBlobStore` (wraps an inner store, same API):
 - Hedging (``hedge_after_s > 0``) applies to reads and idempotent writes: while the newest attempt has run longer
   than ``hedge_after_s``, one more attempt is started in parallel, at most ``max_hedges`` per request. The first
   success wins; the other attempts' results are discarded.
-- A create-only write whose reply may have been lost is resolved by reading the blob back: (a) when it gets
-  :class:`AlreadyExistsError` after more than one of its own attempts was started (a hedge, or a retry after a
-  timeout, a reset or a cut reply: the name may hold its own earlier write), and (b) when its last attempt failed
-  with a :class:`TransientStorageError` (the write may have landed before the reply was lost). The stored bytes and
-  metadata (where kept) equal to what it wrote: success. Other bytes: :class:`AlreadyExistsError`. Absent (case b):
-  the transient error stands. The read-back itself failing: :class:`TransientStorageError` (undecided; never a
-  false "taken"). Equal bytes from another writer are indistinguishable from ours and harmless: names in this
-  project are deterministic or content-addressed, so the same name with the same bytes is the same blob. A first
-  and only attempt refused with :class:`AlreadyExistsError` stands: nothing of this call could have landed.
+- A create-only write whose reply may have been lost is resolved by reading the blob back, never by the code of
+  the answer: (a) when any answer refuses it (taken, a bare 400, 404, ...: every error but a transient one) after
+  more than one of its own attempts was started (a hedge, or a retry after a timeout, a reset or a cut reply: the
+  name may hold its own earlier write, and servers answer a retry of a write that landed in various ways), and (b)
+  when its last attempt failed with a :class:`TransientStorageError` (the write may have landed before the reply
+  was lost). The stored bytes and metadata (where kept) equal to what it wrote: success. Otherwise the answer
+  stands (case a), or :class:`AlreadyExistsError` for other bytes and the transient error for an absent blob (case
+  b). The read-back itself failing: :class:`TransientStorageError` (undecided; never a false "taken"). Equal bytes
+  from another writer are indistinguishable from ours and harmless: names in this project are deterministic or
+  content-addressed, so the same name with the same bytes is the same blob. A first and only attempt refused
+  stands: nothing of this call could have landed.
 - A conditional write (``put_if``) is retried but never hedged, and its lost reply is resolved the same way, by
-  what is stored, whatever the error: when it is refused after more than one of its own attempts started, or its
-  last attempt failed with a :class:`TransientStorageError`, the blob is read back with its version
-  (``get_versioned``). Our exact bytes: success, with the version read (its user writes a nonce in its bytes, so
-  no other writer's are equal). Still the version the write was conditional on (or absent, for a create): it did
-  not land, the error stands. Anything else: :class:`PreconditionFailedError`.
+  what is stored, whatever the answer: when it is refused (any error but a transient one) after more than one of
+  its own attempts started, or its last attempt failed with a :class:`TransientStorageError`, the blob is read back
+  with its version (``get_versioned``). Our exact bytes: success, with the version read (its user writes a nonce in
+  its bytes, so no other writer's are equal). Still the version the write was conditional on (or absent, for a
+  create): it did not land, the error stands. Anything else: :class:`PreconditionFailedError` (the refusal of a
+  taken version), or the answer itself when it was another refusal.
 - Every error leaves with its ``__cause__``/``__context__`` chain scrubbed (statebackend.redact.scrub_chain).
 - With a :class:`~statebackend.metrics.Metrics` set (``use_metrics``), each request is counted by operation: its
   outcome, attempts, latency (retries and hedges included), retries, hedges, attempt timeouts, and the payload bytes
@@ -54,7 +57,13 @@ import attrs
 
 from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore
 from statebackend.concurrency import LazyPool
-from statebackend.errors import AlreadyExistsError, NotFoundError, PreconditionFailedError, TransientStorageError
+from statebackend.errors import (
+    AlreadyExistsError,
+    NotFoundError,
+    PreconditionFailedError,
+    StorageError,
+    TransientStorageError,
+)
 from statebackend.metrics import Metrics
 from statebackend.options import OptionSpec, ParsedOptions, default_of, parse_duration_ms, parse_int, parse_options
 from statebackend.redact import scrub_chain
@@ -84,6 +93,15 @@ METRIC_BYTES_SENT = "blob_store.bytes.sent"
 METRIC_BYTES_RECEIVED = "blob_store.bytes.received"
 
 _OURS, _OTHER, _ABSENT, _UNKNOWN = "ours", "other", "absent", "unknown"
+
+
+def _answered(error: BaseException) -> bool:
+    """Whether ``error`` is a service's answer that refused a write for good (taken, not found, a bare 400, ...), as
+    opposed to a transient fault (retried) or a caller's mistake found before anything was sent."""
+    return isinstance(error, (AlreadyExistsError, NotFoundError, StorageError)) and not isinstance(
+        error, TransientStorageError
+    )
+
 
 #: the ``blob.store.*`` options (without the prefix) of the resilience layer, declared once
 RESILIENCE_OPTIONS: Mapping[str, OptionSpec] = {
@@ -196,9 +214,11 @@ class Resilience:
         """Run ``attempt()`` until it succeeds, fails for good, or runs out of attempts.
 
         ``hedge``: the operation is a read or an idempotent write, so parallel attempts are allowed.
-        ``is_own_write``: for create-only writes; called when :class:`AlreadyExistsError` follows more than one
-        attempt of ours, or when the last attempt failed with a transient error; returns whether the stored blob is
-        exactly what we wrote (then the call succeeds), raises :class:`NotFoundError` when there is none.
+        ``is_own_write``: for writes whose lost reply the stored blob decides (create-only, conditional, a
+        multipart completion); called when any non-transient error follows more than one attempt of ours, or when
+        the last attempt failed with a transient error; returns whether the stored blob is exactly what we wrote
+        (then the call succeeds), raises :class:`NotFoundError` when there is none (or it is still the version the
+        write replaced: it did not land).
         ``sent``: the payload bytes the request writes (counted once when it succeeds; a read's bytes are counted
         from its result).
         """
@@ -288,7 +308,9 @@ class Resilience:
                 if ok:
                     finish("ok", value)
                     return value  # type: ignore[no-any-return]  # an attempt() result: a T
-                if isinstance(value, AlreadyExistsError) and is_own_write is not None and launched > 1:
+                if is_own_write is not None and launched > 1 and _answered(value):
+                    # an earlier attempt of ours may have landed before its reply was lost: whatever this answer
+                    # says (taken, 400, 404, ...), what is stored decides
                     verdict = self._read_back(is_own_write)
                     if verdict == _OURS:
                         finish("ok")
@@ -350,12 +372,12 @@ class Resilience:
             return _UNKNOWN
 
     @staticmethod
-    def _undecided(operation: str, taken: AlreadyExistsError) -> TransientStorageError:
+    def _undecided(operation: str, answer: BaseException) -> TransientStorageError:
         error = TransientStorageError(
-            f"{operation}: the create-only write found its name taken after a lost reply and could not read the blob "
-            "back to tell whether it is its own; retry it"
+            f"{operation}: the write was refused after a lost reply ({type(answer).__name__}) and could not read the "
+            "blob back to tell whether an earlier attempt of it landed; retry it"
         )
-        error.__cause__ = taken
+        error.__cause__ = answer
         return scrub_chain(error)
 
     def _count(self, name: str, operation: str | None = None) -> None:

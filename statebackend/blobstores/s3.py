@@ -44,6 +44,7 @@ import builtins
 import contextlib
 import datetime
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -102,6 +103,25 @@ _DELETE_BATCH = 1000
 _BATCH_DELETE_REFUSED = {"NotImplemented", "MethodNotAllowed"}
 _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+
+
+def _multipart_etag(part_etags: builtins.list[str]) -> str | None:
+    """The ETag S3 gives a completed multipart upload of these parts (the MD5 of their MD5s, then ``-<count>``),
+    or ``None`` when a part's ETag is no MD5 (a server or an encryption that computes them otherwise)."""
+    digests = []
+    for etag in part_etags:
+        text = str(etag).strip('"')
+        if not re.fullmatch(r"[0-9a-fA-F]{32}", text):
+            return None
+        digests.append(bytes.fromhex(text))
+    return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
+
+
+def _is_transient_answer(exc: Exception) -> bool:
+    """Whether a service's error answer is one a retry may fix (throttling, 5xx): the resilience layer retries it."""
+    response = getattr(exc, "response", None) or {}
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return _code(exc) in _TRANSIENT_CODES or status in {408, 429} or status >= 500
 
 
 def _refuses_batch_delete(exc: Exception) -> bool:
@@ -424,7 +444,12 @@ class S3BlobStore(PartedBlobStore):
             response = self._client.head_object(Bucket=self.bucket, Key=self._key(name))
         if not isinstance(response.get("ContentLength"), int) or not response.get("ETag"):
             raise self._malformed(name, "HeadObject", "Content-Length and ETag")
-        return BlobInfo(name=name, size=int(response["ContentLength"]), metadata=dict(response.get("Metadata") or {}))
+        return BlobInfo(
+            name=name,
+            size=int(response["ContentLength"]),
+            metadata=dict(response.get("Metadata") or {}),
+            etag=str(response["ETag"]),
+        )
 
     @sdk_boundary
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
@@ -535,6 +560,11 @@ class S3BlobStore(PartedBlobStore):
             )
 
             completions = 0
+            expected_etag = _multipart_etag([part["ETag"] for part in uploaded])
+
+            def landed() -> bool:
+                """Whether the stored blob is this upload (an earlier completion whose reply was lost)."""
+                return self._stored_equals_upload(name, size, path, metadata, expected_etag)
 
             def complete() -> None:
                 nonlocal completions
@@ -551,40 +581,82 @@ class S3BlobStore(PartedBlobStore):
                     try:
                         response = self._client.complete_multipart_upload(**kwargs)
                     except boto_errors.ClientError as exc:
-                        if _code(exc) != "NoSuchUpload" or completions == 1:
-                            raise
-                        response = None  # an earlier attempt completed it and its reply was lost: read back below
-                if response is None:
-                    self._resolve_vanished_upload(name, size, path, metadata, create_only)
-                elif not response.get("ETag"):
+                        if completions == 1 or _is_transient_answer(exc):
+                            raise  # a first answer is the truth; a transient one is retried (then read back)
+                        # an earlier completion may have landed and lost its reply: the server answers the retry
+                        # NoSuchUpload, a bare 400 or 404, 412 for create-only, ...; what is stored decides
+                        if self._resolve_retried_completion(name, exc, landed, create_only):
+                            return
+                        raise
+                if not response.get("ETag"):
                     # a reply cut inside its head parses as an empty success: retry; a completed upload then answers
-                    # NoSuchUpload (or 412 for create-only), both resolved by reading back
+                    # in some way, resolved by reading back
                     raise self._malformed(name, "CompleteMultipartUpload", "an ETag")
 
-            own = (lambda: self._stored_equals_file(name, size, path, metadata)) if create_only else None
+            def own() -> bool:
+                # after the last attempt failed transiently: ours is success; anything else leaves the error (other
+                # bytes under a create-only name are taken; under a plain write, the transient error stands)
+                if landed():
+                    return True
+                if create_only:
+                    return False
+                raise NotFoundError(f"blob {name!r}: the completion did not land")
+
             self._request("complete_multipart_upload", complete, False, own)
         except BaseException:
             self._abort(name, key, upload_id)
             raise
 
-    def _resolve_vanished_upload(
-        self,
-        name: str,
-        size: int,
-        path: str | os.PathLike[str],
-        metadata: Mapping[str, str] | None,
-        create_only: bool,
-    ) -> None:
-        """A retried CompleteMultipartUpload found its upload gone: an earlier attempt completed it unless the
-        stored blob says otherwise."""
-        if self._stored_equals_file(name, size, path, metadata):
-            return
+    def _resolve_retried_completion(
+        self, name: str, answer: Exception, landed: Callable[[], bool], create_only: bool
+    ) -> bool:
+        """A retried CompleteMultipartUpload was refused (``answer``) after an earlier attempt lost its reply: True
+        when the stored blob is this upload (that attempt completed it). Otherwise the refusal stands, except that
+        an upload gone (``NoSuchUpload``) with another blob under the name says what happened (the answer alone
+        would read "not found"). A read-back that fails leaves the outcome undecided: transient."""
+        try:
+            if landed():
+                _log.info(
+                    "%s: the completion of the multipart upload of %r had landed (its reply was lost; the retry was "
+                    "answered %s); read back: the stored blob is this upload",
+                    self.describe(),
+                    name,
+                    _code(answer) or "an error",
+                )
+                return True
+        except NotFoundError:
+            return False
+        except TransientStorageError as exc:
+            raise TransientStorageError(
+                f"the completion of the multipart upload of {name!r} to {self.describe()} was refused after a lost "
+                f"reply ({_code(answer)}) and the blob could not be read back to tell whether it landed; retry it"
+            ) from exc
+        if _code(answer) != "NoSuchUpload":
+            return False
         if create_only:
             raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()} (other bytes)")
         raise StorageError(
             f"the multipart upload of {name!r} to {self.describe()} vanished and the stored blob is not this file "
             "(a concurrent writer, or the upload was aborted); upload it again"
         )
+
+    def _stored_equals_upload(
+        self,
+        name: str,
+        size: int,
+        path: str | os.PathLike[str],
+        metadata: Mapping[str, str] | None,
+        expected_etag: str | None,
+    ) -> bool:
+        """Whether the stored blob is this multipart upload: its size and metadata, and its ETag equal to the one S3
+        gives these parts (one HEAD), else its bytes equal to the file (read back in parts). Absent:
+        :class:`NotFoundError`."""
+        info = self._request("head", lambda: self.head(name), True)
+        if info.size != size or dict(info.metadata) != dict(metadata or {}):
+            return False
+        if expected_etag is not None and info.etag is not None and info.etag.strip('"') == expected_etag:
+            return True
+        return self._stored_equals_file(name, size, path, metadata)
 
     # -- administration ---------------------------------------------------------------------------------------
 
