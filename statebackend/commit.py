@@ -143,8 +143,22 @@ class TaskCommitManager:
     _conflict: CommitConflictError | None = attrs.field(init=False, default=None)
     #: the listing of the last durable commit's fencing: retention at close deletes what it shows past ``retained``
     _last_listing: Any = attrs.field(init=False, default=None)
-    #: the last durable checkpoint and its markers: the backends' cleanups run again for it after that retention
-    _last_cleanup: tuple[CheckpointId, list[StoreMarkers]] | None = attrs.field(init=False, default=None)
+    #: the last durable checkpoint (id, seq) and its markers: the backends' cleanups run again for it after that
+    #: retention
+    _last_cleanup: tuple[CheckpointId, int, list[StoreMarkers]] | None = attrs.field(init=False, default=None)
+
+    def __attrs_post_init__(self) -> None:
+        """The backends are initialised by now: a backend whose lifetime sweeps at start has its sweep queued."""
+        for binding in self.backups:
+            lifetime = binding.manager.blob_lifetime()
+            if lifetime is None:
+                continue
+            try:
+                started = lifetime.collector.start()
+            except RuntimeError:  # pool shut down: the next commit's sweep, when due, does it
+                continue
+            if started is not None:
+                self._cleanups.append(started)
 
     def commit(self, input_offsets: Mapping[str, str]) -> PendingCommit | None:
         """Commit the task's state with ``input_offsets``. Returns the pending commit, or ``None`` when skipped
@@ -279,8 +293,8 @@ class TaskCommitManager:
                 extra=self._log_extra(),
             )
             return
-        checkpoint_id, uploaded = last
-        self._cleanup_backends(checkpoint_id, uploaded)
+        checkpoint_id, seq, uploaded = last
+        self._cleanup_backends(checkpoint_id, seq, uploaded)
 
     # -- internals ---------------------------------------------------------------------------------------------
 
@@ -448,6 +462,7 @@ class TaskCommitManager:
                 raise
             self._uncertain = None
         except BaseException as exc:  # noqa: BLE001 - handed to the commit's future, raised by its waiter
+            self._abort_backends(pending.checkpoint_id, uploaded)
             self._fail(pending, exc)
             return
         # The checkpoint is durable from here on: whatever fails below is reported, never taken for a failed commit
@@ -468,7 +483,9 @@ class TaskCommitManager:
                 self._failure = None
         total_ms = (self.clock() - pending.started) * 1000.0
         self.metrics.record("commit.total.ms", total_ms)
-        self._cleanup(pending.checkpoint_id, uploaded, listing)  # registered before the result: close() waits for it
+        self._cleanup(
+            pending.checkpoint_id, pending.seq, uploaded, listing
+        )  # registered before the result: close() waits for it
         self._after_durable(pending.checkpoint_id)
         pending.future.set_result(checkpoint)
 
@@ -513,7 +530,9 @@ class TaskCommitManager:
                     extra=self._log_extra(checkpoint.checkpoint_id),
                 )
 
-    def _cleanup(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers], listing: Any = None) -> None:
+    def _cleanup(
+        self, checkpoint_id: CheckpointId, seq: int, uploaded: list[StoreMarkers], listing: Any = None
+    ) -> None:
         # retention waits until enough old checkpoints pile up for one delete request; the backends delete what
         # their retention let go with it (CheckpointLog.trims), never blobs of a checkpoint the log still holds
         # (a retention that failed left its checkpoints: the next commit's listing shows them, so it is due again)
@@ -521,8 +540,8 @@ class TaskCommitManager:
         if trim:
             self.checkpoint_log.start_trim()
         # what the close trims (nothing when this commit's retention deletes all this listing shows past retained)
-        self._last_listing, self._last_cleanup = (None if trim else listing), (checkpoint_id, uploaded)
-        self._cleanup_backends(checkpoint_id, uploaded)
+        self._last_listing, self._last_cleanup = (None if trim else listing), (checkpoint_id, seq, uploaded)
+        self._cleanup_backends(checkpoint_id, seq, uploaded)
         if listing is not None and not trim:
             return  # too few old checkpoints yet for a delete request of their own: they go with a later one
         try:
@@ -533,19 +552,51 @@ class TaskCommitManager:
             self._cleanups.append(retention)
         retention.add_done_callback(self._report_cleanup(checkpoint_id))
 
-    def _cleanup_backends(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers]) -> None:
-        """Each backend's ``cleanup()`` of ``checkpoint_id``, registered so :meth:`close` waits for it."""
+    def _cleanup_backends(self, checkpoint_id: CheckpointId, seq: int, uploaded: list[StoreMarkers]) -> None:
+        """After checkpoint ``checkpoint_id`` (#``seq``) is durable, per backend: on the commit pool, its
+        ``checkpoint_completed`` notice and then the framework's collection of its blobs (when it states a
+        :class:`~statebackend.contracts.BlobLifetime`); and its ``cleanup()`` (the earlier contract: the default
+        does nothing). Each registered so :meth:`close` waits for it."""
         for binding, markers in zip(self.backups, uploaded, strict=True):
             try:
+                completion = self.executor.submit(self._complete_backend, binding.manager, checkpoint_id, seq, markers)
                 future = binding.manager.cleanup(checkpoint_id, markers)
                 with self._lock:
-                    self._cleanups = [f for f in self._cleanups if not f.done()] + [future]
+                    self._cleanups = [f for f in self._cleanups if not f.done()] + [completion, future]
+                completion.add_done_callback(self._report_cleanup(checkpoint_id))
                 future.add_done_callback(self._report_cleanup(checkpoint_id))
             except BaseException as exc:  # noqa: BLE001 - cleanup is retried at the next commit; the commit stands
                 self.metrics.increment("commit.cleanup.failures")
                 log.warning(
                     "task %s: cleanup of %s could not start: %s",
                     self.task_name,
+                    binding.factory_name,
+                    exc,
+                    extra=self._log_extra(checkpoint_id),
+                )
+
+    @staticmethod
+    def _complete_backend(
+        manager: TaskBackupManager, checkpoint_id: CheckpointId, seq: int, markers: StoreMarkers
+    ) -> None:
+        """On the commit pool: the backend's completion notice, then the framework's release and sweep of its blobs
+        (statebackend.kit.lifetime), which read what the notice updated."""
+        manager.checkpoint_completed(checkpoint_id, markers)
+        lifetime = manager.blob_lifetime()
+        if lifetime is not None:
+            lifetime.collector.completed(seq, markers)
+
+    def _abort_backends(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers]) -> None:
+        """The uploads of ``checkpoint_id`` succeeded but its checkpoint write failed: each backend's
+        ``checkpoint_aborted`` notice (on the commit pool, where the write ran). A notice that raises is logged."""
+        for binding, markers in zip(self.backups, uploaded, strict=True):
+            try:
+                binding.manager.checkpoint_aborted(checkpoint_id, markers)
+            except Exception as exc:  # noqa: BLE001 - a notice; the commit's own failure is what is reported
+                log.warning(
+                    "task %s: the abort notice of %s to %s failed: %s",
+                    self.task_name,
+                    checkpoint_id,
                     binding.factory_name,
                     exc,
                     extra=self._log_extra(checkpoint_id),

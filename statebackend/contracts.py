@@ -7,12 +7,21 @@ drives the backup managers; :class:`~statebackend.task.TaskStorage` drives the r
 One deliberate difference from SEP-28: ``snapshot`` receives the change sets the commit's flush produced
 (``{store: ChangeSet}``). Every backend of a store in a dual commit sees the same immutable change set, and a
 backend that does not need it (blob-snapshot) ignores it. See docs/architecture.md.
+
+**Blob lifetime is the framework's.** A backup manager states, through :meth:`TaskBackupManager.blob_lifetime`, a
+:class:`BlobLifetime`: which blobs each marker references, where its blobs live, what its running work holds. The
+framework (:mod:`statebackend.kit.lifetime`) then keeps every blob a retained checkpoint names and deletes the rest
+after the grace period; the backend writes no sweep code and hears of each checkpoint through
+:meth:`TaskBackupManager.checkpoint_completed` and :meth:`TaskBackupManager.checkpoint_aborted`. A backend written to
+the earlier contract (no ``blob_lifetime``, its own ``cleanup``) keeps working unchanged: see ``cleanup``.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+import contextlib
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +30,14 @@ import attrs
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
     from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
+    from statebackend.kit.lifetime import BlobCollector, LifetimeSweep
     from statebackend.metrics import Metrics
     from statebackend.store import ChangeSet, LocalStore
 
 __all__ = [
+    "DEFAULT_GRACE_MS",
     "BackendContext",
+    "BlobLifetime",
     "StateBackendAdmin",
     "StateBackendFactory",
     "StoreMarkers",
@@ -35,6 +47,9 @@ __all__ = [
 
 #: store name -> marker (a backend's string that locates the store's state for one checkpoint)
 StoreMarkers = dict[str, str]
+
+#: the grace period of a :class:`BlobLifetime` that does not choose one: an hour (the built-ins' default too)
+DEFAULT_GRACE_MS = 3_600_000
 
 
 @attrs.frozen
@@ -70,6 +85,121 @@ class BackendContext:
         return f"{self.job_name}/{self.task_name}/{store_name}/{self.factory_name}/"
 
 
+class BlobLifetime(abc.ABC):
+    """What a backend states about its blobs, so that the framework owns their lifetime (docs/architecture.md, "Blob
+    lifetime"). The framework keeps every blob that a marker of a retained checkpoint of any attempt names (and what
+    this manager's running work holds), and deletes the rest of the blobs under the store's :meth:`prefixes` once
+    they are older than the grace period, on condition that they are unchanged where the blob store can. A backend
+    implements :meth:`referenced_blobs`; the other methods have defaults. It never lists, judges ages or deletes.
+
+    Two paths delete, both the framework's (:class:`statebackend.kit.lifetime.BlobCollector`):
+
+    - **release**, when the task's checkpoint log lets its old checkpoints go (:attr:`CheckpointLog.trims
+      <statebackend.checkpoint.CheckpointLog.trims>`): the blobs that the checkpoints this process completed and that
+      left the last ``retained`` named, and that no later one names nor :meth:`held_blobs` holds, in one request;
+    - **sweep**, every :attr:`sweep_interval_commits` checkpoints (:meth:`sweep_due`) and at init with
+      :attr:`sweep_on_init`: the mark is what every checkpoint in the task's log names plus :meth:`held_blobs`; every
+      blob listed under :meth:`prefixes` and not marked goes once old enough by the age rule
+      (:class:`statebackend.kit.GraceRule`), or :meth:`expired`; never one :meth:`spare` keeps.
+
+    **Shared blobs.** Blobs under :meth:`shared_prefixes` may be named by markers of several stores or tasks of the
+    job: no task's collector deletes them (a release or a sweep of one task cannot see the others' checkpoints); the
+    job-level collector (``statebackend gc``, :func:`statebackend.kit.lifetime.sweep_shared`) marks from every task.
+
+    Callbacks run on the commit pool, under :meth:`guard` of the store concerned.
+    """
+
+    def __init__(
+        self,
+        context: BackendContext,
+        *,
+        grace_ms: int = DEFAULT_GRACE_MS,
+        sweep_interval_commits: int = 100,
+        sweep_on_init: bool = False,
+    ) -> None:
+        #: the manager's context: its stores, blob store, checkpoint log, metrics
+        self.context = context
+        #: an unmarked blob younger than this is kept: another attempt may be between its upload and its checkpoint
+        #: write (0: the guard is off). A writer names a blob no durable checkpoint names only while it is younger than
+        #: half of it (:meth:`statebackend.kit.GraceRule.may_name`)
+        self.grace_ms = grace_ms
+        #: sweep after every checkpoint whose seq is a multiple of this (0: never after a commit)
+        self.sweep_interval_commits = sweep_interval_commits
+        #: sweep once when the manager starts (:meth:`statebackend.kit.lifetime.BlobCollector.start`)
+        self.sweep_on_init = sweep_on_init
+        self._collector: BlobCollector | None = None
+
+    @property
+    def collector(self) -> BlobCollector:
+        """The framework's collector of these blobs (made on first use; one per lifetime)."""
+        if self._collector is None:
+            from statebackend.kit.lifetime import BlobCollector
+
+            self._collector = BlobCollector(self)
+        return self._collector
+
+    @abc.abstractmethod
+    def referenced_blobs(self, store: str, marker: str) -> Iterable[str] | None:
+        """The names of every blob ``marker`` (this backend's, of ``store``) needs to restore: its chain, its index
+        and the runs it lists, the blob that is the marker itself. ``None``: cannot tell (then nothing is swept). A
+        marker that does not decode raises :class:`~statebackend.errors.CorruptDataError` (nothing is swept)."""
+
+    def stores(self) -> Sequence[str]:
+        """The stores whose blobs this lifetime covers: the context's."""
+        return list(self.context.stores)
+
+    def prefixes(self, store: str) -> Sequence[str]:
+        """Where the blobs of ``store`` that the framework may delete live: the context's ``blob_prefix(store)``.
+        A backend with several (an index prefix, a runs prefix) lists each: they are swept in this order, and a
+        sweep that stops early leaves the rest for the next one."""
+        return (self.context.blob_prefix(store),)
+
+    def shared_prefixes(self) -> Sequence[str]:
+        """Prefixes of blobs shared across checkpoints of several stores or tasks (see the class docstring). Default:
+        none."""
+        return ()
+
+    def held_blobs(self, store: str) -> Iterable[str]:
+        """Blobs of ``store`` this manager's running work holds and no durable checkpoint may name yet: the chain the
+        next commit extends, an upload or a background snapshot or compaction in progress, what it remembers as
+        retained. Read at the mark, and again just before each batch of deletions (work may have adopted a blob
+        meanwhile). Default: none."""
+        return ()
+
+    def spare(self, store: str, blob: str, head: CheckpointV2 | None) -> bool:
+        """Whether a sweep keeps ``blob`` although unmarked and old, on what the backend knows (a seq beyond that of
+        ``head``, the newest checkpoint in the log). Default: ``False``."""
+        return False
+
+    def expired(self, metadata: Mapping[str, str], now: float) -> bool:
+        """Whether an unmarked blob goes whatever its age, by its metadata (an expiry its writer set). Default:
+        ``False``."""
+        return False
+
+    def sweep_due(self, seq: int, markers: StoreMarkers) -> bool:
+        """Whether to sweep after checkpoint ``seq`` (``markers``: this manager's in it): every
+        :attr:`sweep_interval_commits` seqs."""
+        return bool(self.sweep_interval_commits) and seq % self.sweep_interval_commits == 0
+
+    def now(self) -> float:
+        """The wall clock for ages and the sweep's deadline (unix seconds); a backend may give its own (tests)."""
+        return time.time()
+
+    def guard(self, store: str) -> contextlib.AbstractContextManager[object]:
+        """Held while the framework marks, deletes and reports for ``store`` (a lock the backend's uploads take).
+        Default: none."""
+        return contextlib.nullcontext()
+
+    def released(self, store: str, blobs: Sequence[str], *, swept: bool) -> None:  # noqa: B027 - optional notice
+        """Notice: the framework deleted ``blobs`` of ``store`` (``swept``: by a sweep, else by a release). Forget
+        them (they are no longer uploaded); count them. Default: nothing."""
+
+    def swept(self, store: str, sweep: LifetimeSweep) -> None:  # noqa: B027 - optional notice
+        """Notice: a sweep of ``store`` ended (what it listed, deleted, kept; whether it stopped early or found its
+        mark incomplete). A backend may check its own chain against the listing without listing again. Default:
+        nothing."""
+
+
 class TaskBackupManager(abc.ABC):
     """Backs up a task's stores at every commit."""
 
@@ -98,16 +228,43 @@ class TaskBackupManager(abc.ABC):
         poison later commits. Count ``commit.bytes.uploaded`` and ``commit.files.uploaded`` for what was sent
         (``commit.bytes.reused`` for what a marker names without sending it again)."""
 
-    @abc.abstractmethod
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
-        """Delete what no retained checkpoint needs any more. Idempotent; called only after ``checkpoint_id`` is
-        durable.
+        """The earlier contract's garbage collection, kept so backends written to it work unchanged: called on the
+        caller's thread after ``checkpoint_id`` is durable, it returns the future of work it queued. Idempotent.
 
-        "Retained" is every checkpoint the task's log still holds (``context.checkpoint_log``, its retention
-        ``retained``), not only the newest: any of them may be restored (a Spark replay). Keep every blob a marker
-        of any of them names, and every blob an upload of this or another attempt may still name (younger than the
-        grace period: :class:`statebackend.kit.GraceRule`, :func:`statebackend.kit.sweep_unreferenced`). A listing
-        that shows less than the task knows durable is a fault, never "nothing is referenced"."""
+        A backend whose :meth:`blob_lifetime` states its blobs (every built-in does) leaves this alone: the default
+        does nothing, and the framework deletes what no retained checkpoint names. A backend that overrides it
+        (returning ``None`` from :meth:`blob_lifetime`) must keep every blob a marker of any checkpoint the task's log
+        still holds names (``context.checkpoint_log``, its retention ``retained``), and every blob an upload of this
+        or another attempt may still name (younger than the grace period: :class:`statebackend.kit.GraceRule`); a
+        listing that shows less than the task knows durable is a fault, never "nothing is referenced"."""
+        done: Future[None] = Future()
+        done.set_result(None)
+        return done
+
+    def blob_lifetime(self) -> BlobLifetime | None:
+        """What this manager states about its blobs so that the framework owns their lifetime (the same object for
+        the manager's whole life: its collector remembers between sweeps). ``None`` (the default): the manager
+        collects its own garbage in :meth:`cleanup`, as backends written to the earlier contract do."""
+        return None
+
+    def checkpoint_completed(  # noqa: B027 - an optional hook: the default does nothing
+        self, checkpoint_id: CheckpointId, markers: StoreMarkers
+    ) -> None:
+        """Notice: the checkpoint holding ``markers`` (this manager's, from its ``upload``) is durable. Runs on the
+        commit pool before the framework collects garbage after it, and may run again for the same checkpoint (at
+        close): be idempotent. What a backend does here is bookkeeping (its chain's blobs may now be named again
+        whatever their age); it deletes nothing. As Flink's ``notifyCheckpointComplete``. The default does
+        nothing."""
+
+    def checkpoint_aborted(  # noqa: B027 - an optional hook: the default does nothing
+        self, checkpoint_id: CheckpointId, markers: StoreMarkers
+    ) -> None:
+        """Notice: the upload of ``checkpoint_id`` succeeded (``markers`` are what it returned) but its checkpoint
+        write failed. The write may still have landed (its reply lost), so what the markers name is neither durable
+        nor garbage yet: build nothing on it that needs it durable; the framework's sweep deletes it after the
+        grace period if no checkpoint names it. Runs on the commit pool. As Flink's ``notifyCheckpointAborted``.
+        The default does nothing."""
 
     def abort(self, checkpoint_id: CheckpointId) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """The sync part of commit ``checkpoint_id`` failed after this manager's ``snapshot()`` may have run (another

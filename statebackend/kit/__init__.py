@@ -4,6 +4,8 @@ third-party backend should too, rather than copy it).
 - :mod:`statebackend.kit.gc`: the one age rule for garbage collection (``created_at`` metadata; a blob of unknown
   age counted from a collector's first sighting, and kept by a collector without memory), and mark-and-sweep over
   the blobs checkpoints reference;
+- :mod:`statebackend.kit.lifetime`: the framework's collector of a backend's blobs (release after retention, the
+  sweep), driven by what the backend states in its :class:`~statebackend.contracts.BlobLifetime`;
 - :mod:`statebackend.kit.inflight`: the registry of staged files that running work holds, so no cleanup deletes them;
 - :mod:`statebackend.kit.background`: closing a read view that is not open yet, and cancelling background work;
 - :mod:`statebackend.kit.restore`: the interrupt flag of a restore, and the puts-only filter of a bulk load.
@@ -28,17 +30,20 @@ from statebackend.kit.gc import (
     sweep_unreferenced,
 )
 from statebackend.kit.inflight import IN_FLIGHT, InFlightRegistry
+from statebackend.kit.lifetime import BlobCollector, LifetimeSweep, sweep_shared
 from statebackend.kit.restore import InterruptFlag, puts_only
 
 __all__ = [
     "CREATED_AT",
     "IN_FLIGHT",
+    "BlobCollector",
     "Cancellation",
     "Closeable",
     "FirstSeen",
     "GraceRule",
     "InFlightRegistry",
     "InterruptFlag",
+    "LifetimeSweep",
     "Mark",
     "Swept",
     "close_when_ready",
@@ -47,5 +52,6 @@ __all__ = [
     "puts_only",
     "read_created_at",
     "referenced_by_admin",
+    "sweep_shared",
     "sweep_unreferenced",
 ]

@@ -20,8 +20,9 @@ How it works, per store:
   record count and the key order) before anything is loaded; then the result replaces the store's contents in one
   transaction. A missing blob is :class:`NotFoundError`, a damaged or misplaced one :class:`CorruptDataError`, both
   naming the blob.
-- **Cleanup.** Deletes the store's blobs older than the commit that no chain of the commit nor of a checkpoint still
-  in the log names.
+- **Blob lifetime.** The framework's (:class:`ReferenceLifetime`): this backend states that a marker references the
+  blobs of its chain, and that the chain the next commit extends and the steps being written are held; it writes no
+  cleanup. Each blob carries ``created_at`` metadata (where the blob store keeps metadata) for the grace rule.
 
 Blob: ``MAGIC``, a 4-byte header length, the header (UTF-8 JSON: kind, job, task, store, checkpoint_id, token,
 records), the records (a flag byte 0 put / 1 delete, 4-byte key length, key, and for a put 4-byte value length,
@@ -47,6 +48,7 @@ import attrs
 from statebackend.checkpoint import CheckpointId, CheckpointV2
 from statebackend.contracts import (
     BackendContext,
+    BlobLifetime,
     StateBackendAdmin,
     StateBackendFactory,
     StoreMarkers,
@@ -59,6 +61,7 @@ from statebackend.errors import (
     InconsistentStateError,
     NotFoundError,
 )
+from statebackend.kit import created_at_metadata
 from statebackend.store import ChangeSet, LocalStore, LocalVersion, ReadView
 
 __all__ = [
@@ -69,6 +72,7 @@ __all__ = [
     "ReferenceAdmin",
     "ReferenceBackendFactory",
     "ReferenceBackupManager",
+    "ReferenceLifetime",
     "ReferenceRestoreManager",
     "Step",
     "decode_blob",
@@ -228,7 +232,14 @@ class ReferenceBackupManager(TaskBackupManager):
     #: store -> the chain the next step extends (``None``: the next step is a full copy)
     _chains: dict[str, list[str] | None] = attrs.field(init=False, factory=dict)
     _prepared: dict[str, Step] = attrs.field(init=False, factory=dict)
+    #: the steps being written now, per store (held from the blob store's sweeps)
+    _writing: dict[str, str] = attrs.field(init=False, factory=dict)
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
+    _lifetime: ReferenceLifetime = attrs.field(init=False)
+
+    @_lifetime.default
+    def _make_lifetime(self) -> ReferenceLifetime:
+        return ReferenceLifetime(self)
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -270,6 +281,8 @@ class ReferenceBackupManager(TaskBackupManager):
         return self.context.executor.submit(self._upload_all, prepared, dict(markers))
 
     def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        with self._lock:
+            self._writing.update({name: step.blob for name, step in prepared.items()})
         try:
             for name, step in prepared.items():
                 self.write_step(name, step)
@@ -279,9 +292,19 @@ class ReferenceBackupManager(TaskBackupManager):
             raise
         finally:
             _close_views(prepared)
+            with self._lock:
+                for name in prepared:
+                    self._writing.pop(name, None)
         with self._lock:
             self._chains.update({name: step.chain for name, step in prepared.items()})
         return markers
+
+    def held_blobs(self, store: str) -> list[str]:
+        """The chain the next commit extends and the step being written (what no checkpoint may name yet)."""
+        with self._lock:
+            held = list(self._chains.get(store) or [])
+            writing = self._writing.get(store)
+        return held if writing is None else [*held, writing]
 
     def write_step(self, name: str, step: Step) -> None:
         """Encode one store's step and write it create-only (a retry that finds its own bytes is fine)."""
@@ -295,8 +318,10 @@ class ReferenceBackupManager(TaskBackupManager):
             version.token,
         )
         data = encode_blob(header, self.step_records(name, step))
+        blob_store = self.context.blob_store
+        metadata = created_at_metadata(self._lifetime.now()) if blob_store.supports_metadata else None
         try:
-            self.context.blob_store.put(step.blob, data, create_only=True)
+            self.context.blob_store.put(step.blob, data, create_only=True, metadata=metadata)
         except AlreadyExistsError:
             if self.context.blob_store.get(step.blob) != data:
                 raise
@@ -313,40 +338,8 @@ class ReferenceBackupManager(TaskBackupManager):
             raise InconsistentStateError(f"store {name}: the read view is at {view.version}, not {step.change.version}")
         return list(view.items())
 
-    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
-        return self.context.executor.submit(self._cleanup, checkpoint_id, dict(markers))
-
-    def _cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> None:
-        referenced = self.referenced(markers)
-        for name in markers:
-            prefix = self.context.blob_prefix(name)
-            for blob in self.doomed(prefix, list(self.context.blob_store.list(prefix)), referenced, checkpoint_id):
-                self.context.blob_store.delete(blob)
-
-    def referenced(self, markers: StoreMarkers) -> set[str]:
-        """Every blob the commit's chains and the chains of the checkpoints in the log name."""
-        chains = [(name, marker) for name, marker in markers.items()]
-        for entry in self.context.checkpoint_log.entries():
-            if isinstance(entry.checkpoint, CheckpointV2):
-                chains += [
-                    (name, marker)
-                    for name, marker in entry.checkpoint.markers_for(self.context.factory_name).items()
-                    if name in self.context.stores
-                ]
-        return {blob for name, marker in chains for blob in decode_marker(marker, self.context.blob_prefix(name))}
-
-    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
-        """The blobs to delete: ours, older than the commit (a newer one is a later upload's), named by no chain."""
-        doomed = []
-        for blob in blobs:
-            parsed = parse_blob_name(prefix, blob)
-            if (
-                parsed is not None
-                and blob not in referenced
-                and CheckpointId.parse(parsed[1].checkpoint_id) < checkpoint_id
-            ):
-                doomed.append(blob)
-        return doomed
+    def blob_lifetime(self) -> BlobLifetime | None:
+        return self._lifetime
 
     def abort(self, checkpoint_id: CheckpointId) -> None:
         with self._lock:
@@ -358,6 +351,22 @@ class ReferenceBackupManager(TaskBackupManager):
         with self._lock:
             abandoned, self._prepared = self._prepared, {}
         _close_views(abandoned)
+
+
+class ReferenceLifetime(BlobLifetime):
+    """The reference backend's blobs, for the framework's collector: a marker references its chain; the manager holds
+    the chain the next commit extends and the steps being written. The grace period and the sweep interval are the
+    framework's defaults."""
+
+    def __init__(self, manager: ReferenceBackupManager) -> None:
+        super().__init__(manager.context)
+        self.manager = manager
+
+    def referenced_blobs(self, store: str, marker: str) -> list[str]:
+        return decode_marker(marker, self.context.blob_prefix(store))
+
+    def held_blobs(self, store: str) -> list[str]:
+        return self.manager.held_blobs(store)
 
 
 def _close_views(steps: Mapping[str, Step]) -> None:

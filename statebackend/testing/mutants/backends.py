@@ -147,7 +147,51 @@ class NeverCountsFull(ReferenceBackendFactory):
 # -- backup -----------------------------------------------------------------------------------------------------------
 
 
-class _KeepsNewestN(ReferenceBackupManager):
+class _OwnCleanup(ReferenceBackupManager):
+    """The reference backend written to the earlier contract: no blob lifetime stated, its own ``cleanup()`` (a
+    backend may still be written so: the suite must catch such a cleanup's mistakes). Correct as it stands; each
+    mutant below breaks one part of it."""
+
+    def blob_lifetime(self) -> None:
+        return None
+
+    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
+        return self.context.executor.submit(self._cleanup, checkpoint_id, dict(markers))
+
+    def _cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> None:
+        referenced = self.referenced(markers)
+        for name in markers:
+            prefix = self.context.blob_prefix(name)
+            for blob in self.doomed(prefix, list(self.context.blob_store.list(prefix)), referenced, checkpoint_id):
+                self.context.blob_store.delete(blob)
+
+    def referenced(self, markers: StoreMarkers) -> set[str]:
+        """Every blob the commit's chains and the chains of the checkpoints in the log name."""
+        chains = list(markers.items())
+        for entry in self.context.checkpoint_log.entries():
+            if isinstance(entry.checkpoint, CheckpointV2):
+                chains += [
+                    (name, marker)
+                    for name, marker in entry.checkpoint.markers_for(self.context.factory_name).items()
+                    if name in self.context.stores
+                ]
+        return {blob for name, marker in chains for blob in decode_marker(marker, self.context.blob_prefix(name))}
+
+    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
+        """The blobs to delete: ours, older than the commit (a newer one is a later upload's), named by no chain."""
+        doomed = []
+        for blob in blobs:
+            parsed = parse_blob_name(prefix, blob)
+            if (
+                parsed is not None
+                and blob not in referenced
+                and CheckpointId.parse(parsed[1].checkpoint_id) < checkpoint_id
+            ):
+                doomed.append(blob)
+        return doomed
+
+
+class _KeepsNewestN(_OwnCleanup):
     def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
         ours = [blob for blob in blobs if parse_blob_name(prefix, blob) is not None]
         return ours[: -self.context.checkpoint_log.retained]  # the newest N blobs, whatever the checkpoints name
@@ -159,7 +203,7 @@ class KeepsNewestN(ReferenceBackendFactory):
     backup_class = _KeepsNewestN
 
 
-class _CleanupIgnoresTheLog(ReferenceBackupManager):
+class _CleanupIgnoresTheLog(_OwnCleanup):
     def referenced(self, markers: StoreMarkers) -> set[str]:
         return {
             blob for name, marker in markers.items() for blob in decode_marker(marker, self.context.blob_prefix(name))
@@ -325,7 +369,7 @@ class ResolvesEarlyWhenLarge(ReferenceBackendFactory):
     backup_class = _ResolvesEarlyWhenLarge
 
 
-class _CleanupDeletesUploadsInFlight(ReferenceBackupManager):
+class _CleanupDeletesUploadsInFlight(_OwnCleanup):
     def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
         # every blob no checkpoint names, a later upload's included (its checkpoint is not written yet)
         return [blob for blob in blobs if parse_blob_name(prefix, blob) is not None and blob not in referenced]
@@ -403,15 +447,15 @@ class ReportsTheFirstStoresFailure(ReferenceBackendFactory):
     backup_class = _ReportsTheFirstStoresFailure
 
 
-class _CleanupSparesOnlyItsOwnUploads(ReferenceBackupManager):
+class _CleanupSparesOnlyItsOwnUploads(_OwnCleanup):
     def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
         with self._lock:
-            self._writing = {step.blob for step in prepared.values()}
+            self._own_writing = {step.blob for step in prepared.values()}
         return super()._upload_all(prepared, markers)
 
     def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
         with self._lock:  # what this manager is writing now is spared; another attempt's uploads are not
-            writing = set(getattr(self, "_writing", ()))
+            writing = set(getattr(self, "_own_writing", ()))
         return [
             blob
             for blob in blobs
