@@ -20,6 +20,7 @@ from statebackend.backends.changelog.marker import Recipe
 from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
 from statebackend import TaskStorage
+from statebackend.blobstores.file import FileBlobStore
 from statebackend.cli import EXIT_CODES, main
 from statebackend.cli._common import NoExecutor
 from statebackend.config import Settings
@@ -132,6 +133,7 @@ def test_jobs_tasks_stores(capsys: pytest.CaptureFixture[str], job: tuple[Path, 
         newest = CheckpointLog(store, "clicks", "task-1").latest()
     assert newest is not None and isinstance(newest.checkpoint, CheckpointV2)
     assert rows[1]["newest_seq"] == 5 and rows[1]["stores"] == ["counts"]
+    assert [r["checkpoints"] for r in rows] == [5, 5]  # counted by the log: the head holds them in one blob
     millis = newest.checkpoint.checkpoint_id.millis
     assert (
         rows[1]["newest_time"]
@@ -194,6 +196,7 @@ def test_inspect(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict
     assert [s["kind"] for s in described["steps"]] == ["snapshot", "delta"]
     assert described["bytes"] == sum(s["bytes"] for s in described["steps"]) == data["bytes"]
     assert data["serdes"] == {"counts": {"key": "string", "msg": "integer"}}
+    assert data["blob"] == "clicks/task-0/checkpoints/HEAD.v3.json"  # a file store keeps the log in its head
     by_id = json.loads(cli(capsys, "inspect", str(path), "task-0", "--json", "-c", data["checkpoint_id"])[1])
     assert by_id["seq"] == 5
     older = json.loads(cli(capsys, "inspect", str(path), "task-0", "--json", "-c", "2")[1])
@@ -240,14 +243,48 @@ def test_verify_ok_damaged_and_missing(capsys: pytest.CaptureFixture[str], job: 
 
 
 def test_verify_a_damaged_checkpoint_blob(capsys: pytest.CaptureFixture[str], job: tuple[Path, dict, dict]) -> None:
+    """The head holds every checkpoint of the task: damaged, none of them verifies, and each failure names it."""
     path, config, _ = job
+    name = "clicks/task-0/checkpoints/HEAD.v3.json"
+    with blobs_of(config) as store:
+        store.put(name, store.get(name).replace(b'"clicks"', b'"clickz"'))
+    code, out, _ = cli(capsys, "verify", str(path), "task-0")
+    assert code == 5 and out.startswith("FAILED      checkpoint latest of task task-0") and name in out
+    code, out, _ = cli(capsys, "verify", str(path), "task-0", "-c", "4", "--json")
+    assert code == 5 and json.loads(out)["result"] == "failed" and name in json.loads(out)["problems"][0]
+    assert cli(capsys, "verify", str(path), "task-1")[0] == 0  # another task's head is untouched
+
+
+def test_verify_a_damaged_per_seq_checkpoint_blob(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A log an older release left (per-seq blobs, read through a store that has the head): one damaged blob fails
+    its own checkpoint only, and the inspect names that blob."""
+    config = base_config(tmp_path, (tmp_path / "blobs").as_uri())
+    with blobs_of(config) as files:
+        per_seq = PerSeqFileBlobStore(files.root)  # type: ignore[attr-defined]
+        for run in range(5):
+            with TaskStorage.open(config, "task-0", blob_store=per_seq) as storage:
+                counts = storage.store("counts")
+                counts.put("ada", run)
+                storage.commit_durably({"clicks": str(run)})
+    path = write_config(tmp_path / "job.properties", config)
     name = "clicks/task-0/checkpoints/000000000005.v2.json"
+    code, out, _ = cli(capsys, "inspect", str(path), "task-0", "--json")
+    assert code == 0 and json.loads(out)["blob"] == name
+    code, out, _ = cli(capsys, "jobs", str(path), "--json")
+    assert code == 0 and json.loads(out)[0]["checkpoints"] == 5
     with blobs_of(config) as store:
         store.put(name, store.get(name).replace(b'"clicks"', b'"clickz"'))
     code, out, _ = cli(capsys, "verify", str(path), "task-0")
     assert code == 5 and out.startswith("FAILED      checkpoint latest of task task-0") and name in out
     code, out, _ = cli(capsys, "verify", str(path), "task-0", "-c", "4", "--json")
     assert code == 0 and json.loads(out)["result"] == "ok"
+
+
+class PerSeqFileBlobStore(FileBlobStore):
+    """A file store without the conditional put: the checkpoint log on it keeps per-seq blobs, as older releases
+    (and stores without the capability) do."""
+
+    supports_conditional_put = False
 
 
 def test_verify_a_delta_of_another_task_put_under_the_name(

@@ -37,7 +37,9 @@ EXIT_PIPE = 141
 T = TypeVar("T")
 
 #: ``<job>/<task>/checkpoints/<seq:012d>.v<version>.json``
-CHECKPOINT_NAME = re.compile(r"^([^/]+)/([^/]+)/checkpoints/([0-9]{12})\.v[1-9][0-9]*\.json$")
+#: a blob of a task's checkpoint log: a per-seq checkpoint (or move marker), or the head (stores with conditional
+#: writes); a listing finds the tasks by them, the log's API counts and reads the checkpoints
+CHECKPOINT_NAME = re.compile(r"^([^/]+)/([^/]+)/checkpoints/(?:[0-9]{12}|HEAD)\.v[1-9][0-9]*\.json$")
 _CHECKPOINT_ID = re.compile(r"^[0-9]{1,19}-[0-9]{1,6}$")
 
 
@@ -90,10 +92,10 @@ class Run:
 
         yield from tqdm(items, total=total, desc=desc, file=sys.stderr, leave=False, unit="")
 
-    def log(self, task: str) -> CheckpointLog:
-        settings = (
-            self.settings if self.job == self.settings.job_name else attrs.evolve(self.settings, job_name=self.job)
-        )
+    def log(self, task: str, job: str | None = None) -> CheckpointLog:
+        """The checkpoint log of ``task`` of ``job`` (default: the job of this run)."""
+        job = self.job if job is None else job
+        settings = self.settings if job == self.settings.job_name else attrs.evolve(self.settings, job_name=job)
         return task_checkpoint_log(settings, self.blob_store, task)
 
     def admin(self, task: str, factory_name: str) -> StateBackendAdmin | None:

@@ -7,10 +7,10 @@ import base64
 import json
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from statebackend.checkpoint import CheckpointV2, LogEntry
+from statebackend.checkpoint import CheckpointLog, CheckpointV2, LogEntry
 from statebackend.cli._common import (
     CHECKPOINT_NAME,
     EXIT_OK,
@@ -21,13 +21,15 @@ from statebackend.cli._common import (
     human_bytes,
     table,
 )
-from statebackend.config import Settings
+from statebackend.config import Settings, StoreSettings
 from statebackend.errors import ConfigError, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.metrics import Metrics
 from statebackend.restore import restored_stores
-from statebackend.serdes import RECORD, get_serde, is_record
+from statebackend.serdes import RECORD, Serde, get_serde, is_record
 from statebackend.serdes.record import RecordDicts, schemas_from_text
-from statebackend.store.ttl import ENVELOPE, batch_clock, unwrap
+from statebackend.store import LocalStore
+from statebackend.store.kinds import KIND, ListStore, MapStore
+from statebackend.store.ttl import ENVELOPE, TtlStore, batch_clock, unwrap
 from statebackend.values import MSG_SCHEMAS
 
 __all__ = ["COMMANDS"]
@@ -60,7 +62,10 @@ def jobs(run: Run) -> int:
         match = CHECKPOINT_NAME.match(name)
         if match:
             row["tasks"].add(match.group(2))
-            row["checkpoints"] += 1
+    for job, row in sorted(found.items()):
+        # counted by the log, not by blob names: a task on the head keeps its checkpoints in one blob
+        for task in run.progress(sorted(row["tasks"]), total=len(row["tasks"]), desc=f"{job} checkpoints"):
+            row["checkpoints"] += len(run.log(task, job).seqs())
     rows = [
         dict(row, tasks=len(row["tasks"]), configured=job == run.settings.job_name)
         for job, row in sorted(found.items())
@@ -75,10 +80,10 @@ def tasks(run: Run) -> int:
         parts = name.split("/")
         if len(parts) < 3:
             continue
-        row = found.setdefault(parts[1], {"task": parts[1], "checkpoints": 0, "stores": set(), "blobs": 0})
+        row = found.setdefault(parts[1], {"task": parts[1], "has_log": False, "stores": set(), "blobs": 0})
         row["blobs"] += 1
         if CHECKPOINT_NAME.match(name):
-            row["checkpoints"] += 1
+            row["has_log"] = True
         elif len(parts) >= 4:
             row["stores"].add(parts[2])
     if not found:
@@ -87,11 +92,14 @@ def tasks(run: Run) -> int:
         )
     rows = []
     for task, row in run.progress(sorted(found.items()), total=len(found), desc="tasks"):
-        entry = run.log(task).latest() if row["checkpoints"] else None
+        log = run.log(task)
+        # counted by the log, not by blob names: a task on the head keeps its checkpoints in one blob
+        count = len(log.seqs()) if row["has_log"] else 0
+        entry = log.latest() if count else None
         rows.append(
             {
                 "task": task,
-                "checkpoints": row["checkpoints"],
+                "checkpoints": count,
                 "newest_seq": entry.seq if entry else None,
                 "newest_time": checkpoint_time(entry.checkpoint.checkpoint_id.millis)
                 if entry and isinstance(entry.checkpoint, CheckpointV2)
@@ -276,7 +284,7 @@ def inspect(run: Run) -> int:
         "task": task,
         "seq": entry.seq,
         "version": cp.version,
-        "blob": run.log(task).blob_name(entry.seq, cp.version),
+        "blob": _blob_of(run, run.log(task), entry),
         "input_offsets": dict(sorted(cp.input_offsets.items())),
     }
     if isinstance(cp, CheckpointV2):
@@ -319,6 +327,18 @@ def inspect(run: Run) -> int:
             for line in _describe_lines(item):
                 run.print(f"    {line}")
     return EXIT_OK
+
+
+def _blob_of(run: Run, log: CheckpointLog, entry: LogEntry) -> str:
+    """The blob ``entry`` was read from: the task's head when its log is on one (every checkpoint it holds is in
+    that blob), else its per-seq blob."""
+    if log.head_mode:
+        try:
+            run.blob_store.head(log.head_name)
+            return str(log.head_name)
+        except NotFoundError:
+            pass  # a log not moved to the head yet (an older release's): its per-seq blobs
+    return str(log.blob_name(entry.seq, entry.checkpoint.version))
 
 
 def _describe_lines(item: dict[str, Any]) -> list[str]:
@@ -482,6 +502,10 @@ def dump(run: Run) -> int:
             value_serde = None if run.args.raw else _value_reader(entry, store, store_settings.msg_serde)
             ttl = store_settings.ttl_ms is not None
             now = batch_clock(entry.checkpoint)
+            if store_settings.kind != "value" and value_serde is not None:
+                for grouped in _grouped(local, store_settings, key_serde, value_serde, now):
+                    run.print(json.dumps(grouped, ensure_ascii=False))
+                return EXIT_OK
             for key, value in run.progress(local.items(), total=local.count(), desc="dump"):
                 if run.args.raw:  # the stored bytes (with a TTL: the envelope, expired keys included)
                     record: dict[str, Any] = {"key_base64": _b64(key), "value_base64": _b64(value)}
@@ -500,6 +524,33 @@ def dump(run: Run) -> int:
                         record["expires_at_ms"] = expiry
                 run.print(json.dumps(record, ensure_ascii=False))
     return EXIT_OK
+
+
+def _grouped(
+    local: LocalStore, store_settings: StoreSettings, key_serde: Serde, value_serde: Any, now: int
+) -> Iterator[dict[str, Any]]:
+    """A list or map store's records as ``dump`` shows them: per user key, ``{"key", "elements": [{"value"}, ...]}``
+    (a list, in append order) or ``{"key", "entries": [{"sub_key", "value"}, ...]}`` (a map, in sub-key byte order),
+    not the composite record keys they are stored under; with a TTL, what is visible at the checkpoint's batch clock
+    (``--raw`` shows the records as stored)."""
+    raw = get_serde("bytes")
+    ttl = None if store_settings.ttl_ms is None else TtlStore(local, store_settings.ttl_ms, lambda: now)
+    if store_settings.kind == "list":
+        for key, values in ListStore(local, raw, raw, ttl).raw_lists():
+            yield {
+                **_field("key", key_serde.from_bytes(key)),
+                "elements": [_field("value", value_serde.from_bytes(value)) for value in values],
+            }
+        return
+    subkey_serde = get_serde(store_settings.subkey_serde)
+    for key, entries in MapStore(local, raw, raw, ttl, subkey_serde=raw).raw_maps():
+        yield {
+            **_field("key", key_serde.from_bytes(key)),
+            "entries": [
+                {**_field("sub_key", subkey_serde.from_bytes(sub)), **_field("value", value_serde.from_bytes(value))}
+                for sub, value in entries
+            ],
+        }
 
 
 def _value_reader(entry: LogEntry, store: str, msg_serde: str) -> Any:
@@ -541,6 +592,8 @@ def _store_of_checkpoint(run: Run, entry: LogEntry, store: str) -> dict[str, str
         f"stores.{store}.key.serde": serdes.get("key", "bytes"),
         f"stores.{store}.msg.serde": msg,
     }
+    if serdes.get(KIND, "value") != "value":  # its records read only as that kind (a map's sub-keys as bytes)
+        keys[f"stores.{store}.kind"] = serdes[KIND]
     if serdes.get("envelope") == ENVELOPE:  # its values carry an expiry; the duration does not matter to a reader
         keys[f"stores.{store}.ttl.ms"] = "1"
     return keys
