@@ -211,5 +211,28 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+# -- read by the tests, in the parent process ----------------------------------------------------------------------------
+
+
+def reported_durable(workdir: Path) -> int:
+    """The last commit the child reported durable in ``durable.log`` (0: none)."""
+    log = workdir / "durable.log"
+    lines = log.read_text().split() if log.exists() else []
+    return int(lines[-1]) if lines else 0
+
+
+def read_report(path: Path) -> dict[str, object]:
+    """The JSON report a child wrote at ``path``."""
+    report: dict[str, object] = json.loads(path.read_text())
+    return report
+
+
+def report_contents(report: dict[str, object]) -> dict[bytes, bytes]:
+    """The store contents a report carries (hex keys and values), as bytes."""
+    contents = report["contents"]
+    assert isinstance(contents, dict)
+    return {bytes.fromhex(key): bytes.fromhex(value) for key, value in contents.items()}
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv))

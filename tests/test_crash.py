@@ -20,7 +20,6 @@ number (crash_child.expected_state), so the expected state is exact. Per crash p
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -34,7 +33,16 @@ import pytest
 from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
 from statebackend.blobstores.file import FileBlobStore
-from tests.crash_child import SETTLE_ENV, STORE, TASK, blobs_dir, expected_state
+from tests.crash_child import (
+    SETTLE_ENV,
+    STORE,
+    TASK,
+    blobs_dir,
+    expected_state,
+    read_report,
+    report_contents,
+    reported_durable,
+)
 from tests.waiting import scaled
 
 REPO = Path(__file__).resolve().parent.parent
@@ -78,10 +86,10 @@ def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(w
     assert crashed.returncode == -signal.SIGKILL, (
         f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
     )
-    assert _report(tmp_path / "crashing.json")["restored"] == 0
+    assert read_report(tmp_path / "crashing.json")["restored"] == 0
 
     durable = _durable_commit(workdir)
-    reported = _reported_durable(workdir)
+    reported = reported_durable(workdir)
     assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
     wanted = CRASH_POINTS[crash_at]
     if isinstance(wanted, int):
@@ -99,16 +107,16 @@ def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(w
     for label, directory in (("kept", workdir), ("wiped", wiped)):
         resumed = _child(directory, tmp_path / f"{label}.json", MORE)
         assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
-        report = _report(tmp_path / f"{label}.json")
+        report = read_report(tmp_path / f"{label}.json")
         assert report["restored"] == durable, f"local dir {label}"
-        assert _contents(report) == expected_state(durable), f"local dir {label}: restored state differs"
+        assert report_contents(report) == expected_state(durable), f"local dir {label}: restored state differs"
         assert _durable_commit(directory) == durable + MORE
 
     shutil.rmtree(workdir / "local")
     final = _child(workdir, tmp_path / "final.json", 0)
     assert final.returncode == 0, final.stderr[-3000:]
-    assert _report(tmp_path / "final.json")["restored"] == durable + MORE
-    assert _contents(_report(tmp_path / "final.json")) == expected_state(durable + MORE)
+    assert read_report(tmp_path / "final.json")["restored"] == durable + MORE
+    assert report_contents(read_report(tmp_path / "final.json")) == expected_state(durable + MORE)
 
 
 @pytest.fixture
@@ -150,19 +158,3 @@ def _durable_commit(workdir: Path) -> int:
         return 0
     entry = CheckpointLog(FileBlobStore(str(blobs_dir(workdir)), create=False), "job", TASK).latest()
     return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
-
-
-def _reported_durable(workdir: Path) -> int:
-    log = workdir / "durable.log"
-    lines = log.read_text().split() if log.exists() else []
-    return int(lines[-1]) if lines else 0
-
-
-def _report(path: Path) -> dict[str, object]:
-    return json.loads(path.read_text())
-
-
-def _contents(report: dict[str, object]) -> dict[bytes, bytes]:
-    contents = report["contents"]
-    assert isinstance(contents, dict)
-    return {bytes.fromhex(key): bytes.fromhex(value) for key, value in contents.items()}

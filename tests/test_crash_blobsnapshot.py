@@ -27,7 +27,6 @@ Per crash point the test checks:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -52,6 +51,9 @@ from tests.crash_child import (
     VALUE_REPEAT_ENV,
     blobs_dir,
     expected_state,
+    read_report,
+    report_contents,
+    reported_durable,
 )
 from tests.waiting import scaled
 
@@ -173,10 +175,10 @@ def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restor
     assert crashed.returncode == -signal.SIGKILL, (
         f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
     )
-    assert _report(work / "crashing.json")["restored"] == 0
+    assert read_report(work / "crashing.json")["restored"] == 0
 
     durable = _durable_commit(workdir)
-    reported = _reported_durable(workdir)
+    reported = reported_durable(workdir)
     assert wanted.low <= durable <= wanted.high, f"{crash_at}: durable commit {durable}"
     if wanted.in_flight_landed is None:
         assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
@@ -201,17 +203,19 @@ def _restore_and_go_on(work: Path, durable: int, *, factories: str, restore_fact
     for label, directory in (("kept", workdir), ("wiped", wiped)):
         resumed = _child(directory, work / f"{label}.json", MORE, factories=factories, restore_factory=restore_factory)
         assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
-        report = _report(work / f"{label}.json")
+        report = read_report(work / f"{label}.json")
         assert report["restored"] == durable, f"local dir {label}"
-        assert _contents(report) == expected_state(durable, VALUE_REPEAT), f"local dir {label}: restored state differs"
+        assert report_contents(report) == expected_state(durable, VALUE_REPEAT), (
+            f"local dir {label}: restored state differs"
+        )
         assert _durable_commit(directory) == durable + MORE
         _assert_retained_checkpoints_restorable(directory)
 
     shutil.rmtree(workdir / "local")
     final = _child(workdir, work / "final.json", 0, factories=factories, restore_factory=restore_factory)
     assert final.returncode == 0, final.stderr[-3000:]
-    assert _report(work / "final.json")["restored"] == durable + MORE
-    assert _contents(_report(work / "final.json")) == expected_state(durable + MORE, VALUE_REPEAT)
+    assert read_report(work / "final.json")["restored"] == durable + MORE
+    assert report_contents(read_report(work / "final.json")) == expected_state(durable + MORE, VALUE_REPEAT)
     _assert_only_retained_blobs(workdir)
 
 
@@ -309,19 +313,3 @@ def _assert_only_retained_blobs(workdir: Path) -> None:
     }
     runs = set(blob_store.list(runs_prefix(prefix)))
     assert runs == referenced, f"runs no retained index lists: {sorted(runs - referenced)}"
-
-
-def _reported_durable(workdir: Path) -> int:
-    log = workdir / "durable.log"
-    lines = log.read_text().split() if log.exists() else []
-    return int(lines[-1]) if lines else 0
-
-
-def _report(path: Path) -> dict[str, object]:
-    return json.loads(path.read_text())
-
-
-def _contents(report: dict[str, object]) -> dict[bytes, bytes]:
-    contents = report["contents"]
-    assert isinstance(contents, dict)
-    return {bytes.fromhex(key): bytes.fromhex(value) for key, value in contents.items()}

@@ -38,6 +38,16 @@ def every_reading(data: bytes) -> list[object]:
     ]
 
 
+def _every_reading_gives(data: bytes, message: str | None) -> None:
+    """Every way of reading ``data`` gives a result (``message`` None) or a CorruptDataError matching ``message``."""
+    for read in every_reading(data):
+        if message is None:
+            assert read() is not None  # type: ignore[operator]
+            continue
+        with pytest.raises(CorruptDataError, match=message):
+            read()  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_count_that_disagrees_with_the_body_is_a_count_mismatch(version: int) -> None:
     data = hand_built(in_version(DELTA, version), body_in(version, SMALL_DELTA), count=len(SMALL_DELTA) + 1)
@@ -118,12 +128,7 @@ def test_a_delete_in_a_snapshot_file_is_rejected_by_the_reader(version: int) -> 
 def test_every_inconsistent_version_2_block_is_named_by_the_reader(block: bytes, message: str | None) -> None:
     """Checked even under a valid digest: a writer bug must not reach the store."""
     data = hand_built(DELTA, block, count=2 if message is None else 1)
-    for read in every_reading(data):
-        if message is None:
-            assert read() is not None  # type: ignore[operator]
-            continue
-        with pytest.raises(CorruptDataError, match=message):
-            read()  # type: ignore[operator]
+    _every_reading_gives(data, message)
 
 
 @pytest.mark.parametrize("flags", [2, 4, 6])
@@ -187,12 +192,7 @@ TWO_FIXED = [(b"ab", b"12345678"), (b"cd", b"87654321")]
 def test_every_inconsistent_version_3_block_is_named_by_the_reader(block: bytes, message: str | None) -> None:
     """A corrupt single length is caught against the block's byte counts before anything is allocated for it."""
     data = hand_built(DELTA, block, count=2)
-    for read in every_reading(data):
-        if message is None:
-            assert read() is not None  # type: ignore[operator]
-            continue
-        with pytest.raises(CorruptDataError, match=message):
-            read()  # type: ignore[operator]
+    _every_reading_gives(data, message)
 
 
 def test_a_version_3_file_built_by_hand_reads_back() -> None:
