@@ -3,6 +3,7 @@ them, where their error class lives, the command's ``dump``, the expiry callback
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from statebackend.lifecycle import recorded_serdes
 from statebackend.store import kinds
 from statebackend.task import TaskStorage
 from statebackend.values import base_recorded
+from tests.backend_helpers import cli, write_config
 from tests.test_state_kinds import make_config
 
 
@@ -36,3 +38,39 @@ def test_kind_error_lives_in_the_error_tree_and_imports_from_kinds_as_before() -
     assert issubclass(errors.KindError, errors.UsageError) and issubclass(errors.KindError, AttributeError)
     with pytest.raises(errors.KindError, match="store 'events' is a list store"):
         raise kinds.wrong_kind("events", "list", "put")
+
+
+def test_dump_shows_a_list_as_its_key_and_elements_and_a_map_as_its_key_and_entries(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = make_config(tmp_path)
+    with TaskStorage.open(config, "task-0") as task:
+        events, counters = task.store("events"), task.store("counters")
+        assert isinstance(events, kinds.ListStore) and isinstance(counters, kinds.MapStore)
+        for value in ({"n": 1}, "two", [3]):
+            events.append("ada", value)
+        events.append("bob", 4)
+        counters.update("ada", {"b": 2, "a": 1})
+        counters.put("zed", "x", 9)
+        task.commit_durably({"input": "0"})
+    path = write_config(tmp_path / "kinds.properties", config)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "events")
+    assert code == 0 and sorted(map(json.loads, out.splitlines()), key=str) == [
+        {"key": "ada", "elements": [{"value": {"n": 1}}, {"value": "two"}, {"value": [3]}]},
+        {"key": "bob", "elements": [{"value": 4}]},
+    ]
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "counters")
+    assert code == 0 and sorted(map(json.loads, out.splitlines()), key=str) == [
+        {"key": "ada", "entries": [{"sub_key": "a", "value": 1}, {"sub_key": "b", "value": 2}]},
+        {"key": "zed", "entries": [{"sub_key": "x", "value": 9}]},
+    ]
+    # --raw: the records as stored (a head record and one per element for a list)
+    code, out, _ = cli(capsys, "dump", str(path), "task-0", "events", "--raw")
+    assert code == 0 and len(out.splitlines()) == 2 + 4
+    # a store dropped from the config dumps by the kind its checkpoint recorded
+    dropped = {k: v for k, v in config.items() if not k.startswith("stores.events.")}
+    code, out, _ = cli(capsys, "dump", str(write_config(tmp_path / "dropped.properties", dropped)), "task-0", "events")
+    assert code == 0 and [json.loads(line)["elements"] for line in out.splitlines()] == [
+        [{"value": {"n": 1}}, {"value": "two"}, {"value": [3]}],
+        [{"value": 4}],
+    ]
