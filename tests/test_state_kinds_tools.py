@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,56 @@ def test_dump_shows_a_list_as_its_key_and_elements_and_a_map_as_its_key_and_entr
         [{"value": {"n": 1}}, {"value": "two"}, {"value": [3]}],
         [{"value": 4}],
     ]
+
+
+def append_and_put(stores: Any, rows: Any) -> list[Any]:
+    for row in rows:
+        stores["events"].append(row.word, row.n)
+        stores["counters"].put(row.word, f"s{row.n}", row.n)
+    return []
+
+
+def expired_items(stores: Any, expired: list[Any]) -> list[tuple[Any, ...]]:
+    return [(e.store, e.key, json.dumps(e.value), e.expired_at_ms) for e in expired]
+
+
+def test_the_expiry_callback_gets_one_expired_per_list_element_and_map_entry_keyed_by_the_user_key(
+    tmp_path: Path,
+) -> None:
+    from pyspark.sql import Row
+
+    from tests.test_spark import make_config as spark_config
+    from tests.test_timers_hooks_tasks import run
+
+    config = spark_config(
+        tmp_path,
+        **{
+            f"stores.{name}.{key}": value
+            for name, kind in (("events", "list"), ("counters", "map"))
+            for key, value in {
+                "backup.factories": "changelog",
+                "kind": kind,
+                "key.serde": "string",
+                "msg.serde": "integer",
+                "ttl.ms": 100,
+                "ttl.sweep.keys": 100,
+            }.items()
+        },
+        **{"stores.counters.subkey.serde": "string"},
+    )
+    job = {"on_expiry": expired_items}
+    rows = [Row(word=w, n=n) for w, n in [("a", 1), ("a", 2), ("b", 3)]]
+    assert run(config, append_and_put, 0, rows, batch={"now_ms": 0}, **job)[0] == []
+    assert run(config, append_and_put, 1, [], batch={"now_ms": 99}, **job)[0] == []  # alive until 100
+    output, _ = run(config, append_and_put, 2, [], batch={"now_ms": 150}, **job)
+    # store then record order: a map's entries by sub-key, a list's elements in append order; no list head records
+    assert output == [
+        ("counters", "a", '["s1", 1]', 100),
+        ("counters", "a", '["s2", 2]', 100),
+        ("counters", "b", '["s3", 3]', 100),
+        ("events", "a", "1", 100),
+        ("events", "a", "2", 100),
+        ("events", "b", "3", 100),
+    ]
+    with TaskStorage.open(config, "task-0") as storage:
+        assert [list(storage.stores[name].items()) for name in ("events", "counters")] == [[], []]  # all deleted

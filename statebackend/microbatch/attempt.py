@@ -69,6 +69,7 @@ from statebackend.microbatch.spec import BatchSpec, JobSpec
 from statebackend.microbatch.timers import TIMERS_STORE, Timer, Timers, owner_check, refuse_dropping_timers, take_due
 from statebackend.microbatch.watermark import EventTimes, recorded_ms
 from statebackend.microbatch.worker import executor_id, freeze_survivors
+from statebackend.store.kinds import is_list_head, sub_key_of, user_key_of
 from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
 
@@ -94,6 +95,30 @@ class Expired:
 
 
 log = logging.getLogger(__name__)
+
+
+def _expired(serde: Any, data: bytes) -> Any:
+    return serde.from_bytes(data) if serde is not None else data
+
+
+def _expired_of(name: str, kind: str, typed: Any, found: list[tuple[bytes, int, bytes]]) -> list[Expired]:
+    """The callbacks' :class:`Expired` of the records ``found`` expired in store ``name`` of ``kind``, read through
+    the store's serdes (``typed``: its view): a value store's per key; a list's per element and a map's per entry,
+    keyed by the user key (see :meth:`TaskAttempt._expire`)."""
+    key_serde, value_serde = getattr(typed, "key_serde", None), getattr(typed, "value_serde", None)
+    if kind == "value":
+        return [Expired(name, _expired(key_serde, k), _expired(value_serde, v), at_ms) for k, at_ms, v in found]
+    expired = []
+    for record, at_ms, value in found:
+        if kind == "list" and is_list_head(record, store=name):
+            continue  # the list's bounds, no value of its own
+        key = _expired(key_serde, user_key_of(record, store=name))
+        if kind == "list":
+            expired.append(Expired(name, key, _expired(value_serde, value), at_ms))
+        else:
+            sub_key = _expired(getattr(typed, "subkey_serde", None), sub_key_of(record, store=name))
+            expired.append(Expired(name, key, (sub_key, _expired(value_serde, value)), at_ms))
+    return expired
 
 
 class TaskStores(Mapping[str, Any]):
@@ -517,7 +542,12 @@ class TaskAttempt:
         """With ``on_expiry``: each TTL store's expired keys among its next ``ttl.sweep.keys`` keys, from the cursor
         the batch's base checkpoint recorded (a rescale starts from the first key), deleted, then handed to
         ``on_expiry`` (its output joining the rest), in store then key order; the cursors for the commit's offsets.
-        The store's own sweep at the commit is off, so every key deleted for expiry gets its callback."""
+        The store's own sweep at the commit is off, so every key deleted for expiry gets its callback.
+
+        A list or map store expires per element or entry (each carries its own expiry): one :class:`Expired` per
+        expired element (``key`` the user key, ``value`` the element) or entry (``value`` the pair ``(sub_key,
+        value)``), in the list's append order, the map's sub-key order. A list's head record is deleted with its
+        last element but gets no callback of its own (it holds no value)."""
         on_expiry = self.job.on_expiry
         if on_expiry is None:
             return {}
@@ -538,16 +568,7 @@ class TaskAttempt:
                 continue
             view.delete_many([key for key, _, _ in found])
             typed = storage.store(name)
-            key_serde, value_serde = getattr(typed, "key_serde", None), getattr(typed, "value_serde", None)
-            expired += [
-                Expired(
-                    name,
-                    key_serde.from_bytes(key) if key_serde is not None else key,
-                    value_serde.from_bytes(value) if value_serde is not None else value,
-                    at_ms,
-                )
-                for key, at_ms, value in found
-            ]
+            expired += _expired_of(name, store_settings.kind, typed, found)
             storage.metrics.increment("ttl.keys.expired", len(found))
         if expired:
             self._call_user(on_expiry, lambda: outputs.extend(convert(on_expiry(stores, expired))))

@@ -49,7 +49,9 @@ __all__ = [
     "KindError",
     "ListStore",
     "MapStore",
+    "is_list_head",
     "key_prefix",
+    "sub_key_of",
     "user_key_of",
     "wrong_kind",
 ]
@@ -142,6 +144,17 @@ def user_key_of(record_key: bytes, *, store: str = "?") -> bytes:
         "the store holds records written as another kind (stores.<name>.kind must stay what the store was created "
         "with)"
     )
+
+
+def is_list_head(record_key: bytes, *, store: str = "?") -> bool:
+    """Whether ``record_key`` of a list store is a list's head record (not one of its elements)."""
+    user_key = user_key_of(record_key, store=store)
+    return record_key[2 + len(user_key) :] == _HEAD_TAG
+
+
+def sub_key_of(record_key: bytes, *, store: str = "?") -> bytes:
+    """The encoded sub-key of a map store's entry record ``record_key``."""
+    return record_key[2 + len(user_key_of(record_key, store=store)) :]
 
 
 def _prefix_end(prefix: bytes) -> bytes:
