@@ -131,6 +131,16 @@ def commit_round(task: TaskStorage, round_no: int, model: dict[bytes, bytes]) ->
     return task.commit_durably({"input": str(round_no)})
 
 
+def expect_failed_commit(task: TaskStorage, offset: str = "1") -> None:
+    """An asynchronous commit at input ``offset`` is accepted and fails: its result raises a CommitError."""
+    from statebackend.errors import CommitError
+
+    failed = task.commit({"input": offset})
+    assert failed is not None
+    with pytest.raises(CommitError):
+        failed.result(timeout=30)
+
+
 def checkpoint_name(seq: int, version: int = 2) -> str:
     """The blob name of checkpoint ``seq`` of task-0 in format ``version``."""
     return f"{CHECKPOINTS}{seq:012d}.v{version}.json"

@@ -18,7 +18,7 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
-from tests.backend_helpers import ChangelogContract, commit_round
+from tests.backend_helpers import ChangelogContract, commit_round, expect_failed_commit
 from tests.backend_helpers import changelog_config as config_for
 
 
@@ -79,10 +79,7 @@ def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path
         commit_round(task, 0, model)
         blobs.fail, blobs.failures_left = (lambda name: name.endswith(".delta")), 1
         write_round(task, 1, model)
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
+        expect_failed_commit(task, "1")
         again = task.commit({"input": "1b"})  # the failure was reported through result(): not raised again
         assert again is not None
         again.result(timeout=30)
@@ -162,10 +159,7 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
             # a commit whose delta lands but whose checkpoint never does: its delta is an orphan
             blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
             write_round(task, 99, {})
-            failed = task.commit({"input": "lost"})
-            assert failed is not None
-            with pytest.raises(CommitError):
-                failed.result(timeout=30)
+            expect_failed_commit(task, "lost")
         shutil.rmtree(tmp_path / "local")  # the lost commit's local state must not come back
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         for _ in range(4):

@@ -26,7 +26,7 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.contracts import BackendContext
-from statebackend.errors import CommitError, CorruptDataError, IncompatibleFormatError, NotFoundError
+from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.recordfile import FORMAT_VERSION, iter_records, read_header
 from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
@@ -34,7 +34,7 @@ from statebackend.testing.backend_contract import BackendContract
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import blobsnapshot_config as make_config
-from tests.backend_helpers import fill, read_marker_index, run_blobs
+from tests.backend_helpers import expect_failed_commit, fill, read_marker_index, run_blobs
 from tests.backend_helpers import store_contents as contents
 from tests.blobsnapshot_legacy import as_index_blob_markers
 
@@ -502,10 +502,7 @@ def test_failed_run_upload_fails_the_commit_and_the_next_one_recovers(tmp_path: 
         task.commit_durably({"input": "0"})
         blobs.fail, blobs.failures_left = (lambda name: "/runs/" in name), 1
         fill(task, model, 0, 2000, "b")
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
+        expect_failed_commit(task, "1")
         again = task.commit({"input": "1b"})  # the failure was reported through result(): not raised again
         assert again is not None
         again.result(timeout=30)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
 from statebackend.backends.blobsnapshot.format import (
     is_inline_marker,
     run_name,
@@ -16,7 +15,6 @@ from statebackend.backends.blobsnapshot.format import (
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.blobstores.resilience import ResilientBlobStore
-from statebackend.errors import CommitError
 from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
@@ -24,7 +22,7 @@ from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as backup_manager
 from tests.backend_helpers import drain_cleanup as _drain
-from tests.backend_helpers import fill, index_blobs, read_marker_index, run_blobs
+from tests.backend_helpers import expect_failed_commit, fill, index_blobs, read_marker_index, run_blobs
 from tests.backend_helpers import live_runs as _live_runs
 from tests.backend_helpers import store_contents as contents
 
@@ -109,10 +107,7 @@ def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp
         task.commit_durably({"input": "0"})
         blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         fill(task, model, 0, 300, "lost")
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
+        expect_failed_commit(task, "1")
         carried = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
         assert len(carried) == 1
         fill(task, model, 5000, 10, "c")
@@ -136,10 +131,7 @@ def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_p
         # a commit whose run lands but whose checkpoint never does, and the task goes away: its run is garbage
         blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         fill(task, {}, 0, 3000, "lost")
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
+        expect_failed_commit(task, "1")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == durable
         orphans = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)

@@ -17,7 +17,7 @@ from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
 from tests.backend_helpers import changelog_config as config_for
-from tests.backend_helpers import commit_round
+from tests.backend_helpers import commit_round, expect_failed_commit
 
 # -- sweep grace period (review finding 4) ----------------------------------------------------------------------------
 
@@ -121,10 +121,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
         commit_round(task, 0, model)
         blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         write_round(task, 1, model)
-        failed = task.commit({"input": "1"})
-        assert failed is not None
-        with pytest.raises(CommitError):
-            failed.result(timeout=30)
+        expect_failed_commit(task, "1")
         _changelog_manager(task).clock = lambda: time.time() + 3600
         write_round(task, 2, model)
         with pytest.raises(CommitError, match="re-bases on a fresh snapshot"):
