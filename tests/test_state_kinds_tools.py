@@ -128,3 +128,20 @@ def test_the_expiry_callback_gets_one_expired_per_list_element_and_map_entry_key
     ]
     with TaskStorage.open(config, "task-0") as storage:
         assert [list(storage.stores[name].items()) for name in ("events", "counters")] == [[], []]  # all deleted
+
+
+def test_initial_state_of_a_list_or_map_store_is_refused_naming_the_store_and_its_kind(tmp_path: Path) -> None:
+    from statebackend.spark.initial import InitialState, load_initial_state
+
+    config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog", "stores.plain.key.serde": "string"})
+    settings = Settings.from_config(config)
+    InitialState({"plain": object()}).check(settings)  # a value store loads
+    for frames in ({"events": object()}, {"plain": object(), "counters": object()}):
+        name = "events" if "events" in frames else "counters"
+        kind = "list" if name == "events" else "map"
+        message = f"initial_state loads value stores only; store '{name}' is a {kind} store"
+        with pytest.raises(errors.ConfigError, match=message):
+            InitialState(frames).check(settings)
+        # the load itself refuses before it reads the job, the batch or a frame
+        with pytest.raises(errors.ConfigError, match=message):
+            load_initial_state(None, None, settings, 0, frames)

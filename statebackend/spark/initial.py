@@ -55,7 +55,7 @@ from statebackend.store.ttl import wall_clock_ms
 from statebackend.task import TaskStorage
 from statebackend.values import INITIAL
 
-__all__ = ["INITIAL_OFFSET", "InitialState", "initial_state_of"]
+__all__ = ["INITIAL_OFFSET", "InitialState", "check_initial_stores", "initial_state_of"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,36 @@ class InitialState:
         load_initial_state(job, batch_df, settings, batch_id, self.frames, now_ms)
         self.done = True
 
+    def check(self, settings: Settings) -> None:
+        """:class:`ConfigError` when the frames cannot be loaded into the stores of ``settings`` (see
+        :func:`check_initial_stores`): for the driver to call when it builds the job, before any batch."""
+        check_initial_stores(self.frames, settings)
+
+
+def check_initial_stores(frames: Mapping[str, Frame], settings: Settings) -> None:
+    """:class:`ConfigError` when ``frames`` name the timer store, a store the configuration lacks, or a list or map
+    store: a frame's row is one key and one value, which is a value store's record only (a list or map store's state
+    is per element or entry; fill it from the function or ``on_initial_state`` instead)."""
+    if TIMERS_STORE in frames:
+        raise ConfigError(
+            f"StatefulForeachBatch initial_state names the timer store {TIMERS_STORE!r}: its records are "
+            "statebackend's own and cannot be loaded from a frame. Register the loaded keys' timers in "
+            "on_initial_state(stores, keys) with stores.timers.register or register_many"
+        )
+    unknown = sorted(set(frames) - set(settings.stores))
+    if unknown:
+        raise ConfigError(
+            f"StatefulForeachBatch initial_state: no store {', '.join(map(repr, unknown))} in the "
+            f"configuration; configured stores: {', '.join(sorted(settings.stores)) or 'none'}"
+        )
+    kinds = [(name, settings.stores[name].kind) for name in sorted(frames) if settings.stores[name].kind != "value"]
+    if kinds:
+        raise ConfigError(
+            "StatefulForeachBatch initial_state loads value stores only; "
+            + "; ".join(f"store {name!r} is a {kind} store (stores.{name}.kind={kind})" for name, kind in kinds)
+            + ". Load a value store and fill the list or map from it in the function, or in on_initial_state"
+        )
+
 
 def initial_state_of(value: Mapping[str, Frame] | InitialState | None) -> InitialState | None:
     """The converter of ``StatefulForeachBatch(initial_state=...)``: a mapping of store name to frame."""
@@ -106,18 +136,7 @@ def load_initial_state(
     """Load ``frames`` into every task of ``job``'s layout as the checkpoint before batch ``batch_id``, unless
     task-0's newest checkpoint says the job's state is this load already; refuse a job with other state.
     ``settings``: the job's, as the driver parsed them (the workers get them pickled, never parse again)."""
-    if TIMERS_STORE in frames:
-        raise ConfigError(
-            f"StatefulForeachBatch initial_state names the timer store {TIMERS_STORE!r}: its records are "
-            "statebackend's own and cannot be loaded from a frame. Register the loaded keys' timers in "
-            "on_initial_state(stores, keys) with stores.timers.register or register_many"
-        )
-    unknown = sorted(set(frames) - set(settings.stores))
-    if unknown:
-        raise ConfigError(
-            f"StatefulForeachBatch initial_state: no store {', '.join(map(repr, unknown))} in the "
-            f"configuration; configured stores: {', '.join(sorted(settings.stores)) or 'none'}"
-        )
+    check_initial_stores(frames, settings)
     if _loaded_before(settings, sorted(frames), job.num_tasks, job.key_groups, batch_id):
         return
     spark = batch_df.sparkSession
