@@ -6,10 +6,11 @@ Per commit and store, ``snapshot()`` (sync, O(1) besides bookkeeping) appends a 
 snapshot of a committed version from an LMDB read transaction (processing goes on meanwhile); the next commit after
 it is durable starts its recipe from that snapshot, which lets older deltas go.
 
-Garbage that retention cannot see (deltas of commits that died before their checkpoint write, snapshots never
-adopted, files only checkpoints of an earlier process needed) is removed by a mark-and-sweep every
-``gc.interval.commits`` commits: the mark is every blob named by a changelog marker of a checkpoint in the checkpoint
-log plus this manager's own chain. An unmarked blob is deleted only when both hold:
+The framework owns the lifetime of these blobs (statebackend.kit.lifetime; what this backend states: lifetime.py).
+Blobs retention lets go are released when the checkpoint log trims; garbage that retention cannot see (deltas of
+commits that died before their checkpoint write, snapshots never adopted, files only checkpoints of an earlier
+process needed) is swept every ``gc.interval.commits`` commits: the mark is every blob named by a changelog marker of
+a checkpoint in the checkpoint log plus this manager's own chain. An unmarked blob is deleted only when both hold:
 
 - its sequence number is at or below the seq of the **newest** checkpoint's recipe (the log's head; not the highest
   seq of any entry: after a replay, superseded checkpoints carry higher seqs than the head's chain);
@@ -26,27 +27,30 @@ delta of a commit whose checkpoint write failed, reused much later; a finished s
 commit, and the next one re-bases on a fresh snapshot. A finished snapshot older than that is not adopted.
 
 The manager is cut by job: its state (lineage.py), the upload of a commit's recipe (upload.py), background
-snapshots (snapshots.py), retention and the sweep (gc.py); this module holds the contract's methods.
+snapshots (snapshots.py), what it states about its blobs (lifetime.py); this module holds the contract's methods
+and the retention window of recipes it keeps (``checkpoint_completed``).
 
 Failure handling: a delta whose upload failed stays staged on local disk and is uploaded again by the next commit,
 whose recipe still lists it. If a delta could not even be encoded, the chain is broken and the next commit re-bases
-on a fresh snapshot of its own version. Retention: ``cleanup`` keeps the blobs that the last
-``task.checkpoint.retained`` durable checkpoints need and deletes what only older ones needed, in one request when
-the checkpoint log lets its old checkpoints go (every ``retention_interval`` commits, and at close).
+on a fresh snapshot of its own version. Retention: ``checkpoint_completed`` keeps the recipes of the last
+``task.checkpoint.retained`` durable checkpoints (held from the framework's collector) and removes staged files no
+future commit uploads; the framework deletes what only older ones needed, in one request when the checkpoint log lets
+its old checkpoints go (every ``retention_interval`` commits, and at close).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future
 from contextlib import ExitStack
 from pathlib import Path
 
 import attrs
-from statebackend.backends.changelog.gc import ChangelogGc
-from statebackend.backends.changelog.lineage import STAGING_DIR, Lineage
+from statebackend.backends.changelog.lifetime import ChangelogLifetime
+from statebackend.backends.changelog.lineage import STAGING_DIR, Lineage, seq_of
 from statebackend.backends.changelog.marker import Recipe, Step, delta_name, snapshot_name
 from statebackend.backends.changelog.snapshots import (
     UNKNOWN_SIZES_INTERVAL_COMMITS,
@@ -73,7 +77,7 @@ log = logging.getLogger(__name__)
 
 
 @attrs.define(eq=False)
-class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager):
+class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
     """The changelog backend's backup manager. Its options and state: ``ChangelogManagerState`` (lineage.py)."""
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
@@ -97,6 +101,7 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
                 lineage.seq, lineage.base, lineage.deltas = recipe.seq, recipe.snapshot, list(recipe.deltas)
                 lineage.uploaded.update(recipe.blob_names())
                 lineage.retained.append(recipe)
+                self._lifetime.collector.adopt(0, {name: markers[name]})  # released once later ones push it out
                 lineage.commits_since_snapshot = len(recipe.deltas)
                 self._adopt_finished_snapshot(lineage)
                 self._look_up_sizes(lineage)
@@ -163,8 +168,41 @@ class ChangelogBackupManager(ChangelogGc, BackgroundSnapshots, TaskBackupManager
             }
         )
 
-    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
-        return self.context.executor.submit(self._cleanup, markers)
+    def blob_lifetime(self) -> ChangelogLifetime:
+        return self._lifetime
+
+    def sweep(self) -> int:
+        """Sweep every store's blobs now (the framework's collector; see the module docstring). Returns the number of
+        blobs deleted."""
+        return sum(len(result.deleted) for result in self._lifetime.collector.sweep().values())
+
+    def checkpoint_completed(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> None:
+        """Retention's bookkeeping: keep the recipes of the last ``retained`` durable checkpoints (held from the
+        collector), and remove the staged files no future commit uploads. Idempotent and order-proof."""
+        for name, marker in markers.items():
+            lineage = self._lineages[name]
+            recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {name}")
+            with lineage.lock:
+                # a repeated or late notice must not take a slot of the window (that would drop a recipe a retained
+                # checkpoint still needs); the window is ordered by seq, newest last
+                if recipe not in lineage.retained:
+                    lineage.retained.append(recipe)
+                    lineage.retained = deque(sorted(lineage.retained, key=lambda r: r.seq))
+                while len(lineage.retained) > max(1, self.retained):
+                    lineage.retained.popleft()
+            self._drop_abandoned_staged_files(lineage, recipe)
+
+    def _drop_abandoned_staged_files(self, lineage: Lineage, durable: Recipe) -> None:
+        """Staged deltas a re-base or an adopted snapshot left behind: at or below the durable head and not in its
+        recipe, no future commit uploads them (files above the head may belong to the commit now running). A file in
+        flight (being written or uploaded: a background snapshot's, whose seq is below the head while it uploads on
+        a slow network) is never deleted."""
+        needed = {Path(name).name for name in durable.blob_names()}
+        for staged in list(lineage.staging.iterdir()):
+            seq = seq_of(staged.name)
+            if staged.name.endswith(".partial") or seq is None or seq > durable.seq or staged.name in needed:
+                continue
+            IN_FLIGHT.remove_unless_held(staged)
 
     def abort(self, checkpoint_id: CheckpointId) -> None:
         """A snapshot of this commit failed (another backend's, before or after ours ran): the commit flushed every

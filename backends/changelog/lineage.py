@@ -1,6 +1,6 @@
 """The state of the changelog backend's backup manager: its options, and per store the chain of the recipe (the
-:class:`Lineage`). The parts of the manager (upload.py, snapshots.py, gc.py, and the manager itself in backup.py)
-all build on :class:`ChangelogManagerState`."""
+:class:`Lineage`). The parts of the manager (upload.py, snapshots.py, and the manager itself in backup.py) all build
+on :class:`ChangelogManagerState`; what it states about its blobs for the framework's collector is lifetime.py."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import attrs
 from statebackend.backends.changelog.marker import Recipe, Step
 from statebackend.checkpoint import CheckpointLog
 
 from statebackend.contracts import BackendContext
-from statebackend.kit import Cancellation, FirstSeen, GraceRule
+from statebackend.kit import Cancellation
 from statebackend.store import ChangeSet, LocalStore, ReadView
+
+if TYPE_CHECKING:
+    from statebackend.backends.changelog.lifetime import ChangelogLifetime
 
 __all__ = ["STAGING_DIR", "ChangelogManagerState", "Lineage", "seq_of"]
 
@@ -61,8 +65,6 @@ class Lineage:
     #: the blob the running background snapshot writes (never swept while it runs)
     background_name: str | None = None
     retained: deque[Recipe] = attrs.field(factory=deque)
-    #: blobs no retained checkpoint needs that are not deleted yet
-    garbage: set[str] = attrs.field(factory=set)
     lock: threading.Lock = attrs.field(factory=threading.Lock)
 
     def recipe(self) -> Recipe:
@@ -91,20 +93,19 @@ class ChangelogManagerState:
     _closed: bool = attrs.field(init=False, default=False)
     #: background snapshots stop at their next check (``cancel_background``)
     _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
-    #: the checkpoint log's retention batches seen (``CheckpointLog.trims``): retention's garbage goes with each
-    _trims_seen: int = attrs.field(init=False, default=0)
-    #: when this manager's sweeps first saw each unmarked blob of unknown age (the age rule of statebackend.kit.gc)
-    _first_seen: FirstSeen = attrs.field(init=False, factory=FirstSeen)
+    #: what this manager states about its blobs; the framework's collector of them hangs off it
+    _lifetime: ChangelogLifetime = attrs.field(init=False)
 
-    @property
-    def _grace(self) -> GraceRule:
-        """The age rule with ``gc.grace.period.ms`` and this manager's first sightings."""
-        return GraceRule(self.gc_grace_period_ms, self._first_seen)
+    @_lifetime.default
+    def _make_lifetime(self) -> ChangelogLifetime:
+        from statebackend.backends.changelog.lifetime import ChangelogLifetime
+
+        return ChangelogLifetime(self)
 
     def _young_enough(self, created_at: float | None) -> bool:
         """Whether a blob no durable checkpoint is known to name may still be named by a new one
         (:meth:`~statebackend.kit.GraceRule.may_name`: younger than half the grace period; no grace period: always)."""
-        return self._grace.may_name(created_at, self.clock())
+        return self._lifetime.collector.may_name(created_at)
 
     def _checkpoint_log(self) -> CheckpointLog:
         """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
