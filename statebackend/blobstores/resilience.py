@@ -428,6 +428,8 @@ class ResilientBlobStore(BlobStore):
         self.supports_metadata = inner.supports_metadata
         self.supports_conditional_delete = inner.supports_conditional_delete
         self.supports_conditional_put = inner.supports_conditional_put
+        #: whether the inner store's versions are a digest of the bytes (S3's ETag): see statebackend.kit.gc
+        self.versions_follow_bytes: bool = getattr(inner, "versions_follow_bytes", False)
         self._inner_handles_parts = inner.use_resilience(self.resilience)
 
     @classmethod

@@ -303,11 +303,14 @@ def sweep_unreferenced(
     listed = list(blob_store.list(prefix))
     shown = frozenset(listed)
     conditional = blob_store.supports_conditional_delete
+    # a version that is a digest of the bytes (S3's ETag) keeps a rewrite of other bytes whenever it lands, but not
+    # one of the same bytes: the batch wait still bounds that race
+    follows_bytes = conditional and bool(getattr(blob_store, "versions_follow_bytes", False))
     deleted: list[str] = []
     kept: list[str] = []
     doomed: dict[str, str | None] = {}  # name -> the version its head saw (None: deleted unconditionally)
     first_judged = 0.0  # time.monotonic() of the judgment of the batch's first blob bound by the wait
-    waiting = False  # the batch holds a blob deleted unconditionally: it goes within ``batch_wait_s``
+    waiting = False  # the batch holds a blob deleted unconditionally (or on a version that follows the bytes)
 
     def delete_doomed() -> bool:
         """Delete the doomed batch; False (nothing deleted) when the deadline passed meanwhile."""
@@ -365,7 +368,7 @@ def sweep_unreferenced(
             or rule.old_enough(name, metadata, at)
         ):
             continue
-        if version is None and not waiting:
+        if (version is None or follows_bytes) and not waiting:
             first_judged = time.monotonic()
             waiting = True
         doomed[name] = version
