@@ -1,7 +1,7 @@
 """Run by tests/test_spark_connect_timers.py in its own process (a local Spark Connect server cannot share a JVM with
-the test session's classic SparkContext): a function without output and without ``output_schema`` in rows mode, one
-that does return rows without it, timers of both kinds and an initial state, all under Spark Connect; prints what it saw as one JSON
-document on the last line of stdout."""
+the test session's classic SparkContext): a function without output and without ``output_schema`` in rows mode, one that
+does return rows without it, timers of both kinds and an initial state, all under Spark Connect; prints what it saw as
+one JSON document on the last line of stdout."""
 
 from __future__ import annotations
 

@@ -211,7 +211,7 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-# -- read by the tests, in the parent process ----------------------------------------------------------------------------
+# -- read by the tests, in the parent process --------------------------------------------------------------------------
 
 
 def reported_durable(workdir: Path) -> int:

@@ -24,6 +24,7 @@ retry logic that need exact control (events, not sleeps).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import selectors
@@ -336,25 +337,19 @@ def _content_length(head: bytes) -> int | None:
 
 def _reset(sock: socket.socket) -> None:
     """Close with SO_LINGER 0 so the peer gets a TCP RST, as a crashed middlebox would send."""
-    try:
+    with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
     _close(sock)
 
 
 def _shutdown(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):  # not connected (any more)
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # not connected (any more)
 
 
 def _close(sock: socket.socket) -> None:
-    try:
+    with contextlib.suppress(OSError):
         sock.close()
-    except OSError:
-        pass
 
 
 class ScriptedBlobStore(BlobStore):

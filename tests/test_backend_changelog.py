@@ -150,7 +150,7 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
     model: dict[bytes, bytes] = {}
     models: dict[str, dict[bytes, bytes]] = {}
     round_no = 0
-    for restart in range(4):
+    for _restart in range(4):
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             for _ in range(3):
                 commit_round(task, round_no, model)

@@ -148,7 +148,7 @@ def test_a_catch_up_restore_with_a_bad_delta_leaves_the_store_at_its_own_older_v
     assert (failed, version, data, replayed) == (None, recipe.deltas[-1].version, models[version], len(named) - 1)
 
 
-def test_a_chain_without_snapshot_restores_with_empty_steps_at_its_start_middle_and_end_and_a_bad_delta_after_the_bulk_load(
+def test_a_chain_without_snapshot_restores_with_empty_steps_at_start_middle_and_end_and_a_bad_delta_after_the_bulk_load(
     tmp_path: Path,
 ) -> None:
     """The first delta loads in bulk onto the empty store (its own transaction), the rest in one more: a bad delta

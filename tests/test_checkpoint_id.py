@@ -91,7 +91,7 @@ def test_generator_is_strictly_increasing_for_any_clock(readings: list[int]) -> 
     generator = CheckpointIdGenerator(FakeClock(readings))
     issued = [generator.next() for _ in readings]
     assert all(a < b for a, b in itertools.pairwise(issued))
-    assert all(cid >= CheckpointId.from_ns(ns) for cid, ns in zip(issued, readings))
+    assert all(cid >= CheckpointId.from_ns(ns) for cid, ns in zip(issued, readings, strict=True))
 
 
 def test_observed_id_is_exceeded_by_the_next_id() -> None:

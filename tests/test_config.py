@@ -28,20 +28,18 @@ from statebackend.config import (
     parse_str,
 )
 from statebackend.errors import ConfigError
+from tests.backend_helpers import StubFactory
 
 URL = "file:///tmp/statebackend-test"
 S3_URL = "s3://bucket/prefix"  # takes the resilience and part options file:// does not
 AZ_URL = "az://container/prefix"
-from tests.backend_helpers import StubFactory
-
-_Factory = StubFactory
 
 
-class PlainFactory(_Factory):
+class PlainFactory(StubFactory):
     """A backend without options."""
 
 
-class OptionsFactory(_Factory):
+class OptionsFactory(StubFactory):
     options: Mapping[str, Any] = {
         "chunk.size.bytes": OptionSpec(parse_bytes(min=1), "4MiB", "chunk size"),
         "mode": OptionSpec(parse_choice("fast", "safe"), "safe", "how careful"),
@@ -49,11 +47,11 @@ class OptionsFactory(_Factory):
     }
 
 
-class OtherPlainFactory(_Factory):
+class OtherPlainFactory(StubFactory):
     """A second backend without options, named by dotted path only."""
 
 
-class BadSchemaFactory(_Factory):
+class BadSchemaFactory(StubFactory):
     options: Mapping[str, Any] = {"size": 5}
 
 

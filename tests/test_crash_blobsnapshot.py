@@ -1,6 +1,7 @@
-"""Crash tests of the blob-snapshot backend: SIGKILL a real process at each step of snapshot, run upload, index
-write, compaction, cleanup and sweep, restore in fresh processes, and check the state is exactly the last durable checkpoint, with the
-local dir kept and with it wiped; also for dual commit (changelog,blobsnapshot) restoring through either backend.
+"""Crash tests of the blob-snapshot backend: SIGKILL a real process at each step of snapshot, run upload, index write,
+compaction, cleanup and sweep, restore in fresh processes, and check the state is exactly the last durable checkpoint,
+with the local dir kept and with it wiped; also for dual commit (changelog,blobsnapshot) restoring through either
+backend.
 
 The killed process is tests/crash_child.py with ``CRASH_CHILD_BACKUP_FACTORIES`` set (long values; a compaction
 fanout of 2 and a full compaction once the runs above the base are 3x its size, so merges and new base runs happen,

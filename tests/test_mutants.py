@@ -3,13 +3,13 @@ in-memory blob store), which must pass every test, and against every mutant of s
 which must fail at least one test. The table of which tests killed which mutant is printed (``-s``) and, when
 ``STATEBACKEND_KILL_TABLE`` names a file, written there as JSON (docs/contract-suites.md was made from it).
 
-Each suite runs in pytest processes of its own on generated modules with one test class per mutant (the backend
-suite in two: its correct base in one, its mutants in the other); all start at once. In the mutant
-runs a test waits at most ``wait_s`` = 5 s for a commit, a close at most 6 s (``task.commit.timeout.ms``), and fails
-after ``test_timeout_s`` = 20 s (stretched by the machine's load), so a mutant that hangs costs bounded time; the
-correct base runs with the suite's own, longer waits, so a loaded machine never fails it. Once a test has killed a mutant, the rest of
-that mutant's tests are skipped (one kill is what this test needs); with ``STATEBACKEND_KILL_TABLE`` set every test
-runs against every mutant, so the table lists every test that kills each one. The correct base always runs whole.
+Each suite runs in pytest processes of its own on generated modules with one test class per mutant (the backend suite in
+two: its correct base in one, its mutants in the other); all start at once. In the mutant runs a test waits at most
+``wait_s`` = 5 s for a commit, a close at most 6 s (``task.commit.timeout.ms``), and fails after ``test_timeout_s`` = 20
+s (stretched by the machine's load), so a mutant that hangs costs bounded time; the correct base runs with the suite's
+own, longer waits, so a loaded machine never fails it. Once a test has killed a mutant, the rest of that mutant's tests
+are skipped (one kill is what this test needs); with ``STATEBACKEND_KILL_TABLE`` set every test runs against every
+mutant, so the table lists every test that kills each one. The correct base always runs whole.
 """
 
 from __future__ import annotations

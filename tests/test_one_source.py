@@ -373,7 +373,8 @@ def test_the_stores_use_the_values_config_parsed_without_parsing_again(monkeypat
         "az": {
             "blob.store.url": "az://container/prefix",
             **tuned,
-            "blob.store.connection.string": f"DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={account_key};"
+            "blob.store.connection.string": "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={account_key};"
             "BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;",
         },
     }

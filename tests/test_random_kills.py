@@ -13,8 +13,8 @@ commits until killed), kills it a random delay after a moment of its work (below
 4. every other round, a fresh process on a copy with the local dir wiped restores exactly the durable checkpoint.
 
 It runs on the file:// store (the crash child's own) for each backend, and on moto's S3 server and Azurite with both
-backends. The delays come from a seeded generator: ``STATEBACKEND_KILL_SEED`` replays another sequence (the default is fixed,
-so a failure reproduces).
+backends. The delays come from a seeded generator: ``STATEBACKEND_KILL_SEED`` replays another sequence (the default is
+fixed, so a failure reproduces).
 
 The kill instants follow the child's work, not the wall clock: in even rounds the delay counts from the child's start
 of work (its imports done), so kills land in its open and restore as well as in its commits; in odd rounds it counts

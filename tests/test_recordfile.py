@@ -608,7 +608,7 @@ def test_records_given_as_columns_make_the_same_file_as_the_same_records_given_a
     version = data.draw(st.sampled_from(VERSIONS))
     compression = data.draw(st.sampled_from(["none", "zstd"]))
     header = in_version(DELTA, version)
-    pairs = list(zip(keys, values))
+    pairs = list(zip(keys, values, strict=True))
     columns = fmt.RecordColumns(keys, values)
     assert encode(header, columns, compression=compression) == encode(header, pairs, compression=compression)
     assert list(iter_records(encode(header, columns, compression=compression), name="columns")) == pairs

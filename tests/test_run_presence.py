@@ -156,8 +156,8 @@ def test_a_run_an_acknowledged_index_names_is_on_the_blob_store(tmp_path: Path, 
 
 
 class LosingStore(LyingStore):
-    """After the first checkpoint is written, the run its index names vanishes: the damage an index written before the fix above
-    could carry, or a blob lost on the blob store's side."""
+    """After the first checkpoint is written, the run its index names vanishes: the damage an index written before the
+    fix above could carry, or a blob lost on the blob store's side."""
 
     def __init__(self, inner: BlobStore) -> None:
         super().__init__(inner, lie="none")

@@ -48,7 +48,7 @@ def count_arrow(stores: Any, batches: Any) -> Any:
     if received:
         table = pa.Table.from_batches(received)
         grouped = table.group_by("word").aggregate([("word", "count")])
-        for word, n in zip(grouped.column("word").to_pylist(), grouped.column("word_count").to_pylist()):
+        for word, n in zip(grouped.column("word").to_pylist(), grouped.column("word_count").to_pylist(), strict=True):
             total = (counts.get(word) or 0) + n
             counts.put(word, total)
             words.append(word)

@@ -1,7 +1,7 @@
 """The driver confirms the checkpoints tasks did not wait for (``StatefulForeachBatch(confirm_on_driver=True)``; the
-default on remote blob stores): what it accepts, what it refuses, and a streaming query whose Python workers die by SIGKILL at checkpoint
-writes, often after their task has handed its output on, which keeps exact state and hands every batch's output to
-the sink exactly as a batch count gives it."""
+default on remote blob stores): what it accepts, what it refuses, and a streaming query whose Python workers die by
+SIGKILL at checkpoint writes, often after their task has handed its output on, which keeps exact state and hands every
+batch's output to the sink exactly as a batch count gives it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Tasks kept open between batches in a reused Python worker (statebackend.microbatch.kept), run in this process without a
-SparkSession: a kept task is taken back only while the checkpoint log confirms it is current; when another attempt
-committed meanwhile, on a replay, or with its local directory wiped, it is closed and the batch restores; a parked
-task is handed over to another process that needs it; exactly-once and fencing hold throughout."""
+"""Tasks kept open between batches in a reused Python worker (statebackend.microbatch.kept), run in this process without
+a SparkSession: a kept task is taken back only while the checkpoint log confirms it is current; when another attempt
+committed meanwhile, on a replay, or with its local directory wiped, it is closed and the batch restores; a parked task
+is handed over to another process that needs it; exactly-once and fencing hold throughout."""
 
 from __future__ import annotations
 

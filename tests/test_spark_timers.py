@@ -42,7 +42,7 @@ def register_arrow(stores: Any, batches: Any) -> None:
 
 
 def register_pandas(stores: Any, frame: Any) -> None:
-    for word, ts in zip(frame["word"], frame["ts"]):
+    for word, ts in zip(frame["word"], frame["ts"], strict=True):
         _register(stores, word, int(ts), PROCESSING)
 
 

@@ -67,7 +67,7 @@ class VectorizedEqualsPerKey(RuleBasedStateMachine):
             ]
 
         expected = new_values([self.model.get(k) for k in keys])
-        for key, value in zip(keys, expected):
+        for key, value in zip(keys, expected, strict=True):
             if value is None:
                 self.one.delete(key)
                 self.model.pop(key, None)

@@ -1,12 +1,12 @@
 """Write the stored sample of the blob-snapshot format, schema version 2: an index and the runs it lists.
 
-Run from the repository root: ``python -m tests.data.blobsnapshot.make_samples`` (or as a script). Existing samples
+Run from the repository root: ``python -m tests.data.blobsnapshot.make_samples``. Existing samples
 are never overwritten: they are the record of what an older release wrote, and tests/test_blobsnapshot.py checks that
 this release still reads and restores them. When the schema version changes, add the new version's samples here.
 
 The sample is a chain of three runs under ``sample-job/task-0/counts/blobsnapshot/``: a base run (versions 1..3),
-a level-0 run (version 4: an update, an empty value, a new key and tombstones, one of them for a key no run holds) and a level-1 run
-(versions 5..6), listed by the index of version 7 (a commit that changed nothing adds no run). Files:
+a level-0 run (version 4: an update, an empty value, a new key and tombstones, one of them for a key no run holds)
+and a level-1 run (versions 5..6), listed by the index of version 7 (a commit that changed nothing adds no run). Files:
 
 - ``index-v2.json``: the index blob, named in the blob store as ``INDEX_NAME`` below;
 - ``runs-v2/<hash>``: each run, its name the blake2b-256 of its bytes;
@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
-
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
 
 from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex, content_hash, index_name
 
 from statebackend.recordfile import KIND_RUN, FileHeader, encode
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 JOB, TASK, STORE = "sample-job", "task-0", "counts"
 PREFIX = f"{JOB}/{TASK}/{STORE}/blobsnapshot/"

@@ -1,6 +1,6 @@
 """Write the stored sample files of the changelog format, once per format version.
 
-Run from the repository root: ``python -m tests.data.changelog.make_samples`` (or as a script). Existing samples are
+Run from the repository root: ``python -m tests.data.changelog.make_samples``. Existing samples are
 never overwritten: they are the record of what an older release wrote, and tests/test_changelog_format.py checks that
 this release still reads them. When FORMAT_VERSION changes, run this again to add the new version's samples.
 expected-v<N>.json holds, per sample, the header fields and the records (hex; null for a delete).
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import sys
 from typing import Any
 
 import attrs
-
-HERE = pathlib.Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[2]))  # the repository root, when run as a script
-
 from statebackend.backends.changelog.marker import MARKER_FORMAT, Recipe, Step
 
 import statebackend.recordfile.format as recordformat
 from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
+
+HERE = pathlib.Path(__file__).resolve().parent
 
 DELTA_RECORDS: list[tuple[bytes, bytes | None]] = [
     (b"", b"the empty key sorts first"),
