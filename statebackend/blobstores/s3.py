@@ -14,10 +14,11 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
   :class:`~statebackend.errors.PreconditionFailedError`. ``get_versioned`` is one GetObject and its ETag. S3 takes
   ``If-Match`` on PutObject since 2024, and moto's server honours it. The ETag is the MD5 of the bytes: the one user
   (the checkpoint head) writes a per-write nonce in them so no two writes share one.
-- No conditional delete (``supports_conditional_delete`` is false, ``head`` gives no etag): S3 and moto honour
-  ``If-Match`` on DeleteObject (moto 5.2.5 ignores the per-key ETag of DeleteObjects), but an S3 ETag is the MD5 of
-  the bytes, the same after the same bytes are written again: the very rewrite (same bytes, fresh age) that a
-  garbage collector must not delete would match. Callers fall back to ``delete_many``.
+- Conditional deletes (``supports_conditional_delete``; ``head`` gives the ETag): ``delete_if_unchanged`` is one
+  DeleteObject with ``If-Match`` per name (S3 and moto honour it there; moto 5.2.5 ignores the per-key ETag of
+  DeleteObjects). An S3 ETag is the MD5 of the bytes (``versions_follow_bytes``): the same bytes written again keep
+  it, so a rewrite is told apart only when its bytes differ; a garbage collector keeps its batch wait for the
+  same-bytes rewrite (statebackend.kit.gc), and writers that must be safe there write bytes of their own each time.
 - ``delete_many`` is DeleteObjects; a server that refuses it (``NotImplemented``/``MethodNotAllowed``) gets one
   DeleteObject a name from then on (remembered by the store).
 - An absent blob is :class:`NotFoundError`; a missing bucket, refused credentials or a bad request is
@@ -30,8 +31,10 @@ Contract (the BlobStore contract of statebackend.blobstores.base, plus):
   CompleteMultipartUpload an ETag. No SDK or stdlib exception reaches a caller, and errors are chained to sanitized
   stand-ins (statebackend.redact). ``head`` of a name in a missing bucket is :class:`NotFoundError` (S3 answers
   both with a bare 404); :meth:`validate` tells them apart.
-- A multipart upload whose CompleteMultipartUpload reply was lost is read back when the retry finds the upload
-  gone (``NoSuchUpload``): the same bytes and metadata are success.
+- A multipart upload whose CompleteMultipartUpload reply was lost is decided by what is stored, whatever the retry
+  is answered (``NoSuchUpload``, a bare 400 or 404, 412, ...; a 5xx is retried, then read back): the stored size and
+  metadata this upload's, and its ETag the one S3 gives these parts (the MD5 of their MD5s) or else its bytes this
+  file's, is success; otherwise the answer stands. A first completion's answer is the truth (nothing was lost).
 - botocore's own retries are off: :class:`~statebackend.blobstores.resilience.ResilientBlobStore` (which ``from_url``
   returns) does retries, hedging and timeouts, per part for large transfers.
 - S3 lower-cases user metadata keys. Credentials come from boto3's default chain and are never logged; a URL with

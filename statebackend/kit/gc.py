@@ -36,12 +36,14 @@ quarter of the grace period of that check is never swept from under it.
 **A blob written again is not swept.** A writer may write an old blob again (the same bytes, a fresh age) to name it
 (blob-snapshot's content-addressed runs; changelog never does: it re-bases instead of naming an old blob), possibly
 just after a sweep judged the old version by its ``head``. Where the blob store can
-(:attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_delete`: memory, ``file://``, Azure), the sweep
-deletes each blob on condition that it is still the version its ``head`` saw
-(:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands.
-Elsewhere (S3, whose ETag does not change when the same bytes are written again; a store without metadata, which
-gets no ``head``; a blob whose ``head`` gives no version) a doomed blob waits at most :data:`SWEEP_BATCH_WAIT_S` in
-its batch, which bounds the race without closing it.
+(:attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_delete`: memory, ``file://``, Azure, S3), the
+sweep deletes each blob on condition that it is still the version its ``head`` saw
+(:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands. A
+store whose version is a digest of the bytes (``versions_follow_bytes``: S3, whose ETag does not change when the
+same bytes are written again) tells only a rewrite of other bytes apart, so there a doomed blob still waits at most
+:data:`SWEEP_BATCH_WAIT_S` in its batch as well; so does every blob deleted plainly (a store without metadata, which
+gets no ``head``; a blob whose ``head`` gives no version): that bounds a same-bytes rewrite's race without closing
+it.
 
 The mark is only as good as the listing of checkpoints it came from: build it from the task's
 :class:`~statebackend.checkpoint.CheckpointLog`, whose listings never show less than the newest checkpoint the task
@@ -289,7 +291,8 @@ def sweep_unreferenced(
     - The doomed blobs are deleted ``batch`` at a time in one request on the services that batch deletes. Where
       the blob store supports it and ``head`` gave the blob's version, with
       :meth:`~BlobStore.delete_if_unchanged`: a blob written again since its ``head`` (to be named) is kept
-      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end. Otherwise with
+      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end (on a store whose versions
+      follow the bytes, within ``batch_wait_s`` as below). Otherwise with
       :meth:`~BlobStore.delete_many`, and a batch goes as soon as its first blob has waited ``batch_wait_s``
       since the ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`). Just before each batch goes, the deadline
       is checked again (past it, the batch is dropped and the sweep stops) and ``confirm(name)`` may still keep any
