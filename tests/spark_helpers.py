@@ -34,9 +34,8 @@ def word_job(
     """A ``StatefulForeachBatch`` of ``fn`` keyed by the one column ``key``; ``options`` are its other arguments."""
     from statebackend.spark import StatefulForeachBatch
 
-    return StatefulForeachBatch(
-        fn, key_columns=[key], num_tasks=num_tasks, config=config, output_schema=output_schema, **options
-    )
+    arguments: dict[str, Any] = {"key_columns": [key], "num_tasks": num_tasks, "config": config, **options}
+    return StatefulForeachBatch(fn, output_schema=output_schema, **arguments)
 
 
 def task_runner(config: dict[str, object], fn: Callable[..., Any], batch_id: int = 0, **options: Any) -> TaskRunner:
