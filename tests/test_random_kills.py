@@ -42,8 +42,18 @@ import pytest
 from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
 from statebackend.blobstores.base import open_blob_store
-from tests.crash_child import BACKUP_FACTORIES_ENV, BLOB_CONFIG_ENV, STARTED_FILE, STORE, TASK, expected_state
-from tests.test_crash import REPO, _contents, _durable_commit, _report, _reported_durable, work
+from tests.crash_child import (
+    BACKUP_FACTORIES_ENV,
+    BLOB_CONFIG_ENV,
+    STARTED_FILE,
+    STORE,
+    TASK,
+    expected_state,
+    read_report,
+    report_contents,
+    reported_durable,
+)
+from tests.test_crash import REPO, _durable_commit, work
 from tests.waiting import scaled
 
 __all__ = ["work"]  # the RAM-backed temp dir fixture of tests/test_crash.py
@@ -108,7 +118,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
     if blob_config is not None:  # a first child creates the bucket or container (a kill may come before it can)
         first = _child_with(workdir, work / "first.json", env)
         assert first.returncode == 0, first.stderr[-3000:]
-        assert _report(work / "first.json")["restored"] == 0
+        assert read_report(work / "first.json")["restored"] == 0
     durable_before = 0
     killed_with_commits = 0
     for round_number in range(ROUNDS):
@@ -129,7 +139,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             if after_a_commit:
                 _wait_until(child, functools.partial(_committed_past, workdir, durable_before), "acknowledged a commit")
             time.sleep(delay)
-            acknowledged_before_kill = _reported_durable(workdir)
+            acknowledged_before_kill = reported_durable(workdir)
             child.send_signal(signal.SIGKILL)
             _, stderr = child.communicate(timeout=scaled(60))
         finally:
@@ -140,7 +150,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
         where = f"{backends}, round {round_number}, seed {SEED}, killed {delay:.2f} s after {moment}"
         assert child.returncode == -signal.SIGKILL, f"{where}: the child exited by itself:\n{stderr[-3000:]}"
 
-        reported = _reported_durable(workdir)
+        reported = reported_durable(workdir)
         durable = durable_commit(workdir)
         assert reported >= acknowledged_before_kill
         assert durable >= reported, f"{where}: commit {reported} was acknowledged, the log holds only {durable}"
@@ -149,9 +159,9 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
         if local is not None:
             assert int(local.input_offsets["input"]) <= durable, f"{where}: CHECKPOINT-V2 claims more than the log"
         if report_path.exists():  # the child got past its open: it restored the previous round's durable state
-            report = _report(report_path)
+            report = read_report(report_path)
             assert report["restored"] == durable_before, where
-            assert _contents(report) == expected_state(durable_before), f"{where}: restored state differs"
+            assert report_contents(report) == expected_state(durable_before), f"{where}: restored state differs"
         if after_a_commit:
             assert durable > durable_before, f"{where}: an acknowledged commit of the round is not durable"
         killed_with_commits += durable > durable_before
@@ -162,16 +172,18 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             shutil.rmtree(wiped / "local")
             wiped_env_child = _child_with(wiped, work / f"wiped-{round_number}.json", env)
             assert wiped_env_child.returncode == 0, f"{where}: wiped restore failed:\n{wiped_env_child.stderr[-3000:]}"
-            report = _report(work / f"wiped-{round_number}.json")
+            report = read_report(work / f"wiped-{round_number}.json")
             assert report["restored"] == durable, f"{where}: a wiped local dir restored another checkpoint"
-            assert _contents(report) == expected_state(durable), f"{where}: a wiped local dir restored other state"
+            assert report_contents(report) == expected_state(durable), (
+                f"{where}: a wiped local dir restored other state"
+            )
             shutil.rmtree(wiped)
         durable_before = durable
 
     final = _child_with(workdir, work / "final.json", env)
     assert final.returncode == 0, final.stderr[-3000:]
-    assert _report(work / "final.json")["restored"] == durable_before
-    assert _contents(_report(work / "final.json")) == expected_state(durable_before)
+    assert read_report(work / "final.json")["restored"] == durable_before
+    assert report_contents(read_report(work / "final.json")) == expected_state(durable_before)
     # the chain moved on: every round killed after a commit made one durable (checked per round above)
     assert killed_with_commits >= ROUNDS // 2, f"only {killed_with_commits} of {ROUNDS} rounds committed anything"
 
@@ -192,7 +204,7 @@ def _child_with(workdir: Path, report: Path, env: dict[str, str]) -> subprocess.
 
 def _committed_past(workdir: Path, before: int) -> bool:
     """The child acknowledged a commit past ``before`` (its ``durable.log``)."""
-    return _reported_durable(workdir) > before
+    return reported_durable(workdir) > before
 
 
 def _wait_until(child: subprocess.Popen[str], condition: Callable[[], bool], what: str) -> None:
