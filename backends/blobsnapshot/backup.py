@@ -46,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
@@ -55,6 +56,7 @@ from statebackend.backends.blobsnapshot.blobs import read_index, read_marker, re
 from statebackend.backends.blobsnapshot.compaction import Compaction
 from statebackend.backends.blobsnapshot.format import (
     RunIndex,
+    index_prefix,
     inline_marker,
     is_inline_marker,
     marker_label,
@@ -64,7 +66,7 @@ from statebackend.backends.blobsnapshot.format import (
     run_name,
 )
 from statebackend.backends.blobsnapshot.format import index_name as make_index_name
-from statebackend.backends.blobsnapshot.gc import BlobSnapshotGc, SweepReport
+from statebackend.backends.blobsnapshot.lifetime import BlobSnapshotLifetime
 from statebackend.backends.blobsnapshot.state import (
     CACHE_DIR,
     COMPACTED_FILE,
@@ -98,11 +100,103 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
+@attrs.frozen
+class SweepReport:
+    """What one sweep deleted (and whether a live index was unreadable, so nothing was swept)."""
+
+    indexes_deleted: int = 0
+    runs_deleted: int = 0
+    runs_skipped: bool = False
+
+
 @attrs.define(eq=False)
-class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
+class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
     """The blob-snapshot backend's backup manager. Its options and state: ``BlobSnapshotManagerState`` (state.py)."""
 
-    _init_sweep: Future[SweepReport] | None = attrs.field(init=False, default=None)
+    def blob_lifetime(self) -> BlobSnapshotLifetime:
+        return self._lifetime
+
+    def sweep(self, now: float | None = None) -> SweepReport:
+        """Sweep every store's blobs now (the framework's collector; see the module docstring)."""
+        results = self._lifetime.collector.sweep(now).values()
+        indexes = runs = 0
+        for result in results:
+            prefix = index_prefix(self._states[result.store].prefix)
+            indexes += sum(1 for name in result.deleted if name.startswith(prefix))
+            runs += sum(1 for name in result.deleted if not name.startswith(prefix))
+        return SweepReport(indexes, runs, any(not result.complete for result in results))
+
+    def checkpoint_completed(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> None:
+        """Retention's bookkeeping: each store's index joins the window of the last ``retained`` durable ones (held
+        from the collector), older indexes whose commit got no notice are settled. Idempotent."""
+        for name, marker in markers.items():
+            state = self._states[name]
+            with state.io_lock:
+                self._complete_store(state, marker)
+                state.cleanups += 1
+
+    def _complete_store(self, state: StoreState, marker: str) -> None:
+        retained = dict(state.retained)
+        index = state.pending.pop(marker, None) or retained.get(marker)
+        if index is None:
+            try:
+                index = self._read_index(marker, state.name)
+            except NotFoundError:
+                # a late notice of a checkpoint that already fell out of retention: nothing left to do
+                log.debug(
+                    "store %s: notice of %s found it gone already",
+                    state.name,
+                    marker_label(marker),
+                    extra=self._extra(state.name),
+                )
+                return
+        self._make_durable(state, index)
+        crashpoint("blobsnapshot.cleanup.durable")
+        state.last_durable_seq = max(state.last_durable_seq, index.seq)
+        if marker not in retained:
+            state.retained.append((marker, index))
+        self._settle_older_pending(state, index.seq)
+        # notices may run out of order on a pool: keep the window ordered by seq, newest last
+        state.retained = deque(sorted(state.retained, key=lambda item: item[1].seq))
+        while len(state.retained) > max(1, self.retained):
+            dropped, dropped_index = state.retained.popleft()
+            if not is_inline_marker(dropped):  # an index blob of an older release: known without reading it again
+                state.released[dropped] = dropped_index
+
+    def _settle_older_pending(self, state: StoreState, seq: int) -> None:
+        """Indexes written before ``seq`` whose commit got no notice: their checkpoint write failed, or it landed with
+        its reply lost. Once a later checkpoint is durable the checkpoint log tells which: one it lists is durable (it
+        joins the retention window); one it does not list is garbage the framework's sweep collects."""
+        older = sorted((m for m, i in state.pending.items() if i.seq < seq), key=lambda m: state.pending[m].seq)
+        if not older:
+            return
+        in_log = self._markers_in_checkpoint_log(state.name)
+        for marker in older:
+            index = state.pending.pop(marker)
+            if marker in in_log:
+                log.info(
+                    "store %s: index %s belongs to a checkpoint that landed although its write was reported "
+                    "failed; kept as durable",
+                    state.name,
+                    marker_label(marker),
+                    extra=self._extra(state.name),
+                )
+                self._make_durable(state, index)
+                state.retained.append((marker, index))
+                self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
+            else:
+                log.debug(
+                    "store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
+                    "its runs after the grace period",
+                    state.name,
+                    marker_label(marker),
+                    extra=self._extra(state.name),
+                )
+
+    def _make_durable(self, state: StoreState, index: RunIndex) -> None:
+        """A durable checkpoint names ``index``: its runs may be named again by any later index whatever their age.
+        Bookkeeping only: the blobs keep their ``expires_at``, which no sweep acts on while they are marked."""
+        state.durable_runs |= index.run_hashes()
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -126,8 +220,8 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
                 state.needs_base = False  # an empty store: the chain starts empty
             self._drop_stale_cache(state, at_init=True)
             self._states[name] = state
-        if self.gc_on_init and self._states:
-            self._init_sweep = self.context.executor.submit(self.sweep)
+            if marker is not None and state.retained:  # released once later checkpoints push it out
+                self._lifetime.collector.adopt(0, {name: marker})
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}
@@ -151,9 +245,6 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
             }
         )
 
-    def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
-        return self.context.executor.submit(self._cleanup, dict(markers))
-
     def abort(self, checkpoint_id: CheckpointId) -> None:
         """The commit's sync part failed after our snapshot(): its flush is in LMDB but will never be uploaded as a
         run, so the chain no longer describes the data: the next upload writes a base run."""
@@ -170,9 +261,6 @@ class BlobSnapshotBackupManager(BlobSnapshotGc, Compaction, TaskBackupManager):
         if self._closed:
             return
         self._closed = True
-        if self._init_sweep is not None:
-            with contextlib.suppress(CancelledError):  # a cancelled sweep
-                self._init_sweep.exception()
         for state in self._states.values():
             compaction = state.compaction
             if compaction is not None:

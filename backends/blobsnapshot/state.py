@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_marker
@@ -18,8 +18,11 @@ from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex
 from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
 from statebackend.contracts import BackendContext
-from statebackend.kit import Cancellation, FirstSeen, GraceRule, created_at_metadata
+from statebackend.kit import Cancellation, GraceRule, created_at_metadata
 from statebackend.store import ChangeSet, LocalStore, LocalVersion, ReadView
+
+if TYPE_CHECKING:
+    from statebackend.backends.blobsnapshot.lifetime import BlobSnapshotLifetime
 
 __all__ = [
     "BASE_LEVEL",
@@ -120,9 +123,8 @@ class StoreState:
     pending: dict[str, RunIndex] = attrs.field(factory=dict)
     #: durable indexes, oldest first, at most ``retained``
     retained: deque[tuple[str, RunIndex]] = attrs.field(factory=deque)
-    #: index blobs and runs retention let go, deleted with the checkpoint log's next trim (unless live again by then)
-    garbage: set[str] = attrs.field(factory=set)
-    #: the index blobs of ``garbage``: the checkpoint log may still hold their checkpoints, which a sweep then marks
+    #: index blobs (of older releases) retention let go, until the framework deletes them: the checkpoint log may
+    #: still hold their checkpoints, which a sweep then marks without reading them again
     released: dict[str, RunIndex] = attrs.field(factory=dict)
     cleanups: int = 0
     last_durable_seq: int = 0
@@ -168,15 +170,19 @@ class BlobSnapshotManagerState:
     _closed: bool = attrs.field(init=False, default=False)
     #: compactions stop at their next check (``cancel_background``)
     _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
-    #: the checkpoint log's retention batches seen (``CheckpointLog.trims``): retention's garbage goes with each
-    _trims_seen: int = attrs.field(init=False, default=0)
-    #: when this manager's sweeps first saw each unreferenced blob of unknown age (the age rule of statebackend.kit.gc)
-    _first_seen: FirstSeen = attrs.field(init=False, factory=FirstSeen)
+    #: what this manager states about its blobs; the framework's collector of them hangs off it
+    _lifetime: BlobSnapshotLifetime = attrs.field(init=False)
+
+    @_lifetime.default
+    def _make_lifetime(self) -> BlobSnapshotLifetime:
+        from statebackend.backends.blobsnapshot.lifetime import BlobSnapshotLifetime
+
+        return BlobSnapshotLifetime(self)
 
     @property
     def _grace(self) -> GraceRule:
-        """The age rule with ``gc.grace.period.ms`` and this manager's first sightings."""
-        return GraceRule(self.grace_period_ms, self._first_seen)
+        """The age rule with ``gc.grace.period.ms`` and the collector's first sightings."""
+        return self._lifetime.collector.grace
 
     def _extra(self, store: str, **fields: object) -> dict[str, object]:
         """Key fields of a log record, for structured handlers."""
