@@ -13,11 +13,12 @@ Per commit and store:
   that changed nothing writes no blob at all. Cost and bytes follow the change. When this backend has no chain for the
   store's data (the first commit after a migration, a fallback restore from another backend, a broken chain), the upload
   writes a *base run* of the whole store instead, once.
-- ``cleanup()`` (commit pool, after the checkpoint is durable): the indexes that fell out of the last
-  ``task.checkpoint.retained`` and the runs only they referenced become garbage, deleted in one request when the
-  checkpoint log lets its old checkpoints go (every ``retention_interval`` commits, and at close). The expiry
-  (``expires_at``) written at upload stays on blobs a durable checkpoint names (no sweep deletes a marked blob;
-  removing it cost a COPY per blob per commit).
+- ``checkpoint_completed()`` (commit pool, after the checkpoint is durable): the index joins the window of the last
+  ``task.checkpoint.retained`` durable ones. The framework owns the blobs' lifetime (statebackend.kit.lifetime; what
+  this backend states: lifetime.py): the runs only indexes that left the window referenced are released in one
+  request when the checkpoint log lets its old checkpoints go (every ``retention_interval`` commits, and at close).
+  The expiry (``expires_at``) written at upload stays on blobs a durable checkpoint names (no sweep deletes a marked
+  blob; removing it cost a COPY per blob per commit).
 
 Compaction (one at a time per store, on a process-wide compaction thread; never on the task thread, never awaited
 by a commit): size-tiered. When ``compaction.fanout`` runs of one level exist, the oldest of them are merged into one
@@ -28,17 +29,17 @@ run). The result is uploaded in the background and a later commit's index lists 
 recorded in the store dir, so a result that an open closed before adopting is adopted by the next open. Write
 amplification and space bound: docs/formats-blobsnapshot.md.
 
-Garbage of failed or abandoned uploads is removed by a mark-and-sweep (:meth:`BlobSnapshotBackupManager.sweep`,
-every ``gc.interval.commits`` commits and at init with ``gc.on.init``): the mark is every index a checkpoint in the
-checkpoint log names plus the ones this manager holds; the sweep deletes unreferenced blobs already expired
-(``expires_at``) or old enough by the age rule of :mod:`statebackend.kit.gc` (``created_at`` metadata, else counted
-from this manager's first sighting).
+Garbage of failed or abandoned uploads is removed by the framework's mark-and-sweep (every ``gc.interval.commits``
+commits and at init with ``gc.on.init``; :meth:`BlobSnapshotBackupManager.sweep` runs one now): the mark is every
+index a checkpoint in the checkpoint log names plus the ones this manager holds; the sweep deletes unreferenced
+blobs already expired (``expires_at``) or old enough by the age rule of :mod:`statebackend.kit.gc` (``created_at``
+metadata, else counted from the collector's first sighting).
 
 Uploads, cleanups and sweeps of a store are serialized by a per-store lock; ``snapshot()`` takes only a short lock.
 
 The manager is cut by job: its state (state.py), writing and uploading runs and indexes (upload.py), compaction
-(compaction.py), retention and the sweep (gc.py), reading blobs back verified (blobs.py); this module holds the
-contract's methods, the adoption of the restored index at init, and the upload of a commit.
+(compaction.py), what it states about its blobs (lifetime.py), reading blobs back verified (blobs.py); this module
+holds the contract's methods, the adoption of the restored index at init, and the upload of a commit.
 """
 
 from __future__ import annotations
