@@ -164,10 +164,13 @@ class BlobStore(abc.ABC):
     #: whether ``put(..., metadata=...)`` and :meth:`set_metadata` keep user metadata
     supports_metadata: bool = True
     #: whether :meth:`delete_if_unchanged` works: ``head`` gives every blob an :attr:`BlobInfo.etag` that changes on
-    #: every write, and a delete can be made conditional on it. False (the default, and S3's: its ETag is the MD5 of
-    #: the bytes, the same after a rewrite of the same bytes): callers use :meth:`delete_many` and bound the race
-    #: themselves; such a store is never asked for a conditional delete
+    #: every write, and a delete can be made conditional on it. False (the default): callers use
+    #: :meth:`delete_many` and bound the race themselves; such a store is never asked for a conditional delete
     supports_conditional_delete: bool = False
+    #: whether a blob's version is a digest of its bytes (S3: the ETag is their MD5), so that a rewrite of the same
+    #: bytes keeps it: a conditional delete then tells apart only a rewrite of other bytes, and callers keep
+    #: bounding the race for same-bytes rewrites. False (the default): every write gets a new version
+    versions_follow_bytes: bool = False
     #: whether :meth:`put_if` and :meth:`get_versioned` work (a compare-and-swap on one name). False (the default,
     #: so a third-party store keeps the checkpoint log's create-only write and its listing): never asked for them
     supports_conditional_put: bool = False

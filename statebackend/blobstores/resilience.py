@@ -429,7 +429,7 @@ class ResilientBlobStore(BlobStore):
         self.supports_conditional_delete = inner.supports_conditional_delete
         self.supports_conditional_put = inner.supports_conditional_put
         #: whether the inner store's versions are a digest of the bytes (S3's ETag): see statebackend.kit.gc
-        self.versions_follow_bytes: bool = getattr(inner, "versions_follow_bytes", False)
+        self.versions_follow_bytes: bool = inner.versions_follow_bytes
         self._inner_handles_parts = inner.use_resilience(self.resilience)
 
     @classmethod

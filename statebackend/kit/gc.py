@@ -308,7 +308,7 @@ def sweep_unreferenced(
     conditional = blob_store.supports_conditional_delete
     # a version that is a digest of the bytes (S3's ETag) keeps a rewrite of other bytes whenever it lands, but not
     # one of the same bytes: the batch wait still bounds that race
-    follows_bytes = conditional and bool(getattr(blob_store, "versions_follow_bytes", False))
+    follows_bytes = conditional and blob_store.versions_follow_bytes
     deleted: list[str] = []
     kept: list[str] = []
     doomed: dict[str, str | None] = {}  # name -> the version its head saw (None: deleted unconditionally)
