@@ -482,6 +482,8 @@ def draw_figure(path: Path, results: dict[str, dict[str, Any]], title: str) -> N
     from bench.figures import pyplot
 
     plt = pyplot()
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
     colors = {FLOOR: "tab:gray", SB: "tab:blue", TWS: "tab:red"}
     figure, axes = plt.subplots(1, len(results), figsize=(6.5 * len(results), 4.5), squeeze=False)
     for axis, (workload, result) in zip(axes[0], results.items(), strict=True):
@@ -495,6 +497,10 @@ def draw_figure(path: Path, results: dict[str, dict[str, Any]], title: str) -> N
                 color=colors[engine],
             )
         axis.set_yscale("log")
+        axis.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        axis.yaxis.set_minor_formatter(NullFormatter())
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("batch")
         axis.set_ylabel("batch time (s, log scale)")
         axis.set_title({"list": "ListState / list store", "map": "MapState / map store"}[workload])
