@@ -278,5 +278,5 @@ def test_a_durable_commit_records_its_upload_and_checkpoint_parts_within_its_tot
         checkpoints = task.metrics.samples("commit.checkpoint.ms")
         totals = task.metrics.samples("commit.total.ms")
     assert len(uploads) == len(checkpoints) == len(totals) == 3
-    for upload, checkpoint, total in zip(uploads, checkpoints, totals):
-        assert 0 <= upload and 0 <= checkpoint and upload + checkpoint <= total + 1e-6  # in sequence, inside it
+    for upload, checkpoint, total in zip(uploads, checkpoints, totals, strict=True):
+        assert upload >= 0 and checkpoint >= 0 and upload + checkpoint <= total + 1e-6  # in sequence, inside it
