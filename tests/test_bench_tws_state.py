@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.tws_state import batch_events, compare, expected_outputs, kept_text
+from bench.tws_state import batch_events, compare, difference_text, expected_outputs, kept_text
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,6 +51,11 @@ def test_compare_names_the_users_whose_rows_differ_on_any_side() -> None:
     assert compare(expected, [*expected, ("b", "buy", 1)], expected) == ["b"]  # one emitted twice
     assert compare([("a", "view", 1), ("a", "view", 3), expected[2]], expected, expected) == ["a"]  # a count differs
     assert compare(expected[:2], expected[:2], expected) == ["b"]  # equal to each other, not to plain Python
+    line = difference_text("b", expected[:2], [*expected, ("b", "buy", 1)], expected)  # what a FAIL line shows
+    assert line == (
+        "  b: statebackend []; transformWithStateInPandas [('b', 'buy', 1), ('b', 'buy', 1)]; "
+        "expected [('b', 'buy', 1)]"
+    )
 
 
 @pytest.mark.spark
