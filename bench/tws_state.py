@@ -351,9 +351,9 @@ def run_sb(spark: Any, source: Path, work: Path, workload: str, keep: int, parti
     job = StatefulForeachBatch(
         KeepLastEvents(keep) if workload == "list" else count_by_type,
         # the attrs converters (tuple, dict) of these two fields give mypy no parameter type to check against
-        key_columns=["user"],  # type: ignore[list-item]
+        key_columns=["user"],
         num_tasks=partitions,
-        config=sb_config(work, workload),  # type: ignore[arg-type]
+        config=sb_config(work, workload),
         output_schema=SCHEMAS[workload],
         mode="arrow",
         sink=sink,

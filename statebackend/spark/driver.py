@@ -8,7 +8,7 @@ import functools
 import logging
 import pickle
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -52,6 +52,16 @@ Sink = Callable[[DataFrame, int], Any]
 _TaskRun = tuple[Callable[[], None], DataFrame, list[TaskStats]]
 
 
+def _columns(value: Iterable[str]) -> tuple[str, ...]:
+    """``key_columns`` as given (a list, a tuple, ...), kept as a tuple."""
+    return tuple(value)
+
+
+def _config(value: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` as given, copied: a later change to the caller's mapping does not reach the job."""
+    return dict(value)
+
+
 @attrs.define(eq=False)
 class StatefulForeachBatch:
     """A ``foreachBatch`` callable that runs ``fn`` per task against durable keyed state. See the module docstring.
@@ -64,9 +74,9 @@ class StatefulForeachBatch:
     """
 
     fn: Callable[[TaskStores, Any], Any]
-    key_columns: Sequence[str] = attrs.field(converter=tuple)
+    key_columns: Sequence[str] = attrs.field(converter=_columns)
     num_tasks: int
-    config: Mapping[str, Any] = attrs.field(converter=dict)
+    config: Mapping[str, Any] = attrs.field(converter=_config)
     output_schema: StructType | str | None = None
     mode: str = "rows"
     sink: Sink | None = None
