@@ -47,21 +47,22 @@ from __future__ import annotations
 
 import abc
 import builtins
+import functools
 import os
 import re
 import shutil
 import types
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Self
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Self, TypeVar, cast
 from urllib.parse import urlsplit
 
 import attrs
 
-from statebackend.errors import ConfigError, NotFoundError, StorageError
+from statebackend.errors import ConfigError, NotFoundError, StateBackendError, StorageError
 from statebackend.fsutil import atomic_write
 from statebackend.options import OptionSpec, ParsedOptions, parse_options
 from statebackend.plugins import entry_points, load_target
-from statebackend.redact import redact
+from statebackend.redact import redact, sanitized, scrub_chain
 
 if TYPE_CHECKING:
     from statebackend.blobstores.resilience import Resilience
@@ -76,10 +77,15 @@ __all__ = [
     "blob_store_option_schemas",
     "check_blob_name",
     "check_metadata",
+    "check_range",
     "known_blob_store_schemes",
     "open_blob_store",
+    "prefix_can_match",
     "register_blob_store",
+    "translate_errors",
 ]
+
+T = TypeVar("T")
 
 _COPY_BUFFER = 4 * 1024 * 1024
 
@@ -123,17 +129,48 @@ class AbandonedUpload:
 
 
 _BAD_SEGMENTS = {"", ".", ".."}
+#: characters no blob name holds on any store: NUL and the other control characters (a listing's XML cannot carry
+#: them), and the backslash (a path separator on some filesystems and SDKs)
+_UNHOLDABLE_RE = re.compile(r"[\x00-\x1f\x7f\\]")
+
+
+def _encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode for UTF-8 (no lone surrogate), as every store's wire or disk needs."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check_blob_name(name: str) -> str:
-    """Return ``name`` if it is a safe relative blob name, else raise :class:`ConfigError`."""
+    """Return ``name`` if it is a safe relative blob name, else raise :class:`ConfigError`. The same names are
+    refused on every store: empty ones, absolute ones, ones with an empty, ``.`` or ``..`` segment, and ones with a
+    character no store holds (NUL and other control characters, backslash, a lone surrogate). Every other
+    character, ``%``, ``_``, ``*``, ``?``, ``[`` and ``]`` included, is an ordinary character of a name."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"blob name must be a non-empty string, got {name!r}")
-    if "\x00" in name or "\\" in name or name.startswith("/"):
-        raise ConfigError(f"blob name {name!r} must be relative, '/'-separated, without NUL or backslash")
+    if name.startswith("/"):
+        raise ConfigError(f"blob name {name!r} must be relative ('/'-separated, not starting with '/')")
+    bad = _UNHOLDABLE_RE.search(name)
+    if bad is not None:
+        raise ConfigError(
+            f"blob name {name!r} has the character {bad.group()!r}, which no blob store holds: names are printable, "
+            f"without control characters or backslash ('/' separates segments)"
+        )
+    if not _encodable(name):
+        raise ConfigError(f"blob name {name!r} is not valid Unicode (a lone surrogate); names are UTF-8 text")
     if any(segment in _BAD_SEGMENTS for segment in name.split("/")):
         raise ConfigError(f"blob name {name!r} has an empty, '.' or '..' segment; it could escape the store root")
     return name
+
+
+def check_range(start: int | None, end: int | None) -> tuple[int, int | None]:
+    """``(start, end)`` of a ranged read with ``start`` defaulted to 0, or a :class:`ConfigError` for a negative
+    bound (it would slice from the end in Python, and means nothing to a service's byte range)."""
+    if (start is not None and start < 0) or (end is not None and end < 0):
+        raise ConfigError(f"byte range [{start}, {end}) must not be negative")
+    return start or 0, end
 
 
 _METADATA_KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
@@ -156,8 +193,121 @@ def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
     return checked
 
 
-class BlobStore(abc.ABC):
-    """Remote object storage for backups and checkpoints. See the module docstring for the contract."""
+#: the five core operations: public template -> the raw operation a store implements (or it overrides the public one)
+_CORE_OPERATIONS: Mapping[str, str] = types.MappingProxyType(
+    {"put": "_put", "get": "_get", "delete": "_delete", "list": "_list", "head": "_head"}
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _template(method: F) -> F:
+    """Marks a public method of :class:`BlobStore` as a template: it checks, then calls the raw operation."""
+    method.__blob_store_template__ = True  # type: ignore[attr-defined]
+    return method
+
+
+def _is_template(method: object) -> bool:
+    return bool(getattr(method, "__blob_store_template__", False))
+
+
+class _BlobStoreMeta(abc.ABCMeta):
+    """ABCMeta that asks of each core operation either the raw method (``_put``) or a public override (``put``,
+    today's contract): a store class that overrides ``put`` need not implement ``_put``, and one that implements
+    ``_put`` gets the base's ``put``."""
+
+    def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> _BlobStoreMeta:
+        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        abstract = set(cls.__abstractmethods__)
+        for public, raw in _CORE_OPERATIONS.items():
+            if not _is_template(getattr(cls, public, None)):
+                abstract.discard(raw)  # the class (or a parent) overrides the public method: the raw one is unused
+        cls.__abstractmethods__ = frozenset(abstract)
+        return cls
+
+
+def _translated(store: BlobStore, operation: str, what: str, exc: Exception) -> StateBackendError:
+    """What leaves a store for ``exc`` raised by its ``operation`` on ``what``: a statebackend error with its chain
+    scrubbed; any other exception as the store's :meth:`BlobStore._translate_error` maps it, chained to a sanitized
+    stand-in, or as a :class:`StorageError` "unexpected" (not retried)."""
+    secrets = store.redaction_secrets()
+    if isinstance(exc, StateBackendError):
+        return scrub_chain(exc, secrets)
+    error = store._translate_error(exc, operation, what)
+    if error is None:
+        error = StorageError(
+            f"unexpected {type(exc).__name__} from {operation} in {store.describe()}: "
+            f"{redact(exc, secrets)}; not retried (please report it with this message)"
+        )
+    error.__cause__ = sanitized(exc, secrets)
+    error.__suppress_context__ = True
+    return scrub_chain(error, secrets)
+
+
+def translate_errors(method: F) -> F:
+    """Decorates a public method of a store that overrides it (today's contract, and the built-in ``az://`` and
+    ``s3://`` stores): a statebackend error leaves with its chain scrubbed of the store's
+    :meth:`~BlobStore.redaction_secrets` (no raw exception, no secret in ``__cause__``/``__context__``); any other
+    exception leaves as :meth:`~BlobStore._translate_error` maps it, or as a :class:`StorageError` "unexpected",
+    chained to a sanitized stand-in. The base's templates do the same around every raw operation, so a store that
+    implements raw operations needs no decorator."""
+
+    @functools.wraps(method)
+    def wrapper(self: BlobStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - translated below, outside the handler (no raw __context__)
+            error = _translated(self, method.__name__, str(args[0]) if args else "", exc)
+        raise error
+
+    return cast(F, wrapper)
+
+
+def prefix_can_match(prefix: str) -> bool:
+    """Whether some valid blob name (:func:`check_blob_name`) starts with ``prefix``. A listing under a prefix that
+    cannot match is empty, never an error: a prefix is a plain string filter, not a name. The base's
+    :meth:`BlobStore.list` answers such a listing without asking the store; a store that overrides ``list`` may use
+    this to do the same. A prefix that is not a string is a :class:`ConfigError`."""
+    if not isinstance(prefix, str):
+        raise ConfigError(f"blob listing prefix must be a string, got {prefix!r}")
+    if not prefix:
+        return True
+    if prefix.startswith("/") or _UNHOLDABLE_RE.search(prefix) or not _encodable(prefix):
+        return False
+    complete = prefix.split("/")[:-1]  # the last segment may still grow into any valid one ("." into ".x")
+    return not any(segment in _BAD_SEGMENTS for segment in complete)
+
+
+class BlobStore(abc.ABC, metaclass=_BlobStoreMeta):
+    """Remote object storage for backups and checkpoints. See the module docstring for the contract.
+
+    **Writing a store: raw operations.** The public operations are templates that do the common work once: they
+    check names (:func:`check_blob_name`), metadata (:func:`check_metadata`), byte ranges and batches before
+    anything is sent, turn bytes-like data into ``bytes``, check a listing's order and prefix, translate errors and
+    redact them. A store implements only the raw operations they call, on checked arguments:
+
+    - ``_put(name, data, *, create_only, metadata)``: write ``data`` (``bytes``) atomically; ``metadata`` is a checked
+      ``dict``; ``create_only`` on a taken name raises :class:`AlreadyExistsError` and writes nothing;
+    - ``_get(name, start, end)``: bytes ``[start, end)`` (``start`` >= 0, ``end`` >= 0 or ``None``: to the end),
+      clamped to the blob; absent -> :class:`NotFoundError`;
+    - ``_delete(name)``: idempotent;
+    - ``_list(prefix)``: the names starting with ``prefix`` **literally** (no wildcard: ``%``, ``_``, ``*``, ``?``,
+      ``[`` are characters like any other), sorted; never called for a prefix no valid name can have;
+    - ``_head(name)``: a :class:`BlobInfo`; absent -> :class:`NotFoundError`;
+    - optional, with defaults built on the public operations: ``_set_metadata(name, metadata)`` (default: read and
+      write back), ``_delete_many(names)`` (default: ``delete`` each), and, with their capability flags,
+      ``_delete_if_unchanged(versions)``, ``_put_if(name, data, version)``, ``_get_versioned(name)``;
+    - :meth:`_translate_error` maps the substrate's own exceptions (a lost connection -> a
+      :class:`TransientStorageError`); anything left unmapped leaves as a :class:`StorageError` "unexpected".
+
+    **Today's contract still works.** A store may instead override a public operation (``put``, ``get``, ...), as
+    stores written before the templates do: the base then never calls the raw one (the class need not define it) and
+    the store does its own checks, as :class:`~statebackend.blobstores.resilience.ResilientBlobStore` and the
+    built-in ``file://``, ``az://`` and ``s3://`` stores do. :func:`translate_errors` gives such a method the
+    templates' error translation and redaction. Per operation, whichever the class defines wins: a public override
+    always, else the template around the raw method. The names ``_put``, ``_get``, ``_delete``, ``_list``,
+    ``_head``, ``_set_metadata``, ``_delete_many``, ``_delete_if_unchanged``, ``_put_if``, ``_get_versioned`` and
+    ``_translate_error`` are reserved for these meanings."""
 
     #: the URL this store was opened from, e.g. ``file:///var/state`` (never holds a credential)
     url: str = ""
@@ -178,12 +328,16 @@ class BlobStore(abc.ABC):
     #: ``blob.store.*`` against the schema of the URL's scheme, and ``from_url`` receives the values parsed
     options: ClassVar[Mapping[str, OptionSpec]] = {}
 
-    if TYPE_CHECKING:  # declared for the type checker only: a class without one is refused by blob_store_class
-
-        @classmethod
-        def from_url(cls, url: str, options: Mapping[str, Any]) -> BlobStore:
-            """Open the store for ``url`` with its options parsed against :attr:`options`."""
-            ...
+    @classmethod
+    def from_url(cls, url: str, options: Mapping[str, Any]) -> BlobStore:
+        """Open the store for ``url`` (a ``blob.store.url`` of the store's scheme) with its options parsed against
+        :attr:`options`, defaults filled: use them as they are. Every store that a scheme names overrides this
+        classmethod; the base's raises :class:`ConfigError` (and :func:`blob_store_class` refuses a class that does
+        not override it)."""
+        raise ConfigError(
+            f"blob store {cls.__module__}.{cls.__qualname__} has no from_url(url, options) classmethod, which opens "
+            f"it from blob.store.url ({redact(url)!r})"
+        )
 
     @classmethod
     def parse_options(cls, options: Mapping[str, Any]) -> ParsedOptions:
@@ -194,38 +348,154 @@ class BlobStore(abc.ABC):
         name = f"{owner.__module__}:{owner.__qualname__}.options"
         return parse_options(cls.options, options, name=name, prefix="blob.store.")
 
-    # -- the abstract core ------------------------------------------------------------------------------------
+    # -- the core: templates around the raw operations ------------------------------------------------------------
 
-    @abc.abstractmethod
+    @_template
     def put(
         self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
     ) -> None:
-        """Write ``data`` under ``name`` atomically. ``create_only`` -> :class:`AlreadyExistsError` if taken."""
+        """Write ``data`` under ``name`` atomically. ``create_only`` -> :class:`AlreadyExistsError` if taken.
+        Template: checks the name and metadata, then calls the store's ``_put``."""
+        check_blob_name(name)
+        checked = check_metadata(metadata)
+        payload = bytes(data)
+        self._call("put", name, lambda: self._put(name, payload, create_only=create_only, metadata=checked))
 
-    @abc.abstractmethod
+    @_template
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
-        """Read the blob, or bytes ``[start, end)`` of it. Absent -> :class:`NotFoundError`."""
+        """Read the blob, or bytes ``[start, end)`` of it. Absent -> :class:`NotFoundError`. Template: checks the
+        name and the range (a negative bound is a :class:`ConfigError`), then calls the store's ``_get``."""
+        check_blob_name(name)
+        first, stop = check_range(start, end)
+        return self._call("get", name, lambda: bytes(self._get(name, first, stop)))
 
-    @abc.abstractmethod
+    @_template
     def delete(self, name: str) -> None:
-        """Delete the blob; an absent blob is success (idempotent)."""
+        """Delete the blob; an absent blob is success (idempotent). Template: checks the name, then calls the
+        store's ``_delete``."""
+        check_blob_name(name)
+        self._call("delete", name, lambda: self._delete(name))
 
-    @abc.abstractmethod
+    @_template
     def list(self, prefix: str = "") -> Iterator[str]:
-        """Yield the names that start with ``prefix``, sorted."""
+        """Yield the names that start with ``prefix`` (a plain string: no character is a wildcard), sorted. A
+        prefix no valid name can have (``/a``, ``a//``, ``../``, one with a backslash or NUL) gives an empty
+        listing, never an error. Template: calls the store's ``_list`` and checks what it yields (each name under
+        the prefix, strictly ascending: anything else is a :class:`StorageError`, never a wrong listing)."""
+        if not prefix_can_match(prefix):
+            return
+        names = self._call("list", prefix, lambda: iter(self._list(prefix)))
+        previous: str | None = None
+        while True:
+            name = self._call("list", prefix, lambda: next(names, None))
+            if name is None:
+                return
+            if not isinstance(name, str) or not name.startswith(prefix):
+                raise StorageError(
+                    f"{self.describe()} listed {name!r} under the prefix {prefix!r}, which it does not start with "
+                    f"(a listing matches the prefix literally: no character is a wildcard)"
+                )
+            if previous is not None and name <= previous:
+                raise StorageError(
+                    f"{self.describe()} listed {name!r} after {previous!r} under the prefix {prefix!r}: a listing "
+                    f"is sorted, each name once"
+                )
+            previous = name
+            yield name
+
+    @_template
+    def head(self, name: str) -> BlobInfo:
+        """Size and metadata of the blob. Absent -> :class:`NotFoundError`. Template: checks the name, then calls
+        the store's ``_head``."""
+        check_blob_name(name)
+        return self._call("head", name, lambda: self._head(name))
+
+    # -- raw operations: what a store implements (or it overrides the public operation above) ----------------------
 
     @abc.abstractmethod
-    def head(self, name: str) -> BlobInfo:
-        """Size and metadata of the blob. Absent -> :class:`NotFoundError`."""
+    def _put(self, name: str, data: bytes, *, create_only: bool, metadata: dict[str, str]) -> None:
+        """Raw write of checked arguments (see the class docstring)."""
+
+    @abc.abstractmethod
+    def _get(self, name: str, start: int, end: int | None) -> bytes:
+        """Raw read of ``[start, end)``, clamped to the blob (see the class docstring)."""
+
+    @abc.abstractmethod
+    def _delete(self, name: str) -> None:
+        """Raw idempotent delete of a checked name."""
+
+    @abc.abstractmethod
+    def _list(self, prefix: str) -> Iterator[str]:
+        """Raw listing: the names starting with ``prefix`` literally, sorted."""
+
+    @abc.abstractmethod
+    def _head(self, name: str) -> BlobInfo:
+        """Raw head of a checked name."""
+
+    def _set_metadata(self, name: str, metadata: dict[str, str]) -> None:
+        """Raw metadata replacement; the default reads the blob and writes it back with ``metadata``."""
+        self.put(name, self.get(name), metadata=metadata)
+
+    def _delete_many(self, names: builtins.list[str]) -> None:
+        """Raw batch delete of checked names; the default deletes them one by one."""
+        for name in names:
+            self.delete(name)
+
+    def _delete_if_unchanged(self, versions: dict[str, str]) -> frozenset[str]:
+        """Raw conditional delete of checked names; the default refuses (no capability)."""
+        raise StorageError(
+            f"{self.describe()} cannot delete a blob on condition that it is unchanged (supports_conditional_delete "
+            f"is false); use delete_many ({len(versions)} names asked)"
+        )
+
+    def _put_if(self, name: str, data: bytes, version: str | None) -> str:
+        """Raw compare-and-swap write; the default refuses (no capability)."""
+        raise StorageError(
+            f"{self.describe()} cannot write a blob on condition of its version (supports_conditional_put is false); "
+            f"blob {name!r} was not written"
+        )
+
+    def _get_versioned(self, name: str) -> tuple[bytes, str]:
+        """Raw read of the bytes and their version; the default refuses (no capability)."""
+        raise StorageError(
+            f"{self.describe()} cannot read a blob with its version (supports_conditional_put is false); "
+            f"blob {name!r} was not read"
+        )
+
+    def _translate_error(self, exc: Exception, operation: str, what: str) -> StateBackendError | None:
+        """The statebackend error for ``exc``, an exception that is not one, raised by the raw ``operation`` on
+        ``what`` (a name or prefix), or ``None`` to let it leave as a :class:`StorageError` "unexpected" (not
+        retried). Override it to map the substrate's exceptions: a timeout or lost connection to
+        :class:`~statebackend.errors.TransientStorageError` (retried by the resilience layer), a refusal to a
+        :class:`StorageError` saying what to fix. The base chains the result to a sanitized stand-in of ``exc`` and
+        redacts it; the default maps nothing."""
+        return None
+
+    def redaction_secrets(self) -> tuple[str, ...]:
+        """The secrets this store holds (keys, tokens, SAS), scrubbed from every error leaving it (with the ones
+        registered in :mod:`statebackend.redact`). Default: none."""
+        return ()
+
+    def _call(self, operation: str, what: str, call: Callable[[], T]) -> T:
+        """``call()`` with its errors translated and redacted (:func:`translate_errors`'s rules)."""
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - translated below, outside the handler (no raw __context__)
+            error = _translated(self, operation, what, exc)
+        raise error
 
     # -- concrete defaults, overridden where a service does better --------------------------------------------
 
+    @_template
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
-        """Replace the blob's user metadata (used for the expiry / remove-expiry of garbage collection)."""
-        data = self.get(name)
-        self.put(name, data, metadata=metadata)
+        """Replace the blob's user metadata (used for the expiry / remove-expiry of garbage collection). Absent ->
+        :class:`NotFoundError`. Template: checks the name and metadata, then calls ``_set_metadata``."""
+        check_blob_name(name)
+        checked = check_metadata(metadata)
+        self._call("set_metadata", name, lambda: self._set_metadata(name, checked))
 
     def exists(self, name: str) -> bool:
+        """Whether a blob of this name exists (a ``head`` that did not raise :class:`NotFoundError`)."""
         try:
             self.head(name)
         except NotFoundError:
@@ -266,14 +536,19 @@ class BlobStore(abc.ABC):
             offset += len(chunk)
             yield chunk
 
+    @_template
     def delete_many(self, names: builtins.list[str]) -> None:  # builtins: ``list`` here is the method above
-        """Delete every blob in ``names``; absent ones are success (idempotent, like :meth:`delete`). A store that
-        deletes many names in one request overrides this (S3 DeleteObjects, Azure Blob Batch: a retention of many
-        blobs is then one request, not one each). A failure raises the error of :meth:`delete` naming what was not
-        deleted; the other names may be gone (retrying the whole call is safe). The default deletes one by one."""
-        for name in names:
-            self.delete(name)
+        """Delete every blob in ``names``; absent ones are success (idempotent, like :meth:`delete`), wherever they
+        are among present ones: every present name is deleted. A store that deletes many names in one request
+        implements ``_delete_many`` (S3 DeleteObjects, Azure Blob Batch: a retention of many blobs is then one
+        request, not one each). A failure raises the error of :meth:`delete` naming what was not deleted; the other
+        names may be gone (retrying the whole call is safe). Template: checks every name before anything is deleted,
+        then calls ``_delete_many`` (default: :meth:`delete` one by one)."""
+        checked = [check_blob_name(name) for name in names]
+        if checked:
+            self._call("delete_many", checked[0], lambda: self._delete_many(checked))
 
+    @_template
     def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
         """Delete each blob of ``versions`` (name -> the :attr:`BlobInfo.etag` its ``head`` gave) only if it is still
         that version, in one request per batch where the service batches (like :meth:`delete_many`). Returns the
@@ -281,31 +556,28 @@ class BlobStore(abc.ABC):
         version. An absent name is success (deleted, not kept). Every name is checked before anything is deleted; a
         failure raises the error of :meth:`delete` and retrying the whole call is safe (a blob a lost reply deleted
         is absent now: success). Only for a store whose :attr:`supports_conditional_delete` is true; the default
-        raises :class:`StorageError`."""
-        raise StorageError(
-            f"{self.describe()} cannot delete a blob on condition that it is unchanged (supports_conditional_delete "
-            f"is false); use delete_many ({len(versions)} names asked)"
-        )
+        ``_delete_if_unchanged`` raises :class:`StorageError`."""
+        checked = {check_blob_name(name): version for name, version in versions.items()}
+        return self._call("delete_if_unchanged", next(iter(checked), ""), lambda: self._delete_if_unchanged(checked))
 
+    @_template
     def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
         """Write ``data`` under ``name`` only if the blob is still ``version`` (as :meth:`get_versioned` or an earlier
         :meth:`put_if` gave it), or, with ``version=None``, only if there is no blob of that name; return the new
         version. Otherwise :class:`~statebackend.errors.PreconditionFailedError` and nothing is written. No user
-        metadata. Only for a store whose :attr:`supports_conditional_put` is true; the default raises
+        metadata. Only for a store whose :attr:`supports_conditional_put` is true; the default ``_put_if`` raises
         :class:`StorageError`."""
-        raise StorageError(
-            f"{self.describe()} cannot write a blob on condition of its version (supports_conditional_put is false); "
-            f"blob {name!r} was not written"
-        )
+        check_blob_name(name)
+        payload = bytes(data)
+        return self._call("put_if", name, lambda: self._put_if(name, payload, version))
 
+    @_template
     def get_versioned(self, name: str) -> tuple[bytes, str]:
         """The blob's bytes and their version (for :meth:`put_if`), in one request. Absent ->
-        :class:`NotFoundError`. Only where :attr:`supports_conditional_put`; the default raises
+        :class:`NotFoundError`. Only where :attr:`supports_conditional_put`; the default ``_get_versioned`` raises
         :class:`StorageError`."""
-        raise StorageError(
-            f"{self.describe()} cannot read a blob with its version (supports_conditional_put is false); "
-            f"blob {name!r} was not read"
-        )
+        check_blob_name(name)
+        return self._call("get_versioned", name, lambda: self._get_versioned(name))
 
     # -- optional capabilities: defaults that do nothing, overridden where a store has something to do ----------
 
@@ -411,7 +683,8 @@ def blob_store_class(scheme: str) -> type[BlobStore]:
             f"blob store {scheme}://: {target!r} is {cls!r}, not a subclass of "
             f"statebackend.blobstores.base.BlobStore ({source})"
         )
-    if not callable(getattr(cls, "from_url", None)):
+    from_url = getattr(cls, "from_url", None)
+    if not callable(from_url) or getattr(from_url, "__func__", None) is getattr(BlobStore.from_url, "__func__", 0):
         raise ConfigError(
             f"blob store {scheme}://: {target} has no from_url(url, options) classmethod, which opens it from "
             f"blob.store.url ({source})"

@@ -6,6 +6,9 @@ service would); ``MemoryBlobStore()`` is a private one.
 Each write (``put``, ``set_metadata``) stamps the blob with a fresh version from a process-wide counter: its
 :attr:`~statebackend.blobstores.base.BlobInfo.etag`, which :meth:`MemoryBlobStore.delete_if_unchanged` checks under
 the store's lock, as :meth:`MemoryBlobStore.put_if` does (a compare-and-swap under the same lock).
+
+It implements only the raw operations (``_put``, ``_get``, ``_list``, ...): the base's templates check names,
+metadata and ranges, check its listings and translate its errors (:class:`~statebackend.blobstores.base.BlobStore`).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstores.base import BlobInfo, BlobStore, check_blob_name, check_metadata
-from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionFailedError
+from statebackend.blobstores.base import BlobInfo, BlobStore
+from statebackend.errors import AlreadyExistsError, NotFoundError, PreconditionFailedError
 
 __all__ = ["MemoryBlobStore"]
 
@@ -57,21 +60,16 @@ class MemoryBlobStore(BlobStore):
         name = (parts.netloc + parts.path).strip("/")
         return cls(name or "default")
 
-    def put(
-        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
-    ) -> None:
-        check_blob_name(name)
-        checked = check_metadata(metadata)
-        payload = bytes(data)
+    # raw operations: the base's templates checked names, metadata and ranges before calling them
+
+    def _put(self, name: str, data: bytes, *, create_only: bool, metadata: dict[str, str]) -> None:
         with self._lock:
             if create_only and name in self._blobs:
                 raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}")
-            self._blobs[name] = (payload, checked, _new_version())
+            self._blobs[name] = (data, metadata, _new_version())
 
-    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+    def _put_if(self, name: str, data: bytes, version: str | None) -> str:
         """The version check and the write under the store's lock: one step."""
-        check_blob_name(name)
-        payload = bytes(data)
         with self._lock:
             current = self._blobs.get(name)
             if (current is None) != (version is None) or (current is not None and current[2] != version):
@@ -81,11 +79,10 @@ class MemoryBlobStore(BlobStore):
                     f"{'absent' if version is None else 'version ' + version}: not written"
                 )
             new_version = _new_version()
-            self._blobs[name] = (payload, {}, new_version)
+            self._blobs[name] = (data, {}, new_version)
         return new_version
 
-    def get_versioned(self, name: str) -> tuple[bytes, str]:
-        check_blob_name(name)
+    def _get_versioned(self, name: str) -> tuple[bytes, str]:
         with self._lock:
             try:
                 data, _, version = self._blobs[name]
@@ -93,36 +90,29 @@ class MemoryBlobStore(BlobStore):
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
         return data, version
 
-    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
-        check_blob_name(name)
-        # a negative bound would slice from the end here but means nothing to a service's byte range
-        if (start is not None and start < 0) or (end is not None and end < 0):
-            raise ConfigError(f"byte range [{start}, {end}) must not be negative")
+    def _get(self, name: str, start: int, end: int | None) -> bytes:
         with self._lock:
             try:
                 data = self._blobs[name][0]
             except KeyError:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
-        return data[start or 0 : end]
+        return data[start:end]
 
-    def delete(self, name: str) -> None:
-        check_blob_name(name)
+    def _delete(self, name: str) -> None:
         with self._lock:
             self._blobs.pop(name, None)
 
-    def delete_many(self, names: builtins.list[str]) -> None:
-        """Every name checked first, then all deleted under one lock: one request's worth, like the services'."""
-        checked = [check_blob_name(name) for name in names]
+    def _delete_many(self, names: builtins.list[str]) -> None:
+        """All deleted under one lock: one request's worth, like the services'."""
         with self._lock:
-            for name in checked:
+            for name in names:
                 self._blobs.pop(name, None)
 
-    def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
-        """Every name checked first, then each deleted if its version is still the one given, all under one lock."""
-        checked = {check_blob_name(name): version for name, version in versions.items()}
+    def _delete_if_unchanged(self, versions: dict[str, str]) -> frozenset[str]:
+        """Each deleted if its version is still the one given, all under one lock."""
         kept: set[str] = set()
         with self._lock:
-            for name, version in checked.items():
+            for name, version in versions.items():
                 blob = self._blobs.get(name)
                 if blob is None:
                     continue
@@ -132,13 +122,12 @@ class MemoryBlobStore(BlobStore):
                 del self._blobs[name]
         return frozenset(kept)
 
-    def list(self, prefix: str = "") -> Iterator[str]:
+    def _list(self, prefix: str) -> Iterator[str]:
         with self._lock:
             names = sorted(n for n in self._blobs if n.startswith(prefix))
-        yield from names
+        return iter(names)
 
-    def head(self, name: str) -> BlobInfo:
-        check_blob_name(name)
+    def _head(self, name: str) -> BlobInfo:
         with self._lock:
             try:
                 data, metadata, version = self._blobs[name]
@@ -146,11 +135,10 @@ class MemoryBlobStore(BlobStore):
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
         return BlobInfo(name=name, size=len(data), metadata=metadata, etag=version)
 
-    def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
-        check_blob_name(name)
+    def _set_metadata(self, name: str, metadata: dict[str, str]) -> None:
         with self._lock:
             try:
                 data = self._blobs[name][0]
             except KeyError:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
-            self._blobs[name] = (data, check_metadata(metadata), _new_version())
+            self._blobs[name] = (data, metadata, _new_version())

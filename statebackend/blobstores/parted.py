@@ -9,17 +9,14 @@ import concurrent.futures
 import functools
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, BinaryIO, ClassVar, TypeVar, cast
+from typing import BinaryIO, ClassVar, TypeVar
 
-from statebackend.blobstores.base import BlobStore
+from statebackend.blobstores.base import BlobStore, translate_errors
 from statebackend.blobstores.resilience import RESILIENCE_OPTIONS, Resilience
 from statebackend.concurrency import SharedPools
-from statebackend.errors import StateBackendError, StorageError
 from statebackend.options import OptionSpec, parse_bool, parse_bytes
-from statebackend.redact import redact, sanitized, scrub_chain
 
 T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 
 MIN_PART_SIZE = 5 << 20  # S3's smallest part; Azure blocks may be smaller but one rule keeps both simple
 
@@ -79,29 +76,9 @@ def file_equals(chunks: Iterator[bytes], path: str | os.PathLike[str]) -> bool:
         return f.read(1) == b""
 
 
-def sdk_boundary(method: F) -> F:
-    """Decorates a public method of a :class:`PartedBlobStore`: a statebackend error leaves with its chain scrubbed
-    (no raw SDK exception, no secret in ``__cause__``/``__context__``); any other exception, which the store's
-    translation did not expect, leaves as a :class:`StorageError` chained to a sanitized stand-in."""
-
-    @functools.wraps(method)
-    def wrapper(self: PartedBlobStore, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        except StateBackendError as err:
-            scrub_chain(err, self._secrets())
-            raise
-        except Exception as exc:  # noqa: BLE001 - translated below, outside the handler (no raw __context__)
-            secrets = self._secrets()
-            error = StorageError(
-                f"unexpected {type(exc).__name__} from {method.__name__} in {self.describe()}: "
-                f"{redact(exc, secrets)}; not retried (please report it with this message)"
-            )
-            error.__cause__ = sanitized(exc, secrets)
-            error.__suppress_context__ = True
-        raise error
-
-    return cast(F, wrapper)
+#: the error translation of the built-in ``az://`` and ``s3://`` stores' public methods: the public
+#: :func:`~statebackend.blobstores.base.translate_errors` (kept under this name for code that imports it from here)
+sdk_boundary = translate_errors
 
 
 class PartedBlobStore(BlobStore):
@@ -139,6 +116,10 @@ class PartedBlobStore(BlobStore):
     def _secrets(self) -> tuple[str, ...]:
         """The secrets this store's messages must never show (registered globally too)."""
         return ()
+
+    def redaction_secrets(self) -> tuple[str, ...]:
+        """The store's secrets (:meth:`_secrets`), scrubbed from every error by :func:`translate_errors`."""
+        return self._secrets()
 
     def _put_small_file(
         self, name: str, path: str | os.PathLike[str], create_only: bool, metadata: Mapping[str, str] | None
