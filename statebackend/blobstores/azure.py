@@ -463,8 +463,9 @@ class AzureBlobStore(PartedBlobStore):
             )
         return failed, StorageError(message), changed
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        yield from self._list_names(prefix)
+    def _list(self, prefix: str) -> Iterator[str]:
+        """The raw listing under the base's template (which checks the prefix, the order and every name)."""
+        return iter(self._list_names(prefix))
 
     @sdk_boundary
     def _list_names(self, prefix: str) -> builtins.list[str]:

@@ -211,17 +211,26 @@ def _is_template(method: object) -> bool:
     return bool(getattr(method, "__blob_store_template__", False))
 
 
+def _raw_default(method: F) -> F:
+    """Marks the base's stand-in for a core raw operation: a class that keeps it and the template is abstract."""
+    method.__blob_store_raw_default__ = True  # type: ignore[attr-defined]
+    return method
+
+
 class _BlobStoreMeta(abc.ABCMeta):
     """ABCMeta that asks of each core operation either the raw method (``_put``) or a public override (``put``,
-    today's contract): a store class that overrides ``put`` need not implement ``_put``, and one that implements
-    ``_put`` gets the base's ``put``."""
+    today's contract): a class that keeps both the base's template and the base's stand-in for the raw method is
+    abstract (it cannot be instantiated). Done here, not with ``abc.abstractmethod`` on the raw methods, so that a
+    type checker does not call a store that overrides the public methods abstract."""
 
     def __new__(mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any) -> _BlobStoreMeta:
         cls = super().__new__(mcls, name, bases, namespace, **kwargs)
         abstract = set(cls.__abstractmethods__)
         for public, raw in _CORE_OPERATIONS.items():
-            if not _is_template(getattr(cls, public, None)):
-                abstract.discard(raw)  # the class (or a parent) overrides the public method: the raw one is unused
+            if _is_template(getattr(cls, public, None)) and getattr(
+                getattr(cls, raw, None), "__blob_store_raw_default__", False
+            ):
+                abstract.add(raw)
         cls.__abstractmethods__ = frozenset(abstract)
         return cls
 
@@ -412,25 +421,30 @@ class BlobStore(abc.ABC, metaclass=_BlobStoreMeta):
 
     # -- raw operations: what a store implements (or it overrides the public operation above) ----------------------
 
-    @abc.abstractmethod
+    @_raw_default
     def _put(self, name: str, data: bytes, *, create_only: bool, metadata: dict[str, str]) -> None:
         """Raw write of checked arguments (see the class docstring)."""
+        raise NotImplementedError(f"{type(self).__qualname__} implements neither put nor _put")
 
-    @abc.abstractmethod
+    @_raw_default
     def _get(self, name: str, start: int, end: int | None) -> bytes:
         """Raw read of ``[start, end)``, clamped to the blob (see the class docstring)."""
+        raise NotImplementedError(f"{type(self).__qualname__} implements neither get nor _get")
 
-    @abc.abstractmethod
+    @_raw_default
     def _delete(self, name: str) -> None:
         """Raw idempotent delete of a checked name."""
+        raise NotImplementedError(f"{type(self).__qualname__} implements neither delete nor _delete")
 
-    @abc.abstractmethod
+    @_raw_default
     def _list(self, prefix: str) -> Iterator[str]:
         """Raw listing: the names starting with ``prefix`` literally, sorted."""
+        raise NotImplementedError(f"{type(self).__qualname__} implements neither list nor _list")
 
-    @abc.abstractmethod
+    @_raw_default
     def _head(self, name: str) -> BlobInfo:
         """Raw head of a checked name."""
+        raise NotImplementedError(f"{type(self).__qualname__} implements neither head nor _head")
 
     def _set_metadata(self, name: str, metadata: dict[str, str]) -> None:
         """Raw metadata replacement; the default reads the blob and writes it back with ``metadata``."""

@@ -342,8 +342,9 @@ class FileBlobStore(BlobStore):
         os.unlink(taken_path)
         self._fsync_directory(os.path.dirname(path))
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Yield blob names starting with ``prefix``, sorted; only directories that can match are read."""
+    def _list(self, prefix: str) -> Iterator[str]:
+        """Yield blob names starting with ``prefix``, sorted; only directories that can match are read (the raw
+        listing under the base's template, which checks the prefix, the order and every name)."""
         root = self._ready_root()
         directory, slash, partial = prefix.rpartition("/")
         if "\x00" in partial or "\\" in partial:

@@ -465,8 +465,9 @@ class S3BlobStore(PartedBlobStore):
             return failed, StorageError(message + ": check the credentials' delete permission and the bucket policy")
         return failed, StorageError(message)
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        yield from self._list_names(prefix)
+    def _list(self, prefix: str) -> Iterator[str]:
+        """The raw listing under the base's template (which checks the prefix, the order and every name)."""
+        return iter(self._list_names(prefix))
 
     @sdk_boundary
     def _list_names(self, prefix: str) -> builtins.list[str]:

@@ -31,7 +31,7 @@ from statebackend.testing.conditional_delete_contract import ConditionalDeleteCo
 from statebackend.testing.conditional_put_contract import ConditionalPutContract
 from statebackend.testing.deadline import deadline, scaled
 
-__all__ = ["BAD_NAMES", "BlobStoreContract"]
+__all__ = ["BAD_NAMES", "LONG_RUN_PROFILE", "PROFILE_ENV", "SPECIAL_CHARACTERS", "BlobStoreContract"]
 
 #: names that must be rejected with ConfigError before anything is written
 BAD_NAMES = [
@@ -49,7 +49,34 @@ BAD_NAMES = [
     "a/",
     "a\x00b",
     "a\\..\\b",
+    # characters no store holds, refused alike on every store (check_blob_name)
+    "a\\b",
+    "back\\",
+    "a\tb",
+    "a\nb",
+    "a\x7fb",
+    "lone\udc80surrogate",
 ]
+
+#: characters that are ordinary in a name and a prefix: a listing must match them literally (SQL LIKE takes ``%`` and
+#: ``_`` as wildcards, a glob ``*``, ``?`` and ``[``)
+SPECIAL_CHARACTERS = ["%", "_", "*", "?", "[", "]"]
+
+#: the Hypothesis profile of the long run of the stateful test (many examples, long runs): selected for every
+#: store's ``test_store_behaves_like_a_dict`` when the environment variable :data:`PROFILE_ENV` names it, and run by
+#: statebackend's CI on the memory store (tests/test_blobstore_memory.py)
+LONG_RUN_PROFILE = "statebackend-long"
+#: the environment variable that selects :data:`LONG_RUN_PROFILE`:
+#: ``STATEBACKEND_HYPOTHESIS_PROFILE=statebackend-long``
+PROFILE_ENV = "STATEBACKEND_HYPOTHESIS_PROFILE"
+
+settings.register_profile(
+    LONG_RUN_PROFILE,
+    max_examples=300,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 _BINARY = bytes(range(256)) * 3
 
@@ -139,6 +166,43 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
         assert store.get("blob") == b"second"
         assert self.raw_get(store, "blob") == b"second"
         assert list(store.list()) == ["blob"]
+
+    def test_a_read_after_an_overwrite_sees_the_new_bytes(
+        self, store: BlobStore, tmp_path_factory: pytest.TempPathFactory
+    ) -> None:
+        """Every read path after every write path: a store that caches what it read (or what it wrote) must drop the
+        cached blob when the name is written again, deleted or written through another path."""
+        local = tmp_path_factory.mktemp("local")
+        store.put("cached", b"first version")
+        assert store.get("cached") == b"first version"
+        assert store.get("cached", start=6) == b"version"
+        assert store.head("cached").size == 13
+        store.put("cached", b"second")
+        assert store.get("cached") == b"second"
+        assert store.get("cached", start=1, end=3) == b"ec"
+        assert store.head("cached").size == 6
+        assert b"".join(store.iter_bytes("cached", chunk_size=4)) == b"second"
+        out = io.BytesIO()
+        assert store.get_into("cached", out) == 6 and out.getvalue() == b"second"
+        (local / "third").write_bytes(b"third, from a file")
+        store.put_file("cached", local / "third")
+        assert store.get("cached") == b"third, from a file"
+        assert store.get_file("cached", local / "back") == 18
+        assert (local / "back").read_bytes() == b"third, from a file"
+        store.set_metadata("cached", {"kind": "x"})
+        assert store.get("cached") == b"third, from a file"
+        store.delete("cached")
+        with pytest.raises(NotFoundError):
+            store.get("cached")
+        assert not store.exists("cached")
+        store.put("cached", b"fourth", create_only=True)
+        assert store.get("cached") == b"fourth"
+        store.delete_many(["cached"])
+        with pytest.raises(NotFoundError):
+            store.head("cached")
+        store.put("cached", b"fifth")
+        assert store.get("cached") == b"fifth"
+        assert self.raw_get(store, "cached") == b"fifth"
 
     def test_create_only_writes_a_new_name(self, store: BlobStore) -> None:
         store.put("new", b"data", create_only=True)
@@ -322,6 +386,29 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
         store.delete_many(["x/1", "x/3", "x/absent"])
         assert list(store.list()) == ["x/2"]
 
+    def test_delete_many_deletes_every_present_name_wherever_the_absent_ones_are(self, store: BlobStore) -> None:
+        """Absent names first, between and after present ones: every present one is deleted and no error is raised
+        (a batch that stops at the first absent name and reports success leaves blobs a collector thinks gone)."""
+        present = [f"p/{i}" for i in range(6)]
+        for name in present:
+            store.put(name, name.encode())
+        store.delete_many(["absent/0", "p/0", "absent/1", "absent/2", "p/2", "p/4", "absent/3"])
+        assert list(store.list()) == ["p/1", "p/3", "p/5"]
+        assert self.raw_get(store, "p/2") is None
+        store.delete_many(["p/1", "p/1", "absent/4", "p/5"])  # a name twice, and an absent one between
+        assert list(store.list()) == ["p/3"]
+        store.delete_many([])
+        store.delete_many(["absent/5", "absent/6"])
+        assert list(store.list()) == ["p/3"]
+        assert store.get("p/3") == b"p/3"
+
+    def test_delete_many_checks_every_name_before_deleting_any(self, store: BlobStore) -> None:
+        store.put("kept/1", b"x")
+        store.put("kept/2", b"y")
+        with pytest.raises(ConfigError):
+            store.delete_many(["kept/1", "../escape", "kept/2"])
+        assert list(store.list()) == ["kept/1", "kept/2"]
+
     # -- list ---------------------------------------------------------------------------------------------------
 
     def test_list_of_an_empty_store_is_empty(self, store: BlobStore) -> None:
@@ -366,8 +453,34 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
 
     def test_list_with_a_prefix_no_name_can_have_is_empty(self, store: BlobStore) -> None:
         store.put("a/b", b"x")
-        for prefix in ["/a", "a//", "../", "a/../", "./a"]:
+        for prefix in ["/a", "a//", "../", "a/../", "./a", "a\\", "\\", "a/\\b", "a\x00", "a\x01", "a\n"]:
             assert list(store.list(prefix)) == [], prefix
+
+    # -- characters a listing must take literally ---------------------------------------------------------------
+
+    @pytest.mark.parametrize("char", SPECIAL_CHARACTERS)
+    def test_names_with_special_characters_round_trip_and_list_literally(self, store: BlobStore, char: str) -> None:
+        """``%``, ``_``, ``*``, ``?``, ``[`` and ``]`` are characters like any other, in names and in prefixes: a
+        listing that takes them as wildcards (SQL LIKE, a glob, a regular expression) lists names that do not start
+        with the prefix, or misses ones that do."""
+        c = char
+        names = [f"sp/a{c}", f"sp/a{c}b", f"sp/a{c}{c}", "sp/ab", "sp/axb", "sp/a", f"sp/{c}x", "sp/x", f"d{c}/y"]
+        names += ["dx/y", f"sp/a{c}{c}{c}b"]
+        for name in names:
+            store.put(name, name.encode(), metadata={"kind": "special"})
+        for name in names:
+            assert store.get(name) == name.encode()
+            assert self.raw_get(store, name) == name.encode()
+            assert store.head(name).size == len(name.encode())
+        assert list(store.list()) == sorted(names)
+        for prefix in [f"sp/a{c}", f"sp/a{c}{c}", f"sp/{c}", f"d{c}", f"d{c}/", f"sp/a{c}b", c, "sp/a", f"{c}{c}"]:
+            assert list(store.list(prefix)) == sorted(n for n in names if n.startswith(prefix)), prefix
+        store.delete(f"sp/a{c}")
+        assert not store.exists(f"sp/a{c}")
+        assert store.get(f"sp/a{c}b") == f"sp/a{c}b".encode()
+        store.delete_many([f"sp/a{c}{c}", f"sp/{c}absent"])
+        remaining = sorted(n for n in names if n not in {f"sp/a{c}", f"sp/a{c}{c}"})
+        assert list(store.list()) == remaining
 
     # -- names that could escape the root ----------------------------------------------------------------------
 
@@ -549,16 +662,26 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
     # -- against a dict model -----------------------------------------------------------------------------------
 
     def test_store_behaves_like_a_dict(self, store: BlobStore) -> None:
+        """Random operations on the store and on a dict agree: :attr:`state_machine_examples` runs of
+        :attr:`state_machine_steps` steps, or the long run of :data:`LONG_RUN_PROFILE` when :data:`PROFILE_ENV`
+        selects it."""
+        self.run_state_machine(store, long_run=os.environ.get(PROFILE_ENV) == LONG_RUN_PROFILE)
+
+    def run_state_machine(self, store: BlobStore, *, long_run: bool = False) -> None:
+        """Run the stateful test on ``store``: the class's example and step counts, or with ``long_run`` the
+        :data:`LONG_RUN_PROFILE` (300 runs of 60 steps: what a read cache an overwrite does not invalidate needs,
+        besides the direct test)."""
         machine = type("Machine", (_BlobStoreMachine,), {"store": store, "contract": self})
-        run_state_machine_as_test(
-            machine,
-            settings=settings(
+        if long_run:
+            chosen = settings.get_profile(LONG_RUN_PROFILE)
+        else:
+            chosen = settings(
                 max_examples=self.state_machine_examples,
                 stateful_step_count=self.state_machine_steps,
                 deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-            ),
-        )
+            )
+        run_state_machine_as_test(machine, settings=chosen)
 
 
 # no name is a directory of another ("a" and "a/b"), which a file:// store cannot hold at once
