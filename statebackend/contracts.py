@@ -58,26 +58,35 @@ class BackendContext:
 
     #: canonical factory name, as written into checkpoints (``changelog``, ``blobsnapshot``, or a dotted path)
     factory_name: str
+    #: the job's name (``job.name``): the first segment of every blob prefix
     job_name: str
+    #: the task's name within the job: the second segment of every blob prefix
     task_name: str
     #: the stores of this task that this backend backs up or restores, by store name
     stores: Mapping[str, LocalStore]
+    #: the job's blob store, shared by the task's backends and its checkpoint log: the backend's blobs go under
+    #: :meth:`blob_prefix`
     blob_store: BlobStore
     #: the task's checkpoint log: its retention (``retained``) bounds what backends keep; its listings never show less
     #: than the newest checkpoint the task knows durable (its ``floor``), so in a backend's mark phase a short
     #: listing is a fault, never "nothing is referenced"
     checkpoint_log: CheckpointLog
-    #: the bounded pool shared by the tasks of the process; uploads and cleanups run here
+    #: the commit pool: bounded, shared by the tasks of the process. An ``upload`` queues its work here; the framework
+    #: writes checkpoints, sends notices and collects garbage here. Never wait on a future of this pool from a task
+    #: of it (chain callbacks instead): that can deadlock a full pool
     executor: Executor
+    #: the task's metrics, to count into with names from :mod:`statebackend.metrics.catalogue` (labels ``store`` and
+    #: ``backend`` where the catalogue has them)
     metrics: Metrics
     #: this backend's own ``<factory>.*`` settings, already validated by the factory's ``options`` schema
     options: Mapping[str, Any] = attrs.field(factory=dict)
-    #: for backup managers: which backend restored each of its stores at open (``None``: the store started empty).
-    #: A backend whose own restore failed (another one's marker was used instead) must not build on its lineage.
+    #: which backend restored each store at open, by store name; ``None`` means the store started empty. Set for
+    #: backup managers. A backend whose own restore failed (another one's marker was used instead) must not build on
+    #: its lineage.
     restored_by: Mapping[str, str | None] = attrs.field(factory=dict)
-    #: for backup managers: per store, the backends whose restore of it failed at open (then another backend's marker
-    #: was used). A backend that failed must not continue its lineage; one that was not tried (another came first in
-    #: ``restore.factories``) may, when the store's version is the one its marker describes.
+    #: per store, the backends whose restore of it failed at open (then another backend's marker was used). Set for
+    #: backup managers. A backend that failed must not continue its lineage; one that was not tried (another came
+    #: first in ``restore.factories``) may, when the store's version is the one its marker describes.
     restore_failures: Mapping[str, tuple[str, ...]] = attrs.field(factory=dict)
 
     def blob_prefix(self, store_name: str) -> str:
@@ -106,7 +115,10 @@ class BlobLifetime(abc.ABC):
     job: no task's collector deletes them (a release or a sweep of one task cannot see the others' checkpoints); the
     job-level collector (``statebackend gc``, :func:`statebackend.kit.lifetime.sweep_shared`) marks from every task.
 
-    Callbacks run on the commit pool, under :meth:`guard` of the store concerned.
+    **Threads.** The framework calls these methods on the commit pool (:attr:`BackendContext.executor`): after each
+    durable checkpoint (release, and the sweep when due), at start (the sweep of :attr:`sweep_on_init`) and at close.
+    Two calls may run at once (two completions on the pool), so a method that reads the manager's running state takes
+    its lock. What marks, deletes and reports for a store runs under :meth:`guard` of that store.
     """
 
     def __init__(
@@ -205,7 +217,15 @@ class TaskBackupManager(abc.ABC):
 
     @abc.abstractmethod
     def init(self, checkpoint: CheckpointV2 | None) -> None:
-        """Called once, after restore, with the checkpoint the stores were restored to (``None``: fresh)."""
+        """Called once, on the opening thread, after restore, with the checkpoint the stores were restored to.
+
+        ``None``: no durable checkpoint yet. The framework has emptied the stores first (local data that no
+        checkpoint holds is never kept), so the first commit must back up everything from nothing: a backend never
+        builds on blobs it finds under its prefix (an earlier attempt's uploads whose checkpoint never landed), and
+        never reads the store's local version as a step of its lineage. Otherwise take this backend's markers
+        (``checkpoint.markers_for(context.factory_name)``) as where each lineage continues, but only for a store this
+        backend restored (:attr:`BackendContext.restored_by`); a store restored by another backend, or that started
+        empty, starts a lineage of its own."""
 
     @abc.abstractmethod
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
@@ -216,12 +236,21 @@ class TaskBackupManager(abc.ABC):
         puts and deletes since the last commit, sorted on first use. Back up *that*, never the live store: writes
         made after this call (the task goes on while ``upload`` runs) belong to the next commit, and a checkpoint
         that holds them would restore keys that were never committed. A backend that keeps a full copy reads it
-        from a :class:`~statebackend.store.ReadView` opened here (a consistent snapshot), not later."""
+        from a :class:`~statebackend.store.ReadView` opened here (a consistent snapshot), not later.
+
+        **Preliminary markers** are the manager's own business: the framework hands them, unchanged, to this
+        manager's ``upload`` of the same checkpoint and nowhere else (they are never written into a checkpoint, never
+        shown to another backend). They must be a ``{store: str}`` dict; what they hold is free (the marker the upload
+        will return, a placeholder, or ``{}`` when the manager keeps what it prepared itself). If a snapshot of this
+        commit raises, ``upload`` is not called and :meth:`abort` is."""
 
     @abc.abstractmethod
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
-        """Make the snapshot durable. Runs on the commit pool, concurrent with processing. The future's markers
-        are written into the checkpoint; everything they reference MUST be durable when it resolves: resolve it
+        """Make the snapshot durable. Called on the task's thread right after ``snapshot`` (``markers``: what it
+        returned), it must return at once: queue the work on the commit pool (:attr:`BackendContext.executor`), where
+        it runs concurrent with processing, and return its future. The future's markers are written into the
+        checkpoint, one per store of this manager (a store without one restores empty); everything they reference
+        MUST be durable when it resolves: resolve it
         only after every put it depends on returned (a put that failed fails the future; a marker that names a
         blob not yet written makes a checkpoint that restores nothing). Never wait on another future of the same
         pool (chain callbacks instead). A failure is raised by the framework at the next commit; it must not
@@ -229,8 +258,10 @@ class TaskBackupManager(abc.ABC):
         (``commit.bytes.reused`` for what a marker names without sending it again)."""
 
     def cleanup(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[None]:
-        """The earlier contract's garbage collection, kept so backends written to it work unchanged: called on the
-        caller's thread after ``checkpoint_id`` is durable, it returns the future of work it queued. Idempotent.
+        """The earlier contract's garbage collection, kept so backends written to it work unchanged: called after
+        ``checkpoint_id`` is durable, on the commit pool thread that wrote the checkpoint (and once more at close, on
+        the closing thread, for the last checkpoint), it must return at once with the future of work it queued on
+        the commit pool. Idempotent.
 
         A backend whose :meth:`blob_lifetime` states its blobs (every built-in does) leaves this alone: the default
         does nothing, and the framework deletes what no retained checkpoint names. A backend that overrides it
@@ -252,8 +283,9 @@ class TaskBackupManager(abc.ABC):
         self, checkpoint_id: CheckpointId, markers: StoreMarkers
     ) -> None:
         """Notice: the checkpoint holding ``markers`` (this manager's, from its ``upload``) is durable. Runs on the
-        commit pool before the framework collects garbage after it, and may run again for the same checkpoint (at
-        close): be idempotent. What a backend does here is bookkeeping (its chain's blobs may now be named again
+        commit pool (a task of its own, queued after the checkpoint write) before the framework collects garbage after
+        it, and may run again for the same checkpoint (at close): be idempotent. Notices of two checkpoints may run
+        at once or out of order. What a backend does here is bookkeeping (its chain's blobs may now be named again
         whatever their age); it deletes nothing. As Flink's ``notifyCheckpointComplete``. The default does
         nothing."""
 
@@ -263,13 +295,14 @@ class TaskBackupManager(abc.ABC):
         """Notice: the upload of ``checkpoint_id`` succeeded (``markers`` are what it returned) but its checkpoint
         write failed. The write may still have landed (its reply lost), so what the markers name is neither durable
         nor garbage yet: build nothing on it that needs it durable; the framework's sweep deletes it after the
-        grace period if no checkpoint names it. Runs on the commit pool. As Flink's ``notifyCheckpointAborted``.
+        grace period if no checkpoint names it. Runs on the commit pool thread whose checkpoint write failed, before
+        the commit's failure is reported. As Flink's ``notifyCheckpointAborted``.
         The default does nothing."""
 
     def abort(self, checkpoint_id: CheckpointId) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """The sync part of commit ``checkpoint_id`` failed after this manager's ``snapshot()`` may have run (another
-        backend's snapshot raised): forget what it prepared, so the next commit starts clean. Its change sets are
-        closed by the framework."""
+        backend's snapshot raised): forget what it prepared, so the next commit starts clean. Called on the task's
+        thread; ``upload`` is not called for this checkpoint. Its change sets are closed by the framework."""
 
     def cancel_background(self) -> None:  # noqa: B027 - an optional hook: the default does nothing
         """Called just before ``close()`` when another opener of the task waits for it (a parked task handed to
@@ -287,7 +320,11 @@ class TaskRestoreManager(abc.ABC):
 
     @abc.abstractmethod
     def init(self, checkpoint: CheckpointV2 | None) -> None:
-        """The checkpoint to restore to (``None``: no durable checkpoint yet, the stores start empty)."""
+        """The checkpoint to restore to, before :meth:`restore`, on the opening thread. ``None``: no durable
+        checkpoint yet; then (and for a store this backend has no marker of in ``checkpoint``) ``restore`` must leave
+        the store empty, clearing whatever local data it holds (``store.replace_contents([], None)``): local data no
+        checkpoint holds is never kept. (When it opens a task the framework empties such stores itself, without
+        calling the restore manager; a restore manager does not rely on that.)"""
 
     @abc.abstractmethod
     def restore(self) -> None:
@@ -383,10 +420,18 @@ class StateBackendFactory(abc.ABC):
     options: Mapping[str, Any] = {}
 
     @abc.abstractmethod
-    def backup_manager(self, context: BackendContext) -> TaskBackupManager: ...
+    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
+        """A new backup manager for one task's stores in ``context`` (those this backend backs up), made once per
+        open of the task, before :meth:`TaskBackupManager.init`. Cheap: start no work and touch no blob here."""
 
     @abc.abstractmethod
-    def restore_manager(self, context: BackendContext) -> TaskRestoreManager: ...
+    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
+        """A new restore manager for the stores in ``context`` (those this backend restores at this open, maybe a
+        subset of the task's), used for one :meth:`TaskRestoreManager.restore` and closed. Cheap: download nothing
+        here."""
 
     @abc.abstractmethod
-    def admin(self, context: BackendContext) -> StateBackendAdmin: ...
+    def admin(self, context: BackendContext) -> StateBackendAdmin:
+        """The admin of this backend for ``context``, made by the ``statebackend`` command (``validate``,
+        ``inspect``, ``verify``, ``gc``). There the context has no stores and its executor refuses work (a command
+        runs no commits): an admin reads and writes the blob store on the calling thread."""
