@@ -1,10 +1,16 @@
 """Broken blob stores: each a small change to the in-memory store (:class:`MemoryBlobStore`), made the way a
 blob store author gets it wrong (most after a real service's pitfall: pages, ranges, conditional writes). The blob
-store contract suite must fail every one of them (tests/test_mutants.py; docs/contract-suites.md)."""
+store contract suite must fail every one of them (tests/test_mutants.py; docs/contract-suites.md).
+
+The last four are written the way an outsider writes a store on another substrate, on the base's raw operations
+(``_list``, ``_get``, ``_delete_many``): a listing by SQL ``LIKE`` or by a glob, a batch delete that stops at the
+first absent name, a read cache that an overwrite does not invalidate."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import re
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -20,12 +26,16 @@ __all__ = [
     "CreateOnlyOverwrites",
     "DeleteManyDeletesTheFirst",
     "DeleteRemovesSiblings",
+    "DeleteManyStopsAtTheFirstAbsent",
     "DropsLargePuts",
     "IgnoresRanges",
+    "ListsByGlob",
+    "ListsByLike",
     "ListsOnePage",
     "ListsUnsorted",
     "LosesFileMetadata",
     "PutFileKeepsTheVersion",
+    "ReadCacheMissesOverwrites",
     "TruncatesLargeReads",
     "VersionRestartsAfterDelete",
 ]
@@ -227,3 +237,57 @@ class PutFileKeepsTheVersion(MemoryBlobStore):
             if before is not None and before[0] == payload:
                 version = before[2]
             self._blobs[name] = (payload, checked, version)
+
+
+class ListsByLike(MemoryBlobStore):
+    """A listing by SQL ``name LIKE prefix || '%'`` without escaping the prefix (an SQL-backed store's first try):
+    ``%`` and ``_`` in a prefix are wildcards, so ``list("a_")`` also lists ``ab``."""
+
+    def _list(self, prefix: str) -> Iterator[str]:
+        pattern = "".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in prefix + "%")
+        like = re.compile(pattern, re.DOTALL)
+        with self._lock:
+            return iter(sorted(name for name in self._blobs if like.fullmatch(name)))
+
+
+class ListsByGlob(MemoryBlobStore):
+    """A listing by a glob, ``prefix + "*"`` (a store on a filesystem or SQLite's ``GLOB``): ``*``, ``?`` and ``[``
+    in a prefix are wildcards."""
+
+    def _list(self, prefix: str) -> Iterator[str]:
+        with self._lock:
+            return iter(sorted(name for name in self._blobs if fnmatch.fnmatchcase(name, prefix + "*")))
+
+
+class DeleteManyStopsAtTheFirstAbsent(MemoryBlobStore):
+    """A batch delete stops at the first absent name and reports success (a loop that breaks on "not found"): the
+    present names after it are never deleted."""
+
+    def _delete_many(self, names: list[str]) -> None:
+        with self._lock:
+            for name in names:
+                if self._blobs.pop(name, None) is None:
+                    return
+
+
+class ReadCacheMissesOverwrites(MemoryBlobStore):
+    """Whole-blob reads are cached by name; a delete drops the cached blob, an overwrite does not (the cache was
+    thought of as "blobs are immutable"): a read after an overwrite returns the old bytes."""
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(name)
+        self._cache: dict[str, bytes] = {}
+
+    def _get(self, name: str, start: int, end: int | None) -> bytes:
+        if name not in self._cache:
+            self._cache[name] = super()._get(name, 0, None)
+        return self._cache[name][start:end]
+
+    def _delete(self, name: str) -> None:
+        self._cache.pop(name, None)
+        super()._delete(name)
+
+    def _delete_many(self, names: list[str]) -> None:
+        for name in names:
+            self._cache.pop(name, None)
+        super()._delete_many(names)
