@@ -29,7 +29,8 @@ T = TypeVar("T")
 class Closeable(Protocol):
     """What :func:`close_when_ready` closes (a ``ReadView``)."""
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what it holds (a read view's LMDB read transaction)."""
 
 
 C = TypeVar("C", bound=Closeable)
@@ -54,10 +55,13 @@ class Cancellation:
         self._event = threading.Event()
 
     def cancel(self) -> None:
+        """Ask the work to stop (from ``cancel_background``, any thread); idempotent. The work stops at its next
+        :meth:`check` or chunk of :meth:`records`; this never waits for it."""
         self._event.set()
 
     @property
     def cancelled(self) -> bool:
+        """Whether :meth:`cancel` was called."""
         return self._event.is_set()
 
     def error(self, what: str) -> BackgroundWorkCancelled:

@@ -35,6 +35,7 @@ from statebackend.blobstores.base import BlobStore
 from statebackend.checkpoint import LogEntry
 from statebackend.errors import CommitError, CommitTimeoutError, CorruptDataError, NotFoundError
 from statebackend.task import TaskStorage
+from statebackend.testing.backend_designs import DesignTests
 from statebackend.testing.backend_faults import FaultTests
 from statebackend.testing.backend_support import (
     contents,
@@ -50,10 +51,12 @@ from statebackend.testing.controlled import GatedExecutor
 __all__ = ["BackendContract", "contents", "write_round"]
 
 
-class BackendContract(FaultTests):
+class BackendContract(DesignTests, FaultTests):
     """The suite (see the module docstring); its settings and fixtures are in
     :class:`~statebackend.testing.backend_base.BackendContractBase`, its fault tests in
-    :class:`~statebackend.testing.backend_faults.FaultTests`."""
+    :class:`~statebackend.testing.backend_faults.FaultTests`, the tests that bite on designs unlike the built-ins
+    (a moved clock, partial write faults, one missing blob, a failed restore, changed values, random histories) in
+    :class:`~statebackend.testing.backend_designs.DesignTests`."""
 
     # -- restart and restore --------------------------------------------------------------------------------------
 
