@@ -25,10 +25,13 @@ class InterruptFlag:
         self._event = threading.Event()
 
     def set(self) -> None:
+        """Raise the flag (what a restore manager's ``interrupt()`` does): from any thread, at any time, any number
+        of times; never waits for the restore. A restore that has not started stops at its first :meth:`check`."""
         self._event.set()
 
     @property
     def is_set(self) -> bool:
+        """Whether :meth:`set` was called (the flag is never lowered: a restore manager restores once)."""
         return self._event.is_set()
 
     def check(self, store: str, *, before: str | None = None) -> None:
