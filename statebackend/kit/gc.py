@@ -157,12 +157,14 @@ class GraceRule:
     ``first_seen`` is the collector's memory of blobs of unknown age; ``None`` for a collector without memory
     between runs, which then never finds such a blob old enough."""
 
-    #: unmarked blobs younger than this are left alone (0: the guard is off)
+    #: the grace period in milliseconds: an unmarked blob younger than this is left alone (0 turns the guard off)
     grace_ms: int
+    #: the collector's first sightings of blobs of unknown age (``None``: a collector without memory)
     first_seen: FirstSeen | None = None
 
     @property
     def grace_s(self) -> float:
+        """The grace period in seconds."""
         return self.grace_ms / 1000.0
 
     def age(self, name: str, metadata: Mapping[str, str] | None, now: float) -> float | None:
@@ -282,7 +284,8 @@ def sweep_unreferenced(
     """Delete the blobs listed under ``prefix`` that ``mark`` does not hold and that are old enough by ``rule``.
 
     - An incomplete mark sweeps nothing (not even a listing is made).
-    - ``spare(name)`` true keeps a blob the backend knows more about (a seq beyond the newest checkpoint's).
+    - ``spare(name)`` true keeps a blob the backend knows more about (a seq beyond the newest checkpoint's); asked
+      once per unmarked name listed, before anything else is read of it.
     - Before each candidate the deadline is checked (:meth:`GraceRule.sweep_deadline` of ``mark.at`` against
       ``clock()``): once past, the sweep stops (``Swept.stopped``); sweep again with a new mark.
     - A candidate's metadata is read with ``head`` where the blob store keeps metadata (a blob gone meanwhile is
@@ -295,10 +298,17 @@ def sweep_unreferenced(
       follow the bytes, within ``batch_wait_s`` as below). Otherwise with
       :meth:`~BlobStore.delete_many`, and a batch goes as soon as its first blob has waited ``batch_wait_s``
       since the ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`). Just before each batch goes, the deadline
-      is checked again (past it, the batch is dropped and the sweep stops) and ``confirm(name)`` may still keep any
-      of them (a blob the collector adopted meanwhile).
-    - After each batch, each deleted blob's first sighting is forgotten and ``on_deleted(name)`` runs. After a whole
-      pass the first sightings of blobs no longer listed under ``prefix`` are forgotten.
+      is checked again (past it, the batch is dropped and the sweep stops), then ``confirm(name)`` is asked once
+      for each blob of the batch, on the sweeping thread: ``False`` keeps that blob (not deleted, not reported:
+      the next sweep judges it again), ``True`` lets it go. It exists because the mark is old by then: a caller
+      whose running work may adopt a blob after the mark (a chain that names an unmarked blob again, an upload
+      that refreshed it) answers from what that work holds *now* (the collector reads the backend's
+      :meth:`~statebackend.contracts.BlobLifetime.held_blobs` again). The sweep holds no lock of its own while it
+      asks (the caller may hold one around the whole sweep: the collector holds the lifetime's ``guard``); do not
+      block in it (the deadline runs on). ``None``: every doomed blob goes.
+    - After each batch, each deleted blob's first sighting is forgotten and ``on_deleted(name)`` runs (on the
+      sweeping thread). After a whole pass the first sightings of blobs no longer listed under ``prefix`` are
+      forgotten.
     """
     if not mark.complete:
         return Swept()
