@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 class LifetimeSweep:
     """What one sweep of one store did."""
 
+    #: the store swept
     store: str
     #: the blobs it deleted
     deleted: tuple[str, ...] = ()
@@ -67,6 +68,7 @@ class BlobCollector:
     module docstring. Thread-safe: the commit pool may run two completions at once."""
 
     def __init__(self, lifetime: BlobLifetime) -> None:
+        #: what the backend states about its blobs (the collector asks it at every release and sweep)
         self.lifetime = lifetime
         #: when this collector first saw each unmarked blob of unknown age (rule 2 of the age rule)
         self.first_seen = FirstSeen()
