@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,12 +16,33 @@ import pytest
 
 from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.contracts import DEFAULT_GRACE_MS
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_support import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from statebackend.testing.deadline import deadline, scaled
 
-__all__ = ["BackendContractBase"]
+__all__ = ["BackendContractBase", "SuiteClock"]
+
+
+class SuiteClock:
+    """The wall clock (``time.time``) as the process reads it while a test runs, moved forward by the test: ages of
+    blobs, grace periods and ``created_at`` metadata all follow it, so a test can pass a grace period of an hour in
+    no time. Installed by the ``clock`` fixture of :class:`BackendContractBase`; never moves backward."""
+
+    def __init__(self, real: Callable[[], float]) -> None:
+        self._real = real
+        #: seconds added to the real clock
+        self.offset_s = 0.0
+
+    def __call__(self) -> float:
+        return self._real() + self.offset_s
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds`` (>= 0)."""
+        if seconds < 0:
+            raise ValueError(f"SuiteClock.advance takes seconds >= 0, got {seconds!r}")
+        self.offset_s += seconds
 
 
 class BackendContractBase:
@@ -37,10 +59,36 @@ class BackendContractBase:
     test_timeout_s: ClassVar[float] = 120.0
     #: seconds a test waits for one commit or one held write before it fails
     wait_s: ClassVar[float] = 30.0
+    #: the grace period of the backend's blob lifetime in the suite's config (ms): the clock tests move time past it
+    grace_ms: ClassVar[int] = DEFAULT_GRACE_MS
+
+    def backend_settings(self, test: str) -> dict[str, object]:
+        """The hook for settings of the backend under test in every test (``test``: the test's name), applied after
+        ``extra_config`` and before what the test itself sets: small chunks, small records, a short sweep interval,
+        so that the suite's few hundred keys exercise what a large state would. Default: none."""
+        return {}
+
+    def is_index_blob(self, name: str) -> bool:
+        """Whether blob ``name`` is an index (a manifest, a marker blob) rather than data: the write-fault tests fail
+        data writes but not index writes. Default: every blob is data."""
+        return False
+
+    @pytest.fixture
+    def clock(self, monkeypatch: pytest.MonkeyPatch) -> SuiteClock:
+        """The process's wall clock, under the test's control (:class:`SuiteClock`). A backend that reads its time
+        elsewhere than ``time.time`` overrides :meth:`move_clock`."""
+        moved = SuiteClock(time.time)
+        monkeypatch.setattr(time, "time", moved)
+        return moved
+
+    def move_clock(self, clock: SuiteClock, seconds: float) -> None:
+        """Move the time the backend under test sees forward by ``seconds``."""
+        clock.advance(seconds)
 
     @pytest.fixture(autouse=True)
     def _contract_deadline(self, request: pytest.FixtureRequest) -> Iterator[None]:
         self._controlled: list[ControlledBlobStore] = []
+        self._current_test = request.node.name
         try:
             with deadline(scaled(self.test_timeout_s), request.node.nodeid):  # stretched on a loaded machine
                 yield
@@ -88,8 +136,13 @@ class BackendContractBase:
             **self.store_config("counts"),
         }
         config.update(self.extra_config)
+        config.update(self.backend_settings(self._test_name))
         config.update(extra)
         return config
+
+    @property
+    def _test_name(self) -> str:
+        return getattr(self, "_current_test", "")
 
     def restore_after_damage(
         self,
