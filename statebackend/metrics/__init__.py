@@ -50,18 +50,26 @@ class HistogramData:
     """A histogram with fixed bucket bounds: ``counts[i]`` values fell in ``(bounds[i-1], bounds[i]]``, the last
     count above every bound (+Inf). Merges exactly with any histogram of the same bounds."""
 
+    #: the upper bounds of the buckets, ascending (the metric's, from the catalogue)
     bounds: tuple[float, ...]
+    #: the number of values per bucket: one more than ``bounds`` (the last is above every bound)
     counts: list[int]
+    #: the number of values added
     count: int = 0
+    #: their sum
     sum: float = 0.0
+    #: the smallest value added (``inf`` while empty)
     min: float = math.inf
+    #: the largest value added (``-inf`` while empty)
     max: float = -math.inf
 
     @classmethod
     def empty(cls, bounds: tuple[float, ...]) -> HistogramData:
+        """A histogram with these bucket bounds and no values."""
         return cls(bounds, [0] * (len(bounds) + 1))
 
     def add(self, value: float) -> None:
+        """Count ``value`` into its bucket (the first whose bound is at least ``value``)."""
         self.counts[bisect.bisect_left(self.bounds, value)] += 1
         self.count += 1
         self.sum += value
@@ -69,6 +77,8 @@ class HistogramData:
         self.max = max(self.max, value)
 
     def merge(self, other: HistogramData) -> None:
+        """Add ``other``'s values into this histogram (exact: bucket counts add). Raises ``ValueError`` when the
+        bucket bounds differ."""
         if other.bounds != self.bounds:
             raise ValueError(f"cannot merge histograms with different bucket bounds: {self.bounds} and {other.bounds}")
         for i, n in enumerate(other.counts):
@@ -79,6 +89,7 @@ class HistogramData:
         self.max = max(self.max, other.max)
 
     def copy(self) -> HistogramData:
+        """An independent copy (its counts are a new list)."""
         return HistogramData(self.bounds, list(self.counts), self.count, self.sum, self.min, self.max)
 
     def quantile(self, fraction: float) -> float:
@@ -98,6 +109,8 @@ class HistogramData:
         return self.max
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-friendly: count, sum, min, max (0.0 while empty), p50 and p95 estimated from the buckets, and
+        the count per bucket by its bound (``"+Inf"`` for the last)."""
         return {
             "count": self.count,
             "sum": self.sum,
@@ -125,7 +138,9 @@ class MetricsSnapshot:
     """Counters and histograms at one moment, by (name, labels); picklable, mergeable (counters add, histograms add
     bucket counts). What a Spark task hands to the driver and what the exporters render."""
 
+    #: every counter's value by (name, labels)
     counters: dict[SeriesKey, float] = attrs.field(factory=dict)
+    #: every histogram by (name, labels)
     histograms: dict[SeriesKey, HistogramData] = attrs.field(factory=dict)
 
     def merge(self, other: MetricsSnapshot) -> MetricsSnapshot:
@@ -142,6 +157,7 @@ class MetricsSnapshot:
 
     @classmethod
     def merged(cls, snapshots: Iterable[MetricsSnapshot]) -> MetricsSnapshot:
+        """A new snapshot, the merge of ``snapshots`` (which are left as they were)."""
         total = cls()
         for snapshot in snapshots:
             total.merge(snapshot)
@@ -213,8 +229,11 @@ class Metrics:
     :meth:`snapshot`.
     """
 
+    #: the most recent values kept per histogram series, for :meth:`samples` and the percentiles of :meth:`snapshot`
     max_samples: int = 10_000
+    #: the constant labels of every series (``job_name``, ``task``), added when exported
     labels: Mapping[str, str] = attrs.field(factory=dict, kw_only=True)
+    #: where every count is mirrored as it happens (the OpenTelemetry bridge); ``None``: nowhere
     sink: MetricsSink | None = attrs.field(default=None, kw_only=True)
     _counters: dict[SeriesKey, float] = attrs.field(init=False, factory=dict)
     _histograms: dict[SeriesKey, HistogramData] = attrs.field(init=False, factory=dict)
@@ -222,6 +241,10 @@ class Metrics:
     _lock: threading.Lock = attrs.field(init=False, factory=threading.Lock)
 
     def increment(self, name: str, amount: float = 1, /, **labels: str) -> None:
+        """Add ``amount`` to the counter ``name`` of the series ``labels`` (e.g. ``store=``, ``backend=``). Any
+        thread; one lock and a dict update. ``name`` is one of the catalogue's counters
+        (:mod:`statebackend.metrics.catalogue`); a name not in it is counted all the same and exported under a
+        generic description (a third-party backend's own metric)."""
         key = _key(name, labels)
         with self._lock:
             self._counters[key] = self._counters.get(key, 0) + amount
@@ -229,6 +252,9 @@ class Metrics:
             self.sink.add(name, amount, labels)
 
     def record(self, name: str, value: float, /, **labels: str) -> None:
+        """Record ``value`` (milliseconds, bytes, a count: the catalogue gives the unit) into the histogram ``name``
+        of the series ``labels``, in the catalogue's bucket bounds for ``name`` (generic ones for a name not in it).
+        Any thread; one lock, a bucket and a sample kept (:attr:`max_samples`)."""
         key = _key(name, labels)
         with self._lock:
             histogram = self._histograms.get(key)
@@ -251,6 +277,8 @@ class Metrics:
             return [v for (n, ls), vs in self._samples.items() if n == name and _matches(ls, labels) for v in vs]
 
     def histogram(self, name: str, **labels: str) -> HistogramData | None:
+        """The merge of the histograms ``name`` whose labels include ``labels``, with the constant labels
+        (``None``: nothing recorded)."""
         return self.export().histogram(name, **labels)
 
     def export(self) -> MetricsSnapshot:
