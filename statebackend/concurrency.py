@@ -32,6 +32,7 @@ class SharedPools:
     """Process-wide pools of one kind (one thread name prefix), one per size, created on first use."""
 
     def __init__(self, thread_name_prefix: str) -> None:
+        #: the name prefix of every thread of these pools
         self.thread_name_prefix = thread_name_prefix
         self._lock = threading.Lock()
         self._pools: dict[int, ThreadPoolExecutor] = {}
@@ -51,18 +52,23 @@ class LazyPool:
     :meth:`get` makes a new one)."""
 
     def __init__(self, size: int, thread_name_prefix: str) -> None:
+        #: the number of threads of the pool
         self.size = size
+        #: the name prefix of its threads
         self.thread_name_prefix = thread_name_prefix
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
 
     def get(self) -> ThreadPoolExecutor:
+        """The pool, created now if there is none (the first call, or the first after :meth:`close`)."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix=self.thread_name_prefix)
             return self._pool
 
     def close(self, *, wait: bool = True, cancel_futures: bool = False) -> None:
+        """Shut the pool down (``wait`` for its tasks; ``cancel_futures``: drop those not started), if there is
+        one; idempotent."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
