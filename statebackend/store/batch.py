@@ -40,6 +40,8 @@ class _Tombstone:
         return "TOMBSTONE"
 
 
+#: the write batch's marker of a deleted key. A backend never meets it: a change set gives a delete as
+#: ``(key, None)``, and a read view holds no deleted key
 TOMBSTONE: Any = _Tombstone()
 
 
@@ -167,7 +169,11 @@ class ChangeSet:
         "version",
     )
 
+    #: the version the flush that made this change set brought the store to (the commit's checkpoint id and a new
+    #: token): what the backend's marker describes, and what a restore records with ``replace_contents`` and friends
     version: LocalVersion
+    #: the bytes of the change (every key, and every value of a put), after dedupe: a backend's measure of what
+    #: changed since its last snapshot
     raw_bytes: int
 
     def __init__(
@@ -238,6 +244,8 @@ class ChangeSet:
         return len(self._runs)
 
     def close(self) -> None:
+        """Delete the spill runs and drop the records; idempotent. The framework closes every change set once the
+        commit's uploads are over: a backend that needs the records later keeps its own copy."""
         self._closed = True
         self._final = None
         self._finalizer()

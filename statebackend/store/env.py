@@ -25,7 +25,9 @@ import lmdb
 
 from statebackend.errors import CorruptDataError, StorageError
 
-MAX_KEY_SIZE = 511  # LMDB's compiled-in limit; checked against env.max_key_size() at open
+#: the longest key a local store holds, in bytes: LMDB's compiled-in limit (checked against the environment at
+#: open). A longer key is an :class:`~statebackend.errors.InvalidKeyError`
+MAX_KEY_SIZE = 511
 
 DATA_DB = b"data"
 META_DB = b"meta"
@@ -36,7 +38,10 @@ VERSION_KEY = b"version"
 class LocalVersion:
     """Identifies the state a store's data is at: the commit whose flush produced it, and that flush's lineage token."""
 
+    #: the id of the commit whose flush produced the data (``str(CheckpointId)``)
     checkpoint_id: str
+    #: a random token of that flush: two flushes for the same checkpoint id (two attempts) have different tokens,
+    #: so equal versions mean the same data
     token: str
 
     @classmethod
@@ -45,10 +50,12 @@ class LocalVersion:
         return cls(str(checkpoint_id), secrets.token_hex(8))
 
     def to_bytes(self) -> bytes:
+        """The version as the store keeps it in its LMDB meta db (JSON); :meth:`from_bytes` reads it back."""
         return json.dumps({"checkpoint_id": self.checkpoint_id, "token": self.token}, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> LocalVersion:
+        """The version :meth:`to_bytes` wrote; :class:`~statebackend.errors.CorruptDataError` if unreadable."""
         try:
             obj = json.loads(bytes(data))
             return cls(str(obj["checkpoint_id"]), str(obj["token"]))

@@ -34,15 +34,19 @@ class ReadView:
     LMDB cannot reuse the pages it pins.
     """
 
+    #: the name of the store it is a snapshot of
     store_name: str
     _env: lmdb.Environment
     _txn: lmdb.Transaction[bytes]
     _data_db: Any
+    #: the version the snapshot's data is at (``None``: a store no flush or restore has recorded a version in)
     version: LocalVersion | None
+    #: the number of records in the snapshot
     count: int
     _closed: bool = attrs.field(default=False, init=False)
 
     def get(self, key: bytes) -> bytes | None:
+        """The value of ``key`` in the snapshot (``None``: absent)."""
         return self._txn.get(key, db=self._data_db)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
@@ -63,6 +67,8 @@ class ReadView:
         return target
 
     def close(self) -> None:
+        """End the read transaction, so LMDB may reuse the pages it pinned; idempotent. Later reads raise
+        :class:`~statebackend.errors.ClosedError`."""
         if not self._closed:
             self._closed = True
             with contextlib.suppress(lmdb.Error):  # the environment was closed first: that ended the transaction
