@@ -162,6 +162,7 @@ class RedactedError(Exception):
 
     def __init__(self, type_name: str, message: str) -> None:
         super().__init__(f"{type_name}: {message}" if message else type_name)
+        #: the qualified name of the exception it stands in for (``botocore.exceptions.ClientError``)
         self.type_name = type_name
 
 
@@ -190,11 +191,17 @@ class SerdeError(StateBackendError, ValueError, TypeError):
         reason: str | None = None,
     ) -> None:
         super().__init__(message)
+        #: the store whose serde refused (``None``: a serde called outside a store)
         self.store = store
+        #: the serde's name
         self.serde = serde
+        #: the key's repr, cut to about 80 characters
         self.key = key
+        #: the qualified name of the type that was given
         self.value_type = value_type
+        #: what could not be encoded: ``"key"``, ``"value"``, ``"prefix"``, ...
         self.role = role
+        #: what the serde said, with the fix
         self.reason = reason
 
 
