@@ -36,9 +36,14 @@ class OptionSpec:
     means "unset" (the key is then absent from option mappings). ``secret`` keeps the value out of reprs.
     """
 
+    #: ``parse(key, raw)``: the typed value, or a :class:`~statebackend.errors.ConfigError` naming the key and
+    #: what is allowed (:func:`value_error`)
     parse: Parser[Any]
+    #: the value when the key is not set, raw or typed (``None``: no default, the key is absent)
     default: Any = None
+    #: the key's one-line meaning, for people reading the schema
     doc: str = ""
+    #: a secret (a credential): its value is kept out of reprs
     secret: bool = False
 
     def default_value(self, key: str) -> Any:
@@ -350,6 +355,8 @@ _SCALED_RE = re.compile(r"([+-]?[0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)")
 
 
 def value_error(key: str, raw: Any, problem: str, allowed: str) -> ConfigError:
+    """The error a parser raises for a bad value: ``<key>=<value> is not valid: <problem>; allowed: <allowed>``
+    (the value's repr cut to 80 characters)."""
     shown = repr(raw)
     if len(shown) > 80:
         shown = shown[:77] + "..."
