@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Executor
-from typing import Any, Self
+from typing import Any, Literal, Protocol, Self, overload
 
 import attrs
 
@@ -31,7 +31,7 @@ from statebackend.checkpoint import CheckpointIdGenerator, CheckpointLog, Checkp
 from statebackend.commit import BackupBinding, PendingCommit, TaskCommitManager, shared_commit_pool
 from statebackend.config import Settings, check_name
 from statebackend.contracts import BackendContext
-from statebackend.errors import CommitError, ConfigError
+from statebackend.errors import CommitError, ConfigError, KindError
 from statebackend.exporters import export_on_close, start_exporters, task_metrics, textfile_after_commit
 from statebackend.lifecycle import CheckpointChoice, OpenDecision, decide_open, known_durable_seq, task_checkpoint_log
 from statebackend.metrics import Metrics
@@ -44,9 +44,35 @@ from statebackend.store.kinds import KIND, ListStore, MapStore
 from statebackend.store.ttl import TtlStore, wall_clock_ms
 from statebackend.values import StoreValues, adopted, plan_values, run_migration, with_initial
 
-__all__ = ["TaskStorage", "check_kinds"]
+__all__ = ["TaskStorage", "ValueStore", "check_kinds"]
 
 log = logging.getLogger(__name__)
+
+#: the accessor of each kind of store, as errors name it
+_ACCESSORS = {"value": "task.store(name)", "list": "task.list_store(name)", "map": "task.map_store(name)"}
+
+
+class ValueStore(Protocol):
+    """What :meth:`TaskStorage.store` gives: a value store's user operations, keys and values as its serdes take
+    them. Both its views have them: :class:`TypedStore` (typed serdes) and :class:`BytesStore` (``bytes`` serdes, or
+    ``typed=False``); which one a store gets depends on its configuration, so code is typed against this."""
+
+    @property
+    def name(self) -> str: ...
+    def get(self, key: Any) -> Any: ...
+    def contains(self, key: Any) -> bool: ...
+    def put(self, key: Any, value: Any, *, ttl_ms: int | None = None) -> None: ...
+    def delete(self, key: Any) -> None: ...
+    def put_all(self, items: Iterable[tuple[Any, Any]]) -> None: ...
+    def delete_all(self, keys: Iterable[Any]) -> None: ...
+    def get_many(self, keys: Sequence[Any]) -> list[Any]: ...
+    def put_many(self, keys: Sequence[Any], values: Sequence[Any], *, ttl_ms: int | None = None) -> None: ...
+    def delete_many(self, keys: Sequence[Any]) -> None: ...
+    def update_many(self, keys: Sequence[Any], fn: Callable[[list[Any]], Sequence[Any]]) -> None: ...
+    def iter_prefix(self, prefix: Any) -> Iterator[tuple[Any, Any]]: ...
+    def iter_range(self, start: Any | None, end: Any | None) -> Iterator[tuple[Any, Any]]: ...
+    def items(self) -> Iterator[tuple[Any, Any]]: ...
+    def count(self) -> int: ...
 
 
 @attrs.define(eq=False)
@@ -233,11 +259,49 @@ class TaskStorage:
         raised unless ``raise_failure=False`` (then it is kept for the next commit to report)."""
         return self.commit_manager.wait(timeout, raise_failure=raise_failure)
 
-    def store(self, name: str, *, typed: bool = True) -> BytesStore | TypedStore | ListStore | MapStore:
-        """The store ``name`` for the task's code: a typed view per its serdes, or a bytes view with ``typed=False``
-        (also when both serdes are ``bytes``). Either has the user operations only; backends get the
-        :class:`LocalStore` itself (``stores``) through their context. A list or map store
-        (``stores.<name>.kind``) gives its :class:`ListStore` or :class:`MapStore`, over bytes with ``typed=False``."""
+    @overload
+    def store(self, name: str, *, typed: Literal[False]) -> BytesStore: ...
+
+    @overload
+    def store(self, name: str, *, typed: bool = True) -> ValueStore: ...
+
+    def store(self, name: str, *, typed: bool = True) -> ValueStore:
+        """The value store ``name`` for the task's code: a typed view per its serdes, or a bytes view
+        (:class:`BytesStore`) with ``typed=False`` (also when both serdes are ``bytes``). Either has the user
+        operations only; backends get the :class:`LocalStore` itself (``stores``) through their context. A list or map
+        store (``stores.<name>.kind``) is a :class:`KindError` naming the accessor that gives it (:meth:`list_store`,
+        :meth:`map_store`); :meth:`view` gives a store of any kind."""
+        return self._view(name, "value", typed=typed)
+
+    def list_store(self, name: str, *, typed: bool = True) -> ListStore:
+        """The list store ``name`` (``stores.<name>.kind=list``), over bytes with ``typed=False``; another kind of
+        store is a :class:`KindError` naming the accessor that gives it."""
+        return self._view(name, "list", typed=typed)
+
+    def map_store(self, name: str, *, typed: bool = True) -> MapStore:
+        """The map store ``name`` (``stores.<name>.kind=map``), over bytes with ``typed=False``; another kind of
+        store is a :class:`KindError` naming the accessor that gives it."""
+        return self._view(name, "map", typed=typed)
+
+    def view(self, name: str, *, typed: bool = True) -> ValueStore | ListStore | MapStore:
+        """Store ``name`` as its kind gives it (:meth:`store`, :meth:`list_store` or :meth:`map_store`): for code that
+        serves every kind (a Spark function's ``stores[name]``, reading the state back)."""
+        return self._view(name, None, typed=typed)
+
+    @overload
+    def _view(self, name: str, kind: Literal["value"], *, typed: bool) -> ValueStore: ...
+
+    @overload
+    def _view(self, name: str, kind: Literal["list"], *, typed: bool) -> ListStore: ...
+
+    @overload
+    def _view(self, name: str, kind: Literal["map"], *, typed: bool) -> MapStore: ...
+
+    @overload
+    def _view(self, name: str, kind: None, *, typed: bool) -> ValueStore | ListStore | MapStore: ...
+
+    def _view(self, name: str, kind: str | None, *, typed: bool) -> ValueStore | ListStore | MapStore:
+        """Store ``name``'s view; ``kind``: the kind the caller's accessor gives (None: any)."""
         try:
             store = self.stores[name]
         except KeyError:
@@ -245,6 +309,11 @@ class TaskStorage:
                 f"no store {name!r} in this task; configured stores: {', '.join(sorted(self.stores)) or 'none'}"
             ) from None
         store_settings = self.settings.stores[name]
+        if kind is not None and store_settings.kind != kind:
+            raise KindError(
+                f"store {name!r} is a {store_settings.kind} store (stores.{name}.kind={store_settings.kind}): "
+                f"{_ACCESSORS[kind]} gives {kind} stores only; use {_ACCESSORS[store_settings.kind]} for it"
+            )
         if store_settings.kind != "value":
             return self._kind_view(name, typed=typed)
         ops: LocalStore | TtlStore = store if store_settings.ttl_ms is None else self.ttl_view(name)

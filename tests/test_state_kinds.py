@@ -12,7 +12,10 @@ from typing import Any, cast
 import pytest
 
 from statebackend.errors import ConfigError, SerdeError
+from statebackend.microbatch.attempt import TaskStores
+from statebackend.microbatch.timers import TIMERS_STORE
 from statebackend.serdes.record import schemas_from_text
+from statebackend.store import BytesStore
 from statebackend.store.kinds import KindError, ListStore, MapStore, key_prefix, user_key_of
 from statebackend.task import TaskStorage
 from tests.record_values import CountV1, CountV2
@@ -41,29 +44,19 @@ def make_config(tmp_path: Path, backend: str = "changelog", /, **extra: object) 
     return config
 
 
-def view(task: TaskStorage, name: str, *, typed: bool = True) -> Any:
-    """The task's view of store ``name`` (its type per the store's kind)."""
-    return task.store(name, typed=typed)
-
-
 def lists(task: TaskStorage) -> dict[str, list[Any]]:
-    store = view(task, "events")
-    assert isinstance(store, ListStore)
-    return dict(store.lists())
+    return dict(task.list_store("events").lists())
 
 
 def maps(task: TaskStorage) -> dict[str, dict[str, int]]:
-    store = view(task, "counters")
-    assert isinstance(store, MapStore)
-    return dict(store.maps())
+    return dict(task.map_store("counters").maps())
 
 
 def mutate(
     task: TaskStorage, rng: random.Random, lists_model: dict[str, list[Any]], maps_model: dict[str, Any]
 ) -> None:
     """A round of random list and map calls, mirrored in the models."""
-    events, counters = view(task, "events"), view(task, "counters")
-    assert isinstance(events, ListStore) and isinstance(counters, MapStore)
+    events, counters = task.list_store("events"), task.map_store("counters")
     for _ in range(200):
         user = f"u{rng.randrange(12)}"
         op = rng.random()
@@ -113,7 +106,7 @@ def sorted_maps(model: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
 
 def test_a_list_keeps_append_order_and_trims_to_the_last_n(tmp_path: Path) -> None:
     with TaskStorage.open(make_config(tmp_path), "task-0") as task:
-        events = view(task, "events")
+        events = task.list_store("events")
         assert isinstance(events, ListStore)
         assert events.get("ann") == [] and events.len("ann") == 0 and not events.contains("ann")
         for i in range(7):
@@ -139,7 +132,7 @@ def test_a_list_keeps_append_order_and_trims_to_the_last_n(tmp_path: Path) -> No
 
 def test_a_map_gets_puts_deletes_and_ranges_its_sub_keys_in_byte_order(tmp_path: Path) -> None:
     with TaskStorage.open(make_config(tmp_path), "task-0") as task:
-        counters = view(task, "counters")
+        counters = task.map_store("counters")
         assert isinstance(counters, MapStore)
         for sub, value in [("m", 1), ("a", 2), ("z", 3), ("b", 4)]:
             counters.put("ann", sub, value)
@@ -161,8 +154,8 @@ def test_a_map_gets_puts_deletes_and_ranges_its_sub_keys_in_byte_order(tmp_path:
 
 def test_records_are_the_user_keys_prefix_so_no_key_group_depends_on_a_seq_or_sub_key(tmp_path: Path) -> None:
     with TaskStorage.open(make_config(tmp_path), "task-0") as task:
-        view(task, "events").append("ann", 1)
-        view(task, "counters").put("ann", "sub", 2)
+        task.list_store("events").append("ann", 1)
+        task.map_store("counters").put("ann", "sub", 2)
         for name in ("events", "counters"):
             records = [key for key, _ in task.stores[name].items()]
             assert records and all(key.startswith(key_prefix(b"ann")) for key in records)
@@ -187,7 +180,7 @@ def test_append_reads_one_record_whatever_the_lists_length(tmp_path: Path) -> No
     """An append reads the list's head record only (one get, never an iteration) and writes the element and the head
     record, at 10 or 5000 elements."""
     with TaskStorage.open(make_config(tmp_path), "task-0") as task:
-        typed = view(task, "events")
+        typed = task.list_store("events")
         assert isinstance(typed, ListStore)
         counting = CountingStore(task.stores["events"])
         events = ListStore(cast(Any, counting), typed.key_serde, typed.value_serde)
@@ -206,21 +199,63 @@ def test_an_operation_of_another_kind_names_the_store_its_kind_and_what_it_offer
     config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog"})
     with TaskStorage.open(config, "task-0") as task:
         with pytest.raises(KindError, match=r"store 'events' is a list store.*no put.*offers append, extend"):
-            view(task, "events").put("ann", 1)
+            task.list_store("events").put("ann", 1)
         with pytest.raises(KindError, match=r"store 'counters' is a map store.*no append.*offers get"):
-            view(task, "counters").append("ann", 1)
+            task.map_store("counters").append("ann", 1)
         with pytest.raises(KindError, match=r"store 'plain' is a value store.*no trim.*list stores"):
-            view(task, "plain").trim(b"k", keep_last=1)
+            task.store("plain").trim(b"k", keep_last=1)  # type: ignore[attr-defined]  # a list operation, on purpose
         with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
-            view(task, "events").nonsense  # noqa: B018
-        assert isinstance(KindError("x"), AttributeError) and not hasattr(view(task, "plain"), "append")
+            task.list_store("events").nonsense  # noqa: B018
+        assert isinstance(KindError("x"), AttributeError) and not hasattr(task.store("plain"), "append")
         with pytest.raises(ValueError, match=r"store 'events'.*keep_last must be an int >= 0, got -1"):
-            view(task, "events").trim("ann", keep_last=-1)
+            task.list_store("events").trim("ann", keep_last=-1)
+
+
+@pytest.mark.parametrize(
+    ("accessor", "name", "kind", "use"),
+    [
+        ("store", "events", "list", "list_store"),
+        ("store", "counters", "map", "map_store"),
+        ("list_store", "counters", "map", "map_store"),
+        ("list_store", "plain", "value", "store"),
+        ("map_store", "events", "list", "list_store"),
+        ("map_store", "plain", "value", "store"),
+    ],
+)
+def test_an_accessor_of_another_kind_is_refused_naming_the_stores_kind_and_its_accessor(
+    tmp_path: Path, accessor: str, name: str, kind: str, use: str
+) -> None:
+    config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog"})
+    with TaskStorage.open(config, "task-0") as task:
+        stores = TaskStores(task, 0, 0)
+        for owner in (task, stores):  # the task's accessors and a Spark function's, alike
+            with pytest.raises(KindError, match=rf"store '{name}' is a {kind} store .*use task\.{use}\(name\)"):
+                getattr(owner, accessor)(name)
+        assert task.stores[name].count() == 0
+
+
+def test_each_accessor_and_view_give_the_store_of_their_kind(tmp_path: Path) -> None:
+    config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog"})
+    with TaskStorage.open(config, "task-0") as task:
+        stores = TaskStores(task, 0, 0)
+        task.store("plain").put(b"k", b"v")
+        task.list_store("events").append("ann", 1)
+        task.map_store("counters").put("ann", "x", 2)
+        assert task.view("plain").get(b"k") == stores["plain"].get(b"k") == stores.store("plain").get(b"k") == b"v"
+        assert isinstance(task.view("events"), ListStore) and isinstance(stores["events"], ListStore)
+        assert isinstance(task.view("counters"), MapStore) and isinstance(stores["counters"], MapStore)
+        assert stores.list_store("events").get("ann") == [1] and stores.map_store("counters").get("ann", "x") == 2
+        assert isinstance(task.store("plain", typed=False), BytesStore)
+        assert task.list_store("events", typed=False).get(b"ann") == [b"1"]  # over bytes: as encoded
+        with pytest.raises(ConfigError, match=r"no store 'nope' in this task; configured stores: counters, events"):
+            task.list_store("nope")
+        with pytest.raises(ConfigError, match=rf"store '{TIMERS_STORE}' holds the task's timers: use stores\.timers"):
+            stores.store(TIMERS_STORE)
 
 
 def test_bad_keys_sub_keys_and_values_raise_before_anything_is_written(tmp_path: Path) -> None:
     with TaskStorage.open(make_config(tmp_path), "task-0") as task:
-        events, counters = view(task, "events"), view(task, "counters")
+        events, counters = task.list_store("events"), task.map_store("counters")
         assert isinstance(events, ListStore) and isinstance(counters, MapStore)
         with pytest.raises(SerdeError, match=r"store 'events'.*json serde cannot encode the value of key 'ann'"):
             events.extend("ann", [1, {1, 2}])
@@ -254,7 +289,7 @@ def test_bad_kind_settings_are_refused_naming_the_key(tmp_path: Path, extra: dic
 def test_a_store_cannot_change_its_kind(tmp_path: Path) -> None:
     config = make_config(tmp_path)
     with TaskStorage.open(config, "task-0") as task:
-        view(task, "events").append("ann", 1)
+        task.list_store("events").append("ann", 1)
         task.commit_durably({"input": "1"})
         assert task.last_checkpoint is not None
         assert task.last_checkpoint.serdes["events"]["kind"] == "list"
@@ -267,7 +302,7 @@ def test_a_value_store_records_and_stores_exactly_what_it_did_before(tmp_path: P
     config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog", "stores.plain.key.serde": "string"})
     config["stores.plain.msg.serde"] = "integer"
     with TaskStorage.open(config, "task-0") as task:
-        view(task, "plain").put("a", 1)
+        task.store("plain").put("a", 1)
         assert list(task.stores["plain"].items()) == [(b"a", b"\x80" + b"\x00" * 6 + b"\x01")]
         task.commit_durably({"input": "1"})
         assert task.last_checkpoint is not None
@@ -280,7 +315,7 @@ def test_a_value_store_records_and_stores_exactly_what_it_did_before(tmp_path: P
 def test_ttl_per_store_and_per_call_hides_expired_elements_and_entries(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stores.events.ttl.ms": 100, "stores.counters.ttl.ms": 100})
     with TaskStorage.open(config, "task-0") as task:
-        events, counters = view(task, "events"), view(task, "counters")
+        events, counters = task.list_store("events"), task.map_store("counters")
         assert isinstance(events, ListStore) and isinstance(counters, MapStore)
         task.ttl_now_ms = 1000
         events.append("ann", "a")  # expires at 1100
@@ -311,9 +346,9 @@ def test_ttl_ms_on_a_store_without_a_ttl_is_refused_naming_the_key(tmp_path: Pat
     config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog"})
     with TaskStorage.open(config, "task-0") as task:
         with pytest.raises(ConfigError, match=r"store 'events' \(list store\) has no TTL.*stores\.events\.ttl\.ms"):
-            view(task, "events").append("ann", 1, ttl_ms=10)
+            task.list_store("events").append("ann", 1, ttl_ms=10)
         with pytest.raises(ConfigError, match=r"store 'plain' has no TTL.*stores\.plain\.ttl\.ms"):
-            view(task, "plain").put(b"k", b"v", ttl_ms=10)
+            task.store("plain").put(b"k", b"v", ttl_ms=10)
         assert task.stores["events"].count() == 0 and task.stores["plain"].count() == 0
 
 
@@ -321,7 +356,7 @@ def test_a_value_store_takes_a_ttl_per_call(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stores.plain.backup.factories": "changelog", "stores.plain.ttl.ms": 100})
     config.update({"stores.plain.key.serde": "string", "stores.plain.msg.serde": "integer"})
     with TaskStorage.open(config, "task-0") as task:
-        plain = view(task, "plain")
+        plain = task.store("plain")
         task.ttl_now_ms = 1000
         plain.put("short", 1)
         plain.put("long", 2, ttl_ms=1000)
@@ -364,13 +399,13 @@ def test_a_record_class_evolves_for_list_elements_and_map_values(tmp_path: Path)
     old["stores.counters.msg.serde"] = "record:tests.record_values:CountV1"
     config = make_config(tmp_path, **old)
     with TaskStorage.open(config, "task-0") as task:
-        view(task, "events").extend("ann", [CountV1(1, "b0"), CountV1(2, "b1")])
-        view(task, "counters").put("ann", "x", CountV1(3, "b0"))
+        task.list_store("events").extend("ann", [CountV1(1, "b0"), CountV1(2, "b1")])
+        task.map_store("counters").put("ann", "x", CountV1(3, "b0"))
         task.commit_durably({"input": "1"})
     shutil.rmtree(tmp_path / "local")
     new = {key: "record:tests.record_values:CountV2" for key in old}
     with TaskStorage.open({**config, **new}, "task-0") as task:
-        events, counters = view(task, "events"), view(task, "counters")
+        events, counters = task.list_store("events"), task.map_store("counters")
         assert isinstance(events, ListStore) and isinstance(counters, MapStore)
         assert events.get("ann") == [CountV2(1.0), CountV2(2.0)]
         assert counters.get("ann", "x") == CountV2(3.0)
@@ -385,7 +420,7 @@ def test_a_record_class_evolves_for_list_elements_and_map_values(tmp_path: Path)
 def test_a_record_class_that_cannot_read_old_elements_is_refused_at_open(tmp_path: Path) -> None:
     config = make_config(tmp_path, **{"stores.events.msg.serde": "record:tests.record_values:CountV1"})
     with TaskStorage.open(config, "task-0") as task:
-        view(task, "events").append("ann", CountV1(1, "b0"))
+        task.list_store("events").append("ann", CountV1(1, "b0"))
         task.commit_durably({"input": "1"})
     bad = {**config, "stores.events.msg.serde": "record:tests.record_values:CountBadType"}
     with pytest.raises(ConfigError, match=r"stores\.events\.msg\.serde: CountBadType cannot read the values of store"):
@@ -394,10 +429,10 @@ def test_a_record_class_that_cannot_read_old_elements_is_refused_at_open(tmp_pat
 
 def test_bytes_views_give_the_encoded_keys_and_values(tmp_path: Path) -> None:
     with TaskStorage.open(make_config(tmp_path), "task-0") as task:
-        view(task, "events").append("ann", {"a": 1})
-        view(task, "counters").put("ann", "x", 5)
-        raw_events = view(task, "events", typed=False)
-        raw_counters = view(task, "counters", typed=False)
+        task.list_store("events").append("ann", {"a": 1})
+        task.map_store("counters").put("ann", "x", 5)
+        raw_events = task.list_store("events", typed=False)
+        raw_counters = task.map_store("counters", typed=False)
         assert isinstance(raw_events, ListStore) and isinstance(raw_counters, MapStore)
         assert list(raw_events.raw_lists()) == [(b"ann", [b'{"a":1}'])]
         assert list(raw_counters.raw_maps()) == [(b"ann", [(b"x", b"\x80" + b"\x00" * 6 + b"\x05")])]

@@ -84,8 +84,7 @@ def test_a_rescale_2_to_3_moves_each_keys_whole_list_and_map_to_its_key_groups_t
     # the records themselves: every record of task-N's stores belongs to a key it owns
     for index in range(3):
         with TaskStorage.open(config, f"task-{index}") as storage:
-            for name in ("events", "counters"):
-                view = storage.store(name)
+            for view in (storage.list_store("events"), storage.map_store("counters")):
                 keys = list(view.user_keys())
                 assert keys and all(owner(k, 3) == index for k in keys)
 
@@ -101,4 +100,4 @@ def test_a_replayed_batch_appends_to_the_same_seqs(tmp_path: Path) -> None:
     run_batch(config, 1, 1, WORDS[:5])  # the replay
     with TaskStorage.open(config, "task-0") as storage:
         assert list(storage.stores["events"].items()) == first
-        assert dict(storage.store("events").lists()) == {w: [0, 1] for w in WORDS[:5]}
+        assert dict(storage.list_store("events").lists()) == {w: [0, 1] for w in WORDS[:5]}

@@ -46,8 +46,7 @@ def test_dump_shows_a_list_as_its_key_and_elements_and_a_map_as_its_key_and_entr
 ) -> None:
     config = make_config(tmp_path)
     with TaskStorage.open(config, "task-0") as task:
-        events, counters = task.store("events"), task.store("counters")
-        assert isinstance(events, kinds.ListStore) and isinstance(counters, kinds.MapStore)
+        events, counters = task.list_store("events"), task.map_store("counters")
         for value in ({"n": 1}, "two", [3]):
             events.append("ada", value)
         events.append("bob", 4)

@@ -69,9 +69,9 @@ from statebackend.microbatch.spec import BatchSpec, JobSpec
 from statebackend.microbatch.timers import TIMERS_STORE, Timer, Timers, owner_check, refuse_dropping_timers, take_due
 from statebackend.microbatch.watermark import EventTimes, recorded_ms
 from statebackend.microbatch.worker import executor_id, freeze_survivors
-from statebackend.store.kinds import is_list_head, sub_key_of, user_key_of
+from statebackend.store.kinds import ListStore, MapStore, is_list_head, sub_key_of, user_key_of
 from statebackend.store.ttl import wall_clock_ms
-from statebackend.task import TaskStorage
+from statebackend.task import TaskStorage, ValueStore
 
 __all__ = ["EXPIRY_FROM_OFFSET", "TIMER_KEY_OFFSET", "Expired", "TaskAttempt", "TaskStores"]
 
@@ -163,7 +163,29 @@ class TaskStores(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         if name not in self.storage.stores or name == TIMERS_STORE:
             raise KeyError(name)
-        return self.storage.store(name)
+        return self.storage.view(name)
+
+    def store(self, name: str) -> ValueStore:
+        """The value store ``name``, typed (see :meth:`TaskStorage.store`): a list or map store is a
+        :class:`~statebackend.errors.KindError` naming the accessor that gives it."""
+        return self.storage.store(self._user_store(name))
+
+    def list_store(self, name: str) -> ListStore:
+        """The list store ``name``, typed (see :meth:`TaskStorage.list_store`)."""
+        return self.storage.list_store(self._user_store(name))
+
+    def map_store(self, name: str) -> MapStore:
+        """The map store ``name``, typed (see :meth:`TaskStorage.map_store`)."""
+        return self.storage.map_store(self._user_store(name))
+
+    def _user_store(self, name: str) -> str:
+        """``name``, unless it is the timer store: the function reaches timers through ``stores.timers``."""
+        if name == TIMERS_STORE:
+            raise ConfigError(
+                f"store {name!r} holds the task's timers: use stores.timers; the stores are "
+                f"{', '.join(sorted(self)) or 'none'}"
+            )
+        return name
 
     def __iter__(self) -> Iterator[str]:
         return (name for name in self.storage.stores if name != TIMERS_STORE)
@@ -567,7 +589,7 @@ class TaskAttempt:
             if not found:
                 continue
             view.delete_many([key for key, _, _ in found])
-            typed = storage.store(name)
+            typed = storage.view(name)
             expired += _expired_of(name, store_settings.kind, typed, found)
             storage.metrics.increment("ttl.keys.expired", len(found))
         if expired:

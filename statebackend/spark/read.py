@@ -176,7 +176,7 @@ class _StateReader:
                         )
                     self._check_like_task_zero(settings, storage, name)
                     storage.ttl_now_ms = batch_clock(storage.restored)  # a TTL store: the keys its batch saw
-                    raw = storage.store(self.store, typed=False)
+                    raw = storage.view(self.store, typed=False)
                     if self.store == TIMERS_STORE:
                         for timer in stored_timers(raw):
                             yield name, self._timer_key(timer.key), timer.kind, timer.at_ms

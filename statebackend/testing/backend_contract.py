@@ -43,7 +43,6 @@ from statebackend.testing.backend_support import (
     incompressible,
     restore_counts,
     task_thread_calls,
-    value_store,
     write_round,
 )
 from statebackend.testing.controlled import GatedExecutor
@@ -197,7 +196,7 @@ class BackendContract(DesignTests, FaultTests):
             write_round(task, 0, model)
             task.commit_durably({"input": "0"})
             task.commit_durably({"input": "1"})  # no change
-            store = value_store(task)
+            store = task.store("counts")
             for key in list(model):
                 store.delete(key)
             model.clear()
@@ -415,7 +414,7 @@ class BackendContract(DesignTests, FaultTests):
         config = self.make_config(tmp_path)
         prefix = self.backend_prefix()
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            store = value_store(task)
+            store = task.store("counts")
             for i in range(20_000):
                 store.put(f"key{i:06d}".encode(), incompressible(i, 48))
             task.commit_durably({"input": "state"})

@@ -8,7 +8,6 @@ import sys
 from types import FrameType
 from typing import Any
 
-from statebackend.store import BytesStore, TypedStore
 from statebackend.task import TaskStorage
 
 __all__ = [
@@ -18,7 +17,6 @@ __all__ = [
     "incompressible",
     "restore_counts",
     "task_thread_calls",
-    "value_store",
     "write_round",
 ]
 
@@ -26,25 +24,16 @@ __all__ = [
 RESTORE_COUNTERS = ("restore.stores.reused", "restore.stores.caught.up", "restore.stores.full")
 
 
-def value_store(task: TaskStorage, name: str = "counts", *, typed: bool = True) -> BytesStore | TypedStore:
-    """Store ``name`` of ``task`` (as :meth:`TaskStorage.store` gives it): the suite writes value stores only, so a
-    list or map store is a :class:`TypeError` naming it."""
-    store = task.store(name, typed=typed)
-    if not isinstance(store, (BytesStore, TypedStore)):
-        raise TypeError(f"store {name!r} is a {type(store).__name__}; the backend suite writes value stores only")
-    return store
-
-
 def contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:
     """Everything store ``name`` holds, as the task's code sees it."""
-    return dict(value_store(task, name).items())
+    return dict(task.store(name).items())
 
 
 def write_round(
     task: TaskStorage, round_no: int, model: dict[bytes, bytes], keys: int = 50, *, store: str = "counts"
 ) -> None:
     """Deterministic puts and deletes over 200 keys, mirrored into ``model``."""
-    target = value_store(task, store)
+    target = task.store(store)
     for i in range(keys):
         key = f"k{(i * 7 + round_no * 13) % 200:04d}".encode()
         if (i + round_no) % 9 == 0:
@@ -67,7 +56,7 @@ def flood(
 ) -> None:
     """Put ``keys`` new keys with values of ``value_size`` bytes (enough to spill a small write batch), mirrored
     into ``model``."""
-    target = value_store(task, store, typed=False)
+    target = task.store(store, typed=False)
     for i in range(keys):
         key = f"{tag}-{i:06d}".encode()
         value = incompressible(f"{tag}/{i}", value_size)
@@ -96,7 +85,7 @@ def task_thread_calls(task: TaskStorage, key: bytes) -> int:
     sync part (``commit_now`` after the previous commit ended), counted with a profile hook on this thread only.
     Work on the commit pool (the upload) is not counted: it may cost more."""
     task.wait_for_commit()
-    value_store(task, typed=False).put(key, b"changed")
+    task.store("counts", typed=False).put(key, b"changed")
     calls = 0
 
     def count(frame: FrameType, event: str, arg: Any) -> None:

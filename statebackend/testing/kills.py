@@ -49,7 +49,6 @@ from statebackend.config import Settings
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.registry import known_factories, register_factory
 from statebackend.task import TaskStorage
-from statebackend.testing.backend_support import value_store
 from statebackend.testing.deadline import scaled
 
 __all__ = [
@@ -182,7 +181,7 @@ def run_commits(spec: KillSpec, commits: int, run: Path | None) -> tuple[int, di
     the store's contents then."""
     with TaskStorage.open(spec.config, spec.task) as task:
         task.checkpoint_log.retention_interval = spec.retention_interval
-        store = value_store(task, spec.store, typed=False)
+        store = task.store(spec.store, typed=False)
         restored = 0 if task.restored is None else int(task.restored.input_offsets["input"])
         contents = dict(store.items())
         if run is None:
