@@ -29,29 +29,44 @@ class ControlledBlobStore(BlobStore):
     (``listing_held`` is set when one starts waiting): a cleanup held between its decision and its deletes."""
 
     def __init__(self, inner: BlobStore) -> None:
+        #: the blob store wrapped: every operation ends there
         self.inner = inner
         self.url = inner.url
         self.supports_metadata = inner.supports_metadata
+        #: ``hold(name)`` true: a write of ``name`` waits for :attr:`release` (default: none)
         self.hold: Callable[[str], bool] = lambda name: False
+        #: set by the test to let held writes go (the backend suite sets it when a test ends)
         self.release = threading.Event()
-        self.held = threading.Event()  # set when a write starts waiting
+        #: set when a write starts waiting
+        self.held = threading.Event()
         #: how long a held write waits for ``release`` before it fails (a test that forgot to release)
         self.hold_timeout_s = 60.0
         #: held writes raise :class:`TransientStorageError` once released instead of writing
         self.fail_held = False
+        #: ``fail(name)`` true: a write of ``name`` raises :class:`TransientStorageError` while :attr:`failures_left`
+        #: > 0, writing nothing (default: none)
         self.fail: Callable[[str], bool] = lambda name: False
+        #: how many more writes matching :attr:`fail` fail (each failure takes one)
         self.failures_left = 0
         self._lock = threading.Lock()
+        #: the name of every write tried, in order (those that failed too)
         self.put_names: list[str] = []
+        #: ``(name, bytes)`` of every write that landed, in order
         self.write_sizes: list[tuple[str, int]] = []
         #: writes matching ``lose_reply`` land, then raise :class:`TransientStorageError` (the reply was lost) while
         #: ``replies_to_lose`` > 0
         self.lose_reply: Callable[[str], bool] = lambda name: False
+        #: how many more replies of writes matching :attr:`lose_reply` are lost
         self.replies_to_lose = 0
+        #: the names of the writes waiting for :attr:`release` now
         self.held_names: list[str] = []
+        #: ``fail_read(name)`` true: a read of ``name`` raises :class:`TransientStorageError` (default: none)
         self.fail_read: Callable[[str], bool] = lambda name: False
+        #: ``hold_listing(prefix)`` true: a listing of ``prefix`` waits for :attr:`listing_release` (default: none)
         self.hold_listing: Callable[[str], bool] = lambda prefix: False
+        #: set by the test to let held listings go
         self.listing_release = threading.Event()
+        #: set when a listing starts waiting
         self.listing_held = threading.Event()
         #: the threads whose listing was held, oldest first
         self.listing_threads: list[threading.Thread] = []
@@ -142,9 +157,14 @@ class GatedExecutor(Executor):
 
     def __init__(self, workers: int = 4, *, gate_timeout_s: float = 60.0) -> None:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="gated")
+        #: open (set) at first; a test clears it to hold the tasks that start running while it is clear, and sets it
+        #: to let them run
         self.gate = threading.Event()
         self.gate.set()
+        #: set when a task starts waiting at the closed gate
         self.waiting = threading.Event()
+        #: how long a task waits at the closed gate before it fails with :class:`TransientStorageError` instead of
+        #: running (a test that forgot to open it)
         self.gate_timeout_s = gate_timeout_s
         self._running: set[threading.Thread] = set()
         self._changed = threading.Condition()
