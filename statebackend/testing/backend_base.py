@@ -48,7 +48,11 @@ class SuiteClock:
 class BackendContractBase:
     """The suite's settings, fixtures and shared helpers (see :mod:`statebackend.testing.backend_contract`)."""
 
+    #: the backend under test, as ``stores.<name>.backup.factories`` takes it: its factory name (or dotted path)
+    #: first. Set it in the subclass
     backup_factories: ClassVar[str] = "changelog"
+    #: settings added to every test's config (the backend's own ``<factory>.*`` options, say), before
+    #: :meth:`backend_settings` and what the test sets
     extra_config: ClassVar[dict[str, Any]] = {}
     #: a built-in backend committed beside the one under test (a dual commit); ``None``: the backend alone
     dual_with: ClassVar[str | None] = None
@@ -105,6 +109,8 @@ class BackendContractBase:
 
     @pytest.fixture
     def blobs(self) -> Iterator[BlobStore]:
+        """The blob store of each test: a new in-memory store. Override it to run the suite on another store
+        (``file://`` in ``tmp_path``, a server)."""
         with MemoryBlobStore() as store:
             yield store
 
@@ -114,6 +120,8 @@ class BackendContractBase:
         return self.backup_factories.split(",")[0].strip()
 
     def backend_prefix(self, store: str = "counts") -> str:
+        """Where the backend under test keeps the blobs of ``store`` in the suite's job (its context's
+        ``blob_prefix``)."""
         return f"job/task-0/{store}/{self.backend}/"
 
     def is_commit_upload(self, name: str) -> bool:
@@ -128,6 +136,9 @@ class BackendContractBase:
         return {f"stores.{store}.backup.factories": both, f"stores.{store}.restore.factories": both}
 
     def make_config(self, tmp_path: Path, **extra: object) -> dict[str, object]:
+        """The config of a test's task: a job with the store ``counts`` backed up by the backend under test, its
+        local dir in ``tmp_path``, then :attr:`extra_config`, :meth:`backend_settings` and ``extra``, in that
+        order (the last wins)."""
         config: dict[str, object] = {
             "job.name": "job",
             "state.local.dir": str(tmp_path / "local"),
