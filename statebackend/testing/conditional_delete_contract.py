@@ -32,6 +32,9 @@ class ConditionalDeleteContract:
     large_size: int
 
     def raw_get(self, store: BlobStore, name: str) -> bytes | None:  # pragma: no cover - BlobStoreContract's wins
+        """The blob's bytes read without the store under test, or ``None`` if absent (see
+        :meth:`BlobStoreContract.raw_get <statebackend.testing.blobstore_contract.BlobStoreContract.raw_get>`,
+        which this suite's tests use)."""
         raise NotImplementedError
 
     def _declines(self, store: BlobStore) -> bool:
