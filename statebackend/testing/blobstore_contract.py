@@ -113,6 +113,7 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
     threads: int = 8
     #: Hypothesis examples and steps for the state machine
     state_machine_examples: int = 25
+    #: steps per example of the state machine
     state_machine_steps: int = 25
     #: names written for the paging test: more than one page of a listing (S3 pages by 1,000 names, Azure by
     #: 5,000); a suite whose store lists in smaller pages on request (the built-in S3 and Azure stores'
@@ -129,6 +130,8 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
 
     @pytest.fixture
     def store(self) -> Iterator[BlobStore]:
+        """The store under test, empty, for one test: every subclass provides this fixture (and closes the store
+        after the yield)."""
         raise NotImplementedError("a BlobStoreContract subclass must provide the `store` fixture")
 
     def raw_get(self, store: BlobStore, name: str) -> bytes | None:
