@@ -8,13 +8,17 @@ Each factory is named by its dotted path, e.g.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 
 from statebackend.checkpoint import CheckpointId, CheckpointV2
-from statebackend.contracts import StoreMarkers
+from statebackend.contracts import DEFAULT_GRACE_MS, StoreMarkers
+from statebackend.kit import read_created_at
 from statebackend.store import ChangeSet, LocalStore, LocalVersion
 from statebackend.testing.reference import (
     BlobHeader,
@@ -30,6 +34,7 @@ from statebackend.testing.reference import (
 
 __all__ = [
     "ArchivesLiveStore",
+    "BuildsOnAFailedRestore",
     "CatchesUpByCheckpointOrder",
     "ChainsOnAFailedUpload",
     "CleanupDeletesUploadsInFlight",
@@ -51,8 +56,10 @@ __all__ = [
     "RestoresAStaleSnapshot",
     "ReusesAnyLocalVersion",
     "SkipsBindingCheck",
+    "SkipsStepsWithTheSameKeys",
     "SkipsVerification",
     "SnapshotReadsTheState",
+    "SweepsWhatTheNewestDoesNotName",
     "UploadsTheWholeState",
 ]
 
@@ -496,3 +503,79 @@ class CatchesUpByCheckpointOrder(ReferenceBackendFactory):
     the replayed steps on top of changes the replay undid."""
 
     restore_class = _CatchesUpByCheckpointOrder
+
+
+# -- designs unlike ours (issue 31): each killed only by the suite's addition named in docs/contract-suites.md ---------
+
+
+class _SweepsWhatTheNewestDoesNotName(_OwnCleanup):
+    def doomed(self, prefix: str, blobs: list[str], referenced: set[str], checkpoint_id: CheckpointId) -> list[str]:
+        # "the newest checkpoint names everything that matters; the grace period covers the uploads in flight"
+        newest = self.newest_named
+        doomed = []
+        for blob in blobs:
+            if parse_blob_name(prefix, blob) is None or blob in newest:
+                continue
+            created = read_created_at(self.context.blob_store.head(blob).metadata)
+            if created is not None and time.time() - created >= DEFAULT_GRACE_MS / 1000:
+                doomed.append(blob)
+        return doomed
+
+    def referenced(self, markers: StoreMarkers) -> set[str]:
+        self.newest_named = {
+            blob for name, marker in markers.items() for blob in decode_marker(marker, self.context.blob_prefix(name))
+        }
+        return self.newest_named
+
+
+class SweepsWhatTheNewestDoesNotName(ReferenceBackendFactory):
+    """Its own sweep keeps what the newest checkpoint names and deletes every other blob older than the grace
+    period (an hour): the blobs of older retained checkpoints go once the hour has passed, which a suite that
+    cannot move the clock never sees."""
+
+    backup_class = _SweepsWhatTheNewestDoesNotName
+
+
+class _BuildsOnAFailedRestore(ReferenceBackupManager):
+    def init(self, checkpoint: CheckpointV2 | None) -> None:
+        markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
+        for name in self.context.stores:
+            if name in markers:  # "our marker is in the checkpoint: go on from it" (whoever restored the store)
+                self._chains[name] = decode_marker(markers[name], self.context.blob_prefix(name))
+            elif self.context.restored_by.get(name) is None:
+                self._chains[name] = []
+            else:
+                self._chains[name] = None
+
+
+class BuildsOnAFailedRestore(ReferenceBackendFactory):
+    """Continues its chain from its marker in the checkpoint even when its own restore of that chain failed and
+    another backend restored the store: later checkpoints extend a chain with a damaged blob."""
+
+    backup_class = _BuildsOnAFailedRestore
+
+
+class _SkipsStepsWithTheSameKeys(ReferenceBackupManager):
+    def _upload_all(self, prepared: dict[str, Step], markers: StoreMarkers) -> StoreMarkers:
+        for name, step in list(prepared.items()):
+            chain = step.chain
+            ids = getattr(self, "_ids", {})
+            self._ids = ids
+            # "a step's content id": a digest of its keys, to skip uploading a step identical to the one before
+            content_id = hashlib.sha256(b"\0".join(key for key, _ in step.change)).hexdigest()
+            if step.view is None and len(chain) >= 2 and ids.get(chain[-2]) == content_id:
+                chain[-1] = chain[-2]  # the same step again: name the blob already written
+                markers[name] = json.dumps(chain)
+                del prepared[name]
+                with self._lock:
+                    self._chains[name] = chain
+                continue
+            ids[step.blob] = content_id
+        return super()._upload_all(prepared, markers)
+
+
+class SkipsStepsWithTheSameKeys(ReferenceBackendFactory):
+    """Takes a delta whose keys are those of the delta before it for the same step (a content id computed from the
+    keys only) and names the earlier blob again: values changed under unchanged keys are lost."""
+
+    backup_class = _SkipsStepsWithTheSameKeys
