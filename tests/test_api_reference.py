@@ -38,6 +38,7 @@ DOCS = ROOT / "docs" / "api"
 #: underscore), with, for a module where only some classes are the plugin surface, those classes
 PLUGIN_API: dict[str, tuple[str, ...] | None] = {
     "statebackend.contracts": None,
+    "statebackend.kit": None,  # what the kit re-exports, whichever module defines it
     "statebackend.kit.background": None,
     "statebackend.kit.gc": None,
     "statebackend.kit.inflight": None,
@@ -186,6 +187,10 @@ def _class_gaps(cls: type, where: str) -> Iterator[str]:
         if inspect.isclass(raw):
             yield from _class_gaps(raw, f"{where}.{name}")
             continue
+        if callable(raw):  # a pytest fixture, a decorated method
+            if not inspect.getdoc(raw) or inspect.getdoc(raw) == inspect.getdoc(type(raw)):
+                yield f"{where}.{name}: no docstring"
+            continue
         if not docs.get((scope, name), False):
             # an attribute declared in a base's body and only assigned here is documented at the base
             if any(docs_of(base).get((base.__qualname__, name), False) for base in cls.__mro__[1:]):
@@ -264,8 +269,21 @@ def _referenced_modules() -> set[str]:
     return named
 
 
+def _in_reference(module_name: str, referenced: set[str]) -> bool:
+    """Whether the module is in a page, itself or through a package that re-exports every public name of it (the
+    kit's modules through ``statebackend.kit``)."""
+    if module_name in referenced:
+        return True
+    package = module_name.rpartition(".")[0]
+    if package not in referenced:
+        return False
+    exported = set(getattr(importlib.import_module(package), "__all__", ()))
+    return set(_public_names(importlib.import_module(module_name))) <= exported
+
+
 def test_every_module_of_the_plugin_api_is_in_the_reference() -> None:
-    missing = sorted(set(PLUGIN_API) - _referenced_modules())
+    referenced = _referenced_modules()
+    missing = sorted(name for name in PLUGIN_API if not _in_reference(name, referenced))
     assert not missing, f"not in any page of docs/api: {missing}"
 
 

@@ -80,7 +80,25 @@ def _check_rendered(app: Any, exception: BaseException | None) -> None:
         log.warning("garbled in the API reference: %s", problem)
 
 
+def _check_docstring(app: Any, what: str, name: str, obj: Any, options: Any, lines: list[str]) -> None:
+    """While autodoc reads: warn for an attribute or constant whose text is its value's type's docstring (the
+    rendered check sees only the builtin types' docstrings; this one sees every type's)."""
+    if what not in ("attribute", "data") or not lines or isinstance(obj, type) or callable(obj):
+        return
+    type_doc = type(obj).__doc__
+    if type_doc and " ".join(" ".join(lines).split()) == " ".join(type_doc.split()):
+        from sphinx.util import logging
+
+        logging.getLogger(__name__).warning(
+            "garbled in the API reference: %s shows the docstring of its type %s: give it a #: doc comment where "
+            "the reference imports it from",
+            name,
+            type(obj).__qualname__,
+        )
+
+
 def setup(app: Any) -> dict[str, Any]:
-    """Sphinx's hook: the rendered check runs after every build."""
+    """Sphinx's hook: the docstring check while autodoc reads, the rendered check after every build."""
+    app.connect("autodoc-process-docstring", _check_docstring)
     app.connect("build-finished", _check_rendered)
     return {"parallel_read_safe": True}
