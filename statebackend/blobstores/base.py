@@ -99,8 +99,11 @@ def _frozen_metadata(metadata: Mapping[str, str]) -> Mapping[str, str]:
 class BlobInfo:
     """What ``head`` tells about a blob."""
 
+    #: the blob's name
     name: str
+    #: its size in bytes
     size: int
+    #: its metadata, read-only (empty where the store keeps none: :attr:`BlobStore.supports_metadata`)
     metadata: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_metadata)
     #: the version of the blob this ``head`` saw, for :meth:`BlobStore.delete_if_unchanged`: opaque, and different
     #: after every write of the name (the same bytes written again too; ``set_metadata`` may change it as well).
