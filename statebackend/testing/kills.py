@@ -62,8 +62,11 @@ __all__ = [
     "run_commits",
 ]
 
+#: the number of distinct keys the commits write (``key00000`` ... ``key00399``)
 KEY_SPACE = 400
+#: writes per commit (puts and deletes of distinct keys)
 OPERATIONS_PER_COMMIT = 80
+#: how many times a value's text is repeated (larger values: more bytes per commit)
 DEFAULT_VALUE_REPEAT = 3
 
 
@@ -93,10 +96,15 @@ class KillSpec:
     """What a child runs: the task's whole config (JSON values only: it crosses a process boundary), the task and
     store it writes, the modules it imports first (a backend registered at import), and how many commits."""
 
+    #: the task's whole config (JSON values only)
     config: dict[str, Any]
+    #: the task the child opens
     task: str = "task-0"
+    #: the store it writes (:func:`operations`)
     store: str = "counts"
+    #: modules the child imports before it opens the task (a backend registered at import)
     imports: tuple[str, ...] = ()
+    #: commits the child makes unless killed first
     commits: int = 1_000_000
     #: the checkpoint log's ``retention_interval`` in the child: retention (and the backends' deletes with it) every
     #: few commits, so kills land in them too
@@ -105,13 +113,16 @@ class KillSpec:
     #: parent resolves them: the child registers those it resolves otherwise (a backend a test registered in its
     #: own process at run time), so it runs the very backend the parent tests
     backends: dict[str, str] = attrs.field(factory=dict)
+    #: blob store schemes -> their targets, as ``backends`` (:func:`kill_rounds` fills both)
     schemes: dict[str, str] = attrs.field(factory=dict)
 
     def write(self, path: Path) -> None:
+        """Write the spec as JSON to ``path``, for the child (:meth:`read`)."""
         path.write_text(json.dumps(attrs.asdict(self)))
 
     @classmethod
     def read(cls, path: Path) -> KillSpec:
+        """The spec :meth:`write` wrote to ``path``."""
         raw = json.loads(path.read_text())
         return cls(**{**raw, "imports": tuple(raw["imports"])})
 
