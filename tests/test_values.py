@@ -35,7 +35,7 @@ SPLIT = {
 }
 
 
-def make_config(tmp_path: Path, msg_serde: str, backend: str = "changelog", **extra: object) -> dict[str, object]:
+def make_config(tmp_path: Path, msg_serde: str, backend: str = "changelog", /, **extra: object) -> dict[str, object]:
     config: dict[str, object] = {
         "job.name": "values",
         "state.local.dir": str(tmp_path / "local"),
@@ -49,7 +49,7 @@ def make_config(tmp_path: Path, msg_serde: str, backend: str = "changelog", **ex
     return config
 
 
-def write_v1(tmp_path: Path, keys: int = 10, **extra: object) -> dict[str, object]:
+def write_v1(tmp_path: Path, keys: int = 10, /, **extra: object) -> dict[str, object]:
     """Commit ``keys`` CountV1 values (k0.. with count i, first "b<i>") as checkpoint #1; returns the config."""
     config = make_config(tmp_path, V1, **extra)
     with TaskStorage.open(config, "task-0") as task:
@@ -72,7 +72,7 @@ def _no_calls_before() -> None:
 
 @pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
 def test_a_value_schema_gains_and_loses_a_field_across_opens(tmp_path: Path, backend: str) -> None:
-    config = write_v1(tmp_path, keys=3, **{"stores.counts.backup.factories": backend})
+    config = write_v1(tmp_path, 3, **{"stores.counts.backup.factories": backend})
     evolved = dict(config, **{"stores.counts.msg.serde": V2})
     with TaskStorage.open(evolved, "task-0") as task:
         counts = task.store("counts")
@@ -93,12 +93,13 @@ def test_a_value_schema_gains_and_loses_a_field_across_opens(tmp_path: Path, bac
             "new": rv.CountV2(7.0),
         }
         assert task.store("counts").get_many(["k0", "nope", "new"]) == [rv.CountV2(0.0), None, rv.CountV2(7.0)]
-        raw = task.store("counts", typed=False)
-        assert raw.get(b"k0")[1:5] != raw.get(b"k2")[1:5]  # each value carries the fingerprint it was written with
+        k0, k2 = task.store("counts", typed=False).get(b"k0"), task.store("counts", typed=False).get(b"k2")
+        assert k0 is not None and k2 is not None
+        assert k0[1:5] != k2[1:5]  # each value carries the fingerprint it was written with
 
 
 def test_an_incompatible_change_is_refused_at_open_naming_the_store_and_the_field(tmp_path: Path) -> None:
-    config = write_v1(tmp_path, keys=3)
+    config = write_v1(tmp_path, 3)
     with pytest.raises(
         ConfigError,
         match=r"stores\.counts\.msg\.serde: CountBadType cannot read the values of store "
@@ -122,7 +123,7 @@ def test_an_incompatible_change_is_refused_at_open_naming_the_store_and_the_fiel
 
 def test_a_schema_recorded_once_must_stay_readable_until_a_migration(tmp_path: Path) -> None:
     """V1 -> V2 is readable, but going back to V1 is not: V2's values hold a float count and no 'first'."""
-    config = write_v1(tmp_path, keys=1)
+    config = write_v1(tmp_path, 1)
     with TaskStorage.open(dict(config, **{"stores.counts.msg.serde": V2}), "task-0") as task:
         task.store("counts").put("k9", rv.CountV2(1.5))
         task.commit_durably({"batch": "2"})
@@ -154,9 +155,10 @@ def test_the_read_rules() -> None:
 
 
 def test_a_record_store_read_without_its_recorded_schemas_says_where_to_read_it(tmp_path: Path) -> None:
-    config = write_v1(tmp_path, keys=1)
+    config = write_v1(tmp_path, 1)
     with TaskStorage.open(dict(config, **{"stores.counts.msg.serde": V2}), "task-0") as task:
         old = task.store("counts", typed=False).get(b"k0")
+        assert old is not None
     with pytest.raises(CorruptDataError, match="written with record schema .*TaskStorage.store"):
         get_serde(V2).from_bytes(old)  # the bare serde knows the class's own schema only
 
@@ -173,7 +175,7 @@ def test_a_damaged_schema_record_is_corrupt_data(tmp_path: Path) -> None:
 def test_checkpoints_record_the_schemas_as_strings_every_checkpoint_reader_reads(tmp_path: Path) -> None:
     """No new checkpoint format: the records are strings in the serdes map (format 2's rules, and those of the
     releases before record serdes, which read every string of it); encoding stays canonical."""
-    config = write_v1(tmp_path, keys=1, **SPLIT)
+    config = write_v1(tmp_path, 1, **SPLIT)
     with TaskStorage.open(config, "task-0") as task:
         checkpoint = task.restored
         assert checkpoint is not None
@@ -261,7 +263,7 @@ def test_a_migration_larger_than_the_write_batch_crashing_before_its_commit_is_n
     """A migration bigger than write.batch.max.bytes spills to LMDB (which then is ahead of every checkpoint); a
     crash before the commit must not leave those values in the store: the next open restores the checkpoint."""
     small = {"stores.counts.write.batch.max.bytes": 2048}
-    config = write_v1(tmp_path, keys=300, **small)
+    config = write_v1(tmp_path, 300, **small)
     task = TaskStorage.open(dict(config, **{"stores.counts.msg.serde": V3}, **SPLIT), "task-0")
     assert task.stores["counts"].spill_runs or task.stores["counts"].version is None  # it spilled
     task.close()
@@ -311,7 +313,7 @@ def test_a_migration_declared_on_a_store_without_state_records_its_name_and_runs
 
 
 def test_a_migration_function_returning_the_wrong_type_fails_the_open_naming_the_key(tmp_path: Path) -> None:
-    config = write_v1(tmp_path, keys=2)
+    config = write_v1(tmp_path, 2)
     wrong = dict(config, **{"stores.counts.msg.serde": V2}, **SPLIT)  # split_first returns CountV3, not CountV2
     with pytest.raises(TypeError, match="stores CountV2 instances, got CountV3") as raised:
         TaskStorage.open(wrong, "task-0")
@@ -382,6 +384,7 @@ EVERY = st.builds(
 @given(EVERY)
 def test_every_field_type_round_trips(value: rv.Every) -> None:
     serde = get_serde("record:tests.record_values:Every")
+    assert isinstance(serde, RecordSerde)
     data = serde.to_bytes(value)
     assert serde.from_bytes(data) == value
     assert serde.from_bytes_many(serde.to_bytes_many([value, value])) == [value, value]
@@ -404,7 +407,7 @@ def test_an_old_value_reads_as_the_new_class_and_as_a_dict_of_its_own_fields(cou
     old = get_serde(V1)
     data = old.to_bytes(rv.CountV1(count, first))
     new = get_serde(V2)
-    assert isinstance(new, RecordSerde)
+    assert isinstance(old, RecordSerde) and isinstance(new, RecordSerde)
     assert new.with_schemas([old.schema]).from_bytes(data) == rv.CountV2(float(count))
     assert RecordDicts([old.schema]).from_bytes(data) == {"count": count, "first": first}
 
