@@ -24,7 +24,7 @@ from tests.backend_helpers import write_config
 BACKENDS = ["changelog", "blobsnapshot"]
 
 
-def make_config(tmp_path: Path, backend: str = "changelog", **extra: object) -> dict[str, object]:
+def make_config(tmp_path: Path, backend: str = "changelog", /, **extra: object) -> dict[str, object]:
     config: dict[str, object] = {
         "job.name": "sessions",
         "state.local.dir": str(tmp_path / "local"),
@@ -70,7 +70,12 @@ def test_an_expired_key_is_invisible_to_every_read(tmp_path: Path, backend: str)
         assert list(store.iter_prefix("")) == [("c", 30)] and list(store.iter_range("a", "z")) == [("c", 30)]
         assert store.count() == 1
         seen: list[Any] = []
-        store.update_many(["a", "c"], lambda values: (seen.extend(values), [5, 31])[1])
+
+        def update(values: list[Any]) -> list[int]:
+            seen.extend(values)
+            return [5, 31]
+
+        store.update_many(["a", "c"], update)
         assert seen == [None, 30]  # update_many reads through the TTL too: an expired key is absent
         assert store.get("a") == 5  # and a write brings the key back with a fresh expiry
         bytes_view = storage.store("last", typed=False)
