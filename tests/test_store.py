@@ -331,7 +331,11 @@ def test_apply_changes_with_verified_order_equals_the_checked_path(tmp_path: Pat
 
 
 def test_apply_change_sets_applies_them_in_order_in_one_transaction_or_none_of_them(tmp_path: Path) -> None:
-    sets = [[(b"a", b"1"), (b"b", None)], [(b"a", b"2"), (b"c", b"3")], [(b"c", None), (b"d", b"4")]]
+    sets: list[list[tuple[bytes, bytes | None]]] = [
+        [(b"a", b"1"), (b"b", None)],
+        [(b"a", b"2"), (b"c", b"3")],
+        [(b"c", None), (b"d", b"4")],
+    ]
     with LocalStore.open(tmp_path / "s", name="s") as store:
         store.replace_contents([(b"b", b"old"), (b"z", b"26")], v(1))
         assert store.apply_change_sets((iter(records) for records in sets), v(4)) == 6
