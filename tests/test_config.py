@@ -402,7 +402,7 @@ def test_every_problem_is_reported_at_once_first_problem_on_the_first_line() -> 
 
 
 def test_non_string_key_is_an_error() -> None:
-    assert "configuration key 5 is a int" in error_of({"blob.store.url": URL, 5: "x"})
+    assert "configuration key 5 is a int" in error_of({"blob.store.url": URL, 5: "x"})  # type: ignore[dict-item]  # on purpose
 
 
 def test_config_that_is_not_a_mapping_is_an_error() -> None:
