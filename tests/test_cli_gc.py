@@ -183,7 +183,7 @@ def _open_task_with_an_unadopted_snapshot(config: dict[str, Any]) -> tuple[TaskS
         for run in range(4):
             counts.put(f"k{run}", run)
             storage.commit_durably({"clicks": str(run)})
-        named = set()
+        named: set[str] = set()
         for entry in CheckpointLog(store, "clicks", "task-0").entries():
             assert isinstance(entry.checkpoint, CheckpointV2)
             for marker in entry.checkpoint.markers_for("changelog").values():
