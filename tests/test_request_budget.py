@@ -13,7 +13,7 @@ operations."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import wait
 from pathlib import Path
 
@@ -108,7 +108,7 @@ def run_phase(task: TaskStorage, metrics: Metrics, first_round: int, *, change: 
 
 
 def check_budget(
-    per_commit: list[dict[str, float]], fixed: Mapping[str, int], phase: str, amortized: float = AMORTIZED_BUDGET
+    per_commit: Sequence[Mapping[str, float]], fixed: Mapping[str, int], phase: str, amortized: float = AMORTIZED_BUDGET
 ) -> float:
     """Every commit costs at least its fixed requests; beyond them, the data PUTs (any ``put``: nothing but data
     and the fixed checkpoint is put) and everything else average at most their budgets. Returns the average
