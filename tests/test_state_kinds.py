@@ -241,7 +241,7 @@ def test_each_accessor_and_view_give_the_store_of_their_kind(tmp_path: Path) -> 
         task.store("plain").put(b"k", b"v")
         task.list_store("events").append("ann", 1)
         task.map_store("counters").put("ann", "x", 2)
-        assert task.view("plain").get(b"k") == stores["plain"].get(b"k") == stores.store("plain").get(b"k") == b"v"
+        assert task.store("plain").get(b"k") == stores["plain"].get(b"k") == stores.store("plain").get(b"k") == b"v"
         assert isinstance(task.view("events"), ListStore) and isinstance(stores["events"], ListStore)
         assert isinstance(task.view("counters"), MapStore) and isinstance(stores["counters"], MapStore)
         assert stores.list_store("events").get("ann") == [1] and stores.map_store("counters").get("ann", "x") == 2
