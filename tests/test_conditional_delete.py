@@ -275,6 +275,8 @@ class RewritesWhatASweepDeletes(MemoryBlobStore):
 def test_backend_sweeps_keep_and_count_a_blob_written_again_before_its_delete(tmp_path: Path) -> None:
     """Both built-in backends: an old unreferenced blob that a writer writes again between the sweep's judgment and
     its delete is kept, and counted in ``<backend>.sweep.kept`` (not in the deleted ones)."""
+    from statebackend.backends.changelog.backup import ChangelogBackupManager
+
     from statebackend.task import TaskStorage
     from tests.backend_helpers import blobsnapshot_config as make_config
     from tests.backend_helpers import blobsnapshot_manager as backup_manager
@@ -292,12 +294,11 @@ def test_backend_sweeps_keep_and_count_a_blob_written_again_before_its_delete(tm
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
             task.store("counts").put(b"k", b"v")
             task.commit_durably({"input": "0"})
-            manager = task.commit_manager.backups[0].manager if backend == "changelog" else backup_manager(task)
+            changelog = task.commit_manager.backups[0].manager
+            assert isinstance(changelog, ChangelogBackupManager) or backend != "changelog"
+            manager = changelog if isinstance(changelog, ChangelogBackupManager) else backup_manager(task)
             blobs.put(orphan, b"garbage of an attempt long gone", metadata=created_at_metadata(manager.clock() - 7_200))
-            if backend == "changelog":
-                deleted = manager.sweep()  # type: ignore[attr-defined]
-            else:
-                deleted = manager.sweep().runs_deleted
+            deleted = manager.sweep() if isinstance(manager, ChangelogBackupManager) else manager.sweep().runs_deleted
             assert blobs.rewritten == [orphan], f"{backend}: the sweep never asked to delete the orphan"
             assert blobs.exists(orphan), f"{backend}: the sweep deleted a blob written again after its judgment"
             assert deleted == 0
@@ -314,9 +315,10 @@ def test_file_store_on_a_filesystem_that_keeps_whole_seconds_never_deletes_a_rew
     real_utime = os.utime
 
     def whole_seconds(target: Any, *args: Any, ns: tuple[int, int] | None = None, **kwargs: Any) -> None:
-        if ns is not None:
-            ns = (ns[0] // 1_000_000_000 * 1_000_000_000, ns[1] // 1_000_000_000 * 1_000_000_000)
-        real_utime(target, *args, ns=ns, **kwargs)
+        if ns is None:
+            real_utime(target, *args, **kwargs)
+        else:
+            real_utime(target, *args, ns=(ns[0] // 10**9 * 10**9, ns[1] // 10**9 * 10**9), **kwargs)
 
     monkeypatch.setattr(os, "utime", whole_seconds)
     store = FileBlobStore(tmp_path / "blobs")
