@@ -76,7 +76,7 @@ def test_a_decision_rebased_on_an_older_checkpoint_keeps_its_fence_and_the_open_
 def test_an_entry_above_the_listing_head_cannot_be_rebased_on(tmp_path: Path) -> None:
     config = config_for(tmp_path / "a")
     commit_rounds(config, 2)
-    settings = attrs.evolve(Settings.from_config(config), local_dir=str(tmp_path / "elsewhere"))
+    settings = attrs.evolve(Settings.from_config(config), local_dir=tmp_path / "elsewhere")
     with open_blob_store(settings.blob_store_url) as blobs:
         checkpoint_log = task_checkpoint_log(settings, blobs, "task-0")
         stale = decide_open(settings, "task-0", checkpoint_log, choice=checkpoint_log.read(1))
@@ -107,7 +107,7 @@ def test_two_attempts_opened_on_one_decision_cannot_both_commit(tmp_path: Path) 
     settings = Settings.from_config(config)
     with open_blob_store(settings.blob_store_url) as blobs:
         decision = decide_open(settings, "task-0", task_checkpoint_log(settings, blobs, "task-0"))
-        second = attrs.evolve(settings, local_dir=str(tmp_path / "b"))
+        second = attrs.evolve(settings, local_dir=tmp_path / "b")
         with (
             TaskStorage.open(settings, "task-0", blob_store=blobs, decision=decision) as one,
             TaskStorage.open(second, "task-0", blob_store=blobs, decision=decision) as two,
