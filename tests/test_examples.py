@@ -63,7 +63,11 @@ class Examples:
 @pytest.fixture(scope="module")
 def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Examples]:
     """The Spark examples of this module, in test order (none when the run deselects them all)."""
-    wanted = {item.name for item in request.session.items if item.module is request.module}
+    wanted = {
+        item.name
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.module is request.module
+    }
     scripts: dict[str, tuple[list[str], Path]] = {}
     if "test_readme_demo_counts_words_exactly_on_local_spark" in wanted:
         scripts["demo"] = (["examples/demo.py", "--batches", "3", "--rows-per-batch", "2000"], ROOT)
