@@ -87,7 +87,7 @@ def test_reopened_from_a_checkpoint_whose_reply_was_lost_it_restores_exactly(tmp
         for binding in task.commit_manager.backups:
             binding.manager.abort(pending.checkpoint_id)
             sweep(binding.manager)
-            binding.manager.cleanup(previous.checkpoint_id, previous.markers_for(binding.factory_name)).result(30)
+            binding.manager.cleanup(previous.checkpoint_id, dict(previous.markers_for(binding.factory_name))).result(30)
             sweep(binding.manager)
     entry = latest(inner)
     assert entry.checkpoint.input_offsets == {"input": "4"}, "the checkpoint write did land"
