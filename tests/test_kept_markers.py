@@ -38,10 +38,10 @@ class _BlobStore:
 
 def _kept(task_dir: Path) -> kept.KeptTask:
     return kept.KeptTask(
-        storage=_Storage(),
-        blob_store=_BlobStore(),
+        storage=_Storage(),  # type: ignore[arg-type]  # a stand-in with what a kept task uses
+        blob_store=_BlobStore(),  # type: ignore[arg-type]  # a stand-in with what a kept task uses
         fingerprint="f",
-        seq=1,  # type: ignore[arg-type]
+        seq=1,
         checkpoint_id="1-1",
         files={},
         task_dir=task_dir,
