@@ -14,10 +14,12 @@ import pytest
 import statebackend.backends.changelog.backup as changelog_backup
 import statebackend.backends.changelog.upload as changelog_upload
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.checkpoint import write_local_checkpoint
 
 import statebackend.commit as commit_module
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CommitError, StateBackendError, StorageError
+from statebackend.recordfile import write_file
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
@@ -41,7 +43,7 @@ def test_delta_cut_short_while_staging_is_never_uploaded_as_a_whole_one(
 ) -> None:
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"task.commit.async.failures.tolerated": 1})
-    real_write_file = changelog_upload.write_file
+    real_write_file = write_file
     calls = {"n": 0}
 
     def disk_full_once(out: Any, header: Any, records: Any, **kwargs: Any) -> Any:
@@ -72,7 +74,7 @@ def test_checkpoint_durable_but_local_file_failing_is_a_success_and_later_commit
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blobs = MemoryBlobStore()
-    real = commit_module.write_local_checkpoint
+    real = write_local_checkpoint
     calls = {"n": 0}
 
     def flaky(path: Any, checkpoint: Any, binding: Any) -> None:
