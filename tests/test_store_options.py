@@ -19,14 +19,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.backends.changelog.factory import ChangelogStateBackendFactory
 from statebackend.backends.changelog.marker import Recipe
+from statebackend.backends.changelog.restore import ChangelogRestoreManager
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend import registry
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.config import OptionSpec, Settings, parse_int, parse_str
-from statebackend.contracts import BackendContext, TaskBackupManager, TaskRestoreManager
+from statebackend.contracts import BackendContext
 from statebackend.errors import ConfigError, UsageError
 from statebackend.restore import group_by_options, options_of_group, restored_stores
 from statebackend.task import TaskStorage
@@ -45,11 +47,11 @@ class RecordingFactory(ChangelogStateBackendFactory):
     #: ("backup" | "restore", the context's stores, its options), in the order they were given
     contexts: ClassVar[list[tuple[str, tuple[str, ...], dict[str, Any]]]] = []
 
-    def backup_manager(self, context: BackendContext) -> TaskBackupManager:
+    def backup_manager(self, context: BackendContext) -> ChangelogBackupManager:
         self.contexts.append(("backup", tuple(context.stores), dict(context.options)))
         return super().backup_manager(context)
 
-    def restore_manager(self, context: BackendContext) -> TaskRestoreManager:
+    def restore_manager(self, context: BackendContext) -> ChangelogRestoreManager:
         self.contexts.append(("restore", tuple(context.stores), dict(context.options)))
         return super().restore_manager(context)
 
@@ -315,16 +317,13 @@ def recipe(checkpoint: CheckpointV2, store: str) -> Recipe:
 
 def test_a_store_changelog_snapshot_interval_applies_to_that_store_only(tmp_path: Path) -> None:
     names = ("fast", "slow")
-    config = task_config(
-        tmp_path,
-        *names,
-        **{
-            "changelog.snapshot.interval.commits": 1000,
-            "changelog.snapshot.interval.ratio": 0,
-            "changelog.snapshot.interval.bytes": "1GiB",
-            "stores.fast.changelog.snapshot.interval.commits": 2,
-        },
-    )
+    config = {
+        **task_config(tmp_path, *names),
+        "changelog.snapshot.interval.commits": 1000,
+        "changelog.snapshot.interval.ratio": 0,
+        "changelog.snapshot.interval.bytes": "1GiB",
+        "stores.fast.changelog.snapshot.interval.commits": 2,
+    }
     blobs = MemoryBlobStore()
     model: dict[str, dict[bytes, bytes]] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
