@@ -19,12 +19,12 @@ from tests.test_recordfile import (
     SMALL_DELTA,
     SNAPSHOT,
     VERSIONS,
-    TrickleReader,
     block_of,
     body_in,
     fixed_block_of,
     hand_built,
     in_version,
+    trickle,
 )
 
 
@@ -220,4 +220,4 @@ def test_a_huge_corrupt_block_size_in_a_stream_is_refused_or_a_truncation_not_a_
     block = block[:9] + struct.pack("<I", value_bytes) + block[13:]
     data = hand_built(DELTA, block, count=1)
     with pytest.raises(CorruptDataError, match=message):
-        list(iter_records(TrickleReader(data, 4096), name="f"))
+        list(iter_records(trickle(data, 4096), name="f"))

@@ -25,7 +25,7 @@ from statebackend import recordfile as fmt
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import FileHeader, encode, iter_records, verify
 from tests.test_recordfile import DELTA as RECORDFILE_DELTA
-from tests.test_recordfile import TrickleReader, uncompressed_blocks
+from tests.test_recordfile import trickle, uncompressed_blocks
 
 #: the record file tests' delta header with a full-length token, one seq on
 DELTA = attrs.evolve(RECORDFILE_DELTA, token="0123456789abcdef", seq=7, base_seq=6)
@@ -66,7 +66,7 @@ def every_reading(data: bytes, name: str = "blob-under-test") -> list[tuple[str,
         outcome(verified),
         outcome(lambda: list(iter_records(data, name=name))),
         outcome(lambda: list(iter_records(io.BytesIO(data), name=name))),
-        outcome(lambda: list(iter_records(TrickleReader(data, 7), name=name))),
+        outcome(lambda: list(iter_records(trickle(data, 7), name=name))),
     ]
 
 
@@ -128,8 +128,8 @@ def record_lists(draw: st.DrawFn, *, deletes: bool = True) -> Records:
     )
     if deletes:
         value = st.one_of(value, st.none())
-    records = sorted(draw(st.dictionaries(key, value, max_size=n)).items())
-    if records and draw(st.booleans()):  # the last record alone of another length
+    records: Records = sorted(draw(st.dictionaries(key, value, max_size=n)).items())
+    if records and bool(draw(st.booleans())):  # the last record alone of another length
         last_key, last_value = records[-1]
         records[-1] = (last_key, (last_value or b"") + b"\xff")
     return records
@@ -259,7 +259,8 @@ def test_any_damage_to_a_version_3_file_is_refused_never_decoded_otherwise(
 def test_a_header_field_changed_and_its_crc_made_right_still_fails_the_digest(field: str, value: object) -> None:
     data = encode(DELTA, MULTI_BLOCK, compression="zstd")
     header_end, _ = sections(data)
-    other = attrs.evolve(DELTA, **{field: value, **({"base_seq": 7} if field == "seq" else {})})
+    changes: dict[str, Any] = {field: value, **({"base_seq": 7} if field == "seq" else {})}  # a field each
+    other = attrs.evolve(DELTA, **changes)
     other_header = encode(other, [], compression="zstd")[: sections(encode(other, [], compression="zstd"))[0]]
     assert len(other_header) == header_end  # same length: only the digest can tell
     assert_refused_everywhere(other_header + data[header_end:])
@@ -399,7 +400,7 @@ def peak_while_refused(data: bytes, message: str, name: str = "blob-bomb") -> in
             lambda: verify(data, name=name),
             lambda: list(iter_records(data, name=name, verified=True)),
             lambda: list(iter_records(io.BytesIO(data), name=name)),
-            lambda: list(iter_records(TrickleReader(data, 1 << 16), name=name)),
+            lambda: list(iter_records(trickle(data, 1 << 16), name=name)),
         ):
             with pytest.raises(CorruptDataError, match=message) as info:
                 reading()

@@ -31,7 +31,7 @@ BASE_LEVEL = 1 << 16
 
 Records = list[tuple[bytes, bytes | None]]
 
-BASE: Records = [(b"key-%04d" % i, b"value-%d" % (i * i)) for i in range(200)] + [(b"\xff\xfe", bytes(range(256)))]
+BASE: Records = [*((b"key-%04d" % i, b"value-%d" % (i * i)) for i in range(200)), (b"\xff\xfe", bytes(range(256)))]
 LEVEL0: Records = [
     (b"\x00", b"sorts first"),
     (b"key-0003", b"updated"),
