@@ -224,7 +224,11 @@ def _gaps(module_name: str, only: tuple[str, ...] | None) -> Iterator[str]:
                 continue  # a callable object (a partial, a decorator's product) with its own docstring
             paths = [module_path]
             # a re-exported constant is documented where it is assigned: look in the modules the package imports
-            paths += [m.__file__ for m in sys.modules.values() if getattr(m, "__name__", "").startswith(module_name)]
+            paths += [
+                m.__file__ or ""
+                for m in list(sys.modules.values())
+                if getattr(m, "__name__", "").startswith(module_name) and getattr(m, "__file__", None)
+            ]
             if not any(_attribute_docs(p).get(("", name), False) for p in paths if p and p.endswith(".py")):
                 yield f"{where}: a module attribute with no #: doc comment (autodoc shows its type's docstring)"
 
