@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.changelog.admin import ChangelogAdmin
 from statebackend.backends.changelog.marker import Recipe, Step
 
 from statebackend import TaskStorage
@@ -54,10 +55,12 @@ def _job(tmp_path: Path) -> tuple[dict[str, Any], str]:
     return config, checkpoint.markers_for("changelog")["s"]
 
 
-def _admin(config: dict[str, Any], store: BlobStore) -> StateBackendAdmin:
+def _admin(config: dict[str, Any], store: BlobStore) -> ChangelogAdmin:
     options = Settings.from_config(config).backend_options_for("changelog")
     context = backend_context("changelog", store, task="t", executor=NoExecutor(), options=options)
-    return resolve_factory("changelog").factory.admin(context)
+    admin = resolve_factory("changelog").factory.admin(context)
+    assert isinstance(admin, ChangelogAdmin)
+    return admin
 
 
 def test_changelog_describes_names_and_verifies_its_recipe(tmp_path: Path) -> None:
