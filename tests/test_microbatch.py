@@ -64,11 +64,14 @@ def test_an_attempt_commits_its_batch_and_the_next_one_builds_on_it_without_pars
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job = JobSpec.from_config(make_config(tmp_path), fn=count, num_tasks=1, key_groups=4, key_types=("string",))
-    parses = []
+    parses: list[int] = []
     original = Settings.from_config.__func__  # type: ignore[attr-defined]
-    monkeypatch.setattr(
-        Settings, "from_config", classmethod(lambda cls, config: parses.append(1) or original(cls, config))
-    )
+
+    def counted(cls: type[Settings], config: Any) -> Settings:
+        parses.append(1)
+        return original(cls, config)
+
+    monkeypatch.setattr(Settings, "from_config", classmethod(counted))
     out0, stats0 = attempt_batch(job, 0, ["a", "b", "a"])
     out1, stats1 = attempt_batch(job, 1, ["a"])
     assert parses == []  # the workers use the settings the spec carries
@@ -252,5 +255,7 @@ def test_a_batch_report_sums_the_tasks_and_handles_an_empty_batch() -> None:
     empty = BatchReport.of(0, [], 5.0)
     assert (empty.committed, empty.commit_p50_ms, empty.slowest_task) == (0, 0.0, "")
     assert empty.line().startswith("batch 0: 0 tasks")
-    merged = MetricsSnapshot.merged([stats_of(0, commit_ms=1.0).metrics, stats_of(1, commit_ms=1.0).metrics])
+    first, second = stats_of(0, commit_ms=1.0).metrics, stats_of(1, commit_ms=1.0).metrics
+    assert first is not None and second is not None
+    merged = MetricsSnapshot.merged([first, second])
     assert merged.counter("commit.count") == 2
