@@ -114,7 +114,7 @@ def test_register_many_and_delete_many_keep_each_timer_once_and_count_what_they_
     add = [Row(word=w, at=at, op="add") for w, at in [("a", 500), ("b", 700), ("a", 500), ("c", 900)]]
     output, stats = run(config, register_in_bulk, 0, add, batch={"now_ms": 0}, on_timers=no_timers_fired)
     assert output == [("counts", 3, 0)]  # "a" at 500 twice: one timer
-    assert stats.metrics.counter("timers.registered") == 3
+    assert stats.metrics is not None and stats.metrics.counter("timers.registered") == 3
     again = [Row(word="a", at=500, op="add"), Row(word="b", at=700, op="del"), Row(word="z", at=1, op="del")]
     output, _ = run(config, register_in_bulk, 1, again, batch={"now_ms": 0}, on_timers=no_timers_fired)
     assert output == [("counts", 0, 1)]  # "a" exists already; "z" had no timer
