@@ -44,9 +44,10 @@ def format_2_edits(marker: str) -> Iterator[tuple[str, str]]:
     original = json.loads(marker)
     deltas = steps_of(original)
 
-    def edited(change: Callable[[dict[str, Any]], None]) -> str:
+    def edited(change: Callable[..., object], *args: int) -> str:
+        """The marker with ``change(document, *args)`` made to its document (what the change returns is ignored)."""
         document = copy.deepcopy(original)
-        change(document)
+        change(document, *args)
         return json.dumps(document, separators=(",", ":"))
 
     def shift(by: int) -> Callable[[dict[str, Any]], None]:
@@ -64,14 +65,14 @@ def format_2_edits(marker: str) -> Iterator[tuple[str, str]]:
     yield "every seq shifted down", edited(shift(-1))
     yield "the deltas' seq shifted up", edited(set_seq(1))
     for index in range(len(deltas)):
-        yield f"delta {index} dropped", edited(lambda d, i=index: steps_of(d).pop(i))
-        yield f"delta {index} twice", edited(lambda d, i=index: steps_of(d).insert(i, list(steps_of(d)[i])))
+        yield f"delta {index} dropped", edited(lambda d, i: steps_of(d).pop(i), index)
+        yield f"delta {index} twice", edited(lambda d, i: steps_of(d).insert(i, list(steps_of(d)[i])), index)
     for index in range(len(deltas) - 1):
-        yield f"deltas {index} and {index + 1} swapped", edited(lambda d, i=index: swap(steps_of(d), i, None))
-        yield f"tokens of deltas {index} and {index + 1} swapped", edited(lambda d, i=index: swap(steps_of(d), i, 1))
+        yield f"deltas {index} and {index + 1} swapped", edited(lambda d, i: swap(steps_of(d), i, None), index)
+        yield f"tokens of deltas {index} and {index + 1} swapped", edited(lambda d, i: swap(steps_of(d), i, 1), index)
         yield (
             f"checkpoint ids of deltas {index} and {index + 1} swapped",
-            edited(lambda d, i=index: swap(steps_of(d), i, 0)),
+            edited(lambda d, i: swap(steps_of(d), i, 0), index),
         )
     if original["snapshot"] is not None and deltas:
 
@@ -148,6 +149,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> Chain:
             head = task.checkpoint_log.latest()
         if round_no == 5:
             shutil.copytree(tmp_path / "local", behind)
+    assert head is not None and isinstance(head.checkpoint, CheckpointV2)
     recipe = Recipe.decode(head.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
     assert recipe.snapshot is not None and len(recipe.deltas) >= 3
     assert any(step.name is None for step in recipe.deltas) and any(step.name for step in recipe.deltas)
