@@ -200,7 +200,7 @@ def blobsnapshot_manager(task: TaskStorage) -> BlobSnapshotBackupManager:
 
 def settle(task: TaskStorage) -> None:
     """Wait for store ``counts``'s running compaction, if any (the backend's own future)."""
-    compaction = blobsnapshot_manager(task)._states["counts"].compaction
+    compaction = blobsnapshot_manager(task).shared.stores["counts"].compaction
     if compaction is not None:
         compaction.exception(timeout=60)
 

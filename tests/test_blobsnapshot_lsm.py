@@ -275,7 +275,7 @@ def test_a_compaction_held_on_its_upload_never_blocks_commits(tmp_path: Path) ->
     model: dict[bytes, bytes] = {}
     try:
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            state = manager_of(task)._states["counts"]
+            state = manager_of(task).shared.stores["counts"]
             round_no = 0
             while state.compaction is None:
                 rounds(task, model, round_no, 1)
@@ -308,7 +308,7 @@ def test_a_compaction_finished_after_the_last_commit_is_recorded_and_adopted_by_
     config = make_config(tmp_path, **EAGER)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        state = manager_of(task)._states["counts"]
+        state = manager_of(task).shared.stores["counts"]
         round_no = 0
         while state.compaction is None:
             rounds(task, model, round_no, 1)
@@ -465,7 +465,7 @@ def test_gc_deletes_runs_merged_away_once_out_of_retention_and_never_one_a_retai
         settle(task)
         manager = manager_of(task)
         manager.sweep(now=manager.clock() + FAR_FUTURE)
-        state = manager._states["counts"]
+        state = manager.shared.stores["counts"]
         in_flight = {run_name(PREFIX, state.compaction_output)} if state.compaction_output is not None else set()
         assert task.metrics.counter("blobsnapshot.compaction.adopted") >= 2
         assert task.metrics.counter("blobsnapshot.runs.deleted") > 0

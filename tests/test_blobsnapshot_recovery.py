@@ -103,7 +103,7 @@ def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
         put_all(task, model, {b"key-00007": b"second"})
         with pytest.raises(RuntimeError, match="injected"):
             task.commit_durably({"input": "1"})
-        assert manager._states["counts"].needs_base
+        assert manager.shared.stores["counts"].needs_base
         put_all(task, model, {b"key-00011": b"third"})
         task.commit_durably({"input": "2"})
     shutil.rmtree(tmp_path / "local")
@@ -167,7 +167,7 @@ def test_a_lost_cached_copy_of_an_old_undurable_run_costs_one_commit_not_all_lat
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         manager_of(task).clock = clock
-        state = manager_of(task)._states["counts"]
+        state = manager_of(task).shared.stores["counts"]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
         blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
@@ -315,7 +315,7 @@ def test_a_merge_whose_cached_inputs_are_gone_downloads_them_and_stays_exact(tmp
     config = make_config(tmp_path, **MERGE_EAGER)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=counting) as task:
-        state = manager_of(task)._states["counts"]
+        state = manager_of(task).shared.stores["counts"]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
         put_all(task, model, {b"key-00001": b"one"})
@@ -350,7 +350,7 @@ def test_close_waits_for_a_running_full_compaction_and_the_next_open_adopts_it(t
     closed = threading.Event()
     try:
         task = TaskStorage.open(config, "task-0", blob_store=blobs)
-        state = manager_of(task)._states["counts"]
+        state = manager_of(task).shared.stores["counts"]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})
         put_all(task, model, {f"key-{i:05d}".encode(): b"changed" for i in range(0, 200, 3)})

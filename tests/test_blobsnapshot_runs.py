@@ -164,7 +164,7 @@ def _commit_until_a_merge(
 ) -> tuple[Compacted, int]:
     """Commit the base keys, then one key a commit, ``step_s`` apart, until a merge starts (within five commits);
     return the finished merge and the number of the next commit."""
-    state = blobsnapshot_manager(task)._states["counts"]
+    state = blobsnapshot_manager(task).shared.stores["counts"]
     put_all(task, model, base_keys())
     task.commit_durably({"input": "0"})
     round_no = 1
@@ -194,7 +194,7 @@ def test_a_recomputed_compaction_found_present_with_an_old_age_is_not_adopted_as
     shutil.rmtree(tmp_path / "local")  # the task moves to another machine
     clock.now += PAST_GRACE_S
     with _task_on_clock(config, blobs, clock) as task:
-        state = blobsnapshot_manager(task)._states["counts"]
+        state = blobsnapshot_manager(task).shared.stores["counts"]
         put_all(task, model, {b"key-00100": b"on the new machine"})
         task.commit_durably({"input": str(round_no)})
         round_no += 1

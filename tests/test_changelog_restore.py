@@ -306,7 +306,7 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
     """Another backend (or nothing) left the store empty and without a version while this backend's recipe is at
     seq 3: the next commit's recipe starts from a snapshot at seq 4. Deltas after seq 1 without a snapshot are what
     a recipe whose snapshot was removed looks like, which restore refuses; the new chain must not look like one."""
-    from statebackend.backends.changelog.backup import ChangelogBackupManager
+    from statebackend.backends.changelog.backup import ChangelogBackupManager, ChangelogSettings
     from statebackend.backends.changelog.marker import Recipe
 
     from statebackend.store import LocalStore, LocalVersion
@@ -317,13 +317,15 @@ def test_an_empty_store_under_a_recipe_past_seq_0_continues_from_a_snapshot_not_
     with LocalStore.open(tmp_path / "elsewhere", name="counts") as store:
         assert store.version is None and store.count() == 0
         manager = ChangelogBackupManager(
-            context=backend_context("changelog", blobs, stores={"counts": store}, restored_by={"counts": restored_by}),
-            snapshot_interval_commits=100,
-            snapshot_interval_bytes=64 << 20,
-            compression="zstd",
-            compression_level=3,
-            retained=3,
-            snapshot_interval_ratio=0,
+            backend_context("changelog", blobs, stores={"counts": store}, restored_by={"counts": restored_by}),
+            ChangelogSettings(
+                snapshot_interval_commits=100,
+                snapshot_interval_bytes=64 << 20,
+                compression="zstd",
+                compression_level=3,
+                retained=3,
+                snapshot_interval_ratio=0,
+            ),
         )
         try:
             manager.init(checkpoint)

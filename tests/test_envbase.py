@@ -297,7 +297,7 @@ def settle(task: TaskStorage) -> None:
 
     maintenance_pool().submit(lambda: None).result(60)
     for binding in task.commit_manager.backups:
-        states = getattr(binding.manager, "_states", {})
+        states = getattr(getattr(binding.manager, "shared", None), "stores", {})
         for state in states.values():
             if state.compaction is not None:
                 state.compaction.exception(timeout=60)
@@ -321,15 +321,15 @@ def old_writers(monkeypatch: pytest.MonkeyPatch) -> None:
     def old_base_run(
         self: Any, state: Any, view: Any, *, last_seq: int, version: LocalVersion, check: Any = None
     ) -> Any:
-        return self._write_run(
+        return self.write_run(
             state, view.items(), first_seq=1, last_seq=last_seq, version=version, level=BASE_LEVEL, base=True
         )
 
     def old_snapshot(self: Any, lineage: Any, step: Any, view: Any, name: str, check: Any = None) -> Path:
-        return self._stage(lineage, step, "snapshot", view.items(), name)
+        return self.stage(lineage, step, "snapshot", view.items(), name)
 
-    monkeypatch.setattr(RunUpload, "_write_base", old_base_run)
-    monkeypatch.setattr(ChangelogUpload, "_stage_base", old_snapshot)
+    monkeypatch.setattr(RunUpload, "write_base", old_base_run)
+    monkeypatch.setattr(ChangelogUpload, "stage_base", old_snapshot)
 
 
 @pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])

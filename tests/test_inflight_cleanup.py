@@ -84,7 +84,7 @@ def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run(tmp_pa
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, BlobSnapshotBackupManager)
-        state = manager._states["counts"]  # white box: the lock the sweep and cleanup take
+        state = manager.shared.stores["counts"]  # white box: the lock the sweep and cleanup take
         commit_round(task, 0, model)
         locked_at_writes: list[bool] = []
 
@@ -125,7 +125,7 @@ def test_changelog_snapshot_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_pa
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, ChangelogBackupManager)
-        lineage = manager._lineages["counts"]  # the test waits on the backend's own background future
+        lineage = manager.shared.lineages["counts"]  # the test waits on the backend's own background future
         for round_no in range(2):  # the second commit starts a background snapshot
             commit_round(task, round_no, model)
         background = lineage.background
@@ -156,7 +156,7 @@ def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(t
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, BlobSnapshotBackupManager)
-        state = manager._states["counts"]  # white box: the test waits on the backend's own compaction future
+        state = manager.shared.stores["counts"]  # white box: the test waits on the backend's own compaction future
         round_no = 0
         while state.compaction is None:  # two runs above the bottom one start a merge or a full compaction
             commit_round(task, round_no, model)

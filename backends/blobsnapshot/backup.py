@@ -37,24 +37,27 @@ metadata, else counted from the collector's first sighting).
 
 Uploads, cleanups and sweeps of a store are serialized by a per-store lock; ``snapshot()`` takes only a short lock.
 
-The manager is cut by job: its state (state.py), writing and uploading runs and indexes (upload.py), compaction
-(compaction.py), what it states about its blobs (lifetime.py), reading blobs back verified (blobs.py); this module
-holds the contract's methods, the adoption of the restored index at init, and the upload of a commit.
+The manager is one class that holds small helpers around one shared state (:class:`BlobSnapshotShared`, state.py:
+the context, the options, the clock, each store's chain): the uploader, which writes and uploads runs (upload.py);
+the compactor (compaction.py); what it states about its blobs (lifetime.py). Each helper is handed the shared state
+when the manager makes it, and the compactor the uploader; none reaches into another. Blobs are read back verified
+by blobs.py. This module holds the contract's methods, the adoption of the restored index at init, retention's
+bookkeeping, and the upload of a commit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
 
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_index, read_marker, read_run
-from statebackend.backends.blobsnapshot.compaction import Compaction
+from statebackend.backends.blobsnapshot.compaction import Compactor
 from statebackend.backends.blobsnapshot.format import (
     RunIndex,
     index_prefix,
@@ -63,7 +66,6 @@ from statebackend.backends.blobsnapshot.format import (
     marker_label,
     marker_seq,
     parse_index_name,
-    replace_runs,
     run_name,
 )
 from statebackend.backends.blobsnapshot.format import index_name as make_index_name
@@ -73,17 +75,19 @@ from statebackend.backends.blobsnapshot.state import (
     COMPACTED_FILE,
     EXPIRES_AT,
     STAGING_DIR,
-    Compacted,
+    BlobSnapshotSettings,
+    BlobSnapshotShared,
     Prepared,
     StoreState,
 )
+from statebackend.backends.blobsnapshot.upload import RunUpload
 from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from statebackend.concurrency import gather
-from statebackend.contracts import StoreMarkers, TaskBackupManager
+from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, UsageError
-from statebackend.kit import IN_FLIGHT, close_when_ready
+from statebackend.kit import IN_FLIGHT, close_when_ready, log_extra, markers_in_log
 from statebackend.store import ChangeSet, ReadView
 
 __all__ = [
@@ -92,6 +96,7 @@ __all__ = [
     "EXPIRES_AT",
     "STAGING_DIR",
     "BlobSnapshotBackupManager",
+    "BlobSnapshotSettings",
     "SweepReport",
     "read_index",
     "read_marker",
@@ -110,19 +115,43 @@ class SweepReport:
     runs_skipped: bool = False
 
 
-@attrs.define(eq=False)
-class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
-    """The blob-snapshot backend's backup manager. Its options and state: ``BlobSnapshotManagerState`` (state.py)."""
+class BlobSnapshotBackupManager(TaskBackupManager):
+    """The blob-snapshot backend's backup manager: the contract's methods, over the helpers it holds (see the module
+    docstring)."""
+
+    def __init__(
+        self, context: BackendContext, settings: BlobSnapshotSettings, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        #: what the manager and its helpers share: context, options, clock, each store's state
+        self.shared = BlobSnapshotShared(context, settings, clock)
+        #: writes runs into the cache dir and uploads them (the commit's, and the compactor's)
+        self.uploader = RunUpload(self.shared)
+        self.compactor = Compactor(self.shared, self.uploader)
+        #: what this manager states about its blobs; the framework's collector of them hangs off it
+        self.lifetime = BlobSnapshotLifetime(self.shared)
+
+    @property
+    def context(self) -> BackendContext:
+        return self.shared.context
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock (seconds since the epoch) of blob ages, shared by the helpers; tests may replace it."""
+        return self.shared.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.shared.clock = clock
 
     def blob_lifetime(self) -> BlobSnapshotLifetime:
-        return self._lifetime
+        return self.lifetime
 
     def sweep(self, now: float | None = None) -> SweepReport:
         """Sweep every store's blobs now (the framework's collector; see the module docstring)."""
-        results = self._lifetime.collector.sweep(now).values()
+        results = self.lifetime.collector.sweep(now).values()
         indexes = runs = 0
         for result in results:
-            prefix = index_prefix(self._states[result.store].prefix)
+            prefix = index_prefix(self.shared.stores[result.store].prefix)
             indexes += sum(1 for name in result.deleted if name.startswith(prefix))
             runs += sum(1 for name in result.deleted if not name.startswith(prefix))
         return SweepReport(indexes, runs, any(not result.complete for result in results))
@@ -131,7 +160,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
         """Retention's bookkeeping: each store's index joins the window of the last ``retained`` durable ones (held
         from the collector), older indexes whose commit got no notice are settled. Idempotent."""
         for name, marker in markers.items():
-            state = self._states[name]
+            state = self.shared.stores[name]
             with state.io_lock:
                 self._complete_store(state, marker)
                 state.cleanups += 1
@@ -141,14 +170,14 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
         index = state.pending.pop(marker, None) or retained.get(marker)
         if index is None:
             try:
-                index = self._read_index(marker, state.name)
+                index = self.shared.read_index(marker, state.name)
             except NotFoundError:
                 # a late notice of a checkpoint that already fell out of retention: nothing left to do
                 log.debug(
                     "store %s: notice of %s found it gone already",
                     state.name,
                     marker_label(marker),
-                    extra=self._extra(state.name),
+                    extra=log_extra(self.context, state.name),
                 )
                 return
         self._make_durable(state, index)
@@ -159,7 +188,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
         self._settle_older_pending(state, index.seq)
         # notices may run out of order on a pool: keep the window ordered by seq, newest last
         state.retained = deque(sorted(state.retained, key=lambda item: item[1].seq))
-        while len(state.retained) > max(1, self.retained):
+        while len(state.retained) > max(1, self.shared.settings.retained):
             dropped, dropped_index = state.retained.popleft()
             if not is_inline_marker(dropped):  # an index blob of an older release: known without reading it again
                 state.released[dropped] = dropped_index
@@ -171,7 +200,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
         older = sorted((m for m, i in state.pending.items() if i.seq < seq), key=lambda m: state.pending[m].seq)
         if not older:
             return
-        in_log = self._markers_in_checkpoint_log(state.name)
+        in_log = markers_in_log(self.context, state.name)
         for marker in older:
             index = state.pending.pop(marker)
             if marker in in_log:
@@ -180,7 +209,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                     "failed; kept as durable",
                     state.name,
                     marker_label(marker),
-                    extra=self._extra(state.name),
+                    extra=log_extra(self.context, state.name),
                 )
                 self._make_durable(state, index)
                 state.retained.append((marker, index))
@@ -191,7 +220,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                     "its runs after the grace period",
                     state.name,
                     marker_label(marker),
-                    extra=self._extra(state.name),
+                    extra=log_extra(self.context, state.name),
                 )
 
     def _make_durable(self, state: StoreState, index: RunIndex) -> None:
@@ -220,13 +249,13 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
             elif store.version is None and store.count() == 0:
                 state.needs_base = False  # an empty store: the chain starts empty
             self._drop_stale_cache(state, at_init=True)
-            self._states[name] = state
+            self.shared.stores[name] = state
             if marker is not None and state.retained:  # released once later checkpoints push it out
-                self._lifetime.collector.adopt(0, {name: marker})
+                self.lifetime.collector.adopt(0, {name: marker})
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}
-        for name, state in self._states.items():
+        for name, state in self.shared.stores.items():
             change = changes[name]
             # O(1) and non-blocking: a read transaction on exactly this version, opened by the store's applier as
             # soon as the flushed batch is in LMDB; upload() waits for it on the commit pool
@@ -241,7 +270,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
         return gather(
             {
-                name: self.context.executor.submit(self._upload_store, self._states[name], marker)
+                name: self.context.executor.submit(self._upload_store, self.shared.stores[name], marker)
                 for name, marker in markers.items()
             }
         )
@@ -249,7 +278,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
     def abort(self, checkpoint_id: CheckpointId) -> None:
         """The commit's sync part failed after our snapshot(): its flush is in LMDB but will never be uploaded as a
         run, so the chain no longer describes the data: the next upload writes a base run."""
-        for state in self._states.values():
+        for state in self.shared.stores.values():
             with state.state_lock:
                 prepared, state.prepared = list(state.prepared.values()), {}
                 # whether or not our snapshot() ran (in a dual commit another backend's may have failed first), the
@@ -259,10 +288,10 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                 close_when_ready(item.view)
 
     def close(self) -> None:
-        if self._closed:
+        if self.shared.closed:
             return
-        self._closed = True
-        for state in self._states.values():
+        self.shared.closed = True
+        for state in self.shared.stores.values():
             compaction = state.compaction
             if compaction is not None:
                 # a full compaction reads an LMDB view: it must end before the store closes. Its result is recorded
@@ -279,12 +308,12 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
         unless a store holds more than twice ``compaction.fanout`` runs: compactions put off that long are waited
         for, so handovers that keep interrupting them cannot let the runs (and a restore's work) grow without
         bound."""
-        limit = 2 * self.compaction_fanout
-        for state in self._states.values():
+        limit = 2 * self.shared.settings.compaction_fanout
+        for state in self.shared.stores.values():
             with state.state_lock:
                 if len(state.runs) > limit:
                     return
-        self._cancellation.cancel()
+        self.shared.cancellation.cancel()
 
     # -- init ---------------------------------------------------------------------------------------------------
 
@@ -292,14 +321,14 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
         context = self.context
         failed_here = context.factory_name in context.restore_failures.get(state.name, ())
         try:
-            index = self._read_index(marker, state.name)
+            index = self.shared.read_index(marker, state.name)
         except (NotFoundError, CorruptDataError, IncompatibleFormatError) as exc:
             log.warning(
                 "store %s: cannot read the checkpoint's blobsnapshot index (%s); the next commit uploads a "
                 "base run of the whole store",
                 state.name,
                 exc,
-                extra=self._extra(state.name),
+                extra=log_extra(self.context, state.name),
             )
             return
         state.previous, state.previous_name = index, marker
@@ -314,7 +343,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                 state.name,
                 marker_label(marker),
                 context.restored_by.get(state.name),
-                extra=self._extra(state.name),
+                extra=log_extra(self.context, state.name),
             )
             context.metrics.increment("blobsnapshot.rebase.after.fallback")
             return
@@ -333,14 +362,14 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                     marker_label(marker),
                     len(lost) - 1,
                     restorer,
-                    extra=self._extra(state.name),
+                    extra=log_extra(self.context, state.name),
                 )
                 context.metrics.increment("blobsnapshot.rebase.after.fallback")
                 return
         state.runs = list(index.runs)
         state.needs_base = False
         state.uploaded.update(index.run_hashes())
-        self._adopt_recorded_compaction(state)
+        self.compactor.adopt_recorded(state)
         # the restored checkpoint is durable: its runs may be named again whatever their age
         self._make_durable(state, index)
 
@@ -358,38 +387,10 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
             lost.append(name)
         return lost
 
-    def _adopt_recorded_compaction(self, state: StoreState) -> None:
-        """A compaction an earlier open finished but could not list in an index: adopt it at the next upload if its
-        inputs are still a stretch of the chain and its output is in the blob store."""
-        record = Path(state.store.path) / COMPACTED_FILE
-        try:
-            document = json.loads(record.read_text())
-            compacted = Compacted.from_json(document, state.generation)
-        except FileNotFoundError:
-            return
-        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
-            log.warning(
-                "store %s: ignoring unreadable compaction record %s (%s)",
-                state.name,
-                record,
-                exc,
-                extra=self._extra(state.name),
-            )
-            record.unlink(missing_ok=True)
-            return
-        if replace_runs(state.runs, compacted.inputs, compacted.output) is None:
-            record.unlink(missing_ok=True)
-            return
-        done: Future[Compacted | None] = Future()
-        done.set_result(compacted)
-        state.compaction = done
-        state.compaction_inputs = compacted.inputs
-        state.compaction_output = compacted.output.hash
-
     def _drop_stale_cache(self, state: StoreState, *, at_init: bool = False) -> None:
         """Delete cached runs the chain no longer lists (merged away, or left by a crashed process), and base runs
         once durable (merges never read a base run; until a durable index names it, a commit may have to write it
-        again: see :meth:`_ensure_uploaded`)."""
+        again: see :meth:`RunUpload.ensure_uploaded`)."""
         with state.state_lock:
             if state.compaction is not None and not state.compaction.done():
                 return  # its output may be in the cache before it is recorded
@@ -438,7 +439,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
             covered = False  # whether the chain holds this commit's change (as a run, in a base run, or: none)
             try:
                 if state.needs_base:
-                    base = self._write_base(state, view, last_seq=prepared.seq, version=prepared.version)
+                    base = self.uploader.write_base(state, view, last_seq=prepared.seq, version=prepared.version)
                     with state.state_lock:
                         state.runs = [base]
                         state.generation += 1
@@ -446,7 +447,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                     context.metrics.increment("blobsnapshot.base.runs")
                 elif prepared.change is not None:
                     first = state.runs[-1].last_seq + 1 if state.runs else 1
-                    run = self._write_run(
+                    run = self.uploader.write_run(
                         state,
                         iter(prepared.change),
                         first_seq=first,
@@ -459,7 +460,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                 covered = True
                 crashpoint("blobsnapshot.upload.run_staged")
                 for run in state.runs:
-                    self._ensure_uploaded(state, run)
+                    self.uploader.ensure_uploaded(state, run)
                 crashpoint("blobsnapshot.upload.runs_uploaded")
             except BaseException:
                 if not covered or (
@@ -469,7 +470,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
                     # neither uploaded nor staged: the chain cannot be completed, the next upload writes a base run
                     state.needs_base = True
                 raise
-            runs = self._adopt_compaction(state, tuple(state.runs))
+            runs = self.compactor.adopt(state, tuple(state.runs))
             index = RunIndex(
                 job=context.job_name,
                 task=context.task_name,
@@ -489,7 +490,7 @@ class BlobSnapshotBackupManager(Compaction, TaskBackupManager):
             state.pending[marker] = index
             self._drop_stale_cache(state)
             context.metrics.record("blobsnapshot.runs.live", len(runs))
-            return self._maybe_compact(state, view), marker
+            return self.compactor.maybe_start(state, view), marker
 
 
 def _previous_label(marker: str) -> str:

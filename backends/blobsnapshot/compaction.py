@@ -1,7 +1,8 @@
-"""Compaction of the blob-snapshot backend (one at a time per store, on the process-wide compaction thread; never on
-the task thread, never awaited by a commit): size-tiered merges of the runs above the bottom run, and full
-compactions that write a new base run from an LMDB read view. The result is uploaded in the background, recorded in
-the store dir, and adopted by a later commit's index in place of its inputs."""
+"""Compaction of the blob-snapshot backend (:class:`Compactor`, held by the backup manager; one at a time per store, on
+the process-wide compaction thread; never on the task thread, never awaited by a commit): size-tiered merges of the
+runs above the bottom run, and full compactions that write a new base run from an LMDB read view. The result is
+uploaded in the background by the manager's uploader, recorded in the store dir, and adopted by a later commit's index
+in place of its inputs (by the next open's, when the open that made it closed first)."""
 
 from __future__ import annotations
 
@@ -10,23 +11,24 @@ import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from operator import itemgetter
 from pathlib import Path
 
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_run
 from statebackend.backends.blobsnapshot.format import RunEntry, replace_runs, run_name
-from statebackend.backends.blobsnapshot.state import COMPACTED_FILE, Compacted, StoreState
+from statebackend.backends.blobsnapshot.state import COMPACTED_FILE, BlobSnapshotShared, Compacted, StoreState
 from statebackend.backends.blobsnapshot.upload import RunUpload
 
 from statebackend.concurrency import SharedPools
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import StateBackendError
-from statebackend.kit import IN_FLIGHT
+from statebackend.kit import IN_FLIGHT, log_extra
 from statebackend.recordfile import iter_records
 from statebackend.store import ReadView
 
-__all__ = ["Compaction"]
+__all__ = ["Compactor"]
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,17 @@ _DICT_MERGE_MAX_RECORDS = 2_000_000
 _compaction_pools = SharedPools("blobsnapshot-compaction")
 
 
-class Compaction(RunUpload):
-    """Starting, writing and adopting compactions."""
+@attrs.define(eq=False)
+class Compactor:
+    """Starting, writing and adopting compactions, on the manager's :class:`BlobSnapshotShared`; the runs they write go
+    up through the manager's ``uploader``."""
 
-    def _adopt_compaction(self, state: StoreState, runs: tuple[RunEntry, ...]) -> tuple[RunEntry, ...]:
+    shared: BlobSnapshotShared
+    uploader: RunUpload
+
+    def adopt(self, state: StoreState, runs: tuple[RunEntry, ...]) -> tuple[RunEntry, ...]:
+        """``runs`` with a finished compaction's output in place of its inputs (unchanged when none finished, or it
+        no longer fits the chain or is too old to name)."""
         with state.state_lock:
             compaction = state.compaction
             if compaction is None or not compaction.done():
@@ -51,9 +60,12 @@ class Compaction(RunUpload):
         record.unlink(missing_ok=True)
         exc = compaction.exception()
         if exc is not None:
-            self.context.metrics.increment("blobsnapshot.compaction.failures")
+            self.shared.context.metrics.increment("blobsnapshot.compaction.failures")
             log.warning(
-                "store %s: compaction failed (tried again later): %s", state.name, exc, extra=self._extra(state.name)
+                "store %s: compaction failed (tried again later): %s",
+                state.name,
+                exc,
+                extra=log_extra(self.shared.context, state.name),
             )
             return runs
         compacted = compaction.result()
@@ -62,46 +74,74 @@ class Compaction(RunUpload):
         replaced = replace_runs(runs, compacted.inputs, compacted.output)
         if replaced is None:
             return runs
-        if not self._young_enough(compacted.uploaded_at) and compacted.output.hash not in state.durable_runs:
+        if not self.shared.young_enough(compacted.uploaded_at) and compacted.output.hash not in state.durable_runs:
             # a sweep may take it (with gc.grace.period.ms 0 at once, so it could otherwise never be adopted): write
             # it again from its local copy, same bytes under the same name with a fresh age, as for a chain's run
             path = state.cached(compacted.output)
             if not path.exists():
-                self.context.metrics.increment("blobsnapshot.compaction.too.old")
+                self.shared.context.metrics.increment("blobsnapshot.compaction.too.old")
                 log.warning(
                     "store %s: not adopting compacted run %s: uploaded more than half of "
                     "blobsnapshot.gc.grace.period.ms ago",
                     state.name,
                     compacted.output.hash,
-                    extra=self._extra(state.name),
+                    extra=log_extra(self.shared.context, state.name),
                 )
                 return runs
-            now = self.clock()
+            now = self.shared.clock()
             try:
-                self.context.blob_store.put_file(
-                    run_name(state.prefix, compacted.output.hash), path, metadata=self._new_metadata(now)
+                self.shared.context.blob_store.put_file(
+                    run_name(state.prefix, compacted.output.hash), path, metadata=self.shared.new_metadata(now)
                 )
             except StateBackendError as exc:
-                self.context.metrics.increment("blobsnapshot.compaction.failures")
+                self.shared.context.metrics.increment("blobsnapshot.compaction.failures")
                 log.warning(
                     "store %s: could not write compacted run %s again (compacting later): %s",
                     state.name,
                     compacted.output.hash,
                     exc,
-                    extra=self._extra(state.name),
+                    extra=log_extra(self.shared.context, state.name),
                 )
                 return runs
             compacted = attrs.evolve(compacted, uploaded_at=now)
-            self.context.metrics.increment("blobsnapshot.compaction.refreshed")
+            self.shared.context.metrics.increment("blobsnapshot.compaction.refreshed")
         state.uploaded.add(compacted.output.hash)
         if compacted.uploaded_at is not None:
             state.uploaded_at[compacted.output.hash] = compacted.uploaded_at
-        self.context.metrics.increment("blobsnapshot.compaction.adopted")
+        self.shared.context.metrics.increment("blobsnapshot.compaction.adopted")
         return replaced
 
-    def _maybe_compact(self, state: StoreState, view: ReadView) -> bool:
+    def adopt_recorded(self, state: StoreState) -> None:
+        """A compaction an earlier open finished but could not list in an index: adopt it at the next upload if its
+        inputs are still a stretch of the chain and its output is in the blob store."""
+        record = Path(state.store.path) / COMPACTED_FILE
+        try:
+            document = json.loads(record.read_text())
+            compacted = Compacted.from_json(document, state.generation)
+        except FileNotFoundError:
+            return
+        except (ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+            log.warning(
+                "store %s: ignoring unreadable compaction record %s (%s)",
+                state.name,
+                record,
+                exc,
+                extra=log_extra(self.shared.context, state.name),
+            )
+            record.unlink(missing_ok=True)
+            return
+        if replace_runs(state.runs, compacted.inputs, compacted.output) is None:
+            record.unlink(missing_ok=True)
+            return
+        done: Future[Compacted | None] = Future()
+        done.set_result(compacted)
+        state.compaction = done
+        state.compaction_inputs = compacted.inputs
+        state.compaction_output = compacted.output.hash
+
+    def maybe_start(self, state: StoreState, view: ReadView) -> bool:
         """Start a compaction when one is due and none runs; whether ``view`` was handed to it."""
-        if self._closed or self._cancellation.cancelled:
+        if self.shared.closed or self.shared.cancellation.cancelled:
             return False
         with state.state_lock:
             if state.compaction is not None:
@@ -116,12 +156,16 @@ class Compaction(RunUpload):
             if (
                 upper
                 and view.version == upper[-1].version
-                and upper_bytes >= max(self.compaction_full_ratio * base_bytes, self.compaction_full_min_bytes)
+                and upper_bytes
+                >= max(
+                    self.shared.settings.compaction_full_ratio * base_bytes,
+                    self.shared.settings.compaction_full_min_bytes,
+                )
             ):
                 state.compaction_inputs = runs
                 state.compaction = pool.submit(self._compact_full, state, view, runs, state.generation)
                 return True
-            inputs = _tier_to_merge(upper, self.compaction_fanout)
+            inputs = _tier_to_merge(upper, self.shared.settings.compaction_fanout)
             if inputs:
                 state.compaction_inputs = inputs
                 state.compaction = pool.submit(self._compact_merge, state, inputs, state.generation)
@@ -135,12 +179,12 @@ class Compaction(RunUpload):
         try:
             with IN_FLIGHT.hold([state.staging, state.cache]):
                 what = _what(state)
-                output = self._write_base(
+                output = self.uploader.write_base(
                     state,
                     view,
                     last_seq=last.last_seq,
                     version=last.version,
-                    check=lambda: self._cancellation.check(what),
+                    check=lambda: self.shared.cancellation.check(what),
                 )
         finally:
             view.close()
@@ -149,7 +193,7 @@ class Compaction(RunUpload):
     def _compact_merge(self, state: StoreState, inputs: tuple[RunEntry, ...], generation: int) -> Compacted:
         """Merge contiguous runs above the bottom run into one of the next level: the newest value of each key, and
         the tombstones (the bottom run below may hold the keys they delete)."""
-        context = self.context
+        context = self.shared.context
         with IN_FLIGHT.hold([state.staging, state.cache]):
             sources = [
                 read_run(
@@ -174,9 +218,9 @@ class Compaction(RunUpload):
             )
             del sources
             last = inputs[-1]
-            output = self._write_run(
+            output = self.uploader.write_run(
                 state,
-                self._cancellation.records(records, _what(state)),
+                self.shared.cancellation.records(records, _what(state)),
                 first_seq=inputs[0].first_seq,
                 last_seq=last.last_seq,
                 version=last.version,
@@ -189,13 +233,13 @@ class Compaction(RunUpload):
         self, state: StoreState, inputs: tuple[RunEntry, ...], output: RunEntry, generation: int
     ) -> Compacted:
         # written, not uploaded: the cached file goes with the next cleanup of the cache
-        self._cancellation.check(_what(state))
+        self.shared.cancellation.check(_what(state))
         with state.state_lock:
             state.compaction_output = output.hash
         crashpoint("blobsnapshot.compaction.written")
         path = state.cached(output)
-        written = self._put_run(state, output, path)
-        metrics = self.context.metrics
+        written = self.uploader.put_run(state, output, path)
+        metrics = self.shared.context.metrics
         if written:
             metrics.increment("blobsnapshot.compaction.bytes", output.size)
             metrics.increment("blobsnapshot.compaction.runs")

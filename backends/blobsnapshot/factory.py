@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from statebackend.backends.blobsnapshot.admin import BlobSnapshotAdmin
-from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager, BlobSnapshotSettings
 from statebackend.backends.blobsnapshot.restore import BlobSnapshotRestoreManager
 
 from statebackend.config import OptionSpec, parse_bool, parse_bytes, parse_duration_ms, parse_float, parse_int
@@ -57,8 +57,7 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
 
     def backup_manager(self, context: BackendContext) -> BlobSnapshotBackupManager:
         options = _with_defaults(context.options, self.options)
-        return BlobSnapshotBackupManager(
-            context=context,
+        settings = BlobSnapshotSettings(
             retained=context.checkpoint_log.retained,
             grace_period_ms=options["gc.grace.period.ms"],
             ttl_ms=options["ttl.ms"],
@@ -69,6 +68,7 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
             compaction_full_min_bytes=options["compaction.full.min.bytes"],
             compression_level=options["compression.level"],
         )
+        return BlobSnapshotBackupManager(context, settings)
 
     def restore_manager(self, context: BackendContext) -> BlobSnapshotRestoreManager:
         options = _with_defaults(context.options, self.options)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from statebackend.backends.blobsnapshot.format import (
     RunIndex,
@@ -22,15 +21,12 @@ from statebackend.backends.blobsnapshot.format import (
     run_name,
     runs_prefix,
 )
-from statebackend.backends.blobsnapshot.state import EXPIRES_AT, StoreState
+from statebackend.backends.blobsnapshot.state import EXPIRES_AT, BlobSnapshotShared, StoreState
 
 from statebackend.contracts import BlobLifetime, StoreMarkers
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import NotFoundError
-from statebackend.kit import LifetimeSweep
-
-if TYPE_CHECKING:
-    from statebackend.backends.blobsnapshot.state import BlobSnapshotManagerState
+from statebackend.kit import LifetimeSweep, log_extra
 
 __all__ = ["BlobSnapshotLifetime"]
 
@@ -38,19 +34,21 @@ log = logging.getLogger(__name__)
 
 
 class BlobSnapshotLifetime(BlobLifetime):
-    """The blob-snapshot manager's blobs (see the module docstring)."""
+    """The blob-snapshot manager's blobs (see the module docstring), read off the manager's
+    :class:`BlobSnapshotShared`."""
 
-    def __init__(self, manager: BlobSnapshotManagerState) -> None:
+    def __init__(self, shared: BlobSnapshotShared) -> None:
+        settings = shared.settings
         super().__init__(
-            manager.context,
-            grace_ms=manager.grace_period_ms,
-            sweep_interval_commits=manager.gc_interval_commits,
-            sweep_on_init=manager.gc_on_init,
+            shared.context,
+            grace_ms=settings.grace_period_ms,
+            sweep_interval_commits=settings.gc_interval_commits,
+            sweep_on_init=settings.gc_on_init,
         )
-        self.manager = manager
+        self.shared = shared
 
     def _state(self, store: str) -> StoreState:
-        return self.manager._states[store]
+        return self.shared.stores[store]
 
     def _index(self, state: StoreState, marker: str) -> RunIndex | None:
         """The index of ``marker`` as this manager knows it (no request), else ``None``."""
@@ -62,7 +60,7 @@ class BlobSnapshotLifetime(BlobLifetime):
         index = self._index(state, marker)
         if index is None:
             try:
-                index = self.manager._read_index(marker, store)
+                index = self.shared.read_index(marker, store)
             except NotFoundError:
                 kept = [seq for m, _ in state.retained if (seq := marker_seq(m)) is not None]
                 seq = marker_seq(marker)
@@ -74,7 +72,7 @@ class BlobSnapshotLifetime(BlobLifetime):
                     "store %s: cannot find live index %s; its blobs are left alone",
                     store,
                     marker_label(marker),
-                    extra=self.manager._extra(store),
+                    extra=log_extra(self.context, store),
                 )
                 return None
         names = index.blob_names(state.prefix)
@@ -83,7 +81,7 @@ class BlobSnapshotLifetime(BlobLifetime):
         return names
 
     def stores(self) -> Sequence[str]:
-        return list(self.manager._states)
+        return list(self.shared.stores)
 
     def prefixes(self, store: str) -> Sequence[str]:
         prefix = self._state(store).prefix
@@ -122,7 +120,7 @@ class BlobSnapshotLifetime(BlobLifetime):
         return any((marker_seq(marker) or seq) % interval == 0 for marker in markers.values())
 
     def now(self) -> float:
-        return self.manager.clock()
+        return self.shared.clock()
 
     def guard(self, store: str) -> contextlib.AbstractContextManager[object]:
         return self._state(store).io_lock
@@ -178,7 +176,7 @@ class BlobSnapshotLifetime(BlobLifetime):
                 "cannot be restored from blobsnapshot; the next commit uploads a base run",
                 state.name,
                 name,
-                extra=self.manager._extra(state.name),
+                extra=log_extra(self.context, state.name),
             )
             state.uploaded.discard(run.hash)
             state.durable_runs.discard(run.hash)

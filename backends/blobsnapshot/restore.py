@@ -60,7 +60,7 @@ from statebackend.envbase import (
     remove_abandoned,
 )
 from statebackend.errors import CorruptDataError, NotFoundError
-from statebackend.kit import InterruptFlag, puts_only
+from statebackend.kit import InterruptFlag, log_extra, puts_only
 from statebackend.recordfile import RecordReader, iter_records
 from statebackend.store import LocalStore
 
@@ -125,7 +125,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
         local = store.version
         if local == index.version:
             metrics.increment("restore.stores.reused")
-            log.info("store %s: local state already is %s", name, marker, extra=self._extra(name))
+            log.info("store %s: local state already is %s", name, marker, extra=log_extra(self.context, name))
             return
         start = next((i + 1 for i in range(len(index.runs) - 1, -1, -1) if index.runs[i].version == local), None)
         to_apply = list(index.runs[start:]) if start is not None else list(index.runs)
@@ -180,7 +180,7 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             marker,
             len(to_apply),
             len(index.runs),
-            extra=self._extra(name),
+            extra=log_extra(self.context, name),
         )
 
     def _records(self, name: str, prefix: str, run: RunEntry, download: Future[bytes]) -> RecordReader:
@@ -276,14 +276,10 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                 "store %s: the cached copy of base run %s is damaged; reading it from the blob store",
                 name,
                 blob,
-                extra=self._extra(name),
+                extra=log_extra(self.context, name),
             )
             load(self._base_source(name, prefix, run, marker, store, cached=False))
         context.metrics.increment("restore.bytes", run.size, store=name, backend=context.factory_name)
-
-    def _extra(self, store: str, **fields: object) -> dict[str, object]:
-        """Key fields of a log record, for structured handlers."""
-        return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
 
 
 class _NamedBlobSource(BlobSource):

@@ -1,6 +1,7 @@
-"""The state of the blob-snapshot backend's backup manager: its options, per store the chain of runs and the indexes
-it knows (:class:`StoreState`), and the values its parts hand each other. The parts of the manager (upload.py,
-compaction.py, gc.py, and the manager itself in backup.py) all build on :class:`BlobSnapshotManagerState`."""
+"""The state of the blob-snapshot backend's backup manager: its options (:class:`BlobSnapshotSettings`), per store the
+chain of runs and the indexes it knows (:class:`StoreState`), the values its helpers hand each other, and the one
+object they all share (:class:`BlobSnapshotShared`). The manager (backup.py) holds the helpers: the uploader
+(upload.py), the compactor (compaction.py) and what it states about its blobs (lifetime.py)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,15 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex
-from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
 from statebackend.contracts import BackendContext
-from statebackend.kit import Cancellation, GraceRule, created_at_metadata
+from statebackend.kit import Cancellation, created_at_metadata
 from statebackend.store import ChangeSet, LocalStore, LocalVersion, ReadView
-
-if TYPE_CHECKING:
-    from statebackend.backends.blobsnapshot.lifetime import BlobSnapshotLifetime
 
 __all__ = [
     "BASE_LEVEL",
@@ -31,7 +28,8 @@ __all__ = [
     "DURABLE_AT",
     "EXPIRES_AT",
     "STAGING_DIR",
-    "BlobSnapshotManagerState",
+    "BlobSnapshotSettings",
+    "BlobSnapshotShared",
     "Compacted",
     "Prepared",
     "StoreState",
@@ -150,11 +148,11 @@ class StoreState:
         return self.cache / entry.hash
 
 
-@attrs.define(eq=False)
-class BlobSnapshotManagerState:
-    """The backup manager's options and state, shared by its parts."""
+@attrs.frozen
+class BlobSnapshotSettings:
+    """The backup manager's options, as the factory validated them."""
 
-    context: BackendContext
+    #: durable indexes kept per store (the checkpoint log's ``retained``)
     retained: int
     grace_period_ms: int
     ttl_ms: int
@@ -164,58 +162,36 @@ class BlobSnapshotManagerState:
     compaction_full_ratio: float = 1.0
     compaction_full_min_bytes: int = 1 << 20
     compression_level: int = 3
-    #: wall clock (seconds since the epoch) for blob ages; tests may replace it
+
+
+@attrs.define(eq=False)
+class BlobSnapshotShared:
+    """The one state the backup manager and the helpers it holds (the uploader, the compactor, the lifetime) share:
+    the context, the options, the clock, each store's :class:`StoreState`, and whether background work must stop.
+    Each helper is handed this object when the manager makes it; no helper reaches into another."""
+
+    context: BackendContext
+    settings: BlobSnapshotSettings
+    #: wall clock (seconds since the epoch) for blob ages; tests may replace it (the manager's ``clock``)
     clock: Callable[[], float] = time.time
-    _states: dict[str, StoreState] = attrs.field(init=False, factory=dict)
-    _closed: bool = attrs.field(init=False, default=False)
+    stores: dict[str, StoreState] = attrs.field(factory=dict)
+    closed: bool = False
     #: compactions stop at their next check (``cancel_background``)
-    _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
-    #: what this manager states about its blobs; the framework's collector of them hangs off it
-    _lifetime: BlobSnapshotLifetime = attrs.field(init=False)
+    cancellation: Cancellation = attrs.field(factory=Cancellation)
 
-    @_lifetime.default
-    def _make_lifetime(self) -> BlobSnapshotLifetime:
-        from statebackend.backends.blobsnapshot.lifetime import BlobSnapshotLifetime
-
-        return BlobSnapshotLifetime(self)
-
-    @property
-    def _grace(self) -> GraceRule:
-        """The age rule with ``gc.grace.period.ms`` and the collector's first sightings."""
-        return self._lifetime.collector.grace
-
-    def _extra(self, store: str, **fields: object) -> dict[str, object]:
-        """Key fields of a log record, for structured handlers."""
-        return {"job": self.context.job_name, "task": self.context.task_name, "store": store, **fields}
-
-    def _checkpoint_log(self) -> CheckpointLog:
-        """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
-        short listing cannot make live indexes look unreferenced)."""
-        return self.context.checkpoint_log
-
-    def _markers_in_checkpoint_log(self, store_name: str) -> set[str]:
-        """Markers of the checkpoints still in the checkpoint log (inline ones, and index blob names, which are never
-        garbage whatever their age)."""
-        names = set()
-        for entry in self._checkpoint_log().entries(cached=True):  # its own checkpoints are not read back
-            if isinstance(entry.checkpoint, CheckpointV2):
-                marker = entry.checkpoint.markers_for(self.context.factory_name).get(store_name)
-                if marker is not None:
-                    names.add(marker)
-        return names
-
-    def _read_index(self, marker: str, store: str) -> RunIndex:
+    def read_index(self, marker: str, store: str) -> RunIndex:
         context = self.context
         return read_marker(context.blob_store, marker, job=context.job_name, task=context.task_name, store=store)
 
-    def _new_metadata(self, now: float) -> dict[str, str] | None:
+    def new_metadata(self, now: float) -> dict[str, str] | None:
+        """The metadata of a run written at ``now``: its age, and its expiry (``ttl.ms`` later)."""
         if not self.context.blob_store.supports_metadata:
             return None
-        return {**created_at_metadata(now), EXPIRES_AT: f"{now + self.ttl_ms / 1000.0:.3f}"}
+        return {**created_at_metadata(now), EXPIRES_AT: f"{now + self.settings.ttl_ms / 1000.0:.3f}"}
 
-    def _young_enough(self, uploaded_at: float | None) -> bool:
+    def young_enough(self, uploaded_at: float | None) -> bool:
         """Whether a blob this manager uploaded at ``uploaded_at`` may still be named by a new index: younger than
         half the grace period, so no sweep (whose own deletions stop after a quarter of it) can take it, and younger
         than half its ``ttl.ms``, so it has not expired (a sweep deletes an expired blob whatever its grace)."""
-        window = min(self.grace_period_ms, self.ttl_ms) / 2000.0
+        window = min(self.settings.grace_period_ms, self.settings.ttl_ms) / 2000.0
         return uploaded_at is not None and self.clock() - uploaded_at < window

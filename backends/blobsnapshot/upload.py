@@ -1,6 +1,7 @@
-"""Writing and uploading runs: a run is encoded into the cache dir under the hash of its bytes and uploaded unless the
-blob store already holds exactly those bytes young enough to be named (the index goes into the checkpoint's marker,
-backup.py). Used by the commit's upload and by compactions."""
+"""Writing and uploading runs (:class:`RunUpload`, the uploader the backup manager holds): a run is encoded into the
+cache dir under the hash of its bytes and uploaded unless the blob store already holds exactly those bytes young
+enough to be named (the index goes into the checkpoint's marker, backup.py). Used by the commit's upload and by the
+compactor."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import BinaryIO, cast
 
+import attrs
 from statebackend.backends.blobsnapshot.format import RunEntry, new_hasher, run_name
-from statebackend.backends.blobsnapshot.state import BASE_LEVEL, BlobSnapshotManagerState, StoreState
+from statebackend.backends.blobsnapshot.state import BASE_LEVEL, BlobSnapshotShared, StoreState
 
 from statebackend.crashpoints import crashpoint
 from statebackend.envbase import write_env_base
 from statebackend.errors import AlreadyExistsError, CommitError, NotFoundError
-from statebackend.kit import read_created_at
+from statebackend.kit import log_extra, read_created_at
 from statebackend.recordfile import KIND_RUN, FileHeader, write_file
 from statebackend.store import LocalVersion, ReadView
 
@@ -26,10 +28,13 @@ __all__ = ["HashingWriter", "RunUpload"]
 log = logging.getLogger(__name__)
 
 
-class RunUpload(BlobSnapshotManagerState):
-    """Runs, from records to blobs."""
+@attrs.define(eq=False)
+class RunUpload:
+    """Runs, from records to blobs, on the manager's :class:`BlobSnapshotShared` (its context, options and clock)."""
 
-    def _write_run(
+    shared: BlobSnapshotShared
+
+    def write_run(
         self,
         state: StoreState,
         records: Iterable[tuple[bytes, bytes | None]],
@@ -43,8 +48,8 @@ class RunUpload(BlobSnapshotManagerState):
         """Encode ``records`` (sorted) as a run file in the cache dir, named by its hash."""
         header = FileHeader(
             kind=KIND_RUN,
-            job=self.context.job_name,
-            task=self.context.task_name,
+            job=self.shared.context.job_name,
+            task=self.shared.context.task_name,
             store=state.name,
             checkpoint_id=version.checkpoint_id,
             token=version.token,
@@ -55,7 +60,7 @@ class RunUpload(BlobSnapshotManagerState):
         try:
             with open(partial, "wb") as raw:
                 out = HashingWriter(raw)
-                stats = write_file(cast("BinaryIO", out), header, records, level=self.compression_level)
+                stats = write_file(cast("BinaryIO", out), header, records, level=self.shared.settings.compression_level)
             digest = out.hexdigest()
             os.replace(partial, state.cache / digest)
         except BaseException:
@@ -73,7 +78,7 @@ class RunUpload(BlobSnapshotManagerState):
             token=version.token,
         )
 
-    def _write_base(
+    def write_base(
         self,
         state: StoreState,
         view: ReadView,
@@ -87,8 +92,8 @@ class RunUpload(BlobSnapshotManagerState):
         no re-insertion."""
         header = FileHeader(
             kind=KIND_RUN,
-            job=self.context.job_name,
-            task=self.context.task_name,
+            job=self.shared.context.job_name,
+            task=self.shared.context.task_name,
             store=state.name,
             checkpoint_id=version.checkpoint_id,
             token=version.token,
@@ -104,7 +109,7 @@ class RunUpload(BlobSnapshotManagerState):
                     cast("BinaryIO", out),
                     header,
                     scratch=state.staging,
-                    level=self.compression_level,
+                    level=self.shared.settings.compression_level,
                     check=check,
                 )
             digest = out.hexdigest()
@@ -124,15 +129,15 @@ class RunUpload(BlobSnapshotManagerState):
             token=version.token,
         )
 
-    def _ensure_uploaded(self, state: StoreState, run: RunEntry) -> None:
+    def ensure_uploaded(self, state: StoreState, run: RunEntry) -> None:
         """Make sure the blob store holds ``run``. A run this manager uploaded that no durable index names and that
         is older than half the grace period is written again (a sweep of another attempt could take it for
         garbage); the same bytes under the same name, with a fresh age."""
         if run.hash in state.uploaded:
             uploaded_at = state.uploaded_at.get(run.hash)
-            if run.hash in state.durable_runs or self._young_enough(uploaded_at):
+            if run.hash in state.durable_runs or self.shared.young_enough(uploaded_at):
                 return
-            if not self.context.blob_store.supports_metadata:
+            if not self.shared.context.blob_store.supports_metadata:
                 return  # no age on the blob store: a sweep counts it from when it first saw it, nothing to refresh
             if not state.cached(run).exists():
                 state.needs_base = True
@@ -148,9 +153,9 @@ class RunUpload(BlobSnapshotManagerState):
                 f"store {state.name}: run {run_name(state.prefix, run.hash)} is neither uploaded nor staged; the next "
                 f"commit uploads a base run"
             )
-        written = self._put_run(state, run, path)
-        metrics = self.context.metrics
-        labels = {"store": state.name, "backend": self.context.factory_name}
+        written = self.put_run(state, run, path)
+        metrics = self.shared.context.metrics
+        labels = {"store": state.name, "backend": self.shared.context.factory_name}
         if written:
             metrics.increment("commit.bytes.uploaded", run.size, **labels)
             metrics.increment("commit.files.uploaded", 1, **labels)
@@ -160,7 +165,7 @@ class RunUpload(BlobSnapshotManagerState):
             metrics.increment("blobsnapshot.runs.reused")
         state.uploaded.add(run.hash)
 
-    def _put_run(self, state: StoreState, run: RunEntry, path: Path) -> bool:
+    def put_run(self, state: StoreState, run: RunEntry, path: Path) -> bool:
         """Upload one run unless the blob store holds exactly its bytes and an index may name them; whether it was
         written.
 
@@ -173,10 +178,10 @@ class RunUpload(BlobSnapshotManagerState):
         names it: a retained durable index names it, or it is younger than half the grace period. Otherwise (a run
         whose upload reply was lost long ago, an identical run of a checkpoint retention dropped) the same bytes are
         written again, with a fresh age."""
-        blob_store = self.context.blob_store
+        blob_store = self.shared.context.blob_store
         name = run_name(state.prefix, run.hash)
         refresh = run.hash in state.uploaded  # an old upload no durable index names: write it again, same bytes
-        created_at = self.clock()
+        created_at = self.shared.clock()
         if not refresh and run.hash in state.attempted:
             found, age = self._present(state, name, run)
             if found == "reusable":
@@ -186,10 +191,10 @@ class RunUpload(BlobSnapshotManagerState):
             refresh = found == "too old"
         try:
             if refresh:
-                blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
+                blob_store.put_file(name, path, metadata=self.shared.new_metadata(created_at))
             else:
                 try:
-                    blob_store.put_file(name, path, create_only=True, metadata=self._new_metadata(created_at))
+                    blob_store.put_file(name, path, create_only=True, metadata=self.shared.new_metadata(created_at))
                 except AlreadyExistsError:
                     found, age = self._present(state, name, run)
                     if found == "reusable":
@@ -201,9 +206,9 @@ class RunUpload(BlobSnapshotManagerState):
                             "store %s: run %s was reported taken but holds no blob of its length; writing it again",
                             state.name,
                             name,
-                            extra=self._extra(state.name),
+                            extra=log_extra(self.shared.context, state.name),
                         )
-                    blob_store.put_file(name, path, metadata=self._new_metadata(created_at))
+                    blob_store.put_file(name, path, metadata=self.shared.new_metadata(created_at))
         except BaseException:
             state.attempted.add(run.hash)  # it may have landed: the next try looks it up before sending it again
             raise
@@ -214,8 +219,8 @@ class RunUpload(BlobSnapshotManagerState):
 
     def _present(self, state: StoreState, name: str, run: RunEntry) -> tuple[str, float | None]:
         """``"absent"`` (no blob of the run's length under ``name``), ``"reusable"`` or ``"too old"`` (see
-        :meth:`_put_run`), with the blob's age (its ``created_at``) when known."""
-        blob_store = self.context.blob_store
+        :meth:`put_run`), with the blob's age (its ``created_at``) when known."""
+        blob_store = self.shared.context.blob_store
         try:
             info = blob_store.head(name)
         except NotFoundError:
@@ -226,13 +231,13 @@ class RunUpload(BlobSnapshotManagerState):
                 name,
                 info.size,
                 run.size,
-                extra=self._extra(state.name),
+                extra=log_extra(self.shared.context, state.name),
             )
             return "absent", None
         created = read_created_at(info.metadata)  # None: no age we can read (written by another tool)
         if run.hash in state.durable_runs or not blob_store.supports_metadata:
             return "reusable", created
-        return ("reusable", created) if self._young_enough(created) else ("too old", created)
+        return ("reusable", created) if self.shared.young_enough(created) else ("too old", created)
 
     def _found_at(self, state: StoreState, run: RunEntry, created: float | None) -> None:
         """A run found present is as old as its blob: a later index names it only while that age allows (else it is

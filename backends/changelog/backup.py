@@ -26,9 +26,11 @@ itself that no checkpoint it knows durable names, unless the blob is younger tha
 delta of a commit whose checkpoint write failed, reused much later; a finished snapshot adopted late) fails the
 commit, and the next one re-bases on a fresh snapshot. A finished snapshot older than that is not adopted.
 
-The manager is cut by job: its state (lineage.py), the upload of a commit's recipe (upload.py), background
-snapshots (snapshots.py), what it states about its blobs (lifetime.py); this module holds the contract's methods
-and the retention window of recipes it keeps (``checkpoint_completed``).
+The manager is one class that holds small helpers around one shared state (:class:`ChangelogShared`, lineage.py: the
+context, the options, the clock, each store's lineage): the uploader of a commit's recipe (upload.py), the background
+snapshots (snapshots.py), what it states about its blobs (lifetime.py). Each helper is handed the shared state when
+the manager makes it, and the background snapshots the uploader; none reaches into another. This module holds the
+contract's methods and the retention window of recipes it keeps (``checkpoint_completed``).
 
 Failure handling: a delta whose upload failed stays staged on local disk and is uploaded again by the next commit,
 whose recipe still lists it. If a delta could not even be encoded, the chain is broken and the next commit re-bases
@@ -42,32 +44,34 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError, Future
 from contextlib import ExitStack
 from pathlib import Path
 
-import attrs
 from statebackend.backends.changelog.lifetime import ChangelogLifetime
-from statebackend.backends.changelog.lineage import STAGING_DIR, Lineage, seq_of
+from statebackend.backends.changelog.lineage import STAGING_DIR, ChangelogSettings, ChangelogShared, Lineage, seq_of
 from statebackend.backends.changelog.marker import Recipe, Step, delta_name, snapshot_name
 from statebackend.backends.changelog.snapshots import (
     UNKNOWN_SIZES_INTERVAL_COMMITS,
     BackgroundSnapshots,
     maintenance_pool,
 )
+from statebackend.backends.changelog.upload import ChangelogUpload
 from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from statebackend.concurrency import gather
-from statebackend.contracts import StoreMarkers, TaskBackupManager
-from statebackend.kit import IN_FLIGHT, close_when_ready
+from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
+from statebackend.kit import IN_FLIGHT, close_when_ready, log_extra
 from statebackend.store import ChangeSet
 
 __all__ = [
     "STAGING_DIR",
     "UNKNOWN_SIZES_INTERVAL_COMMITS",
     "ChangelogBackupManager",
+    "ChangelogSettings",
     "delta_name",
     "maintenance_pool",
     "snapshot_name",
@@ -76,9 +80,33 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 
-@attrs.define(eq=False)
-class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
-    """The changelog backend's backup manager. Its options and state: ``ChangelogManagerState`` (lineage.py)."""
+class ChangelogBackupManager(TaskBackupManager):
+    """The changelog backend's backup manager: the contract's methods, over the helpers it holds (see the module
+    docstring)."""
+
+    def __init__(
+        self, context: BackendContext, settings: ChangelogSettings, *, clock: Callable[[], float] = time.time
+    ) -> None:
+        #: what the manager and its helpers share: context, options, clock, each store's lineage
+        self.shared = ChangelogShared(context, settings, clock)
+        #: stages and uploads deltas and snapshots (the commit's, and the background snapshots')
+        self.uploader = ChangelogUpload(self.shared)
+        self.snapshots = BackgroundSnapshots(self.shared, self.uploader)
+        #: what this manager states about its blobs; the framework's collector of them hangs off it
+        self.lifetime = ChangelogLifetime(self.shared)
+
+    @property
+    def context(self) -> BackendContext:
+        return self.shared.context
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock (seconds since the epoch) of blob ages, shared by the helpers; tests may replace it."""
+        return self.shared.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self.shared.clock = clock
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
         markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
@@ -101,10 +129,10 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
                 lineage.seq, lineage.base, lineage.deltas = recipe.seq, recipe.snapshot, list(recipe.deltas)
                 lineage.uploaded.update(recipe.blob_names())
                 lineage.retained.append(recipe)
-                self._lifetime.collector.adopt(0, {name: markers[name]})  # released once later ones push it out
+                self.lifetime.collector.adopt(0, {name: markers[name]})  # released once later ones push it out
                 lineage.commits_since_snapshot = len(recipe.deltas)
-                self._adopt_finished_snapshot(lineage)
-                self._look_up_sizes(lineage)
+                self.snapshots.adopt_at_open(lineage)
+                self.snapshots.look_up_sizes(lineage)
             elif store.version is None and store.count() == 0 and (recipe is None or recipe.seq == 0):
                 lineage.seq = 0  # an empty store and no chain yet: the chain starts empty, its first delta at seq 1
             else:
@@ -118,7 +146,7 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
                         "chain starts anew from a snapshot at the next commit",
                         name,
                         restorer,
-                        extra=self._log_extra(name),
+                        extra=log_extra(self.context, name),
                     )
                     self.context.metrics.increment("changelog.rebase.after.fallback")
                 lineage.seq = recipe.seq if recipe is not None else 0
@@ -126,14 +154,14 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
                 lineage.deltas = []
                 lineage.rebase_view = None
                 lineage.commits_since_snapshot = -1  # forces a re-base at the first commit
-            self._lineages[name] = lineage
+            self.shared.lineages[name] = lineage
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}
-        for name, lineage in self._lineages.items():
+        for name, lineage in self.shared.lineages.items():
             change = changes[name]
             with lineage.lock:
-                self._adopt_background_snapshot(lineage)
+                self.snapshots.adopt(lineage)
                 lineage.seq += 1
                 version = change.version
                 if lineage.commits_since_snapshot < 0:
@@ -156,31 +184,31 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
                         lineage.to_encode[name_or_none] = change
                     lineage.commits_since_snapshot += 1
                     lineage.bytes_since_snapshot += change.raw_bytes
-                    self._maybe_start_background_snapshot(lineage, change)
+                    self.snapshots.start_if_due(lineage, change)
                 markers[name] = lineage.recipe().encode(prefix=lineage.prefix)
         return markers
 
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
         return gather(
             {
-                name: self.context.executor.submit(self._upload_store, self._lineages[name], marker)
+                name: self.context.executor.submit(self.uploader.upload_store, self.shared.lineages[name], marker)
                 for name, marker in markers.items()
             }
         )
 
     def blob_lifetime(self) -> ChangelogLifetime:
-        return self._lifetime
+        return self.lifetime
 
     def sweep(self) -> int:
         """Sweep every store's blobs now (the framework's collector; see the module docstring). Returns the number of
         blobs deleted."""
-        return sum(len(result.deleted) for result in self._lifetime.collector.sweep().values())
+        return sum(len(result.deleted) for result in self.lifetime.collector.sweep().values())
 
     def checkpoint_completed(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> None:
         """Retention's bookkeeping: keep the recipes of the last ``retained`` durable checkpoints (held from the
         collector), and remove the staged files no future commit uploads. Idempotent and order-proof."""
         for name, marker in markers.items():
-            lineage = self._lineages[name]
+            lineage = self.shared.lineages[name]
             recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {name}")
             with lineage.lock:
                 # a repeated or late notice must not take a slot of the window (that would drop a recipe a retained
@@ -188,7 +216,7 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
                 if recipe not in lineage.retained:
                     lineage.retained.append(recipe)
                     lineage.retained = deque(sorted(lineage.retained, key=lambda r: r.seq))
-                while len(lineage.retained) > max(1, self.retained):
+                while len(lineage.retained) > max(1, self.shared.settings.retained):
                     lineage.retained.popleft()
             self._drop_abandoned_staged_files(lineage, recipe)
 
@@ -208,7 +236,7 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
         """A snapshot of this commit failed (another backend's, before or after ours ran): the commit flushed every
         store, but the change sets are closed, so the chain cannot get this commit's delta (nor, when ours never
         ran, even a step for it). Re-base on a fresh snapshot at the next commit."""
-        for lineage in self._lineages.values():
+        for lineage in self.shared.lineages.values():
             with lineage.lock:
                 lineage.to_encode.clear()
                 if lineage.rebase_view is not None:
@@ -221,18 +249,19 @@ class ChangelogBackupManager(BackgroundSnapshots, TaskBackupManager):
         ``snapshot.interval.commits`` (the cap): then its snapshot has been put off long enough and close waits for
         it, so handovers that keep interrupting snapshots cannot let a chain grow without bound."""
         with ExitStack() as held:
-            for lineage in self._lineages.values():
+            for lineage in self.shared.lineages.values():
                 held.enter_context(lineage.lock)
             if all(
-                lineage.commits_since_snapshot < self.snapshot_interval_commits for lineage in self._lineages.values()
+                lineage.commits_since_snapshot < self.shared.settings.snapshot_interval_commits
+                for lineage in self.shared.lineages.values()
             ):
-                self._cancellation.cancel()
+                self.shared.cancellation.cancel()
 
     def close(self) -> None:
-        if self._closed:
+        if self.shared.closed:
             return
-        self._closed = True
-        for lineage in self._lineages.values():
+        self.shared.closed = True
+        for lineage in self.shared.lineages.values():
             background = lineage.background
             if background is not None:
                 with contextlib.suppress(CancelledError):  # a cancelled job

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from statebackend.backends.changelog.admin import ChangelogAdmin
-from statebackend.backends.changelog.backup import ChangelogBackupManager
+from statebackend.backends.changelog.backup import ChangelogBackupManager, ChangelogSettings
 from statebackend.backends.changelog.restore import ChangelogRestoreManager
 
 from statebackend.config import OptionSpec, parse_bytes, parse_choice, parse_duration_ms, parse_float, parse_int
@@ -50,8 +50,7 @@ class ChangelogStateBackendFactory(StateBackendFactory):
 
     def backup_manager(self, context: BackendContext) -> ChangelogBackupManager:
         options = context.options
-        return ChangelogBackupManager(
-            context=context,
+        settings = ChangelogSettings(
             snapshot_interval_commits=options["snapshot.interval.commits"],
             snapshot_interval_ratio=options["snapshot.interval.ratio"],
             snapshot_interval_bytes=options["snapshot.interval.bytes"],
@@ -62,6 +61,7 @@ class ChangelogStateBackendFactory(StateBackendFactory):
             gc_grace_period_ms=options["gc.grace.period.ms"],
             snapshot_ratio_min_bytes=options["snapshot.ratio.min.bytes"],
         )
+        return ChangelogBackupManager(context, settings)
 
     def restore_manager(self, context: BackendContext) -> ChangelogRestoreManager:
         return ChangelogRestoreManager(

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from statebackend.backends.changelog.lineage import seq_of
+from statebackend.backends.changelog.lineage import ChangelogShared, seq_of
 from statebackend.backends.changelog.marker import Recipe
 from statebackend.checkpoint import CheckpointV2
 
 from statebackend.contracts import BlobLifetime, StoreMarkers
 from statebackend.crashpoints import crashpoint
-from statebackend.kit import LifetimeSweep
-
-if TYPE_CHECKING:
-    from statebackend.backends.changelog.lineage import ChangelogManagerState
+from statebackend.kit import LifetimeSweep, log_extra
 
 __all__ = ["ChangelogLifetime"]
 
@@ -28,15 +24,15 @@ log = logging.getLogger(__name__)
 
 
 class ChangelogLifetime(BlobLifetime):
-    """The changelog manager's blobs (see the module docstring)."""
+    """The changelog manager's blobs (see the module docstring), read off the manager's :class:`ChangelogShared`."""
 
-    def __init__(self, manager: ChangelogManagerState) -> None:
+    def __init__(self, shared: ChangelogShared) -> None:
         super().__init__(
-            manager.context,
-            grace_ms=manager.gc_grace_period_ms,
-            sweep_interval_commits=manager.gc_interval_commits,
+            shared.context,
+            grace_ms=shared.settings.gc_grace_period_ms,
+            sweep_interval_commits=shared.settings.gc_interval_commits,
         )
-        self.manager = manager
+        self.shared = shared
         #: (store, marker) -> the seq of the recipe of a head checkpoint, decoded once per head
         self._head_seqs: dict[tuple[str, str], int] = {}
 
@@ -47,14 +43,14 @@ class ChangelogLifetime(BlobLifetime):
         return list(self._recipe(store, marker).blob_names())
 
     def stores(self) -> Sequence[str]:
-        return list(self.manager._lineages)
+        return list(self.shared.lineages)
 
     def prefixes(self, store: str) -> Sequence[str]:
-        prefix = self.manager._lineages[store].prefix
+        prefix = self.shared.lineages[store].prefix
         return (prefix + "delta/", prefix + "snapshot/")
 
     def held_blobs(self, store: str) -> list[str]:
-        lineage = self.manager._lineages[store]
+        lineage = self.shared.lineages[store]
         with lineage.lock:
             held = [*lineage.recipe().blob_names(), *(n for r in lineage.retained for n in r.blob_names())]
             if lineage.background_name is not None:
@@ -80,12 +76,12 @@ class ChangelogLifetime(BlobLifetime):
         return bool(heads) and bool(interval) and max(heads) % interval == 0
 
     def now(self) -> float:
-        return self.manager.clock()
+        return self.shared.clock()
 
     def released(self, store: str, blobs: Sequence[str], *, swept: bool) -> None:
         if not swept:
             crashpoint("changelog.cleanup.deleted")
-        lineage = self.manager._lineages[store]
+        lineage = self.shared.lineages[store]
         with lineage.lock:
             for blob in blobs:
                 lineage.uploaded.discard(blob)
@@ -107,5 +103,5 @@ class ChangelogLifetime(BlobLifetime):
                 self.context.task_name,
                 len(sweep.deleted),
                 store,
-                extra=self.manager._log_extra(store),
+                extra=log_extra(self.context, store),
             )

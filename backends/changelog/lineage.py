@@ -1,6 +1,7 @@
-"""The state of the changelog backend's backup manager: its options, and per store the chain of the recipe (the
-:class:`Lineage`). The parts of the manager (upload.py, snapshots.py, and the manager itself in backup.py) all build
-on :class:`ChangelogManagerState`; what it states about its blobs for the framework's collector is lifetime.py."""
+"""The state of the changelog backend's backup manager: its options (:class:`ChangelogSettings`), per store the chain of
+the recipe (the :class:`Lineage`), and the one object the manager and its helpers share (:class:`ChangelogShared`).
+The manager (backup.py) holds the helpers: the uploader (upload.py), the background snapshots (snapshots.py) and what
+it states about its blobs for the framework's collector (lifetime.py)."""
 
 from __future__ import annotations
 
@@ -10,20 +11,15 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import attrs
 from statebackend.backends.changelog.marker import Recipe, Step
-from statebackend.checkpoint import CheckpointLog
 
 from statebackend.contracts import BackendContext
-from statebackend.kit import Cancellation
+from statebackend.kit import Cancellation, GraceRule
 from statebackend.store import ChangeSet, LocalStore, ReadView
 
-if TYPE_CHECKING:
-    from statebackend.backends.changelog.lifetime import ChangelogLifetime
-
-__all__ = ["STAGING_DIR", "ChangelogManagerState", "Lineage", "seq_of"]
+__all__ = ["STAGING_DIR", "ChangelogSettings", "ChangelogShared", "Lineage", "seq_of"]
 
 #: the dir in each store dir where deltas and snapshots are written before their upload
 STAGING_DIR = "changelog-staging"
@@ -71,15 +67,15 @@ class Lineage:
         return Recipe(snapshot=self.base, deltas=tuple(self.deltas))
 
 
-@attrs.define(eq=False)
-class ChangelogManagerState:
-    """The backup manager's options and state, shared by its parts."""
+@attrs.frozen
+class ChangelogSettings:
+    """The backup manager's options, as the factory validated them."""
 
-    context: BackendContext
     snapshot_interval_commits: int
     snapshot_interval_bytes: int
     compression: str
     compression_level: int
+    #: durable recipes kept per store (the checkpoint log's ``retained``)
     retained: int
     #: a snapshot is due once the delta files after the base hold this many times the base's bytes (0: off)
     snapshot_interval_ratio: float = 1.0
@@ -87,31 +83,25 @@ class ChangelogManagerState:
     snapshot_ratio_min_bytes: int = 1 << 20
     gc_interval_commits: int = 100
     gc_grace_period_ms: int = 3_600_000
-    #: wall clock (seconds since the epoch) for blob ages and the sweep's time bound; tests may replace it
+
+
+@attrs.define(eq=False)
+class ChangelogShared:
+    """The one state the backup manager and the helpers it holds (the uploader, the background snapshots, the
+    lifetime) share: the context, the options, the clock, each store's :class:`Lineage`, and whether background work
+    must stop. Each helper is handed this object when the manager makes it; no helper reaches into another."""
+
+    context: BackendContext
+    settings: ChangelogSettings
+    #: wall clock (seconds since the epoch) for blob ages and the sweep's time bound; tests may replace it (the
+    #: manager's ``clock``)
     clock: Callable[[], float] = time.time
-    _lineages: dict[str, Lineage] = attrs.field(init=False, factory=dict)
-    _closed: bool = attrs.field(init=False, default=False)
+    lineages: dict[str, Lineage] = attrs.field(factory=dict)
+    closed: bool = False
     #: background snapshots stop at their next check (``cancel_background``)
-    _cancellation: Cancellation = attrs.field(init=False, factory=Cancellation)
-    #: what this manager states about its blobs; the framework's collector of them hangs off it
-    _lifetime: ChangelogLifetime = attrs.field(init=False)
+    cancellation: Cancellation = attrs.field(factory=Cancellation)
 
-    @_lifetime.default
-    def _make_lifetime(self) -> ChangelogLifetime:
-        from statebackend.backends.changelog.lifetime import ChangelogLifetime
-
-        return ChangelogLifetime(self)
-
-    def _young_enough(self, created_at: float | None) -> bool:
+    def young_enough(self, created_at: float | None) -> bool:
         """Whether a blob no durable checkpoint is known to name may still be named by a new one
         (:meth:`~statebackend.kit.GraceRule.may_name`: younger than half the grace period; no grace period: always)."""
-        return self._lifetime.collector.may_name(created_at)
-
-    def _checkpoint_log(self) -> CheckpointLog:
-        """The task's log (its listings never show less than the newest checkpoint the task knows durable, so a
-        short listing cannot make live blobs look unreferenced)."""
-        return self.context.checkpoint_log
-
-    def _log_extra(self, store: str | None = None) -> dict[str, object]:
-        """Fields for structured log handlers (``extra``): job, task and the store concerned."""
-        return {"job": self.context.job_name, "task": self.context.task_name, "store": store}
+        return GraceRule(self.settings.gc_grace_period_ms).may_name(created_at, self.clock())

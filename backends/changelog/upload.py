@@ -1,13 +1,15 @@
-"""The upload of a commit's recipe (the changelog backup manager's ``upload()``, on the commit pool): a re-base
-snapshot when the chain starts anew, then this commit's deltas, each staged whole on local disk first and sent
-create-only; deltas of earlier commits whose upload failed are sent again from their staged files."""
+"""The upload of a commit's recipe (:class:`ChangelogUpload`, the uploader the changelog backup manager holds; its
+``upload()`` runs on the commit pool): a re-base snapshot when the chain starts anew, then this commit's deltas, each
+staged whole on local disk first and sent create-only; deltas of earlier commits whose upload failed are sent again
+from their staged files. The background snapshots stage and send their snapshots through it too."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from statebackend.backends.changelog.lineage import ChangelogManagerState, Lineage
+import attrs
+from statebackend.backends.changelog.lineage import ChangelogShared, Lineage
 from statebackend.backends.changelog.marker import Recipe, Step
 
 from statebackend.envbase import write_env_base
@@ -20,17 +22,21 @@ from statebackend.store import ReadView
 __all__ = ["ChangelogUpload"]
 
 
-class ChangelogUpload(ChangelogManagerState):
-    """Staging and uploading deltas and snapshots."""
+@attrs.define(eq=False)
+class ChangelogUpload:
+    """Staging and uploading deltas and snapshots, on the manager's :class:`ChangelogShared` (its context, options and
+    clock)."""
 
-    def _upload_store(self, lineage: Lineage, marker: str) -> str:
+    shared: ChangelogShared
+
+    def upload_store(self, lineage: Lineage, marker: str) -> str:
         recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {lineage.name}")
         # every file this upload stages or re-sends is in flight until it returns: cleanup leaves them alone
         with IN_FLIGHT.hold([lineage.staging / Path(name).name for name in recipe.blob_names()]):
             return self._upload_recipe(lineage, recipe, marker)
 
     def _upload_recipe(self, lineage: Lineage, recipe: Recipe, marker: str) -> str:
-        metrics = self.context.metrics
+        metrics = self.shared.context.metrics
         with lineage.lock:
             view_future, lineage.rebase_view = lineage.rebase_view, None
             to_encode = dict(lineage.to_encode)
@@ -47,10 +53,10 @@ class ChangelogUpload(ChangelogManagerState):
             if view is not None and recipe.snapshot is not None and recipe.snapshot.name not in lineage.uploaded:
                 step = recipe.snapshot
                 assert step.name is not None
-                staged = self._stage_base(lineage, step, view, step.name)
+                staged = self.stage_base(lineage, step, view, step.name)
                 with lineage.lock:
                     lineage.fresh.discard(step.name)
-                self._upload_staged_file(lineage, staged, step.name, "snapshot")
+                self.upload_staged_file(lineage, staged, step.name, "snapshot")
                 with lineage.lock:
                     lineage.uploaded.add(step.name)
             # Stage this commit's deltas before uploading anything: a failed upload below then leaves every delta
@@ -58,13 +64,13 @@ class ChangelogUpload(ChangelogManagerState):
             for step in recipe.deltas:
                 change = to_encode.pop(step.name, None) if step.name is not None else None
                 if change is not None and step.name is not None:
-                    self._stage(lineage, step, "delta", change.columns() or iter(change), step.name)
+                    self.stage(lineage, step, "delta", change.columns() or iter(change), step.name)
             for step in recipe.deltas:
                 if step.name is None or step.name in lineage.uploaded:
                     continue
                 staged = lineage.staging / Path(step.name).name
                 if step.name in lineage.fresh and staged.exists():  # staged just above
-                    self._upload_staged_file(lineage, staged, step.name, "delta")
+                    self.upload_staged_file(lineage, staged, step.name, "delta")
                     with lineage.lock:
                         lineage.fresh.discard(step.name)
                 elif staged.exists():  # a previous commit's delta whose upload failed: upload it now
@@ -83,11 +89,11 @@ class ChangelogUpload(ChangelogManagerState):
                 with lineage.lock:
                     lineage.uploaded.add(step.name)
             with lineage.lock:
-                old = [n for n in reused if not self._young_enough(lineage.uploaded_at.get(n))]
+                old = [n for n in reused if not self.shared.young_enough(lineage.uploaded_at.get(n))]
                 if old:
                     lineage.commits_since_snapshot = -1  # re-base next commit: fresh blobs only
             if old:
-                self.context.metrics.increment("changelog.rebase.old.blobs")
+                self.shared.context.metrics.increment("changelog.rebase.old.blobs")
                 raise CommitError(
                     f"store {lineage.name}: this commit would name {old[0]} (and {len(old) - 1} more), uploaded more "
                     f"than half of changelog.gc.grace.period.ms ago and named by no checkpoint known durable: a sweep "
@@ -114,7 +120,7 @@ class ChangelogUpload(ChangelogManagerState):
                 view.close()
         return marker
 
-    def _stage(
+    def stage(
         self,
         lineage: Lineage,
         step: Step,
@@ -125,8 +131,8 @@ class ChangelogUpload(ChangelogManagerState):
         """Write the file for ``step`` into the staging dir (aside, then renamed: a staged file is always whole)."""
         header = FileHeader(
             kind=kind,
-            job=self.context.job_name,
-            task=self.context.task_name,
+            job=self.shared.context.job_name,
+            task=self.shared.context.task_name,
             store=lineage.name,
             checkpoint_id=step.checkpoint_id,
             token=step.token,
@@ -138,12 +144,18 @@ class ChangelogUpload(ChangelogManagerState):
         # staged files whose upload failed, and must never send a half-written one)
         partial = staged.with_name(staged.name + ".partial")
         with atomic_write(staged, temp_name=partial.name, fsync=False) as out:
-            write_file(out, header, records, compression=self.compression, level=self.compression_level)
+            write_file(
+                out,
+                header,
+                records,
+                compression=self.shared.settings.compression,
+                level=self.shared.settings.compression_level,
+            )
         with lineage.lock:
             lineage.fresh.add(name)
         return staged
 
-    def _stage_base(
+    def stage_base(
         self, lineage: Lineage, step: Step, view: ReadView, name: str, check: Callable[[], None] | None = None
     ) -> Path:
         """Write the snapshot of ``step`` (``view`` is at its version) into the staging dir as an environment-file
@@ -152,8 +164,8 @@ class ChangelogUpload(ChangelogManagerState):
         cancellation)."""
         header = FileHeader(
             kind="snapshot",
-            job=self.context.job_name,
-            task=self.context.task_name,
+            job=self.shared.context.job_name,
+            task=self.shared.context.task_name,
             store=lineage.name,
             checkpoint_id=step.checkpoint_id,
             token=step.token,
@@ -168,20 +180,20 @@ class ChangelogUpload(ChangelogManagerState):
                 out,
                 header,
                 scratch=lineage.staging,
-                compression=self.compression,
-                level=self.compression_level,
+                compression=self.shared.settings.compression,
+                level=self.shared.settings.compression_level,
                 check=check,
             )
         with lineage.lock:
             lineage.fresh.add(name)
         return staged
 
-    def _upload_staged_file(self, lineage: Lineage, staged: Path, name: str, kind: str) -> None:
+    def upload_staged_file(self, lineage: Lineage, staged: Path, name: str, kind: str) -> None:
         size = staged.stat().st_size
         self._put_staged(lineage, staged, name)
-        metrics = self.context.metrics
+        metrics = self.shared.context.metrics
         metrics.increment(f"changelog.{kind}.uploads")
-        labels = {"store": lineage.name, "backend": self.context.factory_name}
+        labels = {"store": lineage.name, "backend": self.shared.context.factory_name}
         metrics.increment("commit.bytes.uploaded", size, **labels)
         metrics.increment("commit.files.uploaded", 1, **labels)
         metrics.record(f"changelog.{kind}.bytes", size)
@@ -189,13 +201,13 @@ class ChangelogUpload(ChangelogManagerState):
     def _landed_at(self, name: str) -> float | None:
         """The ``created_at`` of blob ``name`` as the blob store holds it (``None``: absent, or no readable age)."""
         try:
-            return read_created_at(self.context.blob_store.head(name).metadata)
+            return read_created_at(self.shared.context.blob_store.head(name).metadata)
         except NotFoundError:
             return None
 
     def _put_staged(self, lineage: Lineage, staged: Path, name: str) -> None:
-        blob_store = self.context.blob_store
-        created_at = self.clock()  # before the put: a sweep never sees the blob younger than it is
+        blob_store = self.shared.context.blob_store
+        created_at = self.shared.clock()  # before the put: a sweep never sees the blob younger than it is
         metadata = created_at_metadata(created_at) if blob_store.supports_metadata else None
         size = staged.stat().st_size
         try:
@@ -207,10 +219,10 @@ class ChangelogUpload(ChangelogManagerState):
             # (a sweep of another attempt could otherwise take it for garbage while a checkpoint names it)
             if blob_store.supports_metadata:
                 landed = self._landed_at(name)
-                if not self._young_enough(landed):
-                    created_at = self.clock()
+                if not self.shared.young_enough(landed):
+                    created_at = self.shared.clock()
                     blob_store.put_file(name, staged, metadata=created_at_metadata(created_at))
-                    self.context.metrics.increment("changelog.blobs.refreshed")
+                    self.shared.context.metrics.increment("changelog.blobs.refreshed")
                 elif landed is not None:
                     created_at = landed
         with lineage.lock:

@@ -6,6 +6,8 @@ third-party backend should too, rather than copy it).
   the blobs checkpoints reference;
 - :mod:`statebackend.kit.lifetime`: the framework's collector of a backend's blobs (release after retention, the
   sweep), driven by what the backend states in its :class:`~statebackend.contracts.BlobLifetime`;
+- :mod:`statebackend.kit.context`: the key fields of a log record, and one store's markers in the task's checkpoint
+  log;
 - :mod:`statebackend.kit.inflight`: the registry of staged files that running work holds, so no cleanup deletes them;
 - :mod:`statebackend.kit.background`: closing a read view that is not open yet, and cancelling background work;
 - :mod:`statebackend.kit.restore`: the interrupt flag of a restore, and the puts-only filter of a bulk load.
@@ -17,6 +19,7 @@ The rules behind it: docs/architecture.md, "The backend kit".
 from __future__ import annotations
 
 from statebackend.kit.background import Cancellation, Closeable, close_when_ready
+from statebackend.kit.context import log_extra, markers_in_log
 from statebackend.kit.gc import (
     CREATED_AT,
     FirstSeen,
@@ -30,7 +33,7 @@ from statebackend.kit.gc import (
     sweep_unreferenced,
 )
 from statebackend.kit.inflight import IN_FLIGHT, InFlightRegistry
-from statebackend.kit.lifetime import BlobCollector, LifetimeSweep, sweep_shared
+from statebackend.kit.lifetime import BlobCollector, LifetimeSweep, mark_markers, sweep_shared
 from statebackend.kit.restore import InterruptFlag, puts_only
 
 __all__ = [
@@ -48,7 +51,10 @@ __all__ = [
     "Swept",
     "close_when_ready",
     "created_at_metadata",
+    "log_extra",
+    "mark_markers",
     "mark_referenced",
+    "markers_in_log",
     "puts_only",
     "read_created_at",
     "referenced_by_admin",

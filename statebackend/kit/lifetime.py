@@ -28,21 +28,23 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
-from statebackend.kit.gc import FirstSeen, GraceRule, Swept, mark_referenced, sweep_unreferenced
+from statebackend.kit.gc import FirstSeen, GraceRule, Mark, Swept, mark_referenced, sweep_unreferenced
 
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
     from statebackend.checkpoint import CheckpointV2
     from statebackend.contracts import BlobLifetime, StoreMarkers
 
-__all__ = ["BlobCollector", "LifetimeSweep", "sweep_shared"]
+__all__ = ["BlobCollector", "LifetimeSweep", "mark_markers", "sweep_shared"]
 
 log = logging.getLogger(__name__)
+
+M = TypeVar("M")
 
 
 @attrs.frozen
@@ -203,8 +205,12 @@ class BlobCollector:
     ) -> LifetimeSweep:
         lifetime = self.lifetime
         shared = tuple(lifetime.shared_prefixes())
-        mark = mark_referenced(
-            markers, lambda marker: self._referenced(store, marker), at=marked_at, also=lifetime.held_blobs(store)
+        mark = mark_markers(
+            markers,
+            lambda marker: lifetime.referenced_blobs(store, marker),
+            at=marked_at,
+            also=lifetime.held_blobs(store),
+            what=f"store {store}: a marker of the {lifetime.context.factory_name} backend",
         )
         if not mark.complete:
             return LifetimeSweep(store, complete=False)
@@ -254,16 +260,35 @@ class BlobCollector:
 
     def _referenced(self, store: str, marker: str) -> Iterable[str] | None:
         """The lifetime's ``referenced_blobs``; ``None`` (the mark is incomplete) for a marker that does not decode."""
-        try:
-            return self.lifetime.referenced_blobs(store, marker)
-        except (CorruptDataError, IncompatibleFormatError) as exc:
-            log.warning(
-                "store %s: a marker of the %s backend cannot be read (%s); its blobs are left alone",
-                store,
-                self.lifetime.context.factory_name,
-                exc,
-            )
-            return None
+        return _told(
+            lambda: self.lifetime.referenced_blobs(store, marker),
+            f"store {store}: a marker of the {self.lifetime.context.factory_name} backend",
+        )
+
+
+def mark_markers(
+    markers: Iterable[M],
+    referenced: Callable[[M], Iterable[str] | None],
+    *,
+    at: float,
+    also: Iterable[str] = (),
+    what: str = "a marker",
+) -> Mark:
+    """The mark every collector of the framework takes: a task's :class:`BlobCollector` (over its lifetime's
+    ``referenced_blobs``) and ``statebackend gc`` (over each backend's admin's). It is
+    :func:`~statebackend.kit.gc.mark_referenced`, except that a marker that does not decode, or is of a format this
+    release cannot read, makes the mark incomplete (logged, as ``what``) rather than failing the collector: nothing
+    is swept on an incomplete mark."""
+    return mark_referenced(markers, lambda marker: _told(lambda: referenced(marker), what), at=at, also=also)
+
+
+def _told(referenced: Callable[[], Iterable[str] | None], what: str) -> Iterable[str] | None:
+    """``referenced()``; ``None`` (cannot tell) when the marker does not decode or is of an unreadable format."""
+    try:
+        return referenced()
+    except (CorruptDataError, IncompatibleFormatError) as exc:
+        log.warning("%s cannot be read (%s); its blobs are left alone", what, exc)
+        return None
 
 
 def sweep_shared(
