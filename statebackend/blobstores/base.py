@@ -20,10 +20,19 @@ Every implementation behaves the same way, proven by one contract suite
   one request. Every write of the name changes the version, also one of the same bytes (the checkpoint head, its
   one user, puts a per-write nonce in its bytes anyway, so an S3 ETag, the MD5 of the bytes, changes too). S3 and
   Azure ``If-Match`` / ``If-None-Match: *``; the memory store under its lock; ``file://`` under a lock file.
-- ``list(prefix)`` yields the names under ``prefix`` (plain string prefix), sorted.
+- ``list(prefix)`` yields the names under ``prefix``, sorted. The prefix is a plain string matched literally (``%``,
+  ``_``, ``*``, ``?``, ``[`` are characters, never wildcards), not a name: any string is allowed, and a prefix no
+  valid name can have (``/a``, ``a//``, ``../``, one with a backslash or a control character) gives an empty
+  listing, not a :class:`ConfigError` (:func:`prefix_can_match`). Only a prefix that is not a string is one.
 - ``head`` gives size and metadata, or :class:`NotFoundError`.
-- names that are empty, absolute, contain ``..`` or ``.`` segments, empty segments or NUL are rejected with
-  :class:`ConfigError` before anything is sent, so no name escapes the root.
+- names that are empty, absolute, contain ``..`` or ``.`` segments or empty segments, or a character no store holds
+  (NUL and the other control characters, backslash, a lone surrogate) are rejected with :class:`ConfigError` before
+  anything is sent, the same on every store, so no name escapes the root (:func:`check_blob_name`). Every other
+  character is an ordinary one.
+
+The public operations are templates that do this checking, and error translation and redaction, once; a store
+implements the raw operations they call (``_put``, ``_get``, ...; see :class:`BlobStore`), or overrides a public
+operation and does the work itself (:func:`translate_errors`, and the ``check_*`` helpers).
 
 Implementations are thread-safe: the commit pool calls one store from many threads.
 
