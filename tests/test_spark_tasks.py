@@ -340,7 +340,7 @@ def test_a_process_that_froze_objects_itself_is_left_alone(monkeypatch: pytest.M
         gc.freeze()  # the host's own freeze, before any task
         calls: list[str] = []
         for name in ("collect", "freeze", "unfreeze"):
-            monkeypatch.setattr(executor.gc, name, lambda *args, _name=name: calls.append(_name))
+            monkeypatch.setattr(gc, name, lambda *args, _name=name: calls.append(_name))  # the worker's gc
         garbage = _garbage_cycle()
         for _ in range(executor.GC_FULL_EVERY + 1):
             executor.freeze_survivors()
