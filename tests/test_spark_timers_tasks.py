@@ -192,7 +192,7 @@ def test_register_twice_keeps_one_delete_and_list_and_a_rearmed_timer_waits_for_
 def test_each_batch_counts_the_timers_registered_deleted_fired_and_pending(tmp_path: Path) -> None:
     config = config_of(tmp_path)
 
-    def counts(stats: TaskStats) -> tuple[float, ...]:
+    def counts(stats: TaskStats) -> tuple[float, float, float, float, int | None]:
         assert stats.metrics is not None
         pending = stats.metrics.histogram("timers.pending")
         assert pending is not None and pending.count == 1  # one sample per task and batch
@@ -255,7 +255,7 @@ def test_the_timers_api_lists_deletes_and_refuses_what_it_cannot_keep(tmp_path: 
             stores[TIMERS_STORE]  # the timer store is no user store
         return []
 
-    timers = {"on_timers": fired, "key_groups": KEY_GROUPS, "now_ms": 0}
+    timers: dict[str, Any] = {"on_timers": fired, "key_groups": KEY_GROUPS, "now_ms": 0}  # TaskRunner options
     task_runner(config, use, key_types=("string",), **timers).run_rows(0, iter([]))
     assert seen["listed"] == [
         ("a", 100, PROCESSING),
@@ -314,7 +314,7 @@ def test_a_handler_failing_before_the_commit_is_retried_and_its_timers_fire_once
 
 def test_event_time_timers_fire_at_the_watermark_and_a_replay_keeps_the_recorded_one(tmp_path: Path) -> None:
     config = config_of(tmp_path)
-    options = {"event_time": "at", "event_time_type": "long"}
+    options: dict[str, Any] = {"event_time": "at", "event_time_type": "long"}  # TaskRunner options
     _, stats = run(
         config,
         0,
