@@ -1,6 +1,8 @@
 """The contract suites catch the mutants: each suite runs against its correct base (the reference backend, the
 in-memory blob store), which must pass every test, and against every mutant of statebackend.testing.mutants, each of
-which must fail at least one test. The table of which tests killed which mutant is printed (``-s``) and, when
+which must fail at least one test. The backend suite also runs, with the settings of the content-addressed example
+backend (``sb_dedup.suite.DedupSuite``), on that backend and its mutants (``sb_dedup.mutants``, the ``dedup`` rows).
+The table of which tests killed which mutant is printed (``-s``) and, when
 ``STATEBACKEND_KILL_TABLE`` names a file, written there as JSON (docs/contract-suites.md was made from it).
 
 Each suite runs in pytest processes of its own on generated modules with one test class per mutant (the backend suite in
@@ -24,6 +26,7 @@ from xml.etree import ElementTree
 
 import attrs
 import pytest
+from sb_dedup import mutants as dedup_mutants
 
 from statebackend.testing.mutants import BACKEND_MUTANTS, BLOB_STORE_MUTANTS, Mutant
 
@@ -54,6 +57,27 @@ BACKEND_CLASS = """
 class TestMutant_{name}(_Fast):
     backup_factories: ClassVar[str] = "{target}"
 """
+
+DEDUP_MODULE = """
+from typing import Any, ClassVar
+from sb_dedup.suite import DedupSuite
+
+
+class _Fast(DedupSuite):
+    wait_s: ClassVar[float] = 5.0
+    test_timeout_s: ClassVar[float] = 20.0
+    extra_config: ClassVar[dict[str, Any]] = {"task.commit.timeout.ms": 6_000}
+
+
+class TestBase(DedupSuite):  # the suite's own waits: a correct backend passes however loaded the machine is
+    pass
+"""
+
+#: the content-addressed example backend's mutants, each a small change to it
+DEDUP_MUTANTS = tuple(
+    Mutant(name, f"{dedup_mutants.__name__}:{name}", " ".join((getattr(dedup_mutants, name).__doc__ or "").split()))
+    for name in dedup_mutants.__all__
+)
 
 BLOB_STORE_MODULE = """
 from collections.abc import Iterator
@@ -180,7 +204,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SuiteRu
     blob = BLOB_STORE_MODULE.format(imports=imports) + "".join(
         BLOB_STORE_CLASS.format(name=m.name) for m in BLOB_STORE_MUTANTS
     )
-    started = {"backend": _start(tmp, "backend", backend), "blobstore": _start(tmp, "blobstore", [blob])}
+    dedup = DEDUP_MODULE + "".join(BACKEND_CLASS.format(name=m.name, target=m.target) for m in DEDUP_MUTANTS)
+    started = {
+        "backend": _start(tmp, "backend", backend),
+        "blobstore": _start(tmp, "blobstore", [blob]),
+        "dedup": _start(tmp, "dedup", [dedup]),
+    }
     try:
         yield started
     finally:
@@ -225,7 +254,9 @@ def _record(entry: dict[str, object]) -> None:
     path.write_text(json.dumps(tables, indent=2, sort_keys=True))
 
 
-@pytest.mark.parametrize(("suite", "mutants"), [("backend", BACKEND_MUTANTS), ("blobstore", BLOB_STORE_MUTANTS)])
+@pytest.mark.parametrize(
+    ("suite", "mutants"), [("backend", BACKEND_MUTANTS), ("blobstore", BLOB_STORE_MUTANTS), ("dedup", DEDUP_MUTANTS)]
+)
 def test_the_suite_passes_its_correct_base_and_kills_every_mutant(
     runs: dict[str, SuiteRun], suite: str, mutants: tuple[Mutant, ...]
 ) -> None:
@@ -245,15 +276,18 @@ def test_the_suite_passes_its_correct_base_and_kills_every_mutant(
 
 
 def test_every_mutant_is_a_small_named_variant_of_its_base() -> None:
+    from sb_dedup import DedupStateBackendFactory
+
     from statebackend.blobstores.memory import MemoryBlobStore
     from statebackend.registry import resolve_factory
     from statebackend.testing.reference import ReferenceBackendFactory
 
-    assert len(BACKEND_MUTANTS) >= 12 and len(BLOB_STORE_MUTANTS) >= 8
-    for mutant in BACKEND_MUTANTS:
-        factory = resolve_factory(mutant.target).factory
-        assert isinstance(factory, ReferenceBackendFactory) and type(factory) is not ReferenceBackendFactory
-        assert mutant.breaks, f"{mutant.name} does not say what it breaks"
+    assert len(BACKEND_MUTANTS) >= 12 and len(BLOB_STORE_MUTANTS) >= 8 and len(DEDUP_MUTANTS) >= 4
+    for mutants, base in ((BACKEND_MUTANTS, ReferenceBackendFactory), (DEDUP_MUTANTS, DedupStateBackendFactory)):
+        for mutant in mutants:
+            factory = resolve_factory(mutant.target).factory
+            assert isinstance(factory, base) and type(factory) is not base
+            assert mutant.breaks, f"{mutant.name} does not say what it breaks"
     for mutant in BLOB_STORE_MUTANTS:
         module, _, name = mutant.target.partition(":")
         cls = getattr(sys.modules[module], name)
