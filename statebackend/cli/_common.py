@@ -17,7 +17,7 @@ import attrs
 from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.checkpoint import CheckpointLog, LogEntry
 from statebackend.config import Settings
-from statebackend.contracts import BackendContext, StateBackendAdmin
+from statebackend.contracts import BackendContext, BlobLifetime, StateBackendAdmin, StateBackendFactory
 from statebackend.errors import ConfigError, NotFoundError, UsageError
 from statebackend.lifecycle import task_checkpoint_log
 from statebackend.metrics import Metrics
@@ -101,6 +101,19 @@ class Run:
     def admin(self, task: str, factory_name: str) -> StateBackendAdmin | None:
         """The admin of backend ``factory_name`` (as a checkpoint names it) for ``task``; ``None`` when the backend
         is not installed here."""
+        backend = self.backend(task, factory_name)
+        return backend[0].admin(backend[1]) if backend is not None else None
+
+    def blob_lifetime(self, task: str, factory_name: str) -> BlobLifetime | None:
+        """What backend ``factory_name`` states about the blobs of ``task`` (its ``shared_prefixes``, say), from a
+        backup manager of no store that is never started; ``None`` when the backend is not installed here or states
+        nothing (a backend of the earlier contract)."""
+        backend = self.backend(task, factory_name)
+        return backend[0].backup_manager(backend[1]).blob_lifetime() if backend is not None else None
+
+    def backend(self, task: str, factory_name: str) -> tuple[StateBackendFactory, BackendContext] | None:
+        """The factory of backend ``factory_name`` and a context of ``task`` with no store (nothing is opened); ``None``
+        when the backend is not installed here."""
         try:
             factory = resolve_factory(factory_name).factory
         except ConfigError:
@@ -116,7 +129,7 @@ class Run:
             metrics=Metrics(),
             options=self.settings.backend_options_for(factory_name),
         )
-        return factory.admin(context)
+        return factory, context
 
     def choose(self, task: str, choice: str) -> LogEntry:
         """The checkpoint ``choice`` names: ``latest``, a seq, or a checkpoint id."""

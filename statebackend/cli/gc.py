@@ -12,13 +12,20 @@ What is garbage, per task of the job (``<job>/<task>/``):
 - **dropped task**: every blob of a task named by ``--drop-task`` (a job that now runs fewer tasks), checkpoints
   included, whatever its age: the operator decided;
 - **abandoned upload**: writes that never finished (temp files of a ``file://`` store, incomplete S3 multipart
-  uploads), where the blob store can list them.
+  uploads), where the blob store can list them;
+- **unreferenced shared**: a blob under a prefix that a backend shares across stores or tasks (its blob lifetime's
+  ``shared_prefixes``; the built-in backends share none) that no checkpoint of *any* task of the job needs. No task's
+  collector deletes such blobs (each sees only its own task's log): this command is their collector. It marks them
+  from every task's checkpoints and deletes them by the job-level sweep, :func:`statebackend.kit.sweep_shared` (the
+  same age rule, conditional deletes, and a deadline a quarter of ``--grace`` after the mark). They are judged as a
+  whole for the job, never as a task's blobs.
 
 Only what is older than ``--grace`` goes, by the age rule of :mod:`statebackend.kit.gc`: a blob's age comes from its
 ``created_at`` metadata (both built-in backends write it at upload); this command keeps no memory between runs, so a
-blob of unknown age is kept and reported. The marks are :func:`statebackend.kit.mark_referenced` over the backends'
-``referenced_blobs``. The checkpoint logs themselves are never touched (retention owns them), nor anything whose
-layout is not recognised.
+blob of unknown age is kept and reported. The marks are the ones a task's own collector takes,
+:func:`statebackend.kit.mark_markers` (:mod:`statebackend.kit.lifetime`), over the backends' admins'
+``referenced_blobs``: a marker that does not decode leaves every blob its backend has under that store.
+The checkpoint logs themselves are never touched (retention owns them), nor anything whose layout is not recognised.
 
 **Running writers.** The mark holds what durable checkpoints name, never what a running writer holds in memory: a
 commit in flight (its deltas or runs are uploaded before its checkpoint is written), or a finished background
@@ -40,14 +47,16 @@ would fail alike); the report still lists what was deleted before it, and the ex
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
 
 from statebackend.checkpoint import CheckpointV2
 from statebackend.cli._common import EXIT_FAILURE, EXIT_OK, Run, human_age, human_bytes
+from statebackend.contracts import StateBackendAdmin
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError, UsageError
-from statebackend.kit import CREATED_AT, GraceRule, Mark, mark_referenced, referenced_by_admin
+from statebackend.kit import CREATED_AT, GraceRule, Mark, Swept, mark_markers, referenced_by_admin, sweep_shared
 from statebackend.options import parse_duration_ms
 
 __all__ = ["SafeGrace", "gc", "safe_grace"]
@@ -151,6 +160,11 @@ def gc(run: Run) -> int:
             f"--drop-task {', '.join(unknown)}: no such task of job {job!r} in "
             f"{run.blob_store.describe()} (`statebackend tasks` lists them)"
         )
+    # blobs several tasks share are judged once for the job, from every task's checkpoints, never as one task's
+    shared = _shared_prefixes(run, sorted(by_task))
+    if shared:
+        by_task = {task: [n for n in names if not n.startswith(tuple(shared))] for task, names in by_task.items()}
+        by_task = {task: names for task, names in by_task.items() if names}
     items: list[Item] = []
     deleting = _Deleting(run) if run.args.apply else None
     for task, names in run.progress(sorted(by_task.items()), total=len(by_task), desc="tasks"):
@@ -175,6 +189,13 @@ def gc(run: Run) -> int:
         items.extend(task_items)
         if deleting is not None:
             deleting.delete(task_items, deadline)
+    if shared:
+        shared_items, sweeps = _shared_items(
+            run, shared, [t for t in sorted(by_task) if t not in dropped], rule, risky_below_s
+        )
+        items.extend(shared_items)
+        if deleting is not None:
+            deleting.sweep_shared(sweeps, shared_items, rule)
     uploads = run.blob_store.abandoned_uploads(f"{job}/")
     upload_note = None
     if uploads is None:
@@ -278,6 +299,180 @@ class _Deleting:
                 continue
             item.action = "deleted"
 
+    def sweep_shared(self, sweeps: list[_SharedSweep], items: list[Item], rule: GraceRule) -> None:
+        """Delete the shared blobs no task's checkpoint needs, by the job-level sweep
+        (:func:`statebackend.kit.sweep_shared`: the same mark, the age rule, conditional deletes, and a deadline a
+        quarter of the grace period after the mark), then say in ``items`` what became of each."""
+        for sweep in sweeps:
+            if self.failure is not None:
+                _mark_unswept(items, sweep.prefix, None, "gc stopped at an earlier failure")
+                continue
+            try:
+                swept = sweep_shared(
+                    self.run.blob_store,
+                    sweep.prefix,
+                    sweep.markers,
+                    sweep.referenced,
+                    rule,
+                    marked_at=sweep.marked_at,
+                    clock=time.time,
+                )
+            except StateBackendError as exc:
+                self.failure = f"{sweep.prefix}: {type(exc).__name__}: {exc}"
+                for item in items:
+                    if item.blob.startswith(sweep.prefix) and item.action == "delete":
+                        item.action = "failed"
+                        item.reason += f"; the sweep failed ({type(exc).__name__}: {exc}); it may or may not be gone"
+                continue
+            judged = {item.blob for item in items}
+            items += [
+                Item(
+                    "unreferenced shared",
+                    None,
+                    name,
+                    None,
+                    None,
+                    "delete",
+                    f"shared under {sweep.prefix}; judged old and unneeded by the sweep",
+                )
+                for name in swept.deleted
+                if name not in judged
+            ]
+            _mark_unswept(items, sweep.prefix, swept, None)
+
+
+def _mark_unswept(items: list[Item], prefix: str, swept: Swept | None, failure: str | None) -> None:
+    """The items under ``prefix`` after the job-level sweep: what it deleted, what it kept, and why the rest of what
+    the report doomed stayed."""
+    deleted = set(swept.deleted) if swept is not None else set()
+    kept = set(swept.kept) if swept is not None else set()
+    for item in items:
+        if not item.blob.startswith(prefix) or item.action != "delete":
+            continue
+        if item.blob in deleted:
+            item.action = "deleted"
+        elif failure is not None:
+            item.action = "keep"
+            item.reason += f"; not deleted: {failure}"
+        else:
+            item.action = "keep"
+            item.reason += (
+                "; not deleted: written again since it was judged (a writer refreshed it)"
+                if item.blob in kept
+                else "; not deleted by the job-level sweep (named by a checkpoint since, or judged too long ago), "
+                "run gc again"
+            )
+
+
+def _referenced_by(admin: StateBackendAdmin | None, store: str) -> Callable[[str], set[str] | None]:
+    """What the markers of ``store`` need, as the backend's admin says (``None``: not installed here, or it does not
+    say). A marker that does not decode raises, and :func:`~statebackend.kit.mark_markers` takes that as "cannot
+    tell"."""
+    return lambda marker: admin.referenced_blobs(store, marker) if admin is not None else None
+
+
+def _shared_prefixes(run: Run, tasks: list[str]) -> dict[str, str]:
+    """The prefixes of blobs that several stores or tasks share, each with its backend, as the backends the tasks'
+    checkpoints name declare them (their blob lifetimes' ``shared_prefixes``; the built-in backends share none)."""
+    found: dict[str, str] = {}
+    for task in tasks:
+        factories = {
+            factory
+            for entry in run.log(task).entries()
+            if isinstance(entry.checkpoint, CheckpointV2)
+            for factory in entry.checkpoint.state_checkpoint_markers
+        }
+        for factory in sorted(factories):
+            lifetime = run.blob_lifetime(task, factory)
+            for prefix in lifetime.shared_prefixes() if lifetime is not None else ():
+                found.setdefault(prefix, factory)
+    return found
+
+
+@attrs.frozen
+class _SharedSweep:
+    """What the job-level sweep of one shared prefix needs: every task's markers of its backend as of ``marked_at``,
+    and what each needs."""
+
+    prefix: str
+    markers: list[tuple[str, str]]
+    referenced: Callable[[str, str], Iterable[str] | None]
+    marked_at: float
+
+
+def _shared_items(
+    run: Run, shared: dict[str, str], tasks: list[str], rule: GraceRule, risky_below_s: float | None
+) -> tuple[list[Item], list[_SharedSweep]]:
+    """The shared blobs no checkpoint of any task of the job needs (the same mark as the job-level sweep,
+    :func:`statebackend.kit.sweep_shared`), judged by the age rule; and, per prefix whose mark is complete, what that
+    sweep needs to delete them."""
+    marked_at = time.time()  # before the first task's log is listed: the marks show the logs as of then, at the latest
+    owners: dict[str, dict[tuple[str, str], list[str]]] = {}  # backend -> (store, marker) -> the tasks naming it
+    for task in tasks:
+        for entry in run.log(task).entries():
+            if isinstance(entry.checkpoint, CheckpointV2):
+                for factory, by_store in entry.checkpoint.state_checkpoint_markers.items():
+                    for store, marker in by_store.items():
+                        owners.setdefault(factory, {}).setdefault((store, marker), []).append(task)
+    items: list[Item] = []
+    sweeps: list[_SharedSweep] = []
+    for prefix, factory in sorted(shared.items()):
+        named_by = owners.get(factory, {})
+        found, sweep = _shared_prefix_items(run, prefix, factory, named_by, marked_at, rule, risky_below_s)
+        items += found
+        sweeps += [sweep] if sweep is not None else []
+    return items, sweeps
+
+
+def _shared_prefix_items(
+    run: Run,
+    prefix: str,
+    factory: str,
+    named_by: dict[tuple[str, str], list[str]],
+    marked_at: float,
+    rule: GraceRule,
+    risky_below_s: float | None,
+) -> tuple[list[Item], _SharedSweep | None]:
+    """The items of one shared prefix (every blob the listing shows that no marker of ``factory`` needs; all of them
+    kept when the mark is incomplete), and what its sweep needs (``None``: incomplete, nothing may go)."""
+    referenced = _shared_referenced(run, factory, named_by)
+    markers = sorted(named_by)
+    mark = mark_markers(
+        markers, lambda item: referenced(*item), at=marked_at, what=f"a marker of the {factory} backend"
+    )
+    names = list(run.blob_store.list(prefix))
+    if not mark.complete:
+        reason = f"shared by tasks; the {factory} backend does not say which blobs its markers need"
+        return [Item("kept", None, name, None, None, "keep", reason) for name in names], None
+    reason = f"shared under {prefix}; no checkpoint of any task of job {run.job} needs it"
+    items = [
+        _candidate(run, "unreferenced shared", None, name, rule, reason, risky_below_s)
+        for name in names
+        if name not in mark.blobs
+    ]
+    return items, _SharedSweep(prefix, markers, referenced, marked_at)
+
+
+def _shared_referenced(
+    run: Run, factory: str, named_by: dict[tuple[str, str], list[str]]
+) -> Callable[[str, str], set[str] | None]:
+    """``referenced(store, marker)`` of the job-level sweep: what the marker needs as the admin of each task whose
+    checkpoints name it says; ``None`` (cannot tell) when one of them cannot, or the marker does not decode."""
+    admins: dict[str, StateBackendAdmin | None] = {}
+
+    def referenced(store: str, marker: str) -> set[str] | None:
+        blobs: set[str] = set()
+        for task in named_by.get((store, marker), ()):
+            if task not in admins:
+                admins[task] = run.admin(task, factory)
+            named = referenced_by_admin(admins[task], store)(marker)
+            if named is None:
+                return None
+            blobs |= named
+        return blobs
+
+    return referenced
+
 
 def _task_items(run: Run, task: str, names: list[str], rule: GraceRule, risky_below_s: float | None) -> list[Item]:
     prefix = f"{run.job}/{task}/"
@@ -313,7 +508,12 @@ def _task_items(run: Run, task: str, names: list[str], rule: GraceRule, risky_be
             for store, marker in by_store.items():
                 markers.setdefault((factory, store), []).append(marker)
     marks: dict[tuple[str, str], Mark] = {
-        (factory, store): mark_referenced(found, referenced_by_admin(run.admin(task, factory), store), at=marked_at)
+        (factory, store): mark_markers(
+            found,
+            _referenced_by(run.admin(task, factory), store),
+            at=marked_at,
+            what=f"task {task} store {store}: a marker of the {factory} backend",
+        )
         for (factory, store), found in markers.items()
     }
     items = []
@@ -368,7 +568,7 @@ def _task_items(run: Run, task: str, names: list[str], rule: GraceRule, risky_be
 
 
 def _candidate(
-    run: Run, kind: str, task: str, name: str, rule: GraceRule, reason: str, risky_below_s: float | None
+    run: Run, kind: str, task: str | None, name: str, rule: GraceRule, reason: str, risky_below_s: float | None
 ) -> Item:
     """A garbage candidate: deleted when old enough by the age rule (this command keeps no memory between runs, so a
     blob of unknown age is kept), else kept. Old enough only by an unsafe ``--grace``: flagged in its reason."""
