@@ -225,12 +225,12 @@ def test_an_unknown_scheme_is_an_error_listing_the_known_ones() -> None:
         open_blob_store("nope://bucket")
     message = str(info.value)
     assert message == (
-        "blob.store.url 'nope://bucket' has an unknown scheme 'nope'; known: az://, file://, mem2://, memory://, s3://"
+        "blob.store.url 'nope://bucket' has an unknown scheme 'nope'; known: az://, file://, mem2://, memory://, s3://, sqlite://"
     )
     with pytest.raises(
         ConfigError,
         match="blob.store.url='nope://bucket' is not valid: unknown scheme 'nope'; "
-        "allowed: a URL starting with az://, file://, mem2://, memory://, s3://",
+        "allowed: a URL starting with az://, file://, mem2://, memory://, s3://, sqlite://",
     ):
         Settings.from_config({"blob.store.url": "nope://bucket"})
 
