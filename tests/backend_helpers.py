@@ -94,7 +94,7 @@ class HookedBlobStore(BlobStore):
         self.inner.set_metadata(name, metadata)
 
 
-def task_config(local: Path, factories: str = "changelog", url: str | None = None, **extra: Any) -> dict[str, Any]:
+def task_config(local: Path, factories: str = "changelog", url: str | None = None, /, **extra: Any) -> dict[str, Any]:
     """Task ``task-0`` of job ``job`` with store ``counts`` on ``factories``; deltas only, so a restore reads every
     delta (the tests that damage or hide one see it used)."""
     config: dict[str, Any] = {
@@ -171,7 +171,7 @@ NEVER = {
 }
 
 
-def blobsnapshot_config(tmp_path: Path, local: str = "local", **extra: object) -> dict[str, object]:
+def blobsnapshot_config(tmp_path: Path, local: str = "local", /, **extra: object) -> dict[str, object]:
     """Task-0's store ``counts`` on blob-snapshot alone, no sweep at init, two retained checkpoints, plus ``extra``."""
     config: dict[str, object] = {
         "job.name": "job",
