@@ -34,7 +34,7 @@ def _cold_restore_gives(
     """A task opened in a fresh local dir on ``blobs`` restores checkpoint ``latest``, holding exactly ``model``; its
     log ends at ``last_seq`` when given."""
     with TaskStorage.open(
-        task_config(tmp_path / "fresh", url=config["blob.store.url"]), "task-0", blob_store=blobs
+        task_config(tmp_path / "fresh", "changelog", config["blob.store.url"]), "task-0", blob_store=blobs
     ) as check:
         assert check.restored == latest
         assert contents(check) == model
@@ -181,7 +181,8 @@ def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_sam
     with TaskStorage.open(
         task_config(
             tmp_path / "fresh",
-            url=config["blob.store.url"],
+            "changelog",
+            config["blob.store.url"],
             **{
                 "stores.other.backup.factories": "changelog,blobsnapshot",
                 "stores.other.restore.factories": "changelog,blobsnapshot",
@@ -205,11 +206,11 @@ def test_changelog_chain_is_rebased_after_its_restore_failed_and_another_backend
     deltas = sorted(b for b in blobs.list("job/task-0/counts/changelog/") if b.endswith(".delta"))
     blobs.delete(deltas[1])
     # a new machine, migrating dual -> changelog: the restore falls back to the blobsnapshot marker (exact state)
-    with TaskStorage.open(task_config(tmp_path / "b", "changelog", url=url), "task-0", blob_store=blobs) as task:
+    with TaskStorage.open(task_config(tmp_path / "b", "changelog", url), "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         acknowledged = commit_round(task, 3, model)
     assert set(acknowledged.state_checkpoint_markers) == {"changelog"}
-    with TaskStorage.open(task_config(tmp_path / "c", "changelog", url=url), "task-0", blob_store=blobs) as check:
+    with TaskStorage.open(task_config(tmp_path / "c", "changelog", url), "task-0", blob_store=blobs) as check:
         assert check.restored == acknowledged
         assert contents(check) == model
 
@@ -258,7 +259,7 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(
         entries = task.checkpoint_log.entries()
     if replay:  # redo from checkpoint #2, superseding #3 and #4 (what the Spark driver does for a replayed batch)
         owner = TaskStorage.open(
-            task_config(tmp_path / "w", url=url, **extra),
+            task_config(tmp_path / "w", "changelog", url, **extra),
             "task-0",
             blob_store=blobs,
             checkpoint=entries[1],
@@ -266,7 +267,7 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(
         )
         model = dict(models[1])
     else:
-        owner = TaskStorage.open(task_config(tmp_path / "w", url=url, **extra), "task-0", blob_store=blobs)
+        owner = TaskStorage.open(task_config(tmp_path / "w", "changelog", url, **extra), "task-0", blob_store=blobs)
     sweeping, go = threading.Event(), threading.Event()
 
     def hold_sweep(prefix: str) -> None:
@@ -280,13 +281,15 @@ def test_sweep_of_a_previous_owner_never_deletes_the_next_owners_delta(
         owner.commit_durably({"input": "owner"})
         assert sweeping.wait(30)  # the owner's sweep has marked, and is about to list delta blobs
         # the next owner (a failover) restores the owner's checkpoint and commits durably meanwhile
-        with TaskStorage.open(task_config(tmp_path / "next", url=url, **extra), "task-0", blob_store=inner) as nxt:
+        with TaskStorage.open(
+            task_config(tmp_path / "next", "changelog", url, **extra), "task-0", blob_store=inner
+        ) as nxt:
             assert contents(nxt) == model
             write_round(nxt, 11, model)
             acknowledged = nxt.commit_durably({"input": "next"})
         go.set()
         owner.commit_manager.close()  # the sweep has run
-    with TaskStorage.open(task_config(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
+    with TaskStorage.open(task_config(tmp_path / "check", "changelog", url), "task-0", blob_store=inner) as check:
         assert check.restored == acknowledged
         assert contents(check) == model
     assert (f"{CHECKPOINTS}HEAD.v3.json" in set(inner.list(CHECKPOINTS))) == (layout == "head")
@@ -303,7 +306,9 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
         write_round(task, 0, model)
         task.commit_durably({"input": "1"})
     zombie_blobs = ListHookedBlobStore(inner)
-    zombie = TaskStorage.open(task_config(tmp_path / "zombie", url=url, **extra), "task-0", blob_store=zombie_blobs)
+    zombie = TaskStorage.open(
+        task_config(tmp_path / "zombie", "changelog", url, **extra), "task-0", blob_store=zombie_blobs
+    )
     with TaskStorage.open(config, "task-0", blob_store=inner) as owner:
         for n in range(2, 5):
             commit_round(owner, n, model)
@@ -324,12 +329,12 @@ def test_zombie_checkpoint_whose_fencing_listing_failed_does_not_stay_in_the_log
         write_round(zombie, 10, {})
         with pytest.raises(CommitError, match="another attempt"):
             zombie.commit_durably({"input": "zombie-2"})
-    with TaskStorage.open(task_config(tmp_path / "check", url=url), "task-0", blob_store=inner) as check:
+    with TaskStorage.open(task_config(tmp_path / "check", "changelog", url), "task-0", blob_store=inner) as check:
         offsets = [entry.checkpoint.input_offsets["input"] for entry in check.checkpoint_log.entries()]
     assert offsets == ["4"]  # seen: ["zombie", "4"]
     # a restore chosen by offsets (what a Spark replay or read_state does) never lands on the zombie's state
     with TaskStorage.open(
-        task_config(tmp_path / "pick", url=url),
+        task_config(tmp_path / "pick", "changelog", url),
         "task-0",
         blob_store=inner,
         checkpoint=lambda entry: entry.checkpoint.input_offsets["input"] != "4",
@@ -359,13 +364,14 @@ def test_spark_replay_never_redoes_a_batch_on_empty_state_after_a_short_listing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import statebackend.microbatch.attempt as spark_module
+    from statebackend.blobstores.base import open_blob_store
     from tests.test_spark import make_config
     from tests.test_spark_tasks import run, task_state
 
     config = make_config(tmp_path)
     run(config, 0, "a", "b")
     run(config, 1, "a", "c")
-    real_open = spark_module.open_blob_store
+    real_open = open_blob_store  # what the attempt module calls
     listings = {"n": 0}
 
     def hooked_open(url: str, options: Any) -> Any:
@@ -438,7 +444,7 @@ def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_
     victim = next(name for name in blobs.list() if "/other/" in name and name.rsplit("/", 1)[-1] in hashes)
     kept = blobs.get(victim)
     blobs.delete(victim)  # a run the checkpoint's marker names is gone
-    fresh = task_config(tmp_path / "b", url=config["blob.store.url"], **extra)
+    fresh = task_config(tmp_path / "b", "changelog", config["blob.store.url"], **extra)
     with pytest.raises(NotFoundError, match=r"job/task-0/other/blobsnapshot/runs/\w+ .* is missing"):
         TaskStorage.open(fresh, "task-0", blob_store=blobs)
     blobs.put(victim, kept)
