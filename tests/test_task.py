@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.changelog.backup import ChangelogBackupManager
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import (
@@ -366,6 +368,7 @@ def test_sweep_under_a_short_listing_deletes_nothing_a_checkpoint_needs(tmp_path
         before = sorted(blobs.inner.list("job/task-0/counts/"))
         blobs.short_lists = 100
         manager = task.commit_manager.backups[0].manager
+        assert isinstance(manager, (ChangelogBackupManager, BlobSnapshotBackupManager))
         with pytest.raises(StateBackendError, match="known to be durable"):
             manager.sweep()
         blobs.short_lists = 0
