@@ -12,6 +12,10 @@ A backend's test module subclasses :class:`BackendContract` and sets:
 - ``uploads_whole_state`` (optional): True for a backend that uploads a whole copy of the store at each commit (an
   O(state) upload, like the example third-party backend); the upload-size test then only bounds it by one copy;
 - ``test_timeout_s``: the per-test deadline (:mod:`statebackend.testing.deadline`); a hung test fails;
+- ``backend_settings(test)``, ``is_index_blob(name)``, ``grace_ms``, ``move_clock`` (optional): the backend's own
+  settings in every test (small chunks, small records), which of its blobs are an index (the write-fault tests fail
+  data writes but not index writes), its grace period and how the suite moves its clock past it
+  (:class:`~statebackend.testing.backend_base.BackendContractBase`);
 - ``child_imports``, ``kill_rounds`` (optional): modules the kill test's child process imports first (a backend
   registered at import), and how many times it kills (3). The child resolves the backend by its name, as a job does,
   with this process's import path; ``extra_config`` must then hold JSON values only.
