@@ -18,6 +18,7 @@ from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import attrs
 import pytest
 from statebackend.backends.blobsnapshot.backup import COMPACTED_FILE
 from statebackend.backends.blobsnapshot.blobs import read_marker
@@ -114,6 +115,12 @@ def run_records(blobs: BlobStore, digest: str) -> list[tuple[bytes, bytes | None
 
 
 # -- cost follows the change ------------------------------------------------------------------------------------------
+
+
+def no_more_full_compactions(task: TaskStorage) -> None:
+    """The task's blob-snapshot manager compacts by merges only from now on (a full-compaction ratio no run reaches)."""
+    shared = manager_of(task).shared
+    shared.settings = attrs.evolve(shared.settings, compaction_full_ratio=100.0)
 
 
 def test_bytes_uploaded_per_commit_follow_the_change_not_the_store(tmp_path: Path) -> None:
@@ -217,7 +224,7 @@ def test_a_full_compaction_writes_a_base_run_without_tombstones_and_restores_exa
         tombstones = latest_index(blobs, task).runs[-1]
         assert [value for _, value in run_records(blobs, tombstones.hash)] == [None] * 250
         settle(task)
-        manager_of(task).compaction_full_ratio = 100.0  # no second one
+        no_more_full_compactions(task)  # no second one
         write(task, model, {b"k00001": b"after"})
         task.commit_durably({"input": "2"})
         index = latest_index(blobs, task)
@@ -475,7 +482,7 @@ def test_gc_deletes_runs_merged_away_once_out_of_retention_and_never_one_a_retai
     for entry in CheckpointLog(blobs, "job", "task-0").entries():
         shutil.rmtree(tmp_path / "local")
         offsets = entry.checkpoint.input_offsets
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=entry.seq: e.seq == s) as task:
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=entry) as task:
             assert contents(task) == states[offsets["input"]]
 
 
@@ -500,8 +507,7 @@ def compacted_history(
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         rounds(task, model, 0, 2)  # the run above the bottom one: a full compaction (ratio 0.05)
         settle(task)
-        manager = manager_of(task)
-        manager.compaction_full_ratio = 100.0  # from now on only merges
+        no_more_full_compactions(task)  # from now on only merges
         rounds(task, model, 2, 2)  # adopts the base run; then two level-0 runs above it: a merge
         settle(task)
         rounds(task, model, 4, 1)  # adopts the merge
