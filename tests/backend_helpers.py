@@ -47,7 +47,7 @@ def make_config(backend: str, tmp_path: Path, extra: Mapping[str, object]) -> di
 
 def sweep(manager: TaskBackupManager) -> None:
     if isinstance(manager, BlobSnapshotBackupManager):
-        manager.sweep(now=manager.clock() + FAR_FUTURE)
+        manager.sweep(now=manager.shared.clock() + FAR_FUTURE)
     else:
         assert isinstance(manager, ChangelogBackupManager)
         manager.sweep()

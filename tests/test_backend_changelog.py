@@ -173,7 +173,7 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         manager = task.commit_manager.backups[0].manager
         manager.sweep()  # type: ignore[attr-defined]
-        own_chain = set(manager.shared.lineages["counts"].recipe().blob_names())  # type: ignore[attr-defined]
+        own_chain = set(manager.shared.stores["counts"].recipe().blob_names())  # type: ignore[attr-defined]
     entries = CheckpointLog(inner, "job", "task-0").entries()
     referenced = {
         n
@@ -326,7 +326,7 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
     with ThreadPoolExecutor(1) as pool, TaskStorage.open(config, "task-0", blob_store=blobs, executor=pool) as task:
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, ChangelogBackupManager)
-        lineage = manager.shared.lineages["counts"]  # the test waits on the backend's own background future
+        lineage = manager.shared.stores["counts"]  # the test waits on the backend's own background future
         blobs.hold = lambda name: "/snapshot/" in name
         try:
             for round_no in range(2):  # the second commit starts a background snapshot
@@ -370,7 +370,7 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, ChangelogBackupManager)
-        lineage = manager.shared.lineages["counts"]  # the test waits on the backend's own background future
+        lineage = manager.shared.stores["counts"]  # the test waits on the backend's own background future
         checkpoints = []
         for round_no in range(20):
             write_round(task, round_no, model)

@@ -124,7 +124,7 @@ def _wait_for_background_snapshots(task: TaskStorage) -> None:
     for binding in task.commit_manager.backups:
         manager = binding.manager
         if isinstance(manager, ChangelogBackupManager):
-            for lineage in manager.shared.lineages.values():  # the test waits on the backend's own future
+            for lineage in manager.shared.stores.values():  # the test waits on the backend's own future
                 if lineage.background is not None:
                     lineage.background.exception(timeout=60)
 

@@ -40,7 +40,7 @@ def admin_and_marker(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[BlobSnapsh
         assert last is not None
         marker = last.markers_for("blobsnapshot")["counts"]
         binding = next(b for b in task.commit_manager.backups if b.factory_name == "blobsnapshot")
-        context = binding.manager.context  # type: ignore[attr-defined]
+        context = binding.manager.shared.context  # type: ignore[attr-defined]
     return BlobSnapshotAdmin(context=context), marker
 
 

@@ -78,7 +78,7 @@ DUAL = {
 
 
 def restored_by(task: TaskStorage) -> str | None:
-    return task.commit_manager.backups[0].manager.context.restored_by["counts"]  # type: ignore[attr-defined]
+    return task.commit_manager.backups[0].manager.shared.context.restored_by["counts"]  # type: ignore[attr-defined]
 
 
 def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> str:

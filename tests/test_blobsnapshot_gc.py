@@ -88,7 +88,7 @@ def test_a_durable_checkpoints_blobs_are_not_rewritten_and_no_sweep_takes_them_o
         named = _live_runs(inner, task)
         assert all("expires_at" in inner.head(name).metadata for name in named)
         assert requests.counter("blob_store.requests", operation="set_metadata") == 0, "a cleanup rewrote metadata"
-        backup_manager(task).sweep(now=backup_manager(task).clock() + 3600)  # every blob long expired
+        backup_manager(task).sweep(now=backup_manager(task).shared.clock() + 3600)  # every blob long expired
         assert all(inner.exists(name) for name in named), "a sweep took a blob a retained checkpoint names"
         assert index_blobs(inner) == []
     shutil.rmtree(tmp_path / "local")
@@ -141,7 +141,7 @@ def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_p
         manager = backup_manager(task)
         assert manager.sweep().runs_deleted == 0  # within the grace period: could be an upload in progress
         assert run_blobs(blobs.inner) >= orphans
-        report = manager.sweep(now=manager.clock() + 2 * 3600)
+        report = manager.sweep(now=manager.shared.clock() + 2 * 3600)
         assert report.runs_deleted == len(orphans)
         assert run_blobs(blobs.inner) == _live_runs(blobs.inner, task)
     shutil.rmtree(tmp_path / "local")
@@ -182,7 +182,7 @@ def test_sweep_runs_at_init_and_on_a_store_without_metadata_uses_first_seen(tmp_
         inner.put(PREFIX + "chunks/" + "1" * 64, b"a chunk of a schema-1 snapshot no checkpoint names")
         manager = backup_manager(task)
         assert manager.sweep().runs_deleted == 0  # first seen now
-        assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 2
+        assert manager.sweep(now=manager.shared.clock() + 2 * 3600).runs_deleted == 2
         assert not list(inner.list(PREFIX + "chunks/"))
         assert run_blobs(inner) == _live_runs(inner, task)
         assert task.metrics.counter("blobsnapshot.sweeps") >= 3  # the one at init too
@@ -201,7 +201,7 @@ def test_sweep_counts_the_age_of_a_blob_without_metadata_from_first_seen(tmp_pat
         manager = backup_manager(task)
         assert manager.sweep().runs_deleted == 0
         assert stray in run_blobs(blobs)
-        assert manager.sweep(now=manager.clock() + 2 * 3600).runs_deleted == 1
+        assert manager.sweep(now=manager.shared.clock() + 2 * 3600).runs_deleted == 1
         assert stray not in run_blobs(blobs)
 
 
@@ -214,7 +214,7 @@ def test_sweep_ages_a_blob_with_unreadable_age_metadata_from_its_first_sighting(
         fill(task, {}, 0, 500, "a")
         task.commit_durably({"input": "0"})
         manager = backup_manager(task)
-        now = manager.clock()
+        now = manager.shared.clock()
         unreadable, expired = PREFIX + "runs/" + "0" * 64, PREFIX + "runs/" + "1" * 64
         blobs.put(unreadable, b"stray", metadata={"created_at": "not a time"})
         blobs.put(expired, b"stray", metadata={"created_at": f"{now:.3f}", "expires_at": f"{now - 1:.3f}"})
@@ -247,7 +247,7 @@ def test_sweep_stops_deleting_a_quarter_of_the_grace_period_after_its_mark(tmp_p
         task.commit_durably({"input": "0"})
         _drain(task)
         manager = backup_manager(task)
-        manager.clock = lambda: clock[0]
+        manager.shared.clock = lambda: clock[0]
         orphans = {PREFIX + "runs/" + digit * 64 for digit in "012"}
         orphan_index = PREFIX + "index/000000000009-" + "0" * 16 + ".json"
         for name in [*orphans, orphan_index]:

@@ -471,7 +471,7 @@ def test_gc_deletes_runs_merged_away_once_out_of_retention_and_never_one_a_retai
                 settle(task)
         settle(task)
         manager = manager_of(task)
-        manager.sweep(now=manager.clock() + FAR_FUTURE)
+        manager.sweep(now=manager.shared.clock() + FAR_FUTURE)
         state = manager.shared.stores["counts"]
         in_flight = {run_name(PREFIX, state.compaction_output)} if state.compaction_output is not None else set()
         assert task.metrics.counter("blobsnapshot.compaction.adopted") >= 2

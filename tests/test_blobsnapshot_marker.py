@@ -75,7 +75,7 @@ def test_a_damaged_inline_marker_is_refused_and_restore_falls_back(tmp_path: Pat
         assert "inline index 000000000002-" in str(excinfo.value)
         return
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert task.commit_manager.backups[0].manager.context.restored_by["counts"] == "changelog"  # type: ignore[attr-defined]
+        assert task.commit_manager.backups[0].manager.shared.context.restored_by["counts"] == "changelog"  # type: ignore[attr-defined]
         assert contents(task) == model
         fill(task, model, 0, 5, "c")
         task.commit_durably({"input": "2"})  # blob-snapshot starts anew with a base run
@@ -116,7 +116,7 @@ def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swe
         assert [e.seq for e in entries] == [3, 4, 5]
         assert len(named & legacy) == 1 and set(index_blobs(blobs)) == legacy  # seq 3's is still named; the two
         # before it this manager never held (the older open wrote them): the sweep collects them
-        backup_manager(task).sweep(now=backup_manager(task).clock() + 10 * 3600)
+        backup_manager(task).sweep(now=backup_manager(task).shared.clock() + 10 * 3600)
         assert set(index_blobs(blobs)) == named & legacy
         assert run_blobs(blobs) == _live_runs(blobs, task)
         for marker in named:

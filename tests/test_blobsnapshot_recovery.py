@@ -166,7 +166,7 @@ def test_a_lost_cached_copy_of_an_old_undurable_run_costs_one_commit_not_all_lat
     config = make_config(tmp_path, **NEVER, **{"blobsnapshot.gc.grace.period.ms": GRACE_MS})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        manager_of(task).clock = clock
+        manager_of(task).shared.clock = clock
         state = manager_of(task).shared.stores["counts"]
         put_all(task, model, base_keys())
         task.commit_durably({"input": "0"})

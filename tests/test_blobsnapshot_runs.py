@@ -58,7 +58,7 @@ def _task_on_clock(config: dict[str, object], blobs: BlobStore, clock: FakeClock
     """The task, its manager reading ``clock``; a held write is released whatever happens."""
     try:
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-            blobsnapshot_manager(task).clock = clock
+            blobsnapshot_manager(task).shared.clock = clock
             yield task
     finally:
         if isinstance(blobs, ControlledBlobStore):

@@ -79,7 +79,7 @@ def test_sweep_leaves_a_young_delta_of_a_replay_still_committing_below_the_heads
                 blobs.release.set()
             acknowledged = pending.result(timeout=30)
         assert ORPHAN in set(inner.list(ORPHAN))
-        sweeper.clock = lambda: time.time() + 2 * 3600  # past the grace period (first seen by the sweep above)
+        sweeper.shared.clock = lambda: time.time() + 2 * 3600  # past the grace period (first seen by the sweep above)
         assert sweeper.sweep() == 1
         assert ORPHAN not in set(inner.list(ORPHAN))
     with TaskStorage.open(config_for(tmp_path / "check", **extra), "task-0", blob_store=inner) as check:
@@ -99,10 +99,10 @@ def test_a_sweep_that_outlives_a_quarter_of_the_grace_period_since_its_mark_stop
         blobs.put(ORPHAN, b"ancient", metadata={"created_at": "1"})
         manager = _changelog_manager(task)
         ticks = iter(range(10**6))
-        manager.clock = lambda: time.time() + 1000 * next(ticks)  # every reading ~17 minutes later
+        manager.shared.clock = lambda: time.time() + 1000 * next(ticks)  # every reading ~17 minutes later
         assert manager.sweep() == 0
         assert task.metrics.counter("changelog.sweep.stopped") == 1
-        manager.clock = time.time
+        manager.shared.clock = time.time
         assert manager.sweep() == 1
 
 
@@ -122,7 +122,7 @@ def test_a_delta_reused_more_than_half_the_grace_period_after_its_upload_is_not_
         blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
         write_round(task, 1, model)
         expect_failed_commit(task, "1")
-        _changelog_manager(task).clock = lambda: time.time() + 3600
+        _changelog_manager(task).shared.clock = lambda: time.time() + 3600
         write_round(task, 2, model)
         with pytest.raises(CommitError, match="re-bases on a fresh snapshot"):
             task.commit_durably({"input": "2"})

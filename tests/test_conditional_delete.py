@@ -297,7 +297,9 @@ def test_backend_sweeps_keep_and_count_a_blob_written_again_before_its_delete(tm
             changelog = task.commit_manager.backups[0].manager
             assert isinstance(changelog, ChangelogBackupManager) or backend != "changelog"
             manager = changelog if isinstance(changelog, ChangelogBackupManager) else backup_manager(task)
-            blobs.put(orphan, b"garbage of an attempt long gone", metadata=created_at_metadata(manager.clock() - 7_200))
+            blobs.put(
+                orphan, b"garbage of an attempt long gone", metadata=created_at_metadata(manager.shared.clock() - 7_200)
+            )
             deleted = manager.sweep() if isinstance(manager, ChangelogBackupManager) else manager.sweep().runs_deleted
             assert blobs.rewritten == [orphan], f"{backend}: the sweep never asked to delete the orphan"
             assert blobs.exists(orphan), f"{backend}: the sweep deleted a blob written again after its judgment"

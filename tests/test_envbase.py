@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import run_name
 from statebackend.backends.blobsnapshot.state import BASE_LEVEL
@@ -297,10 +298,10 @@ def settle(task: TaskStorage) -> None:
 
     maintenance_pool().submit(lambda: None).result(60)
     for binding in task.commit_manager.backups:
-        states = getattr(getattr(binding.manager, "shared", None), "stores", {})
-        for state in states.values():
-            if state.compaction is not None:
-                state.compaction.exception(timeout=60)
+        if isinstance(binding.manager, BlobSnapshotBackupManager):
+            for state in binding.manager.shared.stores.values():
+                if state.compaction is not None:
+                    state.compaction.exception(timeout=60)
 
 
 def newest_base(blobs: Any, task: TaskStorage, backend: str) -> str | None:

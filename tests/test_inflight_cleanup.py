@@ -101,7 +101,7 @@ def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run(tmp_pa
             model[key] = value
         pending = task.commit({"input": "1"})
         assert pending is not None
-        sweeper = threading.Thread(target=manager.sweep, kwargs={"now": manager.clock() + FAR_FUTURE})
+        sweeper = threading.Thread(target=manager.sweep, kwargs={"now": manager.shared.clock() + FAR_FUTURE})
         try:
             assert blobs.held.wait(30), "the run write never started"
             sweeper.start()
@@ -125,7 +125,7 @@ def test_changelog_snapshot_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_pa
     with TaskStorage.open(config, "task-0", blob_store=inner) as task:
         manager = next(b.manager for b in task.commit_manager.backups)
         assert isinstance(manager, ChangelogBackupManager)
-        lineage = manager.shared.lineages["counts"]  # the test waits on the backend's own background future
+        lineage = manager.shared.stores["counts"]  # the test waits on the backend's own background future
         for round_no in range(2):  # the second commit starts a background snapshot
             commit_round(task, round_no, model)
         background = lineage.background

@@ -49,9 +49,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future
 from pathlib import Path
 
@@ -119,29 +118,14 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     """The blob-snapshot backend's backup manager: the contract's methods, over the helpers it holds (see the module
     docstring)."""
 
-    def __init__(
-        self, context: BackendContext, settings: BlobSnapshotSettings, *, clock: Callable[[], float] = time.time
-    ) -> None:
-        #: what the manager and its helpers share: context, options, clock, each store's state
-        self.shared = BlobSnapshotShared(context, settings, clock)
+    def __init__(self, context: BackendContext, settings: BlobSnapshotSettings) -> None:
+        #: what the manager and its helpers share: context, options, clock (tests may replace it), each store's state
+        self.shared = BlobSnapshotShared(context, settings)
         #: writes runs into the cache dir and uploads them (the commit's, and the compactor's)
         self.uploader = RunUpload(self.shared)
         self.compactor = Compactor(self.shared, self.uploader)
         #: what this manager states about its blobs; the framework's collector of them hangs off it
         self.lifetime = BlobSnapshotLifetime(self.shared)
-
-    @property
-    def context(self) -> BackendContext:
-        return self.shared.context
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The wall clock (seconds since the epoch) of blob ages, shared by the helpers; tests may replace it."""
-        return self.shared.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], float]) -> None:
-        self.shared.clock = clock
 
     def blob_lifetime(self) -> BlobSnapshotLifetime:
         return self.lifetime
@@ -177,7 +161,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     "store %s: notice of %s found it gone already",
                     state.name,
                     marker_label(marker),
-                    extra=log_extra(self.context, state.name),
+                    extra=log_extra(self.shared.context, state.name),
                 )
                 return
         self._make_durable(state, index)
@@ -200,7 +184,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         older = sorted((m for m, i in state.pending.items() if i.seq < seq), key=lambda m: state.pending[m].seq)
         if not older:
             return
-        in_log = markers_in_log(self.context, state.name)
+        in_log = markers_in_log(self.shared.context, state.name)
         for marker in older:
             index = state.pending.pop(marker)
             if marker in in_log:
@@ -209,18 +193,18 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     "failed; kept as durable",
                     state.name,
                     marker_label(marker),
-                    extra=log_extra(self.context, state.name),
+                    extra=log_extra(self.shared.context, state.name),
                 )
                 self._make_durable(state, index)
                 state.retained.append((marker, index))
-                self.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
+                self.shared.context.metrics.increment("blobsnapshot.indexes.landed.after.failure")
             else:
                 log.debug(
                     "store %s: index %s belongs to a commit whose checkpoint never landed; the sweep deletes "
                     "its runs after the grace period",
                     state.name,
                     marker_label(marker),
-                    extra=log_extra(self.context, state.name),
+                    extra=log_extra(self.shared.context, state.name),
                 )
 
     def _make_durable(self, state: StoreState, index: RunIndex) -> None:
@@ -229,8 +213,8 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         state.durable_runs |= index.run_hashes()
 
     def init(self, checkpoint: CheckpointV2 | None) -> None:
-        markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
-        for name, store in self.context.stores.items():
+        markers = checkpoint.markers_for(self.shared.context.factory_name) if checkpoint is not None else {}
+        for name, store in self.shared.context.stores.items():
             staging = Path(store.path) / STAGING_DIR
             cache = Path(store.path) / CACHE_DIR
             staging.mkdir(exist_ok=True)
@@ -240,7 +224,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             for stale in staging.iterdir():
                 IN_FLIGHT.remove_unless_held(stale)
             state = StoreState(
-                name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging, cache=cache
+                name=name, store=store, prefix=self.shared.context.blob_prefix(name), staging=staging, cache=cache
             )
             marker = markers.get(name)
             if marker is not None:
@@ -270,7 +254,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
         return gather(
             {
-                name: self.context.executor.submit(self._upload_store, self.shared.stores[name], marker)
+                name: self.shared.context.executor.submit(self._upload_store, self.shared.stores[name], marker)
                 for name, marker in markers.items()
             }
         )
@@ -318,7 +302,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     # -- init ---------------------------------------------------------------------------------------------------
 
     def _adopt_restored_index(self, state: StoreState, marker: str) -> None:
-        context = self.context
+        context = self.shared.context
         failed_here = context.factory_name in context.restore_failures.get(state.name, ())
         try:
             index = self.shared.read_index(marker, state.name)
@@ -328,7 +312,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 "base run of the whole store",
                 state.name,
                 exc,
-                extra=log_extra(self.context, state.name),
+                extra=log_extra(self.shared.context, state.name),
             )
             return
         state.previous, state.previous_name = index, marker
@@ -343,7 +327,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 state.name,
                 marker_label(marker),
                 context.restored_by.get(state.name),
-                extra=log_extra(self.context, state.name),
+                extra=log_extra(self.shared.context, state.name),
             )
             context.metrics.increment("blobsnapshot.rebase.after.fallback")
             return
@@ -362,7 +346,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                     marker_label(marker),
                     len(lost) - 1,
                     restorer,
-                    extra=log_extra(self.context, state.name),
+                    extra=log_extra(self.shared.context, state.name),
                 )
                 context.metrics.increment("blobsnapshot.rebase.after.fallback")
                 return
@@ -375,7 +359,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
 
     def _runs_not_whole(self, state: StoreState, index: RunIndex) -> list[str]:
         """The runs of ``index`` the blob store does not hold at their exact length."""
-        blob_store = self.context.blob_store
+        blob_store = self.shared.context.blob_store
         lost = []
         for run in index.runs:
             name = run_name(state.prefix, run.hash)
@@ -434,7 +418,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
     def _upload_prepared(self, state: StoreState, prepared: Prepared, view: ReadView) -> tuple[bool, str]:
         """Write this commit's run and make its index; returns whether ``view`` was handed to a full compaction, and
         the marker, which carries the index (the checkpoint records it: no index blob is written)."""
-        context = self.context
+        context = self.shared.context
         with IN_FLIGHT.hold([state.staging, state.cache]):
             covered = False  # whether the chain holds this commit's change (as a run, in a base run, or: none)
             try:

@@ -6,9 +6,8 @@ object they all share (:class:`BlobSnapshotShared`). The manager (backup.py) hol
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,7 @@ import attrs
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunEntry, RunIndex
 
-from statebackend.contracts import BackendContext
-from statebackend.kit import Cancellation, created_at_metadata
+from statebackend.kit import ManagerState, created_at_metadata
 from statebackend.store import ChangeSet, LocalStore, LocalVersion, ReadView
 
 __all__ = [
@@ -165,19 +163,10 @@ class BlobSnapshotSettings:
 
 
 @attrs.define(eq=False)
-class BlobSnapshotShared:
+class BlobSnapshotShared(ManagerState[BlobSnapshotSettings, StoreState]):
     """The one state the backup manager and the helpers it holds (the uploader, the compactor, the lifetime) share:
-    the context, the options, the clock, each store's :class:`StoreState`, and whether background work must stop.
-    Each helper is handed this object when the manager makes it; no helper reaches into another."""
-
-    context: BackendContext
-    settings: BlobSnapshotSettings
-    #: wall clock (seconds since the epoch) for blob ages; tests may replace it (the manager's ``clock``)
-    clock: Callable[[], float] = time.time
-    stores: dict[str, StoreState] = attrs.field(factory=dict)
-    closed: bool = False
-    #: compactions stop at their next check (``cancel_background``)
-    cancellation: Cancellation = attrs.field(factory=Cancellation)
+    the context, the options, the clock, each store's :class:`StoreState`, and whether background work must stop
+    (:class:`~statebackend.kit.ManagerState`); and what the helpers ask of them."""
 
     def read_index(self, marker: str, store: str) -> RunIndex:
         context = self.context

@@ -44,9 +44,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import CancelledError, Future
 from contextlib import ExitStack
 from pathlib import Path
@@ -84,38 +83,23 @@ class ChangelogBackupManager(TaskBackupManager):
     """The changelog backend's backup manager: the contract's methods, over the helpers it holds (see the module
     docstring)."""
 
-    def __init__(
-        self, context: BackendContext, settings: ChangelogSettings, *, clock: Callable[[], float] = time.time
-    ) -> None:
-        #: what the manager and its helpers share: context, options, clock, each store's lineage
-        self.shared = ChangelogShared(context, settings, clock)
+    def __init__(self, context: BackendContext, settings: ChangelogSettings) -> None:
+        #: what the manager and its helpers share: context, options, clock (tests may replace it), each store's lineage
+        self.shared = ChangelogShared(context, settings)
         #: stages and uploads deltas and snapshots (the commit's, and the background snapshots')
         self.uploader = ChangelogUpload(self.shared)
         self.snapshots = BackgroundSnapshots(self.shared, self.uploader)
         #: what this manager states about its blobs; the framework's collector of them hangs off it
         self.lifetime = ChangelogLifetime(self.shared)
 
-    @property
-    def context(self) -> BackendContext:
-        return self.shared.context
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The wall clock (seconds since the epoch) of blob ages, shared by the helpers; tests may replace it."""
-        return self.shared.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], float]) -> None:
-        self.shared.clock = clock
-
     def init(self, checkpoint: CheckpointV2 | None) -> None:
-        markers = checkpoint.markers_for(self.context.factory_name) if checkpoint is not None else {}
-        for name, store in self.context.stores.items():
+        markers = checkpoint.markers_for(self.shared.context.factory_name) if checkpoint is not None else {}
+        for name, store in self.shared.context.stores.items():
             staging = Path(store.path) / STAGING_DIR
             staging.mkdir(exist_ok=True)
             for stale in staging.iterdir():  # left by a crashed process (its commits never became durable), not in
                 IN_FLIGHT.remove_unless_held(stale)  # flight for an earlier open in this process whose close timed out
-            lineage = Lineage(name=name, store=store, prefix=self.context.blob_prefix(name), staging=staging)
+            lineage = Lineage(name=name, store=store, prefix=self.shared.context.blob_prefix(name), staging=staging)
             recipe = (
                 Recipe.decode(markers[name], prefix=lineage.prefix, source=f"store {name}") if name in markers else None
             )
@@ -123,8 +107,8 @@ class ChangelogBackupManager(TaskBackupManager):
             # which backend restored the store at open (absent: a context built outside TaskStorage, taken as this
             # one). Restored by another backend (this one's restore failed: a blob of the chain may be missing), the
             # store's version equals the recipe head's, yet the chain must not be continued.
-            restorer = self.context.restored_by.get(name, self.context.factory_name)
-            ours = restorer == self.context.factory_name
+            restorer = self.shared.context.restored_by.get(name, self.shared.context.factory_name)
+            ours = restorer == self.shared.context.factory_name
             if ours and recipe is not None and head is not None and head.version == store.version:
                 lineage.seq, lineage.base, lineage.deltas = recipe.seq, recipe.snapshot, list(recipe.deltas)
                 lineage.uploaded.update(recipe.blob_names())
@@ -146,19 +130,19 @@ class ChangelogBackupManager(TaskBackupManager):
                         "chain starts anew from a snapshot at the next commit",
                         name,
                         restorer,
-                        extra=log_extra(self.context, name),
+                        extra=log_extra(self.shared.context, name),
                     )
-                    self.context.metrics.increment("changelog.rebase.after.fallback")
+                    self.shared.context.metrics.increment("changelog.rebase.after.fallback")
                 lineage.seq = recipe.seq if recipe is not None else 0
                 lineage.base = None
                 lineage.deltas = []
                 lineage.rebase_view = None
                 lineage.commits_since_snapshot = -1  # forces a re-base at the first commit
-            self.shared.lineages[name] = lineage
+            self.shared.stores[name] = lineage
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}
-        for name, lineage in self.shared.lineages.items():
+        for name, lineage in self.shared.stores.items():
             change = changes[name]
             with lineage.lock:
                 self.snapshots.adopt(lineage)
@@ -191,7 +175,7 @@ class ChangelogBackupManager(TaskBackupManager):
     def upload(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> Future[StoreMarkers]:
         return gather(
             {
-                name: self.context.executor.submit(self.uploader.upload_store, self.shared.lineages[name], marker)
+                name: self.shared.context.executor.submit(self.uploader.upload_store, self.shared.stores[name], marker)
                 for name, marker in markers.items()
             }
         )
@@ -208,7 +192,7 @@ class ChangelogBackupManager(TaskBackupManager):
         """Retention's bookkeeping: keep the recipes of the last ``retained`` durable checkpoints (held from the
         collector), and remove the staged files no future commit uploads. Idempotent and order-proof."""
         for name, marker in markers.items():
-            lineage = self.shared.lineages[name]
+            lineage = self.shared.stores[name]
             recipe = Recipe.decode(marker, prefix=lineage.prefix, source=f"store {name}")
             with lineage.lock:
                 # a repeated or late notice must not take a slot of the window (that would drop a recipe a retained
@@ -236,7 +220,7 @@ class ChangelogBackupManager(TaskBackupManager):
         """A snapshot of this commit failed (another backend's, before or after ours ran): the commit flushed every
         store, but the change sets are closed, so the chain cannot get this commit's delta (nor, when ours never
         ran, even a step for it). Re-base on a fresh snapshot at the next commit."""
-        for lineage in self.shared.lineages.values():
+        for lineage in self.shared.stores.values():
             with lineage.lock:
                 lineage.to_encode.clear()
                 if lineage.rebase_view is not None:
@@ -249,11 +233,11 @@ class ChangelogBackupManager(TaskBackupManager):
         ``snapshot.interval.commits`` (the cap): then its snapshot has been put off long enough and close waits for
         it, so handovers that keep interrupting snapshots cannot let a chain grow without bound."""
         with ExitStack() as held:
-            for lineage in self.shared.lineages.values():
+            for lineage in self.shared.stores.values():
                 held.enter_context(lineage.lock)
             if all(
                 lineage.commits_since_snapshot < self.shared.settings.snapshot_interval_commits
-                for lineage in self.shared.lineages.values()
+                for lineage in self.shared.stores.values()
             ):
                 self.shared.cancellation.cancel()
 
@@ -261,7 +245,7 @@ class ChangelogBackupManager(TaskBackupManager):
         if self.shared.closed:
             return
         self.shared.closed = True
-        for lineage in self.shared.lineages.values():
+        for lineage in self.shared.stores.values():
             background = lineage.background
             if background is not None:
                 with contextlib.suppress(CancelledError):  # a cancelled job

@@ -43,14 +43,14 @@ class ChangelogLifetime(BlobLifetime):
         return list(self._recipe(store, marker).blob_names())
 
     def stores(self) -> Sequence[str]:
-        return list(self.shared.lineages)
+        return list(self.shared.stores)
 
     def prefixes(self, store: str) -> Sequence[str]:
-        prefix = self.shared.lineages[store].prefix
+        prefix = self.shared.stores[store].prefix
         return (prefix + "delta/", prefix + "snapshot/")
 
     def held_blobs(self, store: str) -> list[str]:
-        lineage = self.shared.lineages[store]
+        lineage = self.shared.stores[store]
         with lineage.lock:
             held = [*lineage.recipe().blob_names(), *(n for r in lineage.retained for n in r.blob_names())]
             if lineage.background_name is not None:
@@ -81,7 +81,7 @@ class ChangelogLifetime(BlobLifetime):
     def released(self, store: str, blobs: Sequence[str], *, swept: bool) -> None:
         if not swept:
             crashpoint("changelog.cleanup.deleted")
-        lineage = self.shared.lineages[store]
+        lineage = self.shared.stores[store]
         with lineage.lock:
             for blob in blobs:
                 lineage.uploaded.discard(blob)

@@ -6,17 +6,14 @@ it states about its blobs for the framework's collector (lifetime.py)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
 import attrs
 from statebackend.backends.changelog.marker import Recipe, Step
 
-from statebackend.contracts import BackendContext
-from statebackend.kit import Cancellation, GraceRule
+from statebackend.kit import GraceRule, ManagerState
 from statebackend.store import ChangeSet, LocalStore, ReadView
 
 __all__ = ["STAGING_DIR", "ChangelogSettings", "ChangelogShared", "Lineage", "seq_of"]
@@ -86,20 +83,10 @@ class ChangelogSettings:
 
 
 @attrs.define(eq=False)
-class ChangelogShared:
+class ChangelogShared(ManagerState[ChangelogSettings, Lineage]):
     """The one state the backup manager and the helpers it holds (the uploader, the background snapshots, the
     lifetime) share: the context, the options, the clock, each store's :class:`Lineage`, and whether background work
-    must stop. Each helper is handed this object when the manager makes it; no helper reaches into another."""
-
-    context: BackendContext
-    settings: ChangelogSettings
-    #: wall clock (seconds since the epoch) for blob ages and the sweep's time bound; tests may replace it (the
-    #: manager's ``clock``)
-    clock: Callable[[], float] = time.time
-    lineages: dict[str, Lineage] = attrs.field(factory=dict)
-    closed: bool = False
-    #: background snapshots stop at their next check (``cancel_background``)
-    cancellation: Cancellation = attrs.field(factory=Cancellation)
+    must stop (:class:`~statebackend.kit.ManagerState`); and what the helpers ask of them."""
 
     def young_enough(self, created_at: float | None) -> bool:
         """Whether a blob no durable checkpoint is known to name may still be named by a new one

@@ -6,8 +6,8 @@ third-party backend should too, rather than copy it).
   the blobs checkpoints reference;
 - :mod:`statebackend.kit.lifetime`: the framework's collector of a backend's blobs (release after retention, the
   sweep), driven by what the backend states in its :class:`~statebackend.contracts.BlobLifetime`;
-- :mod:`statebackend.kit.context`: the key fields of a log record, and one store's markers in the task's checkpoint
-  log;
+- :mod:`statebackend.kit.context`: the state a backup manager shares with the helpers it holds, the key fields of a
+  log record, and one store's markers in the task's checkpoint log;
 - :mod:`statebackend.kit.inflight`: the registry of staged files that running work holds, so no cleanup deletes them;
 - :mod:`statebackend.kit.background`: closing a read view that is not open yet, and cancelling background work;
 - :mod:`statebackend.kit.restore`: the interrupt flag of a restore, and the puts-only filter of a bulk load.
@@ -19,7 +19,7 @@ The rules behind it: docs/architecture.md, "The backend kit".
 from __future__ import annotations
 
 from statebackend.kit.background import Cancellation, Closeable, close_when_ready
-from statebackend.kit.context import log_extra, markers_in_log
+from statebackend.kit.context import ManagerState, log_extra, markers_in_log
 from statebackend.kit.gc import (
     CREATED_AT,
     FirstSeen,
@@ -47,6 +47,7 @@ __all__ = [
     "InFlightRegistry",
     "InterruptFlag",
     "LifetimeSweep",
+    "ManagerState",
     "Mark",
     "Swept",
     "close_when_ready",
