@@ -109,17 +109,16 @@ def test_duplicate_keys_in_an_initial_state_are_refused_naming_them(spark: Any, 
 
 def test_the_timer_store_named_as_an_initial_state_store_is_refused(spark: Any, tmp_path: Path) -> None:
     frame = spark.createDataFrame([("a", b"x")], "key string, value binary")
-    job = word_job(
-        count_rows,
-        long_keys_config(tmp_path),
-        num_tasks=NUM_TASKS,
-        output_schema=OUTPUT,
-        key="user",
-        on_timers=report_fired,
-        initial_state={TIMERS_STORE: frame},
-    )
-    with pytest.raises(ConfigError, match="names the timer store .* on_initial_state"):
-        run(spark, job, 0, [])
+    with pytest.raises(ConfigError, match="names the timer store .* on_initial_state"):  # when the job is built
+        word_job(
+            count_rows,
+            long_keys_config(tmp_path),
+            num_tasks=NUM_TASKS,
+            output_schema=OUTPUT,
+            key="user",
+            on_timers=report_fired,
+            initial_state={TIMERS_STORE: frame},
+        )
 
 
 def test_on_initial_state_needs_initial_state(tmp_path: Path) -> None:

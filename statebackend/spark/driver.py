@@ -244,6 +244,8 @@ class StatefulForeachBatch:
         # Spark conf (spark.statebackend.*), which is read again at every batch (and parsed only when it changed)
         active = SparkSession.getActiveSession()
         settings = self._settings({**(spark_conf_keys(active) if active is not None else {}), **self.config})
+        if self.initial_state is not None:
+            self.initial_state.check(settings)  # the timer store, an unknown store, a list or map store: refused now
         if self.on_expiry is not None:
             swept = [
                 name
