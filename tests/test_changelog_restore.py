@@ -138,10 +138,12 @@ def test_a_catch_up_restore_with_a_bad_delta_leaves_the_store_at_its_own_older_v
     blobs, checkpoint, models, copies = _chain_of(tmp_path, 9, empty={5, 8}, interval=3)
     recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
     named = [step for step in recipe.deltas if step.name is not None]
+    newest = named[-1].name
+    assert newest is not None
     local = tmp_path / "behind"
     shutil.copytree(copies / "6", local)  # at the first delta after the snapshot
     assert _restore_into(blobs, checkpoint, tmp_path / "probe")[1] == recipe.deltas[-1].version
-    failed, version, data, replayed = _restore_into(_damaged(blobs, named[-1].name, "flipped"), checkpoint, local)
+    failed, version, data, replayed = _restore_into(_damaged(blobs, newest, "flipped"), checkpoint, local)
     assert isinstance(failed, CorruptDataError)
     assert version == named[0].version and data == models[version] and replayed == 0
     failed, version, data, replayed = _restore_into(blobs, checkpoint, local)
@@ -168,9 +170,9 @@ def test_a_chain_without_snapshot_restores_with_empty_steps_at_start_middle_and_
         head = recipe.deltas[-1].version
         failed, version, data, replayed = _restore_into(blobs, checkpoint, base / "full")
         assert (failed, version, data, replayed) == (None, head, models[head], len(named))
-        failed, version, data, replayed = _restore_into(
-            _damaged(blobs, named[-1].name, "flipped"), checkpoint, base / "bad"
-        )
+        newest = named[-1].name
+        assert newest is not None
+        failed, version, data, replayed = _restore_into(_damaged(blobs, newest, "flipped"), checkpoint, base / "bad")
         assert isinstance(failed, CorruptDataError)
         # the bulk path ran only when the first step has a blob; else nothing is applied
         expected = named[0].version if recipe.deltas[0].name is not None else None
@@ -360,6 +362,7 @@ def test_a_restore_removes_the_snapshot_copy_a_restore_killed_during_its_downloa
     (left / "snapshot").write_bytes(blobs.get(recipe.snapshot.name))
     (left / "snapshot.partial").write_bytes(b"cut")
     failed, version, data, _ = _restore_into(blobs, checkpoint, local)
+    assert recipe.head is not None
     assert (failed, version, data) == (None, recipe.head.version, models[recipe.head.version])
     assert not left.exists()
     assert not list(local.glob(".restore-*"))
