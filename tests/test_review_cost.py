@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
+from statebackend.backends.changelog.backup import ChangelogBackupManager
 from statebackend.checkpoint import CheckpointLog
 
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.blobstores.s3 import S3BlobStore
 from statebackend.errors import CommitError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
@@ -129,6 +132,7 @@ def test_an_older_attempts_close_and_sweep_keep_every_blob_of_the_new_owners_che
         )
         inner.put(orphan, b"x", metadata={"created_at": "1000.000"})
         for binding in older.commit_manager.backups:
+            assert isinstance(binding.manager, (ChangelogBackupManager, BlobSnapshotBackupManager))
             binding.manager.sweep()
         assert not inner.exists(orphan), "the sweep ran: it took what nothing names"
         _assert_log_keeps_its_blobs(inner, "after the older attempt's sweep")
@@ -163,6 +167,7 @@ def test_s3_delete_objects_carries_a_content_md5(s3_server: ServerProcess) -> No
         seen.append((request.headers.get("Content-MD5"), request.body))
 
     inner = store.inner if hasattr(store, "inner") else store
+    assert isinstance(inner, S3BlobStore)
     inner._client.meta.events.register("before-send.s3.DeleteObjects", capture)
     try:
         store.put("a", b"x")
