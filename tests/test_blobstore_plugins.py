@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from statebackend import plugins
 from statebackend.blobstores import base
 from statebackend.blobstores.base import (
     ENTRY_POINT_GROUP,
@@ -236,7 +237,7 @@ def test_an_unknown_scheme_is_an_error_listing_the_known_ones() -> None:
 
 
 def test_without_its_own_metadata_the_error_says_to_reinstall_statebackend(monkeypatch: pytest.MonkeyPatch) -> None:
-    found = base.entry_points(ENTRY_POINT_GROUP)
+    found = plugins.entry_points(ENTRY_POINT_GROUP)
     monkeypatch.setattr(base, "entry_points", lambda group: {"mem2": found["mem2"]})
     with pytest.raises(ConfigError) as info:
         open_blob_store("file:///tmp/x")
