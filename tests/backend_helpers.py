@@ -17,6 +17,7 @@ from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunIndex, run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
+from statebackend.checkpoint import LogEntry
 from statebackend.checkpoint.checkpoint import CheckpointV2
 
 from statebackend.blobstores.base import BlobInfo, BlobStore, open_blob_store
@@ -189,6 +190,16 @@ def blobsnapshot_config(tmp_path: Path, local: str = "local", /, **extra: object
 def store_contents(task: TaskStorage, name: str = "counts") -> dict[bytes, bytes]:
     """Every key and value of store ``name``."""
     return dict(task.store(name).items())
+
+
+def at_seq(seq: int) -> Callable[[LogEntry], bool]:
+    """A checkpoint choice of ``TaskStorage.open``: the log entry of ``seq``."""
+    return lambda entry: entry.seq == seq
+
+
+def naming(part: str) -> Callable[[str], bool]:
+    """A predicate of blob names (a fault store's ``fail``, ``lose_reply``): the names containing ``part``."""
+    return lambda name: part in name
 
 
 def blobsnapshot_manager(task: TaskStorage) -> BlobSnapshotBackupManager:
