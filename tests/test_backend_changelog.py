@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from statebackend.backends.changelog.backup import maintenance_pool
+from statebackend.checkpoint import CheckpointV2
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.envbase import is_env_base
@@ -175,13 +176,13 @@ def test_sweep_deletes_blobs_no_checkpoint_needs_and_keeps_every_retained_checkp
         manager.sweep()  # type: ignore[attr-defined]
         own_chain = set(manager.shared.stores["counts"].recipe().blob_names())  # type: ignore[attr-defined]
     entries = CheckpointLog(inner, "job", "task-0").entries()
+    checkpoints = [e.checkpoint for e in entries if isinstance(e.checkpoint, CheckpointV2)]
+    assert len(checkpoints) == len(entries)
     referenced = {
-        n
-        for e in entries
-        for n in Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).blob_names()
+        n for c in checkpoints for n in Recipe.decode(c.markers_for("changelog")["counts"], prefix=PREFIX).blob_names()
     }
     stored = set(inner.list("job/task-0/counts/changelog/"))
-    newest = max(Recipe.decode(e.checkpoint.markers_for("changelog")["counts"], prefix=PREFIX).seq for e in entries)
+    newest = max(Recipe.decode(c.markers_for("changelog")["counts"], prefix=PREFIX).seq for c in checkpoints)
     unreferenced_old = {n for n in stored - referenced if int(n.rsplit("/", 1)[-1].split("-")[0]) <= newest}
     assert unreferenced_old - own_chain == set()
     for entry in entries:
@@ -389,7 +390,7 @@ def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_n
         task.commit_manager.close()  # the commits' own cleanups are done
         newest, previous = checkpoints[-1], checkpoints[-2]
         for checkpoint in (newest, newest, previous):
-            manager.cleanup(checkpoint.checkpoint_id, checkpoint.markers_for("changelog")).result(timeout=30)
+            manager.cleanup(checkpoint.checkpoint_id, dict(checkpoint.markers_for("changelog"))).result(timeout=30)
     entries = CheckpointLog(blobs, "job", "task-0").entries()
     assert [e.checkpoint.input_offsets["input"] for e in entries] == [
         previous.input_offsets["input"],
