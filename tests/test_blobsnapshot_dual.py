@@ -14,12 +14,13 @@ from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import run_name
 from statebackend.backends.changelog.backup import ChangelogBackupManager
 
+from statebackend.blobstores.base import BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import EAGER_FULL as EAGER
-from tests.backend_helpers import NEVER, base_keys, churn, latest_index, missing_runs, put_all, settle
+from tests.backend_helpers import NEVER, base_keys, churn, latest_index, missing_runs, naming, put_all, settle
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import store_contents as contents
 
@@ -81,7 +82,7 @@ def restored_by(task: TaskStorage) -> str | None:
     return task.commit_manager.backups[0].manager.shared.context.restored_by["counts"]  # type: ignore[attr-defined]
 
 
-def _damage_newest(blobs: MemoryBlobStore, task: TaskStorage, factory: str) -> str:
+def _damage_newest(blobs: BlobStore, task: TaskStorage, factory: str) -> str:
     """Delete the newest blob (by name order: a run or delta of the newest commit) the checkpoint's marker of
     ``factory`` needs, other than the marker itself, so that backend's restore fails on a missing blob."""
     checkpoint = task.commit_manager.last_checkpoint
@@ -230,9 +231,9 @@ def test_random_dual_commit_histories_with_faults_damage_and_replays_restore_exa
                 where = rng.choice(["/blobsnapshot/runs/", "/blobsnapshot/index/", "/checkpoints/", "/changelog/"])
                 lose = rng.random() < 0.4
                 if lose:
-                    blobs.lose_reply, blobs.replies_to_lose = (lambda name, w=where: w in name), 1
+                    blobs.lose_reply, blobs.replies_to_lose = naming(where), 1
                 else:
-                    blobs.fail, blobs.failures_left = (lambda name, w=where: w in name), 1
+                    blobs.fail, blobs.failures_left = naming(where), 1
                 try:
                     task.commit_durably({"input": label})
                     landed = True
