@@ -12,6 +12,7 @@ from statebackend.backends.blobsnapshot.format import (
     is_inline_marker,
     run_name,
 )
+from statebackend.checkpoint import CheckpointV2
 
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.blobstores.resilience import ResilientBlobStore
@@ -19,10 +20,10 @@ from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
+from tests.backend_helpers import at_seq, expect_failed_commit, fill, index_blobs, read_marker_index, run_blobs
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as backup_manager
 from tests.backend_helpers import drain_cleanup as _drain
-from tests.backend_helpers import expect_failed_commit, fill, index_blobs, read_marker_index, run_blobs
 from tests.backend_helpers import live_runs as _live_runs
 from tests.backend_helpers import store_contents as contents
 
@@ -51,12 +52,13 @@ def test_cleanup_keeps_exactly_what_the_retained_checkpoints_need(tmp_path: Path
         # cleanup again is a no-op (idempotent, absent blobs are success)
         manager = backup_manager(task)
         last = entries[-1].checkpoint
+        assert isinstance(last, CheckpointV2)
         manager.cleanup(last.checkpoint_id, dict(last.markers_for("blobsnapshot"))).result(timeout=30)
         assert run_blobs(blobs) == _live_runs(blobs, task)
     # both retained checkpoints restore
-    for seq in (entries[0].seq, entries[1].seq):
+    for entry in entries:
         shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s) as task:
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=entry) as task:
             assert task.metrics.counter("restore.stores.full") == 1
     assert contents_after_restore(config, blobs) == model
 
@@ -166,7 +168,7 @@ def test_sweep_never_deletes_what_a_checkpoint_in_the_log_needs(tmp_path: Path) 
         assert run_blobs(blobs) == before
     for seq in (1, 2, 3):
         shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s):
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=at_seq(seq)):
             pass
 
 
