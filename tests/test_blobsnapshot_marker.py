@@ -15,10 +15,10 @@ from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError
 from statebackend.task import TaskStorage
+from tests.backend_helpers import at_seq, fill, index_blobs, run_blobs
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as backup_manager
 from tests.backend_helpers import drain_cleanup as _drain
-from tests.backend_helpers import fill, index_blobs, run_blobs
 from tests.backend_helpers import live_runs as _live_runs
 from tests.backend_helpers import store_contents as contents
 from tests.blobsnapshot_legacy import as_index_blob_markers, rewrite_markers
@@ -103,7 +103,7 @@ def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swe
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert task.metrics.counter("restore.stores.reused") == 1  # the index blob names the local version
         task.checkpoint_log.retention_interval = 1
-        admin = BlobSnapshotAdmin(context=backup_manager(task).context)
+        admin = BlobSnapshotAdmin(context=backup_manager(task).shared.context)
         for entry in task.checkpoint_log.entries():
             assert admin.verify_marker("counts", entry.checkpoint.markers_for("blobsnapshot")["counts"]) == []  # type: ignore[union-attr]
         for round_no in range(3, 5):
@@ -123,7 +123,7 @@ def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swe
             assert admin.verify_marker("counts", marker) == []
     for seq in (3, 5):
         shutil.rmtree(tmp_path / "local")
-        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=lambda e, s=seq: e.seq == s) as task:
+        with TaskStorage.open(config, "task-0", blob_store=blobs, checkpoint=at_seq(seq)) as task:
             assert task.metrics.counter("restore.stores.full") == 1
             if seq == 5:
                 assert contents(task) == snapshots[5]
