@@ -15,6 +15,7 @@ from statebackend.backends.blobsnapshot import upload as upload_module
 from statebackend.backends.blobsnapshot.backup import BlobSnapshotBackupManager
 
 from statebackend.blobstores.memory import MemoryBlobStore
+from statebackend.recordfile import write_file
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import EAGER_FULL as EAGER
@@ -26,6 +27,7 @@ from tests.backend_helpers import (
     base_keys,
     churn,
     latest_index,
+    naming,
     put_all,
     settle,
 )
@@ -50,7 +52,7 @@ def test_a_run_that_could_not_be_written_locally_is_not_dropped_from_the_chain(
     blobs = MemoryBlobStore()
     config = make_config(tmp_path, **NEVER)
     model: dict[bytes, bytes] = {}
-    real_write_file = upload_module.write_file
+    real_write_file = write_file
     failures = [1]
 
     def write_file_disk_full(out: Any, header: Any, records: Any, **kwargs: Any) -> Any:
@@ -225,9 +227,9 @@ def test_random_faults_reopens_wipes_and_replays_restore_exactly_the_last_durabl
                 where = rng.choice(["/runs/", "/index/", "/checkpoints/"])
                 lose = where == "/checkpoints/" and rng.random() < 0.5
                 if lose:
-                    blobs.lose_reply, blobs.replies_to_lose = (lambda name, w=where: w in name), 1
+                    blobs.lose_reply, blobs.replies_to_lose = naming(where), 1
                 else:
-                    blobs.fail, blobs.failures_left = (lambda name, w=where: w in name), 1
+                    blobs.fail, blobs.failures_left = naming(where), 1
                 try:
                     task.commit_durably({"input": label})
                     landed = True
@@ -357,7 +359,12 @@ def test_close_waits_for_a_running_full_compaction_and_the_next_open_adopts_it(t
         task.commit_durably({"input": "1"})
         assert state.compaction is not None and state.compaction_inputs[0].first_seq == 1  # a full compaction
         assert blobs.held.wait(30)
-        closer = threading.Thread(target=lambda: (task.close(), closed.set()))
+
+        def close() -> None:
+            task.close()
+            closed.set()
+
+        closer = threading.Thread(target=close)
         closer.start()
         assert not closed.wait(0.5), "close() returned while the full compaction still read the store"
         blobs.release.set()
