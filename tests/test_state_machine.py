@@ -285,7 +285,9 @@ def test_background_snapshot_finishing_after_a_broken_chain_does_not_fail_the_ne
                 task.commit_manager.wait(timeout=30)  # reported through result(): not raised again
             blobs.fail = lambda name: False
             blobs.release.set()
-            for lineage in task.commit_manager.backups[0].manager.shared.stores.values():
+            manager = task.commit_manager.backups[0].manager
+            assert isinstance(manager, ChangelogBackupManager)
+            for lineage in manager.shared.stores.values():
                 assert lineage.background is not None
                 lineage.background.exception(timeout=30)
             write(4)
