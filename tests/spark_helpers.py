@@ -17,14 +17,23 @@ from typing import TYPE_CHECKING, Any
 from statebackend.microbatch.protocol import TaskStats
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
     from statebackend.spark import StatefulForeachBatch, TaskRunner
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+def output_of(job: StatefulForeachBatch, frame: Any, batch_id: int) -> DataFrame:
+    """The output ``job`` returns for batch ``batch_id`` of ``frame`` (a job with an output schema and no sink)."""
+    output = job(frame, batch_id)
+    assert output is not None, "the job returned no output: it has no output schema, or a sink"
+    return output
+
+
 def word_job(
     fn: Callable[..., Any],
-    config: dict[str, object],
+    config: Mapping[str, object],
     *,
     num_tasks: int,
     output_schema: str | None,
