@@ -17,7 +17,7 @@ from statebackend.spark import StatefulForeachBatch, read_state
 from statebackend.spark.initial import INITIAL_OFFSET
 from statebackend.task import TaskStorage
 from tests import record_values as rv
-from tests.spark_helpers import stream_text_files, word_job
+from tests.spark_helpers import output_of, stream_text_files, word_job
 from tests.test_spark import batch_words, make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -88,7 +88,7 @@ def state_of(config: dict[str, object], scratch: Path, num_tasks: int = NUM_TASK
 
 def run_batch(spark: Any, job: StatefulForeachBatch, batch_id: int) -> list[tuple[str, float]]:
     frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
-    return sorted((row.word, row["count"]) for row in job(frame, batch_id).collect())
+    return sorted((row.word, row["count"]) for row in output_of(job, frame, batch_id).collect())
 
 
 def word_counts(batch_ids: list[int]) -> Counter[str]:
@@ -272,9 +272,8 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
         output_schema="word string, count long",
         initial_state={"counts": frame},
     )
-    first.initial_state.load_once(
-        first, batch, Settings.from_config(config), 0
-    )  # the driver stops after the load, before batch 0
+    assert first.initial_state is not None
+    first.initial_state.load_once(first, batch, Settings.from_config(config), 0)  # the driver stops after the load
     again = word_job(
         count_rows,
         config,
@@ -282,7 +281,7 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
         output_schema="word string, count long",
         initial_state={"counts": frame},
     )
-    output = {row.word: row["count"] for row in again(batch, 0).collect()}
+    output = {row.word: row["count"] for row in output_of(again, batch, 0).collect()}
     assert all(output[w] == 10 + n for w, n in word_counts([0]).items() if w.startswith("w"))
     for index in range(NUM_TASKS):
         with TaskStorage.open(dict(config, **{"state.local.dir": str(tmp_path / "peek")}), f"task-{index}") as t:
