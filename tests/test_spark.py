@@ -15,7 +15,7 @@ import pytest
 
 from statebackend.spark import StatefulForeachBatch, read_state
 from tests.backend_helpers import counts_config
-from tests.spark_helpers import first_time, stream_text_files, task_stats, word_job
+from tests.spark_helpers import first_time, output_of, stream_text_files, task_stats, word_job
 
 pytest_plugins = ["tests.spark_fixtures"]  # the session-wide ``spark`` fixture
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -125,7 +125,7 @@ class _ExplodesOnce(tuple):  # type: ignore[type-arg]
 
 def make_config(tmp_path: Path, **extra: object) -> dict[str, object]:
     """Job ``wordcount``: store ``counts`` (word -> count) on changelog, a snapshot every two commits."""
-    return counts_config(tmp_path, job="wordcount", **{"changelog.snapshot.interval.commits": 2, **extra})
+    return {**counts_config(tmp_path, job="wordcount"), "changelog.snapshot.interval.commits": 2, **extra}
 
 
 def batch_words(batch_id: int) -> list[str]:
@@ -135,7 +135,7 @@ def batch_words(batch_id: int) -> list[str]:
 
 def run_batch(spark: Any, job: StatefulForeachBatch, batch_id: int) -> list[tuple[str, int]]:
     frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
-    output = job(frame, batch_id)
+    output = output_of(job, frame, batch_id)
     return sorted((row.word, row["count"]) for row in output.collect())
 
 
@@ -264,7 +264,12 @@ def test_keys_from_the_spark_conf_are_read_again_when_the_conf_changes(spark: An
 
     reads: list[int] = []
     read_keys = session._read_java_map_keys
-    monkeypatch.setattr(session, "_read_java_map_keys", lambda entries: reads.append(1) or read_keys(entries))
+
+    def counted(entries: Any) -> Any:
+        reads.append(1)
+        return read_keys(entries)
+
+    monkeypatch.setattr(session, "_read_java_map_keys", counted)
     key = "spark.statebackend.task.checkpoint.retained"
     try:
         spark.conf.set(key, "7")
