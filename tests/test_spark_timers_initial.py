@@ -15,7 +15,7 @@ from statebackend.errors import ConfigError
 from statebackend.spark import EVENT, PROCESSING, TIMERS_STORE, StatefulForeachBatch, read_state
 from statebackend.spark.heartbeat import HEARTBEAT_CLOCK_COLUMN
 from statebackend.testing import ManualClock
-from tests.spark_helpers import word_job
+from tests.spark_helpers import output_of, word_job
 from tests.test_spark import make_config
 
 pytest_plugins = ["tests.spark_fixtures"]
@@ -73,7 +73,9 @@ def initial_job(config: dict[str, object], frame: Any, clock: ManualClock, **ext
 
 
 def run(spark: Any, job: StatefulForeachBatch, batch_id: int, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    return sorted(tuple(r) for r in job(spark.createDataFrame(rows, "user long, n long"), batch_id).collect())
+    return sorted(
+        tuple(r) for r in output_of(job, spark.createDataFrame(rows, "user long, n long"), batch_id).collect()
+    )
 
 
 # -- tests ----------------------------------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ def test_a_heartbeat_that_advances_the_watermark_fires_event_time_timers_without
         frame = spark.createDataFrame([*rows, (None, None, True)], schema)  # one heartbeat row, as the rate source's
         if not advance:
             frame = frame.drop(HEARTBEAT_CLOCK_COLUMN).where("user is not null")
-        return sorted(tuple(r) for r in job(frame, batch_id).collect())
+        return sorted(tuple(r) for r in output_of(job, frame, batch_id).collect())
 
     assert batch(0, [(1, 500, None)]) == []
     clock.now_ms = 2000
