@@ -32,7 +32,7 @@ def count_words(stores: Any, rows: Any) -> None:
 
 def test_the_driver_merges_every_tasks_metrics_per_batch_and_serves_them(spark: Any, tmp_path: Path) -> None:
     textfiles = {"metrics.prometheus.textfile.dir": str(tmp_path / "textfiles"), "metrics.prometheus.port": 0}
-    config = counts_config(tmp_path, job="sparkmetrics", **textfiles)
+    config = {**counts_config(tmp_path, job="sparkmetrics"), **textfiles}
     # tasks wait for their checkpoints: a task that hands its output on first (the driver confirming its checkpoint)
     # hands its upload's metrics on with its next batch
     job = word_job(count_words, config, num_tasks=NUM_TASKS, output_schema=None, confirm_on_driver=False)
