@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.spark_helpers import word_job
+from tests.spark_helpers import output_of, word_job
 
 
 def main(workdir: str) -> None:
@@ -56,9 +56,9 @@ def main(workdir: str) -> None:
         outputs = []
         for batch_id in range(3):
             frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
-            outputs.append(sorted((row.word, row["count"]) for row in job(frame, batch_id).collect()))
+            outputs.append(sorted((row.word, row["count"]) for row in output_of(job, frame, batch_id).collect()))
         frame = spark.createDataFrame([(w,) for w in batch_words(2)], "word string")
-        replayed = sorted((row.word, row["count"]) for row in job(frame, 2).collect())
+        replayed = sorted((row.word, row["count"]) for row in output_of(job, frame, 2).collect())
         totals = expected([0, 1, 2])
         result[mode] = {
             "output_ok": outputs[2] == sorted((w, totals[w]) for w in set(batch_words(2))),
@@ -77,7 +77,7 @@ def main(workdir: str) -> None:
     words = spark.readStream.text(str(source)).withColumnRenamed("value", "word")
     job = word_job(COUNTERS["arrow"], config, num_tasks=3, output_schema=OUTPUT, mode="arrow")
     query = (
-        words.writeStream.foreachBatch(job)
+        words.writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
         .option("checkpointLocation", str(Path(workdir) / "spark-cp"))
         .option("maxFilesPerTrigger", 1)
         .trigger(availableNow=True)
