@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.spark_helpers import word_job
+from tests.spark_helpers import output_of, word_job
 
 
 def count_quietly(stores: Any, rows: Any) -> None:
@@ -56,7 +56,7 @@ def main(workdir: str) -> None:
     job = word_job(count_quietly, config, num_tasks=3, output_schema=None)
     shapes = []
     for batch_id in range(2):
-        output = job(spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
+        output = output_of(job, spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string"), batch_id)
         shapes.append([output.columns, output.count()])
     totals: dict[str, int] = {}
     for word in batch_words(0) + batch_words(1):
@@ -67,7 +67,7 @@ def main(workdir: str) -> None:
     # rows returned without output_schema: refused, naming what to give
     loud = word_job(count_loudly, make_config(Path(workdir) / "loud"), num_tasks=3, output_schema=None)
     try:
-        loud(spark.createDataFrame([("a",)], "word string"), 0).collect()
+        output_of(loud, spark.createDataFrame([("a",)], "word string"), 0).collect()
         result["loud_error"] = ""
     except Exception as exc:  # noqa: BLE001 - the task's error comes back as Spark's exception
         result["loud_error"] = str(exc)
@@ -80,7 +80,8 @@ def main(workdir: str) -> None:
     for batch_id, rows in enumerate([[("a", 1500), ("b", 2500), ("c", 900)], [], []]):
         outputs.append(
             sorted(
-                tuple(row) for row in timers(spark.createDataFrame(rows, "word string, ts long"), batch_id).collect()
+                tuple(row)
+                for row in output_of(timers, spark.createDataFrame(rows, "word string, ts long"), batch_id).collect()
             )
         )
         if batch_id == 0:
@@ -105,7 +106,8 @@ def main(workdir: str) -> None:
     for batch_id, rows in enumerate([[("a", 1000)], [("b", 3000)], []]):
         outputs.append(
             sorted(
-                tuple(row) for row in events(spark.createDataFrame(rows, "word string, ts long"), batch_id).collect()
+                tuple(row)
+                for row in output_of(events, spark.createDataFrame(rows, "word string, ts long"), batch_id).collect()
             )
         )
         watermarks.append(sorted({s.watermark_ms for s in events.last_batch_stats}, key=str))
@@ -156,7 +158,7 @@ def main(workdir: str) -> None:
     query = (
         spark.readStream.text(str(source))
         .withColumnRenamed("value", "word")
-        .writeStream.foreachBatch(job)
+        .writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
         .option("checkpointLocation", str(Path(workdir) / "initial-cp"))
         .trigger(availableNow=True)
         .start()
