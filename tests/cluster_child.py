@@ -78,7 +78,10 @@ def main(argv: list[str]) -> int:
         # the modes run one after the other in the same application (starting a cluster costs tens of seconds), each
         # as its own job: its own job name, blob store and local state dir
         results = {mode: run_mode(spark, work / mode, batches, affinity, mode) for mode in modes}
-        spark_home = Path(__import__("pyspark").__file__).parent  # local-cluster's workers work under it
+        import pyspark
+
+        assert pyspark.__file__ is not None
+        spark_home = Path(pyspark.__file__).parent  # local-cluster's workers work under it
         report.write_text(
             json.dumps(
                 {
