@@ -31,6 +31,7 @@ from statebackend.recordfile import FORMAT_VERSION, iter_records, read_header
 from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import blobsnapshot_config as make_config
@@ -321,15 +322,22 @@ def test_missing_run_is_named_and_nothing_is_applied(tmp_path: Path) -> None:
         assert task.metrics.counter("restore.stores.reused") == 1
 
 
+#: both checkpoint log layouts: the head (a store with conditional writes) and the per-seq blobs (one without)
+LAYOUTS = pytest.mark.parametrize("store_type", [MemoryBlobStore, PerSeqMemoryBlobStore], ids=["head", "per-seq"])
+
+
 def _committed_twice_as_index_blobs(tmp_path: Path, blobs: MemoryBlobStore) -> tuple[dict[str, object], str]:
     """:func:`_committed_twice`, its checkpoints rewritten as an older release wrote them (the marker names an index
     blob); returns the config and the newest checkpoint's marker."""
     config, _, _ = _committed_twice(tmp_path, blobs)
+    head = "job/task-0/checkpoints/HEAD.v3.json"
+    assert (head in set(blobs.list("job/task-0/checkpoints/"))) is blobs.supports_conditional_put  # the layout
     return config, as_index_blob_markers(blobs, "job", "task-0")[2]["counts"]
 
 
-def test_missing_index_is_named(tmp_path: Path) -> None:
-    blobs = MemoryBlobStore()
+@LAYOUTS
+def test_missing_index_is_named(tmp_path: Path, store_type: type[MemoryBlobStore]) -> None:
+    blobs = store_type()
     config, marker = _committed_twice_as_index_blobs(tmp_path, blobs)
     blobs.delete(marker)
     with pytest.raises(NotFoundError) as excinfo:
@@ -337,8 +345,9 @@ def test_missing_index_is_named(tmp_path: Path) -> None:
     assert marker in str(excinfo.value)
 
 
-def test_corrupt_or_truncated_index_is_named(tmp_path: Path) -> None:
-    blobs = MemoryBlobStore()
+@LAYOUTS
+def test_corrupt_or_truncated_index_is_named(tmp_path: Path, store_type: type[MemoryBlobStore]) -> None:
+    blobs = store_type()
     config, marker = _committed_twice_as_index_blobs(tmp_path, blobs)
     original = blobs.get(marker)
     document = json.loads(original)
@@ -387,10 +396,13 @@ def test_stored_v1_index_sample_is_refused_naming_the_migration_path() -> None:
     assert "docs/formats-blobsnapshot.md" in message
 
 
-def test_stored_v1_index_is_refused_at_restore_naming_the_migration_path(tmp_path: Path) -> None:
+@LAYOUTS
+def test_stored_v1_index_is_refused_at_restore_naming_the_migration_path(
+    tmp_path: Path, store_type: type[MemoryBlobStore]
+) -> None:
     """A checkpoint whose only marker for the store is a schema-1 index: the open fails, naming the index and the
     migration path (with another backend's marker, restore falls back to it: tests/test_migration.py)."""
-    blobs = MemoryBlobStore()
+    blobs = store_type()
     config = make_config(tmp_path)
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         fill(task, {}, 0, 10, "a")
