@@ -40,7 +40,7 @@ LONG_PROFILE = "statebackend-long"
 
 _COMMON: dict[str, Any] = {"deadline": None, "suppress_health_check": list(HealthCheck), "derandomize": False}
 settings.register_profile(SUITE_PROFILE, max_examples=6, stateful_step_count=12, **_COMMON)
-settings.register_profile(LONG_PROFILE, max_examples=60, stateful_step_count=30, **_COMMON)
+settings.register_profile(LONG_PROFILE, max_examples=300, stateful_step_count=60, **_COMMON)
 
 
 class StatefulTests(BackendContractBase):
