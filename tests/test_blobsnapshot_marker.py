@@ -15,6 +15,7 @@ from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError
 from statebackend.task import TaskStorage
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.backend_helpers import at_seq, fill, index_blobs, run_blobs
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as backup_manager
@@ -22,6 +23,9 @@ from tests.backend_helpers import drain_cleanup as _drain
 from tests.backend_helpers import live_runs as _live_runs
 from tests.backend_helpers import store_contents as contents
 from tests.blobsnapshot_legacy import as_index_blob_markers, rewrite_markers
+
+#: both checkpoint log layouts: the head (a store with conditional writes) and the per-seq blobs (one without)
+LAYOUTS = pytest.mark.parametrize("store_type", [MemoryBlobStore, PerSeqMemoryBlobStore], ids=["head", "per-seq"])
 
 # -- the marker carries the index; markers of older releases (index blob names) ----------------------------------------
 
@@ -54,9 +58,12 @@ def test_a_commit_writes_no_index_blob_and_its_marker_carries_the_index(tmp_path
         read_marker(blobs, marker, job="job", task="task-1", store="counts")  # another task's reader
 
 
+@LAYOUTS
 @pytest.mark.parametrize("fallback", [False, True])
-def test_a_damaged_inline_marker_is_refused_and_restore_falls_back(tmp_path: Path, fallback: bool) -> None:
-    blobs = MemoryBlobStore()
+def test_a_damaged_inline_marker_is_refused_and_restore_falls_back(
+    tmp_path: Path, fallback: bool, store_type: type[MemoryBlobStore]
+) -> None:
+    blobs = store_type()
     config = make_config(tmp_path, **{"stores.counts.backup.factories": "changelog,blobsnapshot"} if fallback else {})
     if fallback:
         del config["stores.counts.restore.factory"]
@@ -86,11 +93,14 @@ def test_a_damaged_inline_marker_is_refused_and_restore_falls_back(tmp_path: Pat
         assert contents(task) == model
 
 
-def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swept_right(tmp_path: Path) -> None:
+@LAYOUTS
+def test_a_history_mixing_index_blob_markers_and_inline_ones_restores_and_is_swept_right(
+    tmp_path: Path, store_type: type[MemoryBlobStore]
+) -> None:
     """Checkpoints of an older release (markers naming index blobs) then of this one (inline): a warm open continues
     the chain from an index blob, every checkpoint in the log restores, an index blob is kept while a checkpoint in
     the log names it and swept once no checkpoint in the log names it, and verify passes on both forms."""
-    blobs = MemoryBlobStore()
+    blobs = store_type()
     config = make_config(tmp_path, **{"task.checkpoint.retained": 3})
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
