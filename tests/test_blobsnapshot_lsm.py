@@ -53,15 +53,27 @@ METRICS = (
 
 
 class CountingStore(ControlledBlobStore):
-    """Records every ``get`` (a restore reads runs and indexes with it)."""
+    """Records every ``get`` (a restore reads runs and indexes with it). The inner store's conditional writes pass
+    through with its flag, so the checkpoint log keeps the layout it has on the inner store (its head there)."""
 
     def __init__(self, inner: BlobStore) -> None:
         super().__init__(inner)
+        self.supports_conditional_put = inner.supports_conditional_put
         self.gets: list[str] = []
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         self.gets.append(name)
         return super().get(name, start=start, end=end)
+
+    def get_versioned(self, name: str) -> tuple[bytes, str]:
+        self.gets.append(name)
+        return self.inner.get_versioned(name)
+
+    def put_if(self, name: str, data: bytes, *, version: str | None) -> str:
+        self._before_write(name)
+        written = self.inner.put_if(name, data, version=version)
+        self._after_write(name, len(data))
+        return written
 
     def run_gets(self) -> list[str]:
         return [name for name in self.gets if "/blobsnapshot/runs/" in name]
