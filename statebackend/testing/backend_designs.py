@@ -91,11 +91,13 @@ class StatefulTests(BackendContractBase):
                 try:
                     pending = self.task.commit({"input": str(self.offset)})
                     if pending is not None:
-                        with pytest.raises(CommitError):
-                            pending.result(timeout=suite.wait_s)
+                        pending.result(timeout=suite.wait_s)
+                    # a backend with nothing to write for this commit made it durable: so every restore must show
+                    self.durable = dict(self.model)
+                except CommitError:
+                    pass  # flushed to LMDB but in no checkpoint: the next open must go back to the last durable one
                 finally:
                     controlled.failures_left = 0
-                # flushed to LMDB but in no checkpoint: the next open must go back to the last durable one
                 self.reopen(wipe=False)
 
             @rule(wipe=st.booleans())
@@ -259,14 +261,15 @@ class DesignTests(StatefulTests):
         self, blobs: BlobStore, tmp_path: Path
     ) -> None:
         """Catches a backend that builds on a lineage whose restore failed. In a dual commit (the backend under test
-        first, ``dual_with`` or changelog second) the blobs of the newest commit are damaged; the restore of the
+        first, ``dual_with`` or another built-in second) the blobs of the newest commit are damaged; the restore of the
         backend under test fails and the task falls back to the other one. The commits that follow must not name
         the damaged blobs: after them, the backend under test alone must restore the newest checkpoint exactly."""
-        other = self.dual_with or "changelog"
+        other = self.dual_with or ("blobsnapshot" if self.backend == "changelog" else "changelog")
         both = f"{self.backup_factories},{other}"
         config = self.make_config(
             tmp_path, **{"stores.counts.backup.factories": both, "stores.counts.restore.factories": both}
         )
+        config.pop("stores.counts.restore.factory", None)  # its one-backend alias, from extra_config
         model: dict[bytes, bytes] = {}
         prefix = self.backend_prefix()
         with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
