@@ -59,8 +59,8 @@ def best_us(task: TaskStorage, appends: int, step: Callable[[int], None]) -> flo
 
 
 def measure(task: TaskStorage, length: int, appends: int) -> dict[str, float]:
-    events: Any = task.store("events")
-    whole: Any = task.store("whole")
+    events = task.list_store("events")
+    whole = task.store("whole")
     key, last_n = f"len{length}", f"last{length}"
     for name in (key, last_n):
         for start in range(0, length, 10_000):
