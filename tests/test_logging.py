@@ -14,6 +14,7 @@ import pytest
 
 import statebackend
 from statebackend import TaskStorage
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.backend_helpers import counts_config
 
 
@@ -92,9 +93,12 @@ def test_restore_start_and_end_at_info_with_bytes_time_and_fields(
     assert fields["seq"] == 1 and fields["task"] == "task-0"
 
 
+@pytest.mark.parametrize("layout", ["head", "per-seq"])
 def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, layout: str
 ) -> None:
+    """On both checkpoint log layouts: the file store's head (conditional writes), and per-seq blobs (a store
+    without them), where retention deletes blobs and says so at DEBUG."""
     config = _config(
         tmp_path,
         **{
@@ -104,7 +108,9 @@ def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
             "changelog.gc.grace.period.ms": 0,
         },
     )
-    with TaskStorage.open(config, "task-0") as task:
+    blobs = PerSeqMemoryBlobStore() if layout == "per-seq" else None
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        assert task.checkpoint_log.head_mode is (layout == "head")
         task.checkpoint_log.retention_interval = 2  # retention's batches within the commits below
         counts = task.store("counts")
         counts.put("user-0", 0)
@@ -112,22 +118,28 @@ def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
         # a blob no checkpoint names (an attempt's leftover): the next sweep deletes it
         task.blob_store.put("clicks/task-0/counts/changelog/delta/000000000001-0123456789abcdef.delta", b"x")
         caplog.clear()
+        trims = task.checkpoint_log.trims
         with caplog.at_level(logging.DEBUG, logger="statebackend"):
             for i in range(1, 12):
                 counts.put(f"user-{i % 3}", i)
                 task.commit_durably({"clicks": str(i)})
             task.commit_manager.wait()
         deleted = task.metrics.counter("changelog.sweep.deleted")
+        retention_batches = task.checkpoint_log.trims - trims
+        kept = task.checkpoint_log.seqs()
     routine_info = [r for r in caplog.records if r.levelno >= logging.INFO]
     assert routine_info == []
     # the routine work did happen, and was logged at DEBUG
     assert deleted > 0
+    # retained 2, deleted in batches of 2 (per-seq): between 2 and 4 of the 12 checkpoints are left
+    assert retention_batches > 0 and kept == list(range(13 - len(kept), 13)) and 2 <= len(kept) <= 4
     debug = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
-    assert any("deleted old checkpoints" in m for m in debug)
     assert any("changelog sweep deleted" in m for m in debug)
     sweep = next(r for r in caplog.records if "changelog sweep deleted" in r.getMessage())
     assert _fields(sweep)["job"] == "clicks" and _fields(sweep)["task"] == "task-0"
-    retention = next(r for r in caplog.records if "deleted old checkpoints" in r.getMessage())
+    # retention: per-seq, the deletes of old checkpoints' blobs; in the head, each write lets the oldest go
+    said = "deleted old checkpoints" if layout == "per-seq" else "into the head"
+    retention = next(r for r in caplog.records if r.levelno == logging.DEBUG and said in r.getMessage())
     assert _fields(retention)["job"] == "clicks" and _fields(retention)["task"] == "task-0"
 
 
