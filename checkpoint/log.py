@@ -456,7 +456,9 @@ class CheckpointLog:
         except Exception as exc:  # noqa: BLE001 - the marker above them is what older releases find first
             log.warning("checkpoint log %s: per-seq blobs left after the move to the head: %s", self.prefix, exc)
         self._remember(seq, checkpoint)
-        log.info(
+        # a conversion of an existing per-seq log is worth INFO; a new task's first commit is routine
+        log.log(
+            logging.INFO if imported else logging.DEBUG,
             "checkpoint log %s moved to the head %s at checkpoint #%d (%d checkpoints imported)",
             self.prefix,
             HEAD_BLOB,
