@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
 
 import statebackend
 from statebackend import TaskStorage
+from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.backend_helpers import counts_config
 
@@ -141,6 +143,35 @@ def test_routine_commits_retention_and_sweeps_log_nothing_at_info(
     said = "deleted old checkpoints" if layout == "per-seq" else "into the head"
     retention = next(r for r in caplog.records if r.levelno == logging.DEBUG and said in r.getMessage())
     assert _fields(retention)["job"] == "clicks" and _fields(retention)["task"] == "task-0"
+
+
+def _checkpoint(n: int) -> CheckpointV2:
+    return CheckpointV2(CheckpointId(1_700_000_000_000 + n, 0), {"input": str(n)}, {"changelog": {"s": str(n)}})
+
+
+def test_the_move_to_the_head_is_info_only_when_it_imports_checkpoints(caplog: pytest.LogCaptureFixture) -> None:
+    """A new task's first commit on a store with conditional writes moves its (empty) log to the head: routine, at
+    DEBUG. A per-seq log of an earlier release converted (its checkpoints imported) is said at INFO."""
+    moved = "moved to the head"
+    fresh = MemoryBlobStore()
+    with caplog.at_level(logging.DEBUG, logger="statebackend"):
+        CheckpointLog(fresh, "clicks", "task-0").write(1, _checkpoint(1))
+    said = [r for r in caplog.records if moved in r.getMessage()]
+    assert [(r.levelno, "(0 checkpoints imported)" in r.getMessage()) for r in said] == [(logging.DEBUG, True)]
+    assert _fields(said[0])["task"] == "task-0" and _fields(said[0])["seq"] == 1
+
+    per_seq = PerSeqMemoryBlobStore()
+    for seq in (1, 2):
+        CheckpointLog(per_seq, "clicks", "task-0").write(seq, _checkpoint(seq))
+    upgraded = MemoryBlobStore()
+    for name in per_seq.list(""):
+        upgraded.put(name, per_seq.get(name))
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="statebackend"):
+        CheckpointLog(upgraded, "clicks", "task-0").write(3, _checkpoint(3))
+    said = [r for r in caplog.records if moved in r.getMessage()]
+    assert [(r.levelno, "(2 checkpoints imported)" in r.getMessage()) for r in said] == [(logging.INFO, True)]
+    assert [e.seq for e in CheckpointLog(upgraded, "clicks", "task-0").entries()] == [1, 2, 3]
 
 
 def test_a_fallback_warning_names_the_store(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
