@@ -29,6 +29,7 @@ class ManagerState(Generic[SettingsT, StoreT]):
     other helpers it uses), so no ``self`` spans files and each helper says what it reads. A backend subclasses it
     for its own settings and per-store state, and adds what its helpers ask of both."""
 
+    #: the job, task, stores, blob store, checkpoint log and metrics the factory gave the manager
     context: BackendContext
     #: the manager's options, as its factory validated them
     settings: SettingsT
