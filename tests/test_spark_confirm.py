@@ -12,6 +12,7 @@ from typing import Any
 
 import attrs
 import pytest
+from statebackend.checkpoint.log import HEAD_BLOB
 
 from statebackend.blobstores.base import open_blob_store
 from statebackend.config import Settings
@@ -19,6 +20,7 @@ from statebackend.microbatch.batches import ATTEMPT_OFFSET
 from statebackend.microbatch.confirm import ConfirmationError, unconfirmed_checkpoints
 from statebackend.spark.stats import TaskStats
 from statebackend.task import TaskStorage
+from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from tests.spark_helpers import child_report, env_with_repo, task_stats, word_job
 from tests.test_spark import NUM_TASKS, batch_words, count_arrow, make_config, state_of
 
@@ -39,16 +41,22 @@ def _stats(task_index: int, seq: int, checkpoint_id: str, token: str = "") -> Ta
     )
 
 
-def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["head", "per-seq"])
+def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_path: Path, layout: str) -> None:
+    """On both checkpoint log layouts: the file store's head (conditional writes) and per-seq blobs (a store
+    without them)."""
     config = make_config(tmp_path)
     settings = Settings.from_config(config)
-    with TaskStorage.open(config, "task-0") as task:
+    per_seq = PerSeqMemoryBlobStore() if layout == "per-seq" else None
+    with TaskStorage.open(config, "task-0", blob_store=per_seq) as task:
+        assert task.checkpoint_log.head_mode is (layout == "head")
+        prefix = task.checkpoint_log.prefix
         task.store("counts").put("a", 1)
         first = task.commit_durably({"batch": "0"})
         task.store("counts").put("a", 2)
         pending = task.commit_now({"batch": "1", ATTEMPT_OFFSET: "token-a"})
         second = pending.result()
-    blob_store = open_blob_store(settings.blob_store_url, settings.blob_store_options)
+    blob_store = per_seq or open_blob_store(settings.blob_store_url, settings.blob_store_options)
     try:
         second_id = str(second.checkpoint_id)
         assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, second_id, "token-a")], 1.0) == []
@@ -63,11 +71,24 @@ def test_a_checkpoint_is_confirmed_only_when_its_seq_holds_exactly_its_id(tmp_pa
         assert len(missing) == 1 and "not in the log" in missing[0]
         # a task that waited for its own checkpoint needs no confirmation
         assert unconfirmed_checkpoints(blob_store, settings, [_stats(0, 9, "")], 0.0) == []
-        # a checkpoint the driver cannot read at all (here: written in a version the config does not read) is an
-        # error of its own, not a missing checkpoint (the driver then stops confirming)
-        unreadable = attrs.evolve(settings, checkpoint_read_versions=(1,))
-        with pytest.raises(ConfirmationError, match="does not read"):
-            unconfirmed_checkpoints(blob_store, unreadable, [_stats(0, 2, second_id, "token-a")], 1.0)
+        # a checkpoint the driver cannot read at all is an error of its own, not a missing checkpoint (the driver
+        # then stops confirming): per-seq, one written in a version the config does not read (the head holds each
+        # checkpoint in the one version it was written in); on both, one whose blob is damaged
+        if layout == "per-seq":
+            unreadable = attrs.evolve(settings, checkpoint_read_versions=(1,))
+            with pytest.raises(ConfirmationError, match="does not read"):
+                unconfirmed_checkpoints(blob_store, unreadable, [_stats(0, 2, second_id, "token-a")], 1.0)
+        damaged = prefix + (HEAD_BLOB if layout == "head" else "000000000002.v2.json")
+        data, version = blob_store.get_versioned(damaged) if layout == "head" else (blob_store.get(damaged), "")
+        spoilt = data.replace(second_id.encode(), second_id[::-1].encode())  # still JSON; the checksum fails
+        assert spoilt != data
+        if layout == "head":
+            blob_store.put_if(damaged, spoilt, version=version)
+        else:
+            blob_store.put(damaged, spoilt)
+        with pytest.raises(ConfirmationError, match="cannot be read") as excinfo:
+            unconfirmed_checkpoints(blob_store, settings, [_stats(0, 2, second_id, "token-a")], 1.0)
+        assert damaged in str(excinfo.value)
     finally:
         blob_store.close()
 
