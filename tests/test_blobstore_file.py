@@ -55,6 +55,27 @@ def test_a_stray_temp_file_left_by_a_crash_is_never_listed_or_read(tmp_path: Pat
     assert list(store.list()) == []
 
 
+def test_a_put_if_lock_file_is_never_listed_nor_an_abandoned_upload(tmp_path: Path) -> None:
+    """``put_if`` locks ``<dir>/.statebackend~lock.<name>``, which stays (removing it would race with a waiter):
+    like a temp file it is the store's own, skipped by every listing (a checkpoint log lists ``checkpoints/``)."""
+    store = FileBlobStore(tmp_path)
+    head = "job/task-0/checkpoints/HEAD.v3.json"
+    version = store.put_if(head, b"1", version=None)
+    store.put_if(head, b"2", version=version)
+    store.put("job/task-0/checkpoints/000000000001.v2.json", b"marker")
+    lock = tmp_path / "job" / "task-0" / "checkpoints" / f"{RESERVED_PREFIX}lock.HEAD.v3.json"
+    assert lock.is_file()  # the case this test is about
+    names = ["job/task-0/checkpoints/000000000001.v2.json", head]
+    for prefix in ("", "job/", "job/task-0/checkpoints/", "job/task-0/checkpoints/0", "job/task-0/checkpoints/H"):
+        assert list(store.list(prefix)) == [n for n in names if n.startswith(prefix)], prefix
+    for prefix in ("job/task-0/checkpoints/.", f"job/task-0/checkpoints/{RESERVED_PREFIX}"):
+        assert list(store.list(prefix)) == [], prefix
+    assert store.abandoned_uploads("job/") == []
+    assert store.get(head) == b"2"
+    store.delete(head)
+    assert list(store.list("job/task-0/checkpoints/")) == names[:1]
+
+
 def test_metadata_files_are_never_listed(tmp_path: Path) -> None:
     store = FileBlobStore(tmp_path)
     store.put("x", b"1", metadata={"kind": "delta"})
