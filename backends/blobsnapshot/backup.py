@@ -415,6 +415,29 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                 view.close()
         return final
 
+    def _bulk_change(self, state: StoreState, prepared: Prepared, view: ReadView) -> bool:
+        """Whether this commit's change is a bulk load, uploaded as a base run of the whole store rather than as a run:
+        it holds at least ``upload.base.min.records`` records and ``upload.base.ratio`` of the store's keys. A run of
+        it would be re-inserted by every cold restore until a full compaction replaced it (a full compaction waits
+        for the runs above the bottom one to reach its size, which a bulk load's run rarely sees); the base is
+        opened, not re-inserted. It costs the commit about what the run would (LMDB's compacting copy and the
+        compression of the copy, against sorting and encoding the change), never a second upload."""
+        change = prepared.change
+        if change is None:
+            return False
+        records = len(change)
+        settings = self.shared.settings
+        if records < settings.upload_base_min_records or records < settings.upload_base_ratio * view.count:
+            return False
+        log.info(
+            "store %s: a commit of %d changes over %d keys is uploaded as a base run (a bulk load)",
+            state.name,
+            records,
+            view.count,
+            extra=log_extra(self.shared.context, state.name),
+        )
+        return True
+
     def _upload_prepared(self, state: StoreState, prepared: Prepared, view: ReadView) -> tuple[bool, str]:
         """Write this commit's run and make its index; returns whether ``view`` was handed to a full compaction, and
         the marker, which carries the index (the checkpoint records it: no index blob is written)."""
@@ -422,13 +445,16 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         with IN_FLIGHT.hold([state.staging, state.cache]):
             covered = False  # whether the chain holds this commit's change (as a run, in a base run, or: none)
             try:
-                if state.needs_base:
+                bulk = not state.needs_base and self._bulk_change(state, prepared, view)
+                if state.needs_base or bulk:
                     base = self.uploader.write_base(state, view, last_seq=prepared.seq, version=prepared.version)
                     with state.state_lock:
                         state.runs = [base]
                         state.generation += 1
                         state.needs_base = False
                     context.metrics.increment("blobsnapshot.base.runs")
+                    if bulk:
+                        context.metrics.increment("blobsnapshot.base.runs.bulk")
                 elif prepared.change is not None:
                     first = state.runs[-1].last_seq + 1 if state.runs else 1
                     run = self.uploader.write_run(

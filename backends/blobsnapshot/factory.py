@@ -33,6 +33,19 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
         "compaction.full.min.bytes": OptionSpec(
             parse_bytes(min=0), 1 << 20, "runs above the base smaller than this in total never trigger a base run"
         ),
+        "upload.base.min.records": OptionSpec(
+            parse_int(min=1),
+            250_000,
+            "a commit whose change holds at least this many records (and upload.base.ratio of the store's keys) is "
+            "uploaded as a base run, an environment file a cold restore opens, instead of a run it re-inserts: a bulk "
+            "load",
+        ),
+        "upload.base.ratio": OptionSpec(
+            parse_float(min=0.0, max=1.0),
+            0.5,
+            "the share of the store's keys a commit's change must hold to be uploaded as a base run (with "
+            "upload.base.min.records)",
+        ),
         "compression.level": OptionSpec(parse_int(min=1, max=22), 3, "zstd level of the runs"),
         "restore.download.concurrency": OptionSpec(parse_int(min=1, max=64), 8, "parallel run downloads per restore"),
         "gc.grace.period.ms": OptionSpec(
@@ -67,6 +80,8 @@ class BlobSnapshotStateBackendFactory(StateBackendFactory):
             compaction_full_ratio=options["compaction.full.ratio"],
             compaction_full_min_bytes=options["compaction.full.min.bytes"],
             compression_level=options["compression.level"],
+            upload_base_min_records=options["upload.base.min.records"],
+            upload_base_ratio=options["upload.base.ratio"],
         )
         return BlobSnapshotBackupManager(context, settings)
 

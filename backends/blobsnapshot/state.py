@@ -160,6 +160,10 @@ class BlobSnapshotSettings:
     compaction_full_ratio: float = 1.0
     compaction_full_min_bytes: int = 1 << 20
     compression_level: int = 3
+    #: a commit whose change holds at least this many records, and at least ``upload_base_ratio`` of the store's keys,
+    #: is uploaded as a base run (an environment file a cold restore opens) instead of a run of its records
+    upload_base_min_records: int = 250_000
+    upload_base_ratio: float = 0.5
 
 
 @attrs.define(eq=False)
