@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.spark_helpers import output_of, word_job
+from tests.spark_helpers import output_of, start_query, word_job
 
 
 def main(workdir: str) -> None:
@@ -76,12 +76,11 @@ def main(workdir: str) -> None:
         (source / f"part-{batch_id}.txt").write_text("\n".join(batch_words(batch_id)) + "\n")
     words = spark.readStream.text(str(source)).withColumnRenamed("value", "word")
     job = word_job(COUNTERS["arrow"], config, num_tasks=3, output_schema=OUTPUT, mode="arrow")
-    query = (
+    query = start_query(
         words.writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
         .option("checkpointLocation", str(Path(workdir) / "spark-cp"))
         .option("maxFilesPerTrigger", 1)
         .trigger(availableNow=True)
-        .start()
     )
     query.awaitTermination()
     result["stream_state_ok"] = state(config) == expected([0, 1])

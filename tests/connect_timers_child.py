@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.spark_helpers import output_of, word_job
+from tests.spark_helpers import output_of, start_query, word_job
 
 
 def count_quietly(stores: Any, rows: Any) -> None:
@@ -155,13 +155,12 @@ def main(workdir: str) -> None:
     (source / "part-0.txt").write_text("\n".join(batch_words(0)) + "\n")
     streamed = make_config(Path(workdir) / "initial-stream")
     job = word_job(count_rows, streamed, num_tasks=3, output_schema=COUNT_OUTPUT, initial_state={"counts": seed_frame})
-    query = (
+    query = start_query(
         spark.readStream.text(str(source))
         .withColumnRenamed("value", "word")
         .writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
         .option("checkpointLocation", str(Path(workdir) / "initial-cp"))
         .trigger(availableNow=True)
-        .start()
     )
     query.awaitTermination()
     streamed_state = {row.key: row.value for row in read_state(spark, streamed, "counts", num_tasks=3).collect()}

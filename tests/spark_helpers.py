@@ -23,6 +23,25 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: what Spark says when the Python process that runs a Spark Connect server's ``foreachBatch`` did not connect back
+#: within its fixed 10 s (``PythonWorkerFactory``, not configurable): on a loaded machine that process's start can take
+#: longer. Only that error is retried (:func:`start_query`); the query's work is asserted as always.
+PYTHON_WORKER_TIMEOUT = "Timed out while waiting for the Python worker to connect back"
+
+
+def start_query(writer: Any, attempts: int = 3) -> Any:
+    """``writer.start()``, started again when Spark gave up waiting for its Python worker
+    (:data:`PYTHON_WORKER_TIMEOUT`: the machine, not the job); any other error, or that one ``attempts`` times, is
+    raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return writer.start()
+        except Exception as exc:
+            if PYTHON_WORKER_TIMEOUT not in str(exc) or attempt == attempts:
+                raise
+            print(f"start_query: attempt {attempt}: Spark's Python worker did not connect back; again", file=sys.stderr)
+    raise AssertionError("unreachable")
+
 
 def output_of(job: StatefulForeachBatch, frame: Any, batch_id: int) -> DataFrame:
     """The output ``job`` returns for batch ``batch_id`` of ``frame`` (a job with an output schema and no sink)."""
