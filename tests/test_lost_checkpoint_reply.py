@@ -26,7 +26,7 @@ from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from statebackend.testing.controlled import ControlledBlobStore
 from tests import backend_helpers
-from tests.backend_helpers import sweep
+from tests.backend_helpers import commit_round, sweep
 
 BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {
@@ -63,6 +63,22 @@ def lose_the_checkpoint_reply(
     return pending
 
 
+def blob_stores(backend: str, tmp_path: Path) -> tuple[PerSeqMemoryBlobStore, ControlledBlobStore, dict[str, object]]:
+    """The store that keeps the blobs, the controlled store the task writes through (to lose a reply), the config."""
+    inner = PerSeqMemoryBlobStore()
+    return inner, ControlledBlobStore(inner), make_config(backend, tmp_path)
+
+
+def commit_then_lose_a_reply(
+    task: TaskStorage, blobs: ControlledBlobStore, model: dict[bytes, bytes], rounds: int = 4
+) -> Any:
+    """Commit rounds 0 to ``rounds - 1`` durably, then round ``rounds`` with its checkpoint write landing but reported
+    failed; return the pending commit."""
+    for round_no in range(rounds):
+        commit_round(task, round_no, model)
+    return lose_the_checkpoint_reply(task, blobs, rounds, model)
+
+
 def latest(blobs: MemoryBlobStore) -> LogEntry:
     entry = CheckpointLog(blobs, "job", "task-0").latest()
     assert entry is not None
@@ -71,15 +87,10 @@ def latest(blobs: MemoryBlobStore) -> LogEntry:
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_reopened_from_a_checkpoint_whose_reply_was_lost_it_restores_exactly(tmp_path: Path, backend: str) -> None:
-    inner = PerSeqMemoryBlobStore()
-    blobs = ControlledBlobStore(inner)
-    config = make_config(backend, tmp_path)
+    inner, blobs, config = blob_stores(backend, tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(4):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
-        pending = lose_the_checkpoint_reply(task, blobs, 4, model)
+        pending = commit_then_lose_a_reply(task, blobs, model)
         landed = dict(model)
         # what a failed commit may meet before a newer checkpoint supersedes it: abort, a sweep, a late cleanup
         previous = task.commit_manager.last_checkpoint
@@ -105,15 +116,10 @@ def test_a_landed_checkpoint_stays_restorable_and_durable_while_later_checkpoint
     log still holds it, it restores exactly, and no sweep takes its blobs, though every one of them is past its
     expiry (ttl.ms 1: the expiry stays on a durable checkpoint's blobs; a sweep deletes an expired blob only when no
     checkpoint in the log names it)."""
-    inner = PerSeqMemoryBlobStore()
-    blobs = ControlledBlobStore(inner)
-    config = make_config(backend, tmp_path)
+    inner, blobs, config = blob_stores(backend, tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(4):
-            write_round(task, round_no, model)
-            task.commit_durably({"input": str(round_no)})
-        lose_the_checkpoint_reply(task, blobs, 4, model)
+        commit_then_lose_a_reply(task, blobs, model)
         landed = dict(model)
         write_round(task, 5, model)
         after = task.commit_durably({"input": "5"})
