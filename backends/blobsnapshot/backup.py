@@ -453,8 +453,6 @@ class BlobSnapshotBackupManager(TaskBackupManager):
                         state.generation += 1
                         state.needs_base = False
                     context.metrics.increment("blobsnapshot.base.runs")
-                    if bulk:
-                        context.metrics.increment("blobsnapshot.base.runs.bulk")
                 elif prepared.change is not None:
                     first = state.runs[-1].last_seq + 1 if state.runs else 1
                     run = self.uploader.write_run(
