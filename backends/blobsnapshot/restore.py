@@ -137,6 +137,10 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
             and to_apply[0].base
             and self._is_env_base(name, prefix, to_apply[0], marker, store)
         )
+        applied = len(to_apply)
+        # what the restore re-inserts into LMDB, record by record (an environment-file base is opened, not inserted):
+        # its report says so, and what a restore costs is mostly this
+        inserted = sum(run.records for run in to_apply[1 if env_base else 0 :])
         downloads: dict[RunEntry, Future[bytes]] = {
             run: pool.submit(self._download, name, prefix, run, marker, store)
             for run in to_apply[1 if env_base else 0 :]
@@ -175,12 +179,14 @@ class BlobSnapshotRestoreManager(TaskRestoreManager):
                 future.cancel()
         self._finish(name, store, index, marker)
         log.info(
-            "store %s: restored from %s (%d of %d runs applied)",
+            "store %s: restored from %s (%d of %d runs applied, %s, %d records re-inserted)",
             name,
             marker,
-            len(to_apply),
+            applied,
             len(index.runs),
-            extra=log_extra(self.context, name),
+            "the base opened as an environment file" if env_base else "no environment-file base",
+            inserted,
+            extra=log_extra(self.context, name, runs_applied=applied, env_base=env_base, inserted=inserted),
         )
 
     def _records(self, name: str, prefix: str, run: RunEntry, download: Future[bytes]) -> RecordReader:
