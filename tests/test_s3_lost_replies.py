@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,25 @@ def _direct(server: ServerProcess, store: BlobStore) -> Any:
     return boto3.client("s3", endpoint_url=server.endpoint), store.inner.bucket  # type: ignore[attr-defined]
 
 
+@contextmanager
+def _retried_completion(
+    server: ServerProcess, tmp_path: Path, reset: str, answer: str
+) -> Iterator[tuple[BlobStore, AnswerRetries, Path]]:
+    """A store whose first multipart completion has its connection reset (``reset``: after the server acted, or
+    before it saw the request) and whose retries are answered ``ANSWERS[answer]``; the hook; a two-part source
+    file."""
+    source = tmp_path / "big"
+    source.write_bytes(BIG)
+    with FaultProxy(server.host, server.port, schedule=fault_requests(reset, match=COMPLETION)) as proxy:
+        store = _open(server, proxy)
+        retries = AnswerRetries(*ANSWERS[answer])
+        store.inner._client.meta.events.register("before-send.s3.CompleteMultipartUpload", retries)  # type: ignore[attr-defined]
+        try:
+            yield store, retries, source
+        finally:
+            store.close()
+
+
 def _uploads_left(client: Any, bucket: str) -> list[str]:
     return [upload["Key"] for upload in client.list_multipart_uploads(Bucket=bucket).get("Uploads") or []]
 
@@ -99,51 +119,32 @@ def test_a_completion_that_landed_is_success_whatever_the_retry_is_answered(
 ) -> None:
     """Seen: 1 of 1,188 ``put_file`` calls failed for good with ``answered 400 ... CompleteMultipartUpload`` although
     the first completion had landed."""
-    status, code = ANSWERS[answer]
-    source = tmp_path / "big"
-    source.write_bytes(BIG)
-    with FaultProxy(s3_server.host, s3_server.port, schedule=fault_requests(RESET_AFTER, match=COMPLETION)) as proxy:
-        store = _open(s3_server, proxy)
-        retries = AnswerRetries(status, code)
-        store.inner._client.meta.events.register("before-send.s3.CompleteMultipartUpload", retries)  # type: ignore[attr-defined]
+    with _retried_completion(s3_server, tmp_path, RESET_AFTER, answer) as (store, retries, source):
         metrics = Metrics()
         store.use_metrics(metrics)
-        try:
-            store.put_file("f/big", source, create_only=create_only, metadata=META)
-            assert retries.calls >= 2 and retries.answered >= 1, "the completion was never retried"
-            client, bucket = _direct(s3_server, store)
-            stored = client.get_object(Bucket=bucket, Key="p/f/big")
-            assert stored["Body"].read() == BIG and stored["Metadata"] == META
-            assert _uploads_left(client, bucket) == []
-            # decided by one HEAD (the parts' ETag), never by reading the blob's bytes back
-            assert metrics.counter("blob_store.requests", operation="get_range", outcome="ok") == 0
-        finally:
-            store.close()
+        store.put_file("f/big", source, create_only=create_only, metadata=META)
+        assert retries.calls >= 2 and retries.answered >= 1, "the completion was never retried"
+        client, bucket = _direct(s3_server, store)
+        stored = client.get_object(Bucket=bucket, Key="p/f/big")
+        assert stored["Body"].read() == BIG and stored["Metadata"] == META
+        assert _uploads_left(client, bucket) == []
+        # decided by one HEAD (the parts' ETag), never by reading the blob's bytes back
+        assert metrics.counter("blob_store.requests", operation="get_range", outcome="ok") == 0
 
 
 @pytest.mark.parametrize("answer", ["400", "404", "no-such-upload"])
 def test_a_completion_that_did_not_land_keeps_the_answer(s3_server: ServerProcess, tmp_path: Path, answer: str) -> None:
     """The first completion never reached the server; the retry is refused: nothing is stored, so the refusal is
     the outcome (read back, absent), and the upload is aborted."""
-    status, code = ANSWERS[answer]
-    source = tmp_path / "big"
-    source.write_bytes(BIG)
-    with FaultProxy(s3_server.host, s3_server.port, schedule=fault_requests(RESET_BEFORE, match=COMPLETION)) as proxy:
-        store = _open(s3_server, proxy)
-        retries = AnswerRetries(status, code)
-        store.inner._client.meta.events.register("before-send.s3.CompleteMultipartUpload", retries)  # type: ignore[attr-defined]
-        try:
-            with pytest.raises((StorageError, NotFoundError)) as raised:
-                store.put_file("f/big", source, metadata=META)
-            assert not isinstance(raised.value, TransientStorageError)
-            assert (
-                str(status) in str(raised.value) or "vanished" in str(raised.value) or "not found" in str(raised.value)
-            )
-            client, bucket = _direct(s3_server, store)
-            assert client.list_objects_v2(Bucket=bucket, Prefix="p/").get("KeyCount") == 0
-            assert _uploads_left(client, bucket) == []
-        finally:
-            store.close()
+    with _retried_completion(s3_server, tmp_path, RESET_BEFORE, answer) as (store, retries, source):
+        with pytest.raises((StorageError, NotFoundError)) as raised:
+            store.put_file("f/big", source, metadata=META)
+        assert not isinstance(raised.value, TransientStorageError)
+        refusal = str(raised.value)
+        assert str(retries.status) in refusal or "vanished" in refusal or "not found" in refusal
+        client, bucket = _direct(s3_server, store)
+        assert client.list_objects_v2(Bucket=bucket, Prefix="p/").get("KeyCount") == 0
+        assert _uploads_left(client, bucket) == []
 
 
 def test_a_completion_refused_over_other_bytes_keeps_the_answer(s3_server: ServerProcess, tmp_path: Path) -> None:
