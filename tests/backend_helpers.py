@@ -382,6 +382,15 @@ def make_job(config: dict[str, Any], tasks: tuple[str, ...] = ("task-0", "task-1
     return states
 
 
+def file_job_config(tmp_path: Path, job: str = "job", local: str = "local", /, **settings: Any) -> dict[str, Any]:
+    """Job ``job`` with its local state in ``tmp_path/local`` and its blobs in the file store ``tmp_path/blobs``
+    (created if missing), plus ``settings``."""
+    config: dict[str, Any] = {"job.name": job, "state.local.dir": str(tmp_path / local)}
+    config.update({"blob.store.url": (tmp_path / "blobs").as_uri(), "blob.store.create.if.missing": "true"})
+    config.update(settings)
+    return config
+
+
 def counts_config(
     tmp_path: Path,
     msg_serde: str = "integer",
@@ -394,8 +403,7 @@ def counts_config(
 ) -> dict[str, Any]:
     """Job ``job`` with its local state in ``tmp_path/local`` and its blobs in the file store ``tmp_path/blobs``:
     store ``counts`` on ``factories`` with ``key_serde`` keys and ``msg_serde`` values; ``extra`` adds or overrides."""
-    config: dict[str, Any] = {"job.name": job, "state.local.dir": str(tmp_path / local)}
-    config.update({"blob.store.url": (tmp_path / "blobs").as_uri(), "blob.store.create.if.missing": True})
+    config = file_job_config(tmp_path, job, local)
     config.update({"stores.counts.backup.factories": factories, "stores.counts.key.serde": key_serde})
     config.update({"stores.counts.msg.serde": msg_serde, **extra})
     return config

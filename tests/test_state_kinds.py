@@ -18,17 +18,14 @@ from statebackend.serdes.record import schemas_from_text
 from statebackend.store import BytesStore
 from statebackend.store.kinds import KindError, ListStore, MapStore, key_prefix, user_key_of
 from statebackend.task import TaskStorage
+from tests.backend_helpers import file_job_config
 from tests.record_values import CountV1, CountV2
 
 BACKENDS = ["changelog", "blobsnapshot", "fullcopy"]
 
 
 def make_config(tmp_path: Path, backend: str = "changelog", /, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "kinds",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"file://{tmp_path / 'blobs'}",
-        "blob.store.create.if.missing": "true",
+    stores: dict[str, object] = {
         "stores.events.backup.factories": backend,
         "stores.events.kind": "list",
         "stores.events.key.serde": "string",
@@ -40,8 +37,7 @@ def make_config(tmp_path: Path, backend: str = "changelog", /, **extra: object) 
         "stores.counters.msg.serde": "integer",
         "changelog.snapshot.interval.commits": 3,
     }
-    config.update(extra)
-    return config
+    return file_job_config(tmp_path, "kinds", **{**stores, **extra})
 
 
 def lists(task: TaskStorage) -> dict[str, list[Any]]:

@@ -19,26 +19,21 @@ from statebackend.spark import TaskRunner
 from statebackend.spark.stats import is_output
 from statebackend.store.ttl import unwrap
 from statebackend.task import TaskStorage
-from tests.backend_helpers import write_config
+from tests.backend_helpers import file_job_config, write_config
 
 BACKENDS = ["changelog", "blobsnapshot"]
 
 
 def make_config(tmp_path: Path, backend: str = "changelog", /, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "sessions",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"file://{tmp_path / 'blobs'}",
-        "blob.store.create.if.missing": "true",
+    store: dict[str, object] = {
         "stores.last.backup.factories": backend,
         "stores.last.key.serde": "string",
         "stores.last.msg.serde": "integer",
         "stores.last.ttl.ms": 100,
     }
     if backend == "changelog":
-        config["changelog.snapshot.interval.commits"] = 2
-    config.update(extra)
-    return config
+        store["changelog.snapshot.interval.commits"] = 2
+    return file_job_config(tmp_path, "sessions", **{**store, **extra})
 
 
 def open_at(config: dict[str, object], now: int) -> TaskStorage:

@@ -25,6 +25,7 @@ from statebackend.serdes.record import RecordDicts, RecordSchema, read_problems,
 from statebackend.store.ttl import unwrap
 from statebackend.task import TaskStorage
 from tests import record_values as rv
+from tests.backend_helpers import counts_config
 
 V1 = "record:tests.record_values:CountV1"
 V2 = "record:tests.record_values:CountV2"
@@ -35,18 +36,8 @@ SPLIT = {
 }
 
 
-def make_config(tmp_path: Path, msg_serde: str, backend: str = "changelog", /, **extra: object) -> dict[str, object]:
-    config: dict[str, object] = {
-        "job.name": "values",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"file://{tmp_path / 'blobs'}",
-        "blob.store.create.if.missing": "true",
-        "stores.counts.backup.factories": backend,
-        "stores.counts.key.serde": "string",
-        "stores.counts.msg.serde": msg_serde,
-    }
-    config.update(extra)
-    return config
+def make_config(tmp_path: Path, msg_serde: str, backend: str = "changelog", /, **extra: Any) -> dict[str, Any]:
+    return counts_config(tmp_path, msg_serde, job="values", factories=backend, **extra)
 
 
 def write_v1(tmp_path: Path, keys: int = 10, /, **extra: object) -> dict[str, object]:
