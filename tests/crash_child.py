@@ -33,10 +33,17 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import signal
+import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+
+from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
 from statebackend.blobstores.file import RESERVED_PREFIX, FileBlobStore
 from statebackend.crashpoints import crashpoint
@@ -211,7 +218,62 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-# -- read by the tests, in the parent process --------------------------------------------------------------------------
+# -- run and read by the tests, in the parent process ------------------------------------------------------------------
+
+#: the repository root: the children run there, with it on their path
+REPO = Path(__file__).resolve().parent.parent
+#: the crash point variable, which a parent's own environment never passes on unasked
+CRASH_AT_ENV = "STATEBACKEND_CRASH_AT"
+
+
+def run_child(
+    workdir: Path, report: Path, commits: int, env: Mapping[str, str | None] | None = None, *, timeout: float = 90
+) -> subprocess.CompletedProcess[str]:
+    """Run a child to its end (or its death) and return it. Its environment is this process's less
+    ``STATEBACKEND_CRASH_AT``, updated by ``env`` (a ``None`` value removes that variable), with the repository on
+    its path. The timeout (seconds on an idle machine, stretched by its load) only guards a hang."""
+    child_env = {key: value for key, value in os.environ.items() if key != CRASH_AT_ENV}
+    for key, value in (env or {}).items():
+        if value is None:
+            child_env.pop(key, None)
+        else:
+            child_env[key] = value
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), child_env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
+        cwd=REPO,
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(timeout),
+        check=False,  # a hang guard
+    )
+
+
+@contextmanager
+def crash_workdir(prefix: str) -> Iterator[Path]:
+    """A temp dir, RAM-backed where possible: SIGKILL takes the process, not the page cache, so the fsyncs of LMDB
+    and the file:// store change nothing the crash tests can observe; on a shared disk they only cost seconds."""
+    fast = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=fast))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpoint_log(workdir: Path) -> CheckpointLog:
+    """The checkpoint log of the children's task under ``workdir``, read by this process."""
+    return CheckpointLog(FileBlobStore(str(blobs_dir(workdir)), create=False), "job", TASK)
+
+
+def durable_commit(workdir: Path) -> int:
+    """The commit number of the newest checkpoint in the checkpoint log (0: none), read by this process. No blob
+    store root yet is no checkpoint: a child killed while it still imports never got to create it."""
+    if not blobs_dir(workdir).is_dir():
+        return 0
+    entry = checkpoint_log(workdir).latest()
+    return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
 
 
 def reported_durable(workdir: Path) -> int:
@@ -232,6 +294,61 @@ def report_contents(report: dict[str, object]) -> dict[bytes, bytes]:
     contents = report["contents"]
     assert isinstance(contents, dict)
     return {bytes.fromhex(key): bytes.fromhex(value) for key, value in contents.items()}
+
+
+def run_to_crash(
+    work: Path, commits: int, crash_at: str, env: Mapping[str, str | None] | None = None
+) -> tuple[int, int]:
+    """Run a child in ``work/run`` that is to die at ``crash_at`` within ``commits`` commits. Checks it died by SIGKILL
+    having restored nothing, and that its local ``CHECKPOINT-V2`` claims no checkpoint newer than the durable one.
+    Returns the durable commit (the newest in the checkpoint log) and the last one the child reported durable."""
+    workdir = work / "run"
+    workdir.mkdir()
+    crashed = run_child(workdir, work / "crashing.json", commits, {**(env or {}), CRASH_AT_ENV: crash_at})
+    assert crashed.returncode == -signal.SIGKILL, (
+        f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    )
+    assert read_report(work / "crashing.json")["restored"] == 0
+    durable = durable_commit(workdir)
+    local = read_local_checkpoint(workdir / "local" / "job" / TASK / STORE)
+    if local is not None:
+        assert int(local.input_offsets["input"]) <= durable, "CHECKPOINT-V2 claims a checkpoint that is not durable"
+    return durable, reported_durable(workdir)
+
+
+def restore_kept_and_wiped(
+    work: Path,
+    durable: int,
+    more: int,
+    env: Mapping[str, str | None] | None = None,
+    *,
+    value_repeat: int = DEFAULT_VALUE_REPEAT,
+    check: Callable[[Path], None] | None = None,
+) -> None:
+    """After a crash in ``work/run`` left commit ``durable`` durable: fresh children with its local dir kept and wiped
+    (on a copy) restore exactly that state and commit ``more`` times; then one with the local dir wiped restores the
+    continued state from the blob store alone, so what the crash left behind did not break the chain. ``check`` runs
+    on each directory after its child: a backend's own invariants."""
+    workdir = work / "run"
+    wiped = work / "wiped"
+    shutil.copytree(workdir, wiped)
+    shutil.rmtree(wiped / "local")
+    for label, directory in (("kept", workdir), ("wiped", wiped)):
+        resumed = run_child(directory, work / f"{label}.json", more, env)
+        assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
+        report = read_report(work / f"{label}.json")
+        assert report["restored"] == durable, f"local dir {label}"
+        assert report_contents(report) == expected_state(durable, value_repeat), (
+            f"local dir {label}: restored state differs"
+        )
+        assert durable_commit(directory) == durable + more
+        if check is not None:
+            check(directory)
+    shutil.rmtree(workdir / "local")
+    final = run_child(workdir, work / "final.json", 0, env)
+    assert final.returncode == 0, final.stderr[-3000:]
+    assert read_report(work / "final.json")["restored"] == durable + more
+    assert report_contents(read_report(work / "final.json")) == expected_state(durable + more, value_repeat)
 
 
 if __name__ == "__main__":

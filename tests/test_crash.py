@@ -20,32 +20,18 @@ number (crash_child.expected_state), so the expected state is exact. Per crash p
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from statebackend.checkpoint import CheckpointLog, read_local_checkpoint
 
-from statebackend.blobstores.file import FileBlobStore
 from tests.crash_child import (
     SETTLE_ENV,
-    STORE,
-    TASK,
-    blobs_dir,
-    expected_state,
-    read_report,
-    report_contents,
-    reported_durable,
+    crash_workdir,
+    restore_kept_and_wiped,
+    run_to_crash,
 )
-from tests.waiting import scaled
 
-REPO = Path(__file__).resolve().parent.parent
 COMMITS = 8  # commits the crashing child attempts
 MORE = 2  # commits each restoring child adds
 
@@ -79,82 +65,22 @@ CRASH_POINTS: dict[str, int | tuple[int, int]] = {
 @pytest.mark.slow
 @pytest.mark.parametrize("crash_at", list(CRASH_POINTS))
 def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(work: Path, crash_at: str) -> None:
-    tmp_path = work
-    workdir = tmp_path / "run"
-    workdir.mkdir()
-    crashed = _child(workdir, tmp_path / "crashing.json", COMMITS, crash_at=crash_at)
-    assert crashed.returncode == -signal.SIGKILL, (
-        f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
-    )
-    assert read_report(tmp_path / "crashing.json")["restored"] == 0
-
-    durable = _durable_commit(workdir)
-    reported = reported_durable(workdir)
+    # retention deletes only once a snapshot is adopted: the child waits for its background snapshots
+    env = {SETTLE_ENV: "1"} if crash_at.startswith("changelog.cleanup.") else {}
+    durable, reported = run_to_crash(work, COMMITS, crash_at, env)
     assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
     wanted = CRASH_POINTS[crash_at]
     if isinstance(wanted, int):
         assert durable == wanted
     else:
         assert wanted[0] <= durable <= wanted[1]
-    local = read_local_checkpoint(workdir / "local" / "job" / TASK / STORE)
-    if local is not None:
-        assert int(local.input_offsets["input"]) <= durable, "CHECKPOINT-V2 claims a checkpoint that is not durable"
+    restore_kept_and_wiped(work, durable, MORE)
 
-    wiped = tmp_path / "wiped"
-    shutil.copytree(workdir, wiped)
-    shutil.rmtree(wiped / "local")
 
-    for label, directory in (("kept", workdir), ("wiped", wiped)):
-        resumed = _child(directory, tmp_path / f"{label}.json", MORE)
-        assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
-        report = read_report(tmp_path / f"{label}.json")
-        assert report["restored"] == durable, f"local dir {label}"
-        assert report_contents(report) == expected_state(durable), f"local dir {label}: restored state differs"
-        assert _durable_commit(directory) == durable + MORE
-
-    shutil.rmtree(workdir / "local")
-    final = _child(workdir, tmp_path / "final.json", 0)
-    assert final.returncode == 0, final.stderr[-3000:]
-    assert read_report(tmp_path / "final.json")["restored"] == durable + MORE
-    assert report_contents(read_report(tmp_path / "final.json")) == expected_state(durable + MORE)
+# -- helpers ----------------------------------------------------------------------------------------------------
 
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    """A temp dir, RAM-backed where possible: SIGKILL takes the process, not the page cache, so the fsyncs of LMDB
-    and the file:// store change nothing these tests can observe; on a shared disk they only cost seconds."""
-    fast = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    path = Path(tempfile.mkdtemp(prefix="statebackend-crash-", dir=fast))
-    try:
+    with crash_workdir("statebackend-crash-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _child(
-    workdir: Path, report: Path, commits: int, *, crash_at: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
-    if crash_at is not None:
-        env["STATEBACKEND_CRASH_AT"] = crash_at
-        if crash_at.startswith("changelog.cleanup."):  # retention deletes only once a snapshot is adopted
-            env[SETTLE_ENV] = "1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=scaled(90),
-        check=False,  # a hang guard
-    )
-
-
-def _durable_commit(workdir: Path) -> int:
-    """The commit number of the newest checkpoint in the checkpoint log (0: none), read by this process. No blob
-    store root yet is no checkpoint: a child killed while it still imports never got to create it."""
-    if not blobs_dir(workdir).is_dir():
-        return 0
-    entry = CheckpointLog(FileBlobStore(str(blobs_dir(workdir)), create=False), "job", TASK).latest()
-    return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])

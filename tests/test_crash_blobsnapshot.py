@@ -28,12 +28,8 @@ Per crash point the test checks:
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,24 +37,25 @@ import attrs
 import pytest
 from statebackend.backends.blobsnapshot.backup import read_marker
 from statebackend.backends.blobsnapshot.format import index_prefix, is_inline_marker, run_name, runs_prefix
-from statebackend.checkpoint import CheckpointLog, CheckpointV2, read_local_checkpoint
+from statebackend.checkpoint import CheckpointV2
 
 from statebackend.blobstores.file import FileBlobStore
 from tests.crash_child import (
     BACKUP_FACTORIES_ENV,
+    CRASH_AT_ENV,
     RESTORE_FACTORY_ENV,
     STORE,
     TASK,
     VALUE_REPEAT_ENV,
     blobs_dir,
-    expected_state,
-    read_report,
-    report_contents,
-    reported_durable,
+    checkpoint_log,
+    crash_workdir,
+    durable_commit,
+    restore_kept_and_wiped,
+    run_child,
+    run_to_crash,
 )
-from tests.waiting import scaled
 
-REPO = Path(__file__).resolve().parent.parent
 COMMITS = 8  # commits the crashing child attempts
 MORE = 2  # commits each restoring child adds
 RETAINED = 2  # task.checkpoint.retained in crash_child.config
@@ -136,7 +133,7 @@ def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_du
         f"{sweeping.stderr[-3000:]}"
     )
     # (the sweep runs in the background from TaskStorage.open: it may kill the child before its report is written)
-    assert _durable_commit(work / "run") == 3
+    assert durable_commit(work / "run") == 3
     _assert_retained_checkpoints_restorable(work / "run")
     _restore_and_go_on(work, 3, factories=BLOBSNAPSHOT)
 
@@ -163,23 +160,7 @@ def test_sigkill_mid_blobsnapshot_upload_of_a_dual_commit_restores_exactly_throu
 
 def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restore_factory: str | None = None) -> int:
     """Run the crashing child in ``work/run``; check what it left; return the durable commit number."""
-    workdir = work / "run"
-    workdir.mkdir()
-    crashed = _child(
-        workdir,
-        work / "crashing.json",
-        COMMITS,
-        crash_at=crash_at,
-        factories=factories,
-        restore_factory=restore_factory,
-    )
-    assert crashed.returncode == -signal.SIGKILL, (
-        f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
-    )
-    assert read_report(work / "crashing.json")["restored"] == 0
-
-    durable = _durable_commit(workdir)
-    reported = reported_durable(workdir)
+    durable, reported = run_to_crash(work, COMMITS, crash_at, _env(factories, restore_factory))
     assert wanted.low <= durable <= wanted.high, f"{crash_at}: durable commit {durable}"
     if wanted.in_flight_landed is None:
         assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
@@ -187,37 +168,17 @@ def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restor
         assert durable == reported + int(wanted.in_flight_landed), (
             f"{crash_at}: durable commit {durable}, last reported durable {reported}"
         )
-    local = read_local_checkpoint(workdir / "local" / "job" / TASK / STORE)
-    if local is not None:
-        assert int(local.input_offsets["input"]) <= durable, "CHECKPOINT-V2 claims a checkpoint that is not durable"
-    _assert_retained_checkpoints_restorable(workdir)
+    _assert_retained_checkpoints_restorable(work / "run")
     return durable
 
 
 def _restore_and_go_on(work: Path, durable: int, *, factories: str, restore_factory: str | None = None) -> None:
-    """Restore in fresh processes with ``work/run``'s local dir kept and wiped, commit on, restore once more."""
-    workdir = work / "run"
-    wiped = work / "wiped"
-    shutil.copytree(workdir, wiped)
-    shutil.rmtree(wiped / "local")
-
-    for label, directory in (("kept", workdir), ("wiped", wiped)):
-        resumed = _child(directory, work / f"{label}.json", MORE, factories=factories, restore_factory=restore_factory)
-        assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
-        report = read_report(work / f"{label}.json")
-        assert report["restored"] == durable, f"local dir {label}"
-        assert report_contents(report) == expected_state(durable, VALUE_REPEAT), (
-            f"local dir {label}: restored state differs"
-        )
-        assert _durable_commit(directory) == durable + MORE
-        _assert_retained_checkpoints_restorable(directory)
-
-    shutil.rmtree(workdir / "local")
-    final = _child(workdir, work / "final.json", 0, factories=factories, restore_factory=restore_factory)
-    assert final.returncode == 0, final.stderr[-3000:]
-    assert read_report(work / "final.json")["restored"] == durable + MORE
-    assert report_contents(read_report(work / "final.json")) == expected_state(durable + MORE, VALUE_REPEAT)
-    _assert_only_retained_blobs(workdir)
+    """Restore in fresh processes with ``work/run``'s local dir kept and wiped, commit on, restore once more; every
+    retained checkpoint stays restorable, and the last start-up sweep leaves only the blobs the log needs."""
+    env = _env(factories, restore_factory)
+    check = _assert_retained_checkpoints_restorable
+    restore_kept_and_wiped(work, durable, MORE, env, value_repeat=VALUE_REPEAT, check=check)
+    _assert_only_retained_blobs(work / "run")
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -225,14 +186,17 @@ def _restore_and_go_on(work: Path, durable: int, *, factories: str, restore_fact
 
 @pytest.fixture
 def work() -> Iterator[Path]:
-    """A temp dir, RAM-backed where possible (SIGKILL takes the process, not the page cache: fsyncs change nothing
-    these tests can observe)."""
-    fast = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    path = Path(tempfile.mkdtemp(prefix="statebackend-crash-blobsnapshot-", dir=fast))
-    try:
+    with crash_workdir("statebackend-crash-blobsnapshot-") as path:
         yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+
+
+def _env(factories: str, restore_factory: str | None = None, crash_at: str | None = None) -> dict[str, str | None]:
+    return {
+        CRASH_AT_ENV: crash_at,
+        RESTORE_FACTORY_ENV: restore_factory,
+        BACKUP_FACTORIES_ENV: factories,
+        VALUE_REPEAT_ENV: str(VALUE_REPEAT),
+    }
 
 
 def _child(
@@ -244,41 +208,14 @@ def _child(
     restore_factory: str | None = None,
     crash_at: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
-    env.pop(RESTORE_FACTORY_ENV, None)
-    if crash_at is not None:
-        env["STATEBACKEND_CRASH_AT"] = crash_at
-    if restore_factory is not None:
-        env[RESTORE_FACTORY_ENV] = restore_factory
-    env[BACKUP_FACTORIES_ENV] = factories
-    env[VALUE_REPEAT_ENV] = str(VALUE_REPEAT)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=scaled(90),
-        check=False,  # a hang guard
-    )
-
-
-def _checkpoint_log(workdir: Path) -> CheckpointLog:
-    return CheckpointLog(FileBlobStore(str(blobs_dir(workdir)), create=False), "job", TASK)
-
-
-def _durable_commit(workdir: Path) -> int:
-    """The commit number of the newest checkpoint in the checkpoint log (0: none), read by this process."""
-    entry = _checkpoint_log(workdir).latest()
-    return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
+    return run_child(workdir, report, commits, _env(factories, restore_factory, crash_at))
 
 
 def _assert_retained_checkpoints_restorable(workdir: Path) -> None:
     """The newest RETAINED checkpoints' blobsnapshot indexes are readable and every run they list is present, with
     its size."""
     blob_store = FileBlobStore(str(blobs_dir(workdir)), create=False)
-    entries = _checkpoint_log(workdir).entries()[-RETAINED:]
+    entries = checkpoint_log(workdir).entries()[-RETAINED:]
     for entry in entries:
         assert isinstance(entry.checkpoint, CheckpointV2)
         marker = entry.checkpoint.markers_for(BLOBSNAPSHOT).get(STORE)
@@ -300,7 +237,7 @@ def _assert_only_retained_blobs(workdir: Path) -> None:
     collected."""
     blob_store = FileBlobStore(str(blobs_dir(workdir)), create=False)
     markers = set()
-    for entry in _checkpoint_log(workdir).entries():
+    for entry in checkpoint_log(workdir).entries():
         assert isinstance(entry.checkpoint, CheckpointV2)
         markers.add(entry.checkpoint.markers_for(BLOBSNAPSHOT)[STORE])
     prefix = f"job/{TASK}/{STORE}/{BLOBSNAPSHOT}/"

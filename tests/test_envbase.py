@@ -9,8 +9,6 @@ import os
 import shutil
 import signal
 import struct
-import subprocess
-import sys
 import tracemalloc
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +31,16 @@ from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFo
 from statebackend.recordfile import FileHeader
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
-from tests.crash_child import STORE, TASK, expected_state
-from tests.waiting import scaled
+from tests.crash_child import (
+    BACKUP_FACTORIES_ENV,
+    CRASH_AT_ENV,
+    STORE,
+    TASK,
+    expected_state,
+    read_report,
+    report_contents,
+    run_child,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = struct.Struct(">Q")
@@ -383,20 +389,8 @@ def test_a_damaged_env_base_fails_the_restore_naming_it(tmp_path: Path, backend:
 
 
 def _child(workdir: Path, commits: int, backend: str, crash_at: str | None = None) -> Any:
-    env = {key: value for key, value in os.environ.items() if key != "STATEBACKEND_CRASH_AT"}
-    if crash_at is not None:
-        env["STATEBACKEND_CRASH_AT"] = crash_at
-    env["CRASH_CHILD_BACKUP_FACTORIES"] = backend
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.run(
-        [sys.executable, "-m", "tests.crash_child", str(workdir), str(workdir / "report.json"), str(commits)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=scaled(120),
-        check=False,
-    )
+    env = {CRASH_AT_ENV: crash_at, BACKUP_FACTORIES_ENV: backend}
+    return run_child(workdir, workdir / "report.json", commits, env, timeout=120)
 
 
 @pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
@@ -404,8 +398,6 @@ def _child(workdir: Path, commits: int, backend: str, crash_at: str | None = Non
 def test_a_restore_killed_while_it_loads_a_base_leaves_nothing_taken_for_data(
     tmp_path: Path, backend: str, crash_at: str
 ) -> None:
-    import json
-
     commits = 12
     done = _child(tmp_path, commits, backend)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -417,8 +409,7 @@ def test_a_restore_killed_while_it_loads_a_base_leaves_nothing_taken_for_data(
     assert left, "the kill left no partly restored base behind"  # (it did die mid-restore)
     resumed = _child(tmp_path, 2, backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    report = json.loads((tmp_path / "report.json").read_text())
+    report = read_report(tmp_path / "report.json")
     assert report["restored"] == commits
-    contents = {bytes.fromhex(k): bytes.fromhex(v) for k, v in report["contents"].items()}
-    assert contents == expected_state(commits)
+    assert report_contents(report) == expected_state(commits)
     assert not list(store_dir.glob(".envbase-*")), "the next restore did not remove what the kill left"
