@@ -224,6 +224,10 @@ def main(argv: list[str]) -> int:
 REPO = Path(__file__).resolve().parent.parent
 #: the crash point variable, which a parent's own environment never passes on unasked
 CRASH_AT_ENV = "STATEBACKEND_CRASH_AT"
+#: commits a crashing child attempts
+CRASH_COMMITS = 8
+#: commits each child restoring after a crash adds
+MORE_COMMITS = 2
 
 
 def run_child(
@@ -297,7 +301,7 @@ def report_contents(report: dict[str, object]) -> dict[bytes, bytes]:
 
 
 def run_to_crash(
-    work: Path, commits: int, crash_at: str, env: Mapping[str, str | None] | None = None
+    work: Path, crash_at: str, env: Mapping[str, str | None] | None = None, *, commits: int = CRASH_COMMITS
 ) -> tuple[int, int]:
     """Run a child in ``work/run`` that is to die at ``crash_at`` within ``commits`` commits. Checks it died by SIGKILL
     having restored nothing, and that its local ``CHECKPOINT-V2`` claims no checkpoint newer than the durable one.
@@ -319,9 +323,9 @@ def run_to_crash(
 def restore_kept_and_wiped(
     work: Path,
     durable: int,
-    more: int,
     env: Mapping[str, str | None] | None = None,
     *,
+    more: int = MORE_COMMITS,
     value_repeat: int = DEFAULT_VALUE_REPEAT,
     check: Callable[[Path], None] | None = None,
 ) -> None:

@@ -26,14 +26,12 @@ from pathlib import Path
 import pytest
 
 from tests.crash_child import (
+    CRASH_COMMITS,
     SETTLE_ENV,
     crash_workdir,
     restore_kept_and_wiped,
     run_to_crash,
 )
-
-COMMITS = 8  # commits the crashing child attempts
-MORE = 2  # commits each restoring child adds
 
 #: crash point -> (which commits must be durable: an exact commit number, or (low, high) for points on a
 #: background thread, whose timing against the task's commits is not fixed)
@@ -54,11 +52,11 @@ CRASH_POINTS: dict[str, int | tuple[int, int]] = {
     # the first commit's marker for older releases written, its head not: nothing durable
     "blobstore.put.checkpoint_marker:1": 0,
     # retention deleted one blob of an older recipe, then death
-    "changelog.cleanup.deleted:1": (4, COMMITS),
+    "changelog.cleanup.deleted:1": (4, CRASH_COMMITS),
     # a background snapshot (of commit 3's version, started in commit 3's sync part, so possibly before 3 is
     # durable) half uploaded; and one fully uploaded but never adopted by a commit
-    "blobstore.put.background_snapshot:1": (2, COMMITS),
-    "changelog.background_snapshot.uploaded:1": (2, COMMITS),
+    "blobstore.put.background_snapshot:1": (2, CRASH_COMMITS),
+    "changelog.background_snapshot.uploaded:1": (2, CRASH_COMMITS),
 }
 
 
@@ -67,14 +65,14 @@ CRASH_POINTS: dict[str, int | tuple[int, int]] = {
 def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(work: Path, crash_at: str) -> None:
     # retention deletes only once a snapshot is adopted: the child waits for its background snapshots
     env = {SETTLE_ENV: "1"} if crash_at.startswith("changelog.cleanup.") else {}
-    durable, reported = run_to_crash(work, COMMITS, crash_at, env)
+    durable, reported = run_to_crash(work, crash_at, env)
     assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
     wanted = CRASH_POINTS[crash_at]
     if isinstance(wanted, int):
         assert durable == wanted
     else:
         assert wanted[0] <= durable <= wanted[1]
-    restore_kept_and_wiped(work, durable, MORE)
+    restore_kept_and_wiped(work, durable)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------

@@ -56,8 +56,6 @@ from tests.crash_child import (
     run_to_crash,
 )
 
-COMMITS = 8  # commits the crashing child attempts
-MORE = 2  # commits each restoring child adds
 RETAINED = 2  # task.checkpoint.retained in crash_child.config
 #: ~600-byte values: a base run of the store is some tens of KiB
 VALUE_REPEAT = 50
@@ -160,7 +158,7 @@ def test_sigkill_mid_blobsnapshot_upload_of_a_dual_commit_restores_exactly_throu
 
 def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restore_factory: str | None = None) -> int:
     """Run the crashing child in ``work/run``; check what it left; return the durable commit number."""
-    durable, reported = run_to_crash(work, COMMITS, crash_at, _env(factories, restore_factory))
+    durable, reported = run_to_crash(work, crash_at, _env(factories, restore_factory))
     assert wanted.low <= durable <= wanted.high, f"{crash_at}: durable commit {durable}"
     if wanted.in_flight_landed is None:
         assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
@@ -177,7 +175,7 @@ def _restore_and_go_on(work: Path, durable: int, *, factories: str, restore_fact
     retained checkpoint stays restorable, and the last start-up sweep leaves only the blobs the log needs."""
     env = _env(factories, restore_factory)
     check = _assert_retained_checkpoints_restorable
-    restore_kept_and_wiped(work, durable, MORE, env, value_repeat=VALUE_REPEAT, check=check)
+    restore_kept_and_wiped(work, durable, env, value_repeat=VALUE_REPEAT, check=check)
     _assert_only_retained_blobs(work / "run")
 
 
