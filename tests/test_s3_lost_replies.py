@@ -174,6 +174,26 @@ def test_a_completion_refused_over_other_bytes_keeps_the_answer(s3_server: Serve
             store.close()
 
 
+@contextmanager
+def _retried_swap(server: ServerProcess, reset: str, answer: str) -> Iterator[tuple[BlobStore, Any, AnswerRetries]]:
+    """A store whose head ``h/HEAD`` holds a first write (its version returned) and whose next write has its
+    connection reset (``reset``: after the server acted, or before it saw the request) and its retries answered
+    ``ANSWERS[answer]`` (until ``_unhook``); the hook."""
+    with FaultProxy(server.host, server.port, schedule=fault_requests(reset, match=rb"^PUT ", nth=(2,))) as proxy:
+        store = _open(server, proxy)
+        try:
+            first = store.put_if("h/HEAD", b"seq 1, nonce a", version=None)
+            retries = AnswerRetries(*ANSWERS[answer])
+            store.inner._client.meta.events.register("before-send.s3.PutObject", retries)  # type: ignore[attr-defined]
+            yield store, first, retries
+        finally:
+            store.close()
+
+
+def _unhook(store: BlobStore, retries: AnswerRetries) -> None:
+    store.inner._client.meta.events.unregister("before-send.s3.PutObject", retries)  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("answer", ["400", "404"])
 def test_a_conditional_write_that_landed_is_success_whatever_the_retry_is_answered(
     s3_server: ServerProcess, answer: str
@@ -181,40 +201,21 @@ def test_a_conditional_write_that_landed_is_success_whatever_the_retry_is_answer
     """``put_if`` (the checkpoint head's compare-and-swap): its first write landed and lost its reply, its retry is
     answered a bare 400 or 404: read back with its version, the head holds this write's bytes: success, and the
     version returned is the stored one (the next swap uses it)."""
-    status, code = ANSWERS[answer]
-    with FaultProxy(
-        s3_server.host, s3_server.port, schedule=fault_requests(RESET_AFTER, match=rb"^PUT ", nth=(2,))
-    ) as proxy:
-        store = _open(s3_server, proxy)
-        try:
-            first = store.put_if("h/HEAD", b"seq 1, nonce a", version=None)
-            retries = AnswerRetries(status, code)
-            store.inner._client.meta.events.register("before-send.s3.PutObject", retries)  # type: ignore[attr-defined]
-            version = store.put_if("h/HEAD", b"seq 2, nonce b", version=first)
-            assert retries.answered >= 1, "the conditional write was never retried"
-            store.inner._client.meta.events.unregister("before-send.s3.PutObject", retries)  # type: ignore[attr-defined]
-            assert store.get_versioned("h/HEAD") == (b"seq 2, nonce b", version)
-            assert store.put_if("h/HEAD", b"seq 3, nonce c", version=version) != version
-        finally:
-            store.close()
+    with _retried_swap(s3_server, RESET_AFTER, answer) as (store, first, retries):
+        version = store.put_if("h/HEAD", b"seq 2, nonce b", version=first)
+        assert retries.answered >= 1, "the conditional write was never retried"
+        _unhook(store, retries)
+        assert store.get_versioned("h/HEAD") == (b"seq 2, nonce b", version)
+        assert store.put_if("h/HEAD", b"seq 3, nonce c", version=version) != version
 
 
 def test_a_conditional_write_that_did_not_land_keeps_the_answer(s3_server: ServerProcess) -> None:
     """The first write never reached the server and the retry is answered a bare 400: the head is still at the
     version the write was conditional on, so the 400 stands, and the same swap goes through afterwards."""
-    with FaultProxy(
-        s3_server.host, s3_server.port, schedule=fault_requests(RESET_BEFORE, match=rb"^PUT ", nth=(2,))
-    ) as proxy:
-        store = _open(s3_server, proxy)
-        try:
-            first = store.put_if("h/HEAD", b"seq 1, nonce a", version=None)
-            retries = AnswerRetries(400, "")
-            store.inner._client.meta.events.register("before-send.s3.PutObject", retries)  # type: ignore[attr-defined]
-            with pytest.raises(StorageError, match="400") as raised:
-                store.put_if("h/HEAD", b"seq 2, nonce b", version=first)
-            assert not isinstance(raised.value, (TransientStorageError, PreconditionFailedError))
-            store.inner._client.meta.events.unregister("before-send.s3.PutObject", retries)  # type: ignore[attr-defined]
-            assert store.get_versioned("h/HEAD") == (b"seq 1, nonce a", first)
-            assert store.put_if("h/HEAD", b"seq 2, nonce b", version=first) != first
-        finally:
-            store.close()
+    with _retried_swap(s3_server, RESET_BEFORE, "400") as (store, first, retries):
+        with pytest.raises(StorageError, match="400") as raised:
+            store.put_if("h/HEAD", b"seq 2, nonce b", version=first)
+        assert not isinstance(raised.value, (TransientStorageError, PreconditionFailedError))
+        _unhook(store, retries)
+        assert store.get_versioned("h/HEAD") == (b"seq 1, nonce a", first)
+        assert store.put_if("h/HEAD", b"seq 2, nonce b", version=first) != first
