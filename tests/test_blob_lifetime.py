@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from statebackend.kit import CREATED_AT
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_support import contents, write_round
 from statebackend.testing.reference import REFERENCE_BACKEND, ReferenceBackendFactory, ReferenceBackupManager
+from tests.backend_helpers import make_config
 
 NOTICES: list[tuple[str, str, StoreMarkers]] = []
 
@@ -39,15 +39,7 @@ class RecordingFactory(ReferenceBackendFactory):
 
 
 def config(tmp_path: Path, backend: str = REFERENCE_BACKEND, **extra: Any) -> dict[str, Any]:
-    return {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": backend,
-        "stores.counts.restore.factory": backend,
-        "task.checkpoint.retained": 2,
-        **extra,
-    }
+    return make_config(backend, tmp_path, extra)
 
 
 def prefix_of(task: TaskStorage) -> str:

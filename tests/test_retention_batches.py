@@ -7,7 +7,6 @@ the checkpoints its own log object wrote."""
 from __future__ import annotations
 
 import shutil
-import uuid
 from concurrent.futures import wait
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
-from tests.backend_helpers import commit_round
+from tests.backend_helpers import commit_round, make_config
 
 RETAINED = 2
 INTERVAL = 3
@@ -31,11 +30,7 @@ PREFIX = "job/task-0/counts/"
 
 
 def config_for(tmp_path: Path, factories: str, **extra: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": factories,
+    garbage: dict[str, Any] = {
         "task.checkpoint.retained": RETAINED,
         "changelog.snapshot.interval.commits": 3,  # snapshots, so old deltas become garbage
         "changelog.snapshot.interval.ratio": 0,
@@ -44,7 +39,8 @@ def config_for(tmp_path: Path, factories: str, **extra: Any) -> dict[str, Any]:
         "blobsnapshot.gc.interval.commits": 0,
         "changelog.gc.interval.commits": 0,
     }
-    config.update(extra)
+    config = make_config(factories, tmp_path, {**garbage, **extra})
+    del config["stores.counts.restore.factory"]  # restored by the first of the factories
     return config
 
 
