@@ -54,14 +54,39 @@ def sweep(manager: TaskBackupManager) -> None:
         manager.sweep()
 
 
-class HookedBlobStore(BlobStore):
-    """Wraps a store. ``on_get(name)`` / ``on_put(name, landed)`` run around reads and writes and may block or
-    raise; ``short_lists`` makes that many listings of the checkpoint log answer empty (a reply cut in its head)."""
+class PassThroughBlobStore(BlobStore):
+    """Wraps ``inner`` and passes its core operations through: the base of the tests' wrappers, which override
+    the operations they watch or change."""
 
     def __init__(self, inner: BlobStore) -> None:
         self.inner = inner
         self.url = inner.url
         self.supports_metadata = inner.supports_metadata
+
+    def put(
+        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
+    ) -> None:
+        self.inner.put(name, data, create_only=create_only, metadata=metadata)
+
+    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
+        return self.inner.get(name, start=start, end=end)
+
+    def delete(self, name: str) -> None:
+        self.inner.delete(name)
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        return self.inner.list(prefix)
+
+    def head(self, name: str) -> BlobInfo:
+        return self.inner.head(name)
+
+
+class HookedBlobStore(PassThroughBlobStore):
+    """Wraps a store. ``on_get(name)`` / ``on_put(name, landed)`` run around reads and writes and may block or
+    raise; ``short_lists`` makes that many listings of the checkpoint log answer empty (a reply cut in its head)."""
+
+    def __init__(self, inner: BlobStore) -> None:
+        super().__init__(inner)
         self.on_get: Callable[[str], None] = lambda name: None
         self.on_put: Callable[[str, bool], None] = lambda name, landed: None
         self.short_lists = 0
@@ -78,18 +103,12 @@ class HookedBlobStore(BlobStore):
         self.on_get(name)
         return self.inner.get(name, start=start, end=end)
 
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
     def list(self, prefix: str = "") -> Iterator[str]:
         with self._lock:
             short = self.short_lists > 0 and "/checkpoints/" in prefix
             if short:
                 self.short_lists -= 1
         return iter(()) if short else self.inner.list(prefix)
-
-    def head(self, name: str) -> BlobInfo:
-        return self.inner.head(name)
 
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         self.inner.set_metadata(name, metadata)

@@ -23,6 +23,7 @@ from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.errors import StorageError, TransientStorageError
 from statebackend.kit import GraceRule, Mark, created_at_metadata, sweep_unreferenced
 from statebackend.metrics import Metrics
+from tests.backend_helpers import PassThroughBlobStore
 from tests.test_delete_many import counted, requests, server_store
 
 NOW = 1_800_000_000.0
@@ -30,15 +31,14 @@ OLD = created_at_metadata(NOW - 7_200)
 FRESH = created_at_metadata(NOW)
 
 
-class RewriteAfterHead(BlobStore):
+class RewriteAfterHead(PassThroughBlobStore):
     """Wraps a store: the ``head`` of ``target`` is answered, then ``target`` is written again (same bytes, fresh
     age, or the bytes ``rewrite`` makes of them: a writer whose every write carries bytes of its own), as a writer
     refreshing it to name it would, between the sweep's judgment and its delete."""
 
     def __init__(self, inner: BlobStore, target: str, rewrite: Callable[[bytes], bytes] = lambda data: data) -> None:
-        self.inner, self.target, self.rewrite = inner, target, rewrite
-        self.url = inner.url
-        self.supports_metadata = inner.supports_metadata
+        super().__init__(inner)
+        self.target, self.rewrite = target, rewrite
         self.supports_conditional_delete = inner.supports_conditional_delete
         self.versions_follow_bytes = getattr(inner, "versions_follow_bytes", False)
         self.conditional_calls: list[dict[str, str]] = []
@@ -57,20 +57,6 @@ class RewriteAfterHead(BlobStore):
     def delete_many(self, names: builtins.list[str]) -> None:
         self.plain_calls.append(list(names))
         self.inner.delete_many(names)
-
-    def put(
-        self, name: str, data: bytes, *, create_only: bool = False, metadata: Mapping[str, str] | None = None
-    ) -> None:
-        self.inner.put(name, data, create_only=create_only, metadata=metadata)
-
-    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
-        return self.inner.get(name, start=start, end=end)
-
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        return self.inner.list(prefix)
 
 
 def sweep_with_a_rewrite(

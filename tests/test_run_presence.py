@@ -19,7 +19,7 @@ checkpoint never depends on it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -30,6 +30,7 @@ from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import AlreadyExistsError, NotFoundError
 from statebackend.task import TaskStorage
+from tests.backend_helpers import PassThroughBlobStore
 from tests.faults import CUT_BODY, FaultProxy, fault_requests
 from tests.servers import ServerProcess, azurite_connection_string
 
@@ -76,16 +77,14 @@ def test_a_cut_body_fault_with_no_body_to_cut_does_not_shift_later_replies(azuri
 # -- the backend: "present" only on an answer about the run ----------------------------------------------------------
 
 
-class LyingStore(BlobStore):
+class LyingStore(PassThroughBlobStore):
     """Wraps ``inner``; the first ``head()`` of a run answers "present, 0 bytes" (another request's reply), or the
     first create-only put of a run is refused as "already exists" without anything written, per ``lie``. A run is
     put create-only with no ``head()`` first, so for the head's lie to be told the put is refused too (the head
     then decides)."""
 
     def __init__(self, inner: BlobStore, lie: str) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.supports_metadata = inner.supports_metadata
+        super().__init__(inner)
         self.lie = lie
         self.lied_about: str | None = None
 
@@ -102,15 +101,6 @@ class LyingStore(BlobStore):
         if create_only and (self._lie_now("put", name) or refused):
             raise AlreadyExistsError(f"blob {name!r} already exists (a reply about something else)")
         self.inner.put(name, data, create_only=create_only, metadata=metadata)
-
-    def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
-        return self.inner.get(name, start=start, end=end)
-
-    def delete(self, name: str) -> None:
-        self.inner.delete(name)
-
-    def list(self, prefix: str = "") -> Iterator[str]:
-        return self.inner.list(prefix)
 
     def head(self, name: str) -> BlobInfo:
         if self._lie_now("head", name):
