@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import ast
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from statebackend.checkpoint import CheckpointLog
 
-from statebackend.blobstores.base import open_blob_store
+from statebackend.blobstores.base import BlobStore, open_blob_store
 from statebackend.config import Settings
 from statebackend.errors import CommitConflictError, ConfigError, InconsistentStateError
 from statebackend.lifecycle import OpenDecision, decide_open, task_checkpoint_log
@@ -40,12 +43,32 @@ def commit_rounds(config: dict[str, Any], rounds: int) -> None:
             task.commit_durably({"input": str(i)})
 
 
-def test_the_decision_chooses_the_newest_checkpoint_and_fences_at_the_head(tmp_path: Path) -> None:
+@attrs.frozen
+class Committed:
+    """Task-0 after some commits: its settings, its blob store, its checkpoint log and the open decision made on
+    it."""
+
+    settings: Settings
+    blobs: BlobStore
+    log: CheckpointLog
+    decision: OpenDecision
+
+
+@contextmanager
+def committed(tmp_path: Path, rounds: int) -> Iterator[Committed]:
+    """Commit ``rounds`` rounds in ``tmp_path/a``, then decide how to open task-0 (its blob store open for the
+    block)."""
     config = config_for(tmp_path / "a")
-    commit_rounds(config, 3)
+    commit_rounds(config, rounds)
     settings = Settings.from_config(config)
     with open_blob_store(settings.blob_store_url) as blobs:
-        decision = decide_open(settings, "task-0", task_checkpoint_log(settings, blobs, "task-0"))
+        log = task_checkpoint_log(settings, blobs, "task-0")
+        yield Committed(settings, blobs, log, decide_open(settings, "task-0", log))
+
+
+def test_the_decision_chooses_the_newest_checkpoint_and_fences_at_the_head(tmp_path: Path) -> None:
+    with committed(tmp_path, 3) as done:
+        decision = done.decision
     assert decision.seq == 3 and decision.head == 3 and decision.next_seq == 4
     assert decision.known_seq == 3  # the local CHECKPOINT-V2 of the stores
     assert decision.checkpoint is not None and decision.checkpoint.input_offsets == {"input": "2"}
@@ -55,12 +78,8 @@ def test_the_decision_chooses_the_newest_checkpoint_and_fences_at_the_head(tmp_p
 
 
 def test_a_decision_rebased_on_an_older_checkpoint_keeps_its_fence_and_the_open_writes_there(tmp_path: Path) -> None:
-    config = config_for(tmp_path / "a")
-    commit_rounds(config, 3)
-    settings = Settings.from_config(config)
-    with open_blob_store(settings.blob_store_url) as blobs:
-        checkpoint_log = task_checkpoint_log(settings, blobs, "task-0")
-        listed = decide_open(settings, "task-0", checkpoint_log)
+    with committed(tmp_path, 3) as done:
+        settings, blobs, checkpoint_log, listed = done.settings, done.blobs, done.log, done.decision
         older = checkpoint_log.read(1)
         replay = listed.rebased(older, settings)
         assert (replay.seq, replay.head, replay.next_seq) == (1, 3, 4)
@@ -87,11 +106,8 @@ def test_an_entry_above_the_listing_head_cannot_be_rebased_on(tmp_path: Path) ->
 def test_a_decision_made_before_another_commit_is_refused_at_open(tmp_path: Path) -> None:
     """A caller decided, then this machine saw a newer checkpoint durable before the stores were locked: the open
     refuses the stale decision instead of restoring old state under a fence another attempt owns."""
-    config = config_for(tmp_path / "a")
-    commit_rounds(config, 1)
-    settings = Settings.from_config(config)
-    with open_blob_store(settings.blob_store_url) as blobs:
-        decision = decide_open(settings, "task-0", task_checkpoint_log(settings, blobs, "task-0"))
+    with committed(tmp_path, 1) as done:
+        settings, blobs, decision = done.settings, done.blobs, done.decision
         with TaskStorage.open(settings, "task-0", blob_store=blobs) as other:  # another opener commits meanwhile
             other.store("counts", typed=False).put(b"k", b"newer")
             other.commit_durably({"input": "newer"})
@@ -102,11 +118,8 @@ def test_a_decision_made_before_another_commit_is_refused_at_open(tmp_path: Path
 def test_two_attempts_opened_on_one_decision_cannot_both_commit(tmp_path: Path) -> None:
     """The fence comes from the decision: two opens of the same decision (a retry beside a first attempt, each in
     its own directory) target the same seq, and the checkpoint log lets exactly one create it."""
-    config = config_for(tmp_path / "a")
-    commit_rounds(config, 1)
-    settings = Settings.from_config(config)
-    with open_blob_store(settings.blob_store_url) as blobs:
-        decision = decide_open(settings, "task-0", task_checkpoint_log(settings, blobs, "task-0"))
+    with committed(tmp_path, 1) as done:
+        settings, blobs, decision = done.settings, done.blobs, done.decision
         second = attrs.evolve(settings, local_dir=tmp_path / "b")
         with (
             TaskStorage.open(settings, "task-0", blob_store=blobs, decision=decision) as one,
@@ -120,11 +133,8 @@ def test_two_attempts_opened_on_one_decision_cannot_both_commit(tmp_path: Path) 
 
 
 def test_the_open_takes_a_decision_or_a_choice_never_both(tmp_path: Path) -> None:
-    config = config_for(tmp_path / "a")
-    commit_rounds(config, 1)
-    settings = Settings.from_config(config)
-    with open_blob_store(settings.blob_store_url) as blobs:
-        decision = decide_open(settings, "task-0", task_checkpoint_log(settings, blobs, "task-0"))
+    with committed(tmp_path, 1) as done:
+        settings, blobs, decision = done.settings, done.blobs, done.decision
         with pytest.raises(ConfigError, match="not both"):
             TaskStorage.open(settings, "task-0", blob_store=blobs, decision=decision, fence_seq=1)
         with pytest.raises(ConfigError, match="of task task-0, not task-1"):
