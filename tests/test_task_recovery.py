@@ -160,6 +160,19 @@ def _fill(task: TaskStorage, name: str, round_no: int, model: dict[bytes, bytes]
         model[key] = value
 
 
+def _commit_both(
+    config: dict[str, Any], blobs: MemoryBlobStore, rounds: int
+) -> tuple[dict[str, dict[bytes, bytes]], Any]:
+    """Commit ``rounds`` rounds of stores ``counts`` and ``other``; their models and the last checkpoint."""
+    models: dict[str, dict[bytes, bytes]] = {"counts": {}, "other": {}}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for n in range(rounds):
+            _fill(task, "counts", n, models["counts"])
+            _fill(task, "other", n, models["other"])
+            latest = task.commit_durably({"input": str(n)})
+    return models, latest
+
+
 def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_same_backend(tmp_path: Path) -> None:
     blobs = MemoryBlobStore()
     config = task_config(
@@ -169,12 +182,7 @@ def test_fallback_of_one_store_does_not_fail_a_sibling_store_restored_by_the_sam
             "stores.other.restore.factories": "changelog,blobsnapshot",
         },
     )
-    models: dict[str, dict[bytes, bytes]] = {"counts": {}, "other": {}}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(3):
-            _fill(task, "counts", n, models["counts"])
-            _fill(task, "other", n, models["other"])
-            latest = task.commit_durably({"input": str(n)})
+    models, latest = _commit_both(config, blobs, 3)
     deltas = sorted(b for b in blobs.list("job/task-0/other/changelog/") if b.endswith(".delta"))
     assert deltas
     blobs.delete(deltas[-1])  # only the store with a second backend loses a blob
@@ -430,12 +438,7 @@ def test_two_stores_two_backends_one_restore_fails_is_a_clear_error_and_nothing_
     blobs = MemoryBlobStore()
     extra = {"stores.other.backup.factories": "blobsnapshot"}
     config = task_config(tmp_path / "a", **extra)
-    models: dict[str, dict[bytes, bytes]] = {"counts": {}, "other": {}}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for n in range(2):
-            _fill(task, "counts", n, models["counts"])
-            _fill(task, "other", n, models["other"])
-            latest = task.commit_durably({"input": str(n)})
+    models, latest = _commit_both(config, blobs, 2)
     from statebackend.backends.blobsnapshot.blobs import read_marker
 
     marker = latest.state_checkpoint_markers["blobsnapshot"]["other"]
