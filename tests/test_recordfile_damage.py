@@ -24,6 +24,7 @@ import statebackend.recordfile.format as recordformat
 from statebackend import recordfile as fmt
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import FileHeader, encode, iter_records, verify
+from tests.recordfile_helpers import encode_small_blocks
 from tests.test_recordfile import DELTA as RECORDFILE_DELTA
 from tests.test_recordfile import trickle, uncompressed_blocks
 
@@ -34,16 +35,6 @@ RUN = attrs.evolve(DELTA, kind="run", base_seq=0)
 BAD = (CorruptDataError, IncompatibleFormatError)
 
 Records = list[tuple[bytes, "bytes | None"]]
-
-
-def encode_small_blocks(header: FileHeader, records: Records, *, budget: int, compression: str) -> bytes:
-    """Blocks of about ``budget`` bytes, so a small file has many blocks (boundaries to damage)."""
-    default = recordformat.BLOCK_BYTES
-    recordformat.BLOCK_BYTES = budget
-    try:
-        return encode(header, records, compression=compression)
-    finally:
-        recordformat.BLOCK_BYTES = default
 
 
 def outcome(read: Callable[[], list[Any]]) -> tuple[str, object]:

@@ -24,8 +24,8 @@ from typing import Any
 import attrs
 from statebackend.backends.changelog.marker import MARKER_FORMAT, Recipe, Step
 
-import statebackend.recordfile.format as recordformat
 from statebackend.recordfile import FORMAT_VERSION, FileHeader, encode
+from tests.recordfile_helpers import encode_small_blocks
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -89,12 +89,7 @@ def samples() -> dict[str, tuple[FileHeader, list[tuple[bytes, bytes | None]], s
 def encode_sample(label: str, header: FileHeader, records: list[tuple[bytes, bytes | None]], compression: str) -> bytes:
     if not label.startswith("delta-blocks"):
         return encode(header, records, compression=compression)
-    default = recordformat.BLOCK_BYTES
-    recordformat.BLOCK_BYTES = SMALL_BLOCK_BYTES
-    try:
-        return encode(header, records, compression=compression)
-    finally:
-        recordformat.BLOCK_BYTES = default
+    return encode_small_blocks(header, records, budget=SMALL_BLOCK_BYTES, compression=compression)
 
 
 def recipe_from_steps(steps: list[list[Any]]) -> Recipe:
