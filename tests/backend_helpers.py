@@ -5,6 +5,7 @@ and a task config whose restores read every delta."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import threading
 import time
 import uuid
@@ -24,7 +25,7 @@ from statebackend.blobstores.base import BlobInfo, BlobStore, open_blob_store
 from statebackend.cli import main
 from statebackend.contracts import StateBackendFactory, TaskBackupManager
 from statebackend.task import TaskStorage
-from statebackend.testing.backend_contract import BackendContract, write_round
+from statebackend.testing.backend_contract import BackendContract, contents, write_round
 
 FAR_FUTURE = 10 * 365 * 86400.0
 
@@ -149,6 +150,14 @@ def commit_round(task: TaskStorage, round_no: int, model: dict[bytes, bytes]) ->
     checkpoint."""
     write_round(task, round_no, model)
     return task.commit_durably({"input": str(round_no)})
+
+
+def restored_after_wipe(config: Mapping[str, Any], blobs: BlobStore) -> dict[bytes, bytes]:
+    """Delete the config's local dir, reopen task-0 on ``blobs`` alone and return its store ``counts``: the state
+    the newest checkpoint restores, with nothing of the local dir."""
+    shutil.rmtree(str(config["state.local.dir"]))
+    with TaskStorage.open(dict(config), "task-0", blob_store=blobs) as task:
+        return contents(task)
 
 
 def expect_failed_commit(task: TaskStorage, offset: str = "1") -> None:

@@ -19,7 +19,7 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
-from tests.backend_helpers import ChangelogContract, commit_round, expect_failed_commit
+from tests.backend_helpers import ChangelogContract, commit_round, expect_failed_commit, restored_after_wipe
 from tests.backend_helpers import changelog_config as config_for
 
 
@@ -86,9 +86,7 @@ def test_delta_whose_upload_failed_is_uploaded_by_the_next_commit(tmp_path: Path
         again.result(timeout=30)
         commit_round(task, 2, model)
         assert task.metrics.counter("changelog.delta.reuploads") == 1
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_bytes_uploaded_follow_the_change_not_the_state(tmp_path: Path) -> None:
@@ -252,9 +250,7 @@ def test_failed_retry_of_an_older_delta_keeps_this_commits_delta_staged_and_need
         commit_round(task, 3, model)
         assert task.metrics.counter("changelog.delta.reuploads") == 2
         assert task.metrics.counter("changelog.snapshot.uploads") == 0  # no re-base on a full snapshot
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 @pytest.mark.parametrize("damage", ["cut", "older", "other_task"])
@@ -305,9 +301,7 @@ def test_a_finished_snapshot_is_adopted_at_open_only_when_it_is_whole_and_the_on
         checkpoint = commit_round(task, 10, model)
         recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert victim not in set(recipe.blob_names())
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp_path: Path) -> None:
@@ -351,9 +345,7 @@ def test_cleanup_never_deletes_the_staged_file_of_a_snapshot_still_uploading(tmp
         recipe = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
         assert recipe.snapshot is not None and recipe.snapshot.seq == 2
     assert not staged.exists()  # uploaded, then removed by the upload itself
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_a_repeated_or_late_cleanup_never_drops_a_recipe_a_retained_checkpoint_needs(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from statebackend.recordfile import write_file
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
+from tests.backend_helpers import restored_after_wipe
 from tests.waiting import drain_appliers, scaled, wait_until
 
 
@@ -65,9 +66,7 @@ def test_delta_cut_short_while_staging_is_never_uploaded_as_a_whole_one(
             failed.result(timeout=30)
         write_round(task, 2, model)
         task.commit_durably({"input": "2"})  # tolerated failure: this commit must carry round 1 as well
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_checkpoint_durable_but_local_file_failing_is_a_success_and_later_commits_go_on(
@@ -242,9 +241,7 @@ def test_a_commit_holds_its_flushed_batch_out_of_lmdb_until_its_uploads_end_and_
         blobs.fail = False
         write_round(task, 3, model)
         task.commit_durably({"input": "3"})  # tolerated failure: carries round 2 as well
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_a_flush_failing_in_one_store_releases_the_batches_the_other_stores_held_back(

@@ -22,7 +22,7 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from statebackend.testing.controlled import ControlledBlobStore
 from tests import backend_helpers
-from tests.backend_helpers import FAR_FUTURE, commit_round, sweep
+from tests.backend_helpers import FAR_FUTURE, commit_round, restored_after_wipe, sweep
 
 BACKENDS: dict[str, dict[str, object]] = {
     "changelog": {
@@ -111,9 +111,7 @@ def test_blobsnapshot_upload_holds_the_store_lock_while_it_writes_its_run(tmp_pa
         assert not sweeper.is_alive()
         assert pending.result(timeout=30).input_offsets == {"input": "1"}
         assert len(locked_at_writes) == 1 and all(locked_at_writes)  # the run (its index is inline in the marker)
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, inner) == model
 
 
 def test_changelog_snapshot_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_path: Path) -> None:
@@ -135,9 +133,7 @@ def test_changelog_snapshot_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_pa
         assert inner.exists(snapshot)
         commit_round(task, 2, model)
         assert task.metrics.counter("changelog.snapshot.adopted") == 1
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, inner) == model
 
 
 def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(tmp_path: Path) -> None:
@@ -173,6 +169,4 @@ def test_blobsnapshot_compaction_uploaded_but_not_adopted_yet_survives_a_sweep(t
         assert task.metrics.counter("blobsnapshot.compaction.adopted") == 1
     marker = checkpoint.markers_for("blobsnapshot")["counts"]
     assert compacted.output.hash in read_marker(inner, marker, job="job", task="task-0", store="counts").run_hashes()
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=inner) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, inner) == model
