@@ -56,6 +56,7 @@ from statebackend.concurrency import SharedPools, when_all
 from statebackend.contracts import StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import AlreadyExistsError, CommitConflictError, CommitError, CommitTimeoutError
+from statebackend.kit.lifetime import collector_of
 from statebackend.metrics import Metrics
 from statebackend.store import ChangeSet, LocalStore, LocalVersion
 
@@ -154,7 +155,7 @@ class TaskCommitManager:
             if lifetime is None:
                 continue
             try:
-                started = lifetime.collector.start()
+                started = collector_of(lifetime).start()
             except RuntimeError:  # pool shut down: the next commit's sweep, when due, does it
                 continue
             if started is not None:
@@ -584,7 +585,7 @@ class TaskCommitManager:
         manager.checkpoint_completed(checkpoint_id, markers)
         lifetime = manager.blob_lifetime()
         if lifetime is not None:
-            lifetime.collector.completed(seq, markers)
+            collector_of(lifetime).completed(seq, markers)
 
     def _abort_backends(self, checkpoint_id: CheckpointId, uploaded: list[StoreMarkers]) -> None:
         """The uploads of ``checkpoint_id`` succeeded but its checkpoint write failed: each backend's

@@ -30,7 +30,6 @@ import attrs
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
     from statebackend.checkpoint import CheckpointId, CheckpointLog, CheckpointV2
-    from statebackend.kit.lifetime import BlobCollector, LifetimeSweep
     from statebackend.metrics import Metrics
     from statebackend.store import ChangeSet, LocalStore
 
@@ -38,6 +37,7 @@ __all__ = [
     "DEFAULT_GRACE_MS",
     "BackendContext",
     "BlobLifetime",
+    "LifetimeSweep",
     "StateBackendAdmin",
     "StateBackendFactory",
     "StoreMarkers",
@@ -94,6 +94,24 @@ class BackendContext:
         return f"{self.job_name}/{self.task_name}/{store_name}/{self.factory_name}/"
 
 
+@attrs.frozen
+class LifetimeSweep:
+    """What one sweep of one store did."""
+
+    #: the store swept
+    store: str
+    #: the blobs it deleted
+    deleted: tuple[str, ...] = ()
+    #: blobs it judged old but kept: written again since its ``head`` (a conditional delete found them changed)
+    kept: tuple[str, ...] = ()
+    #: per prefix it listed, every name the listing showed
+    listed: dict[str, frozenset[str]] = attrs.field(factory=dict)
+    #: it stopped at its deadline (a quarter of the grace period after its mark); the next sweep marks anew
+    stopped: bool = False
+    #: ``False``: a marker's blobs could not be told, so nothing was listed nor deleted
+    complete: bool = True
+
+
 class BlobLifetime(abc.ABC):
     """What a backend states about its blobs, so that the framework owns their lifetime (docs/architecture.md, "Blob
     lifetime"). The framework keeps every blob that a marker of a retained checkpoint of any attempt names (and what
@@ -139,16 +157,6 @@ class BlobLifetime(abc.ABC):
         self.sweep_interval_commits = sweep_interval_commits
         #: sweep once when the manager starts (:meth:`statebackend.kit.lifetime.BlobCollector.start`)
         self.sweep_on_init = sweep_on_init
-        self._collector: BlobCollector | None = None
-
-    @property
-    def collector(self) -> BlobCollector:
-        """The framework's collector of these blobs (made on first use; one per lifetime)."""
-        if self._collector is None:
-            from statebackend.kit.lifetime import BlobCollector
-
-            self._collector = BlobCollector(self)
-        return self._collector
 
     @abc.abstractmethod
     def referenced_blobs(self, store: str, marker: str) -> Iterable[str] | None:

@@ -17,7 +17,7 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.contracts import StoreMarkers
 from statebackend.errors import CorruptDataError, StorageError
-from statebackend.kit import CREATED_AT
+from statebackend.kit import CREATED_AT, collector_of
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_support import contents, write_round
 from statebackend.testing.reference import REFERENCE_BACKEND, ReferenceBackendFactory, ReferenceBackupManager
@@ -94,7 +94,7 @@ def test_a_sweep_deletes_old_unnamed_blobs_and_keeps_young_named_and_held_ones(t
         assert lifetime is not None
         held = set(lifetime.held_blobs("counts"))
         assert held, "the chain the next commit extends is held"
-        result = lifetime.collector.sweep()["counts"]
+        result = collector_of(lifetime).sweep()["counts"]
         assert result.deleted == (old,)
         assert young in set(blobs.list(prefix))
         assert named_by_log(task) | held <= set(blobs.list(prefix))
@@ -119,7 +119,7 @@ def test_a_sweep_with_an_unreadable_marker_deletes_nothing(tmp_path: Path) -> No
             raise CorruptDataError(f"marker of {store} does not decode")
 
         lifetime.referenced_blobs = unreadable  # type: ignore[method-assign]
-        result = lifetime.collector.sweep()["counts"]
+        result = collector_of(lifetime).sweep()["counts"]
         assert not result.complete and result.deleted == ()
         assert old in set(blobs.list(prefix_of(task)))
 

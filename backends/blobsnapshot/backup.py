@@ -86,7 +86,7 @@ from statebackend.concurrency import gather
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, UsageError
-from statebackend.kit import IN_FLIGHT, close_when_ready, log_extra, markers_in_log
+from statebackend.kit import IN_FLIGHT, close_when_ready, collector_of, log_extra, markers_in_log
 from statebackend.store import ChangeSet, ReadView
 
 __all__ = [
@@ -132,7 +132,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
 
     def sweep(self, now: float | None = None) -> SweepReport:
         """Sweep every store's blobs now (the framework's collector; see the module docstring)."""
-        results = self.lifetime.collector.sweep(now).values()
+        results = collector_of(self.lifetime).sweep(now).values()
         indexes = runs = 0
         for result in results:
             prefix = index_prefix(self.shared.stores[result.store].prefix)
@@ -235,7 +235,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
             self._drop_stale_cache(state, at_init=True)
             self.shared.stores[name] = state
             if marker is not None and state.retained:  # released once later checkpoints push it out
-                self.lifetime.collector.adopt(0, {name: marker})
+                collector_of(self.lifetime).adopt(0, {name: marker})
 
     def snapshot(self, checkpoint_id: CheckpointId, changes: Mapping[str, ChangeSet]) -> StoreMarkers:
         markers: StoreMarkers = {}

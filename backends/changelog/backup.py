@@ -63,7 +63,7 @@ from statebackend.checkpoint import CheckpointId, CheckpointV2
 
 from statebackend.concurrency import gather
 from statebackend.contracts import BackendContext, StoreMarkers, TaskBackupManager
-from statebackend.kit import IN_FLIGHT, close_when_ready, log_extra
+from statebackend.kit import IN_FLIGHT, close_when_ready, collector_of, log_extra
 from statebackend.store import ChangeSet
 
 __all__ = [
@@ -113,7 +113,7 @@ class ChangelogBackupManager(TaskBackupManager):
                 lineage.seq, lineage.base, lineage.deltas = recipe.seq, recipe.snapshot, list(recipe.deltas)
                 lineage.uploaded.update(recipe.blob_names())
                 lineage.retained.append(recipe)
-                self.lifetime.collector.adopt(0, {name: markers[name]})  # released once later ones push it out
+                collector_of(self.lifetime).adopt(0, {name: markers[name]})  # released once later ones push it out
                 lineage.commits_since_snapshot = len(recipe.deltas)
                 self.snapshots.adopt_at_open(lineage)
                 self.snapshots.look_up_sizes(lineage)
@@ -186,7 +186,7 @@ class ChangelogBackupManager(TaskBackupManager):
     def sweep(self) -> int:
         """Sweep every store's blobs now (the framework's collector; see the module docstring). Returns the number of
         blobs deleted."""
-        return sum(len(result.deleted) for result in self.lifetime.collector.sweep().values())
+        return sum(len(result.deleted) for result in collector_of(self.lifetime).sweep().values())
 
     def checkpoint_completed(self, checkpoint_id: CheckpointId, markers: StoreMarkers) -> None:
         """Retention's bookkeeping: keep the recipes of the last ``retained`` durable checkpoints (held from the

@@ -33,7 +33,7 @@ from statebackend.kit.gc import (
     sweep_unreferenced,
 )
 from statebackend.kit.inflight import IN_FLIGHT, InFlightRegistry
-from statebackend.kit.lifetime import BlobCollector, LifetimeSweep, mark_markers, sweep_shared
+from statebackend.kit.lifetime import BlobCollector, LifetimeSweep, collector_of, mark_markers, sweep_shared
 from statebackend.kit.restore import InterruptFlag, puts_only
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "InFlightRegistry",
     "InterruptFlag",
     "LifetimeSweep",
+    "collector_of",
     "ManagerState",
     "Mark",
     "Swept",

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
-import attrs
-
+from statebackend.contracts import LifetimeSweep
 from statebackend.errors import CorruptDataError, IncompatibleFormatError
 from statebackend.kit.gc import FirstSeen, GraceRule, Mark, Swept, mark_referenced, sweep_unreferenced
 
@@ -40,29 +40,11 @@ if TYPE_CHECKING:
     from statebackend.checkpoint import CheckpointV2
     from statebackend.contracts import BlobLifetime, StoreMarkers
 
-__all__ = ["BlobCollector", "LifetimeSweep", "mark_markers", "sweep_shared"]
+__all__ = ["BlobCollector", "LifetimeSweep", "collector_of", "mark_markers", "sweep_shared"]
 
 log = logging.getLogger(__name__)
 
 M = TypeVar("M")
-
-
-@attrs.frozen
-class LifetimeSweep:
-    """What one sweep of one store did."""
-
-    #: the store swept
-    store: str
-    #: the blobs it deleted
-    deleted: tuple[str, ...] = ()
-    #: blobs it judged old but kept: written again since its ``head`` (a conditional delete found them changed)
-    kept: tuple[str, ...] = ()
-    #: per prefix it listed, every name the listing showed
-    listed: dict[str, frozenset[str]] = attrs.field(factory=dict)
-    #: it stopped at its deadline (a quarter of the grace period after its mark); the next sweep marks anew
-    stopped: bool = False
-    #: ``False``: a marker's blobs could not be told, so nothing was listed nor deleted
-    complete: bool = True
 
 
 class BlobCollector:
@@ -308,3 +290,17 @@ def sweep_shared(
     marker's blobs cannot be told."""
     mark = mark_referenced(list(markers), lambda item: referenced(*item), at=marked_at)
     return sweep_unreferenced(blob_store, prefix, mark, rule, clock=clock)
+
+
+_collectors: weakref.WeakKeyDictionary[BlobLifetime, BlobCollector] = weakref.WeakKeyDictionary()
+_collectors_lock = threading.Lock()
+
+
+def collector_of(lifetime: BlobLifetime) -> BlobCollector:
+    """The framework's collector of ``lifetime``'s blobs: one per lifetime, made on first use (the commit manager's
+    calls and a backend's own ``sweep()`` share it, with its first sightings of unmarked blobs)."""
+    with _collectors_lock:
+        collector = _collectors.get(lifetime)
+        if collector is None:
+            collector = _collectors[lifetime] = BlobCollector(lifetime)
+        return collector
