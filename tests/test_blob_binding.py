@@ -291,39 +291,40 @@ def _restore_fails_naming(scenario: Scenario, blobs: BlobStore, local: Path, vic
     assert victim in str(excinfo.value), f"the error does not name {victim}: {excinfo.value}"
 
 
-@pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
-@pytest.mark.parametrize(("backend", "kind", "folder"), KINDS, ids=[f"{b}-{k}" for b, k, _ in KINDS])
-def test_damaged_blob_is_refused_naming_it_on_a_full_restore(
-    scenarios: dict[str, Scenario], tmp_path: Path, backend: str, kind: str, folder: str, damage: Damage
-) -> None:
-    scenario = scenarios[backend]
-    victim = scenario.needed[kind][-1]  # the newest blob of this kind that the checkpoint needs
-    blobs = scenario.fresh_blob_store()
-    damage(scenario, blobs, victim, folder)
-    _restore_fails_naming(scenario, blobs, tmp_path / "local", victim)
-
-
 CATCH_UP_KINDS = [
     ("changelog", "delta", "delta/"),
     ("blobsnapshot", "index", "index/"),
     ("blobsnapshot", "run", "runs/"),
 ]
+#: (where the restore starts, backend, kind, folder): from an empty local dir, every kind; from a local store one
+#: commit behind, the kinds such a catch-up downloads
+RESTORES = [("full", *kind) for kind in KINDS] + [("one-behind", *kind) for kind in CATCH_UP_KINDS]
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=lambda d: d.__name__)
-@pytest.mark.parametrize(("backend", "kind", "folder"), CATCH_UP_KINDS, ids=[f"{b}-{k}" for b, k, _ in CATCH_UP_KINDS])
-def test_damaged_blob_is_refused_naming_it_when_the_local_store_is_one_commit_behind(
-    scenarios: dict[str, Scenario], tmp_path: Path, backend: str, kind: str, folder: str, damage: Damage
+@pytest.mark.parametrize(
+    ("start", "backend", "kind", "folder"), RESTORES, ids=[f"{s}-{b}-{k}" for s, b, k, _ in RESTORES]
+)
+def test_damaged_blob_is_refused_naming_it(
+    scenarios: dict[str, Scenario],
+    tmp_path: Path,
+    start: str,
+    backend: str,
+    kind: str,
+    folder: str,
+    damage: Damage,
 ) -> None:
+    """A full restore, and a local store one commit behind catching up, refuse the newest blob of each kind the
+    checkpoint needs once it is damaged, naming it (behind: the newest delta or run is the only one downloaded)."""
     scenario = scenarios[backend]
-    # the newest delta or run (the only one a store one commit behind downloads), the newest index
-    victim = scenario.needed[kind][-1]
-    if kind == "run":
+    victim = scenario.needed[kind][-1]  # the newest blob of this kind that the checkpoint needs
+    if start == "one-behind" and kind == "run":
         assert victim not in _runs_of_the_older_index(scenario), "the last commit added no run"
     blobs = scenario.fresh_blob_store()
     damage(scenario, blobs, victim, folder)
     local = tmp_path / "local"
-    shutil.copytree(scenario.older_local, local)
+    if start == "one-behind":
+        shutil.copytree(scenario.older_local, local)
     _restore_fails_naming(scenario, blobs, local, victim)
 
 
