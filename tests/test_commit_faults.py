@@ -23,7 +23,7 @@ from statebackend.recordfile import write_file
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
-from tests.backend_helpers import restored_after_wipe
+from tests.backend_helpers import commit_round, restored_after_wipe
 from tests.waiting import drain_appliers, scaled, wait_until
 
 
@@ -57,8 +57,7 @@ def test_delta_cut_short_while_staging_is_never_uploaded_as_a_whole_one(
     monkeypatch.setattr(changelog_upload, "write_file", disk_full_once)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         write_round(task, 1, model)
         failed = task.commit({"input": "1"})
         assert failed is not None
@@ -130,15 +129,12 @@ def test_snapshot_failing_in_one_backend_of_a_dual_commit_does_not_fail_the_next
     monkeypatch.setattr(BlobSnapshotBackupManager, "snapshot", fail_once)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         write_round(task, 1, model)
         with pytest.raises(StateBackendError, match="injected"):
             task.commit({"input": "1"})
-        write_round(task, 2, model)
-        task.commit_durably({"input": "2"})
-        write_round(task, 3, model)
-        task.commit_durably({"input": "3"})
+        commit_round(task, 2, model)
+        commit_round(task, 3, model)
     for restore_factory in ("changelog", "blobsnapshot"):
         shutil.rmtree(tmp_path / "local")
         restore_config = dict(config, **{"stores.counts.restore.factory": restore_factory})
@@ -214,8 +210,7 @@ def test_a_commit_holds_its_flushed_batch_out_of_lmdb_until_its_uploads_end_and_
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         local = task.stores["counts"]
-        write_round(task, 0, model)
-        task.commit_durably({"input": "0"})
+        commit_round(task, 0, model)
         wait_until(lambda: not local._applier.pending)
 
         blobs.gate.clear()
