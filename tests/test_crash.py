@@ -29,13 +29,9 @@ from tests.crash_child import (
     CRASH_COMMITS,
     SETTLE_ENV,
     crash_workdir,
-    durable_commit,
     restore_kept_and_wiped,
     run_to_crash,
 )
-from tests.crash_child import REPO as REPO  # re-exported: tests/test_random_kills.py imports it from here
-
-_durable_commit = durable_commit  # the name tests/test_random_kills.py imports from here
 
 #: crash point -> (which commits must be durable: an exact commit number, or (low, high) for points on a
 #: background thread, whose timing against the task's commits is not fixed)

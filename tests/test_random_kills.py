@@ -45,6 +45,7 @@ from statebackend.blobstores.base import open_blob_store
 from tests.crash_child import (
     BACKUP_FACTORIES_ENV,
     BLOB_CONFIG_ENV,
+    REPO,
     STARTED_FILE,
     STORE,
     TASK,
@@ -52,8 +53,10 @@ from tests.crash_child import (
     read_report,
     report_contents,
     reported_durable,
+    run_child,
 )
-from tests.test_crash import REPO, _durable_commit, work
+from tests.crash_child import durable_commit as file_durable_commit
+from tests.test_crash import work
 from tests.waiting import scaled
 
 __all__ = ["work"]  # the RAM-backed temp dir fixture of tests/test_crash.py
@@ -109,14 +112,14 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
 
     def durable_commit(directory: Path) -> int:
         if blob_config is None:
-            return _durable_commit(directory)
+            return file_durable_commit(directory)
         options = {key[len("blob.store.") :]: value for key, value in blob_config.items() if key != "blob.store.url"}
         with open_blob_store(str(blob_config["blob.store.url"]), options) as store:
             entry = CheckpointLog(store, "job", TASK).latest()
         return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
 
     if blob_config is not None:  # a first child creates the bucket or container (a kill may come before it can)
-        first = _child_with(workdir, work / "first.json", env)
+        first = run_child(workdir, work / "first.json", 0, env)
         assert first.returncode == 0, first.stderr[-3000:]
         assert read_report(work / "first.json")["restored"] == 0
     durable_before = 0
@@ -170,7 +173,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             wiped = work / f"wiped-{round_number}"
             shutil.copytree(workdir, wiped)
             shutil.rmtree(wiped / "local")
-            wiped_env_child = _child_with(wiped, work / f"wiped-{round_number}.json", env)
+            wiped_env_child = run_child(wiped, work / f"wiped-{round_number}.json", 0, env)
             assert wiped_env_child.returncode == 0, f"{where}: wiped restore failed:\n{wiped_env_child.stderr[-3000:]}"
             report = read_report(work / f"wiped-{round_number}.json")
             assert report["restored"] == durable, f"{where}: a wiped local dir restored another checkpoint"
@@ -180,26 +183,12 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             shutil.rmtree(wiped)
         durable_before = durable
 
-    final = _child_with(workdir, work / "final.json", env)
+    final = run_child(workdir, work / "final.json", 0, env)
     assert final.returncode == 0, final.stderr[-3000:]
     assert read_report(work / "final.json")["restored"] == durable_before
     assert report_contents(read_report(work / "final.json")) == expected_state(durable_before)
     # the chain moved on: every round killed after a commit made one durable (checked per round above)
     assert killed_with_commits >= ROUNDS // 2, f"only {killed_with_commits} of {ROUNDS} rounds committed anything"
-
-
-def _child_with(workdir: Path, report: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """A child that restores and commits nothing (0 commits), with the round's environment (its backends). The
-    timeout only guards a hang: 90 s on an idle machine, stretched by its load."""
-    return subprocess.run(
-        [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), "0"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=scaled(90),
-        check=False,
-    )
 
 
 def _committed_past(workdir: Path, before: int) -> bool:
