@@ -20,9 +20,17 @@ Not a test; run by hand. Per ``--keys`` size N and per backend (``changelog``, `
    of the checkpoint's marker, sequentially, in 4 MiB reads). The restore is reported as a multiple of each and of
    the larger. Restore and limits are measured in turns ``--repeat`` times (default 3), and the best of each kept.
 
+``--after-load`` measures instead the cold restore right after a bulk load (issue 32's independent check): N keys
+put and committed durably in one commit, then ``--commits`` (5) commits of ``--updates`` (here 100,000) random
+updates, then a cold restore in a fresh process, for the changelog backend, the blob-snapshot backend as it uploads
+a bulk load now (an environment-file base: ``blobsnapshot.upload.base.*``) and the blob-snapshot backend with that
+off (``upload.base.min.records`` above N: the first run a run of records, as before), in one run, in turns. It
+reports each restore and its ratio to the changelog backend's, and the load average.
+
 Usage: ``python -m bench.restore --keys 1000000 --keys 10000000 [--keys 50000000 --repeat 1] [--deltas 10]
-[--updates 10000] [--repeat 3] [--workdir DIR] [--plot]``. (``python -m bench.blobsnapshot --restore-scale ...`` runs
-the same.) Prints a markdown table, writes ``bench/results/restore-<UTC time>.json``; ``--plot`` (matplotlib, the
+[--updates 10000] [--repeat 3] [--workdir DIR] [--plot]``; ``python -m bench.restore --after-load --keys 1000000
+--keys 10000000 [--commits 5] [--updates 100000] [--repeat 3]``. (``python -m bench.blobsnapshot --restore-scale ...``
+runs the same.) Prints a markdown table, writes ``bench/results/restore-<UTC time>.json``; ``--plot`` (matplotlib, the
 ``bench`` extra) draws docs/img/restore-scale.png from the newest result of every (backend, keys) under
 bench/results/.
 """
@@ -45,10 +53,10 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
-from statebackend.backends.blobsnapshot.blobs import is_inline_marker, read_marker
-from statebackend.backends.blobsnapshot.format import run_name
+from statebackend.backends.blobsnapshot.blobs import read_marker
+from statebackend.backends.blobsnapshot.format import is_inline_marker, run_name
 from statebackend.backends.changelog.marker import Recipe
-from statebackend.checkpoint import CheckpointLog
+from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
 from bench.common import RESULTS_DIR, format_table, machine_info, write_result
 from statebackend.blobstores.file import FileBlobStore
@@ -219,7 +227,7 @@ def marker_blobs(workdir: Path, backend: str) -> list[str]:
     """The blobs the newest checkpoint's marker names (what a cold restore reads)."""
     blobs = FileBlobStore(str(workdir / "blobs"), create=False)
     entry = CheckpointLog(blobs, "bench", "task-0").latest()
-    assert entry is not None
+    assert entry is not None and isinstance(entry.checkpoint, CheckpointV2)
     marker = entry.checkpoint.markers_for(backend)["counts"]
     prefix = f"bench/task-0/counts/{backend}/"
     if backend == "changelog":
@@ -329,6 +337,150 @@ def run(
     }
 
 
+#: the variants ``--after-load`` compares: (label, backend, backup options)
+AFTER_LOAD_VARIANTS: tuple[tuple[str, str, dict[str, object]], ...] = (
+    ("changelog", "changelog", {}),
+    ("blobsnapshot, bulk load as a base (after)", "blobsnapshot", {}),
+    ("blobsnapshot, bulk load as a run (before)", "blobsnapshot", {"blobsnapshot.upload.base.min.records": 1 << 62}),
+)
+
+
+def build_after_load(
+    backend: str, keys: int, commits: int, updates: int, workdir: Path, seed: int, options: dict[str, object]
+) -> dict[str, Any]:
+    """The independent check's history: ``keys`` keys put and committed durably in one commit, then ``commits``
+    commits of ``updates`` random updates (no deletes), all in one open task. Returns the timings and what the
+    check needs."""
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    rng = random.Random(seed)
+    changed: dict[int, int] = {}
+    with TaskStorage.open(make_config(workdir, backend, **options), "task-0") as task:
+        store = task.store("counts")
+        started = time.perf_counter()
+        for start in range(0, keys, CHUNK):
+            numbers = range(start, min(keys, start + CHUNK))
+            store.put_many([_KEY.pack(i) for i in numbers], [value_of(i, 0) for i in numbers])
+        put_s = time.perf_counter() - started
+        task.commit_durably({"p": "1"})
+        load_s = time.perf_counter() - started
+        started = time.perf_counter()
+        for seq in range(2, commits + 2):
+            chosen = sorted(rng.sample(range(keys), min(keys, updates)))
+            store.put_many([_KEY.pack(k) for k in chosen], [value_of(k, seq) for k in chosen])
+            changed.update(dict.fromkeys(chosen, seq))
+            task.commit_durably({"p": str(seq)})
+        updates_s = time.perf_counter() - started
+        base_runs = task.metrics.counter("blobsnapshot.base.runs")
+    return {
+        "put_s": put_s,
+        "load_commit_s": load_s - put_s,
+        "updates_s": updates_s,
+        "base_runs": base_runs,
+        "changed": changed,
+        "expected_count": keys,
+    }
+
+
+def run_after_load(
+    keys: int, commits: int, updates: int, workdir: Path, seed: int, repeat: int
+) -> list[dict[str, Any]]:
+    """Every variant of :data:`AFTER_LOAD_VARIANTS` on the same history, restored in fresh processes in turns (best
+    of ``repeat`` each: the machine is shared, its load moves within a run)."""
+    built: dict[str, dict[str, Any]] = {}
+    for label, backend, options in AFTER_LOAD_VARIANTS:
+        print(f"  building: {label}", flush=True)
+        built[label] = build_after_load(backend, keys, commits, updates, workdir / _slug(label), seed, options)
+    rng = random.Random(seed + 1)
+    changed = built[AFTER_LOAD_VARIANTS[0][0]]["changed"]
+    sample = dict(rng.sample(sorted(changed.items()), min(2000, len(changed))))
+    sample.update({k: 0 for k in rng.sample(range(keys), 2000) if k not in changed})
+    restores: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in AFTER_LOAD_VARIANTS}
+    loads: list[float] = []
+    for _ in range(repeat):
+        for label, backend, _options in AFTER_LOAD_VARIANTS:
+            restores[label].append(
+                restore_in_child(workdir / _slug(label), backend, built[label]["expected_count"], sample)
+            )
+            loads.append(os.getloadavg()[0])
+    rows = []
+    for label, backend, options in AFTER_LOAD_VARIANTS:
+        best = min(restores[label], key=lambda r: r["seconds"])
+        rows.append(
+            {
+                "variant": label,
+                "backend": backend,
+                "options": options,
+                "keys": keys,
+                "commits": commits,
+                "updates": updates,
+                "put_s": built[label]["put_s"],
+                "load_commit_s": built[label]["load_commit_s"],
+                "updates_s": built[label]["updates_s"],
+                "base_runs": built[label]["base_runs"],
+                "restore_s": best["seconds"],
+                "warm_restore_s": min(r["warm_seconds"] for r in restores[label]),
+                "samples": [r["seconds"] for r in restores[label]],
+                "metrics": best["metrics"],
+                "peak_rss_mib": best["peak_rss_mib"],
+                "load_1min_during_restores": loads,
+                "load_average": [round(x, 2) for x in os.getloadavg()],
+            }
+        )
+    changelog_s = rows[0]["restore_s"]
+    for row in rows:
+        row["x_changelog"] = row["restore_s"] / changelog_s
+    for label, _, _ in AFTER_LOAD_VARIANTS:
+        shutil.rmtree(workdir / _slug(label), ignore_errors=True)
+    return rows
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label)
+
+
+def main_after_load(args: argparse.Namespace) -> None:
+    base = args.workdir or Path(tempfile.mkdtemp(prefix="bench-restore-load-"))
+    results: list[dict[str, Any]] = []
+    for keys in args.keys or [1_000_000]:
+        print(f"# after a bulk load: {keys:,} keys, {args.commits} commits of {args.updates:,} updates", flush=True)
+        results.extend(run_after_load(keys, args.commits, args.updates, base / str(keys), args.seed, args.repeat))
+    rows = [
+        [
+            f"{r['keys']:,}",
+            r["variant"],
+            f"{r['load_commit_s']:.2f}",
+            f"{r['restore_s']:.3f}",
+            " ".join(f"{x:.2f}" for x in r["samples"]),
+            f"{r['warm_restore_s']:.3f}",
+            f"{r['x_changelog']:.2f}",
+            f"{min(r['load_1min_during_restores']):.1f}-{max(r['load_1min_during_restores']):.1f}",
+        ]
+        for r in results
+    ]
+    print()
+    print(
+        format_table(
+            [
+                "keys",
+                "variant",
+                "bulk commit s",
+                "cold restore s (best)",
+                "restores s",
+                "warm s",
+                "x changelog",
+                "load (1 min)",
+            ],
+            rows,
+        )
+    )
+    path = write_result(
+        "restore-after-load",
+        {"machine": machine_info(), "commits": args.commits, "updates": args.updates, "results": results},
+    )
+    print(f"\nraw results: {path}")
+
+
 def plot(path: Path = FIGURE) -> Path:
     """Restore time against keys per backend (and per history above the base), with the measured limits beside
     it, from the newest result of each (backend, deltas, keys) under bench/results/."""
@@ -409,10 +561,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3, help="restores and limit measurements, in turns; best of each")
     parser.add_argument("--plot", action="store_true", help="draw docs/img/restore-scale.png afterwards")
+    parser.add_argument(
+        "--after-load", action="store_true", help="the cold restore right after a bulk load and a few update commits"
+    )
+    parser.add_argument("--commits", type=int, default=5, help="--after-load: update commits after the load")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         child(args.child)
+        return
+    if args.after_load:
+        if args.updates == parser.get_default("updates"):
+            args.updates = 100_000
+        main_after_load(args)
         return
     base = args.workdir or Path(tempfile.mkdtemp(prefix="bench-restore-"))
     results = []
