@@ -429,7 +429,7 @@ class BlobSnapshotBackupManager(TaskBackupManager):
         settings = self.shared.settings
         if records < settings.upload_base_min_records or records < settings.upload_base_ratio * view.count:
             return False
-        log.info(
+        log.debug(  # not INFO: a store rewritten whole at every commit would log it at every commit
             "store %s: a commit of %d changes over %d keys is uploaded as a base run (a bulk load)",
             state.name,
             records,
