@@ -26,6 +26,7 @@ from statebackend.cli import main
 from statebackend.contracts import StateBackendFactory, TaskBackupManager
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract, contents, write_round
+from statebackend.testing.controlled import ControlledBlobStore
 
 FAR_FUTURE = 10 * 365 * 86400.0
 
@@ -170,6 +171,26 @@ def expect_failed_commit(task: TaskStorage, offset: str = "1") -> None:
         failed.result(timeout=30)
 
 
+def commit_then_fail_next(
+    task: TaskStorage,
+    blobs: ControlledBlobStore,
+    model: dict[bytes, bytes],
+    failing: str,
+    *,
+    keys: int,
+    failed_keys: int,
+    failed_model: dict[bytes, bytes] | None = None,
+) -> None:
+    """Commits ``keys`` keys (``fill`` tag "a") durably at input "0", then writes ``failed_keys`` keys from 0 again
+    (tag "next", into ``failed_model``, ``model`` unless given) and commits at input "1" while the next write of a
+    blob whose name contains ``failing`` fails: that commit fails (``expect_failed_commit``)."""
+    fill(task, model, 0, keys, "a")
+    task.commit_durably({"input": "0"})
+    blobs.fail, blobs.failures_left = naming(failing), 1
+    fill(task, model if failed_model is None else failed_model, 0, failed_keys, "next")
+    expect_failed_commit(task, "1")
+
+
 def checkpoint_name(seq: int, version: int = 2) -> str:
     """The blob name of checkpoint ``seq`` of task-0 in format ``version``."""
     return f"{CHECKPOINTS}{seq:012d}.v{version}.json"
@@ -294,10 +315,11 @@ EAGER_FULL = {
 }
 
 
-def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, keys: int = 300) -> None:
-    """40 updates and 10 deletes over ``keys`` keys, different each round."""
+def churn(task: TaskStorage, model: dict[bytes, bytes], round_no: int, *, writes: int = 50, keys: int = 300) -> None:
+    """``writes`` writes into store ``counts`` and ``model`` over ``keys`` keys (distinct unless ``keys`` shares a
+    factor with 53), every fifth a delete, the rest updates; different each round."""
     store = task.store("counts")
-    for i in range(50):
+    for i in range(writes):
         key = f"key-{(i * 53 + round_no * 97) % keys:05d}".encode()
         if i % 5 == 4:
             store.delete(key)

@@ -35,7 +35,7 @@ from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import blobsnapshot_config as make_config
-from tests.backend_helpers import expect_failed_commit, fill, read_marker_index, run_blobs
+from tests.backend_helpers import commit_then_fail_next, fill, read_marker_index, run_blobs
 from tests.backend_helpers import store_contents as contents
 from tests.blobsnapshot_legacy import as_index_blob_markers
 
@@ -510,11 +510,7 @@ def test_failed_run_upload_fails_the_commit_and_the_next_one_recovers(tmp_path: 
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 2000, "a")
-        task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/runs/" in name), 1
-        fill(task, model, 0, 2000, "b")
-        expect_failed_commit(task, "1")
+        commit_then_fail_next(task, blobs, model, "/runs/", keys=2000, failed_keys=2000)
         again = task.commit({"input": "1b"})  # the failure was reported through result(): not raised again
         assert again is not None
         again.result(timeout=30)

@@ -20,7 +20,7 @@ from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
-from tests.backend_helpers import at_seq, expect_failed_commit, fill, index_blobs, read_marker_index, run_blobs
+from tests.backend_helpers import at_seq, commit_then_fail_next, fill, index_blobs, read_marker_index, run_blobs
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as backup_manager
 from tests.backend_helpers import drain_cleanup as _drain
@@ -105,11 +105,7 @@ def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp
     config = make_config(tmp_path)
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 3000, "a")
-        task.commit_durably({"input": "0"})
-        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-        fill(task, model, 0, 300, "lost")
-        expect_failed_commit(task, "1")
+        commit_then_fail_next(task, blobs, model, "/checkpoints/", keys=3000, failed_keys=300)
         carried = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
         assert len(carried) == 1
         fill(task, model, 5000, 10, "c")
@@ -125,15 +121,10 @@ def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp
 def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_path: Path) -> None:
     blobs = ControlledBlobStore(MemoryBlobStore())
     config = make_config(tmp_path)
-    model: dict[bytes, bytes] = {}
+    durable: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        fill(task, model, 0, 3000, "a")
-        task.commit_durably({"input": "0"})
-        durable = dict(model)
         # a commit whose run lands but whose checkpoint never does, and the task goes away: its run is garbage
-        blobs.fail, blobs.failures_left = (lambda name: "/checkpoints/" in name), 1
-        fill(task, {}, 0, 3000, "lost")
-        expect_failed_commit(task, "1")
+        commit_then_fail_next(task, blobs, durable, "/checkpoints/", keys=3000, failed_keys=3000, failed_model={})
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == durable
         orphans = run_blobs(blobs.inner) - _live_runs(blobs.inner, task)
