@@ -31,6 +31,7 @@ from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFo
 from statebackend.recordfile import FileHeader
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
+from tests.backend_helpers import churn
 from tests.crash_child import (
     BACKUP_FACTORIES_ENV,
     CRASH_AT_ENV,
@@ -284,17 +285,10 @@ def backend_config(tmp_path: Path, backend: str) -> dict[str, object]:
 
 
 def commit_rounds(task: TaskStorage, model: dict[bytes, bytes], start: int, count: int) -> None:
+    """Rounds ``start`` to ``start + count``: each 300 writes (a fifth of them deletes) over 900 keys, committed
+    durably at its round number, then settled (``settle``)."""
     for round_no in range(start, start + count):
-        store = task.store("counts")
-        for i in range(300):
-            key = f"k{(i * 7 + round_no * 13) % 900:04d}".encode()
-            if i % 5 == 4:
-                store.delete(key)
-                model.pop(key, None)
-            else:
-                value = f"value-{round_no}-{i}".encode()
-                store.put(key, value)
-                model[key] = value
+        churn(task, model, round_no, writes=300, keys=900)
         task.commit_durably({"input": str(round_no)})
         settle(task)
 

@@ -14,6 +14,7 @@ import pytest
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
+from tests.backend_helpers import churn
 from tests.blobsnapshot_legacy import as_index_blob_markers
 
 
@@ -34,16 +35,8 @@ def config_for(tmp_path: Path, url: str, backup: str, restore: str) -> dict[str,
 
 
 def work(task: TaskStorage, model: dict[bytes, bytes], round_no: int) -> None:
-    store = task.store("counts")
-    for i in range(300):
-        key = f"k{(i * 11 + round_no * 37) % 1500:05d}".encode()
-        if (i + round_no) % 7 == 0:
-            store.delete(key)
-            model.pop(key, None)
-        else:
-            value = f"v{round_no}-{i}".encode()
-            store.put(key, value)
-            model[key] = value
+    """One round of a migration step: 300 writes (a fifth of them deletes) over 1500 keys."""
+    churn(task, model, round_no, writes=300, keys=1500)
 
 
 def run_step(
