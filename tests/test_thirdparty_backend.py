@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import shutil
-import uuid
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.registry import _REGISTRY, ENTRY_POINT_GROUP, known_factories, resolve_factory
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents
-from tests.backend_helpers import commit_round
+from tests.backend_helpers import commit_round, task_config
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "thirdparty_backend"
@@ -47,13 +46,7 @@ def test_the_registry_finds_it_by_its_short_name_through_the_entry_point() -> No
 
 
 def test_a_store_backed_up_by_it_commits_and_restores_exactly_through_task_storage(tmp_path: Path) -> None:
-    config = {
-        "job.name": "job",
-        "state.local.dir": str(tmp_path / "local"),
-        "blob.store.url": f"memory://{uuid.uuid4().hex}",
-        "stores.counts.backup.factories": "fullcopy",
-        "task.checkpoint.retained": 2,
-    }
+    config = task_config(tmp_path / "local", "fullcopy", **{"task.checkpoint.retained": 2})
     blobs = MemoryBlobStore()
     model: dict[bytes, bytes] = {}
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
