@@ -26,7 +26,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents
-from tests.backend_helpers import commit_round
+from tests.backend_helpers import commit_round, commit_rounds
 from tests.data.changelog.make_samples import recipe_from_steps
 from tests.test_backend_changelog import config_for
 
@@ -265,16 +265,14 @@ def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 4})
     model: dict[bytes, bytes] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(7):
-            commit_round(task, round_no, model)
-        head = task.checkpoint_log.latest()
+    commit_rounds(config, blobs, model, 7)
+    log = CheckpointLog(blobs, "job", "task-0")
+    head = log.latest()
     assert head is not None and isinstance(head.checkpoint, CheckpointV2)
     marker = head.checkpoint.markers_for("changelog")["counts"]
     recipe = Recipe.decode(marker, prefix=PREFIX)
     assert json.loads(marker)["format"] == 2 and recipe.snapshot is not None and recipe.deltas
     old = head.checkpoint
-    log = CheckpointLog(blobs, "job", "task-0")
     # the same checkpoint as an older release wrote it: its recipe ends at its own version, as every commit's does
     log.write(
         head.seq + 1,
