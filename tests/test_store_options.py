@@ -77,8 +77,12 @@ def error_of(**config: Any) -> str:
     return str(info.value)
 
 
-def declared(*names: str, backends: str = "changelog") -> dict[str, str]:
-    return {f"stores.{name}.backup.factories": backends for name in names}
+def declared(*names: str, backends: str = "changelog", restores: str | None = None) -> dict[str, str]:
+    """Stores ``names`` backed up by ``backends`` and, when given, restored by ``restores``."""
+    config = {f"stores.{name}.backup.factories": backends for name in names}
+    if restores is not None:
+        config.update({f"stores.{name}.restore.factories": restores for name in names})
+    return config
 
 
 # -- config -----------------------------------------------------------------------------------------------------
@@ -185,11 +189,8 @@ def test_a_store_option_of_a_backend_the_store_does_not_use_is_an_error() -> Non
 
 def test_a_store_option_of_a_restore_only_backend_is_accepted() -> None:
     s = settings(
-        **{
-            "stores.counts.backup.factories": "blobsnapshot",
-            "stores.counts.restore.factories": "changelog,blobsnapshot",
-            "stores.counts.changelog.restore.download.concurrency": "2",
-        }
+        **declared("counts", backends="blobsnapshot", restores="changelog,blobsnapshot"),
+        **{"stores.counts.changelog.restore.download.concurrency": "2"},
     )
     assert s.backend_options_for("changelog", store="counts")["restore.download.concurrency"] == 2
 
@@ -307,6 +308,19 @@ def write(task: TaskStorage, names: tuple[str, ...], round_no: int, model: dict[
             model.setdefault(name, {})[key] = value
 
 
+def commit_writes(
+    config: dict[str, Any], blobs: MemoryBlobStore, names: tuple[str, ...], rounds: int
+) -> dict[str, dict[bytes, bytes]]:
+    """Opens task-0, writes (``write``) and durably commits ``rounds`` rounds into stores ``names``, closes it; what
+    it wrote, by store."""
+    model: dict[str, dict[bytes, bytes]] = {}
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        for round_no in range(rounds):
+            write(task, names, round_no, model)
+            task.commit_durably({"input": str(round_no)})
+    return model
+
+
 def contents(task: TaskStorage, names: tuple[str, ...]) -> dict[str, dict[bytes, bytes]]:
     return {name: dict(task.store(name, typed=False).items()) for name in names}
 
@@ -363,11 +377,7 @@ def test_backup_and_restore_managers_get_their_groups_options(tmp_path: Path) ->
         },
     )
     blobs = MemoryBlobStore()
-    model: dict[str, dict[bytes, bytes]] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(3):
-            write(task, names, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+    model = commit_writes(config, blobs, names, 3)
     backups = {stores: options for kind, stores, options in RecordingFactory.contexts if kind == "backup"}
     assert set(backups) == {("a",), ("b",), ("c",)}
     assert (backups[("a",)]["keep"], backups[("b",)]["keep"], backups[("c",)]["keep"]) == (2, 5, 2)
@@ -395,10 +405,7 @@ def test_stores_with_equal_options_share_one_manager_on_backup_and_restore(tmp_p
         },
     )
     blobs = MemoryBlobStore()
-    model: dict[str, dict[bytes, bytes]] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        write(task, names, 0, model)
-        task.commit_durably({"input": "0"})
+    model = commit_writes(config, blobs, names, 1)
     shutil.rmtree(tmp_path / "local")
     with restored_stores(config, "task-0", blob_store=blobs) as restored:
         assert {name: dict(store.items()) for name, store in restored.stores.items()} == model
@@ -435,11 +442,7 @@ def test_the_example_third_party_backend_keeps_copies_of_one_store_by_its_store_
     assert settings.backend_options_for("fullcopy", store="counts") == {"keep": 2}
     assert settings.backend_options_for("fullcopy", store="other") == {"keep": 0}
     blobs = MemoryBlobStore()
-    model: dict[str, dict[bytes, bytes]] = {}
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        for round_no in range(6):
-            write(task, names, round_no, model)
-            task.commit_durably({"input": str(round_no)})
+    model = commit_writes(config, blobs, names, 6)
     # closing trimmed the log to the retained two and ran the cleanups again: they kept the copies of those two
     # checkpoints, and for counts the two newest copies before them
     kept = {name: [blob.rsplit("/", 1)[1] for blob in blobs.list(f"job/task-0/{name}/fullcopy/")] for name in names}
