@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,40 +33,44 @@ V2 = "record:tests.record_values:CountV2"
 # -- job functions (module level: pickled by reference, imported on the executors) ------------------------------
 
 
-def count_v1(stores: Any, rows: Any) -> list[tuple[str, float]]:
-    """Word count into CountV1 values: the count, and the batch a word was first seen in."""
+def count_words(stores: Any, rows: Any, step: Callable[[Any, int, int], Any]) -> list[tuple[str, float]]:
+    """Word count into store counts: each word's new value is ``step(old value or None, its count in the batch,
+    batch id)``; the output is each word's new count."""
     counts = stores["counts"]
     output = []
     for word, n in sorted(Counter(row.word for row in rows).items()):
-        old = counts.get(word)
-        new = rv.CountV1(n + (old.count if old else 0), old.first if old else f"b{stores.batch_id}")
+        new = step(counts.get(word), n, stores.batch_id)
         counts.put(word, new)
         output.append((word, float(new.count)))
     return output
+
+
+def next_v1(old: rv.CountV1 | None, n: int, batch_id: int) -> rv.CountV1:
+    return rv.CountV1(n + (old.count if old else 0), old.first if old else f"b{batch_id}")
+
+
+def next_v2(old: Any, n: int, batch_id: int) -> rv.CountV2:
+    assert old is None or isinstance(old, rv.CountV2), old
+    return rv.CountV2((old.count if old else 0.0) + n, f"b{batch_id}")
+
+
+def next_v3(old: rv.CountV3 | None, n: int, batch_id: int) -> rv.CountV3:
+    return rv.CountV3(n + (old.count if old else 0), old.first if old else batch_id, old.tag if old else "")
+
+
+def count_v1(stores: Any, rows: Any) -> list[tuple[str, float]]:
+    """Word count into CountV1 values: the count, and the batch a word was first seen in."""
+    return count_words(stores, rows, next_v1)
 
 
 def count_v2(stores: Any, rows: Any) -> list[tuple[str, float]]:
     """The same count into CountV2 values (first dropped, last added, count a float); old values read as CountV2."""
-    counts = stores["counts"]
-    output = []
-    for word, n in sorted(Counter(row.word for row in rows).items()):
-        old = counts.get(word)
-        assert old is None or isinstance(old, rv.CountV2), old
-        new = rv.CountV2((old.count if old else 0.0) + n, f"b{stores.batch_id}")
-        counts.put(word, new)
-        output.append((word, new.count))
-    return output
+    return count_words(stores, rows, next_v2)
 
 
 def count_v3(stores: Any, rows: Any) -> list[tuple[str, float]]:
-    counts = stores["counts"]
-    output = []
-    for word, n in sorted(Counter(row.word for row in rows).items()):
-        old = counts.get(word)
-        new = rv.CountV3(n + (old.count if old else 0), old.first if old else stores.batch_id, old.tag if old else "")
-        counts.put(word, new)
-        output.append((word, float(new.count)))
-    return output
+    """The same count into CountV3 values (the first batch as a number, and a tag), after the split-first migration."""
+    return count_words(stores, rows, next_v3)
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -265,22 +270,15 @@ def test_a_load_run_again_before_the_first_batch_loads_no_task_twice(spark: Any,
     batch = spark.createDataFrame([(w,) for w in batch_words(0)], "word string")
     from tests.test_spark import count_rows
 
-    first = word_job(
-        count_rows,
-        config,
-        num_tasks=NUM_TASKS,
-        output_schema="word string, count long",
-        initial_state={"counts": frame},
-    )
+    def seeded_job() -> StatefulForeachBatch:
+        """A new driver object of the job with the initial state, as each start of the driver makes."""
+        schema = "word string, count long"
+        return word_job(count_rows, config, num_tasks=NUM_TASKS, output_schema=schema, initial_state={"counts": frame})
+
+    first = seeded_job()
     assert first.initial_state is not None
     first.initial_state.load_once(first, batch, Settings.from_config(config), 0)  # the driver stops after the load
-    again = word_job(
-        count_rows,
-        config,
-        num_tasks=NUM_TASKS,
-        output_schema="word string, count long",
-        initial_state={"counts": frame},
-    )
+    again = seeded_job()
     output = {row.word: row["count"] for row in output_of(again, batch, 0).collect()}
     assert all(output[w] == 10 + n for w, n in word_counts([0]).items() if w.startswith("w"))
     for index in range(NUM_TASKS):
