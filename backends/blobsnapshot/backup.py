@@ -12,7 +12,8 @@ Per commit and store:
   checkpoint, written create-only and fenced by the framework, carries it, so no index blob is written and a commit
   that changed nothing writes no blob at all. Cost and bytes follow the change. When this backend has no chain for the
   store's data (the first commit after a migration, a fallback restore from another backend, a broken chain), the upload
-  writes a *base run* of the whole store instead, once.
+  writes a *base run* of the whole store instead, once. So does a commit whose change is most of a large store (a bulk
+  load: ``upload.base.min.records`` and ``upload.base.ratio``), so no cold restore re-inserts it record by record.
 - ``checkpoint_completed()`` (commit pool, after the checkpoint is durable): the index joins the window of the last
   ``task.checkpoint.retained`` durable ones. The framework owns the blobs' lifetime (statebackend.kit.lifetime; what
   this backend states: lifetime.py): the runs only indexes that left the window referenced are released in one
