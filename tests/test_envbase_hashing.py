@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,7 +17,34 @@ from statebackend import envbase
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.envbase import BlobSource, restore_env_base
 from statebackend.errors import CorruptDataError
-from tests.test_envbase import check_binding, filled_store, lineage, write_base
+from statebackend.recordfile import FileHeader
+from statebackend.store import LocalStore, LocalVersion
+
+KEY = struct.Struct(">Q")
+V1 = LocalVersion("1-1", "aaaa")
+
+
+def lineage() -> FileHeader:
+    return FileHeader(
+        kind="snapshot", job="j", task="t", store="s", checkpoint_id="1-1", token="aaaa", seq=5, base_seq=5
+    )
+
+
+def filled_store(path: Path, keys: int, *, value: bytes = b"v") -> LocalStore:
+    store = LocalStore.open(path, name="s")
+    store.replace_contents(((KEY.pack(i), value + KEY.pack(i)) for i in range(keys)), V1)
+    return store
+
+
+def write_base(local: LocalStore, path: Path) -> bytes:
+    with local.read_view() as view, open(path, "wb") as out:
+        envbase.write_env_base(view, out, lineage(), scratch=path.parent)
+    return path.read_bytes()
+
+
+def check_binding(header: envbase.EnvBaseHeader) -> None:
+    if (header.lineage.store, header.lineage.seq) != ("s", 5):
+        raise CorruptDataError(f"base of {header.lineage.store}/{header.lineage.seq}, wanted s/5")
 
 
 @pytest.fixture
@@ -39,7 +67,7 @@ def test_the_content_hash_covers_every_byte_in_order(tmp_path: Path, threaded: b
         restore_env_base(
             BlobSource(blobs, "b", len(data)),
             tmp_path / "env",
-            check=check_binding(),
+            check=check_binding,
             pool=pool if threaded else None,
             content_hasher=content,
         )
@@ -78,5 +106,5 @@ def test_a_changed_body_byte_is_refused_by_the_digest(tmp_path: Path, threaded: 
     blobs.put("b", bytes(data))
     with ThreadPoolExecutor(2) as pool, pytest.raises(CorruptDataError, match="digest does not match"):
         restore_env_base(
-            BlobSource(blobs, "b", len(data)), tmp_path / "env", check=check_binding(), pool=pool if threaded else None
+            BlobSource(blobs, "b", len(data)), tmp_path / "env", check=check_binding, pool=pool if threaded else None
         )
