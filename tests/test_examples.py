@@ -60,6 +60,15 @@ class Examples:
         )
 
 
+#: the Spark examples that check their own result and print "OK: all" when it holds, by name: their arguments (run
+#: from the repository root). demo: the README's demo counts words exactly; sessionize: a streaming sessionization
+#: equals the batch one of the same events
+SELF_CHECKING = {
+    "demo": ["examples/demo.py", "--batches", "3", "--rows-per-batch", "2000"],
+    "sessionize": ["examples/sessionize.py", "--files", "3", "--events-per-file", "1000"],
+}
+
+
 @pytest.fixture(scope="module")
 def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Examples]:
     """The Spark examples of this module, in test order (none when the run deselects them all)."""
@@ -69,10 +78,9 @@ def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
         if isinstance(item, pytest.Function) and item.module is request.module
     }
     scripts: dict[str, tuple[list[str], Path]] = {}
-    if "test_readme_demo_counts_words_exactly_on_local_spark" in wanted:
-        scripts["demo"] = (["examples/demo.py", "--batches", "3", "--rows-per-batch", "2000"], ROOT)
-    if "test_sessionize_example_equals_a_batch_sessionization" in wanted:
-        scripts["sessionize"] = (["examples/sessionize.py", "--files", "3", "--events-per-file", "1000"], ROOT)
+    for name, args in SELF_CHECKING.items():
+        if f"test_a_spark_example_checks_its_own_result_on_local_spark[{name}]" in wanted:
+            scripts[name] = (args, ROOT)
     if "test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization" in wanted:
         scripts["sessionize_timers"] = (
             ["examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000"],
@@ -93,8 +101,10 @@ def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_readme_demo_counts_words_exactly_on_local_spark(spark_examples: Examples) -> None:
-    result = spark_examples.result("demo")
+@pytest.mark.parametrize("example", list(SELF_CHECKING))
+def test_a_spark_example_checks_its_own_result_on_local_spark(spark_examples: Examples, example: str) -> None:
+    """Each of ``SELF_CHECKING`` exits 0 and prints "OK: all" (its own check of its result held)."""
+    result = spark_examples.result(example)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
 
@@ -105,14 +115,6 @@ def test_crash_restore_example_restores_exact_counts_after_sigkill() -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "child exited with -9" in result.stdout
     assert "OK: restored counts equal" in result.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.spark
-def test_sessionize_example_equals_a_batch_sessionization(spark_examples: Examples) -> None:
-    result = spark_examples.result("sessionize")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "OK: all" in result.stdout
 
 
 @pytest.mark.slow
