@@ -320,7 +320,7 @@ _SPECS = [
     _counter(
         "blobsnapshot.base.runs",
         "statebackend_blobsnapshot_base_runs_total",
-        "base runs (the whole state) written to start a chain",
+        "base runs (the whole state) written to start a chain or for a bulk commit",
     ),
     _histogram(
         "blobsnapshot.runs.live",
