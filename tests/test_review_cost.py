@@ -42,7 +42,6 @@ _ODD = [
     "pct%2Fx",
     "colon:x",
     "at@x",
-    "tab\tx",
 ]
 _DECOYS = ["pct x", "plus x", "hash", "q", "pct/x"]
 
