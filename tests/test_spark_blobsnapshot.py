@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from statebackend.backends.blobsnapshot.blobs import read_marker
 from statebackend.backends.blobsnapshot.format import RunEntry
-from statebackend.checkpoint import CheckpointV2
-from statebackend.checkpoint.serde import decode_bound_checkpoint
+from statebackend.checkpoint import CheckpointLog, CheckpointV2
 
 from statebackend.blobstores.file import FileBlobStore
 from tests.spark_helpers import word_job
@@ -84,11 +83,12 @@ def _words(batch_id: int) -> list[str]:
 
 
 def _runs_of_retained_indexes(blobs: FileBlobStore) -> Iterator[RunEntry]:
-    """The runs every blob-snapshot index of the checkpoints still in the blob store lists (inline in markers)."""
-    for name in blobs.list(""):
-        if "/checkpoints/" not in name:
-            continue
-        checkpoint, binding = decode_bound_checkpoint(blobs.get(name), source=name)
-        assert isinstance(checkpoint, CheckpointV2) and binding is not None
-        for store, marker in checkpoint.markers_for("blobsnapshot").items():
-            yield from read_marker(blobs, marker, job=binding.job, task=binding.task, store=store).runs
+    """The runs every blob-snapshot index of the checkpoints each task's log still holds lists (inline in markers),
+    read through the log (one head blob per task on this store, or per-seq blobs)."""
+    tasks = sorted({tuple(name.split("/")[:2]) for name in blobs.list("") if "/checkpoints/" in name})
+    for job, task in tasks:
+        for entry in CheckpointLog(blobs, job, task).entries():
+            checkpoint = entry.checkpoint
+            assert isinstance(checkpoint, CheckpointV2)
+            for store, marker in checkpoint.markers_for("blobsnapshot").items():
+                yield from read_marker(blobs, marker, job=job, task=task, store=store).runs
