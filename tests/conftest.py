@@ -29,9 +29,12 @@ def _pyspark_major() -> int | None:
 
 _PYSPARK_MAJOR = _pyspark_major()
 
-#: bench/spark_tws.py imports the StatefulProcessor of transformWithStateInPandas, new in PySpark 4.0: its tests need
-#: no Spark, but their module cannot be imported on PySpark 3.5 (./dev spark-matrix)
-collect_ignore = ["test_bench_tws.py"] if _PYSPARK_MAJOR is not None and _PYSPARK_MAJOR < 4 else []
+#: bench/spark_tws.py and bench/tws_state.py import the StatefulProcessor of transformWithStateInPandas, new in
+#: PySpark 4.0: the benches compare with it, so their test modules cannot be imported on PySpark 3.5 (./dev
+#: spark-matrix), where there is nothing to compare with
+collect_ignore = (
+    ["test_bench_tws.py", "test_bench_tws_state.py"] if _PYSPARK_MAJOR is not None and _PYSPARK_MAJOR < 4 else []
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
