@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from statebackend import plugins
-from statebackend.blobstores import base
+from statebackend.blobstores import registry as base  # the registry: its table and entry points are patched
 from statebackend.blobstores.base import (
     ENTRY_POINT_GROUP,
     BlobStore,

@@ -24,7 +24,7 @@ import attrs
 import pytest
 
 from statebackend import options as options_module
-from statebackend.blobstores import base
+from statebackend.blobstores import registry as base  # the registry: its table and entry points are patched
 from statebackend.blobstores.azure import AzureBlobStore
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore

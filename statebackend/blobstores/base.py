@@ -50,6 +50,10 @@ Scheme registry (fsspec style): URL scheme -> dotted path, imported lazily, with
 missing. A distribution declares its stores as entry points in group ``statebackend.blobstores`` (statebackend's own
 four too, in its pyproject.toml); an application may register one at run time with :func:`register_blob_store`.
 :func:`known_blob_store_schemes` is a read-only view of both. How to write and register a store: docs/blobstores.md.
+
+This module holds the contract's class, :class:`BlobStore`, and is where every name of the contract is imported from:
+the checks and values are defined in :mod:`statebackend.blobstores.checks`, the registry in
+:mod:`statebackend.blobstores.registry`, and both are re-exported here.
 """
 
 from __future__ import annotations
@@ -58,19 +62,30 @@ import abc
 import builtins
 import functools
 import os
-import re
 import shutil
 import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar, Self, TypeVar, cast
-from urllib.parse import urlsplit
 
-import attrs
-
+from statebackend.blobstores import registry as _registry
+from statebackend.blobstores.checks import (
+    AbandonedUpload,
+    BlobInfo,
+    check_blob_name,
+    check_metadata,
+    check_range,
+    prefix_can_match,
+)
+from statebackend.blobstores.registry import (
+    blob_store_class,
+    blob_store_option_schemas,
+    known_blob_store_schemes,
+    open_blob_store,
+    register_blob_store,
+)
 from statebackend.errors import ConfigError, NotFoundError, StateBackendError, StorageError
 from statebackend.fsutil import atomic_write
 from statebackend.options import OptionSpec, ParsedOptions, parse_options
-from statebackend.plugins import entry_points, load_target
 from statebackend.redact import redact, sanitized, scrub_chain
 
 if TYPE_CHECKING:
@@ -98,111 +113,10 @@ T = TypeVar("T")
 
 _COPY_BUFFER = 4 * 1024 * 1024
 
-
-def _frozen_metadata(metadata: Mapping[str, str]) -> Mapping[str, str]:
-    """A read-only copy: a ``BlobInfo`` is a value, its metadata cannot change under its holder."""
-    return types.MappingProxyType(dict(metadata))
-
-
-@attrs.frozen
-class BlobInfo:
-    """What ``head`` tells about a blob."""
-
-    #: the blob's name
-    name: str
-    #: its size in bytes
-    size: int
-    #: its metadata, read-only (empty where the store keeps none: :attr:`BlobStore.supports_metadata`)
-    metadata: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_metadata)
-    #: the version of the blob this ``head`` saw, for :meth:`BlobStore.delete_if_unchanged`: opaque, and different
-    #: after every write of the name (the same bytes written again too; ``set_metadata`` may change it as well).
-    #: ``None`` where the store cannot tell (its :attr:`BlobStore.supports_conditional_delete` is false, or for a blob
-    #: whose version it cannot vouch for, such as ``file://`` on a filesystem that keeps whole seconds: a collector
-    #: deletes such a blob with :meth:`BlobStore.delete_many`, as on a store without conditional deletes)
-    etag: str | None = None
-
-
-@attrs.frozen
-class AbandonedUpload:
-    """A write that never finished and that no reader sees: a temp file of a ``file://`` store, an incomplete S3
-    multipart upload. Found by :meth:`BlobStore.abandoned_uploads`, removed by
-    :meth:`BlobStore.remove_abandoned_upload`."""
-
-    #: what it is, for people: ``temp file``, ``multipart upload``
-    kind: str
-    #: the blob name it was written for (a temp file: its path under the root)
-    name: str
-    #: seconds since it was started or last written (``None``: unknown)
-    age_s: float | None
-    #: bytes it holds (``None``: unknown)
-    size: int | None
-    #: the store's own handle (an upload id, a path)
-    handle: str
-
-
-_BAD_SEGMENTS = {"", ".", ".."}
-#: characters no blob name holds on any store: NUL and the other control characters (a listing's XML cannot carry
-#: them), and the backslash (a path separator on some filesystems and SDKs)
-_UNHOLDABLE_RE = re.compile(r"[\x00-\x1f\x7f\\]")
-
-
-def _encodable(text: str) -> bool:
-    """Whether ``text`` is valid Unicode for UTF-8 (no lone surrogate), as every store's wire or disk needs."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def check_blob_name(name: str) -> str:
-    """Return ``name`` if it is a safe relative blob name, else raise :class:`ConfigError`. The same names are
-    refused on every store: empty ones, absolute ones, ones with an empty, ``.`` or ``..`` segment, and ones with a
-    character no store holds (NUL and other control characters, backslash, a lone surrogate). Every other
-    character, ``%``, ``_``, ``*``, ``?``, ``[`` and ``]`` included, is an ordinary character of a name."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"blob name must be a non-empty string, got {name!r}")
-    if name.startswith("/"):
-        raise ConfigError(f"blob name {name!r} must be relative ('/'-separated, not starting with '/')")
-    bad = _UNHOLDABLE_RE.search(name)
-    if bad is not None:
-        raise ConfigError(
-            f"blob name {name!r} has the character {bad.group()!r}, which no blob store holds: names are printable, "
-            f"without control characters or backslash ('/' separates segments)"
-        )
-    if not _encodable(name):
-        raise ConfigError(f"blob name {name!r} is not valid Unicode (a lone surrogate); names are UTF-8 text")
-    if any(segment in _BAD_SEGMENTS for segment in name.split("/")):
-        raise ConfigError(f"blob name {name!r} has an empty, '.' or '..' segment; it could escape the store root")
-    return name
-
-
-def check_range(start: int | None, end: int | None) -> tuple[int, int | None]:
-    """``(start, end)`` of a ranged read with ``start`` defaulted to 0, or a :class:`ConfigError` for a negative
-    bound (it would slice from the end in Python, and means nothing to a service's byte range)."""
-    if (start is not None and start < 0) or (end is not None and end < 0):
-        raise ConfigError(f"byte range [{start}, {end}) must not be negative")
-    return start or 0, end
-
-
-_METADATA_KEY_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-
-
-def check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    """Return ``metadata`` as a dict if every key is portable across services (lowercase letter, then lowercase
-    letters, digits or ``_``; at most 63 characters: what S3, Azure and a file all keep as given) and every value a
-    printable ASCII string; else raise :class:`ConfigError` before anything is written."""
-    checked: dict[str, str] = {}
-    for key, value in (metadata or {}).items():
-        if not isinstance(key, str) or not _METADATA_KEY_RE.match(key):
-            raise ConfigError(
-                f"blob metadata key {key!r} is not portable: use a lowercase letter, then lowercase letters, digits "
-                f"or '_' (Azure refuses '-', S3 lowercases keys)"
-            )
-        if not isinstance(value, str) or not value.isascii() or not value.isprintable():
-            raise ConfigError(f"blob metadata value of {key!r} must be a printable ASCII string, got {value!r}")
-        checked[key] = value
-    return checked
+#: the entry-point group in which a distribution declares its blob stores: URL scheme -> ``package.module:Class``.
+#: statebackend's own (``file``, ``memory``, ``az``, ``s3``) are declared there too, in its pyproject.toml (the
+#: registry, :mod:`statebackend.blobstores.registry`, reads it)
+ENTRY_POINT_GROUP = _registry.ENTRY_POINT_GROUP
 
 
 #: the five core operations: public template -> the raw operation a store implements (or it overrides the public one)
@@ -282,21 +196,6 @@ def translate_errors(method: F) -> F:
         raise error
 
     return cast(F, wrapper)
-
-
-def prefix_can_match(prefix: str) -> bool:
-    """Whether some valid blob name (:func:`check_blob_name`) starts with ``prefix``. A listing under a prefix that
-    cannot match is empty, never an error: a prefix is a plain string filter, not a name. The base's
-    :meth:`BlobStore.list` answers such a listing without asking the store; a store that overrides ``list`` may use
-    this to do the same. A prefix that is not a string is a :class:`ConfigError`."""
-    if not isinstance(prefix, str):
-        raise ConfigError(f"blob listing prefix must be a string, got {prefix!r}")
-    if not prefix:
-        return True
-    if prefix.startswith("/") or _UNHOLDABLE_RE.search(prefix) or not _encodable(prefix):
-        return False
-    complete = prefix.split("/")[:-1]  # the last segment may still grow into any valid one ("." into ".x")
-    return not any(segment in _BAD_SEGMENTS for segment in complete)
 
 
 class BlobStore(abc.ABC, metaclass=_BlobStoreMeta):
@@ -649,147 +548,6 @@ class BlobStore(abc.ABC, metaclass=_BlobStoreMeta):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-# -- registry -------------------------------------------------------------------------------------------------
-
-#: the entry-point group in which a distribution declares its blob stores: URL scheme -> ``package.module:Class``.
-#: statebackend's own (``file``, ``memory``, ``az``, ``s3``) are declared there too, in its pyproject.toml
-ENTRY_POINT_GROUP = "statebackend.blobstores"
-
-
-def register_blob_store(scheme: str, target: str, install_hint: str | None = None, *, replace: bool = False) -> None:
-    """Register ``scheme`` -> ``"package.module:Class"`` at run time (nothing is imported until the scheme is
-    opened); ``install_hint`` is what the error says to run when the import fails. The class is a
-    :class:`BlobStore` with a ``from_url(url, options)`` classmethod. A scheme already known (registered, or an
-    entry point of an installed distribution) is an error unless ``replace=True``; a registration shadows an entry
-    point of the same scheme. Prefer an entry point in a package's metadata (docs/blobstores.md); this is for
-    applications that define a store in their own code."""
-    if not isinstance(scheme, str) or not _SCHEME_RE.match(scheme):
-        raise ConfigError(
-            f"blob store scheme {scheme!r} is not a valid URL scheme: use a lowercase letter, then lowercase letters, "
-            "digits, '+', '.' or '-'"
-        )
-    if not isinstance(target, str) or not _TARGET_RE.fullmatch(target):
-        raise ConfigError(f"blob store target {target!r} for {scheme}:// is not a dotted path 'package.module:Class'")
-    known = known_blob_store_schemes()
-    if scheme in known and not replace:
-        raise ConfigError(
-            f"blob store scheme {scheme!r} is already registered to {known[scheme]}; pass replace=True to override it"
-        )
-    _SCHEMES[scheme] = (target, install_hint)
-
-
-def known_blob_store_schemes() -> Mapping[str, str]:
-    """Read-only view: scheme -> dotted path, for the entry points of the installed distributions and the schemes
-    registered at run time (which win)."""
-    known = {scheme: declared[0].target for scheme, declared in entry_points(ENTRY_POINT_GROUP).items()}
-    known.update({scheme: target for scheme, (target, _hint) in _SCHEMES.items()})
-    return types.MappingProxyType(dict(sorted(known.items())))
-
-
-def blob_store_class(scheme: str) -> type[BlobStore]:
-    """The store class of ``scheme``, imported now. An unknown scheme (naming the known ones), a scheme two
-    distributions declare differently, a package that is not installed (with its install hint) or a target that is
-    no :class:`BlobStore` with ``from_url`` is a :class:`ConfigError`."""
-    target, hint, source = _locate(scheme)
-    try:
-        cls = load_target(target)
-    except ImportError as exc:
-        advice = f"; install it with: {hint}" if hint else ""
-        raise ConfigError(
-            f"blob store {scheme}:// needs a package that is not installed ({exc}){advice} ({source})"
-        ) from exc
-    except Exception as exc:  # any error the module raises while it is imported, or a missing attribute
-        raise ConfigError(
-            f"blob store {scheme}:// could not be loaded from {target!r}: {type(exc).__name__}: {exc} ({source})"
-        ) from exc
-    if not (isinstance(cls, type) and issubclass(cls, BlobStore)):
-        raise ConfigError(
-            f"blob store {scheme}://: {target!r} is {cls!r}, not a subclass of "
-            f"statebackend.blobstores.base.BlobStore ({source})"
-        )
-    from_url = getattr(cls, "from_url", None)
-    if not callable(from_url) or getattr(from_url, "__func__", None) is getattr(BlobStore.from_url, "__func__", 0):
-        raise ConfigError(
-            f"blob store {scheme}://: {target} has no from_url(url, options) classmethod, which opens it from "
-            f"blob.store.url ({source})"
-        )
-    return cls
-
-
-def blob_store_option_schemas() -> dict[str, Mapping[str, OptionSpec]]:
-    """Scheme -> the ``blob.store.*`` options its store takes, for every known scheme whose package is installed
-    (a scheme whose package is missing or does not load is left out)."""
-    schemas: dict[str, Mapping[str, OptionSpec]] = {}
-    for scheme in known_blob_store_schemes():
-        try:
-            schemas[scheme] = blob_store_class(scheme).options
-        except ConfigError:
-            continue
-    return schemas
-
-
-def open_blob_store(url: str, options: Mapping[str, Any] | None = None) -> BlobStore:
-    """Open the blob store for ``url`` (``file:///dir``, ``memory://name``, ``az://container/prefix``,
-    ``s3://bucket/prefix``, or a scheme an installed distribution declares). ``options`` are the ``blob.store.*``
-    settings other than the URL (without the prefix): ``Settings.blob_store_options``, used as they are, or raw ones,
-    parsed against the scheme's :attr:`BlobStore.options` before the store sees them."""
-    if not isinstance(url, str) or not url:
-        raise ConfigError("blob.store.url is missing: set it, e.g. blob.store.url=file:///var/lib/statebackend")
-    scheme = urlsplit(url).scheme
-    if scheme not in known_blob_store_schemes():
-        raise ConfigError(f"blob.store.url {redact(url)!r} has an unknown scheme {scheme!r}; {_known_list()}")
-    cls = blob_store_class(scheme)
-    return cls.from_url(url, cls.parse_options(options or {}))
-
-
-#: schemes registered at run time by :func:`register_blob_store`: scheme -> (dotted path, install hint or None)
-_SCHEMES: dict[str, tuple[str, str | None]] = {}
-
-_SCHEME_RE = re.compile(r"^[a-z][a-z0-9+.-]*$")
-_IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
-_TARGET_RE = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*")
-#: the distribution whose metadata declares the built-in schemes
-_OWN_DISTRIBUTION = "statebackend"
-
-
-def _locate(scheme: str) -> tuple[str, str | None, str]:
-    """(dotted path, install hint, where it was declared) of ``scheme``, or a ConfigError naming the known ones."""
-    registered = _SCHEMES.get(scheme)
-    if registered is not None:
-        return registered[0], registered[1], "registered by register_blob_store"
-    declared = entry_points(ENTRY_POINT_GROUP).get(scheme, ())
-    if not declared:
-        raise ConfigError(f"blob store scheme {scheme!r} is unknown; {_known_list()}")
-    if len({d.target for d in declared}) > 1:
-        # Two stores for one scheme: which one would hold the state is an accident of sys.path order. Refuse.
-        by = "; ".join(f"{d.distribution or 'an unnamed distribution'} -> {d.target}" for d in declared)
-        raise ConfigError(
-            f"blob store scheme {scheme!r} is declared by more than one installed distribution ({by}); uninstall "
-            f"one, or choose with statebackend.blobstores.base.register_blob_store({scheme!r}, target, replace=True)"
-        )
-    entry = declared[0]
-    hint = entry.install_hint() if entry.extras else None
-    return entry.target, hint, f"entry point {scheme!r} of distribution {entry.distribution!r}"
-
-
-def _known_list() -> str:
-    """The known schemes, for an error; says how to get statebackend's own back when its metadata lacks them."""
-    known = ", ".join(f"{scheme}://" for scheme in known_blob_store_schemes()) or "none"
-    own = [
-        d
-        for declared in entry_points(ENTRY_POINT_GROUP).values()
-        for d in declared
-        if d.distribution == _OWN_DISTRIBUTION
-    ]
-    if own:
-        return f"known: {known}"
-    return (
-        f"known: {known}. statebackend's own schemes (file://, memory://, az://, s3://) are declared as entry "
-        f"points in group {ENTRY_POINT_GROUP!r} of its installed metadata, and none was found: reinstall it "
-        "(pip install --force-reinstall statebackend, or pip install -e . in a checkout)"
-    )
 
 
 def copy_stream(source: BinaryIO, target: BinaryIO) -> int:
