@@ -38,43 +38,32 @@ Thread-safety: a log holds no mutable state of its own; it is as thread-safe as 
 from __future__ import annotations
 
 import logging
-import re
-import secrets
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
-from statebackend.checkpoint.checkpoint import CheckpointV1, CheckpointV2
+from statebackend.checkpoint import log_head
+from statebackend.checkpoint.checkpoint import CheckpointV2
+from statebackend.checkpoint.log_head import _HeadLog
+from statebackend.checkpoint.log_perseq import LogEntry
 from statebackend.checkpoint.serde import (
     HEAD_FORMAT,
     READABLE_VERSIONS,
     WRITABLE_VERSIONS,
     Binding,
     CheckpointHead,
-    HeadEntry,
-    decode_bound_checkpoint,
-    decode_head,
     encode_checkpoint,
-    encode_head,
     encode_moved_marker,
 )
 
 from statebackend.blobstores.base import BlobStore
-from statebackend.errors import (
-    AlreadyExistsError,
-    ConfigError,
-    CorruptDataError,
-    InconsistentStateError,
-    NotFoundError,
-    PreconditionFailedError,
-)
+from statebackend.errors import ConfigError, NotFoundError
 
 __all__ = ["HEAD_BLOB", "MAX_SEQ", "CheckpointLog", "Listing", "LogEntry"]
 
 #: the name of the checkpoint head under a task's ``checkpoints/`` (stores with conditional writes)
-HEAD_BLOB = f"HEAD.v{HEAD_FORMAT}.json"
+HEAD_BLOB = log_head.HEAD_BLOB
 
 #: seq -> format versions present, from one listing
 Listing = dict[int, set[int]]
@@ -86,16 +75,6 @@ MAX_SEQ = 10**12 - 1
 
 #: default delays (seconds) before each re-listing of a short listing: about 2.6 s in all before giving up
 RECHECK_DELAYS: tuple[float, ...] = (0.1, 0.5, 2.0)
-
-_NAME_RE = re.compile(r"^([0-9]{12})\.v([1-9][0-9]{0,5})\.json$")
-
-
-@attrs.frozen
-class LogEntry:
-    """One checkpoint of the log: its seq and the checkpoint read in the preferred version."""
-
-    seq: int
-    checkpoint: CheckpointV1 | CheckpointV2
 
 
 def _versions(what: str, allowed: tuple[int, ...]) -> Callable[[object, attrs.Attribute[Any], object], None]:
@@ -132,8 +111,9 @@ def _positive(instance: object, attribute: attrs.Attribute[int], value: int) -> 
 
 
 @attrs.define(eq=False)
-class CheckpointLog:
-    """A task's checkpoint history on a blob store. See the module docstring for the contract."""
+class CheckpointLog(_HeadLog):
+    """A task's checkpoint history on a blob store. See the module docstring for the contract; the layouts' own
+    parts are in :mod:`statebackend.checkpoint.log_perseq` and :mod:`statebackend.checkpoint.log_head`."""
 
     blob_store: BlobStore
     job_name: str = attrs.field(validator=_name_segment)
@@ -179,10 +159,6 @@ class CheckpointLog:
         """The head blob of this task (head mode)."""
         return self.prefix + HEAD_BLOB
 
-    def _log_extra(self, seq: int | None = None) -> dict[str, object]:
-        """Fields for structured log handlers (``extra``): job, task and the seq concerned."""
-        return {"job": self.job_name, "task": self.task_name, "seq": seq}
-
     def raise_floor(self, seq: int) -> None:
         """Record that ``seq`` is known durable: later listings that show less are faults."""
         self.floor = max(self.floor, seq)
@@ -220,39 +196,7 @@ class CheckpointLog:
             raise TypeError(f"the checkpoint log writes CheckpointV2, got {type(checkpoint).__name__}")
         if self.head_mode:
             return self._write_head(seq, checkpoint)
-        first = self.commit_point_version
-        order = [first, *(v for v in self.write_versions if v != first)]
-        binding = self.binding(seq)
-        for index, version in enumerate(order):
-            name = self.blob_name(seq, version)
-            data = encode_checkpoint(checkpoint if version == 2 else checkpoint.to_v1(), binding)
-            if index > 0:
-                self.blob_store.put(name, data)
-                continue
-            try:
-                self.blob_store.put(name, data, create_only=True)
-            except AlreadyExistsError:
-                if not self.holds(seq, checkpoint):
-                    raise AlreadyExistsError(
-                        f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r} was already committed "
-                        f"by another writer ({name} in {self.blob_store.describe()}); this attempt lost the race "
-                        f"and must not claim its commit: restore from the latest checkpoint and redo"
-                    ) from None
-                log.info(
-                    "checkpoint %s already holds this exact checkpoint; treating the write as a retry",
-                    name,
-                    extra=self._log_extra(seq),
-                )
-        listing = self.fence(seq)
-        self._remember(seq, checkpoint)
-        log.debug("wrote checkpoint %d (versions %s) under %s", seq, order, self.prefix, extra=self._log_extra(seq))
-        return listing
-
-    def _remember(self, seq: int, checkpoint: CheckpointV2) -> None:
-        """Keep what this writer put under ``seq``, for the listings that show it again (:meth:`entries`)."""
-        self._written[seq] = checkpoint
-        for old in [s for s in self._written if s <= seq - self.retained - self.retention_interval]:
-            del self._written[old]
+        return self._write_per_seq(seq, checkpoint)
 
     def fence(self, seq: int) -> Listing:
         """Check that ``seq``, which this writer just wrote, is the newest: one listing that must show it. When a
@@ -268,20 +212,6 @@ class CheckpointLog:
                 return self._head_listing(seen[1])
         return self._list_fence(seq)
 
-    def _list_fence(self, seq: int) -> Listing:
-        """:meth:`fence` by one listing of the per-seq blobs."""
-        listing = self._listing(at_least=seq)
-        newer = sorted(s for s in listing if s > seq)
-        if newer:
-            self.blob_store.delete_many([self.blob_name(seq, version) for version in self.write_versions])
-            raise AlreadyExistsError(
-                f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r}: the log already holds newer "
-                f"checkpoints {newer[:3]}{'...' if len(newer) > 3 else ''} under {self.prefix} in "
-                f"{self.blob_store.describe()}; another attempt of the task committed past the state this attempt "
-                f"restored, so this attempt's commit is refused (what it wrote was removed again)"
-            )
-        return listing
-
     def holds(self, seq: int, checkpoint: CheckpointV2) -> bool:
         """Whether the commit-point blob of ``seq`` holds exactly ``checkpoint`` (a write of ours that landed). In
         head mode: whether the head (read back once) holds it as ``seq`` with the nonce of one of this object's
@@ -295,188 +225,6 @@ class CheckpointLog:
         first = 2 if 2 in self.write_versions else self.write_versions[0]
         data = encode_checkpoint(checkpoint if first == 2 else checkpoint.to_v1(), self.binding(seq))
         return self._holds(self.blob_name(seq, first), data)
-
-    def _holds(self, name: str, data: bytes) -> bool:
-        try:
-            return self.blob_store.get(name) == data
-        except NotFoundError:
-            return False
-
-    # -- the head (stores with conditional writes) ------------------------------------------------------------
-
-    def _fenced(self, seq: int, found: int, cause: str = "") -> AlreadyExistsError:
-        return AlreadyExistsError(
-            f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r}: the checkpoint head "
-            f"{self.head_name} in {self.blob_store.describe()} is at checkpoint #{found}, not #{seq - 1} as this "
-            f"attempt's restore decision saw it; another attempt of the task committed past the state this attempt "
-            f"restored, so this attempt's commit is refused (nothing of it is in the log){cause}"
-        )
-
-    def _observe(self, version: str, head: CheckpointHead, *, written: bool = False) -> None:
-        """Remember the newest head seen (a later read never replaces it with an older one)."""
-        with self._state_lock:
-            if self._seen is None or head.seq >= self._seen[1].seq:
-                self._seen = (version, head, written)
-
-    def _get_head(self) -> tuple[str, CheckpointHead] | None:
-        """One GET of the head with its version (None: no head), remembered."""
-        try:
-            data, version = self.blob_store.get_versioned(self.head_name)
-        except NotFoundError:
-            return None
-        head = decode_head(
-            data, source=f"{self.head_name} in {self.blob_store.describe()}", job=self.job_name, task=self.task_name
-        )
-        self._observe(version, head)
-        return version, head
-
-    def _read_head(self, at_least: int = 0) -> CheckpointHead | None:
-        """The head (None: the log has none yet: per-seq blobs, or empty), one GET. When it is below ``at_least``
-        (or the floor), read again after ``recheck_delays``, then :class:`InconsistentStateError`."""
-        at_least = max(at_least, self.floor)
-        found = self._get_head()
-        for delay in self.recheck_delays:
-            if found is None or found[1].seq >= at_least:
-                break
-            log.warning(
-                "checkpoint head %s in %s is at #%d but #%d is known to be durable; reading again in %.1f s",
-                self.head_name,
-                self.blob_store.describe(),
-                found[1].seq,
-                at_least,
-                delay,
-                extra=self._log_extra(at_least),
-            )
-            time.sleep(delay)
-            found = self._get_head()
-        if found is None or found[1].seq >= at_least:
-            return None if found is None else found[1]
-        raise InconsistentStateError(
-            f"checkpoint head {self.head_name} in {self.blob_store.describe()} is at checkpoint #{found[1].seq}, but "
-            f"checkpoint #{at_least} of this task is known to be durable (the task's local CHECKPOINT-V2 file, the "
-            f"checkpoint it restored or its own commit says so). Either the blob store answers stale (retry later), "
-            f"or the head was put back from an older copy. Nothing was restored, cleared or written"
-        )
-
-    def _state_for(self, previous: int) -> tuple[str, CheckpointHead] | None:
-        """The head at seq ``previous`` with its version, which the write of ``previous + 1`` swaps: the one this
-        object saw (at its restore decision or its own last commit), else one GET. None: there is no head yet.
-        A head past ``previous``: this writer is fenced."""
-        with self._state_lock:
-            seen = self._seen
-        if seen is None or seen[1].seq < previous:
-            found = self._get_head()
-            if found is None:
-                return None
-            seen = (found[0], found[1], False)
-        if seen[1].seq > previous:
-            raise self._fenced(previous + 1, seen[1].seq)
-        if seen[1].seq < previous:
-            raise InconsistentStateError(
-                f"checkpoint head {self.head_name} in {self.blob_store.describe()} is at checkpoint #{seen[1].seq}, "
-                f"but this attempt writes #{previous + 1} after #{previous}, which it knows durable: the head was put "
-                f"back from an older copy, or the blob store answers stale. Nothing was written"
-            )
-        return seen[0], seen[1]
-
-    def _new_nonce(self, seq: int) -> str:
-        nonce = secrets.token_hex(8)
-        with self._state_lock:
-            self._nonces.setdefault(seq, set()).add(nonce)
-            for old in [s for s in self._nonces if s <= seq - self.retained - self.retention_interval]:
-                del self._nonces[old]
-        return nonce
-
-    def _ours(self, head: CheckpointHead, seq: int, checkpoint: CheckpointV2) -> bool:
-        entry = head.entry(seq)
-        with self._state_lock:
-            nonces = set(self._nonces.get(seq, ()))
-        return entry is not None and entry.nonce in nonces and entry.checkpoint == checkpoint
-
-    def _write_head(self, seq: int, checkpoint: CheckpointV2) -> Listing:
-        """Make ``checkpoint`` durable as ``seq`` with one conditional write of the head, swapping the head at
-        ``seq - 1`` this writer saw; or, for a log without a head, move the log to one (:meth:`_move_to_head`)."""
-        state = self._state_for(seq - 1)
-        if state is None:
-            return self._move_to_head(seq, checkpoint)
-        version, previous = state
-        entries = (*previous.entries, HeadEntry(seq, self._new_nonce(seq), checkpoint))
-        kept = entries[-self.retained :]
-        head = CheckpointHead(self.job_name, self.task_name, kept, previous.moved_at)
-        try:
-            new_version = self.blob_store.put_if(self.head_name, encode_head(head), version=version)
-        except PreconditionFailedError as exc:
-            # a stale version: another writer swapped the head first; unless it was this writer's own earlier
-            # attempt whose reply was lost (read back once, decided by the nonce)
-            found = self._get_head()
-            if found is None or found[1].seq != seq or not self._ours(found[1], seq, checkpoint):
-                raise self._fenced(seq, 0 if found is None else found[1].seq, f" ({exc})") from None
-            new_version, head = found
-        self._observe(new_version, head, written=True)
-        with self._state_lock:
-            self._dropped.update(e.seq for e in entries if e.seq < kept[0].seq)
-        self._remember(seq, checkpoint)
-        log.debug("wrote checkpoint %d into the head %s", seq, self.head_name, extra=self._log_extra(seq))
-        return self._head_listing(head)
-
-    def _move_to_head(self, seq: int, checkpoint: CheckpointV2) -> Listing:
-        """The first head write of a task: its per-seq blob of ``seq`` as a move marker (create-only, fenced by a
-        listing as a per-seq commit, so the seq is this writer's), then the head created (``If-None-Match``) with
-        the retained per-seq checkpoints imported, then the per-seq blobs below the marker deleted. The marker
-        stays: a release without the head refuses it, never restoring the per-seq log left behind in silence."""
-        name = self.blob_name(seq, 2)
-        marker = encode_moved_marker(checkpoint, self.binding(seq), HEAD_BLOB)
-        try:
-            self.blob_store.put(name, marker, create_only=True)
-        except AlreadyExistsError:
-            if not self._holds(name, marker):
-                raise AlreadyExistsError(
-                    f"checkpoint {seq} of task {self.task_name!r} in job {self.job_name!r} was already committed "
-                    f"by another writer ({name} in {self.blob_store.describe()}); this attempt lost the race and "
-                    f"must not claim its commit: restore from the latest checkpoint and redo"
-                ) from None
-        listing = self._list_fence(seq)
-        imported = [
-            HeadEntry(entry.seq, "imported", entry.checkpoint)
-            for entry in self._newest_first({s: v for s, v in listing.items() if s < seq}, cached=True)
-        ][: self.retained - 1]
-        entries = (*reversed(imported), HeadEntry(seq, self._new_nonce(seq), checkpoint))
-        head = CheckpointHead(self.job_name, self.task_name, tuple(entries), seq)
-        try:
-            version = self.blob_store.put_if(self.head_name, encode_head(head), version=None)
-        except PreconditionFailedError as exc:
-            found = self._get_head()
-            if found is None or found[1].seq != seq or not self._ours(found[1], seq, checkpoint):
-                raise self._fenced(seq, 0 if found is None else found[1].seq, f" ({exc})") from None
-            version, head = found
-        self._observe(version, head, written=True)
-        legacy = [self.blob_name(s, v) for s, versions in listing.items() if s < seq for v in sorted(versions)]
-        try:
-            self.blob_store.delete_many(legacy)
-        except Exception as exc:  # noqa: BLE001 - the marker above them is what older releases find first
-            log.warning("checkpoint log %s: per-seq blobs left after the move to the head: %s", self.prefix, exc)
-        self._remember(seq, checkpoint)
-        # a conversion of an existing per-seq log is worth INFO; a new task's first commit is routine
-        log.log(
-            logging.INFO if imported else logging.DEBUG,
-            "checkpoint log %s moved to the head %s at checkpoint #%d (%d checkpoints imported)",
-            self.prefix,
-            HEAD_BLOB,
-            seq,
-            len(imported),
-            extra=self._log_extra(seq),
-        )
-        return self._head_listing(head)
-
-    def _head_listing(self, head: CheckpointHead) -> Listing:
-        """The head's seqs and those it let go that no retention batch counted yet, as a listing (for
-        :meth:`retention_due` and :meth:`retain`: the backends delete their garbage in batches, as before)."""
-        with self._state_lock:
-            dropped = set(self._dropped)
-        return {s: {HEAD_FORMAT} for s in (*dropped, *(e.seq for e in head.entries))}
-
-    def _head_entries(self, head: CheckpointHead) -> list[LogEntry]:
-        return [LogEntry(e.seq, e.checkpoint) for e in head.entries]
 
     # -- reading ------------------------------------------------------------------------------------------------
 
@@ -633,138 +381,6 @@ class CheckpointLog:
         if readable:
             keep.add(readable[-1])
         return [seq for seq in ordered if seq not in keep]
-
-    # -- helpers ------------------------------------------------------------------------------------------------
-
-    def _listing(self, at_least: int = 0) -> Listing:
-        """seq -> versions present. When ``at_least`` is above what a listing shows, re-list after
-        ``recheck_delays``; :class:`InconsistentStateError` if it never reaches it."""
-        at_least = max(at_least, self.floor)
-        listing = self._list_once()
-        for delay in self.recheck_delays:
-            if max(listing, default=0) >= at_least:
-                return listing
-            log.warning(
-                "checkpoint log %s in %s: the listing shows checkpoints up to #%d but #%d is known to be durable; "
-                "listing again in %.1f s",
-                self.prefix,
-                self.blob_store.describe(),
-                max(listing, default=0),
-                at_least,
-                delay,
-                extra=self._log_extra(at_least),
-            )
-            time.sleep(delay)
-            listing = self._list_once()
-        if max(listing, default=0) >= at_least:
-            return listing
-        raise InconsistentStateError(
-            f"checkpoint log {self.prefix} in {self.blob_store.describe()} shows checkpoints up to "
-            f"#{max(listing, default=0)}, but checkpoint #{at_least} of this task is known to be durable (the task's "
-            f"local CHECKPOINT-V2 file, the checkpoint it restored or its own commit says so). Either the blob store "
-            f"answers short (retry later), or checkpoints were deleted or the blob store URL points at another copy. "
-            f"Nothing was restored, cleared or written. If the state was removed on purpose, delete the task's local "
-            f"dir too"
-        )
-
-    def _list_once(self) -> Listing:
-        prefix = self.prefix
-        listing: Listing = {}
-        for name in self.blob_store.list(prefix):
-            match = _NAME_RE.match(name[len(prefix) :]) if name.startswith(prefix) else None
-            if match is None:
-                log.debug("checkpoint log %s: ignoring foreign blob %s", prefix, name)
-                continue
-            seq = int(match.group(1))
-            if seq == 0:
-                log.debug("checkpoint log %s: ignoring blob %s with seq 0", prefix, name)
-                continue
-            listing.setdefault(seq, set()).add(int(match.group(2)))
-        return listing
-
-    def _newest_first(self, listing: Listing, *, cached: bool = False) -> Iterator[LogEntry]:
-        readable = sorted((seq for seq in listing if listing[seq] & set(self.read_versions)), reverse=True)
-        for index, seq in enumerate(readable):
-            entry = self._read_entry(seq, listing[seq], cached=cached)
-            if entry is not None:
-                yield entry
-                continue
-            if index > 0:
-                # An older entry deleted by retention between the listing and this read: newer ones were seen.
-                log.debug(
-                    "checkpoint log %s: checkpoint %d was deleted by retention while being read",
-                    self.prefix,
-                    seq,
-                    extra=self._log_extra(seq),
-                )
-                continue
-            # The newest readable checkpoint vanished between the listing and its read. Retention never deletes the
-            # newest, so either newer checkpoints arrived (and retention ran) or it was deleted: look again.
-            relisted = self._listing(at_least=seq)
-            newer = {s: v for s, v in relisted.items() if s > seq}
-            if newer and any(v & set(self.read_versions) for v in newer.values()):
-                yield from self._newest_first(relisted, cached=cached)
-                return
-            raise InconsistentStateError(
-                f"checkpoint {self.blob_name(seq, max(listing[seq]))} in {self.blob_store.describe()} was listed as "
-                f"the newest checkpoint of task {self.task_name!r} but cannot be read, and no newer one exists: it "
-                f"was deleted, or the blob store answers inconsistently. Not falling back to an older checkpoint "
-                f"(that would roll the task back). Put the blob back, or delete it everywhere on purpose"
-            )
-        unreadable = sorted(seq for seq in listing if not listing[seq] & set(self.read_versions))
-        for seq in unreadable:
-            if seq > (readable[0] if readable else 0):
-                log.warning(
-                    "checkpoint log %s: checkpoint %d exists only in versions %s, none of read versions %s; "
-                    "passing over it",
-                    self.prefix,
-                    seq,
-                    sorted(listing[seq]),
-                    self.read_versions,
-                    extra=self._log_extra(seq),
-                )
-
-    def _read_entry(self, seq: int, versions: set[int], *, cached: bool = False) -> LogEntry | None:
-        """The entry in its preferred listed version, or None when that blob vanished since the listing (never a
-        fall back to a less preferred version of the same seq: a V1 twin holds no state). ``cached``: a version 2
-        this log object wrote itself under ``seq`` (create-only, fenced) is not read again, its bytes being the ones
-        it encoded, bound to the name. For a collector's mark only: had retention freed the seq and another writer
-        taken it since, the mark would miss only that writer's young blobs, which the grace period keeps (and the
-        newest seq is never freed)."""
-        for version in self.read_versions:
-            if version not in versions:
-                continue
-            written = self._written.get(seq) if cached else None
-            if version == 2 and written is not None:
-                return LogEntry(seq, written)
-            name = self.blob_name(seq, version)
-            try:
-                data = self.blob_store.get(name)
-            except NotFoundError:
-                # Deleted (by retention, or otherwise) between the listing and this read: the caller decides.
-                return None
-            source = f"{name} in {self.blob_store.describe()}"
-            checkpoint, binding = decode_bound_checkpoint(data, source=source, moved_ok=self.head_mode)
-            expected = self.binding(seq)
-            if binding is not None and binding != expected:
-                raise CorruptDataError(
-                    f"checkpoint {source} is {binding.describe()}, not {expected.describe()} as its name says: the "
-                    f"blob was copied, renamed or put back from another place or time. It is not used; restore the "
-                    f"right blob or delete this one (the task then restores the newest remaining checkpoint)"
-                )
-            if binding is None and self.floor and seq >= self.floor:
-                raise CorruptDataError(
-                    f"checkpoint {source} is unbound (blob format 1, no checksum) but this task knows checkpoint "
-                    f"#{self.floor} as a bound format 2 checkpoint: it was put back from before the upgrade or "
-                    f"written by an older release after this one. It is not used; restore the right blob"
-                )
-            if checkpoint.version != version:
-                raise CorruptDataError(
-                    f"checkpoint {source} holds a version {checkpoint.version} checkpoint but its name says version "
-                    f"{version}; the blob was renamed or overwritten by a foreign writer"
-                )
-            return LogEntry(seq, checkpoint)
-        return None
 
 
 def _check_seq(seq: int) -> None:
