@@ -32,17 +32,16 @@ import base64
 import builtins
 import contextlib
 import functools
-import http.client
 import logging
 import os
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
+from statebackend.blobstores.azure_boundary import _TRANSIENT_STATUS, AzureBoundary, _code
 from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
 from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
@@ -54,11 +53,8 @@ from statebackend.blobstores.parted import (
 from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
 from statebackend.concurrency import run_all
 from statebackend.errors import (
-    AlreadyExistsError,
     ConfigError,
     NotFoundError,
-    PreconditionFailedError,
-    StateBackendError,
     StorageError,
     TransientStorageError,
 )
@@ -68,7 +64,6 @@ from statebackend.redact import (
     credential_secrets,
     protect_sdk_loggers,
     redact,
-    sanitized,
     url_has_userinfo,
 )
 
@@ -76,17 +71,13 @@ try:
     from azure.core import MatchConditions
     from azure.core import exceptions as azure_errors
     from azure.storage.blob import BlobServiceClient
-    from requests import exceptions as requests_errors
-    from urllib3 import exceptions as urllib3_errors
 except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
     raise ImportError("az:// needs azure-storage-blob: pip install 'statebackend[azure]'") from exc
 
 __all__ = ["AzureBlobStore"]
 
 _log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 #: deletes in one Blob Batch request (the service's limit)
 _DELETE_BATCH = 256
 #: a conditional delete's 412 that means "another version now" (an absent blob too, on Azurite); no code: a reply
@@ -94,21 +85,6 @@ _DELETE_BATCH = 256
 #: as for a plain delete
 _CHANGED_CODES = {"ConditionNotMet", ""}
 _CONTAINER_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{1,61})[a-z0-9]$")
-
-#: what the SDK (or the stdlib under it) raises for a reply cut inside its head or body, or missing a mandatory
-#: header or field: the request may or may not have been served; worth a retry for an idempotent request
-_MALFORMED_REPLY = (
-    azure_errors.DeserializationError,  # a ValueError, not an AzureError
-    http.client.HTTPException,
-    urllib3_errors.HTTPError,
-    requests_errors.RequestException,
-    OSError,
-    AttributeError,
-    ValueError,
-    KeyError,
-    TypeError,
-    IndexError,
-)
 
 
 def _parse_account_url(key: str, raw: Any) -> str:
@@ -121,7 +97,7 @@ def _parse_account_url(key: str, raw: Any) -> str:
     raise value_error(key, "<not echoed>", "not an http(s) URL without user:password@", "http(s)://<host>[/?<sas>]")
 
 
-class AzureBlobStore(PartedBlobStore):
+class AzureBlobStore(AzureBoundary):
     """One container (and an optional prefix) of an Azure storage account. Thread-safe."""
 
     supports_conditional_delete = True
@@ -588,103 +564,10 @@ class AzureBlobStore(PartedBlobStore):
     def close(self) -> None:
         self._service.close()
 
-    # -- helpers ----------------------------------------------------------------------------------------------
-
-    def _root(self) -> str:
-        return f"{self.prefix}/" if self.prefix else ""
-
-    def _blob(self, name: str) -> Any:
-        check_blob_name(name)
-        return self._container_client.get_blob_client(self._root() + name)
-
-    def _with_container(self, write: Callable[[], T]) -> T:
-        """Run a write; with ``create.if.missing`` a missing container is created once and the write redone."""
-        try:
-            return write()
-        except azure_errors.ResourceNotFoundError as exc:
-            if not (self.create_if_missing and _code(exc) == "ContainerNotFound"):
-                raise
-        with self._created_lock:
-            self.create_resources()
-        return write()
-
-    def _secrets(self) -> tuple[str, ...]:
-        return self._secret_values
-
-    @contextmanager
-    def _errors(self, name: str, *, create_only: bool = False, conditional: bool = False) -> Iterator[None]:
-        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in.
-        ``conditional``: a :meth:`put_if`, whose refusals are :class:`PreconditionFailedError`."""
-        try:
-            yield
-        except StateBackendError:
-            raise
-        except azure_errors.AzureError as exc:
-            if conditional:
-                code = _code(exc)
-                status = getattr(exc, "status_code", None)
-                if status in (409, 412) or (status == 404 and code == "BlobNotFound"):
-                    raise PreconditionFailedError(
-                        f"blob {name!r} in {self.describe()} is not at the version the conditional write gave "
-                        f"({status} {code}): not written"
-                    ) from sanitized(exc, self._secrets())
-            raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
-        except _MALFORMED_REPLY as exc:
-            raise TransientStorageError(
-                f"the reply of {self.describe()} for {name!r} was cut short or malformed ({type(exc).__name__}: "
-                f"{self._safe(exc)}); worth a retry"
-            ) from sanitized(exc, self._secrets())
-
-    def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
-        where = self.describe()
-        code = _code(exc)
-        status = getattr(exc, "status_code", None)
-        if isinstance(exc, azure_errors.ResourceExistsError) and (create_only or code == "BlobAlreadyExists"):
-            return AlreadyExistsError(f"blob {name!r} already exists in {where}")
-        if create_only and status == 412 and code in {"ConditionNotMet", ""}:  # If-None-Match: * on a taken name
-            return AlreadyExistsError(f"blob {name!r} already exists in {where}")
-        if isinstance(exc, azure_errors.ResourceNotFoundError):
-            if code == "ContainerNotFound":
-                return StorageError(
-                    f"container {self.container!r} does not exist in {where}: create it or set "
-                    "blob.store.create.if.missing=true"
-                )
-            return NotFoundError(f"blob {name!r} not found in {where}")
-        if isinstance(exc, azure_errors.ClientAuthenticationError) or status == 403:
-            return StorageError(
-                f"{where} refused the credential ({code or status}): check the account key / SAS in "
-                "blob.store.connection.string or blob.store.credential (or AZURE_STORAGE_CONNECTION_STRING)"
-            )
-        if isinstance(exc, (azure_errors.ServiceRequestError, azure_errors.ServiceResponseError)):
-            return TransientStorageError(f"network error on {name!r} in {where}: {self._safe(exc)}")
-        if isinstance(exc, (azure_errors.IncompleteReadError, azure_errors.DecodeError)) or (
-            isinstance(exc, azure_errors.HttpResponseError) and (status is None or status < 400)
-        ):
-            # no status code (the reply or its body was cut short), or a success the SDK could not take (its head
-            # was cut): the request may or may not have been served
-            return TransientStorageError(
-                f"the reply of {where} for {name!r} was cut short ({type(exc).__name__}: {self._safe(exc)}); "
-                "worth a retry"
-            )
-        if status in _TRANSIENT_STATUS or (status is not None and status >= 500):
-            return TransientStorageError(f"{where} answered {status} {code or ''} on {name!r}; worth a retry")
-        if isinstance(exc, azure_errors.HttpResponseError):
-            return StorageError(f"{where} answered {status} {code or ''} on {name!r}: {self._safe(exc)}")
-        return TransientStorageError(f"{type(exc).__name__} on {name!r} in {where}: {self._safe(exc)}")
-
-    def _safe(self, exc: BaseException) -> str:
-        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return redact(text, self._secrets())
-
 
 def _check_range(start: int | None, end: int | None) -> None:
     if (start is not None and start < 0) or (end is not None and end < 0):
         raise ConfigError(f"byte range [{start}, {end}) must not be negative")
-
-
-def _code(exc: Exception) -> str:
-    code = getattr(exc, "error_code", None)
-    return str(getattr(code, "value", code) or "")
 
 
 def _account_url_secrets(account_url: str | None) -> tuple[str, ...]:

@@ -45,29 +45,25 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import datetime
 import functools
-import hashlib
 import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, ClassVar, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstores.base import AbandonedUpload, BlobInfo, check_blob_name, check_metadata
+from statebackend.blobstores.base import BlobInfo, check_metadata
 from statebackend.blobstores.parted import (
     MIN_PART_SIZE,
     PartedBlobStore,
     part_pool,
-    part_ranges,
     sdk_boundary,
 )
 from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
+from statebackend.blobstores.s3_multipart import S3Multipart
 from statebackend.blobstores.s3_replies import AUTH_CODES as _AUTH_CODES
-from statebackend.blobstores.s3_replies import MALFORMED_REPLY as _MALFORMED_REPLY
 from statebackend.blobstores.s3_replies import NOT_FOUND_CODES as _NOT_FOUND_CODES
 from statebackend.blobstores.s3_replies import TRANSIENT_BOTO as _TRANSIENT_BOTO
 from statebackend.blobstores.s3_replies import TRANSIENT_CODES as _TRANSIENT_CODES
@@ -77,11 +73,8 @@ from statebackend.blobstores.s3_replies import page_problem as _page_problem
 from statebackend.blobstores.s3_replies import register_credentials as _register_credentials
 from statebackend.concurrency import run_all
 from statebackend.errors import (
-    AlreadyExistsError,
     ConfigError,
     NotFoundError,
-    PreconditionFailedError,
-    StateBackendError,
     StorageError,
     TransientStorageError,
 )
@@ -98,7 +91,6 @@ except ImportError as exc:  # pragma: no cover - the registry turns this into an
 __all__ = ["S3BlobStore"]
 
 _log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: keys in one DeleteObjects request (S3's limit)
 _DELETE_BATCH = 1000
@@ -108,25 +100,6 @@ _BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 
 
-def _multipart_etag(part_etags: builtins.list[str]) -> str | None:
-    """The ETag S3 gives a completed multipart upload of these parts (the MD5 of their MD5s, then ``-<count>``),
-    or ``None`` when a part's ETag is no MD5 (a server or an encryption that computes them otherwise)."""
-    digests = []
-    for etag in part_etags:
-        text = str(etag).strip('"')
-        if not re.fullmatch(r"[0-9a-fA-F]{32}", text):
-            return None
-        digests.append(bytes.fromhex(text))
-    return f"{hashlib.md5(b''.join(digests), usedforsecurity=False).hexdigest()}-{len(digests)}"
-
-
-def _is_transient_answer(exc: Exception) -> bool:
-    """Whether a service's error answer is one a retry may fix (throttling, 5xx): the resilience layer retries it."""
-    response = getattr(exc, "response", None) or {}
-    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-    return _code(exc) in _TRANSIENT_CODES or status in {408, 429} or status >= 500
-
-
 def _refuses_batch_delete(exc: Exception) -> bool:
     """Whether a DeleteObjects failed because the server does not have it (not because of the names)."""
     response = getattr(exc, "response", None) or {}
@@ -134,7 +107,7 @@ def _refuses_batch_delete(exc: Exception) -> bool:
     return _code(exc) in _BATCH_DELETE_REFUSED or status in {405, 501}
 
 
-class S3BlobStore(PartedBlobStore):
+class S3BlobStore(S3Multipart):
     """One bucket (and an optional prefix) of an S3 endpoint. Thread-safe (boto3 clients are)."""
 
     supports_conditional_put = True
@@ -525,200 +498,6 @@ class S3BlobStore(PartedBlobStore):
                 MetadataDirective="REPLACE",
             )
 
-    @sdk_boundary
-    def abandoned_uploads(self, prefix: str = "") -> builtins.list[AbandonedUpload]:
-        """Multipart uploads under ``prefix`` that were never completed nor aborted (a writer that crashed mid
-        upload); an upload in progress shows here too, young."""
-        root = self._root()
-        found: builtins.list[AbandonedUpload] = []
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": root + prefix}
-        now = datetime.datetime.now(datetime.UTC)
-        while True:
-            with self._errors(prefix or "(all)"):
-                page = self._client.list_multipart_uploads(**kwargs)
-            for upload in page.get("Uploads") or []:
-                key, upload_id, initiated = upload.get("Key"), upload.get("UploadId"), upload.get("Initiated")
-                if not isinstance(key, str) or not key.startswith(root) or not upload_id:
-                    continue
-                age = (now - initiated).total_seconds() if isinstance(initiated, datetime.datetime) else None
-                found.append(
-                    AbandonedUpload(
-                        kind="multipart upload", name=key[len(root) :], age_s=age, size=None, handle=str(upload_id)
-                    )
-                )
-            if not page.get("IsTruncated"):
-                return found
-            kwargs["KeyMarker"] = page.get("NextKeyMarker")
-            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker")
-
-    @sdk_boundary
-    def remove_abandoned_upload(self, upload: AbandonedUpload) -> None:
-        with self._errors(upload.name):
-            try:
-                self._client.abort_multipart_upload(
-                    Bucket=self.bucket, Key=self._key(upload.name), UploadId=upload.handle
-                )
-            except boto_errors.ClientError as exc:
-                if _code(exc) != "NoSuchUpload":  # aborted or completed meanwhile: nothing left to remove
-                    raise
-
-    # -- large transfers: multipart upload and parallel ranged reads ----------------------------------------------
-
-    @sdk_boundary
-    def put_file(
-        self,
-        name: str,
-        path: str | os.PathLike[str],
-        *,
-        create_only: bool = False,
-        metadata: Mapping[str, str] | None = None,
-    ) -> None:
-        check_blob_name(name)
-        if self._put_small_file(name, path, create_only, metadata):
-            return
-        size = os.path.getsize(path)
-        key = self._key(name)
-        create_kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if metadata:
-            create_kwargs["Metadata"] = check_metadata(metadata)
-
-        def create() -> str:
-            with self._errors(name):
-                response = self._with_bucket(lambda: self._client.create_multipart_upload(**create_kwargs))
-            if not response.get("UploadId"):
-                raise self._malformed(name, "CreateMultipartUpload", "an UploadId")
-            return str(response["UploadId"])
-
-        upload_id = self._request("create_multipart_upload", create, False)
-        ranges = part_ranges(size, self.part_size)
-
-        def upload(index: int) -> dict[str, Any]:
-            start, end = ranges[index]
-            with open(path, "rb") as f:
-                f.seek(start)
-                chunk = f.read(end - start)
-            with self._errors(name):
-                response = self._client.upload_part(
-                    Bucket=self.bucket, Key=key, UploadId=upload_id, PartNumber=index + 1, Body=chunk
-                )
-            if not response.get("ETag"):
-                raise self._malformed(name, "UploadPart", "an ETag")
-            return {"PartNumber": index + 1, "ETag": response["ETag"]}
-
-        try:
-            uploaded = run_all(
-                part_pool(self.max_concurrency),
-                [
-                    functools.partial(
-                        self._request,
-                        "upload_part",
-                        functools.partial(upload, i),
-                        True,
-                        sent=ranges[i][1] - ranges[i][0],
-                    )
-                    for i in range(len(ranges))
-                ],
-            )
-
-            completions = 0
-            expected_etag = _multipart_etag([part["ETag"] for part in uploaded])
-
-            def landed() -> bool:
-                """Whether the stored blob is this upload (an earlier completion whose reply was lost)."""
-                return self._stored_equals_upload(name, size, path, metadata, expected_etag)
-
-            def complete() -> None:
-                nonlocal completions
-                completions += 1
-                kwargs: dict[str, Any] = {
-                    "Bucket": self.bucket,
-                    "Key": key,
-                    "UploadId": upload_id,
-                    "MultipartUpload": {"Parts": uploaded},
-                }
-                if create_only:
-                    kwargs["IfNoneMatch"] = "*"
-                with self._errors(name, create_only=create_only):
-                    try:
-                        response = self._client.complete_multipart_upload(**kwargs)
-                    except boto_errors.ClientError as exc:
-                        if completions == 1 or _is_transient_answer(exc):
-                            raise  # a first answer is the truth; a transient one is retried (then read back)
-                        # an earlier completion may have landed and lost its reply: the server answers the retry
-                        # NoSuchUpload, a bare 400 or 404, 412 for create-only, ...; what is stored decides
-                        if self._resolve_retried_completion(name, exc, landed, create_only):
-                            return
-                        raise
-                if not response.get("ETag"):
-                    # a reply cut inside its head parses as an empty success: retry; a completed upload then answers
-                    # in some way, resolved by reading back
-                    raise self._malformed(name, "CompleteMultipartUpload", "an ETag")
-
-            def own() -> bool:
-                # after the last attempt failed transiently: ours is success; anything else leaves the error (other
-                # bytes under a create-only name are taken; under a plain write, the transient error stands)
-                if landed():
-                    return True
-                if create_only:
-                    return False
-                raise NotFoundError(f"blob {name!r}: the completion did not land")
-
-            self._request("complete_multipart_upload", complete, False, own)
-        except BaseException:
-            self._abort(name, key, upload_id)
-            raise
-
-    def _resolve_retried_completion(
-        self, name: str, answer: Exception, landed: Callable[[], bool], create_only: bool
-    ) -> bool:
-        """A retried CompleteMultipartUpload was refused (``answer``) after an earlier attempt lost its reply: True
-        when the stored blob is this upload (that attempt completed it). Otherwise the refusal stands, except that
-        an upload gone (``NoSuchUpload``) with another blob under the name says what happened (the answer alone
-        would read "not found"). A read-back that fails leaves the outcome undecided: transient."""
-        try:
-            if landed():
-                _log.info(
-                    "%s: the completion of the multipart upload of %r had landed (its reply was lost; the retry was "
-                    "answered %s); read back: the stored blob is this upload",
-                    self.describe(),
-                    name,
-                    _code(answer) or "an error",
-                )
-                return True
-        except NotFoundError:
-            return False
-        except TransientStorageError as exc:
-            raise TransientStorageError(
-                f"the completion of the multipart upload of {name!r} to {self.describe()} was refused after a lost "
-                f"reply ({_code(answer)}) and the blob could not be read back to tell whether it landed; retry it"
-            ) from exc
-        if _code(answer) != "NoSuchUpload":
-            return False
-        if create_only:
-            raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()} (other bytes)")
-        raise StorageError(
-            f"the multipart upload of {name!r} to {self.describe()} vanished and the stored blob is not this file "
-            "(a concurrent writer, or the upload was aborted); upload it again"
-        )
-
-    def _stored_equals_upload(
-        self,
-        name: str,
-        size: int,
-        path: str | os.PathLike[str],
-        metadata: Mapping[str, str] | None,
-        expected_etag: str | None,
-    ) -> bool:
-        """Whether the stored blob is this multipart upload: its size and metadata, and its ETag equal to the one S3
-        gives these parts (one HEAD), else its bytes equal to the file (read back in parts). Absent:
-        :class:`NotFoundError`."""
-        info = self._request("head", lambda: self.head(name), True)
-        if info.size != size or dict(info.metadata) != dict(metadata or {}):
-            return False
-        if expected_etag is not None and info.etag is not None and info.etag.strip('"') == expected_etag:
-            return True
-        return self._stored_equals_file(name, size, path, metadata)
-
     # -- administration ---------------------------------------------------------------------------------------
 
     @sdk_boundary
@@ -756,103 +535,3 @@ class S3BlobStore(PartedBlobStore):
 
     def close(self) -> None:
         self._client.close()
-
-    # -- helpers ----------------------------------------------------------------------------------------------
-
-    def _root(self) -> str:
-        return f"{self.prefix}/" if self.prefix else ""
-
-    def _key(self, name: str) -> str:
-        return self._root() + check_blob_name(name)
-
-    def _with_bucket(self, write: Callable[[], T]) -> T:
-        """Run a write; with ``create.if.missing`` a missing bucket is created once and the write redone."""
-        try:
-            return write()
-        except boto_errors.ClientError as exc:
-            if not (self.create_if_missing and _code(exc) == "NoSuchBucket"):
-                raise
-        with self._created_lock:
-            self.create_resources()
-        return write()
-
-    def _abort(self, name: str, key: str, upload_id: str) -> None:
-        try:
-            self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception as exc:  # noqa: BLE001 - the upload's own error matters; a leftover upload only costs storage
-            _log.warning("could not abort the multipart upload of %r in %s: %s", name, self.describe(), self._safe(exc))
-
-    def _missing_bucket_message(self) -> str:
-        return (
-            f"bucket {self.bucket!r} does not exist at {self._client.meta.endpoint_url}: create it or set "
-            "blob.store.create.if.missing=true"
-        )
-
-    @contextmanager
-    def _errors(self, name: str, *, create_only: bool = False, conditional: bool = False) -> Iterator[None]:
-        """Translate SDK and stdlib exceptions at the boundary; the chained cause is a sanitized stand-in.
-        ``conditional``: a :meth:`put_if`, whose refusals are :class:`PreconditionFailedError`."""
-        try:
-            yield
-        except StateBackendError:
-            raise
-        except (boto_errors.BotoCoreError, boto_errors.ClientError) as exc:
-            if conditional and isinstance(exc, boto_errors.ClientError):
-                code = _code(exc)
-                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-                if code in {"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey"} or status in {409, 412}:
-                    raise PreconditionFailedError(
-                        f"blob {name!r} in {self.describe()} is not at the version the conditional write gave "
-                        f"({status} {code}): not written"
-                    ) from sanitized(exc, self._secrets())
-            raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
-        except _MALFORMED_REPLY as exc:
-            raise TransientStorageError(
-                f"the reply of {self.describe()} for {name!r} was cut short or malformed ({type(exc).__name__}: "
-                f"{self._safe(exc)}); worth a retry"
-            ) from sanitized(exc, self._secrets())
-
-    def _malformed(self, name: str, operation: str, missing: str) -> TransientStorageError:
-        return TransientStorageError(
-            f"the {operation} reply of {self.describe()} for {name!r} lacks {missing}: it was cut or malformed; "
-            "worth a retry"
-        )
-
-    def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
-        where = self.describe()
-        if isinstance(exc, boto_errors.NoCredentialsError):
-            return StorageError(
-                f"no AWS credentials for {where}: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or "
-                "blob.store.profile, or run where an instance role is available"
-            )
-        if isinstance(exc, _TRANSIENT_BOTO):
-            return TransientStorageError(f"network error on {name!r} in {where}: {type(exc).__name__}")
-        if not isinstance(exc, boto_errors.ClientError):
-            return StorageError(f"{type(exc).__name__} on {name!r} in {where}: {self._safe(exc)}")
-        code = _code(exc)
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        if create_only and (code in {"PreconditionFailed", "ConditionalRequestConflict"} or status in {409, 412}):
-            return AlreadyExistsError(f"blob {name!r} already exists in {where}")
-        if code == "NoSuchBucket":
-            return StorageError(self._missing_bucket_message())
-        if code in _NOT_FOUND_CODES or status == 404:
-            return NotFoundError(f"blob {name!r} not found in {where}")
-        if code in _AUTH_CODES or status == 403:
-            return StorageError(
-                f"{where} refused the credentials ({code}): check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, "
-                "AWS_PROFILE or blob.store.profile, and the bucket policy"
-            )
-        if code in _TRANSIENT_CODES or status in {408, 429} or status >= 500:
-            return TransientStorageError(f"{where} answered {status} {code} on {name!r}; worth a retry")
-        return StorageError(f"{where} answered {status} {code} on {name!r}: {self._safe(exc)}")
-
-    def _secrets(self) -> tuple[str, ...]:
-        try:
-            credentials = self._client._request_signer._credentials  # private: to redact, never to show
-            found = (credentials.secret_key, credentials.token) if credentials is not None else ()
-        except AttributeError:
-            found = ()
-        return tuple(secret for secret in found if isinstance(secret, str) and secret)
-
-    def _safe(self, exc: BaseException) -> str:
-        return redact(exc, self._secrets())
