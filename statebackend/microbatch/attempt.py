@@ -21,18 +21,21 @@ The steps, in order (each a method; :meth:`TaskAttempt.run` drives them):
 
 A failure at any step closes what the attempt opened and leaves the last durable checkpoint as it was: the attempt
 commits nothing it has not finished, and its output never leaves it before its commit.
+
+This module is the state machine; its parts are beside it (their public names re-exported here): what the user code
+gets (:mod:`~statebackend.microbatch.task_stores`), the expiry sweep (:mod:`~statebackend.microbatch.expiry`), and
+what a commit records in its offsets with the batch times (:mod:`~statebackend.microbatch.offsets`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -47,13 +50,8 @@ from statebackend.lifecycle import OpenDecision, decide_open, task_checkpoint_lo
 from statebackend.metrics import Metrics, MetricsSnapshot
 from statebackend.microbatch import kept
 from statebackend.microbatch.batches import (
-    ATTEMPT_OFFSET,
     ATTEMPTS_DIR,
-    BATCH_OFFSET,
     EVENT_MAX_OFFSET,
-    KEY_GROUPS_OFFSET,
-    NOW_OFFSET,
-    TASKS_OFFSET,
     WATERMARK_OFFSET,
     Layout,
     Plan,
@@ -62,158 +60,30 @@ from statebackend.microbatch.batches import (
     plan_batch,
     task_name,
 )
+from statebackend.microbatch.expiry import EXPIRY_FROM_OFFSET, Expired, sweep_expired
 from statebackend.microbatch.held import SPILL_DIR, HeldOutput
+from statebackend.microbatch.offsets import (
+    TIMER_KEY_OFFSET,
+    batch_clock,
+    batch_event_max,
+    batch_watermark,
+    commit_offsets,
+    starts,
+)
 from statebackend.microbatch.protocol import MAX_WARNINGS, AttemptWarning, TaskStats
 from statebackend.microbatch.rescale import MIN_RETAINED_FOR_RESCALE, KeyRouting, take_key_groups
 from statebackend.microbatch.spec import BatchSpec, JobSpec
+from statebackend.microbatch.task_stores import Counted as Counted
+from statebackend.microbatch.task_stores import TaskStores
+from statebackend.microbatch.task_stores import Work as Work
 from statebackend.microbatch.timers import TIMERS_STORE, Timer, Timers, owner_check, refuse_dropping_timers, take_due
 from statebackend.microbatch.watermark import EventTimes, recorded_ms
 from statebackend.microbatch.worker import executor_id, freeze_survivors
-from statebackend.store.kinds import ListStore, MapStore, is_list_head, sub_key_of, user_key_of
-from statebackend.store.ttl import wall_clock_ms
-from statebackend.task import TaskStorage, ValueStore
+from statebackend.task import TaskStorage
 
 __all__ = ["EXPIRY_FROM_OFFSET", "TIMER_KEY_OFFSET", "Expired", "TaskAttempt", "TaskStores"]
 
-#: the input offset prefix under which a checkpoint records where the next expiry sweep of a store starts (the hex of
-#: a key; empty: the first key): ``on_expiry``'s sweep is deterministic, a replay finds the keys its first run found
-EXPIRY_FROM_OFFSET = "ttl.expiry.from."
-#: the input offset recording the key columns of a job with timers as a Spark struct's JSON (their names and type
-#: names): ``read_state`` of the timer store gives timer keys in their columns' types
-TIMER_KEY_OFFSET = "timers.key.schema"
-
-
-@attrs.frozen
-class Expired:
-    """A key of a TTL store found expired by a batch's sweep and deleted: the store, the key and its last value (read
-    through the store's serdes), and when it expired (ms since the epoch)."""
-
-    store: str
-    key: Any
-    value: Any
-    expired_at_ms: int
-
-
 log = logging.getLogger(__name__)
-
-
-def _expired(serde: Any, data: bytes) -> Any:
-    return serde.from_bytes(data) if serde is not None else data
-
-
-def _expired_of(name: str, kind: str, typed: Any, found: list[tuple[bytes, int, bytes]]) -> list[Expired]:
-    """The callbacks' :class:`Expired` of the records ``found`` expired in store ``name`` of ``kind``, read through
-    the store's serdes (``typed``: its view): a value store's per key; a list's per element and a map's per entry,
-    keyed by the user key (see :meth:`TaskAttempt._expire`)."""
-    key_serde, value_serde = getattr(typed, "key_serde", None), getattr(typed, "value_serde", None)
-    if kind == "value":
-        return [Expired(name, _expired(key_serde, k), _expired(value_serde, v), at_ms) for k, at_ms, v in found]
-    expired = []
-    for record, at_ms, value in found:
-        if kind == "list" and is_list_head(record, store=name):
-            continue  # the list's bounds, no value of its own
-        key = _expired(key_serde, user_key_of(record, store=name))
-        if kind == "list":
-            expired.append(Expired(name, key, _expired(value_serde, value), at_ms))
-        else:
-            sub_key = _expired(getattr(typed, "subkey_serde", None), sub_key_of(record, store=name))
-            expired.append(Expired(name, key, (sub_key, _expired(value_serde, value)), at_ms))
-    return expired
-
-
-class TaskStores(Mapping[str, Any]):
-    """What the user function and the timer handler get: the task's stores by name (typed views per their serdes),
-    where it runs, the batch's times (``now_ms``: the batch clock; ``watermark_ms``: the event-time watermark, None
-    without one) and the task's :class:`~statebackend.microbatch.timers.Timers`. The timer store is not among the
-    stores."""
-
-    def __init__(
-        self,
-        storage: TaskStorage,
-        task_index: int,
-        batch_id: int,
-        *,
-        timers: Timers | None = None,
-        now_ms: int | None = None,
-        watermark_ms: int | None = None,
-        event_ms: Callable[[Any], int] | None = None,
-    ) -> None:
-        self.storage = storage
-        self.task_index = task_index
-        self.task_name = storage.task_name
-        self.batch_id = batch_id
-        self.timers = timers if timers is not None else Timers(None)
-        self.now_ms = now_ms if now_ms is not None else storage.now_ms()
-        self.watermark_ms = watermark_ms
-        self._event_ms = event_ms
-
-    def is_late(self, event_time: Any) -> bool:
-        """Whether a row with ``event_time`` (as the event-time column holds it: a datetime, or ms since the epoch)
-        is late: below the batch's watermark, as Spark drops it (a row at the watermark is on time). False while
-        there is no watermark; None (a null event time) is never late."""
-        if self._event_ms is None:
-            raise ConfigError(
-                "stores.is_late needs an event-time column: give StatefulForeachBatch(event_time=..., "
-                "watermark_delay=...)"
-            )
-        if event_time is None or self.watermark_ms is None:
-            return False
-        return self._event_ms(event_time) < self.watermark_ms
-
-    def __getitem__(self, name: str) -> Any:
-        if name not in self.storage.stores or name == TIMERS_STORE:
-            raise KeyError(name)
-        return self.storage.view(name)
-
-    def store(self, name: str) -> ValueStore:
-        """The value store ``name``, typed (see :meth:`TaskStorage.store`): a list or map store is a
-        :class:`~statebackend.errors.KindError` naming the accessor that gives it."""
-        return self.storage.store(self._user_store(name))
-
-    def list_store(self, name: str) -> ListStore:
-        """The list store ``name``, typed (see :meth:`TaskStorage.list_store`)."""
-        return self.storage.list_store(self._user_store(name))
-
-    def map_store(self, name: str) -> MapStore:
-        """The map store ``name``, typed (see :meth:`TaskStorage.map_store`)."""
-        return self.storage.map_store(self._user_store(name))
-
-    def _user_store(self, name: str) -> str:
-        """``name``, unless it is the timer store: the function reaches timers through ``stores.timers``."""
-        if name == TIMERS_STORE:
-            raise ConfigError(
-                f"store {name!r} holds the task's timers: use stores.timers; the stores are "
-                f"{', '.join(sorted(self)) or 'none'}"
-            )
-        return name
-
-    def __iter__(self) -> Iterator[str]:
-        return (name for name in self.storage.stores if name != TIMERS_STORE)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-class Counted:
-    """An iterator that counts what passes through it (rows, or rows of batches)."""
-
-    def __init__(self, inner: Iterator[Any], size: Callable[[Any], int] | None = None) -> None:
-        self.inner = inner
-        self.size = size
-        self.count = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        return self
-
-    def __next__(self) -> Any:
-        item = next(self.inner)
-        self.count += 1 if self.size is None else self.size(item)
-        return item
-
-
-#: the user's work over the task's input: ``work(stores, held)`` puts the function's (converted, checked) output
-#: into ``held`` and returns it
-Work = Callable[[TaskStores], HeldOutput]
 
 
 @attrs.define(eq=False)
@@ -356,7 +226,7 @@ class TaskAttempt:
             previous_seen=self.batch.previous_seen,
         )
         if self.job.on_timers is None:
-            refuse_dropping_timers(self.name, _starts(plan))
+            refuse_dropping_timers(self.name, starts(plan))
         if plan.rescaled and settings.checkpoint_retained < MIN_RETAINED_FOR_RESCALE:
             # the old tasks' checkpoints of the previous batch are read by other tasks while this batch (and any
             # replay of it) runs; a task's own commits of this batch must not have retention drop them
@@ -412,9 +282,9 @@ class TaskAttempt:
         opened = time.monotonic()
         token = secrets.token_hex(8)
         replaying = latest is not None and batch_of(latest, self.name) == self.batch.batch_id
-        now_ms = self._batch_clock(latest, plan)
+        now_ms = batch_clock(self.batch, self.name, latest, plan)
         storage.ttl_now_ms = now_ms
-        watermark = self._batch_watermark(latest, plan)
+        watermark = batch_watermark(self.job, self.batch, self.name, latest, plan)
         if self.job.drop_late:
             events.drop_below = watermark  # before the input is read: the function never sees a late row
         stores = TaskStores(
@@ -434,8 +304,8 @@ class TaskAttempt:
         fired, pending_timers = self._after_fn(stores, outputs, convert, drain)
         cursors = self._expire(stores, outputs, convert, plan)
         processed = time.monotonic()
-        event_max = self._event_max(events, plan)
-        offsets = {**self._offsets(now_ms, watermark, event_max, token), **cursors}
+        event_max = batch_event_max(self.job, self.batch, events, plan)
+        offsets = {**commit_offsets(self.job, self.batch, now_ms, watermark, event_max, token), **cursors}
         pending = storage.commit_now(offsets)
         # Only a first attempt of a batch's first run leaves its upload running: the task stays parked in this
         # worker and the driver confirms the checkpoint before the batch ends (a worker that dies first: the driver
@@ -561,112 +431,15 @@ class TaskAttempt:
     def _expire(
         self, stores: TaskStores, outputs: HeldOutput, convert: Callable[[Any], Iterable[Any]], plan: Plan
     ) -> dict[str, str]:
-        """With ``on_expiry``: each TTL store's expired keys among its next ``ttl.sweep.keys`` keys, from the cursor
-        the batch's base checkpoint recorded (a rescale starts from the first key), deleted, then handed to
-        ``on_expiry`` (its output joining the rest), in store then key order; the cursors for the commit's offsets.
-        The store's own sweep at the commit is off, so every key deleted for expiry gets its callback.
-
-        A list or map store expires per element or entry (each carries its own expiry): one :class:`Expired` per
-        expired element (``key`` the user key, ``value`` the element) or entry (``value`` the pair ``(sub_key,
-        value)``), in the list's append order, the map's sub-key order. A list's head record is deleted with its
-        last element but gets no callback of its own (it holds no value)."""
+        """With ``on_expiry``: the batch's expiry sweep (:func:`~statebackend.microbatch.expiry.sweep_expired`), its
+        expired keys handed to ``on_expiry`` (its output joining the rest); the cursors for the commit's offsets."""
         on_expiry = self.job.on_expiry
         if on_expiry is None:
             return {}
-        storage = stores.storage
-        base = plan.base.checkpoint.input_offsets if plan.base is not None else {}
-        cursors: dict[str, str] = {}
-        expired: list[Expired] = []
-        for name in sorted(storage.settings.stores):
-            store_settings = storage.settings.stores[name]
-            if name == TIMERS_STORE or store_settings.ttl_ms is None or store_settings.ttl_sweep_keys <= 0:
-                continue
-            view = storage.ttl_view(name)  # the TTL view the task's reads and writes go through
-            view.swept_elsewhere = True
-            start = base.get(EXPIRY_FROM_OFFSET + name) or ""
-            found, next_from = view.expired_from(bytes.fromhex(start) if start else None, store_settings.ttl_sweep_keys)
-            cursors[EXPIRY_FROM_OFFSET + name] = next_from.hex() if next_from is not None else ""
-            if not found:
-                continue
-            view.delete_many([key for key, _, _ in found])
-            typed = storage.view(name)
-            expired += _expired_of(name, store_settings.kind, typed, found)
-            storage.metrics.increment("ttl.keys.expired", len(found))
+        expired, cursors = sweep_expired(stores.storage, plan)
         if expired:
             self._call_user(on_expiry, lambda: outputs.extend(convert(on_expiry(stores, expired))))
         return cursors
-
-    def _offsets(self, now_ms: int, watermark: int | None, event_max: int | None, token: str) -> dict[str, str]:
-        offsets = {
-            BATCH_OFFSET: str(self.batch.batch_id),
-            TASKS_OFFSET: str(self.job.num_tasks),
-            NOW_OFFSET: str(now_ms),
-        }
-        if self.job.key_groups is not None:
-            offsets[KEY_GROUPS_OFFSET] = str(self.job.key_groups)
-        if watermark is not None:
-            offsets[WATERMARK_OFFSET] = str(watermark)
-        if event_max is not None:
-            offsets[EVENT_MAX_OFFSET] = str(event_max)
-        key_columns = self.job.key_columns
-        if self.job.on_timers is not None and key_columns and len(key_columns) == len(self.job.key_types):
-            offsets[TIMER_KEY_OFFSET] = json.dumps(
-                {
-                    "type": "struct",
-                    "fields": [
-                        {"name": column, "type": type_name, "nullable": True, "metadata": {}}
-                        for column, type_name in zip(key_columns, self.job.key_types, strict=True)
-                    ],
-                },
-                separators=(",", ":"),
-            )
-        offsets[ATTEMPT_OFFSET] = token
-        return offsets
-
-    def _batch_clock(self, latest: Any, plan: Plan) -> int:
-        """The batch's clock: the one this task's checkpoint of this very batch recorded (a replay of a committed
-        batch sees what its first run saw), else the driver's (or, without one, the wall clock), never earlier than
-        the clock of the checkpoints the batch starts from: a driver clock behind the previous batch's (a restart on
-        another machine, a clock step) would make keys that batch saw expired visible again."""
-        if latest is not None and batch_of(latest, self.name) == self.batch.batch_id:
-            recorded = _recorded_clock(latest)
-            if recorded is not None:
-                return recorded
-        now = self.batch.now_ms if self.batch.now_ms is not None else wall_clock_ms()
-        return max([now, *(clock for clock in map(_recorded_clock, _starts(plan)) if clock is not None)])
-
-    def _batch_watermark(self, latest: Any, plan: Plan) -> int | None:
-        """The batch's watermark (None without event time): the one this task's checkpoint of this very batch
-        recorded (a replay fires what its first run fired), else the driver's, never below the watermark of the
-        checkpoints the batch starts from."""
-        if self.job.event_time is None:
-            return None
-        if latest is not None and batch_of(latest, self.name) == self.batch.batch_id:
-            recorded = recorded_ms(latest, WATERMARK_OFFSET)
-            if recorded is not None:
-                return recorded
-        known = [
-            w
-            for w in (self.batch.watermark_ms, *(recorded_ms(e, WATERMARK_OFFSET) for e in _starts(plan)))
-            if w is not None
-        ]
-        return max(known) if known else None
-
-    def _event_max(self, events: EventTimes, plan: Plan) -> int | None:
-        """The largest event time seen up to and including this batch: of the batches before it (the driver's, and
-        what the checkpoints the batch starts from recorded) and of this task's input."""
-        if self.job.event_time is None:
-            return None
-        known = [
-            m
-            for m in (
-                self.batch.event_max_ms,
-                events.max_ms,
-                *(recorded_ms(e, EVENT_MAX_OFFSET) for e in _starts(plan)),
-            )
-            if m is not None
-        ]
-        return max(known) if known else None
 
     def _timers(self, storage: TaskStorage) -> Timers:
         job = self.job
@@ -794,17 +567,6 @@ class TaskAttempt:
     def _registry(self) -> Metrics:
         assert self._metrics is not None, "the attempt is not connected"
         return self._metrics
-
-
-def _starts(plan: Plan) -> list[Any]:
-    """The checkpoints the batch starts from: its base, or the old tasks' of a rescale."""
-    return [plan.base] if plan.base is not None else [entry for _, entry in plan.sources]
-
-
-def _recorded_clock(entry: Any) -> int | None:
-    """The batch clock a checkpoint recorded (``now.ms``), if any."""
-    recorded = entry.checkpoint.input_offsets.get(NOW_OFFSET)
-    return int(recorded) if recorded is not None and str(recorded).isdigit() else None
 
 
 def _function_name(fn: Any) -> str:
