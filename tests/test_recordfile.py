@@ -30,6 +30,7 @@ from statebackend.recordfile import (
     verify,
     write_file,
 )
+from statebackend.recordfile.nonce import content_of, new_trailer
 from statebackend.store import LocalStore, LocalVersion
 
 SAMPLES = pathlib.Path(__file__).parent / "data" / "changelog"
@@ -48,7 +49,7 @@ SNAPSHOT = attrs.evolve(DELTA, kind="snapshot", base_seq=5)
 SMALL_DELTA = [(b"a", b"1"), (b"b", None), (b"c", b""), (b"d\xff", b"value-d")]
 #: keys of one length, puts' values of one length: both columns are byte planes in version 3
 FIXED_DELTA = [(b"k01", b"\x00\x00\x00\x07"), (b"k02", None), (b"k05", b"\x00\x00\x01\x00")]
-VERSIONS = [1, 2, 3]
+VERSIONS = [1, 2, 3, 4]
 
 
 def in_version(header: FileHeader, version: int) -> FileHeader:
@@ -96,11 +97,19 @@ class UnseekableWriter(io.RawIOBase):
 
 
 def assemble(prefix_and_metadata: bytes, body: bytes, count: int) -> bytes:
-    """A file built by hand (bypassing write_file) with a valid header CRC, footer and digest."""
+    """A file built by hand (bypassing write_file) with a valid header CRC, footer and digest (and from version 4 a
+    nonce trailer)."""
     head = prefix_and_metadata + struct.pack("<I", zlib.crc32(prefix_and_metadata))
     covered = struct.pack("<QQ", count, len(body))
     digest = hashlib.blake2b(head + body + covered, digest_size=16).digest()
-    return head + body + covered + digest + fmt.MAGIC_END
+    footer = covered + digest + fmt.MAGIC_END
+    (version,) = struct.unpack_from("<H", prefix_and_metadata, 8)
+    return head + body + footer + (new_trailer(footer) if fmt.trailer_size(version) else b"")
+
+
+def without_trailer(data: bytes) -> bytes:
+    """A file's bytes without its nonce trailer (version 4): what two writes of the same records have in common."""
+    return bytes(content_of(data))
 
 
 def header_prefix(data: bytes) -> bytes:
@@ -275,8 +284,9 @@ def test_records_straddling_blocks_and_a_record_bigger_than_blocks_round_trip(co
 
 
 def uncompressed_blocks(data: bytes) -> list[tuple[int, int, int]]:
-    """(record count, flags, key+value bytes) of each block of an uncompressed version 2 or 3 file."""
-    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE]
+    """(record count, flags, key+value bytes) of each block of an uncompressed version 2, 3 or 4 file."""
+    version = fmt.read_header(data, name="x").format_version
+    body = data[fmt.header_size(data[:16], name="x") : -(fmt.FOOTER_SIZE + fmt.trailer_size(version))]
     blocks = []
     position = 0
     while position < len(body):
@@ -313,7 +323,7 @@ def test_version_3_stores_a_column_of_one_length_once_and_as_byte_planes() -> No
     records: list[tuple[bytes, bytes | None]] = [(b"k%04d" % i, b"%08d" % (i * i)) for i in range(300)]
     data = encode(SNAPSHOT, records, compression="none")
     assert uncompressed_blocks(data) == [(300, 2 | 4, 300 * 13)]
-    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE]
+    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE - fmt.TRAILER_SIZE]
     assert body == fixed_block_of(records)  # the layout as docs/formats-changelog.md describes it, built by hand
     keys_start = 13 + 4 + 4
     assert body[keys_start : keys_start + 600] == b"k" * 300 + b"0" * 300  # every key's first byte, then second byte
@@ -327,7 +337,7 @@ def test_version_3_value_planes_hold_the_puts_only_and_deletes_keep_their_place(
     ]
     data = encode(DELTA, records, compression="none")
     assert uncompressed_blocks(data) == [(100, 1 | 2 | 4, 400 + 4 * sum(v is not None for _, v in records))]
-    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE]
+    body = data[fmt.header_size(data[:16], name="x") : -fmt.FOOTER_SIZE - fmt.TRAILER_SIZE]
     assert body == fixed_block_of(records)
     assert list(iter_records(data, name="f")) == records
     assert list(iter_records(io.BytesIO(data), name="f")) == records
@@ -447,8 +457,8 @@ def test_a_delete_in_a_snapshot_is_rejected(version: int) -> None:
 
 
 def test_a_format_version_this_release_does_not_write_is_refused() -> None:
-    with pytest.raises(StateBackendError, match=r"writes format versions \[1, 2, 3\], the header asks for 4"):
-        encode(in_version(DELTA, 4), SMALL_DELTA)
+    with pytest.raises(StateBackendError, match=r"writes format versions \[1, 2, 3, 4\], the header asks for 5"):
+        encode(in_version(DELTA, 5), SMALL_DELTA)
 
 
 def test_unknown_compression_lists_the_allowed_ones() -> None:
@@ -489,7 +499,7 @@ def test_every_flipped_byte_is_detected(
 @pytest.mark.parametrize("version", VERSIONS)
 def test_a_flipped_body_byte_yields_nothing_from_bytes(version: int) -> None:
     data = bytearray(encode(in_version(DELTA, version), SMALL_DELTA, compression="none"))
-    data[len(data) - fmt.FOOTER_SIZE - 3] ^= 0x20  # inside the last value: structurally still valid
+    data[len(data) - fmt.FOOTER_SIZE - fmt.trailer_size(version) - 3] ^= 0x20  # inside the last value: still valid
     yielded = []
     with pytest.raises(CorruptDataError, match="checksum mismatch"):
         for record in iter_records(bytes(data), name="flipped"):
@@ -521,8 +531,10 @@ def test_bad_magic_is_named() -> None:
 
 def test_a_newer_format_version_is_incompatible_and_names_the_versions() -> None:
     data = bytearray(encode(DELTA, SMALL_DELTA))
-    struct.pack_into("<H", data, 8, 4)
-    with pytest.raises(IncompatibleFormatError, match=r"future: changelog format version 4 .*supported: \[1, 2, 3\]"):
+    struct.pack_into("<H", data, 8, 5)
+    with pytest.raises(
+        IncompatibleFormatError, match=r"future: changelog format version 5 .*supported: \[1, 2, 3, 4\]"
+    ):
         read_header(bytes(data), name="future")
     with pytest.raises(IncompatibleFormatError):
         list(iter_records(io.BytesIO(bytes(data)), name="future"))
@@ -557,12 +569,15 @@ def test_writer_still_writes_every_version_byte_for_byte(name: str) -> None:
     expected = json.loads((SAMPLES / f"expected-v{version}.json").read_text())[name]
     records = [(bytes.fromhex(k), None if v is None else bytes.fromhex(v)) for k, v in expected["records"]]
     data = encode(FileHeader(**expected["header"]), records, compression="none")
-    assert data == (SAMPLES / name).read_bytes()
+    stored = (SAMPLES / name).read_bytes()
+    # from version 4 every write ends in a nonce trailer of its own: the same bytes up to it, never the same nonce
+    assert without_trailer(data) == without_trailer(stored)
+    assert (data == stored) == (int(version) < 4)
 
 
 def test_the_default_is_the_newest_version() -> None:
-    assert fmt.FORMAT_VERSION == max(fmt.SUPPORTED_FORMAT_VERSIONS) == 3
-    assert read_header(encode(attrs.evolve(DELTA), []), name="f").format_version == 3
+    assert fmt.FORMAT_VERSION == max(fmt.SUPPORTED_FORMAT_VERSIONS) == 4
+    assert read_header(encode(attrs.evolve(DELTA), []), name="f").format_version == 4
 
 
 # ------------------------------------------------------------------------------------------- inside a transaction
@@ -581,7 +596,7 @@ def test_a_stream_whose_checksum_fails_at_the_end_loads_nothing_into_the_store(
     """The footer checks run inside putmulti's loop, so they abort replace_contents' transaction."""
     records = [(b"%06d" % i, b"v%d" % i) for i in range(70_000)]
     data = bytearray(encode(in_version(SNAPSHOT, version), records, compression="none"))
-    data[-fmt.FOOTER_SIZE - 2] ^= 0x01  # the last value: every record parses, the digest does not match
+    data[-fmt.FOOTER_SIZE - fmt.trailer_size(version) - 2] ^= 0x01  # the last value: the digest does not match
     with loaded_store(tmp_path) as store:
         with pytest.raises(CorruptDataError, match="checksum mismatch"):
             snapshot = iter_records(io.BytesIO(bytes(data)), name="snap")
@@ -618,7 +633,9 @@ def test_records_given_as_columns_make_the_same_file_as_the_same_records_given_a
     header = in_version(DELTA, version)
     pairs = list(zip(keys, values, strict=True))
     columns = fmt.RecordColumns(keys, values)
-    assert encode(header, columns, compression=compression) == encode(header, pairs, compression=compression)
+    assert without_trailer(encode(header, columns, compression=compression)) == without_trailer(
+        encode(header, pairs, compression=compression)
+    )
     assert list(iter_records(encode(header, columns, compression=compression), name="columns")) == pairs
 
 

@@ -88,7 +88,7 @@ def test_a_delete_in_a_snapshot_file_is_rejected_by_the_reader(version: int) -> 
     [
         pytest.param(
             block_of([(b"a", b"1")], count=0),
-            "record count 0 and flags 0; a valid version 3 block has 1..65536 records",
+            f"record count 0 and flags 0; a valid version {fmt.FORMAT_VERSION} block has 1..65536 records",
             id="no-records",
         ),
         pytest.param(block_of([(b"a", b"1")], count=fmt.BLOCK_MAX_RECORDS + 1), "record count 65537", id="too-many"),

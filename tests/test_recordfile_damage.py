@@ -24,6 +24,7 @@ import statebackend.recordfile.format as recordformat
 from statebackend import recordfile as fmt
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.recordfile import FileHeader, encode, iter_records, verify
+from statebackend.recordfile.nonce import new_trailer
 from tests.recordfile_helpers import encode_small_blocks
 from tests.test_recordfile import DELTA as RECORDFILE_DELTA
 from tests.test_recordfile import trickle, uncompressed_blocks
@@ -66,18 +67,29 @@ def assert_refused_everywhere(data: bytes, name: str = "blob-under-test") -> Non
         assert result[0] == "error", f"a damaged file decoded: {result}"
 
 
+def trailer_of(data: bytes) -> int:
+    """How many bytes of nonce trailer a file of ``data``'s version ends in (its header's version)."""
+    return fmt.trailer_size(struct.unpack_from("<H", data, 8)[0])
+
+
 def sections(data: bytes) -> tuple[int, int]:
     """(header end, body end) of a well-formed file."""
     header_end = fmt.header_size(data[: fmt.HEADER_PREFIX_SIZE], name="f")
-    return header_end, len(data) - fmt.FOOTER_SIZE
+    return header_end, len(data) - fmt.FOOTER_SIZE - trailer_of(data)
+
+
+def with_footer(data: bytes, footer: bytes) -> bytes:
+    """``data`` (header and body) with ``footer`` and, where its version has one, a nonce trailer (resealed later)."""
+    return data + footer + bytes(trailer_of(data))
 
 
 def reseal(data: bytes, *, body_length: int | None = None) -> bytes:
-    """``data`` with its header CRC, footer body length and digest made right again, as a writer that meant to write
-    these bytes would have: whatever it then decodes to, the checksums cannot tell."""
+    """``data`` with its header CRC, footer body length and digest (and nonce trailer) made right again, as a writer
+    that meant to write these bytes would have: whatever it then decodes to, the checksums cannot tell."""
     header_end = fmt.header_size(data[: fmt.HEADER_PREFIX_SIZE], name="f")
     metadata_end = header_end - 4
-    out = bytearray(data)
+    trailer = trailer_of(data)
+    out = bytearray(data[: len(data) - trailer])
     out[metadata_end:header_end] = struct.pack("<I", zlib.crc32(bytes(out[:metadata_end])))
     body_end = len(out) - fmt.FOOTER_SIZE
     count, _, _, _ = struct.unpack_from("<QQ16s8s", out, body_end)
@@ -85,6 +97,8 @@ def reseal(data: bytes, *, body_length: int | None = None) -> bytes:
     out[body_end : body_end + 16] = covered
     digest = hashlib.blake2b(bytes(out[: body_end + 16]), digest_size=16).digest()
     out[body_end + 16 : body_end + 32] = digest
+    if trailer:
+        out += new_trailer(bytes(out[-fmt.FOOTER_SIZE :]))
     return bytes(out)
 
 
@@ -99,7 +113,7 @@ def file_with_body(body: bytes, count: int, header: FileHeader = DELTA) -> bytes
     shell = encode(header, [], compression="none")
     header_end, _ = sections(shell)
     footer = struct.pack("<QQ16s8s", count, len(body), b"\x00" * 16, fmt.MAGIC_END)
-    return reseal(shell[:header_end] + body + footer)
+    return reseal(with_footer(shell[:header_end] + body, footer))
 
 
 # ------------------------------------------------------------------------------------------------------ records
@@ -271,7 +285,7 @@ def check_consistent_or_refused(data: bytes, header: FileHeader = DELTA) -> None
         assert all(a < b for a, b in itertools.pairwise(keys))
         if header.kind == "snapshot":
             assert all(value is not None for _, value in records)
-        count = struct.unpack_from("<Q", data, len(data) - fmt.FOOTER_SIZE)[0]
+        count = struct.unpack_from("<Q", data, len(data) - fmt.FOOTER_SIZE - trailer_of(data))[0]
         assert len(records) == count
 
 
@@ -379,7 +393,7 @@ def zstd_file_with_body(prefix: bytes, header: FileHeader, count: int, zeros: in
     shell = encode(header, [], compression="zstd")
     header_end, _ = sections(shell)
     footer = struct.pack("<QQ16s8s", count, len(body), b"\x00" * 16, fmt.MAGIC_END)
-    return reseal(shell[:header_end] + body + footer)
+    return reseal(with_footer(shell[:header_end] + body, footer))
 
 
 def peak_while_refused(data: bytes, message: str, name: str = "blob-bomb") -> int:
@@ -465,7 +479,7 @@ def test_a_zstd_frame_asking_for_a_window_above_what_the_backends_write_is_refus
         frame = compressor.compress(body) + compressor.flush()
         assert zstandard.get_frame_parameters(frame).window_size == 1 << window_log
         footer = struct.pack("<QQ16s8s", len(MULTI_BLOCK), len(frame), b"\x00" * 16, fmt.MAGIC_END)
-        data = reseal(written[:header_end] + frame + footer)
+        data = reseal(with_footer(written[:header_end] + frame, footer))
         if accepted:
             assert every_reading(data) == [("ok", MULTI_BLOCK)] * 4
         else:

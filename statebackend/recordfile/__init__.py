@@ -9,12 +9,15 @@ Contract:
 - A file is ``header | body | footer`` (byte layout and the reasons for it: docs/formats-changelog.md). The header
   carries the magic, the format version, the kind, the compression and the lineage (:class:`FileHeader`) under its
   own CRC-32, so :func:`read_header` can trust the first bytes alone. The body holds the records in strictly
-  increasing key order, as one zstd stream when compressed: version 3 (written by default) as columnar blocks of up
+  increasing key order, as one zstd stream when compressed: versions 3 and 4 as columnar blocks of up
   to 64Ki records that CPython decodes with a few C calls per block, a column whose records all have one length
   stored as byte planes under that length; version 2 (still read, and written when a header asks for it) as the
   same blocks with every length stored; version 1 (likewise) as one 9-byte prefix per record. The fixed-size footer
   holds the record count, the body's byte length and a BLAKE2b-128 digest of everything before the digest, then an
-  end marker.
+  end marker. From version 4 (written by default) the file ends in the nonce trailer (:mod:`.nonce`): 16 random bytes
+  of its own per write, under a checksum, ignored by readers, so a file written again under its name is new bytes
+  (a blob store whose version is a digest of the bytes, S3's ETag, tells the rewrite apart). Version 4's body is
+  version 3's.
 - :func:`write_file` streams: memory stays bounded whatever the record count, and ``out`` is never seeked. When the
   input is bad (keys not strictly increasing, a delete in a snapshot, a record bigger than :data:`MAX_BLOCK_BYTES`)
   it raises :class:`StateBackendError` before the footer is written, so what was written is never a valid file; the
@@ -38,6 +41,7 @@ and ``writer`` at the top, ``format`` and ``columns`` at the bottom):
 - ``writer``: ``write_file`` and ``encode``, the body encoders of each version
 - ``reader``: ``verify``, ``check_digest``, ``iter_records`` from bytes or a stream, ``RecordReader``
 - ``decode``: the body decoders of each version, every record checked
+- ``nonce``: the nonce trailer every write ends in (from version 4; the env base's too), renewed for a rewrite
 - ``columns``: ``RecordColumns``, the writer's input chunks, the column codings (u32 lengths, byte planes, structs)
 """
 
@@ -47,6 +51,7 @@ from statebackend.recordfile.format import (
     COMPRESSIONS,
     FOOTER_SIZE,
     FORMAT_VERSION,
+    FRAME_TAIL_SIZE,
     HEADER_PREFIX_SIZE,
     KIND_DELTA,
     KIND_RUN,
@@ -62,7 +67,9 @@ from statebackend.recordfile.format import (
     header_size,
     read_frame,
     read_header,
+    trailer_size,
 )
+from statebackend.recordfile.nonce import TRAILER_SIZE, content_of, renew_nonce
 from statebackend.recordfile.reader import RecordReader, check_digest, iter_records, verify
 from statebackend.recordfile.writer import FileStats, encode, write_file
 
@@ -71,6 +78,7 @@ __all__ = [
     "COMPRESSIONS",
     "FOOTER_SIZE",
     "FORMAT_VERSION",
+    "FRAME_TAIL_SIZE",
     "HEADER_PREFIX_SIZE",
     "KIND_DELTA",
     "KIND_RUN",
@@ -81,17 +89,21 @@ __all__ = [
     "MAX_HEADER_METADATA_BYTES",
     "PLANES_MAX_LENGTH",
     "SUPPORTED_FORMAT_VERSIONS",
+    "TRAILER_SIZE",
     "FileHeader",
     "FileStats",
     "Record",
     "RecordColumns",
     "RecordReader",
     "check_digest",
+    "content_of",
     "encode",
     "header_size",
     "iter_records",
     "read_frame",
     "read_header",
+    "renew_nonce",
+    "trailer_size",
     "verify",
     "write_file",
 ]

@@ -6,10 +6,13 @@ docs/formats-changelog.md); the writer, the body decoders and the reader take it
 - A file is ``header | body | footer``. The header (:func:`encode_header`) carries the magic, the format version,
   the kind, the compression and the lineage (:class:`FileHeader`) under its own CRC-32, so :func:`read_header` can
   trust the first bytes alone. The fixed-size footer (:func:`encode_footer`) holds the record count, the body's byte
-  length and a BLAKE2b-128 digest (:func:`new_hasher`) of everything before the digest, then an end marker.
-- The body holds the records in strictly increasing key order, as one zstd stream when compressed: version 3
-  (written by default) as columnar blocks (:data:`BLOCK_HEADER`) whose column of one length may be stored as byte
-  planes (:data:`FLAG_KEYS_FIXED`, :data:`FLAG_VALUES_FIXED`); version 2 as the same blocks with every length
+  length and a BLAKE2b-128 digest (:func:`new_hasher`) of everything before the digest, then an end marker. From
+  version 4 the file ends in the nonce trailer after the footer (:mod:`statebackend.recordfile.nonce`: 16 random
+  bytes of its own per write, checked, ignored by readers; :func:`trailer_size`), so a file written again under its
+  name is written with bytes of its own.
+- The body holds the records in strictly increasing key order, as one zstd stream when compressed: versions 3 and
+  4 (4 written by default) as columnar blocks (:data:`BLOCK_HEADER`) whose column of one length may be stored as
+  byte planes (:data:`FLAG_KEYS_FIXED`, :data:`FLAG_VALUES_FIXED`); version 2 as the same blocks with every length
   stored; version 1 as one :data:`RECORD_PREFIX` per record.
 - What a file may declare is bounded: a block's keys and values by :data:`MAX_BLOCK_BYTES`, its record count by
   :data:`BLOCK_MAX_RECORDS`, the header metadata by :data:`MAX_HEADER_METADATA_BYTES`, the zstd window by
@@ -30,6 +33,7 @@ from typing import Any
 import attrs
 
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, UsageError
+from statebackend.recordfile.nonce import TRAILER_SIZE, check_trailer
 
 __all__ = [
     "BLOCK_BYTES",
@@ -45,6 +49,7 @@ __all__ = [
     "FOOTER_COVERED",
     "FOOTER_SIZE",
     "FORMAT_VERSION",
+    "FRAME_TAIL_SIZE",
     "HEADER_PREFIX_SIZE",
     "KIND_DELTA",
     "KIND_RUN",
@@ -72,14 +77,17 @@ __all__ = [
     "parse_prefix",
     "read_frame",
     "read_header",
+    "trailer_size",
 ]
 
 MAGIC = b"SBCHLOG\x00"
 MAGIC_END = b"SBCHEND\x00"
-#: the version this release writes by default (a header with ``format_version=1`` or ``2`` still gets that version)
-FORMAT_VERSION = 3
+#: the version this release writes by default (a header with ``format_version`` 1 to 3 still gets that version)
+FORMAT_VERSION = 4
 #: every version this release reads and writes; a stored sample of each lives in tests/data/changelog/
-SUPPORTED_FORMAT_VERSIONS = (1, 2, 3)
+SUPPORTED_FORMAT_VERSIONS = (1, 2, 3, 4)
+#: the first version whose files end in the nonce trailer (its body is version 3's)
+NONCE_VERSION = 4
 
 KIND_DELTA = "delta"
 KIND_SNAPSHOT = "snapshot"
@@ -106,6 +114,8 @@ _CRC32 = struct.Struct("<I")
 FOOTER = struct.Struct("<QQ16s8s")
 FOOTER_SIZE = FOOTER.size  # 40
 FOOTER_COVERED = 16  # count and body length are hashed too; only the digest itself and the end magic are not
+#: the most bytes at the end of a file :func:`read_frame` needs: the footer and, from version 4, the nonce trailer
+FRAME_TAIL_SIZE = FOOTER_SIZE + TRAILER_SIZE
 _DIGEST_SIZE = 16
 #: the header metadata is a few hundred bytes; the cap keeps a corrupt length from allocating gigabytes
 MAX_HEADER_METADATA_BYTES = 64 * 1024
@@ -128,7 +138,11 @@ FLAG_OPS = 1  # the block has an op byte per record (it holds a delete); without
 FLAG_KEYS_FIXED = 2  # version 3: every key has one length, stored once; the keys are stored as byte planes
 FLAG_VALUES_FIXED = 4  # version 3: every put's value has one length, stored once; their values as byte planes
 #: the flags a block of each columnar version may carry
-VALID_FLAGS = {2: FLAG_OPS, 3: FLAG_OPS | FLAG_KEYS_FIXED | FLAG_VALUES_FIXED}
+VALID_FLAGS = {
+    2: FLAG_OPS,
+    3: FLAG_OPS | FLAG_KEYS_FIXED | FLAG_VALUES_FIXED,
+    4: FLAG_OPS | FLAG_KEYS_FIXED | FLAG_VALUES_FIXED,
+}
 #: the version 3 writer stores a column of one length as byte planes up to this length: short fixed-size keys and
 #: values (ids, counters, timestamps) are where bytes at one position repeat across records; a longer record's own
 #: byte order is worth more to zstd than the alignment (any length is read)
@@ -227,6 +241,19 @@ def new_hasher(data: bytes | memoryview = b"") -> hashlib.blake2b:
 # ---------------------------------------------------------------------------------------------------------- reading
 
 
+def trailer_size(version: int) -> int:
+    """How many bytes after the footer a file of format ``version`` holds: the nonce trailer from version 4, else 0."""
+    return TRAILER_SIZE if version >= NONCE_VERSION else 0
+
+
+def check_footer_trailer(data: bytes | memoryview, footer_end: int, version: int, *, name: str) -> None:
+    """Check the nonce trailer of a version 4 file that follows the footer ending at ``footer_end`` in ``data`` (the
+    file's bytes from at least ``FOOTER_SIZE`` before the footer's end to its end); nothing for older versions. The
+    trailer binds the 40 bytes before it (``nonce.BOUND_SIZE``): the whole footer."""
+    if version >= NONCE_VERSION:
+        check_trailer(data[footer_end - FOOTER_SIZE : footer_end], data[footer_end:], name=name)
+
+
 def header_size(prefix: bytes, *, name: str) -> int:
     """How many leading bytes of a file :func:`read_header` needs, from its first HEADER_PREFIX_SIZE bytes."""
     _, _, _, metadata_length = parse_prefix(prefix, name=name)
@@ -240,16 +267,23 @@ def read_header(data: bytes, *, name: str) -> FileHeader:
 
 
 def read_frame(head: bytes, tail: bytes, size: int, *, name: str) -> FileHeader:
-    """The header of a file known by its first bytes ``head`` (at least :func:`header_size` of them), its last
-    FOOTER_SIZE bytes ``tail`` and its ``size``, with the frame checked: header CRC, end marker, and a footer body
-    length that matches ``size`` (a cut or half-written file fails). Not the digest: that needs the whole file. For a
-    writer deciding by two ranged reads whether a blob is whole and is the one it wrote."""
+    """The header of a file known by its first bytes ``head`` (at least :func:`header_size` of them), its last bytes
+    ``tail`` (the footer and the trailer: ``FOOTER_SIZE + trailer_size(version)`` of them at least; the last
+    :data:`FRAME_TAIL_SIZE` bytes always do) and its ``size``, with the frame checked: header CRC, end marker, a
+    footer body length that matches ``size``, and the nonce trailer from version 4 (a cut or half-written file
+    fails). Not the digest: that needs the whole file. For a writer deciding by two ranged reads whether a blob is
+    whole and is the one it wrote."""
     header, _, header_end = parse_header(head, name=name)
-    if size < header_end + FOOTER_SIZE or len(tail) != FOOTER_SIZE:
+    trailer = trailer_size(header.format_version)
+    need = FOOTER_SIZE + trailer
+    if size < header_end + need or len(tail) < need:
         raise CorruptDataError(
             f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
-            f"footer (header ends at byte {header_end})"
+            f"footer{' and nonce trailer' if trailer else ''} (header ends at byte {header_end})"
         )
+    check_footer_trailer(tail, len(tail) - trailer, header.format_version, name=name)
+    size -= trailer
+    tail = tail[len(tail) - need : len(tail) - trailer]
     _, body_length, _, magic_end = FOOTER.unpack(tail)
     if magic_end != MAGIC_END:
         raise CorruptDataError(

@@ -41,9 +41,11 @@ from statebackend.recordfile.format import (
     MAX_WINDOW_BYTES,
     FileHeader,
     Record,
+    check_footer_trailer,
     header_size,
     new_hasher,
     parse_header,
+    trailer_size,
 )
 
 __all__ = ["RecordReader", "check_digest", "iter_records", "verify"]
@@ -143,12 +145,14 @@ def iter_records(source: bytes | BinaryIO, *, name: str, verified: bool = False)
 def _open_bytes(data: bytes, *, name: str, check_digest: bool) -> tuple[FileHeader, str, int, int, int]:
     """Check the frame of a whole file: (header, compression, header end, body end, footer's record count)."""
     header, compression, header_end = parse_header(data, name=name)
-    size = len(data)
+    trailer = trailer_size(header.format_version)
+    size = len(data) - trailer
     if size < header_end + FOOTER_SIZE:
         raise CorruptDataError(
-            f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte "
-            f"footer (header ends at byte {header_end})"
+            f"{name}: truncated at byte {len(data)}: the file ends before its {FOOTER_SIZE}-byte "
+            f"footer{' and nonce trailer' if trailer else ''} (header ends at byte {header_end})"
         )
+    check_footer_trailer(data, size, header.format_version, name=name)
     body_end = size - FOOTER_SIZE
     count, body_length, digest, magic_end = FOOTER.unpack_from(data, body_end)
     if magic_end != MAGIC_END:
@@ -257,14 +261,16 @@ def _read_exact(source: BinaryIO, size: int, have: bytes, *, name: str) -> bytes
 
 @attrs.define
 class _StreamBody:
-    """A file-like view of a stream's body: hashes what it hands out and holds back the last FOOTER_SIZE bytes.
+    """A file-like view of a stream's body: hashes what it hands out and holds back the last ``hold`` bytes.
 
     The body's length is in the footer at the end, so without seeking the only way to know where the body stops is
-    to keep the last FOOTER_SIZE bytes read back until the stream ends; they are then the footer.
+    to keep the last ``hold`` bytes (the footer, and from version 4 the nonce trailer) read back until the stream
+    ends; they are then the footer and the trailer.
     """
 
     source: BinaryIO
     hasher: Any
+    hold: int = FOOTER_SIZE
     held: bytes = b""
     body_bytes: int = 0
 
@@ -275,11 +281,11 @@ class _StreamBody:
             if not chunk:
                 return b""
             data = self.held + chunk if self.held else chunk
-            if len(data) <= FOOTER_SIZE:
+            if len(data) <= self.hold:
                 self.held = data
                 continue
-            self.held = data[-FOOTER_SIZE:]
-            out = data[:-FOOTER_SIZE]
+            self.held = data[-self.hold :]
+            out = data[: -self.hold]
             self.hasher.update(out)
             self.body_bytes += len(out)
             return out
@@ -293,7 +299,7 @@ def _open_stream(source: BinaryIO, *, name: str) -> RecordReader:
     head = _read_exact(source, header_size(head, name=name), head, name=name)
     header, compression, header_end = parse_header(head, name=name)
     hasher = new_hasher(head)
-    body = _StreamBody(source, hasher)
+    body = _StreamBody(source, hasher, FOOTER_SIZE + trailer_size(header.format_version))
     return RecordReader(header, _stream_records(body, header, compression, header_end, name=name))
 
 
@@ -303,7 +309,7 @@ def _stream_records(
     allow_delete = header.kind in DELETE_KINDS
 
     def finish(found: int) -> None:
-        _finish_stream(body, header_end, found, name=name)
+        _finish_stream(body, header, header_end, found, name=name)
 
     if header.format_version != 1:
         read = _zstd_read(body, name=name) if compression == "zstd" else body.read
@@ -324,15 +330,21 @@ def _stream_records(
     return _then(parse_records(blocks, name=name, allow_delete=allow_delete), finish)
 
 
-def _finish_stream(body: _StreamBody, header_end: int, found: int, *, name: str) -> None:
+def _finish_stream(body: _StreamBody, header: FileHeader, header_end: int, found: int, *, name: str) -> None:
     """Check a stream's footer, digest and record count once its records were read."""
     # Drain what the decompressor left unread (nothing, for a file write_file wrote) so the footer is what is held.
     while body.read(fileformat.BLOCK_BYTES):
         pass
     size = header_end + body.body_bytes + len(body.held)
-    if len(body.held) < FOOTER_SIZE:
-        raise CorruptDataError(f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte footer")
-    count, body_length, digest, magic_end = FOOTER.unpack(body.held)
+    if len(body.held) < body.hold:
+        raise CorruptDataError(
+            f"{name}: truncated at byte {size}: the file ends before its {FOOTER_SIZE}-byte footer"
+            f"{' and nonce trailer' if body.hold > FOOTER_SIZE else ''}"
+        )
+    check_footer_trailer(body.held, FOOTER_SIZE, header.format_version, name=name)
+    size -= body.hold - FOOTER_SIZE
+    footer = body.held[:FOOTER_SIZE]
+    count, body_length, digest, magic_end = FOOTER.unpack(footer)
     if magic_end != MAGIC_END:
         raise CorruptDataError(
             f"{name}: no end marker at byte {size - len(MAGIC_END)}: the file was cut short or "
@@ -343,7 +355,7 @@ def _finish_stream(body: _StreamBody, header_end: int, found: int, *, name: str)
             f"{name}: the footer says the body has {body_length} bytes, the file holds "
             f"{body.body_bytes}; the file is truncated or corrupt"
         )
-    body.hasher.update(body.held[:FOOTER_COVERED])
+    body.hasher.update(footer[:FOOTER_COVERED])
     if body.hasher.digest() != digest:
         raise CorruptDataError(
             f"{name}: checksum mismatch (BLAKE2b-128 over bytes 0..{size - FOOTER_SIZE}); the file is corrupt"

@@ -3,9 +3,9 @@
 Contract:
 
 - :func:`write_file` streams: memory stays bounded by about one block whatever the record count, and ``out`` is
-  never seeked. It writes the header, the body in the layout of ``header.format_version`` (version 3 unless the
-  header asks for 1 or 2; the layouts: :mod:`statebackend.recordfile.format`), then the footer with the count and
-  the digest.
+  never seeked. It writes the header, the body in the layout of ``header.format_version`` (version 4 unless the
+  header asks for 1 to 3; the layouts: :mod:`statebackend.recordfile.format`), then the footer with the count and
+  the digest, and from version 4 the nonce trailer (a fresh random nonce: no two writes give the same bytes).
 - When the input is bad (keys not strictly increasing, a delete in a snapshot, a record bigger than
   :data:`~statebackend.recordfile.format.MAX_BLOCK_BYTES`) it raises :class:`StateBackendError` before the footer is
   written, so what was written is never a valid file; the caller deletes it.
@@ -36,6 +36,7 @@ from statebackend.recordfile.format import (
     FLAG_KEYS_FIXED,
     FLAG_OPS,
     FLAG_VALUES_FIXED,
+    NONCE_VERSION,
     OP_DELETE,
     OP_PUT,
     PLANES_MAX_LENGTH,
@@ -48,6 +49,7 @@ from statebackend.recordfile.format import (
     encode_header,
     new_hasher,
 )
+from statebackend.recordfile.nonce import new_trailer
 
 __all__ = ["FileStats", "encode", "write_file"]
 
@@ -122,6 +124,8 @@ def write_file(
         emit(finish())
 
     footer = encode_footer(count, written - header_end, hasher)
+    if version >= NONCE_VERSION:  # bytes of its own for this write: a file written again is new bytes (nonce.py)
+        footer += new_trailer(footer)
     out.write(footer)
     written += len(footer)
     return FileStats(record_count=count, raw_bytes=raw_bytes, file_bytes=written)
