@@ -41,49 +41,45 @@ How the contract of :mod:`statebackend.blobstores.base` is met:
 from __future__ import annotations
 
 import builtins
-import contextlib
-import errno
 import fcntl
-import hashlib
-import json
 import os
 import secrets
 import shutil
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, BinaryIO, ClassVar
 from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from statebackend.blobstores.base import AbandonedUpload, BlobInfo, BlobStore, check_blob_name, check_metadata
+from statebackend.blobstores.base import AbandonedUpload, BlobInfo, check_blob_name, check_metadata
+from statebackend.blobstores.file_layout import (
+    COPY_BUFFER,
+    LOCK_PREFIX,
+    MAX_DIRECTORY_RACES,
+    NOT_FOUND_ERRNOS,
+    RESERVED_PREFIX,
+    TEMP_PREFIX,
+    absolute_path,
+    blob_version,
+    clamp_range,
+    copy_all,
+    is_reserved,
+    put_if_version,
+    same_file,
+)
+from statebackend.blobstores.file_writes import FileWrites
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError, PreconditionFailedError, StorageError
-from statebackend.fsutil import atomic_write, fsync_dir
+from statebackend.fsutil import atomic_write
 from statebackend.options import OptionSpec, default_of, parse_bool
 
 __all__ = ["RESERVED_PREFIX", "FileBlobStore"]
 
-#: segment prefix reserved for the store's own temp and metadata files; never a blob name, never listed
-RESERVED_PREFIX = ".statebackend~"
-_TEMP_PREFIX = RESERVED_PREFIX + "tmp."
-_LOCK_PREFIX = RESERVED_PREFIX + "lock."
-_META_DIR = RESERVED_PREFIX + "meta"
-_COPY_BUFFER = 1024 * 1024
-# a concurrent delete may prune the directory a put just created; the put then recreates it and tries again
-_MAX_DIRECTORY_RACES = 100
-_NOT_FOUND_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
-#: a stored mtime that is a multiple of this was cut by the filesystem (``put`` never stamps one): no version
-_COARSE_TIME_NS = 1_000_000
-
-
-def _absolute_path(root: str | os.PathLike[str]) -> str:
-    return os.path.abspath(os.fspath(root))
-
 
 @attrs.define(eq=False)
-class FileBlobStore(BlobStore):
+class FileBlobStore(FileWrites):
     """Blobs as files under ``root``. With ``create=False`` (``blob.store.create.if.missing=false``) a missing root
     is an error instead of being made: an unmounted share is not silently replaced by an empty local directory.
 
@@ -98,7 +94,7 @@ class FileBlobStore(BlobStore):
         ),
     }
 
-    root: str = attrs.field(converter=_absolute_path)
+    root: str = attrs.field(converter=absolute_path)
     create: bool = attrs.field(default=default_of(options, "create.if.missing"), kw_only=True)
     url: str = attrs.field(init=False)
     _root_ready: bool = attrs.field(init=False, default=False, repr=False)
@@ -148,9 +144,9 @@ class FileBlobStore(BlobStore):
         def write(out: BinaryIO) -> None:
             out.write(view)
 
-        for _ in range(_MAX_DIRECTORY_RACES):
+        for _ in range(MAX_DIRECTORY_RACES):
             self._make_directories(name, directory)
-            lock_path = os.path.join(directory, _LOCK_PREFIX + os.path.basename(path))
+            lock_path = os.path.join(directory, LOCK_PREFIX + os.path.basename(path))
             try:
                 lock_fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
             except FileNotFoundError:
@@ -184,16 +180,16 @@ class FileBlobStore(BlobStore):
         with self._open_blob(name) as f:
             info = os.fstat(f.fileno())
             data = f.read()
-        return data, _put_if_version(info)
+        return data, put_if_version(info)
 
     def _locked_version(self, path: str) -> str | None:
         try:
             info = os.lstat(path)
         except OSError as exc:
-            if exc.errno in _NOT_FOUND_ERRNOS:
+            if exc.errno in NOT_FOUND_ERRNOS:
                 return None
             raise self._storage_error("inspect", path, exc) from exc
-        return None if stat.S_ISDIR(info.st_mode) else _put_if_version(info)
+        return None if stat.S_ISDIR(info.st_mode) else put_if_version(info)
 
     def put_file(
         self,
@@ -215,14 +211,14 @@ class FileBlobStore(BlobStore):
         with source:
 
             def write(out: BinaryIO) -> None:
-                shutil.copyfileobj(source, out, _COPY_BUFFER)
+                shutil.copyfileobj(source, out, COPY_BUFFER)
 
             self._write(name, write, create_only=create_only, metadata=metadata)
 
     def get(self, name: str, *, start: int | None = None, end: int | None = None) -> bytes:
         with self._open_blob(name) as f:
             size = os.fstat(f.fileno()).st_size
-            first, last = _clamp_range(size, start, end)
+            first, last = clamp_range(size, start, end)
             if first >= last:
                 return b""
             f.seek(first)
@@ -231,17 +227,17 @@ class FileBlobStore(BlobStore):
     def get_into(self, name: str, out: BinaryIO) -> int:
         """Stream the blob into ``out`` (one open file, so one consistent version even if replaced meanwhile)."""
         with self._open_blob(name) as f:
-            return _copy(f, out)
+            return copy_all(f, out)
 
     def get_file(self, name: str, path: str | os.PathLike[str]) -> int:
         """Copy the blob to ``path`` atomically: the blob is opened first, so an absent blob leaves ``path`` as it
         was; the copy goes to a temp file next to ``path`` that is fsynced and renamed over it."""
-        target = _absolute_path(path)
+        target = absolute_path(path)
         directory = os.path.dirname(target)
         with self._open_blob(name) as source:
             try:
-                with atomic_write(target, prefix=_TEMP_PREFIX, sync_directory=True) as out:
-                    size = _copy(source, out)
+                with atomic_write(target, prefix=TEMP_PREFIX, sync_directory=True) as out:
+                    size = copy_all(source, out)
             except OSError as exc:
                 raise StorageError(
                     f"cannot write blob {name!r} of {self.describe()} to local file {target!r}: {exc}; "
@@ -249,7 +245,7 @@ class FileBlobStore(BlobStore):
                 ) from exc
         return size
 
-    def iter_bytes(self, name: str, chunk_size: int = _COPY_BUFFER) -> Iterator[bytes]:
+    def iter_bytes(self, name: str, chunk_size: int = COPY_BUFFER) -> Iterator[bytes]:
         """Stream the blob from one open file (one consistent version even if replaced meanwhile)."""
         if chunk_size <= 0:
             raise ConfigError(f"chunk_size must be positive, got {chunk_size}")
@@ -262,7 +258,7 @@ class FileBlobStore(BlobStore):
         try:
             info = os.lstat(path)
         except OSError as exc:
-            if exc.errno in _NOT_FOUND_ERRNOS:
+            if exc.errno in NOT_FOUND_ERRNOS:
                 return
             raise self._storage_error("inspect", path, exc) from exc
         if stat.S_ISDIR(info.st_mode):
@@ -279,7 +275,7 @@ class FileBlobStore(BlobStore):
         self._prune_empty_directories(directory)
 
     def delete_if_unchanged(self, versions: Mapping[str, str]) -> frozenset[str]:
-        """Delete each blob whose version (:func:`_version`, the etag of ``head``) is still the one given; return
+        """Delete each blob whose version (:func:`blob_version`, the etag of ``head``) is still the one given; return
         the names kept because they were written since. Every name is checked first.
 
         Why no concurrent rewrite is lost: a ``put`` never changes a file, it renames a new one onto the name. So
@@ -304,15 +300,15 @@ class FileBlobStore(BlobStore):
         try:
             info = os.lstat(path)
         except OSError as exc:
-            if exc.errno in _NOT_FOUND_ERRNOS:
+            if exc.errno in NOT_FOUND_ERRNOS:
                 return True
             raise self._storage_error("inspect", path, exc) from exc
         if stat.S_ISDIR(info.st_mode):
             return True  # a directory of other blobs: no blob of this name
-        if _version(info) != version:
+        if blob_version(info) != version:
             return False  # another version (or one that cannot be told apart: never deleted on condition)
         directory = os.path.dirname(path)
-        taken_path = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
+        taken_path = os.path.join(directory, f"{TEMP_PREFIX}{secrets.token_hex(8)}")
         try:
             os.rename(path, taken_path)
         except FileNotFoundError:
@@ -321,7 +317,7 @@ class FileBlobStore(BlobStore):
             raise self._storage_error("delete", path, exc) from exc
         try:
             taken = os.lstat(taken_path)
-            if _version(taken) != version:
+            if blob_version(taken) != version:
                 self._put_back(name, taken_path, path, taken.st_ino)
                 return False
             os.unlink(taken_path)
@@ -354,7 +350,7 @@ class FileBlobStore(BlobStore):
                 check_blob_name(directory)
             except ConfigError:
                 return  # no valid name lies under it
-            if _is_reserved(directory):
+            if is_reserved(directory):
                 return
         base = os.path.join(root, *directory.split("/")) if directory else root
         yield from self._walk(base, directory + "/" if directory else "", partial)
@@ -362,18 +358,18 @@ class FileBlobStore(BlobStore):
     def head(self, name: str) -> BlobInfo:
         path = self._blob_path(name)
         # metadata is found by inode; if the blob was replaced between the two stats, read again
-        for _ in range(_MAX_DIRECTORY_RACES):
+        for _ in range(MAX_DIRECTORY_RACES):
             before = self._stat_blob(name, path)
             metadata = self._read_metadata(name, before.st_ino)
             after = self._stat_blob(name, path)
-            if _same_file(before, after):
-                return BlobInfo(name=name, size=after.st_size, metadata=metadata, etag=_version(after))
+            if same_file(before, after):
+                return BlobInfo(name=name, size=after.st_size, metadata=metadata, etag=blob_version(after))
         raise StorageError(f"blob {name!r} in {self.describe()} kept changing while being read; try again")
 
     def set_metadata(self, name: str, metadata: Mapping[str, str]) -> None:
         """Replace the blob's metadata without rewriting its bytes (one atomic rename of the metadata file)."""
         path = self._blob_path(name)
-        checked = _check_metadata(metadata)
+        checked = check_metadata(metadata)
         info = self._stat_blob(name, path)
         if checked:
             self._write_metadata(name, info.st_ino, checked)
@@ -427,137 +423,18 @@ class FileBlobStore(BlobStore):
 
     def _blob_path(self, name: str) -> str:
         check_blob_name(name)
-        if _is_reserved(name):
+        if is_reserved(name):
             raise ConfigError(
                 f"blob name {name!r} has a segment starting with {RESERVED_PREFIX!r}, which the file:// blob store "
                 f"reserves for its temp and metadata files; choose another name"
             )
         return os.path.join(self._ready_root(), *name.split("/"))
 
-    def _write(
-        self,
-        name: str,
-        write: Callable[[BinaryIO], None],
-        *,
-        create_only: bool,
-        metadata: Mapping[str, str] | None,
-    ) -> None:
-        path = self._blob_path(name)
-        checked = _check_metadata(metadata)
-        directory = os.path.dirname(path)
-        fd, temp = self._create_temp(name, directory)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                write(out)
-                out.flush()
-                stamp = time.time_ns()  # the version's mtime: fine-grained, whatever the filesystem's own clock
-                if stamp % _COARSE_TIME_NS == 0:
-                    stamp += 1  # never a whole millisecond: a stored time that is one was cut by the filesystem
-                os.utime(out.fileno(), ns=(stamp, stamp))
-                os.fsync(out.fileno())
-                inode = os.fstat(out.fileno()).st_ino
-            # the metadata must be durable before the blob is visible, so they appear together
-            if checked:
-                self._write_metadata(name, inode, checked)
-            else:
-                self._remove_metadata(name, inode)  # a stale file left by an earlier blob whose inode was reused
-            if create_only:
-                self._link_new(name, temp, path, inode)
-                _unlink_quietly(temp)
-            else:
-                old_inode = self._current_inode(path)
-                self._replace(name, temp, path)
-                if old_inode is not None:
-                    self._remove_metadata(name, old_inode)
-            self._fsync_directory(directory)
-        except BaseException as exc:
-            _unlink_quietly(temp)
-            if isinstance(exc, OSError) and not isinstance(exc, (StorageError, AlreadyExistsError, NotFoundError)):
-                raise self._storage_error("write", temp, exc) from exc
-            raise
-
-    def _create_temp(self, name: str, directory: str) -> tuple[int, str]:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-        for _ in range(_MAX_DIRECTORY_RACES):
-            self._make_directories(name, directory)
-            temp = os.path.join(directory, f"{_TEMP_PREFIX}{secrets.token_hex(8)}")
-            try:
-                return os.open(temp, flags, 0o666), temp  # 0o666 & ~umask, like any file the user writes
-            except FileNotFoundError:
-                continue  # a concurrent delete pruned the directory we just made
-            except OSError as exc:
-                raise self._storage_error("create a temp file", temp, exc) from exc
-        raise StorageError(f"directory {directory!r} of {self.describe()} kept disappearing while writing {name!r}")
-
-    def _make_directories(self, name: str, directory: str) -> None:
-        missing: list[str] = []
-        current = directory
-        while current != self.root and not os.path.isdir(current):
-            missing.append(current)
-            current = os.path.dirname(current)
-        for made in reversed(missing):
-            try:
-                os.mkdir(made)
-            except FileNotFoundError:
-                return  # a concurrent delete pruned a parent; creating the temp file fails and the caller retries
-            except FileExistsError:
-                if not os.path.isdir(made):
-                    raise StorageError(
-                        f"cannot write blob {name!r} in {self.describe()}: {made!r} is a blob, and the file:// store "
-                        f"cannot hold a blob and names under it ('a' and 'a/b') at once"
-                    ) from None
-                continue
-            except OSError as exc:
-                if exc.errno == errno.ENOTDIR:
-                    raise StorageError(
-                        f"cannot write blob {name!r} in {self.describe()}: a parent of {made!r} is a blob, and the "
-                        f"file:// store cannot hold a blob and names under it ('a' and 'a/b') at once"
-                    ) from exc
-                raise self._storage_error("create directory", made, exc) from exc
-            self._fsync_directory(os.path.dirname(made))
-
-    def _link_new(self, name: str, temp: str, path: str, inode: int) -> None:
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            self._remove_metadata(name, inode)
-            if os.path.isdir(path):
-                raise self._name_is_directory(name) from None
-            raise AlreadyExistsError(f"blob {name!r} already exists in {self.describe()}") from None
-        except OSError as exc:
-            self._remove_metadata(name, inode)
-            if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
-                raise StorageError(
-                    f"create-only write of blob {name!r} in {self.describe()} needs hard links, which the filesystem "
-                    f"of {path!r} refused ({exc.strerror}); put the store on a local POSIX filesystem"
-                ) from exc
-            raise self._storage_error("create", path, exc) from exc
-
-    def _replace(self, name: str, temp: str, path: str) -> None:
-        try:
-            os.replace(temp, path)
-        except IsADirectoryError:
-            raise self._name_is_directory(name) from None
-        except OSError as exc:
-            raise self._storage_error("replace", path, exc) from exc
-
-    def _name_is_directory(self, name: str) -> StorageError:
-        return StorageError(
-            f"cannot write blob {name!r} in {self.describe()}: blobs named {name + '/'!r}... exist, and the file:// "
-            f"store cannot hold a blob and names under it ('a' and 'a/b') at once"
-        )
-
-    def _current_inode(self, path: str) -> int | None:
-        try:
-            return os.lstat(path).st_ino
-        except OSError:
-            return None  # absent, or the replace will report the problem
-
     def _stat_blob(self, name: str, path: str) -> os.stat_result:
         try:
             info = os.stat(path)
         except OSError as exc:
-            if exc.errno in _NOT_FOUND_ERRNOS:
+            if exc.errno in NOT_FOUND_ERRNOS:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
             raise self._storage_error("inspect", path, exc) from exc
         if not stat.S_ISREG(info.st_mode):
@@ -569,51 +446,13 @@ class FileBlobStore(BlobStore):
         try:
             f = open(path, "rb")  # noqa: SIM115 - the caller closes it
         except OSError as exc:
-            if exc.errno in _NOT_FOUND_ERRNOS:
+            if exc.errno in NOT_FOUND_ERRNOS:
                 raise NotFoundError(f"blob {name!r} not found in {self.describe()}") from None
             raise self._storage_error("read", path, exc) from exc
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             f.close()
             raise NotFoundError(f"blob {name!r} not found in {self.describe()} (it is a directory of other blobs)")
         return f
-
-    def _metadata_path(self, name: str, inode: int) -> str:
-        digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
-        return os.path.join(self.root, _META_DIR, digest[:2], f"{digest}.{inode}.json")
-
-    def _read_metadata(self, name: str, inode: int) -> dict[str, str]:
-        path = self._metadata_path(name, inode)
-        try:
-            with open(path, "rb") as f:
-                document = json.loads(f.read())
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise self._storage_error("read metadata", path, exc) from exc
-        except ValueError as exc:
-            raise StorageError(f"metadata file {path!r} of blob {name!r} in {self.describe()} is not JSON") from exc
-        return dict(document["metadata"])
-
-    def _write_metadata(self, name: str, inode: int, metadata: dict[str, str]) -> None:
-        path = self._metadata_path(name, inode)
-        directory = os.path.dirname(path)
-        body = json.dumps({"name": name, "metadata": metadata}, sort_keys=True).encode("utf-8", "surrogatepass")
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with atomic_write(path, prefix=_TEMP_PREFIX) as out:
-                out.write(body)
-        except OSError as exc:
-            raise self._storage_error("write metadata", path, exc) from exc
-        self._fsync_directory(directory)
-
-    def _remove_metadata(self, name: str, inode: int) -> None:
-        path = self._metadata_path(name, inode)
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise self._storage_error("delete metadata", path, exc) from exc
 
     def _prune_empty_directories(self, directory: str) -> None:
         # best effort: a directory that is not empty (or already gone) stops the climb
@@ -638,7 +477,7 @@ class FileBlobStore(BlobStore):
             relative = "" if relative == "." else relative + "/"
             for filename in sorted(filenames):
                 name = relative + filename
-                if not filename.startswith(_TEMP_PREFIX) or not name.startswith(prefix):
+                if not filename.startswith(TEMP_PREFIX) or not name.startswith(prefix):
                     continue
                 try:
                     info = os.stat(os.path.join(dirpath, filename))
@@ -660,7 +499,7 @@ class FileBlobStore(BlobStore):
         path = os.path.realpath(upload.handle)
         if os.path.commonpath([path, os.path.realpath(root)]) != os.path.realpath(root) or not os.path.basename(
             path
-        ).startswith(_TEMP_PREFIX):
+        ).startswith(TEMP_PREFIX):
             raise StorageError(f"{upload.handle!r} is not a temp file of {self.describe()}; not removed")
         try:
             os.unlink(path)
@@ -695,64 +534,3 @@ class FileBlobStore(BlobStore):
                 yield from self._walk(entry.path, name_prefix + entry.name + "/", "")
             else:
                 yield name_prefix + entry.name
-
-    def _fsync_directory(self, directory: str) -> None:
-        try:
-            fsync_dir(directory)
-        except OSError as exc:
-            raise self._storage_error("sync directory", directory, exc) from exc
-
-    def _storage_error(self, action: str, path: str, exc: OSError) -> StorageError:
-        reason = exc.strerror or str(exc)
-        return StorageError(
-            f"cannot {action} {path!r} in {self.describe()}: {reason}; check that the directory exists and is writable"
-        )
-
-
-def _unlink_quietly(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _copy(source: BinaryIO, target: BinaryIO) -> int:
-    total = 0
-    while chunk := source.read(_COPY_BUFFER):
-        target.write(chunk)
-        total += len(chunk)
-    return total
-
-
-def _clamp_range(size: int, start: int | None, end: int | None) -> tuple[int, int]:
-    if (start is not None and start < 0) or (end is not None and end < 0):
-        raise ConfigError(f"byte range [{start}, {end}) must not be negative")
-    first = 0 if start is None else min(start, size)
-    last = size if end is None else min(end, size)
-    return first, max(first, last)
-
-
-def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns) == (b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns)
-
-
-def _version(info: os.stat_result) -> str | None:
-    """A blob file's version (its etag): a put makes a new file with a new inode and a fresh nanosecond mtime; a
-    rename keeps all four. ``None`` when the stored mtime is a whole millisecond, which ``put`` never stamps: the
-    filesystem keeps coarse times (or the blob was written otherwise), and with a reused inode the four could repeat
-    an earlier version of the name."""
-    if info.st_mtime_ns % _COARSE_TIME_NS == 0:
-        return None
-    return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-
-
-def _put_if_version(info: os.stat_result) -> str:
-    """The version :meth:`FileBlobStore.put_if` compares: :func:`_version`, or on a filesystem that keeps coarse
-    times the same four fields as they are (the lock makes check and write one step)."""
-    return _version(info) or f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
-
-
-def _is_reserved(name: str) -> bool:
-    return any(segment.startswith(RESERVED_PREFIX) for segment in name.split("/"))
-
-
-def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
-    return check_metadata(metadata)
