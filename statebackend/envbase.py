@@ -12,8 +12,11 @@ Contract:
 - A base is ``header | frames | footer``. The header (magic ``SBENVBS\\0``, format version, compression, the
   lineage as JSON under a CRC-32) can be trusted from the first bytes alone; the fixed 64-byte footer holds the frame
   count, the environment file's size, the body's length, a BLAKE2b-256 digest of every byte before the digest, and an
-  end marker. Each frame is ``stored length | raw length | stored bytes``: one zstd frame (or the raw bytes) of at
-  most :data:`FRAME_RAW_BYTES` of the file, so a reader decompresses frame by frame with bounded memory.
+  end marker. From format version 2 (written by default; version 1 is still read) the base ends in the nonce trailer
+  after the footer (:mod:`statebackend.recordfile.nonce`, the record file's own): 16 random bytes of its own per
+  write, under a checksum, ignored by readers, so a base written again under its name is new bytes. Each frame is
+  ``stored length | raw length | stored bytes``: one zstd frame (or the raw bytes) of at most
+  :data:`FRAME_RAW_BYTES` of the file, so a reader decompresses frame by frame with bounded memory.
 - :func:`write_env_base` copies exactly the version of a read view (``Environment.copy(compact=True, txn=...)`` of
   the view's own read transaction), refusing a view whose recorded version is not the one the header names.
 - :func:`restore_env_base` reads a base from a :class:`BaseSource` in ranged reads (a few in flight at once), checks
@@ -46,6 +49,7 @@ import zstandard
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StorageError, UsageError
 from statebackend.recordfile import FileHeader
+from statebackend.recordfile.nonce import BOUND_SIZE, TRAILER_SIZE, check_trailer, new_trailer
 from statebackend.store.env import open_env
 
 if TYPE_CHECKING:
@@ -55,9 +59,11 @@ if TYPE_CHECKING:
 __all__ = [
     "FOOTER_SIZE",
     "FORMAT_VERSION",
+    "FRAME_TAIL_SIZE",
     "FRAME_RAW_BYTES",
     "HEAD_BYTES",
     "MAGIC",
+    "SUPPORTED_FORMAT_VERSIONS",
     "BaseSource",
     "BlobSource",
     "EnvBaseHeader",
@@ -73,7 +79,12 @@ __all__ = [
 
 MAGIC = b"SBENVBS\x00"
 MAGIC_END = b"SBENVEND"
-FORMAT_VERSION = 1
+#: the version this release writes: 2, version 1 and a nonce trailer after the footer
+FORMAT_VERSION = 2
+#: every version this release reads (a stored sample of each lives in tests/data/envbase/)
+SUPPORTED_FORMAT_VERSIONS = (1, 2)
+#: the first version whose bases end in the nonce trailer
+NONCE_VERSION = 2
 #: a frame holds at most this many bytes of the environment file (what the writer cuts, the reader's unit of work)
 FRAME_RAW_BYTES = 4 << 20
 #: a reader refuses a frame declaring more (bounds the memory a forged base can make it take)
@@ -93,6 +104,8 @@ _FRAME = struct.Struct("<II")  # stored length, raw length
 _FOOTER = struct.Struct("<QQQ32s8s")  # frames, raw bytes, body length, digest, end magic
 FOOTER_SIZE = _FOOTER.size  # 64
 _FOOTER_COVERED = 24  # frames, raw bytes, body length are hashed too
+#: the most bytes at the end of a base :func:`read_env_base_frame` needs: the footer and, from version 2, the trailer
+FRAME_TAIL_SIZE = FOOTER_SIZE + TRAILER_SIZE
 _COMPRESSION_CODES = {"none": 0, "zstd": 1}
 #: an LMDB file holds native integers and pointers: it is read back only where the byte order and word size are the
 #: writer's
@@ -110,6 +123,13 @@ class EnvBaseHeader:
     compression: str
     #: the byte order and word size of the machine that wrote it (an LMDB file is read only by the same kind)
     platform: str = attrs.field(factory=lambda: PLATFORM)
+    #: the base's format version (from 2 it ends in a nonce trailer)
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def trailer_size(self) -> int:
+        """How many bytes of nonce trailer follow the footer: :data:`TRAILER_SIZE` from version 2, else 0."""
+        return TRAILER_SIZE if self.format_version >= NONCE_VERSION else 0
 
 
 @attrs.frozen
@@ -215,19 +235,28 @@ def write_env_base(
             body += len(frame) + len(stored)
     covered = _FOOTER.pack(frames, raw_bytes, body, b"", b"")[:_FOOTER_COVERED]
     hasher.update(covered)
-    out.write(covered + hasher.digest() + MAGIC_END)
-    return EnvBaseStats(file_bytes=len(header) + body + FOOTER_SIZE, records=view.count, raw_bytes=raw_bytes)
+    footer = covered + hasher.digest() + MAGIC_END
+    # bytes of its own for this write (the digest and end marker bound): a base written again is new bytes
+    out.write(footer + new_trailer(footer[-BOUND_SIZE:]))
+    return EnvBaseStats(
+        file_bytes=len(header) + body + FOOTER_SIZE + TRAILER_SIZE, records=view.count, raw_bytes=raw_bytes
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------- reading
 
 
 def read_env_base_frame(head: bytes, tail: bytes, size: int, *, name: str) -> EnvBaseHeader:
-    """The header of a base known by its first bytes ``head`` (its whole header), its last FOOTER_SIZE bytes and its
-    ``size``, with the frame checked (header CRC, end marker, a body length that matches ``size``): a cut or
+    """The header of a base known by its first bytes ``head`` (its whole header), its last bytes ``tail`` (the footer
+    and, from version 2, the nonce trailer: the last :data:`FRAME_TAIL_SIZE` bytes always do) and its ``size``, with
+    the frame checked (header CRC, end marker, a body length that matches ``size``, the trailer): a cut or
     half-written base fails. Not the digest: that needs every byte."""
     header, header_end = _parse_header(head, name=name)
-    _parse_footer(tail, size, header_end, name=name)
+    need = FOOTER_SIZE + header.trailer_size
+    if len(tail) < need:
+        raise CorruptDataError(f"{name}: truncated at byte {size}: the base ends before its footer")
+    footer = _split_tail(tail[len(tail) - need :], header, name=name)
+    _parse_footer(footer, size - header.trailer_size, header_end, name=name)
     return header
 
 
@@ -249,15 +278,17 @@ def restore_env_base(
     size = source.size
     head = source.read(0, min(size, HEAD_BYTES))
     header, header_end = _parse_header(head, name=source.name)
-    if size < header_end + FOOTER_SIZE:
+    need = FOOTER_SIZE + header.trailer_size
+    if size < header_end + need:
         raise CorruptDataError(f"{source.name}: truncated at byte {size}: the base ends before its footer")
-    tail = source.read(size - FOOTER_SIZE, size + 1)  # one byte more: a blob longer than its size is refused
-    if len(tail) > FOOTER_SIZE:
+    tail = source.read(size - need, size + 1)  # one byte more: a blob longer than its size is refused
+    if len(tail) > need:
         raise CorruptDataError(
             f"{source.name}: the blob holds more than the {size} bytes it was written with; it "
             f"is not the base its name designates and was not used"
         )
-    frames, raw_bytes, body_length = _parse_footer(tail, size, header_end, name=source.name)
+    tail = _split_tail(tail, header, name=source.name)  # the footer, its trailer (ignored) checked
+    frames, raw_bytes, body_length = _parse_footer(tail, size - header.trailer_size, header_end, name=source.name)
     check(header)
     hasher = hashlib.blake2b(head[:header_end], digest_size=32)
     if content_hasher is not None:
@@ -363,6 +394,16 @@ def _encode_header(header: EnvBaseHeader) -> bytes:
     return prefix + metadata + _CRC32.pack(zlib.crc32(prefix + metadata))
 
 
+def _split_tail(tail: bytes, header: EnvBaseHeader, *, name: str) -> bytes:
+    """The footer of a base whose last ``FOOTER_SIZE + header.trailer_size`` bytes are ``tail``, its nonce trailer
+    (from version 2) checked and dropped: readers ignore the nonce."""
+    if not header.trailer_size:
+        return tail
+    footer = tail[:FOOTER_SIZE]
+    check_trailer(footer[-BOUND_SIZE:], tail[FOOTER_SIZE:], name=name)
+    return footer
+
+
 def _check_key_count(env_dir: Path, header: EnvBaseHeader, map_size: int, *, name: str) -> None:
     """The verified environment in ``env_dir`` must hold the key count its header records (the digest proves the
     bytes are the writer's; this, that the copy holds what the writer's view held)."""
@@ -386,11 +427,11 @@ def _parse_header(data: bytes, *, name: str) -> tuple[EnvBaseHeader, int]:
     magic, version, compression_code, reserved, metadata_length = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise CorruptDataError(f"{name}: not an env base (bad magic {magic!r}, want {MAGIC!r})")
-    if version != FORMAT_VERSION:
+    if version not in SUPPORTED_FORMAT_VERSIONS:
         if version > FORMAT_VERSION:
             raise IncompatibleFormatError(
                 f"{name}: env base format version {version} is newer than this release "
-                f"reads ({FORMAT_VERSION}); upgrade statebackend to read it"
+                f"reads ({list(SUPPORTED_FORMAT_VERSIONS)}); upgrade statebackend to read it"
             )
         raise CorruptDataError(f"{name}: env base format version {version} was never written")
     if metadata_length > MAX_METADATA_BYTES:
@@ -414,6 +455,7 @@ def _parse_header(data: bytes, *, name: str) -> tuple[EnvBaseHeader, int]:
             records=int(fields["records"]),
             compression=compression,
             platform=str(fields["platform"]),
+            format_version=version,
         )
     except (ValueError, TypeError, KeyError, UsageError) as exc:
         raise CorruptDataError(f"{name}: env base header metadata is malformed: {exc}") from exc

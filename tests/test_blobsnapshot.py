@@ -27,7 +27,7 @@ from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.contracts import BackendContext
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError
-from statebackend.recordfile import FORMAT_VERSION, iter_records, read_header
+from statebackend.recordfile import FORMAT_VERSION, TRAILER_SIZE, iter_records, read_header
 from statebackend.store import LocalVersion
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import BackendContract
@@ -228,8 +228,11 @@ def test_runs_are_written_in_the_newest_record_file_version(tmp_path: Path) -> N
         fill(task, model, 0, 500, "a")
         checkpoint = task.commit_durably({"input": "0"})
     data = blobs.get(run_name(PREFIX, read_marker_index(blobs, checkpoint).runs[-1].hash))
-    assert read_header(data, name="run").format_version == FORMAT_VERSION == 3
+    assert read_header(data, name="run").format_version == FORMAT_VERSION == 4
     assert dict(iter_records(data, name="run")) == model
+    # the name is the hash of the content: every byte but the nonce trailer the run ends in
+    run = read_marker_index(blobs, checkpoint).runs[-1]
+    assert content_hash(data) != run.hash and content_hash(data[:-TRAILER_SIZE]) == run.hash
 
 
 def test_index_names_its_previous_index_and_appends_the_new_run(tmp_path: Path) -> None:

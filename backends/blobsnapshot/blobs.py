@@ -21,7 +21,7 @@ from statebackend.backends.blobsnapshot.format import (
 
 from statebackend.envbase import HEAD_BYTES, BlobSource, EnvBaseHeader, is_env_base, restore_env_base
 from statebackend.errors import CorruptDataError, NotFoundError
-from statebackend.recordfile import check_digest
+from statebackend.recordfile import check_digest, content_of
 
 if TYPE_CHECKING:
     from statebackend.blobstores.base import BlobStore
@@ -74,7 +74,7 @@ def read_run(
             data = local.read_bytes()
         except OSError:
             data = None
-        if data is not None and (len(data) != entry.size or content_hash(data) != entry.hash):
+        if data is not None and (len(data) != entry.size or content_hash(content_of(data)) != entry.hash):
             data = None
     if data is None:
         try:
@@ -84,7 +84,7 @@ def read_run(
                 f"run {name} that index {index} lists is missing from {blob_store.describe()}; this checkpoint cannot "
                 f"be restored from blobsnapshot: restore an older checkpoint or from another backend's marker"
             ) from exc
-        if len(data) != entry.size or content_hash(data) != entry.hash:
+        if len(data) != entry.size or content_hash(content_of(data)) != entry.hash:
             raise CorruptDataError(
                 f"run {name} that index {index} lists failed its hash check ({len(data)} bytes, expected "
                 f"{entry.size}); it was damaged in the blob store and was not loaded"

@@ -25,7 +25,7 @@ from statebackend.concurrency import SharedPools
 from statebackend.crashpoints import crashpoint
 from statebackend.errors import StateBackendError
 from statebackend.kit import IN_FLIGHT, log_extra
-from statebackend.recordfile import iter_records
+from statebackend.recordfile import iter_records, renew_nonce
 from statebackend.store import ReadView
 
 __all__ = ["Compactor"]
@@ -76,7 +76,8 @@ class Compactor:
             return runs
         if not self.shared.young_enough(compacted.uploaded_at) and compacted.output.hash not in state.durable_runs:
             # a sweep may take it (with gc.grace.period.ms 0 at once, so it could otherwise never be adopted): write
-            # it again from its local copy, same bytes under the same name with a fresh age, as for a chain's run
+            # it again from its local copy, same content under the same name with a fresh age and a fresh nonce, as
+            # for a chain's run
             path = state.cached(compacted.output)
             if not path.exists():
                 self.shared.context.metrics.increment("blobsnapshot.compaction.too.old")
@@ -90,6 +91,17 @@ class Compactor:
                 return runs
             now = self.shared.clock()
             try:
+                # bytes of its own for the rewrite (a fresh nonce): a sweep that judged the first write by its
+                # version (on S3 the MD5 of the bytes) cannot take this one
+                if not renew_nonce(path, aside=state.staging):
+                    log.warning(
+                        "store %s: not adopting compacted run %s: it must be written again and its cached copy has no "
+                        "nonce (an older release's format)",
+                        state.name,
+                        compacted.output.hash,
+                        extra=log_extra(self.shared.context, state.name),
+                    )
+                    return runs
                 self.shared.context.blob_store.put_file(
                     run_name(state.prefix, compacted.output.hash), path, metadata=self.shared.new_metadata(now)
                 )

@@ -5,7 +5,9 @@ live runs and travels inside the marker written into checkpoints (an index blob,
 under ``<job>/<task>/<store>/blobsnapshot/``::
 
     runs/<hash>                        one run: a sorted record file (statebackend.recordfile, kind "run");
-                                       the name IS the blake2b-256 of its bytes
+                                       the name IS the blake2b-256 of its content: its bytes
+                                       without the nonce trailer a run of record file version 4 or
+                                       env base version 2 ends in (statebackend.recordfile.nonce)
     index/<seq:012d>-<token>.json      the index of a commit, written by releases before inline markers; the
                                        marker was its name (still read, kept while a checkpoint names it)
 
@@ -37,7 +39,7 @@ marker's label (its blob name, or ``<seq:012d>-<token>`` of an inline one).
 Binding: the checksum proves an index intact; :func:`check_index_binding` proves it is the index its name designates
 (the body's ``(job, task, store, seq, token)`` against the name, or the inline marker's ``<seq>-<token>``, and the
 reader). A run is bound by its name (the hash
-of its bytes, checked with its size on every read) and its header's lineage (job, task, store, ``first_seq - 1``,
+of its content, checked with its size on every read) and its header's lineage (job, task, store, ``first_seq - 1``,
 ``last_seq``, checkpoint id and token) is checked against the index's entry (:func:`check_run_binding`).
 
 Schema version 1 (whole-environment copies cut into chunks, written by releases before runs) is refused with

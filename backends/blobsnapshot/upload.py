@@ -1,7 +1,7 @@
 """Writing and uploading runs (:class:`RunUpload`, the uploader the backup manager holds): a run is encoded into the
-cache dir under the hash of its bytes and uploaded unless the blob store already holds exactly those bytes young
-enough to be named (the index goes into the checkpoint's marker, backup.py). Used by the commit's upload and by the
-compactor."""
+cache dir under the hash of its content (its bytes without the nonce trailer) and uploaded unless the blob store
+already holds that run young enough to be named (the index goes into the checkpoint's marker, backup.py); a write of
+a name written before carries a fresh nonce. Used by the commit's upload and by the compactor."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from statebackend.crashpoints import crashpoint
 from statebackend.envbase import write_env_base
 from statebackend.errors import AlreadyExistsError, CommitError, NotFoundError
 from statebackend.kit import log_extra, read_created_at
-from statebackend.recordfile import KIND_RUN, FileHeader, write_file
+from statebackend.recordfile import KIND_RUN, TRAILER_SIZE, FileHeader, renew_nonce, write_file
+from statebackend.recordfile.nonce import ends_in_trailer
 from statebackend.store import LocalVersion, ReadView
 
 __all__ = ["HashingWriter", "RunUpload"]
@@ -177,7 +178,8 @@ class RunUpload:
         only bytes the name can hold. A present blob is reused only when no sweep can take it before a checkpoint
         names it: a retained durable index names it, or it is younger than half the grace period. Otherwise (a run
         whose upload reply was lost long ago, an identical run of a checkpoint retention dropped) the same bytes are
-        written again, with a fresh age."""
+        written again, with a fresh age and a fresh nonce (:meth:`_fresh_nonce`): every write after the first of a
+        name carries bytes of its own."""
         blob_store = self.shared.context.blob_store
         name = run_name(state.prefix, run.hash)
         refresh = run.hash in state.uploaded  # an old upload no durable index names: write it again, same bytes
@@ -190,6 +192,10 @@ class RunUpload:
                 return False
             refresh = found == "too old"
         try:
+            if refresh or run.hash in state.attempted:
+                # a write of a name written before: bytes of its own (a fresh nonce), so a sweep that judged the
+                # earlier write by its version (on S3 the MD5 of the bytes) cannot take this one
+                self._fresh_nonce(state, run, path)
             if refresh:
                 blob_store.put_file(name, path, metadata=self.shared.new_metadata(created_at))
             else:
@@ -208,6 +214,7 @@ class RunUpload:
                             name,
                             extra=log_extra(self.shared.context, state.name),
                         )
+                    self._fresh_nonce(state, run, path)
                     blob_store.put_file(name, path, metadata=self.shared.new_metadata(created_at))
         except BaseException:
             state.attempted.add(run.hash)  # it may have landed: the next try looks it up before sending it again
@@ -216,6 +223,19 @@ class RunUpload:
         state.uploaded_at[run.hash] = created_at
         crashpoint("blobsnapshot.upload.run_uploaded")
         return True
+
+    def _fresh_nonce(self, state: StoreState, run: RunEntry, path: Path) -> None:
+        """Give the cached run a nonce of its own before it is written again under its name (the content, and so the
+        name, stay; ``statebackend.recordfile.nonce``). A run cached in a format without the trailer (by an older
+        release) cannot have one, and is not written again with the same bytes: the next commit uploads a base."""
+        if not renew_nonce(path, aside=state.staging):
+            state.needs_base = True
+            raise CommitError(
+                f"store {state.name}: run {run_name(state.prefix, run.hash)} must be written again to be named, and "
+                f"its cached copy is of a format without a nonce (written by an older release): its rewrite would be "
+                f"the same bytes, which a sweep on a store whose versions follow the bytes could still delete. The "
+                f"next commit uploads a base run"
+            )
 
     def _present(self, state: StoreState, name: str, run: RunEntry) -> tuple[str, float | None]:
         """``"absent"`` (no blob of the run's length under ``name``), ``"reusable"`` or ``"too old"`` (see
@@ -249,15 +269,30 @@ class RunUpload:
 
 
 class HashingWriter:
-    """A write-only file wrapper that hashes what passes through (the run's name is the hash of its bytes)."""
+    """A write-only file wrapper that hashes what passes through: the run's name is the hash of its content, its bytes
+    without the nonce trailer they end in (``statebackend.recordfile.nonce``), so every write of the run (each with a
+    nonce of its own) keeps the name. The last TRAILER_SIZE bytes are held back from the hash until the end."""
 
     def __init__(self, out: BinaryIO) -> None:
         self._out = out
         self._hasher = new_hasher()
+        self._held = b""
 
     def write(self, data: bytes) -> int:
-        self._hasher.update(data)
+        if len(data) >= TRAILER_SIZE:
+            self._hasher.update(self._held)
+            self._hasher.update(memoryview(data)[: len(data) - TRAILER_SIZE])
+            self._held = bytes(data[len(data) - TRAILER_SIZE :])
+        else:
+            joined = self._held + bytes(data)
+            self._hasher.update(joined[: max(0, len(joined) - TRAILER_SIZE)])
+            self._held = joined[-TRAILER_SIZE:]
         return self._out.write(data)
 
     def hexdigest(self) -> str:
-        return str(self._hasher.hexdigest())
+        """The hash of the content: every byte written but a nonce trailer at the end (all of them without one)."""
+        if len(self._held) == TRAILER_SIZE and ends_in_trailer(self._held):
+            return str(self._hasher.hexdigest())
+        hasher = self._hasher.copy()
+        hasher.update(self._held)
+        return str(hasher.hexdigest())

@@ -19,11 +19,11 @@ from statebackend.backends.changelog.upload import ChangelogUpload
 
 from statebackend.concurrency import SharedPools
 from statebackend.crashpoints import crashpoint
-from statebackend.envbase import FOOTER_SIZE as ENV_FOOTER_SIZE
+from statebackend.envbase import FRAME_TAIL_SIZE as ENV_FRAME_TAIL_SIZE
 from statebackend.envbase import HEAD_BYTES, is_env_base, read_env_base_frame
 from statebackend.errors import BackgroundWorkCancelled, CorruptDataError, IncompatibleFormatError, NotFoundError
 from statebackend.kit import IN_FLIGHT, log_extra, read_created_at
-from statebackend.recordfile import FOOTER_SIZE, HEADER_PREFIX_SIZE, KIND_SNAPSHOT, header_size, read_frame
+from statebackend.recordfile import FRAME_TAIL_SIZE, HEADER_PREFIX_SIZE, KIND_SNAPSHOT, header_size, read_frame
 from statebackend.store import ChangeSet, ReadView
 
 __all__ = ["UNKNOWN_SIZES_INTERVAL_COMMITS", "BackgroundSnapshots", "maintenance_pool"]
@@ -127,11 +127,11 @@ class BackgroundSnapshots:
             prefix = blob_store.get(name, start=0, end=HEADER_PREFIX_SIZE)
             if is_env_base(prefix):  # an environment-file base (this release's snapshots)
                 head = blob_store.get(name, start=0, end=min(size, HEAD_BYTES))
-                tail = blob_store.get(name, start=max(0, size - ENV_FOOTER_SIZE), end=size)
+                tail = blob_store.get(name, start=max(0, size - ENV_FRAME_TAIL_SIZE), end=size)
                 header = read_env_base_frame(head, tail, size, name=name).lineage
             else:
                 head = blob_store.get(name, start=0, end=header_size(prefix, name=name))
-                tail = blob_store.get(name, start=max(0, size - FOOTER_SIZE), end=size)
+                tail = blob_store.get(name, start=max(0, size - FRAME_TAIL_SIZE), end=size)
                 header = read_frame(head, tail, size, name=name)
             check_blob_binding(
                 header,

@@ -16,7 +16,7 @@ from statebackend.envbase import write_env_base
 from statebackend.errors import AlreadyExistsError, CommitError, CorruptDataError, NotFoundError
 from statebackend.fsutil import atomic_write
 from statebackend.kit import IN_FLIGHT, created_at_metadata, read_created_at
-from statebackend.recordfile import FileHeader, RecordColumns, check_digest, write_file
+from statebackend.recordfile import FileHeader, RecordColumns, check_digest, renew_nonce, write_file
 from statebackend.store import ReadView
 
 __all__ = ["ChangelogUpload"]
@@ -79,6 +79,8 @@ class ChangelogUpload:
                     except CorruptDataError:
                         staged.unlink(missing_ok=True)  # not staged any more: the failure below re-bases
                         raise
+                    # its earlier try may have landed: this write carries bytes of its own (a fresh nonce)
+                    self._fresh_nonce(lineage, staged, step.name)
                     self._put_staged(lineage, staged, step.name)
                     metrics.increment("changelog.delta.reuploads")
                 else:
@@ -205,6 +207,19 @@ class ChangelogUpload:
         except NotFoundError:
             return None
 
+    def _fresh_nonce(self, lineage: Lineage, staged: Path, name: str) -> None:
+        """Give a staged file a nonce of its own before it is written again under ``name``
+        (``statebackend.recordfile.nonce``: the content stays). One staged in a format without the trailer (by an
+        older release) is not written again with the same bytes: the next commit re-bases on a fresh snapshot."""
+        if not renew_nonce(staged):
+            with lineage.lock:
+                lineage.commits_since_snapshot = -1
+            raise CommitError(
+                f"store {lineage.name}: {name} must be written again, and its staged file is of a format without a "
+                f"nonce (an older release's): its rewrite would be the same bytes, which a sweep on a store whose "
+                f"versions follow the bytes could still delete. The next commit re-bases on a fresh snapshot"
+            )
+
     def _put_staged(self, lineage: Lineage, staged: Path, name: str) -> None:
         blob_store = self.shared.context.blob_store
         created_at = self.shared.clock()  # before the put: a sweep never sees the blob younger than it is
@@ -220,6 +235,9 @@ class ChangelogUpload:
             if blob_store.supports_metadata:
                 landed = self._landed_at(name)
                 if not self.shared.young_enough(landed):
+                    # bytes of its own (a fresh nonce): a sweep that judged the earlier write by its version (on S3
+                    # the MD5 of the bytes) cannot take this one
+                    self._fresh_nonce(lineage, staged, name)
                     created_at = self.shared.clock()
                     blob_store.put_file(name, staged, metadata=created_at_metadata(created_at))
                     self.shared.context.metrics.increment("changelog.blobs.refreshed")
