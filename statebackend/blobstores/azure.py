@@ -41,23 +41,12 @@ from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from statebackend.blobstores.azure_boundary import _TRANSIENT_STATUS, AzureBoundary, _code
+from statebackend.blobstores.azure_boundary import TRANSIENT_STATUS, AzureBoundary, error_code
 from statebackend.blobstores.base import BlobInfo, check_blob_name, check_metadata
-from statebackend.blobstores.parted import (
-    MIN_PART_SIZE,
-    PartedBlobStore,
-    part_pool,
-    part_ranges,
-    sdk_boundary,
-)
+from statebackend.blobstores.parted import MIN_PART_SIZE, PartedBlobStore, part_pool, part_ranges, sdk_boundary
 from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
 from statebackend.concurrency import run_all
-from statebackend.errors import (
-    ConfigError,
-    NotFoundError,
-    StorageError,
-    TransientStorageError,
-)
+from statebackend.errors import ConfigError, NotFoundError, StorageError, TransientStorageError
 from statebackend.options import OptionSpec, default_of, parse_object, parse_str, value_error
 from statebackend.redact import (
     connection_string_secrets,
@@ -314,7 +303,7 @@ class AzureBlobStore(AzureBoundary):
             try:
                 blob.delete_blob()
             except azure_errors.ResourceNotFoundError as exc:
-                if _code(exc) == "ContainerNotFound":
+                if error_code(exc) == "ContainerNotFound":
                     raise
                 # an absent blob is success
 
@@ -408,7 +397,7 @@ class AzureBlobStore(AzureBoundary):
                 continue
             failed.append(path)
             codes.add(f"{status} {code}".strip())
-            transient = transient and (status in _TRANSIENT_STATUS or status >= 500)
+            transient = transient and (status in TRANSIENT_STATUS or status >= 500)
         if not failed:
             return [], None, changed
         shown = ", ".join(repr(path[root:]) for path in failed[:3]) + (" ..." if len(failed) > 3 else "")

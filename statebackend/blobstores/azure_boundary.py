@@ -14,9 +14,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from statebackend.blobstores.base import check_blob_name
-from statebackend.blobstores.parted import (
-    PartedBlobStore,
-)
+from statebackend.blobstores.parted import PartedBlobStore
 from statebackend.errors import (
     AlreadyExistsError,
     NotFoundError,
@@ -25,10 +23,7 @@ from statebackend.errors import (
     StorageError,
     TransientStorageError,
 )
-from statebackend.redact import (
-    redact,
-    sanitized,
-)
+from statebackend.redact import redact, sanitized
 
 try:
     from azure.core import exceptions as azure_errors
@@ -37,15 +32,16 @@ try:
 except ImportError as exc:  # pragma: no cover - the registry turns this into an install hint
     raise ImportError("az:// needs azure-storage-blob: pip install 'statebackend[azure]'") from exc
 
-__all__ = ["AzureBoundary"]
+__all__ = ["MALFORMED_REPLY", "TRANSIENT_STATUS", "AzureBoundary", "error_code"]
 
 T = TypeVar("T")
 
-_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+#: the HTTP statuses a retry may fix (timeouts, throttling, server errors)
+TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 #: what the SDK (or the stdlib under it) raises for a reply cut inside its head or body, or missing a mandatory
 #: header or field: the request may or may not have been served; worth a retry for an idempotent request
-_MALFORMED_REPLY = (
+MALFORMED_REPLY = (
     azure_errors.DeserializationError,  # a ValueError, not an AzureError
     http.client.HTTPException,
     urllib3_errors.HTTPError,
@@ -59,7 +55,8 @@ _MALFORMED_REPLY = (
 )
 
 
-def _code(exc: Exception) -> str:
+def error_code(exc: Exception) -> str:
+    """The service's error code of an SDK exception (``ContainerNotFound``, ...), or "" when it has none."""
     code = getattr(exc, "error_code", None)
     return str(getattr(code, "value", code) or "")
 
@@ -90,7 +87,7 @@ class AzureBoundary(PartedBlobStore):
         try:
             return write()
         except azure_errors.ResourceNotFoundError as exc:
-            if not (self.create_if_missing and _code(exc) == "ContainerNotFound"):
+            if not (self.create_if_missing and error_code(exc) == "ContainerNotFound"):
                 raise
         with self._created_lock:
             self.create_resources()
@@ -109,7 +106,7 @@ class AzureBoundary(PartedBlobStore):
             raise
         except azure_errors.AzureError as exc:
             if conditional:
-                code = _code(exc)
+                code = error_code(exc)
                 status = getattr(exc, "status_code", None)
                 if status in (409, 412) or (status == 404 and code == "BlobNotFound"):
                     raise PreconditionFailedError(
@@ -117,7 +114,7 @@ class AzureBoundary(PartedBlobStore):
                         f"({status} {code}): not written"
                     ) from sanitized(exc, self._secrets())
             raise self._translate(exc, name, create_only) from sanitized(exc, self._secrets())
-        except _MALFORMED_REPLY as exc:
+        except MALFORMED_REPLY as exc:
             raise TransientStorageError(
                 f"the reply of {self.describe()} for {name!r} was cut short or malformed ({type(exc).__name__}: "
                 f"{self._safe(exc)}); worth a retry"
@@ -125,7 +122,7 @@ class AzureBoundary(PartedBlobStore):
 
     def _translate(self, exc: Exception, name: str, create_only: bool) -> Exception:
         where = self.describe()
-        code = _code(exc)
+        code = error_code(exc)
         status = getattr(exc, "status_code", None)
         if isinstance(exc, azure_errors.ResourceExistsError) and (create_only or code == "BlobAlreadyExists"):
             return AlreadyExistsError(f"blob {name!r} already exists in {where}")
@@ -154,7 +151,7 @@ class AzureBoundary(PartedBlobStore):
                 f"the reply of {where} for {name!r} was cut short ({type(exc).__name__}: {self._safe(exc)}); "
                 "worth a retry"
             )
-        if status in _TRANSIENT_STATUS or (status is not None and status >= 500):
+        if status in TRANSIENT_STATUS or (status is not None and status >= 500):
             return TransientStorageError(f"{where} answered {status} {code or ''} on {name!r}; worth a retry")
         if isinstance(exc, azure_errors.HttpResponseError):
             return StorageError(f"{where} answered {status} {code or ''} on {name!r}: {self._safe(exc)}")

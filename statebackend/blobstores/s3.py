@@ -55,12 +55,7 @@ from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from statebackend.blobstores.base import BlobInfo, check_metadata
-from statebackend.blobstores.parted import (
-    MIN_PART_SIZE,
-    PartedBlobStore,
-    part_pool,
-    sdk_boundary,
-)
+from statebackend.blobstores.parted import MIN_PART_SIZE, PartedBlobStore, part_pool, sdk_boundary
 from statebackend.blobstores.resilience import Resilience, ResilientBlobStore
 from statebackend.blobstores.s3_multipart import S3Multipart
 from statebackend.blobstores.s3_replies import AUTH_CODES as _AUTH_CODES
@@ -72,12 +67,7 @@ from statebackend.blobstores.s3_replies import error_code as _code
 from statebackend.blobstores.s3_replies import page_problem as _page_problem
 from statebackend.blobstores.s3_replies import register_credentials as _register_credentials
 from statebackend.concurrency import run_all
-from statebackend.errors import (
-    ConfigError,
-    NotFoundError,
-    StorageError,
-    TransientStorageError,
-)
+from statebackend.errors import ConfigError, NotFoundError, StorageError, TransientStorageError
 from statebackend.options import OptionSpec, default_of, parse_str
 from statebackend.redact import protect_sdk_loggers, redact, sanitized, url_has_userinfo
 

@@ -12,9 +12,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from statebackend.blobstores.base import check_blob_name
-from statebackend.blobstores.parted import (
-    PartedBlobStore,
-)
+from statebackend.blobstores.parted import PartedBlobStore
 from statebackend.blobstores.s3_replies import AUTH_CODES as _AUTH_CODES
 from statebackend.blobstores.s3_replies import MALFORMED_REPLY as _MALFORMED_REPLY
 from statebackend.blobstores.s3_replies import NOT_FOUND_CODES as _NOT_FOUND_CODES
@@ -37,12 +35,12 @@ except ImportError as exc:  # pragma: no cover - the registry turns this into an
     raise ImportError("s3:// needs boto3: pip install 'statebackend[s3]'") from exc
 
 
-__all__ = ["S3Boundary"]
+__all__ = ["S3Boundary", "is_transient_answer"]
 
 T = TypeVar("T")
 
 
-def _is_transient_answer(exc: Exception) -> bool:
+def is_transient_answer(exc: Exception) -> bool:
     """Whether a service's error answer is one a retry may fix (throttling, 5xx): the resilience layer retries it."""
     response = getattr(exc, "response", None) or {}
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)

@@ -18,20 +18,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from statebackend.blobstores.base import AbandonedUpload, check_blob_name, check_metadata
-from statebackend.blobstores.parted import (
-    part_pool,
-    part_ranges,
-    sdk_boundary,
-)
-from statebackend.blobstores.s3_boundary import S3Boundary, _is_transient_answer
+from statebackend.blobstores.parted import part_pool, part_ranges, sdk_boundary
+from statebackend.blobstores.s3_boundary import S3Boundary, is_transient_answer
 from statebackend.blobstores.s3_replies import error_code as _code
 from statebackend.concurrency import run_all
-from statebackend.errors import (
-    AlreadyExistsError,
-    NotFoundError,
-    StorageError,
-    TransientStorageError,
-)
+from statebackend.errors import AlreadyExistsError, NotFoundError, StorageError, TransientStorageError
 
 try:
     import botocore.exceptions as boto_errors
@@ -176,7 +167,7 @@ class S3Multipart(S3Boundary):
                     try:
                         response = self._client.complete_multipart_upload(**kwargs)
                     except boto_errors.ClientError as exc:
-                        if completions == 1 or _is_transient_answer(exc):
+                        if completions == 1 or is_transient_answer(exc):
                             raise  # a first answer is the truth; a transient one is retried (then read back)
                         # an earlier completion may have landed and lost its reply: the server answers the retry
                         # NoSuchUpload, a bare 400 or 404, 412 for create-only, ...; what is stored decides
