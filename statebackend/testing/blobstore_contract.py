@@ -10,6 +10,10 @@ Every implementation subclasses :class:`BlobStoreContract` in its own test modul
 Only the public :class:`BlobStore` API and ``raw_get`` are used here; nothing assumes a local filesystem. Metadata keys
 are lowercase identifiers and values short ASCII, which every service (S3, Azure) keeps as given. Class attributes
 let slow services shrink the sizes and example counts.
+
+This module holds the suite's class, its settings and most of its tests; its names and listings tests are in
+:mod:`~statebackend.testing.blobstore_contract_listing` (:data:`BAD_NAMES` and :data:`SPECIAL_CHARACTERS` are
+re-exported here), the dict model the stateful test runs in :mod:`~statebackend.testing.blobstore_contract_model`.
 """
 
 from __future__ import annotations
@@ -17,50 +21,22 @@ from __future__ import annotations
 import io
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import run_state_machine_as_test
 
 from statebackend.blobstores.base import BlobInfo, BlobStore
 from statebackend.errors import AlreadyExistsError, ConfigError, NotFoundError
+from statebackend.testing.blobstore_contract_listing import BAD_NAMES, SPECIAL_CHARACTERS, NamesAndListingContract
+from statebackend.testing.blobstore_contract_model import _BlobStoreMachine
 from statebackend.testing.conditional_delete_contract import ConditionalDeleteContract
 from statebackend.testing.conditional_put_contract import ConditionalPutContract
 from statebackend.testing.deadline import deadline, scaled
 
 __all__ = ["BAD_NAMES", "LONG_RUN_PROFILE", "PROFILE_ENV", "SPECIAL_CHARACTERS", "BlobStoreContract"]
-
-#: names that must be rejected with ConfigError before anything is written
-BAD_NAMES = [
-    "",
-    "/abs",
-    "/",
-    "..",
-    "../escape",
-    "a/../../escape",
-    "a/..",
-    ".",
-    "./a",
-    "a/./b",
-    "a//b",
-    "a/",
-    "a\x00b",
-    "a\\..\\b",
-    # characters no store holds, refused alike on every store (check_blob_name)
-    "a\\b",
-    "back\\",
-    "a\tb",
-    "a\nb",
-    "a\x7fb",
-    "lone\udc80surrogate",
-]
-
-#: characters that are ordinary in a name and a prefix: a listing must match them literally (SQL LIKE takes ``%`` and
-#: ``_`` as wildcards, a glob ``*``, ``?`` and ``[``)
-SPECIAL_CHARACTERS = ["%", "_", "*", "?", "[", "]"]
 
 #: the Hypothesis profile of the long run of the stateful test (many examples, long runs): selected for every
 #: store's ``test_store_behaves_like_a_dict`` when the environment variable :data:`PROFILE_ENV` names it, and run by
@@ -102,10 +78,13 @@ class MetadataPortabilityContract:
         assert dict(store.head("meta/kept").metadata) == metadata
 
 
-class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, ConditionalPutContract):
+class BlobStoreContract(
+    MetadataPortabilityContract, NamesAndListingContract, ConditionalDeleteContract, ConditionalPutContract
+):
     """Behaviour every :class:`BlobStore` implementation has. Subclass it and provide the ``store`` fixture. The
     conditional deletes (:class:`~statebackend.testing.conditional_delete_contract.ConditionalDeleteContract`) are
-    checked where the store claims them, and an honest refusal where it does not."""
+    checked where the store claims them, and an honest refusal where it does not; names and listings are
+    :class:`~statebackend.testing.blobstore_contract_listing.NamesAndListingContract`."""
 
     #: size of the "large" blob and file round trips; larger than one copy buffer so streaming loops run
     large_size: int = 5 * 1024 * 1024 + 123
@@ -412,103 +391,6 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
             store.delete_many(["kept/1", "../escape", "kept/2"])
         assert list(store.list()) == ["kept/1", "kept/2"]
 
-    # -- list ---------------------------------------------------------------------------------------------------
-
-    def test_list_of_an_empty_store_is_empty(self, store: BlobStore) -> None:
-        assert list(store.list()) == []
-        assert list(store.list("any/prefix")) == []
-
-    def test_list_yields_every_name_sorted(self, store: BlobStore) -> None:
-        names = ["b", "a/z", "a.b", "a-b", "a0", "a/b/c", "c/d/e/f", "A", "a/b.c", "a/b-c"]
-        for name in names:
-            store.put(name, b"")
-        assert list(store.list()) == sorted(names)
-
-    def test_list_filters_by_prefix_and_sorts(self, store: BlobStore) -> None:
-        names = ["job/1/idx", "job/1/delta/0002", "job/1/delta/0001", "job/2/idx", "jobs", "other"]
-        for name in names:
-            store.put(name, b"x")
-        assert list(store.list("job/1/")) == ["job/1/delta/0001", "job/1/delta/0002", "job/1/idx"]
-        assert list(store.list("job/1/delta/")) == ["job/1/delta/0001", "job/1/delta/0002"]
-        assert list(store.list("job")) == sorted(names[:5])
-        assert list(store.list("job/")) == sorted(names[:4])
-        assert list(store.list("other")) == ["other"]
-        assert list(store.list("nothing")) == []
-
-    def test_list_prefix_may_end_inside_a_segment(self, store: BlobStore) -> None:
-        for name in ["a/bc/x", "a/b/y", "a/bd", "a/c", "ab"]:
-            store.put(name, b"x")
-        assert list(store.list("a/b")) == ["a/b/y", "a/bc/x", "a/bd"]
-        assert list(store.list("a/bc/")) == ["a/bc/x"]
-        assert list(store.list("a/bc/x")) == ["a/bc/x"]
-        assert list(store.list("a/bc/xy")) == []
-
-    def test_list_returns_every_name_past_a_page(self, store: BlobStore) -> None:
-        """A listing longer than a service's page (1,000 names on S3, 5,000 on Azure) is followed to its end: a store
-        that returns the first page only gives a short listing, which would make a task's checkpoints, or a
-        backend's blobs, look fewer than they are."""
-        names = [f"paged/{i:05d}" for i in range(self.listing_names)]
-        with ThreadPoolExecutor(self.threads) as pool:
-            list(pool.map(lambda name: store.put(name, b""), names))
-        store.put("paged0", b"")  # sorts after every paged/ name
-        assert list(store.list("paged/")) == names
-        assert list(store.list()) == [*names, "paged0"]
-
-    def test_list_with_a_prefix_no_name_can_have_is_empty(self, store: BlobStore) -> None:
-        store.put("a/b", b"x")
-        for prefix in ["/a", "a//", "../", "a/../", "./a", "a\\", "\\", "a/\\b", "a\x00", "a\x01", "a\n"]:
-            assert list(store.list(prefix)) == [], prefix
-
-    # -- characters a listing must take literally ---------------------------------------------------------------
-
-    @pytest.mark.parametrize("char", SPECIAL_CHARACTERS)
-    def test_names_with_special_characters_round_trip_and_list_literally(self, store: BlobStore, char: str) -> None:
-        """``%``, ``_``, ``*``, ``?``, ``[`` and ``]`` are characters like any other, in names and in prefixes: a
-        listing that takes them as wildcards (SQL LIKE, a glob, a regular expression) lists names that do not start
-        with the prefix, or misses ones that do."""
-        c = char
-        names = [f"sp/a{c}", f"sp/a{c}b", f"sp/a{c}{c}", "sp/ab", "sp/axb", "sp/a", f"sp/{c}x", "sp/x", f"d{c}/y"]
-        names += ["dx/y", f"sp/a{c}{c}{c}b"]
-        for name in names:
-            store.put(name, name.encode(), metadata={"kind": "special"})
-        for name in names:
-            assert store.get(name) == name.encode()
-            assert self.raw_get(store, name) == name.encode()
-            assert store.head(name).size == len(name.encode())
-        assert list(store.list()) == sorted(names)
-        for prefix in [f"sp/a{c}", f"sp/a{c}{c}", f"sp/{c}", f"d{c}", f"d{c}/", f"sp/a{c}b", c, "sp/a", f"{c}{c}"]:
-            assert list(store.list(prefix)) == sorted(n for n in names if n.startswith(prefix)), prefix
-        store.delete(f"sp/a{c}")
-        assert not store.exists(f"sp/a{c}")
-        assert store.get(f"sp/a{c}b") == f"sp/a{c}b".encode()
-        store.delete_many([f"sp/a{c}{c}", f"sp/{c}absent"])
-        remaining = sorted(n for n in names if n not in {f"sp/a{c}", f"sp/a{c}{c}"})
-        assert list(store.list()) == remaining
-
-    # -- names that could escape the root ----------------------------------------------------------------------
-
-    @pytest.mark.parametrize("name", BAD_NAMES, ids=repr)
-    def test_bad_names_are_rejected_and_nothing_is_written(
-        self, store: BlobStore, name: str, tmp_path_factory: pytest.TempPathFactory
-    ) -> None:
-        local = tmp_path_factory.mktemp("local") / "file"
-        local.write_bytes(b"data")
-        attempts: list[Callable[[], object]] = [
-            lambda: store.put(name, b"data"),
-            lambda: store.put(name, b"data", create_only=True),
-            lambda: store.put_file(name, local),
-            lambda: store.get(name),
-            lambda: store.head(name),
-            lambda: store.delete(name),
-            lambda: store.set_metadata(name, {"kind": "x"}),
-            lambda: store.get_file(name, local.parent / "out"),
-        ]
-        for attempt in attempts:
-            with pytest.raises(ConfigError):
-                attempt()
-        assert list(store.list()) == []
-        assert not (local.parent / "out").exists()
-
     # -- files and streams --------------------------------------------------------------------------------------
 
     def test_put_file_then_get_file_round_trips_a_large_file(
@@ -685,81 +567,3 @@ class BlobStoreContract(MetadataPortabilityContract, ConditionalDeleteContract, 
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
             )
         run_state_machine_as_test(machine, settings=chosen)
-
-
-# no name is a directory of another ("a" and "a/b"), which a file:// store cannot hold at once
-_NAMES = st.sampled_from(["a", "b", "ab", "c/x", "c/y", "c/xy", "d/e/f", "d/e/g", "d/h"])
-_PREFIXES = st.sampled_from(["", "a", "c", "c/", "c/x", "d/e", "d/e/", "z"])
-_DATA = st.binary(max_size=64)
-_METADATA = st.dictionaries(st.sampled_from(["kind", "expiry"]), st.sampled_from(["1", "delta", "17000"]), max_size=2)
-
-
-class _BlobStoreMachine(RuleBasedStateMachine):
-    """Runs random operations on the store and on a dict; they must agree. ``store`` and ``contract`` are set by the
-    test; each example starts by emptying the store through its own API."""
-
-    store: BlobStore
-    contract: BlobStoreContract
-
-    def __init__(self) -> None:
-        super().__init__()
-        for name in list(self.store.list()):
-            self.store.delete(name)
-        self.model: dict[str, tuple[bytes, dict[str, str]]] = {}
-
-    @rule(name=_NAMES, data=_DATA, metadata=_METADATA)
-    def put(self, name: str, data: bytes, metadata: dict[str, str]) -> None:
-        self.store.put(name, data, metadata=metadata)
-        self.model[name] = (data, metadata)
-
-    @rule(name=_NAMES, data=_DATA)
-    def put_create_only(self, name: str, data: bytes) -> None:
-        try:
-            self.store.put(name, data, create_only=True)
-        except AlreadyExistsError:
-            assert name in self.model
-        else:
-            assert name not in self.model
-            self.model[name] = (data, {})
-
-    @rule(name=_NAMES)
-    def delete(self, name: str) -> None:
-        self.store.delete(name)
-        self.model.pop(name, None)
-
-    @rule(name=_NAMES, metadata=_METADATA)
-    def set_metadata(self, name: str, metadata: dict[str, str]) -> None:
-        try:
-            self.store.set_metadata(name, metadata)
-        except NotFoundError:
-            assert name not in self.model
-        else:
-            self.model[name] = (self.model[name][0], metadata)
-
-    @rule(name=_NAMES)
-    def get(self, name: str) -> None:
-        try:
-            data = self.store.get(name)
-        except NotFoundError:
-            assert name not in self.model
-        else:
-            assert data == self.model[name][0]
-            assert self.contract.raw_get(self.store, name) == data
-
-    @rule(name=_NAMES)
-    def head(self, name: str) -> None:
-        try:
-            info = self.store.head(name)
-        except NotFoundError:
-            assert name not in self.model
-        else:
-            data, metadata = self.model[name]
-            assert (info.size, dict(info.metadata)) == (len(data), metadata)
-
-    @rule(prefix=_PREFIXES)
-    def list_prefix(self, prefix: str) -> None:
-        assert list(self.store.list(prefix)) == sorted(n for n in self.model if n.startswith(prefix))
-
-    @invariant()
-    def names_agree(self) -> None:
-        assert list(self.store.list()) == sorted(self.model)
