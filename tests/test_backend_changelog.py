@@ -43,7 +43,7 @@ def test_background_snapshot_is_adopted_and_old_deltas_are_deleted(tmp_path: Pat
     snapshots = list(blobs.list("job/task-0/counts/changelog/snapshot/"))
     assert snapshots
     # deltas are written in the record file's newest version, snapshots as environment-file bases
-    assert {read_header(blobs.get(name), name=name).format_version for name in deltas} == {FORMAT_VERSION} == {3}
+    assert {read_header(blobs.get(name), name=name).format_version for name in deltas} == {FORMAT_VERSION} == {4}
     assert all(is_env_base(blobs.get(name, start=0, end=8)) for name in snapshots)
     shutil.rmtree(tmp_path / "local")
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -23,6 +24,7 @@ from statebackend.blobstores.resilience import ResilientBlobStore
 from statebackend.errors import StorageError, TransientStorageError
 from statebackend.kit import GraceRule, Mark, created_at_metadata, sweep_unreferenced
 from statebackend.metrics import Metrics
+from statebackend.recordfile import FileHeader, content_of, encode, renew_nonce
 from tests.backend_helpers import PassThroughBlobStore
 from tests.test_delete_many import counted, requests, server_store
 
@@ -77,6 +79,16 @@ def with_a_nonce(data: bytes) -> bytes:
     return data + b" nonce " + uuid.uuid4().hex.encode()
 
 
+def renewed(data: bytes) -> bytes:
+    """``data`` (a record file of this release) as the framework writes it again: its nonce renewed
+    (``statebackend.recordfile.nonce``), the content the same."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "blob"
+        path.write_bytes(data)
+        assert renew_nonce(path)
+        return path.read_bytes()
+
+
 def check_the_rewrite_survives(store: BlobStore, rewrite: Callable[[bytes], bytes] = lambda data: data) -> None:
     racing, swept = sweep_with_a_rewrite(store, rewrite)
     assert store.supports_conditional_delete
@@ -86,8 +98,8 @@ def check_the_rewrite_survives(store: BlobStore, rewrite: Callable[[bytes], byte
     assert swept.kept == ("g/run-02",) and "g/run-02" not in swept.deleted
     assert len(swept.deleted) == 5 and racing.plain_calls == []
     assert sorted(n for call in racing.conditional_calls for n in call) == [f"g/run-{i:02d}" for i in range(6)]
-    if not getattr(store, "versions_follow_bytes", False):
-        assert len(racing.conditional_calls) == 1, "the six judged blobs went in one conditional batch"
+    # S3 too: a version that follows the bytes is no reason to wait, every rewrite carries bytes of its own
+    assert len(racing.conditional_calls) == 1, "the six judged blobs went in one conditional batch"
 
 
 @pytest.mark.parametrize(
@@ -127,22 +139,37 @@ def test_on_s3_a_blob_written_again_with_bytes_of_its_own_survives_the_sweep(s3_
 
 
 @pytest.mark.s3
-def test_on_s3_a_rewrite_of_the_same_bytes_is_still_bounded_by_the_batch_wait(s3_server: Any) -> None:
+def test_on_s3_a_rewrite_by_the_framework_has_a_new_etag_and_the_sweep_keeps_it_without_waiting(
+    s3_server: Any,
+) -> None:
     """An S3 ETag is the MD5 of the bytes: the same bytes written again keep it (moto shows it, metadata changed or
-    not), so a conditional delete cannot tell that rewrite. The sweep therefore still sends every batch within
-    ``batch_wait_s`` of its first judgment on S3 (here 0: each blob goes before the next is judged), conditionally."""
+    not). The framework never writes them so: a record file written again has its nonce renewed, so a new ETag, and
+    the sweep's batches go when full or at the end on S3 as on Azure (no batch wait): a rewrite racing the sweep is
+    kept however late the batch goes."""
     store = server_store("s3", s3_server)
     try:
-        store.put("e/a", b"same", metadata=OLD)
+        header = FileHeader(
+            kind="run", job="j", task="t", store="s", checkpoint_id="1-1", token="tok", seq=2, base_seq=0
+        )
+        data = encode(header, [(b"a", b"1"), (b"b", b"2")])
+        store.put("e/a", data, metadata=OLD)
         etag = store.head("e/a").etag
-        store.put("e/a", b"same", metadata=FRESH)
-        assert etag is not None and store.head("e/a").etag == etag
-        store.put("e/a", with_a_nonce(b"same"), metadata=FRESH)
+        store.put("e/a", data, metadata=FRESH)
+        assert etag is not None and store.head("e/a").etag == etag, "S3's ETag follows the bytes"
+        store.put("e/a", renewed(data), metadata=FRESH)
         assert store.head("e/a").etag != etag
-        racing, swept = sweep_with_a_rewrite(store, with_a_nonce, batch_wait_s=0.0)
+        names = [f"g/run-{i:02d}" for i in range(6)]
+        for name in names:
+            store.put(name, data, metadata=OLD)
+        racing = RewriteAfterHead(store, names[2], renewed)
+        # a batch wait of 0 would send each blob alone if the sweep still waited on S3: it must not
+        swept = sweep_unreferenced(
+            racing, "g/", Mark(frozenset(), at=NOW), GraceRule(3_600_000), clock=lambda: NOW, now=NOW, batch_wait_s=0.0
+        )
         assert racing.plain_calls == []
-        assert [sorted(call) for call in racing.conditional_calls] == [[f"g/run-{i:02d}"] for i in range(6)]
+        assert [sorted(call) for call in racing.conditional_calls] == [names]
         assert swept.kept == ("g/run-02",) and list(store.list("g/")) == ["g/run-02"]
+        assert bytes(content_of(store.get("g/run-02"))) == bytes(content_of(data))
     finally:
         store.close()
 

@@ -33,17 +33,19 @@ since its mark (:meth:`GraceRule.sweep_deadline`: its marks may be stale by then
 while it is younger than half the grace period (:meth:`GraceRule.may_name`), so a checkpoint written within a
 quarter of the grace period of that check is never swept from under it.
 
-**A blob written again is not swept.** A writer may write an old blob again (the same bytes, a fresh age) to name it
-(blob-snapshot's content-addressed runs; changelog never does: it re-bases instead of naming an old blob), possibly
-just after a sweep judged the old version by its ``head``. Where the blob store can
+**A blob written again is not swept.** A writer may write an old blob again (the same content, a fresh age) to
+name it (blob-snapshot's content-addressed runs, an adopted compaction; changelog's deltas re-sent after an earlier
+try landed long ago), possibly just after a sweep judged the old version by its ``head``. Where the blob store can
 (:attr:`~statebackend.blobstores.base.BlobStore.supports_conditional_delete`: memory, ``file://``, Azure, S3), the
 sweep deletes each blob on condition that it is still the version its ``head`` saw
-(:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands. A
-store whose version is a digest of the bytes (``versions_follow_bytes``: S3, whose ETag does not change when the
-same bytes are written again) tells only a rewrite of other bytes apart, so there a doomed blob still waits at most
-:data:`SWEEP_BATCH_WAIT_S` in its batch as well; so does every blob deleted plainly (a store without metadata, which
-gets no ``head``; a blob whose ``head`` gives no version): that bounds a same-bytes rewrite's race without closing
-it.
+(:meth:`~statebackend.blobstores.base.BlobStore.delete_if_unchanged`): the rewrite is kept, whenever it lands. On a
+store whose version is a digest of the bytes (``versions_follow_bytes``: S3, whose ETag is their MD5) that holds
+because every write of a name that may be written again carries bytes of its own: the framework's formats end in a
+nonce trailer (``statebackend.recordfile.nonce``) that every rewrite renews, so a rewrite has a new ETag and the
+race is closed there as on Azure. (A writer of its own that writes the same bytes again under one name would need a
+nonce of its own on such a store.) Only a blob deleted plainly (a store without metadata, which gets no ``head``; a
+blob whose ``head`` gives no version) waits at most :data:`SWEEP_BATCH_WAIT_S` in its batch: that bounds its race
+without closing it.
 
 The mark is only as good as the listing of checkpoints it came from: build it from the task's
 :class:`~statebackend.checkpoint.CheckpointLog`, whose listings never show less than the newest checkpoint the task
@@ -92,11 +94,12 @@ CREATED_AT = "created_at"
 #: blobs a sweep deletes with one ``delete_many`` (S3 takes 1,000 a request, Azure 256: a store splits a bigger one)
 SWEEP_BATCH = 1000
 #: seconds a doomed blob may wait in a sweep's batch after the ``head`` that judged it, on a blob store without
-#: conditional deletes: a writer may write an old blob again (fresh age, same bytes) to name it, and a delete sent
-#: later than its judgment would take the fresh blob with it; the wait keeps that window this short (plus the
-#: request's own time). Where the store deletes on condition that the blob is unchanged
-#: (``supports_conditional_delete``), a rewrite is kept however late the batch goes, so such a batch does not wait
-#: on this: it goes when full, or at the end of the listing (the deadline is checked before each batch either way)
+#: conditional deletes (or for a blob whose ``head`` gave no version): a writer may write an old blob again (fresh
+#: age) to name it, and a delete sent later than its judgment would take the fresh blob with it; the wait keeps that
+#: window this short (plus the request's own time). Where the store deletes on condition that the blob is unchanged
+#: (``supports_conditional_delete``, S3 included: every rewrite carries a fresh nonce, so a new ETag), a rewrite is
+#: kept however late the batch goes, so such a batch does not wait on this: it goes when full, or at the end of the
+#: listing (the deadline is checked before each batch either way)
 SWEEP_BATCH_WAIT_S = 0.1
 
 
@@ -294,8 +297,8 @@ def sweep_unreferenced(
     - The doomed blobs are deleted ``batch`` at a time in one request on the services that batch deletes. Where
       the blob store supports it and ``head`` gave the blob's version, with
       :meth:`~BlobStore.delete_if_unchanged`: a blob written again since its ``head`` (to be named) is kept
-      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end (on a store whose versions
-      follow the bytes, within ``batch_wait_s`` as below). Otherwise with
+      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end (S3 included, whose version
+      follows the bytes: every rewrite of the framework's formats carries a fresh nonce). Otherwise with
       :meth:`~BlobStore.delete_many`, and a batch goes as soon as its first blob has waited ``batch_wait_s``
       since the ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`). Just before each batch goes, the deadline
       is checked again (past it, the batch is dropped and the sweep stops), then ``confirm(name)`` is asked once
@@ -315,15 +318,14 @@ def sweep_unreferenced(
     deadline = rule.sweep_deadline(mark.at)
     listed = list(blob_store.list(prefix))
     shown = frozenset(listed)
+    # a version that is a digest of the bytes (S3's ETag) is as good as any here: every rewrite of a name written
+    # by the framework's formats carries a fresh nonce (statebackend.recordfile.nonce), so it has a new version
     conditional = blob_store.supports_conditional_delete
-    # a version that is a digest of the bytes (S3's ETag) keeps a rewrite of other bytes whenever it lands, but not
-    # one of the same bytes: the batch wait still bounds that race
-    follows_bytes = conditional and blob_store.versions_follow_bytes
     deleted: list[str] = []
     kept: list[str] = []
     doomed: dict[str, str | None] = {}  # name -> the version its head saw (None: deleted unconditionally)
     first_judged = 0.0  # time.monotonic() of the judgment of the batch's first blob bound by the wait
-    waiting = False  # the batch holds a blob deleted unconditionally (or on a version that follows the bytes)
+    waiting = False  # the batch holds a blob deleted unconditionally
 
     def delete_doomed() -> bool:
         """Delete the doomed batch; False (nothing deleted) when the deadline passed meanwhile."""
@@ -381,7 +383,7 @@ def sweep_unreferenced(
             or rule.old_enough(name, metadata, at)
         ):
             continue
-        if (version is None or follows_bytes) and not waiting:
+        if version is None and not waiting:
             first_judged = time.monotonic()
             waiting = True
         doomed[name] = version
