@@ -19,8 +19,7 @@ from pyspark.sql.types import StructType
 from statebackend.spark.session import is_local_master, spark_executors
 from statebackend.spark.stats import StatsParam, TaskStats
 
-# the driver module's logger: these records keep the name operators configure (docs/operations.md)
-log = logging.getLogger("statebackend.spark.driver")
+log = logging.getLogger(__name__)
 
 #: what running a batch's tasks gives: what frees the held output, the output, the tasks' stats
 _TaskRun = tuple[Callable[[], None], DataFrame, list[TaskStats]]
