@@ -6,6 +6,7 @@ backends' own rewrite paths."""
 
 from __future__ import annotations
 
+import functools
 import io
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,39 @@ def test_on_s3_a_refreshed_run_gets_a_new_etag_keeps_its_name_and_restores(tmp_p
             assert blobs.head(name).etag not in (None, etag), "a rewrite on S3 must have an ETag of its own"
             data = blobs.get(name)
             assert len(data) == run.size and content_hash(content_of(data)) == run.hash
+        with TaskStorage.open(blobsnapshot_config(tmp_path, "again"), "task-0", blob_store=blobs) as task:
+            assert dict(task.store("counts").items()) == model
+    finally:
+        blobs.close()
+
+
+@pytest.mark.s3
+def test_on_s3_a_run_an_older_release_cached_without_a_trailer_is_written_again_as_is(
+    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of version 3 (no trailer: as an older release wrote and cached it) cannot have its nonce renewed: its
+    refresh sends the same bytes, as that release did, and the commit goes on (failing it would fail every retry of
+    a task that restored such runs); the run is still named by all its bytes and restores."""
+    from statebackend.backends.blobsnapshot import upload
+
+    monkeypatch.setattr(upload, "FileHeader", functools.partial(FileHeader, format_version=3))
+    blobs = server_store("s3", s3_server)
+    try:
+        model: dict[bytes, bytes] = {}
+        with TaskStorage.open(blobsnapshot_config(tmp_path), "task-0", blob_store=blobs) as task:
+            fill(task, model, 0, 300, "a")
+            task.commit_durably({"input": "0"})
+            manager = blobsnapshot_manager(task)
+            state = manager.shared.stores["counts"]
+            run = state.runs[-1]
+            name = run_name(state.prefix, run.hash)
+            before = blobs.get(name)
+            assert bytes(content_of(before)) == before, "a version 3 run has no trailer"
+            etag = blobs.head(name).etag
+            assert manager.uploader.put_run(state, run, state.cached(run))
+            assert blobs.head(name).etag == etag and blobs.get(name) == before
+            fill(task, model, 300, 350, "b")
+            task.commit_durably({"input": "1"})
         with TaskStorage.open(blobsnapshot_config(tmp_path, "again"), "task-0", blob_store=blobs) as task:
             assert dict(task.store("counts").items()) == model
     finally:

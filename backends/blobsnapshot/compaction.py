@@ -93,15 +93,8 @@ class Compactor:
             try:
                 # bytes of its own for the rewrite (a fresh nonce): a sweep that judged the first write by its
                 # version (on S3 the MD5 of the bytes) cannot take this one
-                if not renew_nonce(path, aside=state.staging):
-                    log.warning(
-                        "store %s: not adopting compacted run %s: it must be written again and its cached copy has no "
-                        "nonce (an older release's format)",
-                        state.name,
-                        compacted.output.hash,
-                        extra=log_extra(self.shared.context, state.name),
-                    )
-                    return runs
+                # (a copy an older release wrote has no trailer: written again as is, as that release did)
+                renew_nonce(path, aside=state.staging)
                 self.shared.context.blob_store.put_file(
                     run_name(state.prefix, compacted.output.hash), path, metadata=self.shared.new_metadata(now)
                 )

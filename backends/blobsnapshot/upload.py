@@ -227,14 +227,13 @@ class RunUpload:
     def _fresh_nonce(self, state: StoreState, run: RunEntry, path: Path) -> None:
         """Give the cached run a nonce of its own before it is written again under its name (the content, and so the
         name, stay; ``statebackend.recordfile.nonce``). A run cached in a format without the trailer (by an older
-        release) cannot have one, and is not written again with the same bytes: the next commit uploads a base."""
+        release) cannot have one: it is written again with the same bytes, as that release did (on a store whose
+        versions follow the bytes, the sweep's batch wait bounds that race; statebackend.kit.gc)."""
         if not renew_nonce(path, aside=state.staging):
-            state.needs_base = True
-            raise CommitError(
-                f"store {state.name}: run {run_name(state.prefix, run.hash)} must be written again to be named, and "
-                f"its cached copy is of a format without a nonce (written by an older release): its rewrite would be "
-                f"the same bytes, which a sweep on a store whose versions follow the bytes could still delete. The "
-                f"next commit uploads a base run"
+            log.debug(
+                "run %s: cached by an older release without a nonce: written again with the same bytes",
+                run_name(state.prefix, run.hash),
+                extra=log_extra(self.shared.context, state.name),
             )
 
     def _present(self, state: StoreState, name: str, run: RunEntry) -> tuple[str, float | None]:

@@ -42,10 +42,12 @@ sweep deletes each blob on condition that it is still the version its ``head`` s
 store whose version is a digest of the bytes (``versions_follow_bytes``: S3, whose ETag is their MD5) that holds
 because every write of a name that may be written again carries bytes of its own: the framework's formats end in a
 nonce trailer (``statebackend.recordfile.nonce``) that every rewrite renews, so a rewrite has a new ETag and the
-race is closed there as on Azure. (A writer of its own that writes the same bytes again under one name would need a
-nonce of its own on such a store.) Only a blob deleted plainly (a store without metadata, which gets no ``head``; a
-blob whose ``head`` gives no version) waits at most :data:`SWEEP_BATCH_WAIT_S` in its batch: that bounds its race
-without closing it.
+race is closed there as on Azure. A writer that writes the same bytes again under one name (a backend of its own,
+such as a content-addressed one; a local copy an older release wrote without the trailer) is still not told apart
+there, so on such a store a doomed blob also waits at most :data:`SWEEP_BATCH_WAIT_S` in its batch (free on S3,
+whose conditional deletes are one request a name anyway), as does every blob deleted plainly (a store without
+metadata, which gets no ``head``; a blob whose ``head`` gives no version): that bounds those races without closing
+them.
 
 The mark is only as good as the listing of checkpoints it came from: build it from the task's
 :class:`~statebackend.checkpoint.CheckpointLog`, whose listings never show less than the newest checkpoint the task
@@ -97,9 +99,10 @@ SWEEP_BATCH = 1000
 #: conditional deletes (or for a blob whose ``head`` gave no version): a writer may write an old blob again (fresh
 #: age) to name it, and a delete sent later than its judgment would take the fresh blob with it; the wait keeps that
 #: window this short (plus the request's own time). Where the store deletes on condition that the blob is unchanged
-#: (``supports_conditional_delete``, S3 included: every rewrite carries a fresh nonce, so a new ETag), a rewrite is
-#: kept however late the batch goes, so such a batch does not wait on this: it goes when full, or at the end of the
-#: listing (the deadline is checked before each batch either way)
+#: (``supports_conditional_delete``), a rewrite is kept however late the batch goes, so such a batch does not wait
+#: on this: it goes when full, or at the end of the listing (the deadline is checked before each batch either way);
+#: except where versions follow the bytes (S3): the framework's rewrites carry a fresh nonce, so a new ETag, but a
+#: writer that writes the same bytes again (a backend of its own, a copy an older release wrote) is not told apart
 SWEEP_BATCH_WAIT_S = 0.1
 
 
@@ -297,8 +300,9 @@ def sweep_unreferenced(
     - The doomed blobs are deleted ``batch`` at a time in one request on the services that batch deletes. Where
       the blob store supports it and ``head`` gave the blob's version, with
       :meth:`~BlobStore.delete_if_unchanged`: a blob written again since its ``head`` (to be named) is kept
-      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end (S3 included, whose version
-      follows the bytes: every rewrite of the framework's formats carries a fresh nonce). Otherwise with
+      (``Swept.kept``, logged at debug), and such a batch goes when full or at the end (on a store whose versions
+      follow the bytes, within ``batch_wait_s`` as below: the framework's own rewrites carry a fresh nonce, a
+      writer's rewrite of the same bytes does not). Otherwise with
       :meth:`~BlobStore.delete_many`, and a batch goes as soon as its first blob has waited ``batch_wait_s``
       since the ``head`` that judged it (:data:`SWEEP_BATCH_WAIT_S`). Just before each batch goes, the deadline
       is checked again (past it, the batch is dropped and the sweep stops), then ``confirm(name)`` is asked once
@@ -318,14 +322,17 @@ def sweep_unreferenced(
     deadline = rule.sweep_deadline(mark.at)
     listed = list(blob_store.list(prefix))
     shown = frozenset(listed)
-    # a version that is a digest of the bytes (S3's ETag) is as good as any here: every rewrite of a name written
-    # by the framework's formats carries a fresh nonce (statebackend.recordfile.nonce), so it has a new version
+    # a version that is a digest of the bytes (S3's ETag) tells apart every rewrite of the framework's formats (each
+    # carries a fresh nonce: statebackend.recordfile.nonce), but not a writer's rewrite of the same bytes (a backend
+    # of its own; a copy an older release wrote): the batch wait still bounds that race (free on S3: one request a
+    # name either way)
     conditional = blob_store.supports_conditional_delete
+    follows_bytes = conditional and blob_store.versions_follow_bytes
     deleted: list[str] = []
     kept: list[str] = []
     doomed: dict[str, str | None] = {}  # name -> the version its head saw (None: deleted unconditionally)
     first_judged = 0.0  # time.monotonic() of the judgment of the batch's first blob bound by the wait
-    waiting = False  # the batch holds a blob deleted unconditionally
+    waiting = False  # the batch holds a blob deleted unconditionally (or on a version that follows the bytes)
 
     def delete_doomed() -> bool:
         """Delete the doomed batch; False (nothing deleted) when the deadline passed meanwhile."""
@@ -383,7 +390,7 @@ def sweep_unreferenced(
             or rule.old_enough(name, metadata, at)
         ):
             continue
-        if version is None and not waiting:
+        if (version is None or follows_bytes) and not waiting:
             first_judged = time.monotonic()
             waiting = True
         doomed[name] = version
