@@ -109,7 +109,7 @@ def main() -> int:
         late = ("user0000", 0)  # a purchase whose event time is below every watermark after the first batch
         for batch_id, batch in enumerate(events):
             rows = [*batch, late] if batch_id > 1 else batch
-            output = job(spark.createDataFrame(rows, "user string, ts long"), batch_id)
+            output = job.run_batch(spark.createDataFrame(rows, "user string, ts long"), batch_id)
             reported += [tuple(row) for row in output.collect()]
     finally:
         spark.stop()

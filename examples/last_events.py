@@ -100,7 +100,7 @@ def main() -> int:
             frame = spark.createDataFrame(
                 batch_events(batch_id, args.events_per_batch, args.users), "user string, at long, action string"
             )
-            newest = job(frame, batch_id).count()
+            newest = job.run_batch(frame, batch_id).count()
             print(f"batch {batch_id}: {newest} users with new events")
         state = read_state(spark, config, "events", num_tasks=args.tasks)  # task, key, value: an array of json text
         got = {row.key: [json.loads(element) for element in row.value] for row in state.collect()}

@@ -98,7 +98,7 @@ def main() -> int:
             frame = spark.createDataFrame(
                 batch_events(batch_id, args.events_per_batch, args.users), "user string, action string"
             )
-            top = job(frame, batch_id).orderBy("user").first()
+            top = job.run_batch(frame, batch_id).orderBy("user").first()
             print(f"batch {batch_id}: {top.user}'s most frequent action so far: {top.action} ({top['count']})")
         state = read_state(spark, config, "counters", num_tasks=args.tasks)  # task, key, value (a map column)
         got = {row.key: dict(row.value) for row in state.collect()}

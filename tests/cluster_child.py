@@ -117,7 +117,7 @@ def run_mode(spark: Any, work: Path, batches: int, affinity: bool, mode: str) ->
     outputs: list[list[tuple[str, int]]] = []
     for batch in range(batches):
         started = time.monotonic()
-        output = job(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch)
+        output = job.run_batch(spark.createDataFrame([(w,) for w in words(batch)], "word string"), batch)
         assert output is not None
         outputs.append(sorted((row.word, row["count"]) for row in output.collect()))
         times.append((time.monotonic() - started) * 1000.0)

@@ -77,7 +77,7 @@ def main(workdir: str) -> None:
     words = spark.readStream.text(str(source)).withColumnRenamed("value", "word")
     job = word_job(COUNTERS["arrow"], config, num_tasks=3, output_schema=OUTPUT, mode="arrow")
     query = start_query(
-        words.writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
+        words.writeStream.foreachBatch(job)
         .option("checkpointLocation", str(Path(workdir) / "spark-cp"))
         .option("maxFilesPerTrigger", 1)
         .trigger(availableNow=True)

@@ -123,7 +123,7 @@ def main(workdir: str) -> None:
 
     def batch(job: Any, batch_id: int) -> dict[str, int]:
         frame = spark.createDataFrame([(w,) for w in batch_words(batch_id)], "word string")
-        return {row.word: row["count"] for row in job(frame, batch_id).collect()}
+        return {row.word: row["count"] for row in job.run_batch(frame, batch_id).collect()}
 
     first = batch(seeded, 0)
     restarted = word_job(
@@ -158,7 +158,7 @@ def main(workdir: str) -> None:
     query = start_query(
         spark.readStream.text(str(source))
         .withColumnRenamed("value", "word")
-        .writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
+        .writeStream.foreachBatch(job)
         .option("checkpointLocation", str(Path(workdir) / "initial-cp"))
         .trigger(availableNow=True)
     )

@@ -45,7 +45,7 @@ def start_query(writer: Any, attempts: int = 3) -> Any:
 
 def output_of(job: StatefulForeachBatch, frame: Any, batch_id: int) -> DataFrame:
     """The output ``job`` returns for batch ``batch_id`` of ``frame`` (a job with an output schema and no sink)."""
-    output = job(frame, batch_id)
+    output = job.run_batch(frame, batch_id)
     assert output is not None, "the job returned no output: it has no output schema, or a sink"
     return output
 

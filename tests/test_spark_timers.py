@@ -376,7 +376,7 @@ def test_a_heartbeat_keeps_batches_and_processing_time_timers_coming_after_the_i
     )
     stream = with_heartbeat(spark.readStream.schema(INPUT).json(str(source)))
     query = (
-        stream.writeStream.foreachBatch(job)  # type: ignore[arg-type]  # stub wants -> None; Spark ignores it
+        stream.writeStream.foreachBatch(job)
         .option("checkpointLocation", str(tmp_path / "spark-checkpoint"))
         .trigger(processingTime="200 milliseconds")
         .start()

@@ -263,8 +263,15 @@ class StatefulForeachBatch(_SparkRuns):
 
             log.info("%s", probe_blob_store(settings).summary())
 
-    def __call__(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
-        """Run micro-batch ``batch_id``; hand the output to the sink, or return it (held until the next call)."""
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        """Run micro-batch ``batch_id`` and hand its output to the sink: what ``foreachBatch(job)`` calls (its type is
+        ``foreachBatch``'s, ``(DataFrame, int) -> None``). Without a sink the output is held until the next call;
+        :meth:`run_batch` returns it."""
+        self.run_batch(batch_df, batch_id)
+
+    def run_batch(self, batch_df: DataFrame, batch_id: int) -> DataFrame | None:
+        """Run micro-batch ``batch_id``; hand the output to the sink (``None``), or, without a sink, return it (held,
+        and readable, until the next call): for a driver that runs batches itself, as the examples and tests do."""
         if self._previous is not None:
             self._previous()
             self._previous = None
