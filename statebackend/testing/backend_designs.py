@@ -5,7 +5,8 @@ histories. Part of :class:`statebackend.testing.backend_contract.BackendContract
 test's docstring says the data loss it catches.
 
 The stateful test runs under the Hypothesis profile that ``STATEBACKEND_HYPOTHESIS_PROFILE`` names:
-:data:`SUITE_PROFILE` (the default: a few short histories) or :data:`LONG_PROFILE` (many long ones, for CI).
+:data:`SUITE_PROFILE` (the default: a few short histories), :data:`CI_PROFILE` (a third of the long run's histories,
+as long: what tests/test_backend_long_run.py runs in every full test run) or :data:`LONG_PROFILE` (many long ones).
 """
 
 from __future__ import annotations
@@ -29,18 +30,23 @@ from statebackend.task import TaskStorage
 from statebackend.testing.backend_base import BackendContractBase, SuiteClock
 from statebackend.testing.backend_support import contents, flood, incompressible, write_round
 
-__all__ = ["LONG_PROFILE", "PROFILE_ENV", "SUITE_PROFILE", "DesignTests", "StatefulTests"]
+__all__ = ["CI_PROFILE", "LONG_PROFILE", "PROFILE_ENV", "SUITE_PROFILE", "DesignTests", "StatefulTests"]
 
 #: the environment variable that names the Hypothesis profile of the suite's stateful test
 PROFILE_ENV = "STATEBACKEND_HYPOTHESIS_PROFILE"
 #: the default profile: a few short histories (seconds)
 SUITE_PROFILE = "statebackend-suite"
-#: the long-run profile CI runs (tests/test_backend_long_run.py): many long histories
+#: the long-run profile: many long histories (on the reference backend about 20 s with its local dirs in RAM, a
+#: minute on a shared disk)
 LONG_PROFILE = "statebackend-long"
+#: the long run of every full test run (tests/test_backend_long_run.py): a third of :data:`LONG_PROFILE`'s
+#: histories, each as long (about 10 s on the reference backend with its local dirs in RAM)
+CI_PROFILE = "statebackend-ci"
 
 _COMMON: dict[str, Any] = {"deadline": None, "suppress_health_check": list(HealthCheck), "derandomize": False}
 settings.register_profile(SUITE_PROFILE, max_examples=6, stateful_step_count=12, **_COMMON)
 settings.register_profile(LONG_PROFILE, max_examples=300, stateful_step_count=60, **_COMMON)
+settings.register_profile(CI_PROFILE, max_examples=100, stateful_step_count=60, **_COMMON)
 
 
 class StatefulTests(BackendContractBase):
