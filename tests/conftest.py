@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.script_runs import ScriptRuns
 from tests.servers import ServerProcess, azurite_connection_string, start_azurite, start_moto
 
 
@@ -128,6 +129,18 @@ def _botocore_reads_its_models_once() -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(botocore_session, "create_loader", shared_loader)
         yield
+
+
+@pytest.fixture(scope="session")
+def script_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptRuns]:
+    """The scripts the selected tests run in fresh interpreters (tests/script_runs.py), all started in the
+    background the first time a test asks for one, at most three at a time; those still running at the end are
+    killed."""
+    runs = ScriptRuns.of_session(request.session.items, tmp_path_factory.mktemp("script-runs"))
+    try:
+        yield runs
+    finally:
+        runs.stop()
 
 
 @pytest.fixture

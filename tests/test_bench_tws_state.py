@@ -5,13 +5,12 @@ transformWithStateInPandas' ListState and MapState, the outputs equal)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from bench.tws_state import batch_events, compare, difference_text, expected_outputs, kept_text
+from tests.script_runs import ScriptRuns, register
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,32 +57,28 @@ def test_compare_names_the_users_whose_rows_differ_on_any_side() -> None:
     )
 
 
+def bench_at_tiny_sizes(folder: Path) -> tuple[list[str], Path]:
+    """The bench at tiny sizes, its results in ``folder / "results"``."""
+    sizes = ["--users", "12", "--events", "40", "--batches", "2", "--partitions", "1"]
+    return ["-m", "bench.tws_state", *sizes, "--results-dir", str(folder / "results")], ROOT
+
+
+# in the background with the suite's other scripts (tests/script_runs.py)
+register(
+    "bench-tws-state",
+    __name__,
+    ["test_the_bench_runs_end_to_end_and_both_engines_agree_key_by_key"],
+    bench_at_tiny_sizes,
+)
+
+
 @pytest.mark.spark
 @pytest.mark.slow
-def test_the_bench_runs_end_to_end_and_both_engines_agree_key_by_key(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.tws_state",
-            "--users",
-            "12",
-            "--events",
-            "40",
-            "--batches",
-            "2",
-            "--partitions",
-            "1",
-            "--results-dir",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+def test_the_bench_runs_end_to_end_and_both_engines_agree_key_by_key(script_runs: ScriptRuns) -> None:
+    result = script_runs.result("bench-tws-state")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "list check:" in result.stdout and "map check:" in result.stdout
-    [raw] = tmp_path.glob("tws-state-*.json")
+    [raw] = (result.dir / "results").glob("tws-state-*.json")
     workloads = json.loads(raw.read_text())["workloads"]
     assert set(workloads) == {"list", "map"}
     for name, workload in workloads.items():

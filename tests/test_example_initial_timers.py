@@ -3,25 +3,24 @@ registered, each reported exactly once, equal to a plain Python pass (the script
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.script_runs import REPO as ROOT
+from tests.script_runs import ScriptRuns, register
+
+# in the background with the suite's other scripts (tests/script_runs.py)
+register(
+    "example-initial-timers",
+    __name__,
+    ["test_the_initial_timers_example_reports_every_trial_once"],
+    lambda folder: (["examples/initial_timers.py", "--users", "80", "--dir", str(folder / "run")], ROOT),
+)
 
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_the_initial_timers_example_reports_every_trial_once(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "examples/initial_timers.py", "--users", "80", "--dir", str(tmp_path / "run")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+def test_the_initial_timers_example_reports_every_trial_once(script_runs: ScriptRuns) -> None:
+    done = script_runs.result("example-initial-timers")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK: every trial reported exactly once" in done.stdout
     converted, expired = (int(part.split()[0]) for part in done.stdout.split("trials: ")[1].split(", ")[:2])

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.script_runs import ScriptRuns, from_repo, register
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,47 +18,6 @@ def run_example(*args: str, timeout: float = 600) -> subprocess.CompletedProcess
     return subprocess.run(
         [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-class Examples:
-    """The Spark examples of this module, run in the background two at a time (each starts a JVM and waits on it
-    much of its time, so two overlap well on two cores, and more only compete): :meth:`result` waits for one,
-    starting it first if it is not running yet, and starts the next waiting one as a slot frees."""
-
-    running_at_once = 2
-
-    def __init__(self, scripts: dict[str, tuple[list[str], Path]]) -> None:
-        self._waiting = dict(scripts)
-        self._running: dict[str, subprocess.Popen[str]] = {}
-        self._done: dict[str, subprocess.CompletedProcess[str]] = {}
-        self._top_up()
-
-    def result(self, name: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        if name in self._waiting:
-            self._start(name)
-        if name not in self._done:
-            process = self._running.pop(name)
-            stdout, stderr = process.communicate(timeout=timeout)
-            self._done[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-            self._top_up()
-        return self._done[name]
-
-    def stop(self) -> None:
-        for process in self._running.values():
-            if process.poll() is None:
-                process.kill()
-            process.communicate()
-        self._running.clear()
-
-    def _top_up(self) -> None:
-        while self._waiting and len(self._running) < self.running_at_once:
-            self._start(next(iter(self._waiting)))
-
-    def _start(self, name: str) -> None:
-        args, cwd = self._waiting.pop(name)
-        self._running[name] = subprocess.Popen(
-            [sys.executable, *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
 
 
 #: the Spark examples that check their own result and print "OK: all" when it holds, by name: their arguments (run
@@ -69,42 +29,42 @@ SELF_CHECKING = {
 }
 
 
-@pytest.fixture(scope="module")
-def spark_examples(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Examples]:
-    """The Spark examples of this module, in test order (none when the run deselects them all)."""
-    wanted = {
-        item.name
-        for item in request.session.items
-        if isinstance(item, pytest.Function) and item.module is request.module
-    }
-    scripts: dict[str, tuple[list[str], Path]] = {}
-    for name, args in SELF_CHECKING.items():
-        if f"test_a_spark_example_checks_its_own_result_on_local_spark[{name}]" in wanted:
-            scripts[name] = (args, ROOT)
-    if "test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization" in wanted:
-        scripts["sessionize_timers"] = (
-            ["examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000"],
-            ROOT,
-        )
-    if "test_readme_spark_snippet_runs_as_written_after_the_quick_start" in wanted:
-        folder = tmp_path_factory.mktemp("snippet")
-        quick_start, spark_snippet = readme_python_blocks()[:2]
-        script = folder / "spark_snippet.py"
-        script.write_text(quick_start + "\n" + spark_snippet)
-        scripts["snippet"] = ([str(script)], folder)
-    examples = Examples(scripts)
-    try:
-        yield examples
-    finally:
-        examples.stop()
+def readme_snippet(folder: Path) -> tuple[list[str], Path]:
+    """The README's quick start and Spark snippet as one script, run where it is written (they use relative paths)."""
+    quick_start, spark_snippet = readme_python_blocks()[:2]
+    script = folder / "spark_snippet.py"
+    script.write_text(quick_start + "\n" + spark_snippet)
+    return [str(script)], folder
+
+
+# the Spark examples run in the background with the suite's other scripts (tests/script_runs.py)
+for _name, _args in SELF_CHECKING.items():
+    register(
+        f"example-{_name}",
+        __name__,
+        [f"test_a_spark_example_checks_its_own_result_on_local_spark[{_name}]"],
+        from_repo(*_args),
+    )
+register(
+    "example-sessionize-timers",
+    __name__,
+    ["test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization"],
+    from_repo("examples/sessionize_timers.py", "--files", "3", "--events-per-file", "1000"),
+)
+register(
+    "readme-spark-snippet",
+    __name__,
+    ["test_readme_spark_snippet_runs_as_written_after_the_quick_start"],
+    readme_snippet,
+)
 
 
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.parametrize("example", list(SELF_CHECKING))
-def test_a_spark_example_checks_its_own_result_on_local_spark(spark_examples: Examples, example: str) -> None:
+def test_a_spark_example_checks_its_own_result_on_local_spark(script_runs: ScriptRuns, example: str) -> None:
     """Each of ``SELF_CHECKING`` exits 0 and prints "OK: all" (its own check of its result held)."""
-    result = spark_examples.result(example)
+    result = script_runs.result(f"example-{example}")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
 
@@ -120,9 +80,9 @@ def test_crash_restore_example_restores_exact_counts_after_sigkill() -> None:
 @pytest.mark.slow
 @pytest.mark.spark
 def test_the_sessionization_example_ends_sessions_by_timer_and_equals_a_batch_sessionization(
-    spark_examples: Examples,
+    script_runs: ScriptRuns,
 ) -> None:
-    result = spark_examples.result("sessionize_timers")
+    result = script_runs.result("example-sessionize-timers")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "OK: all" in result.stdout
     closed_by_timer = [
@@ -149,8 +109,8 @@ def test_readme_quick_start_runs_as_written_and_prints_restored_counts(tmp_path:
 
 @pytest.mark.slow
 @pytest.mark.spark
-def test_readme_spark_snippet_runs_as_written_after_the_quick_start(spark_examples: Examples) -> None:
-    result = spark_examples.result("snippet")
+def test_readme_spark_snippet_runs_as_written_after_the_quick_start(script_runs: ScriptRuns) -> None:
+    result = script_runs.result("readme-spark-snippet")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith("|task-")]
     counts = {cells[2]: int(cells[3]) for cells in (row.split("|") for row in rows)}

@@ -5,19 +5,27 @@ query's foreachBatch) loaded once."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.spark_helpers import child_report
+from tests.script_runs import REPO, ScriptRuns, register
+from tests.spark_helpers import report_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
+# its own process (a local Connect server cannot share a JVM with the test session's classic SparkContext), run in
+# the background with the suite's other scripts (tests/script_runs.py)
+register(
+    "spark-connect-timers",
+    __name__,
+    ["test_no_output_without_schema_and_timers_under_spark_connect"],
+    lambda folder: (["-m", "tests.connect_timers_child", str(folder)], REPO),
+)
+
+
 @pytest.mark.connect
-def test_no_output_without_schema_and_timers_under_spark_connect(tmp_path: Path) -> None:
-    # its own process: a local Connect server cannot share a JVM with the test session's classic SparkContext
-    result = child_report("-m", "tests.connect_timers_child", str(tmp_path))
+def test_no_output_without_schema_and_timers_under_spark_connect(script_runs: ScriptRuns) -> None:
+    result = report_of(script_runs.result("spark-connect-timers"))
     assert result["connect"] is True
     assert result["quiet"] == {"shapes": [[[], 0], [[], 0]], "state_ok": True, "moved": []}
     assert "no output_schema" in result["loud_error"] and "Spark Connect" in result["loud_error"]

@@ -5,11 +5,11 @@ sections other documents point at exist."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.script_runs import ScriptRuns, register
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "spark.md"
@@ -66,14 +66,32 @@ def test_sections_named_in_links_to_the_guide_and_the_architecture_exist() -> No
     assert stale == []
 
 
+def guide_run(folder: Path) -> tuple[list[str], Path]:
+    """The guide's script, run from an empty working directory of its own."""
+    work = folder / "work"
+    work.mkdir()
+    script = work / "spark_guide.py"
+    script.write_text(guide_script())
+    return [str(script)], work
+
+
+# in the background with the suite's other scripts (tests/script_runs.py)
+register(
+    "spark-guide",
+    __name__,
+    ["test_every_python_block_of_the_guide_runs_in_order_and_the_quick_start_counts_the_words"],
+    guide_run,
+)
+
+
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(1800)
-def test_every_python_block_of_the_guide_runs_in_order_and_the_quick_start_counts_the_words(tmp_path: Path) -> None:
-    script = tmp_path / "spark_guide.py"
-    script.write_text(guide_script())
+def test_every_python_block_of_the_guide_runs_in_order_and_the_quick_start_counts_the_words(
+    script_runs: ScriptRuns,
+) -> None:
     blocks = len(python_blocks(GUIDE))
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, check=False)
+    result = script_runs.result("spark-guide")
     ran = [line for line in result.stdout.splitlines() if line.startswith("### guide block ")]
     failed = len(ran) + 1
     assert result.returncode == 0 and len(ran) == blocks, (
