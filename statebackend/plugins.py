@@ -61,20 +61,31 @@ class EntryPointTarget:
 def entry_points(group: str) -> dict[str, tuple[EntryPointTarget, ...]]:
     """Entry-point name -> every distinct declaration of it in ``group``, in the order the metadata lists them (two
     distributions may declare one name: the caller decides whether that is an error)."""
-    key = (group, _path_state())
+    key = _path_state()
     with _LOCK:
-        cached = _CACHE.get(group)
-    if cached is not None and cached[0] == key:
-        return dict(cached[1])
-    found: dict[str, tuple[EntryPointTarget, ...]] = {}
-    for ep in importlib.metadata.entry_points(group=group):
-        dist = ep.dist.name if ep.dist is not None else None
-        target = EntryPointTarget(ep.name, f"{ep.module}:{ep.attr}" if ep.attr else ep.module, dist, tuple(ep.extras))
-        if target not in found.get(ep.name, ()):  # one distribution seen twice on sys.path declares it once
-            found[ep.name] = (*found.get(ep.name, ()), target)
-    with _LOCK:
-        _CACHE[group] = (key, dict(found))
-    return found
+        cached = _CACHE.get(key)
+    if cached is None:
+        cached = _scan()
+        with _LOCK:
+            _CACHE.clear()  # one sys.path state at a time: an older scan is never asked for again
+            _CACHE[key] = cached
+    return dict(cached.get(group, {}))
+
+
+def _scan() -> dict[str, dict[str, tuple[EntryPointTarget, ...]]]:
+    """Every group's entry points in one pass over the installed distributions' metadata (the backends' and the blob
+    stores' groups are both asked for by the first open of a process: one scan serves both)."""
+    everything = importlib.metadata.entry_points()  # one pass; .select and .groups on every Python >= 3.11
+    groups: dict[str, dict[str, tuple[EntryPointTarget, ...]]] = {}
+    for group in sorted(g for g in everything.groups if g.startswith(_OWN_GROUPS)):
+        found = groups.setdefault(group, {})
+        for ep in everything.select(group=group):
+            dist = ep.dist.name if ep.dist is not None else None
+            module_attr = f"{ep.module}:{ep.attr}" if ep.attr else ep.module
+            target = EntryPointTarget(ep.name, module_attr, dist, tuple(ep.extras))
+            if target not in found.get(ep.name, ()):  # one distribution seen twice on sys.path declares it once
+                found[ep.name] = (*found.get(ep.name, ()), target)
+    return groups
 
 
 def load_target(target: str) -> object:
@@ -100,8 +111,11 @@ _TARGET_RE = re.compile(rf"{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDE
 
 _LOCK = threading.Lock()
 
-#: group -> (the group and the state of sys.path it was scanned under, its scan)
-_CACHE: dict[str, tuple[tuple[str, tuple[tuple[str, int], ...]], dict[str, tuple[EntryPointTarget, ...]]]] = {}
+#: the groups a scan keeps: this project's (``statebackend.backends``, ``statebackend.blobstores``, ...)
+_OWN_GROUPS = "statebackend."
+
+#: the state of sys.path a scan was made under -> group -> its scan
+_CACHE: dict[tuple[tuple[str, int], ...], dict[str, dict[str, tuple[EntryPointTarget, ...]]]] = {}
 
 
 def _path_state() -> tuple[tuple[str, int], ...]:
