@@ -10,12 +10,14 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.script_runs import ScriptRuns
 from tests.servers import ServerProcess, azurite_connection_string, start_azurite, start_moto
+
+if TYPE_CHECKING:
+    from tests.script_runs import ScriptRuns
 
 
 def _pyspark_major() -> int | None:
@@ -136,6 +138,8 @@ def script_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     """The scripts the selected tests run in fresh interpreters (tests/script_runs.py), all started in the
     background the first time a test asks for one, at most three at a time; those still running at the end are
     killed."""
+    from tests.script_runs import ScriptRuns
+
     runs = ScriptRuns.of_session(request.session.items, tmp_path_factory.mktemp("script-runs"))
     try:
         yield runs
