@@ -21,6 +21,11 @@ of work (its imports done), so kills land in its open and restore as well as in 
 from the child's first acknowledged commit of the round, so kills land in later commits, uploads, background
 snapshots, compactions and sweeps, and the chain of rounds moves on however slow the machine is. Every wait for the
 child is a hang guard only (tests/waiting.py ``scaled``).
+
+The children are forked by a fork server (tests/fork_server.py) that imported the crash child (and the remote
+store's module) once: a test starts 13 or 14 of them, and each fresh interpreter's start and imports cost about half
+a second of CPU. A forked child is a process of its own, killed by SIGKILL as any; its kill delays count from the
+same marks of its work.
 """
 
 from __future__ import annotations
@@ -31,8 +36,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -53,9 +56,9 @@ from tests.crash_child import (
     read_report,
     report_contents,
     reported_durable,
-    run_child,
 )
 from tests.crash_child import durable_commit as file_durable_commit
+from tests.fork_server import ForkedChild, ForkServer, run_to_end
 from tests.test_crash import work
 from tests.waiting import scaled
 
@@ -118,8 +121,33 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             entry = CheckpointLog(store, "job", TASK).latest()
         return 0 if entry is None else int(entry.checkpoint.input_offsets["input"])
 
-    if blob_config is not None:  # a first child creates the bucket or container (a kill may come before it can)
-        first = run_child(workdir, work / "first.json", 0, env)
+    preload = () if blob_config is None else (_STORE_MODULES[str(blob_config["blob.store.url"]).partition(":")[0]],)
+    with ForkServer(preload) as server:
+        _rounds(work, workdir, env, rng, durable_commit, server, backends, blob_config is not None)
+
+
+#: the module of each remote store, imported once by the fork server (its children would each import it)
+_STORE_MODULES = {"s3": "statebackend.blobstores.s3", "az": "statebackend.blobstores.azure"}
+
+
+def _rounds(
+    work: Path,
+    workdir: Path,
+    env: dict[str, str],
+    rng: random.Random,
+    durable_commit: Callable[[Path], int],
+    server: ForkServer,
+    backends: str,
+    remote: bool,
+) -> None:
+    """The chain of kill rounds on ``workdir`` (see the module docstring), each child forked by ``server``."""
+
+    def run_child(directory: Path, report: Path) -> ForkedChild:
+        """A child that restores and commits nothing, run to its end."""
+        return run_to_end(server, [str(directory), str(report), "0"], env, report.with_suffix(".err"), scaled(90))
+
+    if remote:  # a first child creates the bucket or container (a kill may come before it can)
+        first = run_child(workdir, work / "first.json")
         assert first.returncode == 0, first.stderr[-3000:]
         assert read_report(work / "first.json")["restored"] == 0
     durable_before = 0
@@ -129,14 +157,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
         after_a_commit = round_number % 2 == 1
         delay = rng.uniform(0.0, 1.0) if after_a_commit else rng.uniform(0.2, 2.5)
         (workdir / STARTED_FILE).unlink(missing_ok=True)
-        child = subprocess.Popen(
-            [sys.executable, "-m", "tests.crash_child", str(workdir), str(report_path), "100000"],
-            cwd=REPO,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        child = server.spawn([str(workdir), str(report_path), "100000"], env, work / f"round-{round_number}.err")
         try:
             _wait_until(child, lambda: (workdir / STARTED_FILE).exists(), "started its work")
             if after_a_commit:
@@ -144,11 +165,12 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             time.sleep(delay)
             acknowledged_before_kill = reported_durable(workdir)
             child.send_signal(signal.SIGKILL)
-            _, stderr = child.communicate(timeout=scaled(60))
+            child.wait(scaled(60))
+            stderr = child.stderr
         finally:
             if child.poll() is None:
                 child.kill()
-                child.wait()
+                child.wait(scaled(60))
         moment = "its first commit" if after_a_commit else "its start"
         where = f"{backends}, round {round_number}, seed {SEED}, killed {delay:.2f} s after {moment}"
         assert child.returncode == -signal.SIGKILL, f"{where}: the child exited by itself:\n{stderr[-3000:]}"
@@ -173,7 +195,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             wiped = work / f"wiped-{round_number}"
             shutil.copytree(workdir, wiped)
             shutil.rmtree(wiped / "local")
-            wiped_env_child = run_child(wiped, work / f"wiped-{round_number}.json", 0, env)
+            wiped_env_child = run_child(wiped, work / f"wiped-{round_number}.json")
             assert wiped_env_child.returncode == 0, f"{where}: wiped restore failed:\n{wiped_env_child.stderr[-3000:]}"
             report = read_report(work / f"wiped-{round_number}.json")
             assert report["restored"] == durable, f"{where}: a wiped local dir restored another checkpoint"
@@ -183,7 +205,7 @@ def _kill_rounds(work: Path, backends: str, blob_config: dict[str, object] | Non
             shutil.rmtree(wiped)
         durable_before = durable
 
-    final = run_child(workdir, work / "final.json", 0, env)
+    final = run_child(workdir, work / "final.json")
     assert final.returncode == 0, final.stderr[-3000:]
     assert read_report(work / "final.json")["restored"] == durable_before
     assert report_contents(read_report(work / "final.json")) == expected_state(durable_before)
@@ -196,7 +218,7 @@ def _committed_past(workdir: Path, before: int) -> bool:
     return reported_durable(workdir) > before
 
 
-def _wait_until(child: subprocess.Popen[str], condition: Callable[[], bool], what: str) -> None:
+def _wait_until(child: ForkedChild, condition: Callable[[], bool], what: str) -> None:
     """Until ``condition`` holds (the child wrote a marker): the kill's delay counts from there, so a loaded machine,
     where the interpreter, its imports and a restore take many times as long, does not turn the rounds into kills
     before the moment they are meant for. Fails if the child exits first; the bound (120 s on an idle machine,
@@ -205,7 +227,6 @@ def _wait_until(child: subprocess.Popen[str], condition: Callable[[], bool], wha
     deadline = time.monotonic() + bound
     while not condition():
         if child.poll() is not None:
-            _, stderr = child.communicate()
-            raise AssertionError(f"the child exited before it {what}:\n{stderr[-3000:]}")
+            raise AssertionError(f"the child exited before it {what}:\n{child.stderr[-3000:]}")
         assert time.monotonic() < deadline, f"the child had not {what} after {bound:.0f} s"
         time.sleep(0.01)
