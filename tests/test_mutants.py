@@ -1,21 +1,28 @@
-"""The contract suites catch the mutants: each suite runs against its correct base (the reference backend, the
-in-memory blob store), which must pass every test, and against every mutant of statebackend.testing.mutants, each of
-which must fail at least one test. The backend suite also runs, with the settings of the content-addressed example
-backend (``sb_dedup.suite.DedupSuite``), on that backend and its mutants (``sb_dedup.mutants``, the ``dedup`` rows).
-The table of which tests killed which mutant is printed (``-s``) and, when
-``STATEBACKEND_KILL_TABLE`` names a file, written there as JSON (docs/contract-suites.md was made from it).
+"""The contract suites catch the mutants: each suite runs against every mutant of statebackend.testing.mutants, each
+of which must fail at least one test, and its correct base (the reference backend, the in-memory blob store) must pass
+every test. The backend suite also runs, with the settings of the content-addressed example backend
+(``sb_dedup.suite.DedupSuite``), on that backend's mutants (``sb_dedup.mutants``, the ``dedup`` rows). The table of
+which tests killed which mutant is printed (``-s``) and, when ``STATEBACKEND_KILL_TABLE`` names a file, written there
+as JSON (docs/contract-suites.md was made from it).
 
-Each suite runs in pytest processes of its own on generated modules with one test class per mutant (the backend suite in
-two: its correct base in one, its mutants in the other); all start at once. In the mutant runs a test waits at most
-``wait_s`` = 5 s for a commit, a close at most 6 s (``task.commit.timeout.ms``), and fails after ``test_timeout_s`` = 20
-s (stretched by the machine's load), so a mutant that hangs costs bounded time; the correct base runs with the suite's
-own, longer waits, so a loaded machine never fails it. Once a test has killed a mutant, the rest of that mutant's tests
-are skipped (one kill is what this test needs); with ``STATEBACKEND_KILL_TABLE`` set every test runs against every
-mutant, so the table lists every test that kills each one. The correct base always runs whole.
+Each suite runs in a pytest process of its own on a generated module with one test class per mutant and a
+``TestBase`` class of the correct base; all start at once. The correct bases run in the main suite with the very
+settings of these ``TestBase`` classes (tests/test_backend_reference.py ``TestReferenceBackend``,
+tests/test_blobstore_memory.py, tests/test_dedup_backend.py ``TestDedupBackend``; checked here): here ``TestBase`` is
+only collected and skipped, which counts the suite's tests, and each mutant class must have run (or skipped after its
+kill) every one of them. In the mutant runs a test waits at most ``wait_s`` = 5 s for a commit, a close at most 6 s
+(``task.commit.timeout.ms``), and fails after ``test_timeout_s`` = 20 s (stretched by the machine's load), so a
+mutant that hangs costs bounded time. Once a test has killed a mutant, the rest of that mutant's tests are skipped
+(one kill is what this test needs), and each mutant's tests run in the order of ``tests/mutant_kills.json``: the tests
+that killed it in the last kill table run, fastest first, then the others in the suite's order (a stale hint only
+costs time: every test still runs until one kills it). With ``STATEBACKEND_KILL_TABLE`` set every test runs against
+every mutant, so the table lists every test that kills each one, the correct bases run here too (with the suite's own,
+longer waits, in a process of their own for the backend suite), and ``tests/mutant_kills.json`` is written anew.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -29,6 +36,7 @@ import pytest
 from sb_dedup import mutants as dedup_mutants
 
 from statebackend.testing.mutants import BACKEND_MUTANTS, BLOB_STORE_MUTANTS, Mutant
+from tests.crash_child import crash_workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -112,14 +120,50 @@ class TestMutant_{name}(_Memory):
 """
 
 
-STOP_AT_FIRST_KILL = """
+#: the tests that killed each mutant in the last kill table run, fastest first: suite -> mutant -> tests
+KILL_HINTS = Path(__file__).with_name("mutant_kills.json")
+
+#: where the main suite runs each suite's correct base (with the settings of the generated ``TestBase``)
+BASE_IN_MAIN_SUITE = {
+    "backend": "tests/test_backend_reference.py::TestReferenceBackend",
+    "blobstore": "tests/test_blobstore_memory.py::TestMemoryBlobStore",
+    "dedup": "tests/test_dedup_backend.py::TestDedupBackend",
+}
+
+CONFTEST = """
+import json
+from pathlib import Path
+
 import pytest
 
-_killed: set[str] = set()
+EVERY_TEST = {every_test}  # a kill table run: every test against every mutant, and the correct base runs too
+_hints = json.loads((Path(__file__).parent / "hints.json").read_text())  # class -> the tests that killed it
+_killed = set()
 
 
+def _class(item):
+    return item.cls.__name__ if item.cls is not None else ""
+
+
+def pytest_collection_modifyitems(items):
+    # each class stays where it is; within it, the tests that killed it last time first, in the hints' order
+    classes = {{}}
+    for item in items:
+        classes.setdefault(_class(item), len(classes))
+
+    def rank(pair):
+        index, item = pair
+        hints = _hints.get(_class(item), [])
+        return classes[_class(item)], hints.index(item.name) if item.name in hints else len(hints), index
+
+    items[:] = [item for _, item in sorted(enumerate(items), key=rank)]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    if item.cls is not None and item.cls.__name__ in _killed:
+    if _class(item) == "TestBase" and not EVERY_TEST:
+        pytest.skip("counted only: the correct base runs in the main suite, {base}")
+    if _class(item) in _killed:
         pytest.skip("this mutant is already killed by an earlier test")
 
 
@@ -127,37 +171,58 @@ def pytest_runtest_setup(item):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if report.failed and item.cls is not None and item.cls.__name__.startswith("TestMutant_"):
-        _killed.add(item.cls.__name__)
+    if report.failed and _class(item).startswith("TestMutant_") and not EVERY_TEST:
+        _killed.add(_class(item))
 """
 
 
 @attrs.frozen
+class Case:
+    """One test's outcome in a suite run: "passed", "failed" (a failure or an error) or "skipped", and its seconds."""
+
+    outcome: str
+    seconds: float
+
+
+@attrs.frozen
 class SuiteRun:
-    """One suite's pytest process on its generated module: its outcome per class and test."""
+    """One suite's pytest processes on its generated modules: its outcome per class and test."""
 
     suite: str
-    processes: tuple[tuple[subprocess.Popen[str], Path], ...]
+    processes: tuple[tuple[subprocess.Popen[bytes], Path], ...]
 
-    def outcomes(self) -> dict[str, dict[str, str]]:
-        """class -> test -> "passed" / "failed" (a failure or an error), once the processes ended."""
-        results: dict[str, dict[str, str]] = {}
+    def cases(self) -> dict[str, dict[str, Case]]:
+        """class -> test -> its case, once the processes ended."""
+        results: dict[str, dict[str, Case]] = {}
         for process, report in self.processes:
-            output, _ = process.communicate(timeout=840)
+            process.wait(timeout=840)
+            output = (report.parent / "output.txt").read_text(errors="replace")
             assert report.exists(), f"the {self.suite} suite run wrote no report:\n{output[-5000:]}"
-            results.update(_outcomes(report))
+            results.update(_cases(report))
         return results
 
 
-def _outcomes(report: Path) -> dict[str, dict[str, str]]:
-    """class -> test -> outcome from a junit report (a skip is its own outcome: the base must not have any)."""
-    results: dict[str, dict[str, str]] = {}
+def _cases(report: Path) -> dict[str, dict[str, Case]]:
+    """class -> test -> case from a junit report."""
+    results: dict[str, dict[str, Case]] = {}
     for case in ElementTree.parse(report).getroot().iter("testcase"):
         cls = case.get("classname", "").rpartition(".")[2]
         failed = any(child.tag in ("failure", "error") for child in case)
         skipped = any(child.tag == "skipped" for child in case)
-        results.setdefault(cls, {})[case.get("name", "")] = "failed" if failed else "skipped" if skipped else "passed"
+        outcome = "failed" if failed else "skipped" if skipped else "passed"
+        results.setdefault(cls, {})[case.get("name", "")] = Case(outcome, float(case.get("time") or 0))
     return results
+
+
+def _every_test() -> bool:
+    """A kill table run: every test against every mutant, and the correct bases here too."""
+    return bool(os.environ.get("STATEBACKEND_KILL_TABLE"))
+
+
+def _hints(suite: str) -> dict[str, list[str]]:
+    """TestMutant_<name> -> the tests that killed mutant <name> in the last kill table run, fastest first."""
+    tables = json.loads(KILL_HINTS.read_text()) if KILL_HINTS.exists() else {}
+    return {f"TestMutant_{name}": list(tests) for name, tests in tables.get(suite, {}).items()}
 
 
 def _start(tmp: Path, suite: str, sources: list[str]) -> SuiteRun:
@@ -168,8 +233,8 @@ def _start(tmp: Path, suite: str, sources: list[str]) -> SuiteRun:
         folder.mkdir()
         module = folder / f"test_{suite}_mutants_{part}.py"
         module.write_text(source)
-        if not os.environ.get("STATEBACKEND_KILL_TABLE"):
-            (folder / "conftest.py").write_text(STOP_AT_FIRST_KILL)
+        (folder / "conftest.py").write_text(CONFTEST.format(every_test=_every_test(), base=BASE_IN_MAIN_SUITE[suite]))
+        (folder / "hints.json").write_text(json.dumps(_hints(suite)))
         report = folder / "report.xml"
         command = [
             sys.executable,
@@ -186,51 +251,55 @@ def _start(tmp: Path, suite: str, sources: list[str]) -> SuiteRun:
             "--basetemp",
             str(folder / "tmp"),
         ]
-        processes.append(
-            (subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), report)
-        )
+        # its output to a file, never a pipe: a pipe nobody reads until another suite's run ends blocks the run
+        with open(folder / "output.txt", "wb") as output:
+            processes.append((subprocess.Popen(command, cwd=folder, stdout=output, stderr=subprocess.STDOUT), report))
     return SuiteRun(suite, tuple(processes))
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SuiteRun]]:
-    tmp = tmp_path_factory.mktemp("mutants")
-    # the backend suite in two processes: the correct base (every test) beside the mutants (each until a test kills it)
-    backend = [
-        BACKEND_MODULE + BACKEND_BASE,
-        BACKEND_MODULE + "".join(BACKEND_CLASS.format(name=m.name, target=m.target) for m in BACKEND_MUTANTS),
-    ]
+def _sources() -> dict[str, list[str]]:
+    """suite -> the sources of its generated modules, one pytest process each."""
+    backend_mutants = "".join(BACKEND_CLASS.format(name=m.name, target=m.target) for m in BACKEND_MUTANTS)
+    # a kill table run runs the backend suite's correct base whole: in a process of its own, beside the mutants
+    backend = (
+        [BACKEND_MODULE + BACKEND_BASE, BACKEND_MODULE + backend_mutants]
+        if _every_test()
+        else [BACKEND_MODULE + BACKEND_BASE + backend_mutants]
+    )
     imports = "\n".join(f"from {m.target.partition(':')[0]} import {m.name}" for m in BLOB_STORE_MUTANTS)
     blob = BLOB_STORE_MODULE.format(imports=imports) + "".join(
         BLOB_STORE_CLASS.format(name=m.name) for m in BLOB_STORE_MUTANTS
     )
     dedup = DEDUP_MODULE + "".join(BACKEND_CLASS.format(name=m.name, target=m.target) for m in DEDUP_MUTANTS)
-    started = {
-        "backend": _start(tmp, "backend", backend),
-        "blobstore": _start(tmp, "blobstore", [blob]),
-        "dedup": _start(tmp, "dedup", [dedup]),
-    }
-    try:
-        yield started
-    finally:
-        for run in started.values():
-            for process, _ in run.processes:
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
+    return {"backend": backend, "blobstore": [blob], "dedup": [dedup]}
 
 
-def _kill_table(suite: str, mutants: tuple[Mutant, ...], outcomes: dict[str, dict[str, str]]) -> dict[str, object]:
-    base = outcomes.get("TestBase", {})
+@pytest.fixture(scope="module")
+def runs() -> Iterator[dict[str, SuiteRun]]:
+    # in RAM where possible: no process of these runs dies but the kill test's children, whose deaths fsyncs do not
+    # change; on a shared disk the suites' fsyncs are most of their time
+    with crash_workdir("statebackend-mutants-") as tmp:
+        started = {suite: _start(tmp, suite, sources) for suite, sources in _sources().items()}
+        try:
+            yield started
+        finally:
+            for run in started.values():
+                for process, _ in run.processes:
+                    if process.poll() is None:
+                        process.kill()
+                        process.wait()
+
+
+def _kill_table(suite: str, mutants: tuple[Mutant, ...], cases: dict[str, dict[str, Case]]) -> dict[str, object]:
+    base = {test: case.outcome for test, case in cases.get("TestBase", {}).items()}
     table = {
-        m.name: sorted(
-            test for test, outcome in outcomes.get(f"TestMutant_{m.name}", {}).items() if outcome == "failed"
-        )
+        m.name: sorted(test for test, case in cases.get(f"TestMutant_{m.name}", {}).items() if case.outcome == "failed")
         for m in mutants
     }
     killed = sum(1 for tests in table.values() if tests)
+    where = "here" if _every_test() else f"in the main suite ({BASE_IN_MAIN_SUITE[suite]})"
     print(
-        f"\n{suite} suite: {killed} of {len(mutants)} mutants killed; the correct base: "
+        f"\n{suite} suite: {killed} of {len(mutants)} mutants killed; the correct base ({where}): "
         f"{sum(o == 'passed' for o in base.values())} of {len(base)} tests passed"
     )
     for mutant in mutants:
@@ -244,7 +313,18 @@ def _kill_table(suite: str, mutants: tuple[Mutant, ...], outcomes: dict[str, dic
     }
 
 
-def _record(entry: dict[str, object]) -> None:
+def _fastest_kills_first(mutants: tuple[Mutant, ...], cases: dict[str, dict[str, Case]]) -> dict[str, list[str]]:
+    """mutant -> the tests that killed it, fastest first (the hints of the next runs)."""
+    order = {}
+    for mutant in mutants:
+        ran = cases.get(f"TestMutant_{mutant.name}", {})
+        kills = [test for test, case in ran.items() if case.outcome == "failed"]
+        order[mutant.name] = sorted(kills, key=lambda test: (ran[test].seconds, test))
+    return order
+
+
+def _record(entry: dict[str, object], hints: dict[str, list[str]]) -> None:
+    """A kill table run: its table into ``STATEBACKEND_KILL_TABLE``, its kills as the hints of the next runs."""
     out = os.environ.get("STATEBACKEND_KILL_TABLE")
     if not out:
         return
@@ -252,6 +332,9 @@ def _record(entry: dict[str, object]) -> None:
     tables = json.loads(path.read_text()) if path.exists() else {}
     tables[str(entry["suite"])] = entry
     path.write_text(json.dumps(tables, indent=2, sort_keys=True))
+    known = json.loads(KILL_HINTS.read_text()) if KILL_HINTS.exists() else {}
+    known[str(entry["suite"])] = hints
+    KILL_HINTS.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
 
 
 @pytest.mark.parametrize(
@@ -260,19 +343,79 @@ def _record(entry: dict[str, object]) -> None:
 def test_the_suite_passes_its_correct_base_and_kills_every_mutant(
     runs: dict[str, SuiteRun], suite: str, mutants: tuple[Mutant, ...]
 ) -> None:
-    outcomes = runs[suite].outcomes()
-    entry = _kill_table(suite, mutants, outcomes)
-    _record(entry)
-    base = outcomes.get("TestBase", {})
-    assert len(base) >= 20, f"the {suite} suite ran only {len(base)} tests on its correct base"
-    assert {test: o for test, o in base.items() if o != "passed"} == {}, (
+    cases = runs[suite].cases()
+    entry = _kill_table(suite, mutants, cases)
+    _record(entry, _fastest_kills_first(mutants, cases))
+    base = {test: case.outcome for test, case in cases.get("TestBase", {}).items()}
+    assert len(base) >= 20, f"the {suite} suite collected only {len(base)} tests on its correct base"
+    # counted only (skipped) unless this is a kill table run: the main suite runs it (the next test checks that)
+    expected = "passed" if _every_test() else "skipped"
+    assert {test: o for test, o in base.items() if o != expected} == {}, (
         f"the {suite} suite does not pass its correct base"
+        if _every_test()
+        else f"the {suite} suite ran tests of its correct base, which the main suite runs"
     )
     for mutant in mutants:
-        ran = outcomes.get(f"TestMutant_{mutant.name}", {})
+        ran = cases.get(f"TestMutant_{mutant.name}", {})
         assert len(ran) == len(base), f"{mutant.name}: ran {len(ran)} of the suite's {len(base)} tests"
     survivors = [m.name for m in mutants if not entry["killed_by"][m.name]]  # type: ignore[index]
     assert survivors == [], f"the {suite} suite passes these broken variants: {survivors}"
+
+
+def _settings(cls: type) -> dict[str, object]:
+    """What a suite class runs its tests with: every attribute, inherited ones too, but its tests."""
+    return {name: inspect.getattr_static(cls, name) for name in dir(cls) if not name.startswith(("test_", "__"))}
+
+
+def _generated_base(source: str) -> type:
+    """The ``TestBase`` class a generated module defines."""
+    namespace: dict[str, object] = {}
+    exec(compile(source, "<generated>", "exec"), namespace)  # noqa: S102 - this module's own template
+    base = namespace["TestBase"]
+    assert isinstance(base, type)
+    return base
+
+
+def test_the_correct_bases_run_in_the_main_suite_with_the_same_settings() -> None:
+    """The mutant runs only count the correct bases' tests: the main suite runs them. That holds only while the main
+    suite's classes run with the settings of the generated ``TestBase`` classes (the same suite class and backend,
+    the same fixtures and hooks); a blob store base's deadline may only be longer there."""
+    from sb_dedup.suite import DedupSuite
+
+    from statebackend.blobstores.memory import MemoryBlobStore
+    from statebackend.testing.backend_contract import BackendContract
+    from statebackend.testing.blobstore_contract import BlobStoreContract
+    from tests.test_backend_reference import TestReferenceBackend
+    from tests.test_blobstore_memory import TestMemoryBlobStore
+    from tests.test_dedup_backend import TestDedupBackend
+
+    sources = _sources()
+    for suite, main, contract in (
+        ("backend", TestReferenceBackend, BackendContract),
+        ("dedup", TestDedupBackend, DedupSuite),
+    ):
+        assert BASE_IN_MAIN_SUITE[suite].endswith(f"::{main.__name__}")
+        generated = _generated_base(sources[suite][0])
+        assert main.__bases__ == generated.__bases__ == (contract,), suite
+        assert _settings(main) == _settings(generated), f"{suite}: {main.__name__} runs with other settings"
+
+    generated = _generated_base(sources["blobstore"][0])
+    main_settings, generated_settings = _settings(TestMemoryBlobStore), _settings(generated)
+    own = {"store", "raw_get", "test_timeout_s", "store_class"}
+    assert {k: v for k, v in main_settings.items() if k not in own} == {
+        k: v for k, v in generated_settings.items() if k not in own
+    }, "blobstore: TestMemoryBlobStore runs with other settings"
+    assert TestMemoryBlobStore.__bases__ == (BlobStoreContract,)
+    assert TestMemoryBlobStore.test_timeout_s >= generated.test_timeout_s  # type: ignore[attr-defined]
+    for cls in (TestMemoryBlobStore, generated):  # the same store, read the same way
+        contract = cls()
+        fixture = next(klass.__dict__["store"] for klass in cls.__mro__ if "store" in klass.__dict__)
+        opened = fixture.__wrapped__(contract)
+        store = next(opened)
+        assert type(store) is MemoryBlobStore
+        store.put("blob", b"bytes")
+        assert (contract.raw_get(store, "blob"), contract.raw_get(store, "absent")) == (b"bytes", None)
+        opened.close()
 
 
 def test_every_mutant_is_a_small_named_variant_of_its_base() -> None:
