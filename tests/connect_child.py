@@ -1,20 +1,38 @@
-"""Run by tests/test_spark_connect.py in its own process: a Spark Connect session (``remote("local[2]")``, a local
-Connect server in this process's JVM, which cannot share the JVM with the test session's classic SparkContext) runs
-the driver in every mode, a replay, a real streaming query through ``foreachBatch`` and ``read_state``, and prints
-what it saw as one JSON document on the last line of stdout."""
+"""Run by tests/test_spark_connect.py and tests/test_spark_connect_timers.py in one process of their own: a Spark
+Connect session (``remote("local[2]")``, a local Connect server in this process's JVM, which cannot share the JVM with
+the test session's classic SparkContext) runs the parts asked for, one after the other on the one server (each in
+its own directories, with its own jobs), and prints what each saw as one JSON document on the last line of stdout:
+``{"connect": <is a Connect session>, <part>: {...}}``.
+
+Parts: ``driver`` (:func:`driver_part`: the driver in every mode, a replay, a real streaming query through
+``foreachBatch`` and ``read_state``) and ``timers`` (tests/connect_timers_child.py). Usage::
+
+    python -m tests.connect_child <work dir> <part>[,<part>...]
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from tests.spark_helpers import output_of, start_query, word_job
 
+#: the part each test module's test needs (tests/script_runs.py: the one script both register)
+PARTS = {"tests.test_spark_connect": "driver", "tests.test_spark_connect_timers": "timers"}
 
-def main(workdir: str) -> None:
+
+def command(folder: Path, tests: frozenset[str]) -> tuple[Sequence[str], Path]:
+    """This child's command for the selected tests ``tests`` (``module::test``): the parts they need, in ``folder``."""
+    parts = sorted({PARTS[test.split("::")[0]] for test in tests})
+    return ["-m", "tests.connect_child", str(folder), ",".join(parts)], Path(__file__).resolve().parents[1]
+
+
+def connect_session() -> Any:
+    """A Spark Connect session on a local Connect server of this process, on an ephemeral port."""
     root = str(Path(__file__).resolve().parents[1])
     os.environ["PYSPARK_PYTHON"] = sys.executable
     # an ephemeral port for the local Connect server (pyspark's test mode, where the client asks the server's JVM for
@@ -25,18 +43,39 @@ def main(workdir: str) -> None:
     )
     from pyspark.sql import SparkSession
 
-    from statebackend.spark import read_state
-    from statebackend.spark.session import is_connect
-    from tests.test_spark import COUNTERS, OUTPUT, batch_words, make_config
-
-    spark = (
+    return (
         SparkSession.builder.remote("local[2]")
         .config("spark.sql.shuffle.partitions", "2")
-        # a statebackend key given only through the Spark conf (as spark-submit --conf would)
+        # a statebackend key given only through the Spark conf (as spark-submit --conf would): the driver part's
+        # configs leave it out; every other part's configs give it in code, which wins
         .config("spark.statebackend.stores.counts.msg.serde", "integer")
         .getOrCreate()
     )
+
+
+def main(workdir: str, parts: list[str]) -> None:
+    from statebackend.spark.session import is_connect
+    from tests.connect_timers_child import timers_part
+
+    runs = {"driver": driver_part, "timers": timers_part}
+    unknown = sorted(set(parts) - set(runs))
+    if unknown:
+        raise SystemExit(f"unknown parts {unknown}: the parts are {sorted(runs)}")
+    spark = connect_session()
     result: dict[str, Any] = {"connect": is_connect(spark)}
+    for part in parts:
+        result[part] = runs[part](spark, Path(workdir) / part)
+    spark.stop()
+    print(json.dumps(result))
+
+
+def driver_part(spark: Any, workdir: Path) -> dict[str, Any]:
+    """The driver in every mode, a replay, a streaming query through ``foreachBatch`` and ``read_state``."""
+    from statebackend.spark import read_state
+    from tests.test_spark import COUNTERS, OUTPUT, batch_words, make_config
+
+    workdir.mkdir(parents=True)
+    result: dict[str, Any] = {}
 
     def expected(batch_ids: list[int]) -> dict[str, int]:
         totals: dict[str, int] = {}
@@ -84,9 +123,8 @@ def main(workdir: str) -> None:
     )
     query.awaitTermination()
     result["stream_state_ok"] = state(config) == expected([0, 1])
-    spark.stop()
-    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2].split(","))

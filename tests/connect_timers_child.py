@@ -1,12 +1,10 @@
-"""Run by tests/test_spark_connect_timers.py in its own process (a local Spark Connect server cannot share a JVM with
-the test session's classic SparkContext): a function without output and without ``output_schema`` in rows mode, one that
-does return rows without it, timers of both kinds and an initial state, all under Spark Connect; prints what it saw as
-one JSON document on the last line of stdout."""
+"""The ``timers`` part of tests/connect_child.py (run there, on the Connect server it shares with the ``driver`` part,
+for tests/test_spark_connect_timers.py): a function without output and without ``output_schema`` in rows mode, one
+that does return rows without it, timers of both kinds and an initial state, all under Spark Connect.
+``python -m tests.connect_timers_child <work dir>`` runs this part alone."""
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,23 +31,15 @@ def seed_frame(spark: Any) -> Any:
     )
 
 
-def main(workdir: str) -> None:
-    root = str(Path(__file__).resolve().parents[1])
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_TESTING"] = "1"  # an ephemeral port for the local Connect server (see tests/connect_child.py)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    )
-    from pyspark.sql import SparkSession
-
+def timers_part(spark: Any, workdir: Path) -> dict[str, Any]:
+    """What the part saw, by check (tests/test_spark_connect_timers.py asserts it)."""
     from statebackend.spark import TIMERS_STORE, read_state
-    from statebackend.spark.session import is_connect
     from statebackend.testing import ManualClock
     from tests.test_spark import batch_words, make_config
     from tests.test_spark_timers import OUTPUT, event_timers_arrow, fired_arrow, fired_rows, register_rows
 
-    spark = SparkSession.builder.remote("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
-    result: dict[str, Any] = {"connect": is_connect(spark)}
+    workdir.mkdir(parents=True)
+    result: dict[str, Any] = {}
 
     # no output, no output_schema: runs as on classic Spark
     config = make_config(Path(workdir) / "quiet")
@@ -171,9 +161,10 @@ def main(workdir: str) -> None:
         "stream_ok": query.exception() is None and streamed_state == after_0,
         "refused": refused,
     }
-    spark.stop()
-    print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    from tests.connect_child import main
+
+    main(sys.argv[1], ["timers"])

@@ -42,16 +42,20 @@ REPO = Path(__file__).resolve().parent.parent
 HANG_S = 900.0
 
 
+#: a script's command: given its directory and the selected tests that need it (``module::test``, a script shared by
+#: tests may do only the parts they need), ``(args, cwd)`` of ``python <args>``
+Command = Callable[[Path, frozenset[str]], tuple[Sequence[str], Path]]
+
+
 @attrs.frozen
 class Script:
     """A command run as ``python <args>`` in ``cwd``: ``command`` builds both in a fresh directory of its own (the
-    script's output files, work dirs, a script file written there). It runs when any of ``tests`` (test names,
-    parametrized ones with their id, of module ``module``) is selected."""
+    script's output files, work dirs, a script file written there). It runs when any of ``tests`` (``(module, test
+    name)``, a parametrized test's name with its id) is selected."""
 
     name: str
-    module: str
-    tests: frozenset[str]
-    command: Callable[[Path], tuple[Sequence[str], Path]]
+    tests: frozenset[tuple[str, str]]
+    command: Command
 
 
 @attrs.frozen
@@ -69,23 +73,25 @@ class Finished:
 _REGISTERED: dict[str, Script] = {}
 
 
-def register(
-    name: str, module: str, tests: Iterable[str], command: Callable[[Path], tuple[Sequence[str], Path]]
-) -> None:
-    """Register script ``name``, run for the tests ``tests`` of module ``module`` (its ``__name__``). A name is one
-    script: registering it again from another module is an error that names both."""
-    script = Script(name, module, frozenset(tests), command)
-    if not script.tests:
+def register(name: str, module: str, tests: Iterable[str], command: Command) -> None:
+    """Register script ``name``, run for the tests ``tests`` of module ``module`` (its ``__name__``). Modules whose
+    tests share one script register it each with the same ``command`` object; another command under a registered name
+    is an error that names both."""
+    needed = frozenset((module, test) for test in tests)
+    if not needed:
         raise ValueError(f"script {name!r} of {module}: no test needs it (give the names of the tests that run it)")
     known = _REGISTERED.get(name)
-    if known is not None and known.module != module:
-        raise ValueError(f"script name {name!r} registered by both {known.module} and {module}: names are unique")
-    _REGISTERED[name] = script
+    if known is not None and known.command is not command:
+        modules = sorted({m for m, _ in known.tests} | {module})
+        raise ValueError(
+            f"script name {name!r} registered with two commands (by {', '.join(modules)}): names are unique"
+        )
+    _REGISTERED[name] = Script(name, needed | (known.tests if known is not None else frozenset()), command)
 
 
-def from_repo(*args: str) -> Callable[[Path], tuple[Sequence[str], Path]]:
+def from_repo(*args: str) -> Command:
     """The command of a script that is ``python args`` run from the repository root (its directory unused)."""
-    return lambda folder: (args, REPO)
+    return lambda folder, tests: (args, REPO)
 
 
 def registered() -> list[Script]:
@@ -107,10 +113,14 @@ class ScriptRuns:
 
     def __init__(self, scripts: Iterable[Script], tests: Sequence[tuple[str, str]], base: Path, at_once: int) -> None:
         order = {test: index for index, test in reversed(list(enumerate(tests)))}
-        firsts = {
-            script.name: min(order[(script.module, test)] for test in script.tests if (script.module, test) in order)
+        self._selected = {
+            script.name: frozenset(f"{module}::{test}" for module, test in script.tests if (module, test) in order)
             for script in scripts
-            if any((script.module, test) in order for test in script.tests)
+        }
+        firsts = {
+            script.name: min(order[test] for test in script.tests if test in order)
+            for script in scripts
+            if self._selected[script.name]
         }
         by_name = {script.name: script for script in scripts}
         self._base = base
@@ -166,7 +176,7 @@ class ScriptRuns:
     def _start(self, script: Script) -> None:
         folder = self._base / script.name
         folder.mkdir(parents=True, exist_ok=True)
-        args, cwd = script.command(folder)
+        args, cwd = script.command(folder, self._selected[script.name])
         argv = [sys.executable, *args]
         with (folder / "stdout").open("wb") as stdout, (folder / "stderr").open("wb") as stderr:
             env = with_child_jvm_options(os.environ)

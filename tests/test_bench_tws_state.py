@@ -57,7 +57,7 @@ def test_compare_names_the_users_whose_rows_differ_on_any_side() -> None:
     )
 
 
-def bench_at_tiny_sizes(folder: Path) -> tuple[list[str], Path]:
+def bench_at_tiny_sizes(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]:
     """The bench at tiny sizes, its results in ``folder / "results"``."""
     sizes = ["--users", "12", "--events", "40", "--batches", "2", "--partitions", "1"]
     return ["-m", "bench.tws_state", *sizes, "--results-dir", str(folder / "results")], ROOT

@@ -13,7 +13,7 @@ register(
     "example-initial-timers",
     __name__,
     ["test_the_initial_timers_example_reports_every_trial_once"],
-    lambda folder: (["examples/initial_timers.py", "--users", "80", "--dir", str(folder / "run")], ROOT),
+    lambda folder, tests: (["examples/initial_timers.py", "--users", "80", "--dir", str(folder / "run")], ROOT),
 )
 
 

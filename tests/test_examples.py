@@ -29,7 +29,7 @@ SELF_CHECKING = {
 }
 
 
-def readme_snippet(folder: Path) -> tuple[list[str], Path]:
+def readme_snippet(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]:
     """The README's quick start and Spark snippet as one script, run where it is written (they use relative paths)."""
     quick_start, spark_snippet = readme_python_blocks()[:2]
     script = folder / "spark_snippet.py"

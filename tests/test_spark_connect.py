@@ -10,7 +10,8 @@ import pytest
 
 from statebackend.errors import ConfigError
 from statebackend.spark.session import effective_config, is_connect
-from tests.script_runs import REPO, ScriptRuns, register
+from tests.connect_child import command
+from tests.script_runs import ScriptRuns, register
 from tests.spark_helpers import report_of, word_job
 from tests.test_spark import OUTPUT, batch_count, count_rows, make_config, run_batch, state_of
 
@@ -18,20 +19,19 @@ pytest_plugins = ["tests.spark_fixtures"]
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-# its own process (a local Connect server cannot share a JVM with the test session's classic SparkContext), run in
-# the background with the suite's other scripts (tests/script_runs.py)
+# the child that runs under Spark Connect (tests/connect_child.py; its own process: a local Connect server cannot share
+# a JVM with the test session's classic SparkContext), shared with tests/test_spark_connect_timers.py and run in the
+# background with the suite's other scripts (tests/script_runs.py)
 register(
-    "spark-connect",
-    __name__,
-    ["test_every_mode_replay_streaming_query_and_read_state_under_spark_connect"],
-    lambda folder: (["-m", "tests.connect_child", str(folder)], REPO),
+    "spark-connect", __name__, ["test_every_mode_replay_streaming_query_and_read_state_under_spark_connect"], command
 )
 
 
 @pytest.mark.connect
 def test_every_mode_replay_streaming_query_and_read_state_under_spark_connect(script_runs: ScriptRuns) -> None:
-    result = report_of(script_runs.result("spark-connect"))
-    assert result["connect"] is True
+    report = report_of(script_runs.result("spark-connect"))
+    assert report["connect"] is True
+    result = report["driver"]
     for mode in ("rows", "arrow", "pandas"):
         outcome = result[mode]
         assert outcome["output_ok"], mode

@@ -7,26 +7,23 @@ from __future__ import annotations
 
 import pytest
 
-from tests.script_runs import REPO, ScriptRuns, register
+from tests.connect_child import command
+from tests.script_runs import ScriptRuns, register
 from tests.spark_helpers import report_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-# its own process (a local Connect server cannot share a JVM with the test session's classic SparkContext), run in
+# the child that runs under Spark Connect (tests/connect_child.py), shared with tests/test_spark_connect.py and run in
 # the background with the suite's other scripts (tests/script_runs.py)
-register(
-    "spark-connect-timers",
-    __name__,
-    ["test_no_output_without_schema_and_timers_under_spark_connect"],
-    lambda folder: (["-m", "tests.connect_timers_child", str(folder)], REPO),
-)
+register("spark-connect", __name__, ["test_no_output_without_schema_and_timers_under_spark_connect"], command)
 
 
 @pytest.mark.connect
 def test_no_output_without_schema_and_timers_under_spark_connect(script_runs: ScriptRuns) -> None:
-    result = report_of(script_runs.result("spark-connect-timers"))
-    assert result["connect"] is True
+    report = report_of(script_runs.result("spark-connect"))
+    assert report["connect"] is True
+    result = report["timers"]
     assert result["quiet"] == {"shapes": [[[], 0], [[], 0]], "state_ok": True, "moved": []}
     assert "no output_schema" in result["loud_error"] and "Spark Connect" in result["loud_error"]
     assert result["pending_after_0"] == [["a", 1500], ["b", 2500]]

@@ -66,7 +66,7 @@ def test_sections_named_in_links_to_the_guide_and_the_architecture_exist() -> No
     assert stale == []
 
 
-def guide_run(folder: Path) -> tuple[list[str], Path]:
+def guide_run(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]:
     """The guide's script, run from an empty working directory of its own."""
     work = folder / "work"
     work.mkdir()
