@@ -56,6 +56,7 @@ from statebackend.testing.kills import (  # noqa: F401 - re-exported for the cra
     expected_state,
     operations,
 )
+from tests.fork_server import REPO, ForkServer, run_to_end
 
 TASK = "task-0"
 STORE = "counts"
@@ -220,8 +221,13 @@ def main(argv: list[str]) -> int:
 
 # -- run and read by the tests, in the parent process ------------------------------------------------------------------
 
-#: the repository root: the children run there, with it on their path
-REPO = Path(__file__).resolve().parent.parent
+#: what a fork server for these children imports once beyond the child itself: the backends' modules, which each child
+#: would import when it opens its task (``ForkServer(PRELOAD)``)
+PRELOAD = (
+    "statebackend.backends.changelog.factory",
+    "statebackend.backends.blobsnapshot.factory",
+    "statebackend.envbase",
+)
 #: the crash point variable, which a parent's own environment never passes on unasked
 CRASH_AT_ENV = "STATEBACKEND_CRASH_AT"
 #: commits a crashing child attempts
@@ -231,11 +237,20 @@ MORE_COMMITS = 2
 
 
 def run_child(
-    workdir: Path, report: Path, commits: int, env: Mapping[str, str | None] | None = None, *, timeout: float = 90
+    workdir: Path,
+    report: Path,
+    commits: int,
+    env: Mapping[str, str | None] | None = None,
+    *,
+    timeout: float = 90,
+    server: ForkServer | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a child to its end (or its death) and return it. Its environment is this process's less
     ``STATEBACKEND_CRASH_AT``, updated by ``env`` (a ``None`` value removes that variable), with the repository on
-    its path. The timeout (seconds on an idle machine, stretched by its load) only guards a hang."""
+    its path; it runs in the repository. With ``server`` it is forked by that fork server (tests/fork_server.py: no
+    interpreter start nor imports per child; same environment, directory and crash point) and its stderr is kept in
+    ``<report>.stderr``; without, it is a fresh interpreter. The timeout (seconds on an idle machine, stretched by its
+    load) only guards a hang."""
     child_env = {key: value for key, value in os.environ.items() if key != CRASH_AT_ENV}
     for key, value in (env or {}).items():
         if value is None:
@@ -243,8 +258,14 @@ def run_child(
         else:
             child_env[key] = value
     child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), child_env.get("PYTHONPATH")]))
+    argv = [str(workdir), str(report), str(commits)]
+    if server is not None:
+        stderr = report.with_name(report.name + ".stderr")
+        forked = run_to_end(server, argv, child_env, stderr, scaled(timeout))
+        assert forked.returncode is not None
+        return subprocess.CompletedProcess(["tests.crash_child", *argv], forked.returncode, "", forked.stderr)
     return subprocess.run(
-        [sys.executable, "-m", "tests.crash_child", str(workdir), str(report), str(commits)],
+        [sys.executable, "-m", "tests.crash_child", *argv],
         cwd=REPO,
         env=child_env,
         capture_output=True,
@@ -301,14 +322,22 @@ def report_contents(report: dict[str, object]) -> dict[bytes, bytes]:
 
 
 def run_to_crash(
-    work: Path, crash_at: str, env: Mapping[str, str | None] | None = None, *, commits: int = CRASH_COMMITS
+    work: Path,
+    crash_at: str,
+    env: Mapping[str, str | None] | None = None,
+    *,
+    commits: int = CRASH_COMMITS,
+    server: ForkServer | None = None,
 ) -> tuple[int, int]:
-    """Run a child in ``work/run`` that is to die at ``crash_at`` within ``commits`` commits. Checks it died by SIGKILL
-    having restored nothing, and that its local ``CHECKPOINT-V2`` claims no checkpoint newer than the durable one.
-    Returns the durable commit (the newest in the checkpoint log) and the last one the child reported durable."""
+    """Run a child in ``work/run`` that is to die at ``crash_at`` within ``commits`` commits (forked by ``server``
+    if given, see :func:`run_child`). Checks it died by SIGKILL having restored nothing, and that its local
+    ``CHECKPOINT-V2`` claims no checkpoint newer than the durable one. Returns the durable commit (the newest in the
+    checkpoint log) and the last one the child reported durable."""
     workdir = work / "run"
     workdir.mkdir()
-    crashed = run_child(workdir, work / "crashing.json", commits, {**(env or {}), CRASH_AT_ENV: crash_at})
+    crashed = run_child(
+        workdir, work / "crashing.json", commits, {**(env or {}), CRASH_AT_ENV: crash_at}, server=server
+    )
     assert crashed.returncode == -signal.SIGKILL, (
         f"the child was to die at {crash_at} but exited with {crashed.returncode}:\n{crashed.stderr[-3000:]}"
     )
@@ -328,17 +357,19 @@ def restore_kept_and_wiped(
     more: int = MORE_COMMITS,
     value_repeat: int = DEFAULT_VALUE_REPEAT,
     check: Callable[[Path], None] | None = None,
+    server: ForkServer | None = None,
 ) -> None:
     """After a crash in ``work/run`` left commit ``durable`` durable: fresh children with its local dir kept and wiped
     (on a copy) restore exactly that state and commit ``more`` times; then one with the local dir wiped restores the
     continued state from the blob store alone, so what the crash left behind did not break the chain. ``check`` runs
-    on each directory after its child: a backend's own invariants."""
+    on each directory after its child: a backend's own invariants. ``server``: the fork server the children are forked
+    by (see :func:`run_child`)."""
     workdir = work / "run"
     wiped = work / "wiped"
     shutil.copytree(workdir, wiped)
     shutil.rmtree(wiped / "local")
     for label, directory in (("kept", workdir), ("wiped", wiped)):
-        resumed = run_child(directory, work / f"{label}.json", more, env)
+        resumed = run_child(directory, work / f"{label}.json", more, env, server=server)
         assert resumed.returncode == 0, f"restore with the local dir {label} failed:\n{resumed.stderr[-3000:]}"
         report = read_report(work / f"{label}.json")
         assert report["restored"] == durable, f"local dir {label}"
@@ -349,7 +380,7 @@ def restore_kept_and_wiped(
         if check is not None:
             check(directory)
     shutil.rmtree(workdir / "local")
-    final = run_child(workdir, work / "final.json", 0, env)
+    final = run_child(workdir, work / "final.json", 0, env, server=server)
     assert final.returncode == 0, final.stderr[-3000:]
     assert read_report(work / "final.json")["restored"] == durable + more
     assert report_contents(read_report(work / "final.json")) == expected_state(durable + more, value_repeat)

@@ -1,14 +1,17 @@
 """A fork server for the crash child (tests/crash_child.py): one interpreter imports it once, then forks a child per
-run, so a test that starts many children (tests/test_random_kills.py: 13 or 14 a test) pays the interpreter's start
-and the imports once instead of per child (about 0.5 s each here, more on a loaded machine).
+run, so tests that start many children (tests/test_random_kills.py: 13 or 14 a test; tests/test_crash.py and
+tests/test_crash_blobsnapshot.py: 4 or 5 a test, through ``crash_child.run_child``) pay the interpreter's start and
+the imports once instead of per child (about 0.5 s each here, more on a loaded machine).
 
 A forked child is a real process of its own: it runs ``tests.crash_child.main`` with the arguments and environment
-given, its stderr goes to a file, and SIGKILL takes it as it takes a child started by ``subprocess``. Its environment
-is set before it runs anything; the crash point (``STATEBACKEND_CRASH_AT``, which :mod:`statebackend.crashpoints`
-reads at import) is read again in the child. The server is single-threaded (checked before each fork), and
-:mod:`random` reseeds itself in a forked child. Only the server can wait for its children: :class:`ForkedChild` asks
-it (``poll`` and ``wait``), the server answers with the exit code as :mod:`subprocess` gives it (``-9`` for SIGKILL).
-"""
+given (exactly that environment, nothing of the server's), in the repository, with stdin and stdout on the null
+device and stderr to a file; SIGKILL takes it as it takes a child started by ``subprocess``. Its environment is set
+before it runs anything; the crash point (``STATEBACKEND_CRASH_AT``, which :mod:`statebackend.crashpoints` reads at
+import) is read again in the child. It ends as a fresh interpreter would (by ``SystemExit``: threads and pool workers
+joined, atexit handlers run), never returning to the server's loop. The server is single-threaded (checked before
+each fork), and :mod:`random` reseeds itself in a forked child. Only the server can wait for its children:
+:class:`ForkedChild` asks it (``poll`` and ``wait``), the server answers with the exit code as :mod:`subprocess` gives
+it (``-9`` for SIGKILL)."""
 
 from __future__ import annotations
 
@@ -22,9 +25,10 @@ from pathlib import Path
 
 import attrs
 
-from tests.crash_child import REPO
+__all__ = ["REPO", "ForkServer", "ForkedChild", "run_to_end"]
 
-__all__ = ["ForkServer", "ForkedChild", "run_to_end"]
+#: the repository root: the server and its children run there, with it on their path
+REPO = Path(__file__).resolve().parent.parent
 
 SERVER = r"""
 import json, os, sys, threading, time
@@ -35,29 +39,32 @@ for module in sys.argv[1:]:
 
 
 def child(request):
-    os.environ.clear()
-    os.environ.update(request["env"])
-    crashpoints._target, crashpoints._nth = crashpoints._parse(os.environ.get(crashpoints.ENV_VAR))
-    crashpoints._hits = 0
-    null = os.open(os.devnull, os.O_RDWR)
-    err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(null, 0)
-    os.dup2(null, 1)
-    os.dup2(err, 2)
-    os.chdir(request["cwd"])
-    sys.argv = ["tests.crash_child", *request["argv"]]
-    code = 1
+    # never back into the server's loop: a failure before main runs ends the child too, and main's end (or an
+    # exception) leaves by SystemExit, so the child exits as a fresh interpreter would (non-daemon threads and pool
+    # workers joined, atexit handlers run, stderr flushed) with main's exit code
     try:
+        null = os.open(os.devnull, os.O_RDWR)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(err, 2)
+        os.close(null)
+        os.close(err)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        crashpoints._target, crashpoints._nth = crashpoints._parse(os.environ.get(crashpoints.ENV_VAR))
+        crashpoints._hits = 0
+        sys.argv = ["tests.crash_child", *request["argv"]]
         code = tests.crash_child.main(sys.argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    except SystemExit:
+        raise
     except BaseException:
         import traceback
 
         traceback.print_exc()
-    finally:
-        sys.stderr.flush()
-        os._exit(code)
+        code = 1
+    raise SystemExit(code)
 
 
 def status(pid, timeout):

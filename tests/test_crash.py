@@ -16,6 +16,10 @@ number (crash_child.expected_state), so the expected state is exact. Per crash p
    commits on from it;
 5. after (3), a fresh process with the local dir wiped restores the state of the continued commits from the blob
    store alone, so what the crash left behind did not break the chain.
+
+The children are forked by one fork server per module (tests/fork_server.py), which imported the child and the
+backends once: each child is a process of its own, with the environment and directory a fresh interpreter would get,
+and reads its crash point anew, without an interpreter start and imports of its own.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ import pytest
 
 from tests.crash_child import (
     CRASH_COMMITS,
+    PRELOAD,
     SETTLE_ENV,
     crash_workdir,
     restore_kept_and_wiped,
     run_to_crash,
 )
+from tests.fork_server import ForkServer
 
 #: crash point -> (which commits must be durable: an exact commit number, or (low, high) for points on a
 #: background thread, whose timing against the task's commits is not fixed)
@@ -62,17 +68,19 @@ CRASH_POINTS: dict[str, int | tuple[int, int]] = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("crash_at", list(CRASH_POINTS))
-def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(work: Path, crash_at: str) -> None:
+def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(
+    work: Path, crash_at: str, fork_server: ForkServer
+) -> None:
     # retention deletes only once a snapshot is adopted: the child waits for its background snapshots
     env = {SETTLE_ENV: "1"} if crash_at.startswith("changelog.cleanup.") else {}
-    durable, reported = run_to_crash(work, crash_at, env)
+    durable, reported = run_to_crash(work, crash_at, env, server=fork_server)
     assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
     wanted = CRASH_POINTS[crash_at]
     if isinstance(wanted, int):
         assert durable == wanted
     else:
         assert wanted[0] <= durable <= wanted[1]
-    restore_kept_and_wiped(work, durable)
+    restore_kept_and_wiped(work, durable, server=fork_server)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------------
@@ -82,3 +90,10 @@ def test_sigkill_at_a_commit_step_restores_exactly_the_last_durable_checkpoint(w
 def work() -> Iterator[Path]:
     with crash_workdir("statebackend-crash-") as path:
         yield path
+
+
+@pytest.fixture(scope="module")
+def fork_server() -> Iterator[ForkServer]:
+    """The module's fork server: its children skip the interpreter's start and the imports."""
+    with ForkServer(PRELOAD) as server:
+        yield server

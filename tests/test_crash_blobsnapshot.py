@@ -24,6 +24,10 @@ Per crash point the test checks:
 5. after (4), a fresh process with the local dir wiped restores the state of the continued commits from the blob
    store alone, and its start-up sweep leaves only the blobs the checkpoints in the log need (the crash's orphans,
    runs of commits and compactions no index lists, are collected).
+
+The children are forked by one fork server per module (tests/fork_server.py), which imported the child and the
+backends once: each child is a process of its own, with the environment and directory a fresh interpreter would get,
+and reads its crash point anew, without an interpreter start and imports of its own.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from statebackend.blobstores.file import FileBlobStore
 from tests.crash_child import (
     BACKUP_FACTORIES_ENV,
     CRASH_AT_ENV,
+    PRELOAD,
     RESTORE_FACTORY_ENV,
     STORE,
     TASK,
@@ -55,6 +60,7 @@ from tests.crash_child import (
     run_child,
     run_to_crash,
 )
+from tests.fork_server import ForkServer
 
 RETAINED = 2  # task.checkpoint.retained in crash_child.config
 #: ~600-byte values: a base run of the store is some tens of KiB
@@ -113,18 +119,27 @@ DUAL = "changelog,blobsnapshot"
 
 @pytest.mark.slow
 @pytest.mark.parametrize("crash_at", list(CRASH_POINTS))
-def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkpoint(work: Path, crash_at: str) -> None:
-    durable = _crash(work, crash_at, CRASH_POINTS[crash_at], factories=BLOBSNAPSHOT)
-    _restore_and_go_on(work, durable, factories=BLOBSNAPSHOT)
+def test_sigkill_at_a_blobsnapshot_step_restores_exactly_the_last_durable_checkpoint(
+    work: Path, crash_at: str, fork_server: ForkServer
+) -> None:
+    durable = _crash(work, fork_server, crash_at, CRASH_POINTS[crash_at], factories=BLOBSNAPSHOT)
+    _restore_and_go_on(work, fork_server, durable, factories=BLOBSNAPSHOT)
 
 
 @pytest.mark.slow
-def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_durable_checkpoint(work: Path) -> None:
+def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_durable_checkpoint(
+    work: Path, fork_server: ForkServer
+) -> None:
     """A first child dies after making commit 4's index (an orphan run, no checkpoint); the next one restores
     commit 3 and dies at the first delete of its start-up sweep of that garbage."""
-    _crash(work, "blobsnapshot.upload.index_written:4", exactly(3, landed=False), factories=BLOBSNAPSHOT)
+    _crash(work, fork_server, "blobsnapshot.upload.index_written:4", exactly(3, landed=False), factories=BLOBSNAPSHOT)
     sweeping = _child(
-        work / "run", work / "sweeping.json", 0, crash_at="blobsnapshot.sweep.deleted:1", factories=BLOBSNAPSHOT
+        fork_server,
+        work / "run",
+        work / "sweeping.json",
+        0,
+        crash_at="blobsnapshot.sweep.deleted:1",
+        factories=BLOBSNAPSHOT,
     )
     assert sweeping.returncode == -signal.SIGKILL, (
         f"the start-up sweep was to die at its first delete but the child exited with {sweeping.returncode}:\n"
@@ -133,32 +148,42 @@ def test_sigkill_during_a_sweep_of_a_crashed_upload_restores_exactly_the_last_du
     # (the sweep runs in the background from TaskStorage.open: it may kill the child before its report is written)
     assert durable_commit(work / "run") == 3
     _assert_retained_checkpoints_restorable(work / "run")
-    _restore_and_go_on(work, 3, factories=BLOBSNAPSHOT)
+    _restore_and_go_on(work, fork_server, 3, factories=BLOBSNAPSHOT)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("restore_factory", ["blobsnapshot", "changelog"])
 def test_sigkill_mid_blobsnapshot_upload_of_a_dual_commit_restores_exactly_through_either_backend(
-    work: Path, restore_factory: str
+    work: Path, restore_factory: str, fork_server: ForkServer
 ) -> None:
     """Dual commit: the changelog delta of the commit in flight may be uploaded, its blobsnapshot upload is cut
     short; no checkpoint names either, and both backends restore exactly the previous one."""
     durable = _crash(
         work,
+        fork_server,
         "blobsnapshot.upload.run_staged:4",
         exactly(3, landed=False),
         factories=DUAL,
         restore_factory=restore_factory,
     )
-    _restore_and_go_on(work, durable, factories=DUAL, restore_factory=restore_factory)
+    _restore_and_go_on(work, fork_server, durable, factories=DUAL, restore_factory=restore_factory)
 
 
 # -- steps ------------------------------------------------------------------------------------------------------
 
 
-def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restore_factory: str | None = None) -> int:
-    """Run the crashing child in ``work/run``; check what it left; return the durable commit number."""
-    durable, reported = run_to_crash(work, crash_at, _env(factories, restore_factory))
+def _crash(
+    work: Path,
+    server: ForkServer,
+    crash_at: str,
+    wanted: Durable,
+    *,
+    factories: str,
+    restore_factory: str | None = None,
+) -> int:
+    """Run the crashing child in ``work/run`` (forked by ``server``); check what it left; return the durable commit
+    number."""
+    durable, reported = run_to_crash(work, crash_at, _env(factories, restore_factory), server=server)
     assert wanted.low <= durable <= wanted.high, f"{crash_at}: durable commit {durable}"
     if wanted.in_flight_landed is None:
         assert reported <= durable <= reported + 1, "at most the commit in flight can have landed unreported"
@@ -170,12 +195,14 @@ def _crash(work: Path, crash_at: str, wanted: Durable, *, factories: str, restor
     return durable
 
 
-def _restore_and_go_on(work: Path, durable: int, *, factories: str, restore_factory: str | None = None) -> None:
+def _restore_and_go_on(
+    work: Path, server: ForkServer, durable: int, *, factories: str, restore_factory: str | None = None
+) -> None:
     """Restore in fresh processes with ``work/run``'s local dir kept and wiped, commit on, restore once more; every
     retained checkpoint stays restorable, and the last start-up sweep leaves only the blobs the log needs."""
     env = _env(factories, restore_factory)
     check = _assert_retained_checkpoints_restorable
-    restore_kept_and_wiped(work, durable, env, value_repeat=VALUE_REPEAT, check=check)
+    restore_kept_and_wiped(work, durable, env, value_repeat=VALUE_REPEAT, check=check, server=server)
     _assert_only_retained_blobs(work / "run")
 
 
@@ -188,6 +215,13 @@ def work() -> Iterator[Path]:
         yield path
 
 
+@pytest.fixture(scope="module")
+def fork_server() -> Iterator[ForkServer]:
+    """The module's fork server: its children skip the interpreter's start and the imports."""
+    with ForkServer(PRELOAD) as server:
+        yield server
+
+
 def _env(factories: str, restore_factory: str | None = None, crash_at: str | None = None) -> dict[str, str | None]:
     return {
         CRASH_AT_ENV: crash_at,
@@ -198,6 +232,7 @@ def _env(factories: str, restore_factory: str | None = None, crash_at: str | Non
 
 
 def _child(
+    server: ForkServer,
     workdir: Path,
     report: Path,
     commits: int,
@@ -206,7 +241,7 @@ def _child(
     restore_factory: str | None = None,
     crash_at: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    return run_child(workdir, report, commits, _env(factories, restore_factory, crash_at))
+    return run_child(workdir, report, commits, _env(factories, restore_factory, crash_at), server=server)
 
 
 def _assert_retained_checkpoints_restorable(workdir: Path) -> None:

@@ -11,6 +11,7 @@ import signal
 import struct
 import tracemalloc
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
@@ -36,6 +37,7 @@ from tests.backend_helpers import churn
 from tests.crash_child import (
     BACKUP_FACTORIES_ENV,
     CRASH_AT_ENV,
+    PRELOAD,
     STORE,
     TASK,
     expected_state,
@@ -43,6 +45,7 @@ from tests.crash_child import (
     report_contents,
     run_child,
 )
+from tests.fork_server import ForkServer
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = struct.Struct(">Q")
@@ -389,26 +392,33 @@ def test_a_damaged_env_base_fails_the_restore_naming_it(tmp_path: Path, backend:
 # -- a restore killed mid-way -------------------------------------------------------------------------------------
 
 
-def _child(workdir: Path, commits: int, backend: str, crash_at: str | None = None) -> Any:
+@pytest.fixture(scope="module")
+def fork_server() -> Iterator[ForkServer]:
+    """The crash children's fork server (tests/fork_server.py): they skip the interpreter's start and the imports."""
+    with ForkServer(PRELOAD) as server:
+        yield server
+
+
+def _child(server: ForkServer, workdir: Path, commits: int, backend: str, crash_at: str | None = None) -> Any:
     env = {CRASH_AT_ENV: crash_at, BACKUP_FACTORIES_ENV: backend}
-    return run_child(workdir, workdir / "report.json", commits, env, timeout=120)
+    return run_child(workdir, workdir / "report.json", commits, env, timeout=120, server=server)
 
 
 @pytest.mark.parametrize("backend", ["changelog", "blobsnapshot"])
 @pytest.mark.parametrize("crash_at", ["envbase.restore.written:1", "envbase.restore.verified:1"])
 def test_a_restore_killed_while_it_loads_a_base_leaves_nothing_taken_for_data(
-    tmp_path: Path, backend: str, crash_at: str
+    tmp_path: Path, backend: str, crash_at: str, fork_server: ForkServer
 ) -> None:
     commits = 12
-    done = _child(tmp_path, commits, backend)
+    done = _child(fork_server, tmp_path, commits, backend)
     assert done.returncode == 0, done.stderr[-3000:]
     shutil.rmtree(tmp_path / "local")
-    killed = _child(tmp_path, 0, backend, crash_at=crash_at)
+    killed = _child(fork_server, tmp_path, 0, backend, crash_at=crash_at)
     assert killed.returncode == -signal.SIGKILL, f"no base was loaded: {killed.stderr[-3000:]}"
     store_dir = tmp_path / "local" / "job" / TASK / STORE
     left = list(store_dir.glob(".envbase-*"))
     assert left, "the kill left no partly restored base behind"  # (it did die mid-restore)
-    resumed = _child(tmp_path, 2, backend)
+    resumed = _child(fork_server, tmp_path, 2, backend)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     report = read_report(tmp_path / "report.json")
     assert report["restored"] == commits
