@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -18,6 +18,8 @@ from statebackend.blobstores.resilience import (
     METRIC_HEDGES,
     METRIC_RETRIES,
     METRIC_TIMEOUTS,
+    Resilience,
+    ResilienceSettings,
     ResilientBlobStore,
 )
 from statebackend.errors import AlreadyExistsError, NotFoundError, StorageError, TransientStorageError
@@ -362,3 +364,45 @@ def test_create_resources_is_retried_like_an_idempotent_request() -> None:
     store, sleeps, _ = _resilient(FlakyCreate())
     store.create_resources()
     assert FlakyCreate.calls == 3 and len(sleeps) == 2
+
+
+def test_a_request_queued_when_the_store_closes_fails_at_once_not_after_the_request_timeout() -> None:
+    """close() drops the attempts that have not started: one such attempt never runs, so its caller must be told
+    at once. Waiting for it cost the request timeout (30 s by default), and whatever queued behind the caller (a
+    backend's background work on a shared pool) waited with it."""
+    resilience = Resilience(ResilienceSettings(max_threads=1, request_timeout_s=3_600, hedge_after_s=0))
+    release = threading.Event()
+    running = threading.Event()
+
+    def blocking() -> str:
+        running.set()
+        release.wait()
+        return "first"
+
+    outcomes: dict[str, object] = {}
+
+    def call(name: str, attempt: Callable[[], str]) -> None:
+        try:
+            outcomes[name] = resilience.call("head", attempt, hedge=True)
+        except StorageError as exc:
+            outcomes[name] = exc
+
+    first = threading.Thread(target=call, args=("first", blocking))
+    first.start()
+    assert running.wait(60)
+    queued = threading.Thread(target=call, args=("queued", lambda: "queued"))
+    queued.start()
+    while resilience._attempt_pool.get()._work_queue.qsize() == 0:  # the second attempt waits for the one thread
+        time.sleep(0.001)
+    resilience.close()
+    queued.join(600)  # a bound on a hang only: with the bug it would wait the hour of request_timeout_s
+    try:
+        assert not queued.is_alive(), "the queued request still waits for an attempt that will never run"
+        error = outcomes["queued"]
+        assert isinstance(error, StorageError) and not isinstance(error, TransientStorageError)
+        assert "closed" in str(error)
+        assert "first" not in outcomes, "the running attempt is not cut short by close()"
+    finally:
+        release.set()
+        first.join(60)
+    assert outcomes["first"] == "first"

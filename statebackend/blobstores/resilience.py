@@ -51,6 +51,7 @@ import queue
 import random
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from typing import Any, BinaryIO, TypeVar
 
 import attrs
@@ -246,7 +247,19 @@ class Resilience:
                 except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
                     results.put((number, False, exc))
 
-            self._attempt_pool.get().submit(run)
+            future = self._attempt_pool.get().submit(run)
+
+            def cancelled(done: Future[None]) -> None:
+                # the store was closed (close() cancels the attempts not started) with this one still queued: it
+                # will never run, so it fails now. Waiting for it instead cost the request timeout (30 s by
+                # default), and blocked whatever queued behind its caller (a backend's background work)
+                if done.cancelled():
+                    _log.debug("%s attempt %d cancelled: the blob store was closed", operation, number)
+                    results.put(
+                        (number, False, StorageError(f"{operation}: the blob store was closed before the request ran"))
+                    )
+
+            future.add_done_callback(cancelled)
 
         def finish(outcome: str, value: Any = None) -> None:
             metrics = self.metrics
