@@ -136,8 +136,7 @@ def _botocore_reads_its_models_once() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def script_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScriptRuns]:
     """The scripts the selected tests run in fresh interpreters (tests/script_runs.py), all started in the
-    background the first time a test asks for one, at most three at a time; those still running at the end are
-    killed."""
+    background when the session starts, at most two at a time; those still running at the end are killed."""
     from tests.script_runs import ScriptRuns
 
     runs = ScriptRuns.of_session(request.session.items, tmp_path_factory.mktemp("script-runs"))
@@ -145,6 +144,15 @@ def script_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         yield runs
     finally:
         runs.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _scripts_started_with_the_session(request: pytest.FixtureRequest) -> None:
+    """Start the scripts of the selected tests (``script_runs``) with the session, not when the first test that
+    needs one comes up: they run in the background while the tests before theirs run, and are done or nearly so
+    when those come (``test_bench_*`` comes early)."""
+    if any("script_runs" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("script_runs")
 
 
 @pytest.fixture

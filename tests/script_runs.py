@@ -1,11 +1,11 @@
 """Scripts that tests run in fresh interpreters (the examples, the benches, the Spark Connect children), started in
-the background all at once the first time a test needs one, so their JVM start-ups and waits overlap with each other
+the background when the session starts (tests/conftest.py), so their JVM start-ups and waits overlap with each other
 and with the rest of the suite.
 
 A test module registers each script its tests run (:func:`register`: a name, the tests that need it and the command,
 built in a fresh directory of the script's own) when it is imported; the session fixture ``script_runs``
-(tests/conftest.py) is created by the first test that asks for it, and then starts the scripts of every *selected*
-test (collected, not deselected by ``-k`` or ``-m``, not skipped by a marker), in collection order, at most
+(tests/conftest.py) is created with the session when a selected test asks for it, and starts the scripts of every
+*selected* test (collected, not deselected by ``-k`` or ``-m``, not skipped by a marker), in collection order, at most
 :data:`AT_ONCE` at a time, the next starting as one ends. A test waits for its own script with
 :meth:`ScriptRuns.result` and asserts on what it printed exactly as it would have on a run of its own. The scripts share
 nothing but the machine: each has its own directory, and the ones that open ports take ephemeral ones. Their JVMs run
@@ -32,9 +32,9 @@ __all__ = ["AT_ONCE", "REPO", "Finished", "Script", "ScriptRuns", "from_repo", "
 
 log = logging.getLogger(__name__)
 
-#: scripts running at once: each starts a JVM and waits on it much of its time, so three overlap well on two cores
-#: beside the test session, and more would only compete for them
-AT_ONCE = 3
+#: scripts running at once: each starts a JVM and waits on it much of its time, so two overlap well on two cores
+#: beside the test session (which runs its own tests meanwhile), and more would only compete for them
+AT_ONCE = 2
 
 REPO = Path(__file__).resolve().parent.parent
 
