@@ -26,7 +26,8 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, StateBackendError
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents
-from tests.backend_helpers import commit_round, commit_rounds
+from statebackend.testing.deadline import scaled
+from tests.backend_helpers import commit_round
 from tests.data.changelog.make_samples import recipe_from_steps
 from tests.test_backend_changelog import config_for
 
@@ -265,7 +266,21 @@ def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in
     blobs = MemoryBlobStore()
     config = config_for(tmp_path, **{"changelog.snapshot.interval.commits": 4})
     model: dict[bytes, bytes] = {}
-    commit_rounds(config, blobs, model, 7)
+    rounds = 0
+    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
+        # commits until the head names a snapshot with deltas above it: a background snapshot is adopted by the
+        # commit after it finished, which a loaded machine may delay by commits; waiting for it makes that the next
+        while True:
+            checkpoint = commit_round(task, rounds, model)
+            rounds += 1
+            shape = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
+            if shape.snapshot is not None and shape.deltas:
+                break
+            assert rounds < 40, "no snapshot with deltas above it after 40 commits at a snapshot interval of 4"
+            for binding in task.commit_manager.backups:
+                background = binding.manager.shared.stores["counts"].background  # type: ignore[attr-defined]
+                if background is not None:
+                    background.exception(timeout=scaled(120))
     log = CheckpointLog(blobs, "job", "task-0")
     head = log.latest()
     assert head is not None and isinstance(head.checkpoint, CheckpointV2)
@@ -282,7 +297,7 @@ def test_a_checkpoint_with_a_format_1_marker_restores_and_the_chain_continues_in
     with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
         assert contents(task) == model
         assert task.restored is not None and json.loads(task.restored.markers_for("changelog")["counts"])["format"] == 1
-        checkpoint = commit_round(task, 7, model)
+        checkpoint = commit_round(task, rounds, model)
     continued = Recipe.decode(checkpoint.markers_for("changelog")["counts"], prefix=PREFIX)
     assert json.loads(checkpoint.markers_for("changelog")["counts"])["format"] == 2
     # continued, not re-based: the versions up to the old head are the old recipe's (a snapshot finished meanwhile
