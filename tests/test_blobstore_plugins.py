@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from statebackend import plugins
-from statebackend.blobstores import registry as base  # the registry: its table and entry points are patched
+from statebackend.blobstores import registry  # the registry: its table and entry points are patched
 from statebackend.blobstores.base import (
     ENTRY_POINT_GROUP,
     BlobStore,
@@ -60,7 +60,7 @@ def example_installed() -> None:
 @pytest.fixture(autouse=True)
 def isolated_registrations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations a test makes at run time are dropped after it."""
-    monkeypatch.setattr(base, "_SCHEMES", dict(base._SCHEMES))
+    monkeypatch.setattr(registry, "_SCHEMES", dict(registry._SCHEMES))
 
 
 def url() -> str:
@@ -74,7 +74,7 @@ def test_the_scheme_is_declared_by_the_installed_package_and_nothing_in_statebac
     (entry_point,) = [ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == "mem2"]
     assert entry_point.value == TARGET
     assert entry_point.dist is not None and entry_point.dist.name == "statebackend-mem2"
-    assert "mem2" not in base._SCHEMES  # not registered at run time: only the entry point knows it
+    assert "mem2" not in registry._SCHEMES  # not registered at run time: only the entry point knows it
     assert known_blob_store_schemes()["mem2"] == TARGET
     for folder in ("statebackend", "backends", "checkpoint"):
         for path in (ROOT / folder).rglob("*.py"):
@@ -90,7 +90,7 @@ def test_statebackends_own_schemes_are_entry_points_of_its_own_distribution() ->
     }
     assert own == OWN
     assert {scheme: known_blob_store_schemes()[scheme] for scheme in OWN} == OWN
-    assert base._SCHEMES == {}  # nothing is registered by hand
+    assert registry._SCHEMES == {}  # nothing is registered by hand
 
 
 def test_the_registry_is_a_read_only_view() -> None:
@@ -238,7 +238,7 @@ def test_an_unknown_scheme_is_an_error_listing_the_known_ones() -> None:
 
 def test_without_its_own_metadata_the_error_says_to_reinstall_statebackend(monkeypatch: pytest.MonkeyPatch) -> None:
     found = plugins.entry_points(ENTRY_POINT_GROUP)
-    monkeypatch.setattr(base, "entry_points", lambda group: {"mem2": found["mem2"]})
+    monkeypatch.setattr(registry, "entry_points", lambda group: {"mem2": found["mem2"]})
     with pytest.raises(ConfigError) as info:
         open_blob_store("file:///tmp/x")
     message = str(info.value)
@@ -301,7 +301,7 @@ def test_the_built_in_stores_keep_their_install_hint(monkeypatch: pytest.MonkeyP
     assert "blob store az:// needs a package that is not installed" in message
     assert "pip install 'statebackend[azure]'" in message
     assert "entry point 'az' of distribution 'statebackend'" in message
-    schemas = base.blob_store_option_schemas()  # a scheme whose package is missing is left out; the others stay
+    schemas = registry.blob_store_option_schemas()  # a scheme whose package is missing is left out; the others stay
     assert "az" not in schemas and {"file", "memory", "s3", "mem2"} <= set(schemas)
 
 
@@ -367,5 +367,5 @@ def test_a_module_that_fails_to_import_is_a_config_error_naming_the_scheme() -> 
     ):
         open_blob_store("broken://x")
     # the scheme whose package is broken is left out of the option schemas; the others are there
-    assert "mem2" not in base.blob_store_option_schemas()  # declared twice: refused
-    assert {"file", "memory"} <= set(base.blob_store_option_schemas())
+    assert "mem2" not in registry.blob_store_option_schemas()  # declared twice: refused
+    assert {"file", "memory"} <= set(registry.blob_store_option_schemas())

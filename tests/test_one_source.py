@@ -24,7 +24,7 @@ import attrs
 import pytest
 
 from statebackend import options as options_module
-from statebackend.blobstores import registry as base  # the registry: its table and entry points are patched
+from statebackend.blobstores import registry  # the registry: its table and entry points are patched
 from statebackend.blobstores.azure import AzureBlobStore
 from statebackend.blobstores.file import FileBlobStore
 from statebackend.blobstores.memory import MemoryBlobStore
@@ -197,11 +197,11 @@ def own_blob_store_option_schemas() -> dict[str, Mapping[str, OptionSpec]]:
     package adds, such as the example mem2://)."""
     own = {
         ep.name
-        for ep in importlib.metadata.entry_points(group=base.ENTRY_POINT_GROUP)
+        for ep in importlib.metadata.entry_points(group=registry.ENTRY_POINT_GROUP)
         if ep.dist is not None and ep.dist.name == "statebackend"
     }
     assert own == {"file", "memory", "az", "s3"}
-    return {scheme: schema for scheme, schema in base.blob_store_option_schemas().items() if scheme in own}
+    return {scheme: schema for scheme, schema in registry.blob_store_option_schemas().items() if scheme in own}
 
 
 # -- serde names ------------------------------------------------------------------------------------------------
@@ -328,8 +328,8 @@ class CountingStore(MemoryBlobStore):
 
 @pytest.fixture
 def counting_scheme(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    monkeypatch.setattr(base, "_SCHEMES", dict(base._SCHEMES))
-    base.register_blob_store("counting", f"{__name__}:CountingStore")
+    monkeypatch.setattr(registry, "_SCHEMES", dict(registry._SCHEMES))
+    registry.register_blob_store("counting", f"{__name__}:CountingStore")
     _PARSES.clear()
     return _PARSES
 
@@ -339,7 +339,7 @@ def test_each_blob_store_option_is_parsed_once_from_config_to_the_open_store(cou
         {"blob.store.url": "counting://once", "blob.store.knob": "3", "blob.store.retry.max.attempts": "7"}
     )
     on_an_executor = pickle.loads(pickle.dumps(settings))  # Settings travel to Spark executors
-    with base.open_blob_store(on_an_executor.blob_store_url, on_an_executor.blob_store_options) as store:
+    with registry.open_blob_store(on_an_executor.blob_store_url, on_an_executor.blob_store_options) as store:
         assert isinstance(store, ResilientBlobStore)
         assert store.inner.knob == 3  # type: ignore[attr-defined]
         assert store.resilience.settings.max_attempts == 7
@@ -347,7 +347,7 @@ def test_each_blob_store_option_is_parsed_once_from_config_to_the_open_store(cou
 
 
 def test_raw_options_are_parsed_once_when_a_store_is_opened_without_settings(counting_scheme: Counter[str]) -> None:
-    with base.open_blob_store("counting://raw", {"knob": 2, "hedge.max": "3"}) as store:
+    with registry.open_blob_store("counting://raw", {"knob": 2, "hedge.max": "3"}) as store:
         assert store.inner.knob == 2  # type: ignore[attr-defined]
         assert store.resilience.settings.max_hedges == 3  # type: ignore[attr-defined]
     assert counting_scheme == {f"blob.store.{key}": 1 for key in CountingStore.options}
@@ -386,7 +386,7 @@ def test_the_stores_use_the_values_config_parsed_without_parsing_again(monkeypat
     monkeypatch.setattr(options_module, "parse_one", parse_again)
     for settings in parsed.values():
         assert isinstance(settings.blob_store_options, ParsedOptions)
-        with base.open_blob_store(settings.blob_store_url, settings.blob_store_options) as store:
+        with registry.open_blob_store(settings.blob_store_url, settings.blob_store_options) as store:
             assert isinstance(store, ResilientBlobStore)
             inner = store.inner
             assert isinstance(inner, PartedBlobStore)
@@ -397,7 +397,7 @@ def test_the_stores_use_the_values_config_parsed_without_parsing_again(monkeypat
 
 def test_every_store_that_declares_a_resilience_option_declares_them_all_as_the_resilience_layer_does() -> None:
     # the resilience layer takes a store's parsed options as its own: the specs must be the very same
-    for scheme, schema in base.blob_store_option_schemas().items():
+    for scheme, schema in registry.blob_store_option_schemas().items():
         shared = RESILIENCE_OPTIONS.keys() & schema.keys()
         if shared:
             assert all(schema[key] is RESILIENCE_OPTIONS[key] for key in RESILIENCE_OPTIONS), scheme
