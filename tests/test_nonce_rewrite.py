@@ -102,41 +102,20 @@ def test_every_damage_to_the_trailer_is_refused_and_never_renewed(tmp_path: Path
 
 
 @pytest.mark.s3
-def test_on_s3_a_refreshed_run_gets_a_new_etag_keeps_its_name_and_restores(tmp_path: Path, s3_server: Any) -> None:
-    """blob-snapshot's refresh of a run no durable index names (``RunUpload.put_run``): the same name, a new ETag."""
-    blobs = server_store("s3", s3_server)
-    try:
-        model: dict[bytes, bytes] = {}
-        with TaskStorage.open(blobsnapshot_config(tmp_path), "task-0", blob_store=blobs) as task:
-            fill(task, model, 0, 300, "a")
-            task.commit_durably({"input": "0"})
-            manager = blobsnapshot_manager(task)
-            state = manager.shared.stores["counts"]
-            run = state.runs[-1]
-            name = run_name(state.prefix, run.hash)
-            etag = blobs.head(name).etag
-            # uploaded by this manager: a refresh (as of a run no durable index names, older than half the grace)
-            assert run.hash in state.uploaded
-            assert manager.uploader.put_run(state, run, state.cached(run))
-            assert blobs.head(name).etag not in (None, etag), "a rewrite on S3 must have an ETag of its own"
-            data = blobs.get(name)
-            assert len(data) == run.size and content_hash(content_of(data)) == run.hash
-        with TaskStorage.open(blobsnapshot_config(tmp_path, "again"), "task-0", blob_store=blobs) as task:
-            assert dict(task.store("counts").items()) == model
-    finally:
-        blobs.close()
-
-
-@pytest.mark.s3
-def test_on_s3_a_run_an_older_release_cached_without_a_trailer_is_written_again_as_is(
-    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("format_version", [4, 3], ids=["v4-trailer", "v3-older-release"])
+def test_on_s3_a_refreshed_run_keeps_its_name_and_restores(
+    tmp_path: Path, s3_server: Any, monkeypatch: pytest.MonkeyPatch, format_version: int
 ) -> None:
-    """A run of version 3 (no trailer: as an older release wrote and cached it) cannot have its nonce renewed: its
-    refresh sends the same bytes, as that release did, and the commit goes on (failing it would fail every retry of
-    a task that restored such runs); the run is still named by all its bytes and restores."""
+    """blob-snapshot's refresh of a run no durable index names (``RunUpload.put_run``) keeps the run's name.
+
+    Version 4 (this release): the refresh renews the nonce, so on S3 the rewrite has an ETag of its own. Version 3 (no
+    trailer: as an older release wrote and cached it) cannot have its nonce renewed: its refresh sends the same bytes,
+    as that release did, and the commit goes on (failing it would fail every retry of a task that restored such runs).
+    Either way the run is named by its content and restores."""
     from statebackend.backends.blobsnapshot import upload
 
-    monkeypatch.setattr(upload, "FileHeader", functools.partial(FileHeader, format_version=3))
+    if format_version == 3:
+        monkeypatch.setattr(upload, "FileHeader", functools.partial(FileHeader, format_version=3))
     blobs = server_store("s3", s3_server)
     try:
         model: dict[bytes, bytes] = {}
@@ -148,10 +127,17 @@ def test_on_s3_a_run_an_older_release_cached_without_a_trailer_is_written_again_
             run = state.runs[-1]
             name = run_name(state.prefix, run.hash)
             before = blobs.get(name)
-            assert bytes(content_of(before)) == before, "a version 3 run has no trailer"
+            assert (bytes(content_of(before)) == before) is (format_version == 3), "only version 4 has a trailer"
             etag = blobs.head(name).etag
+            # uploaded by this manager: a refresh (as of a run no durable index names, older than half the grace)
+            assert run.hash in state.uploaded
             assert manager.uploader.put_run(state, run, state.cached(run))
-            assert blobs.head(name).etag == etag and blobs.get(name) == before
+            data = blobs.get(name)
+            if format_version == 4:
+                assert blobs.head(name).etag not in (None, etag), "a rewrite on S3 must have an ETag of its own"
+                assert len(data) == run.size and content_hash(content_of(data)) == run.hash
+            else:
+                assert blobs.head(name).etag == etag and data == before
             fill(task, model, 300, 350, "b")
             task.commit_durably({"input": "1"})
         with TaskStorage.open(blobsnapshot_config(tmp_path, "again"), "task-0", blob_store=blobs) as task:
