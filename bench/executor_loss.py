@@ -280,12 +280,14 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
     assert pyspark.__file__ is not None
     app_work_dir = Path(pyspark.__file__).parent / "work" / app_id  # local-cluster's executors work under it
     loads: dict[str, list[float]] = {"start": [round(x, 2) for x in os.getloadavg()]}
+    phases: dict[str, float] = {}  # seconds of each step, to say what a size took
     try:
         started = time.monotonic()
         while len(executor_processes(app_id)) < NUM_TASKS or len(spark_executor_ids(spark) or ()) < NUM_TASKS:
             if time.monotonic() - started > 300:
                 raise RuntimeError(f"the cluster has not started {NUM_TASKS} executors in 300 s")
             time.sleep(0.2)
+        phases["cluster_start"] = round(time.monotonic() - started, 1)
         config: dict[str, Any] = {
             "job.name": f"executor-loss-{keys_per_task}",
             "state.local.dir": "statebackend-local",  # relative: each executor's own working dir
@@ -311,6 +313,7 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
         rng = np.random.default_rng(args.seed)
         updated = np.zeros(total, dtype=np.int32)
         batch_ms: list[float] = []
+        fn_offsets: list[dict[int, float]] = []  # per batch, task -> when its function started, s after the call
 
         def run(batch: int, frame: Any) -> tuple[float, list[Any]]:
             """Run the batch; (its end, monotonic: every task committed durably; the output rows, read after)."""
@@ -325,17 +328,22 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
             numbers = update_keys(rng, total, args.updates * NUM_TASKS)
             updated[numbers] += 1
             frame = key_frame(spark, numbers)
-            began = time.monotonic()
-            seconds = run(batch, frame)[0] - began
-            batch_ms.append(seconds * 1000.0)
-            print(f"batch {batch}: {seconds * 1000.0:,.0f} ms {attempts_of(job, batch)}", flush=True)
+            began, began_wall = time.monotonic(), time.time()
+            ended, rows = run(batch, frame)
+            batch_ms.append((ended - began) * 1000.0)
+            fn_offsets.append({int(r["task"]): round(float(r["fn_started"]) - began_wall, 3) for r in rows})
+            print(f"batch {batch}: {batch_ms[-1]:,.0f} ms {attempts_of(job, batch)}", flush=True)
         loads["before_kill"] = [round(x, 2) for x in os.getloadavg()]
+        phases["load_and_batch_0"] = round(batch_ms[0] / 1000.0, 1)
+        phases["update_batches"] = round(sum(batch_ms[1:]) / 1000.0, 1)
         steady = batch_ms[WARM_UP:] or batch_ms[-1:]
         one_batch_ms = statistics.median(steady)
 
         victim_executor = next(a["executor"] for a in attempts_of(job, batch) if a["task"] == 0)
+        restoring = time.monotonic()
         restores = [restore_in_child(config, "task-0", work / f"restore-{turn}") for turn in range(args.restores)]
         restore = min(restores, key=lambda r: float(r["seconds"]))
+        phases["restores_with_process_start"] = round(time.monotonic() - restoring, 1)
         print(f"restore of task-0 in a fresh process: {[round(r['seconds'], 3) for r in restores]} s", flush=True)
 
         # the loss: the batch's input is built before the kill, then the batch runs at once
@@ -350,15 +358,26 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
                 f"no process of executor {victim_executor!r} (task 0 ran there in batch {batch - 1}); the "
                 f"application's executors: {processes}"
             )
-        with Watcher(spark, app_id) as watcher:
+        with Watcher(spark, app_id) as watcher:  # on until the batches after it end: the new executor may come late
             os.kill(victim_pid, signal.SIGKILL)
             killed_at, killed_wall = time.monotonic(), time.time()
             ended, rows = run(batch, frame)
             recovery_s = ended - killed_at
-            time.sleep(0.5)  # the watcher sees the new executor register, when that came after the batch
-        recovered_batch = batch
-        loads["after_recovery"] = [round(x, 2) for x in os.getloadavg()]
-        recovered = attempts_of(job, recovered_batch)
+            recovered_batch = batch
+            recovered = attempts_of(job, recovered_batch)
+            loads["after_recovery"] = [round(x, 2) for x in os.getloadavg()]
+            print(f"batch {batch} (the recovery): {recovery_s * 1000.0:,.0f} ms {recovered}", flush=True)
+            after = []
+            for _ in range(args.after):
+                batch += 1
+                numbers = update_keys(rng, total, args.updates * NUM_TASKS)
+                updated[numbers] += 1
+                frame = key_frame(spark, numbers)
+                began = time.monotonic()
+                seconds = run(batch, frame)[0] - began
+                after.append({"batch": batch, "ms": round(seconds * 1000.0, 1), "attempts": attempts_of(job, batch)})
+                print(f"batch {batch}: {seconds * 1000.0:,.0f} ms {after[-1]['attempts']}", flush=True)
+            time.sleep(0.5)
         fn_started = {int(r["task"]): float(r["fn_started"]) - killed_wall for r in rows}
         task0 = [a for a in recovered if a["task"] == 0][-1]
         timeline = {
@@ -369,21 +388,15 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
             "task0_attempt_started_s": round(fn_started.get(0, float("nan")) - task0["open_ms"] / 1000.0, 3),
             "task1_fn_started_s": round(fn_started.get(1, float("nan")), 3),
             "batch_end_s": round(recovery_s, 3),
+            # the same in the steady batches (p50), from the call: what a batch takes before any function runs
+            "steady_task0_fn_started_s": _median([o[0] for o in fn_offsets[WARM_UP:] if 0 in o]),
+            "steady_task1_fn_started_s": _median([o[1] for o in fn_offsets[WARM_UP:] if 1 in o]),
         }
-        print(f"batch {recovered_batch} (the recovery): {recovery_s * 1000.0:,.0f} ms {recovered}", flush=True)
+        phases["kill_to_after_batches_end"] = round(time.monotonic() - killed_at, 1)
 
-        after = []
-        for _ in range(args.after):
-            batch += 1
-            numbers = update_keys(rng, total, args.updates * NUM_TASKS)
-            updated[numbers] += 1
-            frame = key_frame(spark, numbers)
-            began = time.monotonic()
-            seconds = run(batch, frame)[0] - began
-            after.append({"batch": batch, "ms": round(seconds * 1000.0, 1), "attempts": attempts_of(job, batch)})
-            print(f"batch {batch}: {seconds * 1000.0:,.0f} ms {after[-1]['attempts']}", flush=True)
-
+        checked = time.monotonic()
         check = check_state(spark, config, total, updated)
+        phases["check"] = round(time.monotonic() - checked, 1)
         loads["end"] = [round(x, 2) for x in os.getloadavg()]
         target_s = float(restore["seconds"]) + one_batch_ms / 1000.0
         return {
@@ -393,6 +406,7 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
             "updates_per_task": args.updates,
             "executor_memory_mb": mem,
             "batch_ms": [round(x, 1) for x in batch_ms],
+            "fn_started_s": fn_offsets,
             "one_batch_ms": round(one_batch_ms, 1),
             "restore_s": round(float(restore["seconds"]), 3),
             "restores": restores,
@@ -408,10 +422,15 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
             "after": after,
             "check": check,
             "load_average": loads,
+            "phases_s": phases,
         }
     finally:
         spark.stop()
         shutil.rmtree(app_work_dir, ignore_errors=True)
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
 
 
 def _since(when: float | None, start: float) -> float | None:
@@ -513,9 +532,17 @@ def report(results: list[dict[str, Any]]) -> None:
                     ["Spark dropped the lost executor (getExecutorIds)", _cell(t["spark_dropped_lost_executor_s"])],
                     ["a new executor process started", _cell(t["new_executor_process_s"])],
                     ["the new executor registered", _cell(t["new_executor_registered_s"])],
-                    ["task 1's function started", _cell(t["task1_fn_started_s"])],
+                    [
+                        "task 1's function started (steady batches, p50: "
+                        f"{_cell(t['steady_task1_fn_started_s'])} s after the call)",
+                        _cell(t["task1_fn_started_s"]),
+                    ],
                     ["task 0's attempt started (its function's start - its open)", _cell(t["task0_attempt_started_s"])],
-                    ["task 0's function started (after its open, the restore)", _cell(t["task0_fn_started_s"])],
+                    [
+                        "task 0's function started, after its open (steady batches, p50: "
+                        f"{_cell(t['steady_task0_fn_started_s'])} s after the call)",
+                        _cell(t["task0_fn_started_s"]),
+                    ],
                     [
                         f"the batch ended (task 0: process {t0['process_ms']:.0f} ms, commit {t0['commit_ms']:.0f} ms)",
                         _cell(t["batch_end_s"]),
@@ -528,6 +555,7 @@ def report(results: list[dict[str, Any]]) -> None:
             for a in r["after"]
         )
         print(f"\nbatches after it: {after or '-'}; load average {r['load_average']}; state check {r['check']}")
+        print(f"steps (s): {r['phases_s']}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

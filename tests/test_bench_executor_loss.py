@@ -1,0 +1,40 @@
+"""bench/executor_loss.py at a tiny size: an executor of ``local-cluster`` is killed, the next batch recovers on
+another executor from the blob store, and the state read back afterwards is exact."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.spark_helpers import env_with_repo, run_python
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+def test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact(tmp_path: Path) -> None:
+    result_path = tmp_path / "result.json"
+    args = ["--keys-per-task", "3000", "--updates", "200", "--batches", "3", "--after", "1", "--restores", "1"]
+    run_python(["-m", "bench.executor_loss", *args, "--result", str(result_path)], env_with_repo())
+    (size,) = json.loads(result_path.read_text())["sizes"]
+
+    check = size["check"]
+    assert check["ok"], check
+    assert check["keys"] == check["distinct_keys"] == 6000
+    assert check["wrong_counts"] == 0 and check["updated_keys"] == check["expected_updated_keys"] > 0
+    assert sum(check["keys_per_task"].values()) == 6000 and len(check["keys_per_task"]) == 2
+
+    victim, task0 = size["victim_executor"], size["task0_recovered"]
+    assert victim in size["executors_before"]
+    # the killed JVM is gone, and task 0 ran again elsewhere, its state taken from the blob store
+    assert [0.0 <= e[0] for e in size["watcher_events"] if e[1:] == ["process", "-", victim]] == [True]
+    assert task0["executor"] != victim
+    assert task0["restored_full"] + task0["caught_up"] >= 1 and task0["restore_bytes"] > 0
+    assert not task0["kept_open"]
+    # the recovery is measured from the kill to the batch's end, after task 0's function started again
+    assert 0 < size["timeline"]["task0_fn_started_s"] < size["recovery_s"] == size["timeline"]["batch_end_s"]
+    assert size["restore_s"] > 0 and size["restores"][0]["keys"] == check["keys_per_task"]["task-0"]
+    # after the recovered batch, both tasks run again on living executors
+    assert {a["task"] for a in size["after"][0]["attempts"]} == {0, 1}
+    assert victim not in {a["executor"] for a in size["after"][0]["attempts"]}
