@@ -11,13 +11,16 @@ settings of these ``TestBase`` classes (tests/test_backend_reference.py ``TestRe
 tests/test_blobstore_memory.py, tests/test_dedup_backend.py ``TestDedupBackend``; checked here): here ``TestBase`` is
 only collected and skipped, which counts the suite's tests, and each mutant class must have run (or skipped after its
 kill) every one of them. In the mutant runs a test waits at most ``wait_s`` = 5 s for a commit, a close at most 6 s
-(``task.commit.timeout.ms``), and fails after ``test_timeout_s`` = 20 s (stretched by the machine's load), so a
-mutant that hangs costs bounded time. Once a test has killed a mutant, the rest of that mutant's tests are skipped
-(one kill is what this test needs), and each mutant's tests run in the order of ``tests/mutant_kills.json``: the tests
-that killed it in the last kill table run, fastest first, then the others in the suite's order (a stale hint only
-costs time: every test still runs until one kills it). With ``STATEBACKEND_KILL_TABLE`` set every test runs against
-every mutant, so the table lists every test that kills each one, the correct bases run here too (with the suite's own,
-longer waits, in a process of their own for the backend suite), and ``tests/mutant_kills.json`` is written anew.
+(``task.commit.timeout.ms``), and fails after ``test_timeout_s`` = 20 s (stretched by the machine's load), so a mutant
+that hangs costs bounded time; that deadline's alarm is kept out of pytest's own reporting between a test's phases (the
+generated conftest), where it would end the whole run and leave the later mutants unrun. Each run is waited for as long
+as it keeps reporting tests, and must end as a finished pytest session. Once a test has killed a mutant, the rest of
+that mutant's tests are skipped (one kill is what this test needs), and each mutant's tests run in the order of
+``tests/mutant_kills.json``: the tests that killed it in the last kill table run, fastest first, then the others in the
+suite's order (a stale hint only costs time: every test still runs until one kills it). With ``STATEBACKEND_KILL_TABLE``
+set every test runs against every mutant, so the table lists every test that kills each one, the correct bases run here
+too (with the suite's own, longer waits, in a process of their own for the backend suite), and
+``tests/mutant_kills.json`` is written anew.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from xml.etree import ElementTree
@@ -35,6 +39,7 @@ import attrs
 import pytest
 from sb_dedup import mutants as dedup_mutants
 
+from statebackend.testing.deadline import scaled
 from statebackend.testing.mutants import BACKEND_MUTANTS, BLOB_STORE_MUTANTS, Mutant
 from tests.crash_child import crash_workdir
 
@@ -132,6 +137,8 @@ BASE_IN_MAIN_SUITE = {
 
 CONFTEST = """
 import json
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -167,12 +174,36 @@ def pytest_runtest_setup(item):
         pytest.skip("this mutant is already killed by an earlier test")
 
 
-@pytest.hookimpl(hookwrapper=True)
+@contextmanager
+def _reporting():
+    # the suites' per-test deadline (statebackend.testing.deadline) fails a test from a SIGALRM handler, armed from
+    # the test's setup to its teardown. An alarm landing in pytest's own reporting between those phases is not the
+    # test's failure: it ends the whole session (INTERNALERROR) and every later test goes unrun. While pytest
+    # reports, an alarm is dropped: once due, the deadline's timer fires again every 2 s, in the test's next phase.
+    handler = signal.getsignal(signal.SIGALRM)
+    if not callable(handler):
+        yield
+        return
+    signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGALRM, handler)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
+    with _reporting():
+        report = yield
     if report.failed and _class(item).startswith("TestMutant_") and not EVERY_TEST:
         _killed.add(_class(item))
+    return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_logreport(report):
+    with _reporting():
+        return (yield)
 """
 
 
@@ -192,14 +223,42 @@ class SuiteRun:
     processes: tuple[tuple[subprocess.Popen[bytes], Path], ...]
 
     def cases(self) -> dict[str, dict[str, Case]]:
-        """class -> test -> its case, once the processes ended."""
+        """class -> test -> its case, once the processes ended, each a finished pytest session."""
         results: dict[str, dict[str, Case]] = {}
         for process, report in self.processes:
-            process.wait(timeout=840)
+            _wait_while_it_reports(process, report.parent / "output.txt", self.suite)
             output = (report.parent / "output.txt").read_text(errors="replace")
+            # 0: every test passed, 1: some failed; anything else (an internal error, an interrupt) ended the session
+            # early, and its report holds only the tests before that
+            assert process.returncode in (0, 1), (
+                f"the {self.suite} suite run ended with exit code {process.returncode}, not as a finished pytest "
+                f"session:\n{output[-8000:]}"
+            )
             assert report.exists(), f"the {self.suite} suite run wrote no report:\n{output[-5000:]}"
             results.update(_cases(report))
         return results
+
+
+#: seconds (on an idle machine; stretched by the load) a suite run may go without reporting a test before it counts
+#: as hung: more than any one test takes, up to its deadline (``test_timeout_s``, 120 s for a correct base) and the
+#: deadline's backstop (statebackend.testing.deadline.BACKSTOP_S)
+IDLE_S = 300.0
+
+
+def _wait_while_it_reports(process: subprocess.Popen[bytes], output: Path, suite: str) -> None:
+    """Wait for ``process`` to end as long as it keeps reporting tests (its output grows): a loaded machine makes the
+    run longer, never a failure; a run that reports nothing for ``scaled(IDLE_S)`` is hung, and is killed."""
+    size, since = -1, time.monotonic()
+    while process.poll() is None:
+        now = output.stat().st_size if output.exists() else 0
+        if now != size:
+            size, since = now, time.monotonic()
+        elif time.monotonic() - since > scaled(IDLE_S):
+            process.kill()
+            process.wait()
+            tail = output.read_text(errors="replace")[-5000:]
+            pytest.fail(f"the {suite} suite run reported no test for {scaled(IDLE_S):.0f} s: hung, killed\n{tail}")
+        time.sleep(0.5)
 
 
 def _cases(report: Path) -> dict[str, dict[str, Case]]:
@@ -337,6 +396,9 @@ def _record(entry: dict[str, object], hints: dict[str, list[str]]) -> None:
     KILL_HINTS.write_text(json.dumps(known, indent=1, sort_keys=True) + "\n")
 
 
+# no wall-clock bound: a suite run is waited for as long as it keeps reporting tests (_wait_while_it_reports), and
+# a kill table run on a loaded machine takes many minutes
+@pytest.mark.timeout(0)
 @pytest.mark.parametrize(
     ("suite", "mutants"), [("backend", BACKEND_MUTANTS), ("blobstore", BLOB_STORE_MUTANTS), ("dedup", DEDUP_MUTANTS)]
 )
@@ -345,7 +407,6 @@ def test_the_suite_passes_its_correct_base_and_kills_every_mutant(
 ) -> None:
     cases = runs[suite].cases()
     entry = _kill_table(suite, mutants, cases)
-    _record(entry, _fastest_kills_first(mutants, cases))
     base = {test: case.outcome for test, case in cases.get("TestBase", {}).items()}
     assert len(base) >= 20, f"the {suite} suite collected only {len(base)} tests on its correct base"
     # counted only (skipped) unless this is a kill table run: the main suite runs it (the next test checks that)
@@ -358,6 +419,8 @@ def test_the_suite_passes_its_correct_base_and_kills_every_mutant(
     for mutant in mutants:
         ran = cases.get(f"TestMutant_{mutant.name}", {})
         assert len(ran) == len(base), f"{mutant.name}: ran {len(ran)} of the suite's {len(base)} tests"
+    # only a whole run makes the table and the hints: one cut short would record its unrun mutants as unkilled
+    _record(entry, _fastest_kills_first(mutants, cases))
     survivors = [m.name for m in mutants if not entry["killed_by"][m.name]]  # type: ignore[index]
     assert survivors == [], f"the {suite} suite passes these broken variants: {survivors}"
 
