@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 def test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact(tmp_path: Path) -> None:
     result_path = tmp_path / "result.json"
-    args = ["--keys-per-task", "3000", "--updates", "200", "--batches", "3", "--after", "1", "--restores", "1"]
+    args = ["--keys-per-task", "3000", "--updates", "200", "--batches", "2", "--after", "1", "--restores", "1"]
     run_python(["-m", "bench.executor_loss", *args, "--result", str(result_path)], env_with_repo())
     (size,) = json.loads(result_path.read_text())["sizes"]
 
@@ -28,7 +28,7 @@ def test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact(tm
     victim, task0 = size["victim_executor"], size["task0_recovered"]
     assert victim in size["executors_before"]
     # the killed JVM is gone, and task 0 ran again elsewhere, its state taken from the blob store
-    assert [0.0 <= e[0] for e in size["watcher_events"] if e[1:] == ["process", "-", victim]] == [True]
+    assert [e[0] >= 0.0 for e in size["watcher_events"] if e[1:] == ["process", "-", victim]] == [True]
     assert task0["executor"] != victim
     assert task0["restored_full"] + task0["caught_up"] >= 1 and task0["restore_bytes"] > 0
     assert not task0["kept_open"]
