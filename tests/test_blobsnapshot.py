@@ -35,7 +35,7 @@ from statebackend.testing.conditional_put_contract import PerSeqMemoryBlobStore
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
 from tests.backend_helpers import blobsnapshot_config as make_config
-from tests.backend_helpers import commit_then_fail_next, fill, read_marker_index, run_blobs
+from tests.backend_helpers import commit_then_fail_next, fill, read_marker_index, restored_after_wipe, run_blobs
 from tests.backend_helpers import store_contents as contents
 from tests.blobsnapshot_legacy import as_index_blob_markers
 
@@ -132,9 +132,7 @@ def test_wiped_local_dir_restores_exactly(tmp_path: Path) -> None:
         # and it goes on committing from the restored state
         fill(task, model, 9000, 10, "after")
         task.commit_durably({"input": "4"})
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_file_blob_store_round_trip(tmp_path: Path) -> None:
@@ -146,9 +144,7 @@ def test_file_blob_store_round_trip(tmp_path: Path) -> None:
         task.commit_durably({"input": "0"})
         fill(task, model, 100, 50, "b")
         task.commit_durably({"input": "1"})
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_no_change_commit_uploads_no_blob_and_restores_the_same_state(tmp_path: Path) -> None:
@@ -191,9 +187,7 @@ def test_small_change_uploads_a_small_run(tmp_path: Path) -> None:
         assert index.runs[-1].size < index.runs[0].size / 20
         # the commit uploaded the new run (the index is inline in the marker), nothing of the first run
         assert second == index.runs[-1].size
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_deletes_are_tombstones_in_the_run_and_restore_exactly(tmp_path: Path) -> None:
@@ -215,9 +209,7 @@ def test_deletes_are_tombstones_in_the_run_and_restore_exactly(tmp_path: Path) -
     assert records and all(value is None for _, value in records)
     assert {key for key, _ in records} >= {f"k{i:07d}".encode() for i in range(0, 1000, 3)}
     assert index.key_count == len(model)
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_runs_are_written_in_the_newest_record_file_version(tmp_path: Path) -> None:
@@ -520,9 +512,7 @@ def test_failed_run_upload_fails_the_commit_and_the_next_one_recovers(tmp_path: 
         fill(task, model, 50, 10, "c")
         checkpoint = task.commit_durably({"input": "2"})
         assert checkpoint.input_offsets == {"input": "2"}
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_processing_goes_on_while_a_snapshot_uploads(tmp_path: Path) -> None:

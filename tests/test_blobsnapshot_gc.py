@@ -20,7 +20,15 @@ from statebackend.metrics import Metrics
 from statebackend.task import TaskStorage
 from statebackend.testing.controlled import ControlledBlobStore
 from tests.backend_helpers import BLOBSNAPSHOT_PREFIX as PREFIX
-from tests.backend_helpers import at_seq, commit_then_fail_next, fill, index_blobs, read_marker_index, run_blobs
+from tests.backend_helpers import (
+    at_seq,
+    commit_then_fail_next,
+    fill,
+    index_blobs,
+    read_marker_index,
+    restored_after_wipe,
+    run_blobs,
+)
 from tests.backend_helpers import blobsnapshot_config as make_config
 from tests.backend_helpers import blobsnapshot_manager as backup_manager
 from tests.backend_helpers import drain_cleanup as _drain
@@ -113,9 +121,7 @@ def test_a_failed_commits_run_is_listed_by_the_next_index_not_uploaded_again(tmp
         index = read_marker_index(blobs.inner, checkpoint)
         assert len(index.runs) == 3 and run_name(PREFIX, index.runs[1].hash) in carried
         assert task.metrics.counter("blobsnapshot.runs.uploaded") == 3
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 def test_sweep_deletes_blobs_of_an_abandoned_upload_after_the_grace_period(tmp_path: Path) -> None:

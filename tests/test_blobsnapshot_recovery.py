@@ -29,6 +29,7 @@ from tests.backend_helpers import (
     latest_index,
     naming,
     put_all,
+    restored_after_wipe,
     settle,
 )
 from tests.backend_helpers import blobsnapshot_config as make_config
@@ -108,9 +109,7 @@ def test_a_failed_blobsnapshot_snapshot_in_a_single_backend_commit_rebases(
         assert manager.shared.stores["counts"].needs_base
         put_all(task, model, {b"key-00011": b"third"})
         task.commit_durably({"input": "2"})
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
 
 
 # -- replays, records and lineages that held ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.task import TaskStorage
 from statebackend.testing.backend_contract import contents, write_round
 from tests.backend_helpers import CHANGELOG_PREFIX as PREFIX
-from tests.backend_helpers import backend_context, commit_round
+from tests.backend_helpers import backend_context, commit_round, restored_after_wipe
 from tests.backend_helpers import changelog_config as config_for
 
 # -- restore: the deltas after the snapshot apply in one LMDB transaction --------------------------------------------
@@ -415,6 +415,4 @@ def test_a_delta_an_earlier_try_wrote_is_named_only_while_young_else_written_aga
         else:
             assert age < started - 30, "a young delta was written again for nothing"
         assert task.metrics.counter("changelog.blobs.refreshed") == (1 if refreshed else 0)
-    shutil.rmtree(tmp_path / "local")
-    with TaskStorage.open(config, "task-0", blob_store=blobs) as task:
-        assert contents(task) == model
+    assert restored_after_wipe(config, blobs) == model
