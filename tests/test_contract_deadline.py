@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +57,55 @@ def test_a_bound_is_stretched_by_the_load_per_cpu_and_never_shortened(monkeypatc
     monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # an idle machine: the bound as given
     assert load_factor() == 1.0 and scaled(30.0) == 30.0
     assert scaled(0) == 0  # no bound stays no bound
+
+
+SLOW_REPORT_CONFTEST = """
+import time
+
+import pytest
+
+from statebackend.testing.deadline import REPEAT_S, deadline
+
+
+@pytest.fixture(autouse=True)
+def _contract_deadline(request):
+    with deadline(0.2, request.node.name):
+        yield
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":  # pytest writes a report slowly (a loaded machine): the deadline's repeat fires here
+        end = time.monotonic() + REPEAT_S * 1.5
+        while time.monotonic() < end:
+            time.sleep(0.01)
+"""
+
+HUNG_THEN_QUICK = """
+import threading
+
+
+def test_hung():
+    threading.Event().wait(30)
+
+
+def test_after_it():
+    pass
+"""
+
+
+def test_a_deadline_firing_while_pytest_writes_a_report_fails_no_session(tmp_path: Path) -> None:
+    """The repeat of a passed deadline can land in pytest's reporting between a test's phases: it must wait for the
+    next phase there, not raise (an INTERNALERROR that ends the session and drops every later test)."""
+    (tmp_path / "conftest.py").write_text(SLOW_REPORT_CONFTEST)
+    (tmp_path / "test_hung.py").write_text(HUNG_THEN_QUICK)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:timeout", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    out = run.stdout + run.stderr
+    assert "INTERNALERROR" not in out, out
+    assert run.returncode == 1, out  # tests failed: the session itself ran to its end
+    assert "1 failed, 1 passed" in out, out

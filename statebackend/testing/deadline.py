@@ -8,7 +8,9 @@ is interrupted by it. When the timer cannot be used (no ``SIGALRM``, or a test r
 backstop when the test's thread is stuck in C code that never returns to Python, :mod:`faulthandler` dumps every
 thread's stack and ends the process: the run fails, it does not hang. Once passed, the deadline fires again every
 :data:`REPEAT_S` seconds until the block ends, so a teardown stuck on the same hung work (a close waiting for the
-upload) is interrupted as well.
+upload) is interrupted as well. The timer fails a test only inside one of its phases (setup, call, teardown): one
+that fires while pytest writes a report between them waits for the next repeat, since failing there would end the
+session.
 
 An interval timer pytest-timeout (or anything else) armed is put back afterwards with the time it had left.
 
@@ -77,6 +79,8 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
 @contextmanager
 def _alarm(seconds: float, what: str) -> Iterator[None]:
     def expired(signum: int, frame: FrameType | None) -> None:
+        if not _in_a_test_phase(frame):
+            return  # pytest is between phases (writing a report): failing there ends the session; fires again soon
         pytest.fail(
             f"{what} did not finish within {seconds:g} s, the contract suite's per-test deadline (the class "
             f"attribute test_timeout_s): the backend or blob store under test hangs, or waits on something that "
@@ -97,6 +101,19 @@ def _alarm(seconds: float, what: str) -> Iterator[None]:
         if previous_delay > 0:  # someone else's timer (pytest-timeout): give it back what it had left
             left = previous_delay - (time.monotonic() - started)
             signal.setitimer(signal.ITIMER_REAL, max(left, 0.001), previous_interval)
+
+
+def _in_a_test_phase(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs inside a test's setup, call or teardown (under pytest's ``CallInfo.from_call``), where
+    pytest makes an exception that test's failure. Between the phases pytest writes its reports: an exception there
+    is an INTERNALERROR that ends the whole session, and the later tests never run."""
+    runner = os.path.join("_pytest", "runner.py")
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "from_call" and code.co_filename.endswith(runner):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _other_stacks() -> str:
