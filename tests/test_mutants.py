@@ -12,8 +12,8 @@ tests/test_blobstore_memory.py, tests/test_dedup_backend.py ``TestDedupBackend``
 only collected and skipped, which counts the suite's tests, and each mutant class must have run (or skipped after its
 kill) every one of them. In the mutant runs a test waits at most ``wait_s`` = 5 s for a commit, a close at most 6 s
 (``task.commit.timeout.ms``), and fails after ``test_timeout_s`` = 20 s (stretched by the machine's load), so a mutant
-that hangs costs bounded time; that deadline's alarm is kept out of pytest's own reporting between a test's phases (the
-generated conftest), where it would end the whole run and leave the later mutants unrun. Each run is waited for as long
+that hangs costs bounded time; that deadline fails a test only inside its phases, never in pytest's own reporting
+between them, where it would end the whole run and leave the later mutants unrun. Each run is waited for as long
 as it keeps reporting tests, and must end as a finished pytest session. Once a test has killed a mutant, the rest of
 that mutant's tests are skipped (one kill is what this test needs), and each mutant's tests run in the order of
 ``tests/mutant_kills.json``: the tests that killed it in the last kill table run, fastest first, then the others in the
@@ -137,8 +137,6 @@ BASE_IN_MAIN_SUITE = {
 
 CONFTEST = """
 import json
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -174,36 +172,12 @@ def pytest_runtest_setup(item):
         pytest.skip("this mutant is already killed by an earlier test")
 
 
-@contextmanager
-def _reporting():
-    # the suites' per-test deadline (statebackend.testing.deadline) fails a test from a SIGALRM handler, armed from
-    # the test's setup to its teardown. An alarm landing in pytest's own reporting between those phases is not the
-    # test's failure: it ends the whole session (INTERNALERROR) and every later test goes unrun. While pytest
-    # reports, an alarm is dropped: once due, the deadline's timer fires again every 2 s, in the test's next phase.
-    handler = signal.getsignal(signal.SIGALRM)
-    if not callable(handler):
-        yield
-        return
-    signal.signal(signal.SIGALRM, lambda signum, frame: None)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGALRM, handler)
-
-
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
-    with _reporting():
-        report = yield
+    report = yield
     if report.failed and _class(item).startswith("TestMutant_") and not EVERY_TEST:
         _killed.add(_class(item))
     return report
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_logreport(report):
-    with _reporting():
-        return (yield)
 """
 
 
