@@ -8,16 +8,30 @@ from pathlib import Path
 
 import pytest
 
-from tests.spark_helpers import env_with_repo, run_python
+from tests.script_runs import REPO, ScriptRuns, register
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 
-def test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact(tmp_path: Path) -> None:
-    result_path = tmp_path / "result.json"
+def bench_at_a_tiny_size(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]:
+    """The bench at a tiny size, its result in ``folder / "result.json"``."""
     args = ["--keys-per-task", "3000", "--updates", "200", "--batches", "2", "--after", "1", "--restores", "1"]
-    run_python(["-m", "bench.executor_loss", *args, "--result", str(result_path)], env_with_repo())
-    (size,) = json.loads(result_path.read_text())["sizes"]
+    return ["-m", "bench.executor_loss", *args, "--result", str(folder / "result.json")], REPO
+
+
+# in the background with the suite's other scripts (tests/script_runs.py): most of its time is JVMs starting
+register(
+    "bench-executor-loss",
+    __name__,
+    ["test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact"],
+    bench_at_a_tiny_size,
+)
+
+
+def test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact(script_runs: ScriptRuns) -> None:
+    result = script_runs.result("bench-executor-loss")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    (size,) = json.loads((result.dir / "result.json").read_text())["sizes"]
 
     check = size["check"]
     assert check["ok"], check
