@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.script_runs import ScriptRuns, register
 from tests.spark_helpers import env_with_repo, run_python
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -37,11 +38,31 @@ def run_cluster(tmp_path: Path, batches: int, affinity: bool, mode: str = "rows"
     return run_cluster_modes(tmp_path, batches, affinity, (mode,))[mode]
 
 
+def cluster_child(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]:
+    """The three modes with affinity on one two-executor cluster (starting one costs tens of seconds), its report in
+    ``folder / "report.json"``; each mode is its own job, so each test below checks one mode as if it had had the
+    cluster to itself."""
+    args = [str(folder), "12", "1", str(folder / "report.json"), ",".join(MODES)]
+    return ["-m", "tests.cluster_child", *args], REPO
+
+
+# in the background with the suite's other scripts (tests/script_runs.py): most of its time is JVMs starting
+register(
+    "spark-cluster",
+    __name__,
+    [f"test_tasks_stay_with_their_state_on_a_two_executor_cluster[{mode}]" for mode in MODES],
+    cluster_child,
+)
+
+
 @pytest.fixture(scope="module")
-def cluster_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The three modes with affinity, run on one two-executor cluster (starting one costs tens of seconds); each
-    mode is its own job, so each test below checks one mode as if it had had the cluster to itself."""
-    return run_cluster_modes(tmp_path_factory.mktemp("cluster"), 12, affinity=True, modes=MODES)
+def cluster_results(script_runs: ScriptRuns) -> dict[str, Any]:
+    run = script_runs.result("spark-cluster")
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    result: dict[str, Any] = json.loads((run.dir / "report.json").read_text())
+    shutil.rmtree(result["app_work_dir"], ignore_errors=True)  # the executors' working dirs, local state included
+    modes: dict[str, Any] = result["modes"]
+    return modes
 
 
 def moves(attempts: list[dict[str, Any]], warm_up: int) -> tuple[int, int]:
