@@ -31,6 +31,7 @@ from statebackend.blobstores.memory import MemoryBlobStore
 from statebackend.envbase import BlobSource, FileSource, is_env_base, load_env_base, restore_env_base, write_env_base
 from statebackend.errors import CorruptDataError, IncompatibleFormatError, NotFoundError, UsageError
 from statebackend.recordfile import FileHeader
+from statebackend.recordfile.nonce import TRAILER_SIZE
 from statebackend.store import LocalStore, LocalVersion
 from statebackend.task import TaskStorage
 from tests.backend_helpers import churn
@@ -113,24 +114,34 @@ def test_a_base_restores_exactly_the_version_it_was_written_from(
         assert not list(tmp_path.glob("b/.envbase-*"))
 
 
-def test_the_stored_version_1_sample_still_restores(tmp_path: Path) -> None:
-    """A base written by format version 1 (tests/data/envbase/make_samples.py, kept as written) restores exactly:
-    a later change to the format must keep reading it."""
-    data = (REPO / "tests" / "data" / "envbase" / "base-v1-zstd.sbenvbs").read_bytes()
+@pytest.mark.parametrize(
+    ("version", "record_file_version", "trailer"), [(1, 3, 0), (2, 4, TRAILER_SIZE)], ids=["v1", "v2"]
+)
+def test_each_stored_sample_still_restores(
+    tmp_path: Path, version: int, record_file_version: int, trailer: int
+) -> None:
+    """A base written by each format version (tests/data/envbase/make_samples.py, kept as written) restores exactly:
+    a later change to the format must keep reading them. Version 2 ends in a nonce trailer; version 1 has none."""
+    data = (REPO / "tests" / "data" / "envbase" / f"base-v{version}-zstd.sbenvbs").read_bytes()
     assert is_env_base(data[:8])
     blobs = MemoryBlobStore()
     blobs.put("b", data)
     with filled_store(tmp_path / "b", 3, LocalVersion("0-0", "cccc")) as target, ThreadPoolExecutor(2) as pool:
         header = load_env_base(target, BlobSource(blobs, "b", len(data)), V1, check=check_binding(), pool=pool)
-        # the release that wrote it wrote record files of version 3: its lineage says so
+        # the release that wrote it wrote record files of that version: its lineage says so
         assert (header.records, header.compression, header.lineage) == (
             200,
             "zstd",
-            attrs.evolve(lineage(), format_version=3),
+            attrs.evolve(lineage(), format_version=record_file_version),
         )
-        assert header.format_version == 1 and header.trailer_size == 0
+        assert header.format_version == version and header.trailer_size == trailer
         assert target.version == V1
         assert dict(target.items()) == {KEY.pack(i): b"v" + KEY.pack(i) for i in range(200)}
+
+
+def test_the_current_format_version_has_a_stored_sample() -> None:
+    """A format change adds its sample (``python -m tests.data.envbase.make_samples``) before it ships."""
+    assert (REPO / "tests" / "data" / "envbase" / f"base-v{envbase.FORMAT_VERSION}-zstd.sbenvbs").is_file()
 
 
 def test_a_view_of_another_version_is_refused(tmp_path: Path) -> None:
