@@ -187,7 +187,7 @@ def scenarios(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Scenario]:
         _run_task("task-1", backend, root / "local-1", blobs, url, shift=100)
         if backend == "blobsnapshot":
             # the index blob's matrix runs on checkpoints as releases before inline markers wrote them (a damaged
-            # inline marker: tests/test_format_trust.py)
+            # inline marker: tests/test_blobsnapshot_marker.py)
             as_index_blob_markers(blobs, JOB, "task-1")
             rewritten = as_index_blob_markers(blobs, JOB, "task-0")
             markers = {**checkpoint.state_checkpoint_markers, backend: rewritten[max(rewritten)]}
