@@ -15,7 +15,7 @@ Per ``--keys-per-task`` size N, on a cluster of its own (a new application: both
    loaded with value 1 through ``initial_state`` (a frame from ``spark.range``: the keys are made and encoded on the
    executors, routed to their tasks by Spark, written with ``put_many``; the driver builds no rows). Then
    ``--batches`` update batches, each ``--updates`` x 2 distinct random keys (about ``--updates`` per task), counted
-   with the vectorized state API (bench/spark_e2e.py's ``count_keys``: one ``get_many`` and one ``put_many`` per
+   with the vectorized state API (bench/common.py's ``count_keys``: one ``get_many`` and one ``put_many`` per
    task). The first 2 are warm-up (a task may first run on the other executor than the one that loaded it, and
    restore there); the p50 of the rest is "one batch".
 2. The restore of the same state, measured on its own: task-0's newest checkpoint restored by ``TaskStorage.open``
@@ -56,8 +56,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import format_table, machine_info, write_result
-from bench.spark_e2e import count_keys
+from bench.common import count_keys, format_table, machine_info, write_result
 
 NUM_TASKS = 2
 WARM_UP = 2
@@ -72,8 +71,9 @@ def key_of(number: int) -> str:
 
 
 def timed_count(stores: Any, batches: Any) -> Any:
-    """``count_keys`` (the vectorized count of bench/spark_e2e.py), and one output row: the task, when its function
-    started (unix time: the driver compares it with the kill), its process and its executor's working dir."""
+    """``count_keys`` (bench/common.py, the vectorized count of bench/spark_e2e.py), and one output row: the task,
+    when its function started (unix time: the driver compares it with the kill), its process and its executor's
+    working dir."""
     import pyarrow as pa
 
     started = time.time()

@@ -58,26 +58,12 @@ from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import count_keys
 from bench.spark_tws import check_counts, draw_figure, load_text, run_tws_count, session_step, summary
 from statebackend.metrics import percentile
 from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
 NUM_TASKS = 4
-
-
-def count_keys(stores: Any, batches: Any) -> None:
-    """statebackend's side: add each key's occurrences in the batch to its stored count (Arrow, no output), with the
-    vectorized state API: one get_many and one put_many per task and batch."""
-    import pyarrow as pa
-
-    received = list(batches)
-    if not received:
-        return
-    grouped = pa.Table.from_batches(received).group_by("key").aggregate([("key", "count")])
-    keys, added = grouped.column("key"), grouped.column("key_count").to_pylist()
-    counts = stores["counts"]
-    counts.put_many(keys, [(old or 0) + n for old, n in zip(counts.get_many(keys), added, strict=True)])
-    return
 
 
 def count_keys_per_key(stores: Any, batches: Any) -> None:
