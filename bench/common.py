@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import metadata
@@ -28,6 +29,18 @@ def p50_p95(samples: Sequence[float]) -> tuple[float, float]:
     """Nearest-rank p50 and p95 (the same definition as :class:`statebackend.metrics.Metrics`)."""
     values = list(samples)
     return percentile(values, 0.50), percentile(values, 0.95)
+
+
+def summary(values: list[float]) -> str:
+    """``p50 / p95`` of ``values`` in whole ms (``-`` for none)."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.0f} / {percentile(values, 0.95):.0f}"
+
+
+def load_text(load: tuple[float, float, float]) -> str:
+    """The load average ``os.getloadavg()`` gave, as the bench prints it."""
+    return " / ".join(f"{value:.2f}" for value in load) + " (1 / 5 / 15 min)"
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

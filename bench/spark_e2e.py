@@ -58,8 +58,7 @@ from typing import Any, Self
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import count_keys
-from bench.spark_tws import check_counts, draw_figure, load_text, run_tws_count, session_step, summary
+from bench.common import count_keys, load_text, summary
 from statebackend.metrics import percentile
 from statebackend.spark import StatefulForeachBatch, local_spark_session, read_state
 
@@ -655,6 +654,8 @@ def main(argv: list[str] | None = None) -> int:
             failed |= not ok
             tws_rows: list[dict[str, Any]] = []
             if args.tws:
+                from bench.spark_tws import check_counts, run_tws_count  # PySpark >= 4.0 (transformWithState)
+
                 tws_rows = run_tws_count(spark, work / "input", work)
                 tws_ok, tws_check = check_counts(spark, config, work, NUM_TASKS, args.keys)
                 failed |= not tws_ok
@@ -793,9 +794,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
         figure_sessions: dict[str, list[dict[str, Any]]] = {}
         if args.tws:
+            from bench.spark_tws import session_step
+
             sessions_ok, figure_sessions = session_step(spark, work_root / "sessions", args, NUM_TASKS)
             failed |= not sessions_ok
         if args.figure is not None:
+            from bench.spark_tws import draw_figure
+
             draw_figure(
                 args.figure,
                 figure_count,

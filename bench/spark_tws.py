@@ -34,7 +34,7 @@ from typing import Any
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from statebackend.metrics import percentile
+from bench.common import load_text, summary
 from statebackend.spark import StatefulForeachBatch, read_state
 
 #: event time covered by one input file of the sessionization (ms)
@@ -473,18 +473,6 @@ def progress_rows(query: Any) -> list[dict[str, Any]]:
             }
         )
     return rows
-
-
-def summary(values: list[float]) -> str:
-    """``p50 / p95`` of ``values`` in whole ms (``-`` for none)."""
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.0f} / {percentile(values, 0.95):.0f}"
-
-
-def load_text(load: tuple[float, float, float]) -> str:
-    """The load average ``os.getloadavg()`` gave, as the bench prints it."""
-    return " / ".join(f"{value:.2f}" for value in load) + " (1 / 5 / 15 min)"
 
 
 def draw_figure(

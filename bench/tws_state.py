@@ -56,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle
 
-from bench.common import RESULTS_DIR, machine_info
-from bench.spark_tws import load_text, progress_rows, summary
+from bench.common import RESULTS_DIR, load_text, machine_info, summary
+from bench.spark_tws import progress_rows
 from statebackend.spark import StatefulForeachBatch, local_spark_session
 
 ETYPES = ("view", "click", "cart", "buy", "search", "share", "like", "rate")
