@@ -16,7 +16,8 @@ line survives a SIGKILL), and closes.
 **The parent** (:func:`kill_rounds`) commits a few times itself and closes cleanly, then runs the child again and
 again on one local dir and one blob store: each round starts a child on the local dir the previous one left (flushed
 but uncommitted data, a half-applied restore: whatever a kill left), kills it with SIGKILL at a random instant (in its
-commits, or, for the last round, right after it starts on a wiped local dir: in its restore), and checks:
+commits, once it logged the first, or, for the last round, right after it starts on a wiped local dir: in its
+restore), and checks:
 
 1. the newest checkpoint of the log is at or past the last commit the child acknowledged, and at most the commit in
    flight past it;
@@ -156,7 +157,7 @@ def kill_rounds(spec: KillSpec, workdir: Path, *, rounds: int = 3, seed: object 
         try:
             _wait_for(child, run / "started", wait_s, where)
             if round_no < rounds - 1:  # kill once it committed: in a later commit, an upload, a cleanup
-                _wait_for(child, run / "durable.log", wait_s, where)
+                _wait_for(child, run / "durable.log", wait_s, where, nonempty=True)
             time.sleep(rng.uniform(0.0, 0.25))
             child.send_signal(signal.SIGKILL)
             _, stderr = child.communicate(timeout=scaled(wait_s))
@@ -262,16 +263,19 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _wait_for(child: subprocess.Popen[str], path: Path, wait_s: float, where: str) -> None:
-    """Until the child wrote ``path``: a hang guard of ``wait_s`` on an idle machine, stretched by its load (a
-    loaded machine starts the interpreter and restores in many times the idle time)."""
+def _wait_for(child: subprocess.Popen[str], path: Path, wait_s: float, where: str, *, nonempty: bool = False) -> None:
+    """Until the child wrote ``path`` (``nonempty``: and something in it: the durable log, once the child logged its
+    first acknowledged commit; the child creates the file before its first commit): a hang guard of ``wait_s`` on an
+    idle machine, stretched by its load (a loaded machine starts the interpreter and restores in many times the idle
+    time)."""
     wait_s = scaled(wait_s)
     deadline = time.monotonic() + wait_s
-    while not path.exists():
+    what = f"anything in {path.name}" if nonempty else path.name
+    while not path.exists() or (nonempty and path.stat().st_size == 0):
         if child.poll() is not None:
             _, stderr = child.communicate()
-            raise AssertionError(f"{where}: the child ended before it wrote {path.name}:\n{stderr[-4000:]}")
-        assert time.monotonic() < deadline, f"{where}: the child did not write {path.name} within {wait_s:.0f} s"
+            raise AssertionError(f"{where}: the child ended before it wrote {what}:\n{stderr[-4000:]}")
+        assert time.monotonic() < deadline, f"{where}: the child did not write {what} within {wait_s:.0f} s"
         time.sleep(0.005)
 
 
