@@ -29,7 +29,10 @@ Per ``--keys-per-task`` size N, on a cluster of its own (a new application: both
    when it registered. Each task's function reports when it started (unix time) and where; with the attempt's stats
    (open with its restore, processing, commit) that splits the recovery into the wait before task 0 ran again, its
    open (the restore), its work and the batch's end.
-4. ``--after`` more batches: where the tasks run after the recovery, and their batch times.
+4. ``--after`` more batches, once Spark has a second executor again (the replacement registered; waited for, at most
+   300 s): where the tasks run after the recovery, and their batch times. The tasks spread over both executors
+   again: in the first batch that runs anchored, the driver moves one of the survivor's two tasks to the
+   replacement, which restores it (``statebackend/spark/runs.py``, ``_spread``).
 5. The check: the state read back from the blob store (``read_state``) has every key exactly once and each count
    equals 1 + the updates of that key over all batches (the recovered batch's included); else FAIL and exit 1.
 
@@ -368,6 +371,12 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
             loads["after_recovery"] = [round(x, 2) for x in os.getloadavg()]
             print(f"batch {batch} (the recovery): {recovery_s * 1000.0:,.0f} ms {recovered}", flush=True)
             after = []
+            waited = time.monotonic()
+            while args.after and len(spark_executor_ids(spark) or ()) < NUM_TASKS:
+                if time.monotonic() - waited > 300:
+                    raise RuntimeError(f"Spark has not had {NUM_TASKS} executors again for 300 s after the kill")
+                time.sleep(0.2)
+            phases["replacement_wait"] = round(time.monotonic() - waited, 1)
             for _ in range(args.after):
                 batch += 1
                 numbers = update_keys(rng, total, args.updates * NUM_TASKS)

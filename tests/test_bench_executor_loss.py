@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 def bench_at_a_tiny_size(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]:
     """The bench at a tiny size, its result in ``folder / "result.json"``."""
-    args = ["--keys-per-task", "3000", "--updates", "200", "--batches", "2", "--after", "1", "--restores", "1"]
+    args = ["--keys-per-task", "3000", "--updates", "200", "--batches", "2", "--after", "3", "--restores", "1"]
     return ["-m", "bench.executor_loss", *args, "--result", str(folder / "result.json")], REPO
 
 
@@ -49,6 +49,8 @@ def test_the_lost_task_is_restored_on_another_executor_and_the_state_is_exact(sc
     # the recovery is measured from the kill to the batch's end, after task 0's function started again
     assert 0 < size["timeline"]["task0_fn_started_s"] < size["recovery_s"] == size["timeline"]["batch_end_s"]
     assert size["restore_s"] > 0 and size["restores"][0]["keys"] == check["keys_per_task"]["task-0"]
-    # after the recovered batch, both tasks run again on living executors
-    assert {a["task"] for a in size["after"][0]["attempts"]} == {0, 1}
-    assert victim not in {a["executor"] for a in size["after"][0]["attempts"]}
+    # once the replacement registered, the tasks spread over both living executors again and stay there: the driver
+    # moves one of two tasks sharing an executor to one that runs none (statebackend/spark/runs.py, _spread)
+    placements = [{a["task"]: a["executor"] for a in batch["attempts"]} for batch in size["after"]]
+    assert all(set(p) == {0, 1} and victim not in p.values() for p in placements), placements
+    assert len(set(placements[-1].values())) == 2 and placements[-1] == placements[-2], placements

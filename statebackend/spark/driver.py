@@ -150,8 +150,10 @@ class StatefulForeachBatch(_SparkRuns):
     _exporting: bool = attrs.field(init=False, default=False)
     #: frees the output returned by the last call (no sink), at the next call
     _previous: Callable[[], None] | None = attrs.field(init=False, default=None)
-    #: (SparkContext, num_tasks, the anchor RDD) of :meth:`_anchored`
-    _anchor: tuple[Any, int, Any] | None = attrs.field(init=False, default=None)
+    #: (SparkContext, each task's anchor JavaRDD, their union) of :meth:`_anchored`
+    _anchor: tuple[Any, list[Any], Any] | None = attrs.field(init=False, default=None)
+    #: (the executors :meth:`_spread` last saw, its looks for them so far; -1: even, or given up, for them)
+    _spreading: tuple[str, int] | None = attrs.field(init=False, default=None)
     _parsed_schema: StructType | None = attrs.field(init=False, default=None)
     _input_schema: StructType | None = attrs.field(init=False, default=None)
     #: the SparkContext seen to run in local mode (one executor), by :meth:`_executors`

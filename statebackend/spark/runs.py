@@ -32,7 +32,8 @@ class _SparkRuns:
         __slots__ = ()
     if TYPE_CHECKING:
         num_tasks: int
-        _anchor: tuple[Any, int, Any] | None
+        _anchor: tuple[Any, list[Any], Any] | None
+        _spreading: tuple[str, int] | None
         _local_context: Any
         _stats_to: tuple[Any, Any] | None
 
@@ -68,26 +69,32 @@ class _SparkRuns:
         return stats
 
     def _anchored(self, spark: SparkSession, rows: Any) -> Any:
-        """``rows`` (one partition per task) zipped with the anchor: an RDD of ``num_tasks`` one-element partitions,
-        persisted and reused batch after batch. A partition is cached where it was first computed, inside the task
-        that ran it, and Spark prefers to run a task on the executor caching a partition of its first narrow parent
-        (``ExecutorCacheTaskLocation``, waiting up to ``spark.locality.wait`` for it), so task ``i`` returns to the
-        executor that ran it, whose local dir holds its state. When that executor is lost, the cached partition goes
-        with it and is computed again where task ``i`` runs next: its new home. The zip needs one element a side per
-        partition, so the zip is done in the JVM over each partition's serialized row batches gathered in one list
-        (``glom``: a task's input is held serialized in the executor's memory, as a whole) and the task unpickles the
-        batches itself: one Python worker per task, as without affinity, so tasks kept open in their worker are
-        taken back."""
+        """``rows`` (one partition per task) zipped with the anchor: the union of ``num_tasks`` one-element RDDs,
+        each persisted and reused batch after batch. Task ``i``'s anchor is cached where it was first computed,
+        inside the task that ran it, and Spark prefers to run a task on the executor caching a partition of its
+        first narrow parent (``ExecutorCacheTaskLocation``, waiting up to ``spark.locality.wait`` for it; the
+        scheduler walks the zip and the union down to the anchor), so task ``i`` returns to the executor that ran it,
+        whose local dir holds its state. When that executor is lost, the cached anchor goes with it and is computed
+        again where task ``i`` runs next: its new home. An anchor of its own per task lets the driver move one task
+        (:meth:`_spread`) by replacing that task's anchor alone. The zip needs one element a side per partition, so
+        the zip is done in the JVM over each partition's serialized row batches gathered in one list (``glom``: a
+        task's input is held serialized in the executor's memory, as a whole) and the task unpickles the batches
+        itself: one Python worker per task, as without affinity, so tasks kept open in their worker are taken
+        back."""
         from pyspark.rdd import RDD
         from pyspark.serializers import AutoBatchedSerializer, CPickleSerializer
 
         context = spark.sparkContext
-        if self._anchor is None or self._anchor[0] is not context or self._anchor[1] != self.num_tasks:
-            if self._anchor is not None:
-                self._anchor[2].unpersist()
-            anchor = context.parallelize(range(self.num_tasks), self.num_tasks).persist(StorageLevel.MEMORY_ONLY)
-            self._anchor = (context, self.num_tasks, anchor)
-        batches = self._anchor[2]._jrdd.zip(rows._jrdd.glom()).values()  # per partition: [pickled row batches]
+        if self._anchor is None or self._anchor[0] is not context or len(self._anchor[1]) != self.num_tasks:
+            if self._anchor is not None and self._anchor[0] is context:  # a stopped context's blocks went with it
+                for part in self._anchor[1]:
+                    part.unpersist(False)
+            parts = [_anchor_part(context, task) for task in range(self.num_tasks)]
+            self._anchor = (context, parts, _union(context, parts))
+            self._spreading = None
+        elif not is_local_master(context.master or ""):
+            self._spread(context)
+        batches = self._anchor[2].zip(rows._jrdd.glom()).values()  # per partition: [pickled row batches]
         jvm = context._jvm
         assert jvm is not None
         return RDD(
@@ -95,6 +102,68 @@ class _SparkRuns:
             context,
             AutoBatchedSerializer(CPickleSerializer()),
         )
+
+    def _spread(self, context: Any) -> None:
+        """Give an executor that holds no task's anchor one task of an executor that holds two or more: a
+        replacement of a lost executor, or one that joined after the first anchored batch, gets work, where the
+        anchors alone would keep every task where it is (a lost task's new home is the executor it ran on next, often
+        the survivor). The task's anchor is replaced by a new one, not cached anywhere, so the coming job runs the
+        task where the scheduler has a free core, which the other tasks' anchors leave on the idle executor: there
+        the task restores from the blob store once, and that executor is its home from then on.
+
+        At most one task moves a batch, and only while an executor holds no anchor (an uneven placement such as 3
+        and 1 stays: a move costs the task a restore). The executors are asked for every batch (two py4j calls);
+        where the anchors are, only while the set of executors has changed since it was last found even (a job of
+        one element, then a py4j round trip per task); an anchor not cached anywhere (its executor lost) is computed
+        where its task runs next, and its place waited for, not guessed. After ``num_tasks + 3`` looks for one set of
+        executors, nothing more is moved until the set changes. Anything Spark refuses leaves the placement as it
+        is."""
+        assert self._anchor is not None
+        live = ""
+        try:
+            live = str(context._jsc.sc().getExecutorIds().mkString("\n"))
+            looks = self._spreading[1] if self._spreading is not None and self._spreading[0] == live else 0
+            executors = sorted(e for e in live.split("\n") if e)
+            if looks < 0 or len(executors) < 2 or looks >= self.num_tasks + 3:
+                self._spreading = (live, -1)  # even, or given up, for this set of executors
+                return
+            self._spreading = (live, looks + 1)
+            # Spark's scheduler answers from what it knew when it submitted its last job (an anchor computed since
+            # would show a batch late, after the scheduler had fallen back to another executor for it): a job of
+            # one element makes it look again
+            context._jsc.parallelize([0], 1).count()
+            scheduler = context._jsc.sc().dagScheduler()
+            parts = self._anchor[1]
+            held: dict[str, list[int]] = {executor: [] for executor in executors}
+            for task, part in enumerate(parts):
+                places = _executor_ids(str(scheduler.getPreferredLocs(part.rdd(), 0).mkString("\n")))
+                if not places:
+                    log.debug("task %d's anchor is cached nowhere: where it runs next is its home", task)
+                    return  # the next batch looks again
+                for place in places:
+                    held.get(place, []).append(task)
+            log.debug("the tasks' anchors by executor: %s", held)
+            idle = [executor for executor in executors if not held[executor]]
+            crowded = max(executors, key=lambda executor: len(held[executor]))
+            if not idle or len(held[crowded]) < 2:
+                self._spreading = (live, -1)
+                return
+            task = held[crowded][-1]
+            parts[task].unpersist(False)
+            parts[task] = _anchor_part(context, task)
+            self._anchor = (context, parts, _union(context, parts))
+            log.info(
+                "executor %s runs no task and executor %s runs %d (tasks %s): task %d moves to a free executor "
+                "in this batch (it restores there from the blob store once) and stays there",
+                ", ".join(idle),
+                crowded,
+                len(held[crowded]),
+                held[crowded],
+                task,
+            )
+        except Exception as exc:  # noqa: BLE001 - another Spark's internals: the placement stays as it is
+            self._spreading = (live, -1)
+            log.warning("could not spread the tasks over the executors (%s); they stay where they run", exc)
 
     def _executors(self, spark: SparkSession) -> int:
         """How many executors the application has. ``local[...]`` has one for its whole life: its count is read once
@@ -106,6 +175,30 @@ class _SparkRuns:
                 return spark_executors(spark)
             self._local_context = context
         return 1
+
+
+def _anchor_part(context: Any, task: int) -> Any:
+    """Task ``task``'s anchor: a JavaRDD of one partition holding ``task``, persisted in memory."""
+    part = context._jsc.parallelize([task], 1)
+    part.persist(context._getJavaStorageLevel(StorageLevel.MEMORY_ONLY))
+    return part
+
+
+def _union(context: Any, parts: list[Any]) -> Any:
+    """The JavaRDD of the anchors' partitions, task ``i``'s the ``i``-th."""
+    gateway = context._gateway
+    array = gateway.new_array(context._jvm.org.apache.spark.api.java.JavaRDD, len(parts))
+    for index, part in enumerate(parts):
+        array[index] = part
+    return context._jsc.union(array)
+
+
+def _executor_ids(locations: str) -> list[str]:
+    """The executor ids in Spark's preferred locations of a cached block, one a line (``executor_<host>_<id>``);
+    locations of other kinds (a host alone) are left out."""
+    tag = "executor_"  # Spark's ExecutorCacheTaskLocation: executor_<host>_<executor id>
+    found = (line[len(tag) :] for line in locations.split("\n") if line.startswith(tag))
+    return [host_and_id.rsplit("_", 1)[1] for host_and_id in found if "_" in host_and_id]
 
 
 def _checkpointed_rdd(frame: DataFrame) -> Any:
