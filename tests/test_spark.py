@@ -336,8 +336,8 @@ def test_tasks_report_their_stats_apart_from_the_output_and_each_batch_frees_the
         totals = batch_count(spark, list(range(batch_id + 1)))
         assert columns == ["word", "count"]
         assert rows == sorted((w, totals[w]) for w in set(batch_words(batch_id)))
-    # rows mode keeps one anchor RDD for affinity, reused batch after batch; nothing else stays held
-    assert len(persistent_rdd_ids(spark) - held_before) == (1 if mode == "rows" else 0)
+    # rows mode keeps an anchor RDD per task for affinity, reused batch after batch; nothing else stays held
+    assert len(persistent_rdd_ids(spark) - held_before) == (NUM_TASKS if mode == "rows" else 0)
     assert job.metrics.export().counter("spark.task.stats.missing") == 0
 
 
