@@ -53,7 +53,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,15 @@ def executor_processes(app_id: str, others: set[int] | None = None) -> dict[str,
         if _argument(args, "--app-id") == app_id and executor is not None:
             found[executor] = int(entry.name)
     return found
+
+
+def wait_until(ready: Callable[[], bool], since: float, failure: str, bound_s: float = 300.0) -> None:
+    """Poll ``ready`` every 0.2 s (Spark has no call that blocks until executors come) until it holds; a hang guard
+    of ``bound_s`` from ``since`` (monotonic) raises ``RuntimeError(failure)``."""
+    while not ready():
+        if time.monotonic() - since > bound_s:
+            raise RuntimeError(f"{failure} in {bound_s:.0f} s")
+        time.sleep(0.2)
 
 
 def spark_executor_ids(spark: Any) -> set[str] | None:
@@ -286,10 +295,11 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
     loads: dict[str, list[float]] = {"start": [round(x, 2) for x in os.getloadavg()]}
     phases: dict[str, float] = {}  # seconds of each step, to say what a size took
     try:
-        while len(executor_processes(app_id)) < NUM_TASKS or len(spark_executor_ids(spark) or ()) < NUM_TASKS:
-            if time.monotonic() - starting > 300:
-                raise RuntimeError(f"the cluster has not started {NUM_TASKS} executors in 300 s")
-            time.sleep(0.2)
+        wait_until(
+            lambda: len(executor_processes(app_id)) >= NUM_TASKS and len(spark_executor_ids(spark) or ()) >= NUM_TASKS,
+            starting,
+            f"the cluster has not started {NUM_TASKS} executors",
+        )
         phases["cluster_start"] = round(time.monotonic() - starting, 1)  # the session and both executors
         config: dict[str, Any] = {
             "job.name": f"executor-loss-{keys_per_task}",
@@ -372,10 +382,12 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
             print(f"batch {batch} (the recovery): {recovery_s * 1000.0:,.0f} ms {recovered}", flush=True)
             after = []
             waited = time.monotonic()
-            while args.after and len(spark_executor_ids(spark) or ()) < NUM_TASKS:
-                if time.monotonic() - waited > 300:
-                    raise RuntimeError(f"Spark has not had {NUM_TASKS} executors again for 300 s after the kill")
-                time.sleep(0.2)
+            if args.after:
+                wait_until(
+                    lambda: len(spark_executor_ids(spark) or ()) >= NUM_TASKS,
+                    waited,
+                    f"Spark has not had {NUM_TASKS} executors again after the kill",
+                )
             phases["replacement_wait"] = round(time.monotonic() - waited, 1)
             for _ in range(args.after):
                 batch += 1
