@@ -48,3 +48,22 @@ def test_the_kill_test_runs_a_backend_registered_only_in_the_testing_process(
     )
     durable = kill_rounds(KillSpec(config=config), tmp_path / "kills", rounds=2, seed="registered", wait_s=30)
     assert durable >= 4  # the parent's 3 commits, then the first child committed: it resolved "team-backend"
+
+
+def test_a_round_is_killed_only_after_the_childs_first_acknowledged_commit(tmp_path: Path) -> None:
+    """``kill_rounds`` kills a non-final round's child once it logged a commit: the child creates ``durable.log``
+    before its first commit, so the file's existence alone is not enough (under load, the kill then came before any
+    commit). A stand-in child creates the log, then writes its first line 1 s later."""
+    import subprocess
+    import sys
+
+    from statebackend.testing.kills import _wait_for
+
+    log = tmp_path / "durable.log"
+    script = f"import pathlib, time; p = pathlib.Path({str(log)!r}); p.touch(); time.sleep(1); p.write_text('4\\n')"
+    child = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(child, log, 30, "the stand-in", nonempty=True)
+        assert log.read_text() == "4\n"
+    finally:
+        child.wait()
