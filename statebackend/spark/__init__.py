@@ -8,9 +8,11 @@ Use::
 
 Contract of one micro-batch ``(batch_df, batch_id)``, called on the driver by Spark:
 
-- ``batch_df.repartition(num_tasks, *key_columns)``: the same key always lands in the same partition ``i`` (Spark's
-  Murmur3 hash modulo ``num_tasks``), and partition ``i`` is the task ``task-<i>``. ``num_tasks`` is therefore fixed
-  for the life of the state; it is written into every checkpoint and a change is refused with a ConfigError.
+- The batch is split by ``key_columns`` into ``num_tasks`` partitions: each key has a key group (Spark's hash of the
+  key columns modulo ``key_groups``, fixed for the life of the state and recorded in every checkpoint), task ``t``
+  owns a contiguous range of key groups, and partition ``t`` is the task ``task-<t>`` (the same key always reaches the
+  same task). ``num_tasks`` may change between runs of the query, from 1 up to ``key_groups``: the first batch with
+  the new number redistributes the state by key group (``statebackend.microbatch.keygroups``).
 - On the executor, each task opens :class:`~statebackend.task.TaskStorage` restored to its **base**: the newest
   checkpoint whose batch id is below ``batch_id``. In the normal case that is the newest checkpoint and the local
   LMDB files already are that state (kept in ``state.local.dir`` between batches), so nothing is downloaded. Then it
