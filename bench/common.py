@@ -20,9 +20,42 @@ from typing import Any
 
 from statebackend.metrics import percentile
 
-__all__ = ["RESULTS_DIR", "format_table", "machine_info", "p50_p95", "percentile", "write_result"]
+__all__ = [
+    "RESULTS_DIR",
+    "format_table",
+    "local_cluster_session",
+    "machine_info",
+    "p50_p95",
+    "percentile",
+    "write_result",
+]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def local_cluster_session(app_name: str, master: str, conf: Mapping[str, str]) -> Any:
+    """A SparkSession on a ``local-cluster[...]`` master whose application id no other such session on this machine
+    has. Each local cluster has a master of its own, which names its first application ``app-<second>-0000``, and
+    every local cluster keeps its executors' working dirs under ``<pyspark>/work/<application id>/<executor id>``:
+    two started in the same second would share those dirs (a relative ``state.local.dir`` included), and one's
+    cleanup or kill would hit the other. So the start is serialized by a lock file, and the lock is held until the
+    wall clock has left the second of this application's id (seen: a test's cluster and a bench's, started together,
+    failed with ``FileNotFoundError`` in their executors)."""
+    import fcntl
+    import tempfile
+    import time
+
+    from statebackend.spark import local_spark_session
+
+    with open(Path(tempfile.gettempdir()) / "statebackend-local-cluster.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        spark = local_spark_session(app_name, master=master, conf=conf)
+        # the id is fixed once the session exists (the standalone backend waits for its registration)
+        # (local time, as the master writes it; at most 2 s, should the JVM's time zone differ from Python's)
+        started, bound = spark.sparkContext.applicationId.split("-")[1], time.monotonic() + 2.0
+        while time.strftime("%Y%m%d%H%M%S") <= started and time.monotonic() < bound:
+            time.sleep(0.05)
+    return spark
 
 
 def p50_p95(samples: Sequence[float]) -> tuple[float, float]:

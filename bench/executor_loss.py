@@ -59,7 +59,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import count_keys, format_table, machine_info, write_result
+from bench.common import count_keys, format_table, local_cluster_session, machine_info, write_result
 
 NUM_TASKS = 2
 WARM_UP = 2
@@ -271,12 +271,12 @@ def run_size(args: argparse.Namespace, keys_per_task: int, work: Path) -> dict[s
     """Steps 1 to 5 of the module docstring for one size, on a cluster of its own."""
     import numpy as np
 
-    from statebackend.spark import StatefulForeachBatch, local_spark_session
+    from statebackend.spark import StatefulForeachBatch
 
     total = keys_per_task * NUM_TASKS
     mem = args.executor_memory_mb
     starting = time.monotonic()
-    spark = local_spark_session(
+    spark = local_cluster_session(
         f"statebackend-executor-loss-{keys_per_task}",
         master=f"local-cluster[{NUM_TASKS},1,{mem}]",
         conf={

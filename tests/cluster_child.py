@@ -10,8 +10,9 @@ with modes out of ``rows`` (the default), ``arrow`` and ``pandas``. Per mode, on
 (each its own job: job name, blob store under ``<work dir>/<mode>`` and local state dir), runs ``<batches>`` batches
 of 4 tasks (``StatefulForeachBatch`` called directly with each batch's DataFrame). Then writes a JSON report: under
 ``modes``, per mode, per task attempt its batch, task and executor, the batch times, whether the state read back from
-the blob store equals a plain count of all input; and the Spark work dir of the application (the executors' working
-directories are under it; the caller deletes it).
+the blob store equals a plain count of all input; with affinity, under ``placed``, where an anchor moved to each
+executor was cached (:func:`place_on_each_executor`); and the Spark work dir of the application (the executors'
+working directories are under it; the caller deletes it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from statebackend.spark import local_spark_session, read_state
+from bench.common import local_cluster_session
+from statebackend.spark import read_state
 from tests.spark_helpers import word_job
 
 NUM_TASKS = 4
@@ -70,7 +72,7 @@ FUNCTIONS = {"rows": count, "arrow": count_arrow, "pandas": count_pandas}
 def main(argv: list[str]) -> int:
     work, batches, affinity, report = Path(argv[1]), int(argv[2]), argv[3] == "1", Path(argv[4])
     modes = (argv[5] if len(argv) > 5 else "rows").split(",")
-    spark = local_spark_session(
+    spark = local_cluster_session(
         "statebackend-cluster", master="local-cluster[2,1,1024]", conf={"spark.sql.shuffle.partitions": str(NUM_TASKS)}
     )
     spark.sparkContext.setLogLevel("ERROR")
@@ -78,6 +80,7 @@ def main(argv: list[str]) -> int:
         # the modes run one after the other in the same application (starting a cluster costs tens of seconds), each
         # as its own job: its own job name, blob store and local state dir
         results = {mode: run_mode(spark, work / mode, batches, affinity, mode) for mode in modes}
+        placed = place_on_each_executor(spark) if affinity else {}
         import pyspark
 
         assert pyspark.__file__ is not None
@@ -86,6 +89,7 @@ def main(argv: list[str]) -> int:
             json.dumps(
                 {
                     "modes": results,
+                    "placed": placed,
                     "app_work_dir": str(spark_home / "work" / spark.sparkContext.applicationId),
                 }
             )
@@ -93,6 +97,30 @@ def main(argv: list[str]) -> int:
     finally:
         spark.stop()
     return 0
+
+
+def place_on_each_executor(spark: Any, rounds: int = 3) -> dict[str, list[list[str]]]:
+    """Per executor, ``rounds`` times: an anchor computed through the hint that Spark prefers that executor (what the
+    driver does when it moves a task, statebackend/spark/runs.py ``_at_executor``), and the executors Spark's
+    scheduler then finds it cached on."""
+    from statebackend.spark.runs import _anchor_part, _at_executor, _executor_ids
+
+    context = spark.sparkContext
+    scheduler = context._jsc.sc().dagScheduler()
+    executors = sorted(e for e in str(context._jsc.sc().getExecutorIds().mkString("\n")).split("\n") if e)
+    placed: dict[str, list[list[str]]] = {}
+    for executor in executors:
+        for _ in range(rounds):
+            part = _anchor_part(context, 0)
+            hinted = _at_executor(context, part, executor)
+            assert hinted is not None, f"executor {executor} is not in Spark's status store"
+            hinted.count()
+            context._jsc.parallelize([0], 1).count()  # the scheduler looks at the cache again at a job's submission
+            placed.setdefault(executor, []).append(
+                _executor_ids(str(scheduler.getPreferredLocs(part.rdd(), 0).mkString("\n")))
+            )
+            part.unpersist(False)
+    return placed
 
 
 def run_mode(spark: Any, work: Path, batches: int, affinity: bool, mode: str) -> dict[str, Any]:

@@ -50,19 +50,35 @@ def cluster_child(folder: Path, tests: frozenset[str]) -> tuple[list[str], Path]
 register(
     "spark-cluster",
     __name__,
-    [f"test_tasks_stay_with_their_state_on_a_two_executor_cluster[{mode}]" for mode in MODES],
+    [
+        *(f"test_tasks_stay_with_their_state_on_a_two_executor_cluster[{mode}]" for mode in MODES),
+        "test_a_task_moved_to_an_executor_runs_there_in_the_batch_that_moves_it",
+    ],
     cluster_child,
 )
 
 
 @pytest.fixture(scope="module")
-def cluster_results(script_runs: ScriptRuns) -> dict[str, Any]:
+def cluster_report(script_runs: ScriptRuns) -> dict[str, Any]:
     run = script_runs.result("spark-cluster")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     result: dict[str, Any] = json.loads((run.dir / "report.json").read_text())
     shutil.rmtree(result["app_work_dir"], ignore_errors=True)  # the executors' working dirs, local state included
-    modes: dict[str, Any] = result["modes"]
+    return result
+
+
+@pytest.fixture(scope="module")
+def cluster_results(cluster_report: dict[str, Any]) -> dict[str, Any]:
+    modes: dict[str, Any] = cluster_report["modes"]
     return modes
+
+
+def test_a_task_moved_to_an_executor_runs_there_in_the_batch_that_moves_it(cluster_report: dict[str, Any]) -> None:
+    # seen: a moved task, its anchor cached nowhere, waited spark.locality.wait (3 s) and then ran on any free core:
+    # the driver now asks Spark for the executor it moves the task to, in that batch alone
+    placed = cluster_report["placed"]
+    assert len(placed) == 2, placed
+    assert placed == {executor: [[executor]] * 3 for executor in placed}, placed
 
 
 def moves(attempts: list[dict[str, Any]], warm_up: int) -> tuple[int, int]:

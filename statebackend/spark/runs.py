@@ -85,6 +85,7 @@ class _SparkRuns:
         from pyspark.serializers import AutoBatchedSerializer, CPickleSerializer
 
         context = spark.sparkContext
+        moving = None
         if self._anchor is None or self._anchor[0] is not context or len(self._anchor[1]) != self.num_tasks:
             if self._anchor is not None and self._anchor[0] is context:  # a stopped context's blocks went with it
                 for part in self._anchor[1]:
@@ -93,8 +94,9 @@ class _SparkRuns:
             self._anchor = (context, parts, _union(context, parts))
             self._spreading = None
         elif not is_local_master(context.master or ""):
-            self._spread(context)
-        batches = self._anchor[2].zip(rows._jrdd.glom()).values()  # per partition: [pickled row batches]
+            moving = self._spread(context)
+        anchor = self._anchor[2] if moving is None else moving
+        batches = anchor.zip(rows._jrdd.glom()).values()  # per partition: [pickled row batches]
         jvm = context._jvm
         assert jvm is not None
         return RDD(
@@ -103,13 +105,16 @@ class _SparkRuns:
             AutoBatchedSerializer(CPickleSerializer()),
         )
 
-    def _spread(self, context: Any) -> None:
+    def _spread(self, context: Any) -> Any | None:
         """Give an executor that holds no task's anchor one task of an executor that holds two or more: a
         replacement of a lost executor, or one that joined after the first anchored batch, gets work, where the
         anchors alone would keep every task where it is (a lost task's new home is the executor it ran on next, often
-        the survivor). The task's anchor is replaced by a new one, not cached anywhere, so the coming job runs the
-        task where the scheduler has a free core, which the other tasks' anchors leave on the idle executor: there
-        the task restores from the blob store once, and that executor is its home from then on.
+        the survivor). The task's anchor is replaced by a new one, cached nowhere yet; for the coming batch alone it
+        is reached through a hint that Spark prefers the idle executor (:func:`_at_executor`), so the task runs there
+        at once, where without it the scheduler would hold the task back for ``spark.locality.wait`` (3 s by default)
+        and then put it on any free core. There the task restores from the blob store once, its anchor is cached, and
+        that executor is its home from then on. Returns the union of anchors to run the coming batch with when it
+        differs from the one kept (a hinted move), else None.
 
         At most one task moves a batch, and only while an executor holds no anchor (an uneven placement such as 3
         and 1 stays: a move costs the task a restore). The executors are asked for every batch (two py4j calls);
@@ -126,7 +131,7 @@ class _SparkRuns:
             executors = sorted(e for e in live.split("\n") if e)
             if looks < 0 or len(executors) < 2 or looks >= self.num_tasks + 3:
                 self._spreading = (live, -1)  # even, or given up, for this set of executors
-                return
+                return None
             self._spreading = (live, looks + 1)
             # Spark's scheduler answers from what it knew when it submitted its last job (an anchor computed since
             # would show a batch late, after the scheduler had fallen back to another executor for it): a job of
@@ -139,7 +144,7 @@ class _SparkRuns:
                 places = _executor_ids(str(scheduler.getPreferredLocs(part.rdd(), 0).mkString("\n")))
                 if not places:
                     log.debug("task %d's anchor is cached nowhere: where it runs next is its home", task)
-                    return  # the next batch looks again
+                    return None  # the next batch looks again
                 for place in places:
                     held.get(place, []).append(task)
             log.debug("the tasks' anchors by executor: %s", held)
@@ -147,23 +152,40 @@ class _SparkRuns:
             crowded = max(executors, key=lambda executor: len(held[executor]))
             if not idle or len(held[crowded]) < 2:
                 self._spreading = (live, -1)
-                return
-            task = held[crowded][-1]
+                return None
+            task, target = held[crowded][-1], idle[0]
             parts[task].unpersist(False)
             parts[task] = _anchor_part(context, task)
             self._anchor = (context, parts, _union(context, parts))
-            log.info(
-                "executor %s runs no task and executor %s runs %d (tasks %s): task %d moves to a free executor "
-                "in this batch (it restores there from the blob store once) and stays there",
-                ", ".join(idle),
-                crowded,
-                len(held[crowded]),
-                held[crowded],
-                task,
-            )
         except Exception as exc:  # noqa: BLE001 - another Spark's internals: the placement stays as it is
             self._spreading = (live, -1)
             log.warning("could not spread the tasks over the executors (%s); they stay where they run", exc)
+            return None
+        log.info(
+            "executor %s runs no task and executor %s runs %d (tasks %s): task %d moves to executor %s in this "
+            "batch (it restores there from the blob store once) and stays there",
+            ", ".join(idle),
+            crowded,
+            len(held[crowded]),
+            held[crowded],
+            task,
+            target,
+        )
+        try:
+            hinted = _at_executor(context, parts[task], target)
+        except Exception as exc:  # noqa: BLE001 - another Spark's internals: the move goes where Spark puts it
+            log.warning(
+                "could not ask Spark to run task %d on executor %s (%s): it moves where the scheduler puts it, "
+                "after spark.locality.wait",
+                task,
+                target,
+                exc,
+            )
+            return None
+        if hinted is None:
+            log.info("executor %s is not in Spark's status store yet: task %d moves where Spark puts it", target, task)
+            return None
+        return _union(context, [hinted if index == task else part for index, part in enumerate(parts)])
 
     def _executors(self, spark: SparkSession) -> int:
         """How many executors the application has. ``local[...]`` has one for its whole life: its count is read once
@@ -182,6 +204,43 @@ def _anchor_part(context: Any, task: int) -> Any:
     part = context._jsc.parallelize([task], 1)
     part.persist(context._getJavaStorageLevel(StorageLevel.MEMORY_ONLY))
     return part
+
+
+def _at_executor(context: Any, part: Any, executor: str) -> Any | None:
+    """``part`` (a one-partition JavaRDD), reached through an RDD whose one partition Spark prefers to compute on
+    ``executor``: a job over it runs that task there (``ExecutorCacheTaskLocation``, process-local), and ``part``,
+    computed inside that task, is cached there. The preference is given once, by the job's RDD (``makeRDD`` with
+    location preferences, zipped with ``part``), not by ``part``: where ``part`` lives afterwards is where it is cached,
+    and when that executor is lost, it is computed again where its task runs next, as any anchor. None when Spark's
+    status store does not list the executor yet (its host is not known)."""
+    host = _executor_host(context, executor)
+    if host is None:
+        return None
+    jvm = context._jvm
+    utils = jvm.org.apache.spark.api.python.PythonUtils
+    where = utils.toSeq(_java_list(jvm, [f"executor_{host}_{executor}"]))
+    hint = context._jsc.sc().makeRDD(utils.toSeq(_java_list(jvm, [jvm.scala.Tuple2(0, where)])), part.classTag())
+    return hint.toJavaRDD().zip(part).values()
+
+
+def _executor_host(context: Any, executor: str) -> str | None:
+    """The host of a living executor, from Spark's status store (its ``host:port``, or its host alone)."""
+    summaries = context._jsc.sc().statusStore().executorList(True).iterator()
+    while summaries.hasNext():
+        summary = summaries.next()
+        if str(summary.id()) == executor:
+            host_port = str(summary.hostPort())
+            host, colon, port = host_port.rpartition(":")
+            return host.strip("[]") if colon and port.isdigit() and host else host_port
+    return None
+
+
+def _java_list(jvm: Any, items: list[Any]) -> Any:
+    """A java.util.ArrayList of ``items`` (py4j converts each)."""
+    array = jvm.java.util.ArrayList()
+    for item in items:
+        array.add(item)
+    return array
 
 
 def _union(context: Any, parts: list[Any]) -> Any:
