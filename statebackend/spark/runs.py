@@ -110,11 +110,11 @@ class _SparkRuns:
         replacement of a lost executor, or one that joined after the first anchored batch, gets work, where the
         anchors alone would keep every task where it is (a lost task's new home is the executor it ran on next, often
         the survivor). The task's anchor is replaced by a new one, cached nowhere yet; for the coming batch alone it
-        is reached through a hint that Spark prefers the idle executor (:func:`_at_executor`), so the task runs there
-        at once, where without it the scheduler would hold the task back for ``spark.locality.wait`` (3 s by default)
-        and then put it on any free core. There the task restores from the blob store once, its anchor is cached, and
-        that executor is its home from then on. Returns the union of anchors to run the coming batch with when it
-        differs from the one kept (a hinted move), else None.
+        is reached through a hint that Spark prefers the idle executor (:func:`_at_executor`), so the task runs there,
+        where without it the task would take whatever free core the scheduler offered it, the crowded executor's
+        included when that one has several cores. There the task restores from the blob store once, its anchor is
+        cached, and that executor is its home from then on. Returns the union of anchors to run the coming batch
+        with when it differs from the one kept (a hinted move), else None.
 
         At most one task moves a batch, and only while an executor holds no anchor (an uneven placement such as 3
         and 1 stays: a move costs the task a restore). The executors are asked for every batch (two py4j calls);
@@ -175,8 +175,8 @@ class _SparkRuns:
             hinted = _at_executor(context, parts[task], target)
         except Exception as exc:  # noqa: BLE001 - another Spark's internals: the move goes where Spark puts it
             log.warning(
-                "could not ask Spark to run task %d on executor %s (%s): it moves where the scheduler puts it, "
-                "after spark.locality.wait",
+                "could not ask Spark to run task %d on executor %s (%s): it moves to whatever free core the "
+                "scheduler gives it",
                 task,
                 target,
                 exc,

@@ -59,11 +59,10 @@ def is_local_master(master: str) -> bool:
 
 def spark_executors(spark: SparkSession) -> int:
     """How many executors the application has now (classic Spark; local mode: 1): the scheduler's living executors
-    (``getExecutorIds``), the view the driver's spread of tasks reads too. The block managers' count lags it both ways
-    (a lost executor's stays listed for a while, a new one's comes after the executor registered), and a batch that
-    counted one executor there while two ran took the unpinned route: a task landed on the new executor and the next
-    batch moved it back. Where the scheduler lists none (a backend that does not say): the block managers, minus the
-    driver's."""
+    (``getExecutorIds``), the view the driver's spread of tasks reads too. The block managers' count can lag it (a
+    new executor's block manager registers after the executor), and a batch that counted one executor there while
+    two ran took the unpinned route: a task landed on the new executor and the next batch moved it back. Where the
+    scheduler lists none (a backend that does not say): the block managers, minus the driver's."""
     try:
         context = spark.sparkContext._jsc.sc()
         living = [e for e in str(context.getExecutorIds().mkString("\n")).split("\n") if e]
