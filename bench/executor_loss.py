@@ -135,11 +135,12 @@ def wait_until(ready: Callable[[], bool], since: float, failure: str, bound_s: f
 
 def spark_executor_ids(spark: Any) -> set[str] | None:
     """The executor ids the driver knows now (``SparkContext.getExecutorIds``); None when it cannot be read."""
+    from statebackend.spark.session import living_executors
+
     try:
-        text = str(spark.sparkContext._jsc.sc().getExecutorIds().mkString(","))
+        return set(living_executors(spark.sparkContext._jsc.sc()))
     except Exception:  # noqa: BLE001 - another Spark: no such call; the timeline then lacks the driver's view
         return None
-    return {part for part in text.split(",") if part}
 
 
 class Watcher:

@@ -104,10 +104,11 @@ def place_on_each_executor(spark: Any, rounds: int = 3) -> dict[str, list[list[s
     driver does when it moves a task, statebackend/spark/runs.py ``_at_executor``), and the executors Spark's
     scheduler then finds it cached on."""
     from statebackend.spark.runs import _anchor_part, _at_executor, _executor_ids
+    from statebackend.spark.session import living_executors
 
     context = spark.sparkContext
     scheduler = context._jsc.sc().dagScheduler()
-    executors = sorted(e for e in str(context._jsc.sc().getExecutorIds().mkString("\n")).split("\n") if e)
+    executors = living_executors(context._jsc.sc())
     placed: dict[str, list[list[str]]] = {}
     for executor in executors:
         for _ in range(rounds):

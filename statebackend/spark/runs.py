@@ -16,7 +16,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from statebackend.spark.session import is_local_master, spark_executors
+from statebackend.spark.session import is_local_master, living_executors, spark_executors
 from statebackend.spark.stats import StatsParam, TaskStats
 
 log = logging.getLogger(__name__)
@@ -126,9 +126,9 @@ class _SparkRuns:
         assert self._anchor is not None
         live = ""
         try:
-            live = str(context._jsc.sc().getExecutorIds().mkString("\n"))
+            executors = living_executors(context._jsc.sc())
+            live = "\n".join(executors)
             looks = self._spreading[1] if self._spreading is not None and self._spreading[0] == live else 0
-            executors = sorted(e for e in live.split("\n") if e)
             if looks < 0 or len(executors) < 2 or looks >= self.num_tasks + 3:
                 self._spreading = (live, -1)  # even, or given up, for this set of executors
                 return None

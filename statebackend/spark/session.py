@@ -57,6 +57,12 @@ def is_local_master(master: str) -> bool:
     return master == "local" or master.startswith("local[")
 
 
+def living_executors(context: Any) -> list[str]:
+    """The ids of the executors Spark's scheduler has now (``SparkContext.getExecutorIds`` of the py4j SparkContext
+    ``context``, sorted; empty in local mode, and for a scheduler backend that does not say)."""
+    return sorted(e for e in str(context.getExecutorIds().mkString("\n")).split("\n") if e)
+
+
 def spark_executors(spark: SparkSession) -> int:
     """How many executors the application has now (classic Spark; local mode: 1): the scheduler's living executors
     (``getExecutorIds``), the view the driver's spread of tasks reads too. The block managers' count can lag it (a
@@ -65,7 +71,7 @@ def spark_executors(spark: SparkSession) -> int:
     scheduler lists none (a backend that does not say): the block managers, minus the driver's."""
     try:
         context = spark.sparkContext._jsc.sc()
-        living = [e for e in str(context.getExecutorIds().mkString("\n")).split("\n") if e]
+        living = living_executors(context)
         if living:
             return len(living)
         return max(1, int(context.getExecutorMemoryStatus().size()) - 1)
